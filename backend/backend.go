@@ -1,0 +1,321 @@
+// Package backend defines the device interface that model code is written against.
+//
+// A Backend owns device memory and runs coarse, fused operations on it. The
+// interface is shaped for GPUs: tensors live on the device, operations are
+// queued (a GPU backend launches them asynchronously on one stream) and report
+// failures at the next Sync or Read, and the metadata of a forward step (token
+// ids, positions, block tables, state slots) is uploaded once by Begin into
+// buffers the backend owns, so that a step's operations depend only on device
+// memory and can be captured once and replayed (see Graph).
+//
+// Activations at this interface are float32; weights may be bf16, f16 or f32.
+// A Backend is used by one goroutine at a time.
+package backend
+
+import "fmt"
+
+// DType is the element type of a tensor.
+type DType uint8
+
+const (
+	F32 DType = iota
+	BF16
+	F16
+	I32
+)
+
+// Size returns the number of bytes of one element.
+func (d DType) Size() int {
+	switch d {
+	case BF16, F16:
+		return 2
+	default:
+		return 4
+	}
+}
+
+func (d DType) String() string {
+	switch d {
+	case F32:
+		return "f32"
+	case BF16:
+		return "bf16"
+	case F16:
+		return "f16"
+	case I32:
+		return "i32"
+	}
+	return fmt.Sprintf("dtype(%d)", uint8(d))
+}
+
+// Tensor is a dense, row-major buffer on a backend's device. Shape[0] is the
+// outermost dimension. Each backend has its own concrete type; passing one
+// backend's tensor to another backend panics.
+type Tensor interface {
+	DType() DType
+	Shape() []int
+}
+
+// Numel returns the number of elements of t.
+func Numel(t Tensor) int {
+	n := 1
+	for _, d := range t.Shape() {
+		n *= d
+	}
+	return n
+}
+
+// Batch describes one forward step: which sequences advance and by which
+// tokens. Tokens holds the new tokens of all sequences, concatenated in the
+// order of Seqs; token t of the step belongs to the sequence whose range
+// covers t.
+type Batch struct {
+	Tokens []int32
+	Seqs   []SeqInfo
+	// LogitRows lists, in increasing order, the token rows (indices into
+	// Tokens) whose logits the step must produce.
+	LogitRows []int32
+}
+
+// SeqInfo is one sequence's part of a Batch.
+type SeqInfo struct {
+	Pos    int     // tokens of this sequence already in the cache; its new tokens sit at Pos, Pos+1, ...
+	N      int     // new tokens this step
+	Blocks []int32 // KV block table: physical block of each logical block, covering Pos+N tokens
+	Slot   int     // recurrent-state slot (hybrid models); Pos == 0 means the slot's state is treated as empty
+}
+
+// Rope holds the rotary embedding of an attention layer, computed once on the
+// host from the model config (YaRN and other scalings already applied).
+type Rope struct {
+	InvFreq    []float32 // RotaryDim/2 inverse frequencies
+	AttnFactor float32   // multiplies cos and sin (YaRN's attention factor; 1 otherwise)
+}
+
+// AttnSpec fixes the shape of an attention layer.
+type AttnSpec struct {
+	Heads, KVHeads, HeadDim int
+	RotaryDim               int     // leading dims of each head that RoPE rotates (NeoX rotate-half within them)
+	Gated                   bool    // q projection yields [query | gate] per head; output is attn * sigmoid(gate)
+	NormEps                 float32 // eps of the per-head q/k RMSNorm
+	UnitOffsetNorm          bool    // q/k norm weights are stored as w-1 (Qwen3-Next style)
+	Scale                   float32 // softmax scale, usually 1/sqrt(HeadDim)
+	Rope                    Rope
+}
+
+// QKVWidth returns the width of the fused projection that Attention reads.
+func (s *AttnSpec) QKVWidth() int {
+	q := s.Heads * s.HeadDim
+	if s.Gated {
+		q *= 2
+	}
+	return q + 2*s.KVHeads*s.HeadDim
+}
+
+// AttnWeights are the per-head norms of an attention layer ([HeadDim] each).
+type AttnWeights struct {
+	QNorm, KNorm Tensor
+}
+
+// DeltaNetSpec fixes the shape of a Gated DeltaNet layer.
+type DeltaNetSpec struct {
+	KeyHeads, ValueHeads int // HK, HV; value head h reads key head h / (HV/HK)
+	KeyDim, ValueDim     int // dk, dv
+	ConvKernel           int // causal depthwise conv width (4)
+	// Chunk is the chunk length of the chunked prefill algorithm; a sequence
+	// advancing by fewer than Chunk tokens uses the token-by-token recurrence.
+	// 0 forces the recurrence everywhere.
+	Chunk int
+}
+
+// ConvDim returns the number of channels of the conv1d: [q | k | v].
+func (s *DeltaNetSpec) ConvDim() int {
+	return 2*s.KeyHeads*s.KeyDim + s.ValueHeads*s.ValueDim
+}
+
+// DeltaNetWeights are a DeltaNet layer's non-projection weights.
+type DeltaNetWeights struct {
+	ConvW  Tensor // [ConvDim, ConvKernel]
+	ALog   Tensor // [HV]
+	DtBias Tensor // [HV]
+}
+
+// MoESpec fixes the routing of a mixture-of-experts layer.
+type MoESpec struct {
+	Experts, TopK int
+	NormTopK      bool // renormalise the top-k probabilities to sum to 1
+}
+
+// Experts are a MoE layer's weights. GateUp is [E, 2I, H] (per expert, the
+// gate rows then the up rows); Down is [E, H, I]. The shared expert, when
+// present, is SharedGateUp [2Is, H], SharedDown [H, Is] and SharedGate [1, H];
+// its output is scaled by sigmoid(x . SharedGate).
+type Experts struct {
+	Router       Tensor // [E, H]
+	GateUp, Down Tensor
+	SharedGateUp Tensor
+	SharedDown   Tensor
+	SharedGate   Tensor
+}
+
+// KVSpec sizes a paged KV cache.
+type KVSpec struct {
+	Layers, Blocks, BlockSize, KVHeads, HeadDim int
+	DType                                       DType
+}
+
+// KVCache is a block-paged key/value store: per layer, K and V pools of
+// [Blocks, BlockSize, KVHeads, HeadDim].
+type KVCache interface {
+	Spec() KVSpec
+	// CopyBlock copies physical block src to dst in every layer (copy-on-write).
+	CopyBlock(dst, src int)
+	Free()
+}
+
+// StateSpec sizes the recurrent state of a hybrid model's DeltaNet layers.
+type StateSpec struct {
+	Layers, Slots int
+	DeltaNet      DeltaNetSpec
+}
+
+// StateCache holds per-slot DeltaNet state for every DeltaNet layer: the conv
+// history [ConvKernel-1, ConvDim] and the recurrent matrix [HV, dk, dv], f32.
+type StateCache interface {
+	Spec() StateSpec
+	// SlotBytes is the size of one slot's state across all layers, as Save writes it.
+	SlotBytes() int
+	CopySlot(dst, src int)
+	// Save copies a slot's state to host memory (len(dst) == SlotBytes()).
+	Save(slot int, dst []byte) error
+	// Restore writes a slot's state from host memory saved by Save.
+	Restore(slot int, src []byte)
+	Free()
+}
+
+// SampleParams selects how one row of logits becomes a token. Penalties and
+// bias are applied first, then temperature, then the top-k / top-p / min-p
+// filters; Uniform in [0,1) draws from what remains. Temperature 0 is greedy.
+type SampleParams struct {
+	Temperature       float32
+	TopK              int     // 0: no limit
+	TopP              float32 // 1 or 0: no limit
+	MinP              float32
+	Uniform           float32 // the request's random draw for this step
+	PresencePenalty   float32
+	FrequencyPenalty  float32
+	RepetitionPenalty float32      // 1 or 0: none
+	Counts            []TokenCount // tokens seen so far, for the penalties
+	Bias              []TokenBias
+	TopLogprobs       int // >0: also return this many most likely tokens
+	Logprob           bool
+}
+
+// TokenCount is how often a token occurred (for penalties).
+type TokenCount struct {
+	Token int32
+	Count int32
+}
+
+// TokenBias adds Bias to a token's logit.
+type TokenBias struct {
+	Token int32
+	Bias  float32
+}
+
+// Sampled is the token drawn from one row, with its log-probability (under the
+// model's distribution after penalties, before temperature) when asked for.
+type Sampled struct {
+	Token   int32
+	Logprob float32
+	Top     []TokenLogprob
+}
+
+// TokenLogprob pairs a token with its log-probability.
+type TokenLogprob struct {
+	Token   int32
+	Logprob float32
+}
+
+// Backend is a device that holds tensors and runs a model's operations.
+// Unless a method says otherwise, out may not alias an input, shapes are
+// checked (a mismatch is a programming error and panics) and errors of queued
+// work surface at the next Sync or Read.
+type Backend interface {
+	Name() string
+
+	// Memory.
+
+	// Alloc returns an uninitialised tensor.
+	Alloc(dt DType, shape ...int) Tensor
+	// Load returns a weight tensor holding data (little-endian elements of
+	// dt). The CPU backend may keep a reference to data instead of copying it
+	// (data is memory-mapped and read-only); others upload it.
+	Load(dt DType, shape []int, data []byte) (Tensor, error)
+	// Write copies host data into t, ordered after queued work.
+	Write(t Tensor, data []byte)
+	// Read waits for queued work and copies t to host memory.
+	Read(t Tensor, dst []byte) error
+	// Rows returns a view of rows [start, start+n) of t's first dimension.
+	Rows(t Tensor, start, n int) Tensor
+	// Reshape returns a view of t with another shape of the same size.
+	Reshape(t Tensor, shape ...int) Tensor
+	// Free releases a tensor made by Alloc or Load (not a view).
+	Free(t Tensor)
+	// Sync waits for queued work and returns its first error.
+	Sync() error
+
+	NewKVCache(spec KVSpec) (KVCache, error)
+	NewStateCache(spec StateSpec) (StateCache, error)
+
+	// Step.
+
+	// Begin uploads the metadata of a forward step; the operations that
+	// follow, until the next Begin, act on this batch.
+	Begin(b *Batch)
+	// Graph runs record, which issues the operations of one step whose
+	// shapes depend only on key. A backend may capture them the first time
+	// and replay the capture for later calls with the same key (record is
+	// then not called); the CPU backend always calls record.
+	Graph(key string, record func())
+
+	// Operations. Tensors named out are written, T is the step's token count.
+
+	// Embed writes out[t] = table[Tokens[t]]; out [T, H] f32, table [V, H].
+	Embed(out, table Tensor)
+	// RMSNorm normalises each row of x: out = x * rsqrt(mean(x^2) + eps) * w,
+	// or * (1 + w) when unitOffset. out may alias x.
+	RMSNorm(out, x, w Tensor, eps float32, unitOffset bool)
+	// MatMul computes out[n,o] = sum_i x[n,i] * w[o,i], adding to out when
+	// accumulate. x and out are f32, w any float dtype.
+	MatMul(out, x, w Tensor, accumulate bool)
+	// SiluMul computes out = silu(gate) * up for gateUp [N, 2I] = [gate | up].
+	SiluMul(out, gateUp Tensor)
+	// Attention runs one attention layer on the fused projection qkv [T,
+	// spec.QKVWidth()]: per-head q/k RMSNorm, RoPE at each token's position,
+	// storing k and v in the layer's paged cache, causal attention over the
+	// sequence's cached and new tokens (GQA), and the sigmoid gate when
+	// spec.Gated. out is [T, Heads*HeadDim].
+	Attention(out, qkv Tensor, w AttnWeights, spec *AttnSpec, kv KVCache, layer int)
+	// GatedDeltaNet runs the recurrent core of a DeltaNet layer on mixed
+	// [T, ConvDim] = [q | k | v] (before the conv) and ba [T, 2*HV] = [b | a]:
+	// causal conv1d with the slot's conv history, silu, per-head L2 norm of q
+	// and k, q scaled by 1/sqrt(dk), beta = sigmoid(b), g = -exp(ALog) *
+	// softplus(a + DtBias), then the gated delta rule from the slot's state
+	// (chunked or token by token, see DeltaNetSpec.Chunk). Both states are
+	// updated. out is [T, HV*dv].
+	GatedDeltaNet(out, mixed, ba Tensor, w DeltaNetWeights, spec *DeltaNetSpec, st StateCache, layer int)
+	// GatedRMSNorm computes out = w * rmsnorm(x) * silu(z) per head, x and z
+	// [T, heads*dim], w [dim].
+	GatedRMSNorm(out, x, z, w Tensor, eps float32)
+	// MoE adds to out [T, H] the mixture of experts applied to x [T, H]:
+	// router softmax in f32 over all experts, top-k, optional renormalisation,
+	// SwiGLU experts, plus the gated shared expert when present.
+	MoE(out, x Tensor, e *Experts, spec *MoESpec)
+	// GatherRows writes out[r] = x[LogitRows[r]] for the current batch.
+	GatherRows(out, x Tensor)
+	// Sample draws one token from each row of logits [R, V] (len(params) ==
+	// R) and returns them to the host; only the tokens (and requested
+	// log-probabilities) cross from the device.
+	Sample(logits Tensor, params []SampleParams) ([]Sampled, error)
+}

@@ -1,0 +1,3 @@
+module github.com/kiln-llm/kiln
+
+go 1.26
