@@ -1,0 +1,158 @@
+package kvcache
+
+import (
+	"container/list"
+	"slices"
+)
+
+// PrefixCache keeps full KV blocks for reuse by later sequences with the same
+// token prefix. Each cached block is keyed by a hash chain: the key of logical
+// block i hashes the key of block i-1 and the block's tokens, so a key names
+// the whole prefix up to the block's end. The cache holds one reference on
+// each cached block. Reclaim drops least recently used entries that are
+// leaves of the chain (no cached block extends them) and that no sequence
+// shares, so that a cached chain never has holes.
+type PrefixCache struct {
+	a         *Allocator
+	blockSize int
+	entries   map[uint64]*prefixEntry
+	lru       list.List // *prefixEntry, most recently used first
+}
+
+type prefixEntry struct {
+	key, parent uint64
+	tokens      []int32
+	block       int32
+	children    int
+	elem        *list.Element
+}
+
+// Chain is a sequence's position in the prefix cache: how many of its full
+// blocks it has offered to the cache (Insert) and the key of the last one.
+type Chain struct {
+	n   int
+	key uint64
+}
+
+const chainRoot uint64 = 0xcbf29ce484222325 // FNV-1a offset basis
+
+func chainKey(parent uint64, tokens []int32) uint64 {
+	h := parent
+	mix := func(v uint64) {
+		for range 8 {
+			h ^= v & 0xff
+			h *= 0x100000001b3
+			v >>= 8
+		}
+	}
+	mix(uint64(len(tokens)))
+	for _, t := range tokens {
+		mix(uint64(uint32(t)))
+	}
+	return h
+}
+
+// NewPrefixCache returns an empty cache over a's blocks of blockSize tokens
+// and registers it as a reclaimer of a.
+func NewPrefixCache(a *Allocator, blockSize int) *PrefixCache {
+	c := &PrefixCache{a: a, blockSize: blockSize, entries: map[uint64]*prefixEntry{}}
+	a.AddReclaimer(c)
+	return c
+}
+
+// Match returns the cached blocks of the longest prefix of tokens made of
+// full blocks, and the Chain a sequence starting with these blocks continues
+// from. The caller adopts the blocks (Table.Adopt) before anything else can
+// allocate.
+func (c *PrefixCache) Match(tokens []int32) ([]int32, Chain) {
+	var blocks []int32
+	ch := Chain{key: chainRoot}
+	bs := c.blockSize
+	for (ch.n+1)*bs <= len(tokens) {
+		blk := tokens[ch.n*bs : (ch.n+1)*bs]
+		k := chainKey(ch.key, blk)
+		e, ok := c.entries[k]
+		if !ok || e.parent != ch.key || !slices.Equal(e.tokens, blk) {
+			break
+		}
+		c.lru.MoveToFront(e.elem)
+		blocks = append(blocks, e.block)
+		ch = Chain{n: ch.n + 1, key: k}
+	}
+	return blocks, ch
+}
+
+// Insert offers the full blocks of a sequence that ch has not covered yet:
+// tokens are the sequence's tokens whose KV is computed, blocks its block
+// table. A block whose prefix is cached already (computed by another
+// sequence) is skipped; the sequence keeps its own copy.
+func (c *PrefixCache) Insert(ch *Chain, tokens []int32, blocks []int32) {
+	bs := c.blockSize
+	if ch.n > 0 {
+		if _, ok := c.entries[ch.key]; !ok {
+			// The chain's last entry was dropped (it was another sequence's
+			// copy of the same tokens): walk again from the root so that what
+			// this sequence adds hangs off a cached parent.
+			*ch = Chain{key: chainRoot}
+		}
+	}
+	if ch.key == 0 {
+		ch.key = chainRoot
+	}
+	for (ch.n+1)*bs <= len(tokens) && ch.n < len(blocks) {
+		blk := tokens[ch.n*bs : (ch.n+1)*bs]
+		k := chainKey(ch.key, blk)
+		e, ok := c.entries[k]
+		if !ok {
+			e = &prefixEntry{key: k, parent: ch.key, tokens: slices.Clone(blk), block: blocks[ch.n]}
+			c.a.Retain(e.block)
+			e.elem = c.lru.PushFront(e)
+			c.entries[k] = e
+			if p, ok := c.entries[ch.key]; ok && ch.n > 0 {
+				p.children++
+			}
+		} else {
+			c.lru.MoveToFront(e.elem)
+		}
+		*ch = Chain{n: ch.n + 1, key: k}
+	}
+}
+
+// Reclaim implements Reclaimer.
+func (c *PrefixCache) Reclaim() bool {
+	for el := c.lru.Back(); el != nil; el = el.Prev() {
+		e := el.Value.(*prefixEntry)
+		if e.children > 0 || c.a.Refs(e.block) > 1 {
+			continue
+		}
+		c.drop(e)
+		return true
+	}
+	return false
+}
+
+func (c *PrefixCache) drop(e *prefixEntry) {
+	c.lru.Remove(e.elem)
+	delete(c.entries, e.key)
+	if p, ok := c.entries[e.parent]; ok {
+		p.children--
+	}
+	c.a.Release(e.block)
+}
+
+// Clear drops every entry (for tests and for turning the cache off).
+func (c *PrefixCache) Clear() {
+	for c.lru.Len() > 0 {
+		// Leaves first keeps the children counts consistent.
+		for el := c.lru.Back(); el != nil; {
+			prev := el.Prev()
+			if e := el.Value.(*prefixEntry); e.children == 0 {
+				c.drop(e)
+			}
+			el = prev
+		}
+	}
+}
+
+// Len returns the number of cached blocks.
+func (c *PrefixCache) Len() int { return len(c.entries) }
