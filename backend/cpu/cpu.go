@@ -1,0 +1,298 @@
+// Package cpu is the pure-Go implementation of backend.Backend.
+//
+// Operations run synchronously when called, split over a fixed pool of
+// worker goroutines; every sum is accumulated in float32 (or wider). Weights
+// given to Load are used in place (they are typically memory-mapped and
+// read-only): bf16, f16 and f32 weights are decoded as they are read.
+package cpu
+
+import (
+	"fmt"
+	"runtime"
+	"unsafe"
+
+	"github.com/kiln-llm/kiln/backend"
+)
+
+// Options configures a Backend.
+type Options struct {
+	// Threads is the number of goroutines an operation is split over;
+	// 0 means runtime.GOMAXPROCS(0).
+	Threads int
+}
+
+// Backend is the CPU implementation of backend.Backend. Like every backend it
+// is used by one goroutine at a time.
+type Backend struct {
+	pool *pool
+	step step
+}
+
+var _ backend.Backend = (*Backend)(nil)
+
+// New returns a CPU backend.
+func New(opts Options) *Backend {
+	n := opts.Threads
+	if n <= 0 {
+		n = runtime.GOMAXPROCS(0)
+	}
+	return &Backend{pool: newPool(n)}
+}
+
+// Name reports "cpu".
+func (b *Backend) Name() string { return "cpu" }
+
+// Tensor is the CPU backend's tensor: a shape over a byte buffer in host
+// memory. Views share the buffer of the tensor they were made from.
+type Tensor struct {
+	dt    backend.DType
+	shape []int
+	buf   []byte
+	// readOnly marks weights made by Load (and their views): their bytes
+	// belong to the caller and are never written.
+	readOnly bool
+	view     bool
+}
+
+// DType returns the element type.
+func (t *Tensor) DType() backend.DType { return t.dt }
+
+// Shape returns the dimensions, outermost first.
+func (t *Tensor) Shape() []int { return t.shape }
+
+func (t *Tensor) numel() int { return len(t.buf) / t.dt.Size() }
+
+// rowLen is the number of elements per index of the first dimension.
+func (t *Tensor) rowLen() int {
+	n := 1
+	for _, d := range t.shape[1:] {
+		n *= d
+	}
+	return n
+}
+
+func (t *Tensor) String() string { return fmt.Sprintf("%v%v", t.dt, t.shape) }
+
+func asT(t backend.Tensor) *Tensor {
+	if t == nil {
+		panic("cpu: nil tensor")
+	}
+	c, ok := t.(*Tensor)
+	if !ok {
+		panic(fmt.Sprintf("cpu: tensor of another backend (%T)", t))
+	}
+	if c.buf == nil && len(c.shape) > 0 && shapeSize(c.shape) > 0 {
+		panic("cpu: use of a freed tensor")
+	}
+	return c
+}
+
+// f32 returns t's elements as float32; t must be F32.
+func (t *Tensor) f32() []float32 {
+	if t.dt != backend.F32 {
+		panic(fmt.Sprintf("cpu: want f32 tensor, have %v", t))
+	}
+	return bytesAs[float32](t.buf)
+}
+
+// out32 returns the elements of an F32 output tensor, which must be writable.
+func (t *Tensor) out32() []float32 {
+	if t.readOnly {
+		panic(fmt.Sprintf("cpu: write to a loaded weight %v", t))
+	}
+	return t.f32()
+}
+
+func (t *Tensor) i32() []int32 {
+	if t.dt != backend.I32 {
+		panic(fmt.Sprintf("cpu: want i32 tensor, have %v", t))
+	}
+	return bytesAs[int32](t.buf)
+}
+
+func bytesAs[E any](b []byte) []E {
+	var z E
+	if len(b) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*E)(unsafe.Pointer(&b[0])), len(b)/int(unsafe.Sizeof(z)))
+}
+
+func asBytes[E any](s []E) []byte {
+	var z E
+	if len(s) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), len(s)*int(unsafe.Sizeof(z)))
+}
+
+func shapeSize(shape []int) int {
+	n := 1
+	for _, d := range shape {
+		if d < 0 {
+			panic(fmt.Sprintf("cpu: negative dimension in %v", shape))
+		}
+		n *= d
+	}
+	return n
+}
+
+func checkShape(what string, t *Tensor, dims ...int) {
+	ok := len(t.shape) == len(dims)
+	for i := 0; ok && i < len(dims); i++ {
+		ok = t.shape[i] == dims[i]
+	}
+	if !ok {
+		panic(fmt.Sprintf("cpu: %s has shape %v, want %v", what, t.shape, dims))
+	}
+}
+
+// matrix views t as rows x cols where rows is the first dimension (or 1 for
+// a vector).
+func matrix(t *Tensor) (rows, cols int) {
+	if len(t.shape) == 1 {
+		return 1, t.shape[0]
+	}
+	return t.shape[0], t.rowLen()
+}
+
+// Alloc returns a zeroed tensor (the interface allows any contents).
+func (b *Backend) Alloc(dt backend.DType, shape ...int) backend.Tensor {
+	n := shapeSize(shape)
+	// Allocate as 4-byte words so that every dtype is naturally aligned.
+	words := (n*dt.Size() + 3) / 4
+	buf := asBytes(make([]uint32, words))
+	if buf == nil {
+		buf = []byte{}
+	}
+	return &Tensor{dt: dt, shape: append([]int(nil), shape...), buf: buf[:n*dt.Size()]}
+}
+
+// Load wraps data as a weight tensor without copying it. data is never
+// written, so it may be a read-only memory mapping; it must stay valid and
+// unchanged while the tensor is in use.
+func (b *Backend) Load(dt backend.DType, shape []int, data []byte) (backend.Tensor, error) {
+	switch dt {
+	case backend.F32, backend.BF16, backend.F16:
+	default:
+		return nil, fmt.Errorf("cpu: load: unsupported weight dtype %v", dt)
+	}
+	for _, d := range shape {
+		if d < 0 {
+			return nil, fmt.Errorf("cpu: load: negative dimension in shape %v", shape)
+		}
+	}
+	n := shapeSize(shape)
+	if len(data) != n*dt.Size() {
+		return nil, fmt.Errorf("cpu: load: %v%v needs %d bytes, have %d", dt, shape, n*dt.Size(), len(data))
+	}
+	if data == nil {
+		data = []byte{}
+	}
+	return &Tensor{dt: dt, shape: append([]int(nil), shape...), buf: data, readOnly: true}, nil
+}
+
+// Write copies data into t; len(data) must be t's size in bytes.
+func (b *Backend) Write(t backend.Tensor, data []byte) {
+	c := asT(t)
+	if c.readOnly {
+		panic(fmt.Sprintf("cpu: write to a loaded weight %v", c))
+	}
+	if len(data) != len(c.buf) {
+		panic(fmt.Sprintf("cpu: write of %d bytes to %v (%d bytes)", len(data), c, len(c.buf)))
+	}
+	copy(c.buf, data)
+}
+
+// Read copies t into dst; len(dst) must be t's size in bytes.
+func (b *Backend) Read(t backend.Tensor, dst []byte) error {
+	c := asT(t)
+	if len(dst) != len(c.buf) {
+		return fmt.Errorf("cpu: read of %v (%d bytes) into %d bytes", c, len(c.buf), len(dst))
+	}
+	copy(dst, c.buf)
+	return nil
+}
+
+// Rows returns a view of rows [start, start+n) of t's first dimension.
+func (b *Backend) Rows(t backend.Tensor, start, n int) backend.Tensor {
+	c := asT(t)
+	if len(c.shape) == 0 || start < 0 || n < 0 || start+n > c.shape[0] {
+		panic(fmt.Sprintf("cpu: rows [%d, %d) of %v", start, start+n, c))
+	}
+	row := c.rowLen() * c.dt.Size()
+	shape := append([]int{n}, c.shape[1:]...)
+	return &Tensor{dt: c.dt, shape: shape, buf: c.buf[start*row : (start+n)*row : (start+n)*row], readOnly: c.readOnly, view: true}
+}
+
+// Reshape returns a view of t with another shape of the same size.
+func (b *Backend) Reshape(t backend.Tensor, shape ...int) backend.Tensor {
+	c := asT(t)
+	if shapeSize(shape) != c.numel() {
+		panic(fmt.Sprintf("cpu: reshape %v to %v", c, shape))
+	}
+	return &Tensor{dt: c.dt, shape: append([]int(nil), shape...), buf: c.buf, readOnly: c.readOnly, view: true}
+}
+
+// Free releases t's memory (Alloc) or its reference to the loaded data (Load).
+func (b *Backend) Free(t backend.Tensor) {
+	c := asT(t)
+	if c.view {
+		panic(fmt.Sprintf("cpu: free of a view %v", c))
+	}
+	c.buf = nil
+}
+
+// Sync returns nil: operations run to completion when called.
+func (b *Backend) Sync() error { return nil }
+
+// Graph calls record: the CPU backend captures nothing.
+func (b *Backend) Graph(key string, record func()) { record() }
+
+// step is the metadata of the current forward step, copied by Begin.
+type step struct {
+	tokens    []int32
+	seqs      []backend.SeqInfo
+	logitRows []int32
+	// seqStart[s] is the index of sequence s's first token in tokens.
+	seqStart []int
+	// tokSeq and tokPos give each token's sequence and absolute position.
+	tokSeq []int32
+	tokPos []int32
+}
+
+// Begin copies the metadata of a forward step; it panics on an inconsistent
+// batch (token counts that do not add up, logit rows out of order).
+func (b *Backend) Begin(bt *backend.Batch) {
+	s := &b.step
+	s.tokens = append(s.tokens[:0], bt.Tokens...)
+	s.seqs = s.seqs[:0]
+	s.seqStart = s.seqStart[:0]
+	s.tokSeq = s.tokSeq[:0]
+	s.tokPos = s.tokPos[:0]
+	start := 0
+	for i, q := range bt.Seqs {
+		if q.N < 0 || q.Pos < 0 {
+			panic(fmt.Sprintf("cpu: begin: sequence %d has Pos %d, N %d", i, q.Pos, q.N))
+		}
+		q.Blocks = append([]int32(nil), q.Blocks...)
+		s.seqs = append(s.seqs, q)
+		s.seqStart = append(s.seqStart, start)
+		for j := 0; j < q.N; j++ {
+			s.tokSeq = append(s.tokSeq, int32(i))
+			s.tokPos = append(s.tokPos, int32(q.Pos+j))
+		}
+		start += q.N
+	}
+	if start != len(bt.Tokens) {
+		panic(fmt.Sprintf("cpu: begin: sequences cover %d tokens, batch has %d", start, len(bt.Tokens)))
+	}
+	s.logitRows = append(s.logitRows[:0], bt.LogitRows...)
+	for i, r := range s.logitRows {
+		if r < 0 || int(r) >= start || (i > 0 && r <= s.logitRows[i-1]) {
+			panic(fmt.Sprintf("cpu: begin: logit rows %v not increasing within %d tokens", bt.LogitRows, start))
+		}
+	}
+}
+
+func (b *Backend) numTokens() int { return len(b.step.tokens) }

@@ -1,0 +1,401 @@
+package cpu
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+
+	"github.com/kiln-llm/kiln/backend"
+)
+
+// stateCache holds, per DeltaNet layer, every slot's conv history
+// [K-1, ConvDim] and recurrent state [HV, dk, dv], f32.
+type stateCache struct {
+	spec        backend.StateSpec
+	convN, recN int         // floats per slot per layer
+	conv, rec   [][]float32 // per layer, Slots * convN / recN
+}
+
+// NewStateCache allocates zeroed recurrent state for spec.Slots sequences.
+func (b *Backend) NewStateCache(spec backend.StateSpec) (backend.StateCache, error) {
+	d := spec.DeltaNet
+	if spec.Layers < 0 || spec.Slots <= 0 || d.KeyHeads <= 0 || d.ValueHeads <= 0 || d.ValueHeads%d.KeyHeads != 0 ||
+		d.KeyDim <= 0 || d.ValueDim <= 0 || d.ConvKernel <= 0 || d.Chunk < 0 {
+		return nil, fmt.Errorf("cpu: state cache: invalid spec %+v", spec)
+	}
+	c := &stateCache{spec: spec, convN: (d.ConvKernel - 1) * d.ConvDim(), recN: d.ValueHeads * d.KeyDim * d.ValueDim}
+	for range spec.Layers {
+		c.conv = append(c.conv, make([]float32, spec.Slots*c.convN))
+		c.rec = append(c.rec, make([]float32, spec.Slots*c.recN))
+	}
+	return c, nil
+}
+
+func (c *stateCache) Spec() backend.StateSpec { return c.spec }
+
+// SlotBytes is the size of one slot across layers: per layer the conv
+// history then the recurrent state, little-endian float32.
+func (c *stateCache) SlotBytes() int { return c.spec.Layers * (c.convN + c.recN) * 4 }
+
+func (c *stateCache) checkSlot(s int) {
+	if s < 0 || s >= c.spec.Slots {
+		panic(fmt.Sprintf("cpu: state slot %d of %d", s, c.spec.Slots))
+	}
+}
+
+func (c *stateCache) convOf(layer, slot int) []float32 {
+	return c.conv[layer][slot*c.convN : (slot+1)*c.convN]
+}
+
+func (c *stateCache) recOf(layer, slot int) []float32 {
+	return c.rec[layer][slot*c.recN : (slot+1)*c.recN]
+}
+
+func (c *stateCache) CopySlot(dst, src int) {
+	c.checkSlot(dst)
+	c.checkSlot(src)
+	for l := range c.conv {
+		copy(c.convOf(l, dst), c.convOf(l, src))
+		copy(c.recOf(l, dst), c.recOf(l, src))
+	}
+}
+
+func (c *stateCache) Save(slot int, dst []byte) error {
+	if slot < 0 || slot >= c.spec.Slots {
+		return fmt.Errorf("cpu: save state slot %d of %d", slot, c.spec.Slots)
+	}
+	if len(dst) != c.SlotBytes() {
+		return fmt.Errorf("cpu: save state: buffer of %d bytes, slot has %d", len(dst), c.SlotBytes())
+	}
+	i := 0
+	for l := range c.conv {
+		for _, part := range [][]float32{c.convOf(l, slot), c.recOf(l, slot)} {
+			for _, v := range part {
+				binary.LittleEndian.PutUint32(dst[i:], math.Float32bits(v))
+				i += 4
+			}
+		}
+	}
+	return nil
+}
+
+func (c *stateCache) Restore(slot int, src []byte) {
+	c.checkSlot(slot)
+	if len(src) != c.SlotBytes() {
+		panic(fmt.Sprintf("cpu: restore state: %d bytes, slot has %d", len(src), c.SlotBytes()))
+	}
+	i := 0
+	for l := range c.conv {
+		for _, part := range [][]float32{c.convOf(l, slot), c.recOf(l, slot)} {
+			for j := range part {
+				part[j] = math.Float32frombits(binary.LittleEndian.Uint32(src[i:]))
+				i += 4
+			}
+		}
+	}
+}
+
+func (c *stateCache) Free() { c.conv, c.rec = nil, nil }
+
+// GatedDeltaNet runs the recurrent core of a DeltaNet layer; see
+// backend.Backend. Each sequence uses the chunked algorithm when it advances
+// by at least spec.Chunk tokens, the token-by-token recurrence otherwise.
+func (b *Backend) GatedDeltaNet(out, mixed, ba backend.Tensor, w backend.DeltaNetWeights, spec *backend.DeltaNetSpec, stc backend.StateCache, layer int) {
+	c, ok := stc.(*stateCache)
+	if !ok {
+		panic(fmt.Sprintf("cpu: deltanet: state cache of another backend (%T)", stc))
+	}
+	sp := *spec
+	sp.Chunk = c.spec.DeltaNet.Chunk // the chunk length may differ per call, the shapes may not
+	if sp != c.spec.DeltaNet {
+		panic(fmt.Sprintf("cpu: deltanet: spec %+v does not match the state cache's %+v", *spec, c.spec.DeltaNet))
+	}
+	if layer < 0 || layer >= c.spec.Layers {
+		panic(fmt.Sprintf("cpu: deltanet: layer %d of %d", layer, c.spec.Layers))
+	}
+	T := b.numTokens()
+	HK, HV, dk, dv, K := spec.KeyHeads, spec.ValueHeads, spec.KeyDim, spec.ValueDim, spec.ConvKernel
+	CD := spec.ConvDim()
+	ot, mt, bt := asT(out), asT(mixed), asT(ba)
+	checkShape("deltanet mixed", mt, T, CD)
+	checkShape("deltanet ba", bt, T, 2*HV)
+	checkShape("deltanet out", ot, T, HV*dv)
+	convW := smallFloats(w.ConvW)
+	aLog, dtBias := smallFloats(w.ALog), smallFloats(w.DtBias)
+	if len(convW) != CD*K || len(aLog) != HV || len(dtBias) != HV {
+		panic(fmt.Sprintf("cpu: deltanet: weights conv %d, A_log %d, dt_bias %d; want %d, %d, %d", len(convW), len(aLog), len(dtBias), CD*K, HV, HV))
+	}
+	st := &b.step
+	seen := map[int]bool{}
+	for _, s := range st.seqs {
+		c.checkSlot(s.Slot)
+		if s.N > 0 && seen[s.Slot] {
+			panic(fmt.Sprintf("cpu: deltanet: slot %d used by two sequences of one step", s.Slot))
+		}
+		seen[s.Slot] = true
+		if s.Pos == 0 && s.N > 0 {
+			clear(c.convOf(layer, s.Slot))
+			clear(c.recOf(layer, s.Slot))
+		}
+	}
+	x, ab, o := mt.f32(), bt.f32(), ot.out32()
+
+	// Causal depthwise conv over [history | new inputs], then silu.
+	qkv := make([]float32, T*CD)
+	b.pool.For(T, max(1, 4096/CD), func(lo, hi int) {
+		for t := lo; t < hi; t++ {
+			si := st.tokSeq[t]
+			s := &st.seqs[si]
+			i := t - st.seqStart[si] // index within the sequence's new tokens
+			hist := c.convOf(layer, s.Slot)
+			dst := qkv[t*CD : (t+1)*CD]
+			clear(dst)
+			for j := range K {
+				src := i - (K - 1) + j // input index; negative: from history
+				var row []float32
+				if src >= 0 {
+					row = x[(st.seqStart[si]+src)*CD : (st.seqStart[si]+src+1)*CD]
+				} else {
+					row = hist[(K-1+src)*CD : (K+src)*CD]
+				}
+				for ch, v := range row {
+					dst[ch] += convW[ch*K+j] * v
+				}
+			}
+			for ch, v := range dst {
+				dst[ch] = silu(v)
+			}
+		}
+	})
+	// The new history is the last K-1 inputs of [history | new inputs].
+	for si, s := range st.seqs {
+		if s.N == 0 {
+			continue
+		}
+		hist := c.convOf(layer, s.Slot)
+		all := append(append([]float32(nil), hist...), x[st.seqStart[si]*CD:(st.seqStart[si]+s.N)*CD]...)
+		copy(hist, all[len(all)-(K-1)*CD:])
+	}
+
+	// Per token: L2-normalise q and k per head, scale q; beta and g per value head.
+	beta, gate := make([]float32, T*HV), make([]float32, T*HV)
+	qScale := float32(1 / math.Sqrt(float64(dk)))
+	b.pool.For(T, 1, func(lo, hi int) {
+		for t := lo; t < hi; t++ {
+			row := qkv[t*CD : (t+1)*CD]
+			for h := range 2 * HK {
+				v := row[h*dk : (h+1)*dk]
+				var ss float64
+				for _, e := range v {
+					ss += float64(e) * float64(e)
+				}
+				inv := float32(1 / math.Sqrt(ss+1e-6))
+				if h < HK {
+					inv *= qScale
+				}
+				for i := range v {
+					v[i] *= inv
+				}
+			}
+			for h := range HV {
+				bv, av := ab[t*2*HV+h], ab[t*2*HV+HV+h]
+				beta[t*HV+h] = sigmoid(bv)
+				gate[t*HV+h] = float32(-math.Exp(float64(aLog[h])) * softplus(float64(av+dtBias[h])))
+			}
+		}
+	})
+
+	// The delta rule per (sequence, value head).
+	type task struct{ seq, head int }
+	var tasks []task
+	for si, s := range st.seqs {
+		for h := range HV {
+			if s.N > 0 {
+				tasks = append(tasks, task{si, h})
+			}
+		}
+	}
+	b.pool.For(len(tasks), 1, func(lo, hi int) {
+		var ws deltaScratch
+		for _, tk := range tasks[lo:hi] {
+			s := &st.seqs[tk.seq]
+			h := tk.head
+			kh := h / (HV / HK)
+			d := deltaHead{
+				qkv: qkv[st.seqStart[tk.seq]*CD:], stride: CD,
+				qOff: kh * dk, kOff: (HK + kh) * dk, vOff: 2*HK*dk + h*dv,
+				beta: beta[st.seqStart[tk.seq]*HV+h:], gate: gate[st.seqStart[tk.seq]*HV+h:], gStride: HV,
+				out: o[st.seqStart[tk.seq]*HV*dv+h*dv:], oStride: HV * dv,
+				dk: dk, dv: dv,
+			}
+			S := c.recOf(layer, s.Slot)[h*dk*dv : (h+1)*dk*dv]
+			if spec.Chunk > 0 && s.N >= spec.Chunk {
+				for t0 := 0; t0 < s.N; t0 += spec.Chunk {
+					d.chunk(S, t0, min(spec.Chunk, s.N-t0), &ws)
+				}
+			} else {
+				for t := range s.N {
+					d.step(S, t, &ws)
+				}
+			}
+		}
+	})
+}
+
+func softplus(x float64) float64 {
+	// As torch: linear above threshold 20.
+	if x > 20 {
+		return x
+	}
+	return math.Log1p(math.Exp(x))
+}
+
+// deltaHead addresses one (sequence, value head) of a GatedDeltaNet call:
+// token t's q, k, v rows, beta, g and output row.
+type deltaHead struct {
+	qkv              []float32
+	stride           int
+	qOff, kOff, vOff int
+	beta, gate       []float32
+	gStride          int
+	out              []float32
+	oStride          int
+	dk, dv           int
+}
+
+func (d *deltaHead) q(t int) []float32 { return d.qkv[t*d.stride+d.qOff : t*d.stride+d.qOff+d.dk] }
+func (d *deltaHead) k(t int) []float32 { return d.qkv[t*d.stride+d.kOff : t*d.stride+d.kOff+d.dk] }
+func (d *deltaHead) v(t int) []float32 { return d.qkv[t*d.stride+d.vOff : t*d.stride+d.vOff+d.dv] }
+func (d *deltaHead) o(t int) []float32 { return d.out[t*d.oStride : t*d.oStride+d.dv] }
+
+// deltaScratch is a worker's reusable scratch memory.
+type deltaScratch struct {
+	u                []float32
+	gam, a, U, W, qk []float32
+}
+
+func grow(s *[]float32, n int) []float32 {
+	if cap(*s) < n {
+		*s = make([]float32, n)
+	}
+	return (*s)[:n]
+}
+
+// step advances S [dk, dv] by token t:
+// S = exp(g) S; delta = beta (v - S^T k); S += k delta^T; o = S^T q.
+func (d *deltaHead) step(S []float32, t int, ws *deltaScratch) {
+	dk, dv := d.dk, d.dv
+	k, q, v := d.k(t), d.q(t), d.v(t)
+	decay := float32(math.Exp(float64(d.gate[t*d.gStride])))
+	bt := d.beta[t*d.gStride]
+	u := grow(&ws.u, dv)
+	clear(u)
+	for a := range dk {
+		row := S[a*dv : (a+1)*dv]
+		ka := k[a]
+		for c := range row {
+			row[c] *= decay
+			u[c] += row[c] * ka
+		}
+	}
+	for c := range u {
+		u[c] = bt * (v[c] - u[c]) // delta
+	}
+	o := d.o(t)
+	clear(o)
+	for a := range dk {
+		row := S[a*dv : (a+1)*dv]
+		ka, qa := k[a], q[a]
+		for c := range row {
+			row[c] += ka * u[c]
+			o[c] += row[c] * qa
+		}
+	}
+}
+
+// chunk advances S by the L tokens t0..t0+L-1 at once (the chunked form of
+// the gated delta rule, see qwen-family.md). With G the in-chunk cumulative
+// sum of g, A[i,j] = beta_i (k_i.k_j) exp(G_i-G_j) for i > j, and
+// (I+A) U = beta V, (I+A) W = beta exp(G) K solved by forward substitution:
+//
+//	Vn = U - W S
+//	o_i = exp(G_i) S^T q_i + sum_{j<=i} (q_i.k_j) exp(G_i-G_j) Vn_j
+//	S  = exp(G_L) S + sum_i exp(G_L-G_i) k_i Vn_i^T
+func (d *deltaHead) chunk(S []float32, t0, L int, ws *deltaScratch) {
+	dk, dv := d.dk, d.dv
+	gam := grow(&ws.gam, L)
+	var acc float32
+	for i := range L {
+		acc += d.gate[(t0+i)*d.gStride]
+		gam[i] = acc
+	}
+	beta := func(i int) float32 { return d.beta[(t0+i)*d.gStride] }
+	// A (strictly lower) and the masked, decayed Q K^T (lower incl. diagonal).
+	A, qk := grow(&ws.a, L*L), grow(&ws.qk, L*L)
+	for i := range L {
+		ki, qi := d.k(t0+i), d.q(t0+i)
+		for j := 0; j <= i; j++ {
+			kj := d.k(t0 + j)
+			e := float32(math.Exp(float64(gam[i] - gam[j])))
+			if j < i {
+				A[i*L+j] = beta(i) * dotF32(ki, kj) * e
+			}
+			qk[i*L+j] = dotF32(qi, kj) * e
+		}
+	}
+	U, W := grow(&ws.U, L*dv), grow(&ws.W, L*dk)
+	for i := range L {
+		ui, wi := U[i*dv:(i+1)*dv], W[i*dk:(i+1)*dk]
+		b := beta(i)
+		eb := b * float32(math.Exp(float64(gam[i])))
+		for c, v := range d.v(t0 + i) {
+			ui[c] = b * v
+		}
+		for c, v := range d.k(t0 + i) {
+			wi[c] = eb * v
+		}
+		for j := range i {
+			a := A[i*L+j]
+			axpy(ui, -a, U[j*dv:(j+1)*dv])
+			axpy(wi, -a, W[j*dk:(j+1)*dk])
+		}
+	}
+	// U becomes Vn = U - W S.
+	for i := range L {
+		ui, wi := U[i*dv:(i+1)*dv], W[i*dk:(i+1)*dk]
+		for a, wa := range wi {
+			axpy(ui, -wa, S[a*dv:(a+1)*dv])
+		}
+	}
+	for i := range L {
+		o := d.o(t0 + i)
+		clear(o)
+		eg := float32(math.Exp(float64(gam[i])))
+		for a, qa := range d.q(t0 + i) {
+			axpy(o, eg*qa, S[a*dv:(a+1)*dv])
+		}
+		for j := 0; j <= i; j++ {
+			axpy(o, qk[i*L+j], U[j*dv:(j+1)*dv])
+		}
+	}
+	gl := gam[L-1]
+	egl := float32(math.Exp(float64(gl)))
+	for i := range S {
+		S[i] *= egl
+	}
+	for i := range L {
+		e := float32(math.Exp(float64(gl - gam[i])))
+		vn := U[i*dv : (i+1)*dv]
+		for a, ka := range d.k(t0 + i) {
+			axpy(S[a*dv:(a+1)*dv], e*ka, vn)
+		}
+	}
+}
+
+// axpy adds a*x to y.
+func axpy(y []float32, a float32, x []float32) {
+	x = x[:len(y)]
+	for i, v := range x {
+		y[i] += a * v
+	}
+}

@@ -1,0 +1,240 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+	"sync"
+
+	"github.com/kiln-llm/kiln/backend"
+)
+
+func bf16ToF32(h uint16) float32 { return math.Float32frombits(uint32(h) << 16) }
+
+// f32ToBF16 rounds to nearest, ties to even (NaN stays NaN).
+func f32ToBF16(f float32) uint16 {
+	u := math.Float32bits(f)
+	if u&0x7fffffff > 0x7f800000 {
+		return uint16(u>>16) | 0x40
+	}
+	u += 0x7fff + (u>>16)&1
+	return uint16(u >> 16)
+}
+
+var (
+	f16Once  sync.Once
+	f16Table []float32
+)
+
+// f16Lookup returns the table of all 65536 f16 values as float32.
+func f16Lookup() []float32 {
+	f16Once.Do(func() {
+		f16Table = make([]float32, 1<<16)
+		for i := range f16Table {
+			f16Table[i] = f16ToF32(uint16(i))
+		}
+	})
+	return f16Table
+}
+
+func f16ToF32(h uint16) float32 {
+	sign := uint32(h>>15) << 31
+	exp := uint32(h>>10) & 0x1f
+	mant := uint32(h) & 0x3ff
+	switch exp {
+	case 0:
+		f := float32(mant) * (1.0 / (1 << 24)) // subnormal (or zero): mant * 2^-24
+		return math.Float32frombits(math.Float32bits(f) | sign)
+	case 0x1f:
+		return math.Float32frombits(sign | 0x7f800000 | mant<<13)
+	}
+	return math.Float32frombits(sign | (exp+112)<<23 | mant<<13)
+}
+
+// weights is a row-major [rows, cols] matrix of any float dtype, read in place.
+type weights struct {
+	dt         backend.DType
+	buf        []byte
+	rows, cols int
+}
+
+func weightsOf(t *Tensor) weights {
+	switch t.dt {
+	case backend.F32, backend.BF16, backend.F16:
+	default:
+		panic(fmt.Sprintf("cpu: weight %v is not a float tensor", t))
+	}
+	r, c := matrix(t)
+	return weights{dt: t.dt, buf: t.buf, rows: r, cols: c}
+}
+
+// sub returns rows [r0, r0+n).
+func (w weights) sub(r0, n int) weights {
+	es := w.dt.Size() * w.cols
+	return weights{dt: w.dt, buf: w.buf[r0*es : (r0+n)*es], rows: n, cols: w.cols}
+}
+
+// decode converts rows [r0, r0+len(dst)/cols) to float32.
+func (w weights) decode(r0 int, dst []float32) {
+	off := r0 * w.cols
+	switch w.dt {
+	case backend.F32:
+		copy(dst, bytesAs[float32](w.buf)[off:off+len(dst)])
+	case backend.BF16:
+		src := bytesAs[uint16](w.buf)[off : off+len(dst)]
+		for i, h := range src {
+			dst[i] = bf16ToF32(h)
+		}
+	case backend.F16:
+		tab := f16Lookup()
+		src := bytesAs[uint16](w.buf)[off : off+len(dst)]
+		for i, h := range src {
+			dst[i] = tab[h]
+		}
+	}
+}
+
+// floats returns all of w as float32 (a copy unless w is f32); for the small
+// per-layer vectors (norm weights, conv kernels).
+func (w weights) floats() []float32 {
+	if w.dt == backend.F32 {
+		return bytesAs[float32](w.buf)
+	}
+	dst := make([]float32, w.rows*w.cols)
+	w.decode(0, dst)
+	return dst
+}
+
+func smallFloats(t backend.Tensor) []float32 { return weightsOf(asT(t)).floats() }
+
+// dotRows computes out[j] = x . w[r0+j] for len(out) consecutive rows,
+// reading the weights in their own dtype.
+func (w weights) dotRows(r0 int, x []float32, out []float32) {
+	k := w.cols
+	switch w.dt {
+	case backend.F32:
+		all := bytesAs[float32](w.buf)
+		for j := range out {
+			out[j] = dotF32(x, all[(r0+j)*k:(r0+j+1)*k])
+		}
+	case backend.BF16:
+		all := bytesAs[uint16](w.buf)
+		j := 0
+		for ; j+4 <= len(out); j += 4 {
+			o := (r0 + j) * k
+			dot4BF16(x, all[o:o+4*k], k, out[j:j+4])
+		}
+		for ; j < len(out); j++ {
+			out[j] = dotBF16(x, all[(r0+j)*k:(r0+j+1)*k])
+		}
+	case backend.F16:
+		all := bytesAs[uint16](w.buf)
+		tab := f16Lookup()
+		for j := range out {
+			row := all[(r0+j)*k : (r0+j+1)*k]
+			var s0, s1 float32
+			i := 0
+			for ; i+2 <= len(row); i += 2 {
+				s0 += x[i] * tab[row[i]]
+				s1 += x[i+1] * tab[row[i+1]]
+			}
+			for ; i < len(row); i++ {
+				s0 += x[i] * tab[row[i]]
+			}
+			out[j] = s0 + s1
+		}
+	}
+}
+
+// Tile sizes of matmul: a block of rowBlock weight rows is decoded once and
+// reused across a tile of tokTile input rows that stays in cache.
+const (
+	rowBlock = 16
+	tokTile  = 64
+	// Up to directRows input rows, weights are dotted straight from their
+	// dtype: decode is bound by reading the weights once.
+	directRows = 4
+)
+
+// matmul computes out[n,o] (+)= sum_i x[n,i] * w[o,i] for x [n, w.cols] and
+// out [n, w.rows], split over w's rows.
+func (p *pool) matmul(out, x []float32, n int, w weights, accumulate bool) {
+	k, o := w.cols, w.rows
+	if n == 0 || o == 0 {
+		return
+	}
+	if len(x) < n*k || len(out) < n*o {
+		panic(fmt.Sprintf("cpu: matmul sizes: x %d, out %d for n %d, w [%d, %d]", len(x), len(out), n, o, k))
+	}
+	grain := max(rowBlock, 1<<16/max(k, 1)) // at least ~64K weights per task
+	grain = (grain + 3) &^ 3
+	p.For(o, grain, func(lo, hi int) {
+		if n <= directRows {
+			res := make([]float32, hi-lo)
+			for t := 0; t < n; t++ {
+				w.dotRows(lo, x[t*k:(t+1)*k], res)
+				dst := out[t*o+lo : t*o+hi]
+				if accumulate {
+					for j, v := range res {
+						dst[j] += v
+					}
+				} else {
+					copy(dst, res)
+				}
+			}
+			return
+		}
+		blk := make([]float32, rowBlock*k)
+		for r0 := lo; r0 < hi; r0 += rowBlock {
+			rb := min(rowBlock, hi-r0)
+			wb := blk[:rb*k]
+			w.decode(r0, wb)
+			for t0 := 0; t0 < n; t0 += tokTile {
+				for t := t0; t < min(t0+tokTile, n); t++ {
+					xr := x[t*k : (t+1)*k]
+					dst := out[t*o+r0 : t*o+r0+rb]
+					gemvBlock(xr, wb, k, dst, accumulate)
+				}
+			}
+		}
+	})
+}
+
+// gemvBlock computes dst[j] (+)= x . wb[j*k:(j+1)*k].
+func gemvBlock(x, wb []float32, k int, dst []float32, accumulate bool) {
+	j := 0
+	var r [4]float32
+	for ; j+4 <= len(dst); j += 4 {
+		dot4F32(x, wb[j*k:(j+4)*k], k, r[:])
+		if accumulate {
+			dst[j] += r[0]
+			dst[j+1] += r[1]
+			dst[j+2] += r[2]
+			dst[j+3] += r[3]
+		} else {
+			copy(dst[j:j+4], r[:])
+		}
+	}
+	for ; j < len(dst); j++ {
+		v := dotF32(x, wb[j*k:(j+1)*k])
+		if accumulate {
+			dst[j] += v
+		} else {
+			dst[j] = v
+		}
+	}
+}
+
+// MatMul computes out[n,o] = sum_i x[n,i] * w[o,i], adding to out when
+// accumulate.
+func (b *Backend) MatMul(out, x, w backend.Tensor, accumulate bool) {
+	ot, xt := asT(out), asT(x)
+	wm := weightsOf(asT(w))
+	n, k := matrix(xt)
+	if k != wm.cols {
+		panic(fmt.Sprintf("cpu: matmul x %v, w %v: inner dimensions differ", xt, asT(w)))
+	}
+	if on, oc := matrix(ot); on != n || oc != wm.rows {
+		panic(fmt.Sprintf("cpu: matmul out %v, want [%d, %d]", ot, n, wm.rows))
+	}
+	b.pool.matmul(ot.out32(), xt.f32(), n, wm, accumulate)
+}

@@ -1,0 +1,148 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/kiln-llm/kiln/backend"
+)
+
+// Embed writes out[t] = table[Tokens[t]]; out [T, H] f32, table [V, H].
+func (b *Backend) Embed(out, table backend.Tensor) {
+	ot := asT(out)
+	w := weightsOf(asT(table))
+	T, H := b.numTokens(), w.cols
+	checkShape("embed out", ot, T, H)
+	o := ot.out32()
+	for t, tok := range b.step.tokens {
+		if tok < 0 || int(tok) >= w.rows {
+			panic(fmt.Sprintf("cpu: embed: token %d outside vocabulary of %d", tok, w.rows))
+		}
+		w.decode(int(tok), o[t*H:(t+1)*H])
+	}
+}
+
+// rmsScale returns 1/sqrt(mean(x^2) + eps), summing in float64.
+func rmsScale(x []float32, eps float32) float32 {
+	var ss float64
+	for _, v := range x {
+		ss += float64(v) * float64(v)
+	}
+	return float32(1 / math.Sqrt(ss/float64(len(x))+float64(eps)))
+}
+
+// normWeights returns w as float32, with 1 added when unitOffset.
+func normWeights(w backend.Tensor, n int, unitOffset bool) []float32 {
+	f := smallFloats(w)
+	if len(f) != n {
+		panic(fmt.Sprintf("cpu: norm weight has %d elements, want %d", len(f), n))
+	}
+	if unitOffset {
+		g := make([]float32, n)
+		for i, v := range f {
+			g[i] = 1 + v
+		}
+		return g
+	}
+	return f
+}
+
+// rmsNormRow writes dst = x * rsqrt(mean(x^2)+eps) * w; dst may alias x.
+func rmsNormRow(dst, x, w []float32, eps float32) {
+	s := rmsScale(x, eps)
+	for i, v := range x {
+		dst[i] = v * s * w[i]
+	}
+}
+
+// RMSNorm normalises each row of x; out may alias x.
+func (b *Backend) RMSNorm(out, x, w backend.Tensor, eps float32, unitOffset bool) {
+	ot, xt := asT(out), asT(x)
+	n, h := matrix(xt)
+	if on, oh := matrix(ot); on != n || oh != h {
+		panic(fmt.Sprintf("cpu: rmsnorm out %v, x %v", ot, xt))
+	}
+	wf := normWeights(w, h, unitOffset)
+	o, xs := ot.out32(), xt.f32()
+	b.pool.For(n, max(1, 4096/max(h, 1)), func(lo, hi int) {
+		for r := lo; r < hi; r++ {
+			rmsNormRow(o[r*h:(r+1)*h], xs[r*h:(r+1)*h], wf, eps)
+		}
+	})
+}
+
+func sigmoid(x float32) float32 { return float32(1 / (1 + math.Exp(-float64(x)))) }
+
+func silu(x float32) float32 { return x * sigmoid(x) }
+
+// SiluMul computes out = silu(gate) * up for gateUp [N, 2I] = [gate | up].
+func (b *Backend) SiluMul(out, gateUp backend.Tensor) {
+	ot, gt := asT(out), asT(gateUp)
+	n, w2 := matrix(gt)
+	if w2%2 != 0 {
+		panic(fmt.Sprintf("cpu: silumul gateUp %v has an odd width", gt))
+	}
+	in := w2 / 2
+	if on, oi := matrix(ot); on != n || oi != in {
+		panic(fmt.Sprintf("cpu: silumul out %v, gateUp %v", ot, gt))
+	}
+	siluMul(b.pool, ot.out32(), gt.f32(), n, in)
+}
+
+func siluMul(p *pool, out, gu []float32, n, in int) {
+	p.For(n, max(1, 8192/max(in, 1)), func(lo, hi int) {
+		for r := lo; r < hi; r++ {
+			g, u, o := gu[2*r*in:(2*r+1)*in], gu[(2*r+1)*in:(2*r+2)*in], out[r*in:(r+1)*in]
+			for i := range o {
+				o[i] = silu(g[i]) * u[i]
+			}
+		}
+	})
+}
+
+// GatedRMSNorm computes out = w * rmsnorm(x) * silu(z) per head.
+func (b *Backend) GatedRMSNorm(out, x, z, w backend.Tensor, eps float32) {
+	ot, xt, zt := asT(out), asT(x), asT(z)
+	n, width := matrix(xt)
+	wf := smallFloats(w)
+	dim := len(wf)
+	if dim == 0 || width%dim != 0 {
+		panic(fmt.Sprintf("cpu: gated rmsnorm: x %v is not whole heads of %d", xt, dim))
+	}
+	for _, t := range []*Tensor{ot, zt} {
+		if tn, tw := matrix(t); tn != n || tw != width {
+			panic(fmt.Sprintf("cpu: gated rmsnorm: %v does not match x %v", t, xt))
+		}
+	}
+	o, xs, zs := ot.out32(), xt.f32(), zt.f32()
+	heads := n * width / dim
+	b.pool.For(heads, max(1, 4096/dim), func(lo, hi int) {
+		for h := lo; h < hi; h++ {
+			xr, zr, or := xs[h*dim:(h+1)*dim], zs[h*dim:(h+1)*dim], o[h*dim:(h+1)*dim]
+			s := rmsScale(xr, eps)
+			for i, v := range xr {
+				or[i] = wf[i] * (v * s) * silu(zr[i])
+			}
+		}
+	})
+}
+
+// GatherRows writes out[r] = x[LogitRows[r]].
+func (b *Backend) GatherRows(out, x backend.Tensor) {
+	ot, xt := asT(out), asT(x)
+	_, h := matrix(xt)
+	rows := b.step.logitRows
+	if on, oh := matrix(ot); on != len(rows) || oh != h || xt.dt != ot.dt {
+		panic(fmt.Sprintf("cpu: gather rows: out %v, x %v, %d rows", ot, xt, len(rows)))
+	}
+	if ot.readOnly {
+		panic("cpu: gather rows into a loaded weight")
+	}
+	es := h * xt.dt.Size()
+	for i, r := range rows {
+		if int(r) >= xt.shape[0] {
+			panic(fmt.Sprintf("cpu: gather rows: row %d of %v", r, xt))
+		}
+		copy(ot.buf[i*es:(i+1)*es], xt.buf[int(r)*es:(int(r)+1)*es])
+	}
+}
