@@ -1,0 +1,277 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+	"testing"
+
+	"github.com/kiln-llm/kiln/backend"
+)
+
+// dnCase is a DeltaNet layer with random weights and per-sequence inputs.
+type dnCase struct {
+	spec                backend.DeltaNetSpec
+	convW, aLog, dtBias []float64
+	mixed, ba           [][][]float64 // per sequence, per token
+}
+
+func newDNCase(seed uint64, spec backend.DeltaNetSpec, lengths []int) *dnCase {
+	r := newRand(seed)
+	CD, HV := spec.ConvDim(), spec.ValueHeads
+	c := &dnCase{spec: spec, convW: randVec(r, CD*spec.ConvKernel, 0.5), dtBias: randVec(r, HV, 0.5)}
+	for range HV {
+		c.aLog = append(c.aLog, -3+3*r.Float64()) // decays exp(A) in [0.05, 1], as trained models have
+	}
+	for _, n := range lengths {
+		var m, ba [][]float64
+		for range n {
+			m = append(m, toF64(toF32(randVec(r, CD, 1))))
+			ba = append(ba, toF64(toF32(randVec(r, 2*HV, 1))))
+		}
+		c.mixed = append(c.mixed, m)
+		c.ba = append(c.ba, ba)
+	}
+	return c
+}
+
+// ref computes in float64 the outputs of all tokens of sequence s from an
+// empty state: conv, silu, L2 norms, and the recurrence token by token.
+func (c *dnCase) ref(s int) [][]float64 {
+	sp := c.spec
+	HK, HV, dk, dv, K, CD := sp.KeyHeads, sp.ValueHeads, sp.KeyDim, sp.ValueDim, sp.ConvKernel, sp.ConvDim()
+	S := make([]float64, HV*dk*dv)
+	var outs [][]float64
+	for t := range c.mixed[s] {
+		x := make([]float64, CD)
+		for ch := range CD {
+			var acc float64
+			for j := range K {
+				if src := t - (K - 1) + j; src >= 0 {
+					acc += c.convW[ch*K+j] * c.mixed[s][src][ch]
+				}
+			}
+			x[ch] = silu64(acc)
+		}
+		l2 := func(v []float64, scale float64) {
+			var ss float64
+			for _, e := range v {
+				ss += e * e
+			}
+			inv := scale / math.Sqrt(ss+1e-6)
+			for i := range v {
+				v[i] *= inv
+			}
+		}
+		for h := range HK {
+			l2(x[h*dk:(h+1)*dk], 1/math.Sqrt(float64(dk)))
+			l2(x[(HK+h)*dk:(HK+h+1)*dk], 1)
+		}
+		o := make([]float64, HV*dv)
+		for h := range HV {
+			kh := h / (HV / HK)
+			q, k, v := x[kh*dk:(kh+1)*dk], x[(HK+kh)*dk:(HK+kh+1)*dk], x[2*HK*dk+h*dv:2*HK*dk+(h+1)*dv]
+			beta := sig64(c.ba[s][t][h])
+			a := c.ba[s][t][HV+h] + c.dtBias[h]
+			g := -math.Exp(c.aLog[h]) * math.Log1p(math.Exp(a))
+			Sh := S[h*dk*dv : (h+1)*dk*dv]
+			for i := range Sh {
+				Sh[i] *= math.Exp(g)
+			}
+			for col := range dv {
+				var u float64
+				for r := range dk {
+					u += Sh[r*dv+col] * k[r]
+				}
+				delta := beta * (v[col] - u)
+				var oc float64
+				for r := range dk {
+					Sh[r*dv+col] += k[r] * delta
+					oc += Sh[r*dv+col] * q[r]
+				}
+				o[h*dv+col] = oc
+			}
+		}
+		outs = append(outs, o)
+	}
+	return outs
+}
+
+// dnRun runs a schedule of steps through GatedDeltaNet with slot[s] as each
+// sequence's slot, starting every sequence at position 0, and returns each
+// sequence's outputs.
+type dnRun struct {
+	b     *Backend
+	c     *dnCase
+	st    backend.StateCache
+	w     backend.DeltaNetWeights
+	pos   []int
+	slots []int
+	out   [][][]float32
+}
+
+func newDNRun(t *testing.T, b *Backend, c *dnCase, slots int, chunk int) *dnRun {
+	spec := c.spec
+	spec.Chunk = chunk
+	st, err := b.NewStateCache(backend.StateSpec{Layers: 2, Slots: slots, DeltaNet: spec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &dnRun{b: b, c: c, st: st, pos: make([]int, len(c.mixed)), out: make([][][]float32, len(c.mixed))}
+	r.c = &dnCase{}
+	*r.c = *c
+	r.c.spec = spec
+	for i := range c.mixed {
+		r.slots = append(r.slots, i%slots)
+	}
+	HV := spec.ValueHeads
+	r.w = backend.DeltaNetWeights{
+		ConvW:  loadWeight(t, b, backend.F32, append([]float64(nil), c.convW...), spec.ConvDim(), spec.ConvKernel),
+		ALog:   loadWeight(t, b, backend.F32, append([]float64(nil), c.aLog...), HV),
+		DtBias: loadWeight(t, b, backend.F32, append([]float64(nil), c.dtBias...), HV),
+	}
+	return r
+}
+
+func (r *dnRun) step(t *testing.T, st []seqStep) {
+	b, sp := r.b, r.c.spec
+	var batch backend.Batch
+	var mixed, ba []float64
+	for _, s := range st {
+		batch.Seqs = append(batch.Seqs, backend.SeqInfo{Pos: r.pos[s.seq], N: s.n, Slot: r.slots[s.seq]})
+		for i := range s.n {
+			batch.Tokens = append(batch.Tokens, 0)
+			mixed = append(mixed, r.c.mixed[s.seq][r.pos[s.seq]+i]...)
+			ba = append(ba, r.c.ba[s.seq][r.pos[s.seq]+i]...)
+		}
+	}
+	T := len(batch.Tokens)
+	b.Begin(&batch)
+	o := b.Alloc(backend.F32, T, sp.ValueHeads*sp.ValueDim)
+	b.GatedDeltaNet(o, tensorF32(b, mixed, T, sp.ConvDim()), tensorF32(b, ba, T, 2*sp.ValueHeads), r.w, &sp, r.st, 1)
+	got := readF32(t, b, o)
+	row := sp.ValueHeads * sp.ValueDim
+	for _, s := range st {
+		for range s.n {
+			r.out[s.seq] = append(r.out[s.seq], got[:row])
+			got = got[row:]
+		}
+		r.pos[s.seq] += s.n
+	}
+}
+
+func flat(rows [][]float32) []float32 {
+	var f []float32
+	for _, r := range rows {
+		f = append(f, r...)
+	}
+	return f
+}
+
+func flat64(rows [][]float64) []float64 {
+	var f []float64
+	for _, r := range rows {
+		f = append(f, r...)
+	}
+	return f
+}
+
+var dnSpec = backend.DeltaNetSpec{KeyHeads: 2, ValueHeads: 4, KeyDim: 16, ValueDim: 8, ConvKernel: 4}
+
+// TestDeltaNetPaths checks the chunked and recurrent paths against the
+// float64 recurrence and each other, for lengths around the chunk size.
+func TestDeltaNetPaths(t *testing.T) {
+	lengths := []int{1, 3, 5, 63, 64, 65, 130, 200}
+	c := newDNCase(20, dnSpec, lengths)
+	b := New(Options{Threads: 2})
+	for i, n := range lengths {
+		want := flat64(c.ref(i))
+		byChunk := map[int][]float32{}
+		for _, chunk := range []int{0, 1, 16, 64} {
+			r := newDNRun(t, b, c, len(lengths), chunk)
+			r.step(t, []seqStep{{i, n}})
+			got := flat(r.out[i])
+			compare(t, fmt.Sprintf("len %d chunk %d vs float64", n, chunk), got, want, 1e-4)
+			byChunk[chunk] = got
+		}
+		compare(t, fmt.Sprintf("len %d: chunked vs recurrent", n), byChunk[64], toF64(byChunk[0]), 1e-4)
+		compare(t, fmt.Sprintf("len %d: chunk 1 vs recurrent", n), byChunk[1], toF64(byChunk[0]), 1e-5)
+	}
+}
+
+// TestDeltaNetContinue processes a prompt, saves its slot, restores it into
+// another slot and continues there with a chunked prefill and decode steps.
+func TestDeltaNetContinue(t *testing.T) {
+	c := newDNCase(21, dnSpec, []int{100 + 70 + 3})
+	c.mixed = append(c.mixed, c.mixed[0])
+	c.ba = append(c.ba, c.ba[0])
+	b := New(Options{Threads: 2})
+	r := newDNRun(t, b, c, 3, 64)
+	r.slots = []int{0, 2}
+	r.step(t, []seqStep{{0, 100}})
+	saved := make([]byte, r.st.SlotBytes())
+	if err := r.st.Save(0, saved); err != nil {
+		t.Fatal(err)
+	}
+	// Sequence 1 has the same tokens: it resumes at 100 from the snapshot.
+	r.st.Restore(2, saved)
+	r.pos[1] = 100
+	r.out[1] = r.out[0]
+	r.step(t, []seqStep{{1, 70}})
+	for range 3 {
+		r.step(t, []seqStep{{1, 1}})
+	}
+	compare(t, "continued", flat(r.out[1]), flat64(c.ref(0)), 1e-4)
+	if err := r.st.Save(0, saved[1:]); err == nil {
+		t.Error("Save accepted a short buffer")
+	}
+
+	// CopySlot carries the same state.
+	r2 := newDNRun(t, b, c, 3, 64)
+	r2.slots = []int{0, 1}
+	r2.step(t, []seqStep{{0, 100}})
+	r2.st.CopySlot(1, 0)
+	r2.pos[1] = 100
+	r2.out[1] = r2.out[0]
+	r2.step(t, []seqStep{{1, 73}})
+	compare(t, "after CopySlot", flat(r2.out[1]), toF64(flat(r.out[1])), 1e-5)
+}
+
+// TestDeltaNetMixedBatch checks that a batch mixing a long prefill and
+// single-token decodes gives each sequence exactly what it gets alone.
+func TestDeltaNetMixedBatch(t *testing.T) {
+	lengths := []int{90, 10, 12}
+	c := newDNCase(22, dnSpec, lengths)
+	steps := [][]seqStep{
+		{{1, 8}, {2, 2}},
+		{{0, 80}, {1, 1}, {2, 1}},
+		{{2, 9}, {1, 1}, {0, 10}},
+	}
+	b := New(Options{Threads: 2})
+	mixed := newDNRun(t, b, c, 3, 64)
+	for _, st := range steps {
+		mixed.step(t, st)
+	}
+	for s := range lengths {
+		alone := newDNRun(t, b, c, 3, 64)
+		for _, st := range steps {
+			for _, q := range st {
+				if q.seq == s {
+					alone.step(t, []seqStep{q})
+				}
+			}
+		}
+		compare(t, fmt.Sprintf("seq %d", s), flat(mixed.out[s]), toF64(flat(alone.out[s])), 0)
+		compare(t, fmt.Sprintf("seq %d vs float64", s), flat(mixed.out[s]), flat64(c.ref(s)), 1e-4)
+	}
+}
+
+// TestDeltaNetRestart checks that Pos 0 starts from an empty state even when
+// the slot holds another sequence's state.
+func TestDeltaNetRestart(t *testing.T) {
+	c := newDNCase(23, dnSpec, []int{20, 9})
+	b := New(Options{})
+	r := newDNRun(t, b, c, 1, 64)
+	r.step(t, []seqStep{{0, 20}})
+	r.step(t, []seqStep{{1, 9}})
+	compare(t, "reused slot", flat(r.out[1]), flat64(c.ref(1)), 1e-4)
+}
