@@ -53,7 +53,10 @@ func (b *Backend) MoE(out, x backend.Tensor, e *backend.Experts, spec *backend.M
 			weightsBy[ex] = append(weightsBy[ex], wt)
 		}
 	}
+	// Both hold E matrices stacked along the rows.
 	guW, downW := weightsOf(gu), weightsOf(down)
+	guW.rows, guW.cols = E*2*I, H
+	downW.rows, downW.cols = E*H, I
 	for ex := range E {
 		if len(byExpert[ex]) == 0 {
 			continue

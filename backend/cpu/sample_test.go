@@ -1,0 +1,180 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"testing"
+
+	"github.com/kiln-llm/kiln/backend"
+)
+
+func logits32(v ...float64) []float32 { return toF32(v) }
+
+func TestSampleRules(t *testing.T) {
+	ln := func(p ...float64) []float32 {
+		out := make([]float32, len(p))
+		for i, v := range p {
+			out[i] = float32(math.Log(v))
+		}
+		return out
+	}
+	for _, c := range []struct {
+		name   string
+		logits []float32
+		p      backend.SampleParams
+		want   int32
+	}{
+		{"greedy ties take the lower index", logits32(1, 3, 3, 2), backend.SampleParams{}, 1},
+		{"repetition divides positive, multiplies negative", logits32(2, -2, 1.5),
+			backend.SampleParams{RepetitionPenalty: 2, Counts: []backend.TokenCount{{Token: 0, Count: 1}, {Token: 1, Count: 4}}}, 2},
+		{"frequency counts, presence once", logits32(5, 4.5, 0),
+			backend.SampleParams{FrequencyPenalty: 0.2, PresencePenalty: 0.1, Counts: []backend.TokenCount{{Token: 0, Count: 3}}}, 1},
+		{"frequency below the margin", logits32(5, 4.5, 0),
+			backend.SampleParams{FrequencyPenalty: 0.1, PresencePenalty: 0.1, Counts: []backend.TokenCount{{Token: 0, Count: 3}}}, 0},
+		{"bias", logits32(5, 4.5, 0), backend.SampleParams{Bias: []backend.TokenBias{{Token: 2, Bias: 10}}}, 2},
+		{"top-k 1 is greedy", logits32(0, 1, 0.9), backend.SampleParams{Temperature: 1, TopK: 1, Uniform: 0.999}, 1},
+		{"inverse cdf, first bucket", ln(0.5, 0.3, 0.2), backend.SampleParams{Temperature: 1, Uniform: 0.49}, 0},
+		{"inverse cdf, sorted order", ln(0.2, 0.3, 0.5), backend.SampleParams{Temperature: 1, Uniform: 0.51}, 1},
+		{"inverse cdf, last", ln(0.5, 0.3, 0.2), backend.SampleParams{Temperature: 1, Uniform: 0.81}, 2},
+		{"top-p renormalises", ln(0.5, 0.3, 0.2), backend.SampleParams{Temperature: 1, TopP: 0.75, Uniform: 0.99}, 1},
+		{"top-p keeps the prefix reaching p", ln(0.5, 0.3, 0.2), backend.SampleParams{Temperature: 1, TopP: 0.75, Uniform: 0.6}, 0},
+		{"min-p", ln(0.5, 0.3, 0.2), backend.SampleParams{Temperature: 1, MinP: 0.5, Uniform: 0.99}, 1},
+		{"top-p measures mass after top-k", ln(0.4, 0.35, 0.25), backend.SampleParams{Temperature: 1, TopK: 2, TopP: 0.5, Uniform: 0.99}, 0},
+		{"low temperature sharpens", ln(0.5, 0.3, 0.2), backend.SampleParams{Temperature: 0.01, Uniform: 0.9}, 0},
+	} {
+		if got := SampleRow(c.logits, &c.p).Token; got != c.want {
+			t.Errorf("%s: token %d, want %d", c.name, got, c.want)
+		}
+	}
+}
+
+func TestSampleLogprobs(t *testing.T) {
+	l := logits32(1, 3, 2, 0)
+	p := backend.SampleParams{Temperature: 0.5, Uniform: 0.3, Logprob: true, TopLogprobs: 2,
+		Counts: []backend.TokenCount{{Token: 1, Count: 2}}, FrequencyPenalty: 0.5}
+	got := SampleRow(l, &p)
+	pen := []float64{1, 2, 2, 0} // token 1 loses 2*0.5
+	var s float64
+	for _, v := range pen {
+		s += math.Exp(v)
+	}
+	lse := math.Log(s)
+	if math.Abs(float64(got.Logprob)-(pen[got.Token]-lse)) > 1e-6 {
+		t.Errorf("logprob of %d = %v, want %v", got.Token, got.Logprob, pen[got.Token]-lse)
+	}
+	if len(got.Top) != 2 || got.Top[0].Token != 1 || got.Top[1].Token != 2 ||
+		math.Abs(float64(got.Top[0].Logprob)-(2-lse)) > 1e-6 {
+		t.Errorf("top logprobs %+v", got.Top)
+	}
+	if q := (backend.SampleParams{Temperature: 1}); SampleRow(l, &q).Top != nil {
+		t.Error("top logprobs returned unasked")
+	}
+}
+
+// refDist returns the probability with which each token is drawn, derived
+// from the rules directly: penalise, scale, rank, filter, renormalise.
+func refDist(logits []float32, p *backend.SampleParams) []float64 {
+	l := make([]float32, len(logits))
+	copy(l, logits)
+	for _, c := range p.Counts {
+		v := l[c.Token]
+		if v > 0 {
+			v /= p.RepetitionPenalty
+		} else {
+			v *= p.RepetitionPenalty
+		}
+		l[c.Token] = v - p.PresencePenalty - p.FrequencyPenalty*float32(c.Count)
+	}
+	for _, bb := range p.Bias {
+		l[bb.Token] += bb.Bias
+	}
+	rank := make([]int, len(l))
+	for i := range rank {
+		rank[i] = i
+	}
+	sort.SliceStable(rank, func(a, b int) bool { return l[rank[a]] > l[rank[b]] })
+	keep := len(rank)
+	if p.TopK > 0 {
+		keep = min(keep, p.TopK)
+	}
+	prob := make([]float64, len(l))
+	var z float64
+	for _, i := range rank[:keep] {
+		prob[i] = math.Exp(float64(l[i]*(1/p.Temperature)) - float64(l[rank[0]]*(1/p.Temperature)))
+		z += prob[i]
+	}
+	var cum float64
+	for n, i := range rank[:keep] {
+		cum += prob[i] / z
+		if p.TopP > 0 && p.TopP < 1 && cum >= float64(p.TopP) {
+			keep = n + 1
+			break
+		}
+	}
+	for n, i := range rank[:keep] {
+		if prob[i] < float64(p.MinP)*prob[rank[0]] {
+			keep = n
+			break
+		}
+	}
+	out := make([]float64, len(l))
+	z = 0
+	for _, i := range rank[:keep] {
+		z += prob[i]
+	}
+	for _, i := range rank[:keep] {
+		out[i] = prob[i] / z
+	}
+	return out
+}
+
+// TestSampleDistribution draws with Uniform on a fine grid: each token must
+// be drawn as often as its probability under the rules says.
+func TestSampleDistribution(t *testing.T) {
+	r := newRand(40)
+	const V, N = 300, 4000
+	for i, p := range []backend.SampleParams{
+		{Temperature: 1},
+		{Temperature: 0.7, TopK: 20},
+		{Temperature: 1.3, TopP: 0.8},
+		{Temperature: 1, MinP: 0.05},
+		{Temperature: 0.9, TopK: 50, TopP: 0.9, MinP: 0.02, RepetitionPenalty: 1.3, PresencePenalty: 0.4, FrequencyPenalty: 0.2,
+			Counts: []backend.TokenCount{{Token: 3, Count: 2}, {Token: 7, Count: 1}, {Token: 100, Count: 5}},
+			Bias:   []backend.TokenBias{{Token: 9, Bias: 2}, {Token: 11, Bias: -50}}},
+	} {
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			l := toF32(randVec(r, V, 2))
+			l[3], l[7], l[100] = 4, -3, 5
+			want := refDist(l, &p)
+			counts := make([]float64, V)
+			for k := range N {
+				p.Uniform = (float32(k) + 0.5) / N
+				counts[SampleRow(l, &p).Token]++
+			}
+			for tok := range V {
+				if math.Abs(counts[tok]/N-want[tok]) > 1.5/N {
+					t.Fatalf("token %d drawn %v of %d times, want probability %v", tok, counts[tok], N, want[tok])
+				}
+			}
+		})
+	}
+}
+
+func TestSampleBatch(t *testing.T) {
+	b := New(Options{Threads: 2})
+	l := tensorF32(b, []float64{0, 1, 5, 3, 2, 1, 0, 9, 9}, 3, 3)
+	res, err := b.Sample(l, []backend.SampleParams{{}, {}, {}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res[0].Token != 2 || res[1].Token != 0 || res[2].Token != 1 {
+		t.Errorf("greedy rows: %+v", res)
+	}
+	if _, err := b.Sample(l, []backend.SampleParams{{}, {}}); err == nil {
+		t.Error("row count mismatch accepted")
+	}
+	if _, err := b.Sample(l, []backend.SampleParams{{}, {Counts: []backend.TokenCount{{Token: 3, Count: 1}}}, {}}); err == nil {
+		t.Error("penalty token outside the vocabulary accepted")
+	}
+}
