@@ -1,0 +1,6 @@
+package chat
+
+const (
+	thinkOpen  = "<think>"
+	thinkClose = "</think>"
+)

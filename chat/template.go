@@ -1,0 +1,266 @@
+package chat
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"strings"
+
+	"github.com/nikolalohinski/gonja/v2/builtins"
+	"github.com/nikolalohinski/gonja/v2/config"
+	"github.com/nikolalohinski/gonja/v2/exec"
+	"github.com/nikolalohinski/gonja/v2/loaders"
+)
+
+// Template is a model's chat template, compiled once and safe for concurrent
+// use. It renders like transformers' apply_chat_template(..., tokenize=False):
+// a sandboxed Jinja environment with trim_blocks and lstrip_blocks, Python's
+// json.dumps behind tojson, raise_exception and strftime_now.
+type Template struct {
+	tpl  *exec.Template
+	vars map[string]any // the tokenizer's special tokens
+}
+
+// RenderInput is one rendering: the conversation, the tools offered,
+// whether to open the assistant's turn, and extra template variables
+// (chat_template_kwargs: enable_thinking, reasoning_effort, ...).
+type RenderInput struct {
+	Messages            []Message
+	Tools               []Tool
+	AddGenerationPrompt bool
+	Kwargs              map[string]any
+}
+
+// TemplateError is an error the template raised itself with
+// raise_exception; Error returns the template's message unchanged.
+type TemplateError struct{ Message string }
+
+func (e *TemplateError) Error() string { return e.Message }
+
+// LoadTemplate reads the chat template of a model directory:
+// chat_template.jinja, else the "chat_template" of tokenizer_config.json (a
+// string, or a list of {"name", "template"} of which "default" is used).
+// The special tokens of tokenizer_config.json (bos_token, eos_token, ...)
+// become template variables.
+func LoadTemplate(fsys fs.FS) (*Template, error) {
+	var cfg map[string]json.RawMessage
+	raw, err := fs.ReadFile(fsys, "tokenizer_config.json")
+	switch {
+	case err == nil:
+		if err := json.Unmarshal(raw, &cfg); err != nil {
+			return nil, fmt.Errorf("tokenizer_config.json: %w", err)
+		}
+	case !errors.Is(err, fs.ErrNotExist):
+		return nil, err
+	}
+	src, err := fs.ReadFile(fsys, "chat_template.jinja")
+	if errors.Is(err, fs.ErrNotExist) {
+		src, err = configTemplate(cfg["chat_template"])
+	}
+	if err != nil {
+		return nil, err
+	}
+	t, err := ParseTemplate(string(src))
+	if err != nil {
+		return nil, err
+	}
+	for name, v := range cfg {
+		if !strings.HasSuffix(name, "_token") {
+			continue
+		}
+		if tok, ok := specialToken(v); ok {
+			t.vars[name] = tok
+		}
+	}
+	return t, nil
+}
+
+func configTemplate(raw json.RawMessage) ([]byte, error) {
+	if raw == nil {
+		return nil, errors.New("no chat template: neither chat_template.jinja nor a chat_template in tokenizer_config.json")
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return []byte(s), nil
+	}
+	var named []struct{ Name, Template string }
+	if err := json.Unmarshal(raw, &named); err != nil {
+		return nil, fmt.Errorf("tokenizer_config.json: chat_template is neither a string nor a list of named templates: %w", err)
+	}
+	for _, n := range named {
+		if n.Name == "default" {
+			return []byte(n.Template), nil
+		}
+	}
+	return nil, errors.New(`tokenizer_config.json: chat_template lists no "default" template`)
+}
+
+// specialToken reads a special token as tokenizer_config.json spells it: a
+// string, or an added-token object with its "content".
+func specialToken(raw json.RawMessage) (string, bool) {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s, true
+	}
+	var obj struct {
+		Content *string `json:"content"`
+	}
+	if json.Unmarshal(raw, &obj) == nil && obj.Content != nil {
+		return *obj.Content, true
+	}
+	return "", false
+}
+
+// ParseTemplate compiles a chat template's Jinja source.
+func ParseTemplate(src string) (*Template, error) {
+	cfg := config.New()
+	cfg.TrimBlocks = true
+	cfg.LeftStripBlocks = true
+	// Jinja drops one trailing newline of the source (keep_trailing_newline
+	// is off in transformers).
+	src = rewriteConditionals(strings.TrimSuffix(src, "\n"))
+	// A memory loader holding only the template: {% include %} and friends
+	// cannot reach the file system.
+	loader, err := loaders.NewMemoryLoader(map[string]string{"/chat_template": src})
+	if err != nil {
+		return nil, err
+	}
+	tpl, err := exec.NewTemplate("/chat_template", cfg, loader, environment)
+	if err != nil {
+		// gonja's message quotes the whole source; keep only its cause.
+		if cause := errors.Unwrap(err); cause != nil {
+			err = cause
+		}
+		return nil, fmt.Errorf("chat template: %w", err)
+	}
+	return &Template{tpl: tpl, vars: map[string]any{}}, nil
+}
+
+// reserved are the variables transformers passes itself; a kwarg may not
+// replace them.
+var reserved = map[string]bool{"messages": true, "tools": true, "documents": true, "add_generation_prompt": true}
+
+// Render renders a conversation into the prompt text. An error the template
+// raises comes back as a *TemplateError with the template's message.
+func (t *Template) Render(in *RenderInput) (string, error) {
+	messages, err := messageValues(in.Messages)
+	if err != nil {
+		return "", err
+	}
+	var tools any = none
+	if in.Tools != nil {
+		list := make(pyList, len(in.Tools))
+		for i, tool := range in.Tools {
+			if list[i], err = decodeJSON(tool); err != nil {
+				return "", fmt.Errorf("tool %d: %w", i, err)
+			}
+		}
+		tools = list
+	}
+	data := map[string]any{}
+	for k, v := range t.vars {
+		data[k] = v
+	}
+	for k, v := range in.Kwargs {
+		if reserved[k] {
+			return "", fmt.Errorf("chat template kwarg %q would replace a variable the template is given", k)
+		}
+		raw, err := json.Marshal(v)
+		if err != nil {
+			return "", fmt.Errorf("chat template kwarg %q: %w", k, err)
+		}
+		if data[k], err = decodeJSON(raw); err != nil {
+			return "", fmt.Errorf("chat template kwarg %q: %w", k, err)
+		}
+	}
+	data["messages"] = messages
+	data["tools"] = tools
+	data["documents"] = none
+	data["add_generation_prompt"] = in.AddGenerationPrompt
+
+	// raise_exception's message is kept aside: gonja wraps errors in values
+	// that do not unwrap, so it could not be recovered from the error chain.
+	var raised *TemplateError
+	data["raise_exception"] = func(args *exec.VarArgs) *exec.Value {
+		raised = &TemplateError{Message: pyStr(args.First())}
+		return exec.AsValue(raised)
+	}
+	out, err := t.tpl.ExecuteToString(exec.NewContext(data))
+	if raised != nil {
+		return "", raised
+	}
+	if err != nil {
+		return "", fmt.Errorf("chat template: %w", err)
+	}
+	return out, nil
+}
+
+// messageValues gives messages to the template as Python dicts, keys in
+// chat.Message's JSON order, empty optional fields absent (undefined).
+func messageValues(msgs []Message) (pyList, error) {
+	out := make(pyList, len(msgs))
+	for i, m := range msgs {
+		d := exec.NewDict()
+		setKey(d, "role", m.Role)
+		setKey(d, "content", m.Content)
+		if m.ReasoningContent != "" {
+			setKey(d, "reasoning_content", m.ReasoningContent)
+		}
+		if len(m.ToolCalls) > 0 {
+			calls := make(pyList, len(m.ToolCalls))
+			for j, c := range m.ToolCalls {
+				cd := exec.NewDict()
+				if c.ID != "" {
+					setKey(cd, "id", c.ID)
+				}
+				if c.Type != "" {
+					setKey(cd, "type", c.Type)
+				}
+				fn := exec.NewDict()
+				setKey(fn, "name", c.Function.Name)
+				var args any = none
+				if len(c.Function.Arguments) > 0 {
+					var err error
+					if args, err = decodeJSON(c.Function.Arguments); err != nil {
+						return nil, fmt.Errorf("message %d, tool call %d: arguments: %w", i, j, err)
+					}
+				}
+				setKey(fn, "arguments", args)
+				setKey(cd, "function", fn)
+				calls[j] = cd
+			}
+			setKey(d, "tool_calls", calls)
+		}
+		if m.ToolCallID != "" {
+			setKey(d, "tool_call_id", m.ToolCallID)
+		}
+		if m.Name != "" {
+			setKey(d, "name", m.Name)
+		}
+		out[i] = d
+	}
+	return out, nil
+}
+
+// OpensThinking reports whether a rendered prompt leaves the model inside an
+// open <think> block (the template wrote "<think>" for the assistant's turn
+// and no "</think>" after it), so that generation starts with reasoning.
+// Only the last turn (from the last "<|im_start|>") counts, so a "<think>"
+// quoted in an earlier message does not.
+func OpensThinking(prompt string) bool {
+	if i := strings.LastIndex(prompt, "<|im_start|>"); i >= 0 {
+		prompt = prompt[i:]
+	}
+	open := strings.LastIndex(prompt, thinkOpen)
+	return open >= 0 && strings.LastIndex(prompt, thinkClose) < open
+}
+
+// environment is the Jinja environment every template renders in.
+var environment = &exec.Environment{
+	Context:           exec.EmptyContext().Update(builtins.GlobalFunctions).Update(exec.NewContext(globals)),
+	Filters:           exec.NewFilterSet(map[string]exec.FilterFunction{}).Update(builtins.Filters).Update(exec.NewFilterSet(filters)),
+	Tests:             exec.NewTestSet(map[string]exec.TestFunction{}).Update(builtins.Tests).Update(exec.NewTestSet(tests)),
+	ControlStructures: builtins.ControlStructures,
+	Methods:           methods,
+}
