@@ -186,8 +186,10 @@ func rewriteTag(t tag, n *int) string {
 	return pre.String() + t.openText() + body + t.closeText()
 }
 
-func (t tag) openText() string  { return "{" + string(t.kind) + t.open }
-func (t tag) closeText() string { return t.close + map[byte]string{'{': "}}", '%': "%}", '#': "#}"}[t.kind] }
+func (t tag) openText() string { return "{" + string(t.kind) + t.open }
+func (t tag) closeText() string {
+	return t.close + map[byte]string{'{': "}}", '%': "%}", '#': "#}"}[t.kind]
+}
 
 // conditional is one "yes if cond else no" element inside brackets of an
 // expression, at body[start:end].
