@@ -1,0 +1,358 @@
+//go:build cgo
+
+package cuda
+
+/*
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"unsafe"
+
+	"github.com/kiln-llm/kiln/backend"
+)
+
+// Options configures a Backend.
+type Options struct {
+	// Device is the CUDA device ordinal.
+	Device int
+	// CacheDir holds compiled kernels; empty means $XDG_CACHE_HOME/kiln/kernels
+	// or ~/.cache/kiln/kernels.
+	CacheDir string
+}
+
+// Backend runs kiln's operations on one NVIDIA GPU. Like every backend it is
+// used by one goroutine at a time.
+type Backend struct {
+	name   string
+	arch   string // e.g. "sm_90a"
+	sms    int
+	smemOp int // opt-in shared memory per block
+	stream stream
+	k      *kernels
+	lt     *blasLt
+
+	err error // first error of queued work, returned by Sync
+
+	meta    stepMeta
+	graphs  map[string]*graph
+	capture bool
+
+	scratch map[string]*tensor
+	retired []devptr // scratch replaced while graphs may still use it
+
+	pinned     unsafe.Pointer // host staging for reads
+	pinnedSize int
+	ev         C.CUevent
+}
+
+var _ backend.Backend = (*Backend)(nil)
+
+// New opens the driver and the device. It returns an error saying why when
+// no usable GPU is present (no libcuda, no device, kernel compilation failed).
+func New(opts Options) (*Backend, error) {
+	if err := loadDriver(); err != nil {
+		return nil, fmt.Errorf("cuda: no driver: %w", err)
+	}
+	if err := check("cuInit", C.k_cuInit(0)); err != nil {
+		return nil, err
+	}
+	var n C.int
+	if err := check("cuDeviceGetCount", C.k_cuDeviceGetCount(&n)); err != nil {
+		return nil, err
+	}
+	if int(n) == 0 {
+		return nil, errors.New("cuda: no CUDA device")
+	}
+	if opts.Device < 0 || opts.Device >= int(n) {
+		return nil, fmt.Errorf("cuda: device %d of %d", opts.Device, n)
+	}
+	var dev C.CUdevice
+	if err := check("cuDeviceGet", C.k_cuDeviceGet(&dev, C.int(opts.Device))); err != nil {
+		return nil, err
+	}
+	attr := func(a int) (int, error) {
+		var v C.int
+		err := check("cuDeviceGetAttribute", C.k_cuDeviceGetAttribute(&v, C.int(a), dev))
+		return int(v), err
+	}
+	b := &Backend{graphs: map[string]*graph{}, scratch: map[string]*tensor{}}
+	var name [256]C.char
+	if err := check("cuDeviceGetName", C.k_cuDeviceGetName(&name[0], 256, dev)); err != nil {
+		return nil, err
+	}
+	b.name = C.GoString(&name[0])
+	major, err1 := attr(attrCCMajor)
+	minor, err2 := attr(attrCCMinor)
+	sms, err3 := attr(attrMultiprocessors)
+	smem, err4 := attr(attrSharedOptin)
+	if err := errors.Join(err1, err2, err3, err4); err != nil {
+		return nil, err
+	}
+	b.sms, b.smemOp = sms, smem
+	b.arch = fmt.Sprintf("sm_%d%d", major, minor)
+	if major >= 9 {
+		b.arch += "a" // the architecture-specific target: wgmma, setmaxnreg
+	}
+	var ctx C.CUcontext
+	if err := check("cuDevicePrimaryCtxRetain", C.k_cuDevicePrimaryCtxRetain(&ctx, dev)); err != nil {
+		return nil, err
+	}
+	C.set_ctx(ctx)
+	if err := check("cuStreamCreate", C.k_cuStreamCreate(&b.stream, 1)); err != nil {
+		return nil, err
+	}
+	if err := check("cuEventCreate", C.k_cuEventCreate(&b.ev, 2)); err != nil { // 2: disable timing
+		return nil, err
+	}
+	k, err := compileKernels(b.arch, opts.CacheDir)
+	if err != nil {
+		return nil, err
+	}
+	b.k = k
+	lt, err := newBlasLt(b.stream)
+	if err != nil {
+		return nil, err
+	}
+	b.lt = lt
+	if err := b.meta.init(b); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// Name reports the device, e.g. "cuda (NVIDIA H100 80GB HBM3, sm_90a)".
+func (b *Backend) Name() string { return fmt.Sprintf("cuda (%s, %s)", b.name, b.arch) }
+
+// FreeMemory returns the device memory not yet allocated, in bytes.
+func (b *Backend) FreeMemory() int64 {
+	var free, total C.size_t
+	if err := check("cuMemGetInfo", C.k_cuMemGetInfo_v2(&free, &total)); err != nil {
+		b.fail(err)
+		return 0
+	}
+	return int64(free)
+}
+
+// fail records the first error of queued work.
+func (b *Backend) fail(err error) {
+	if err != nil && b.err == nil {
+		b.err = err
+	}
+}
+
+// tensor is a device buffer with a shape; views share their base's memory.
+type tensor struct {
+	dt    backend.DType
+	shape []int
+	ptr   devptr
+	view  bool
+}
+
+func (t *tensor) DType() backend.DType { return t.dt }
+func (t *tensor) Shape() []int         { return t.shape }
+func (t *tensor) String() string       { return fmt.Sprintf("%v%v", t.dt, t.shape) }
+func (t *tensor) numel() int           { return shapeSize(t.shape) }
+func (t *tensor) bytes() int           { return t.numel() * t.dt.Size() }
+
+// rows and cols view t as a matrix of its first dimension by the rest.
+func (t *tensor) rows() int { return t.shape[0] }
+func (t *tensor) cols() int {
+	n := 1
+	for _, d := range t.shape[1:] {
+		n *= d
+	}
+	return n
+}
+
+func shapeSize(shape []int) int {
+	n := 1
+	for _, d := range shape {
+		if d < 0 {
+			panic(fmt.Sprintf("cuda: negative dimension in %v", shape))
+		}
+		n *= d
+	}
+	return n
+}
+
+func asT(t backend.Tensor) *tensor {
+	c, ok := t.(*tensor)
+	if !ok {
+		panic(fmt.Sprintf("cuda: tensor of another backend (%T)", t))
+	}
+	return c
+}
+
+func (b *Backend) malloc(n int) (devptr, error) {
+	var p devptr
+	if n == 0 {
+		n = 1
+	}
+	if err := check("cuMemAlloc", C.k_cuMemAlloc_v2(&p, C.size_t(n))); err != nil {
+		return 0, fmt.Errorf("cuda: allocating %d bytes (%d MiB free): %w", n, b.FreeMemory()>>20, err)
+	}
+	return p, nil
+}
+
+// Alloc returns an uninitialised tensor; it panics when the device is out
+// of memory (the interface has no error here; size caches from FreeMemory).
+func (b *Backend) Alloc(dt backend.DType, shape ...int) backend.Tensor {
+	t := &tensor{dt: dt, shape: append([]int(nil), shape...)}
+	p, err := b.malloc(t.bytes())
+	if err != nil {
+		panic(err)
+	}
+	t.ptr = p
+	return t
+}
+
+// Load uploads a weight tensor.
+func (b *Backend) Load(dt backend.DType, shape []int, data []byte) (backend.Tensor, error) {
+	t := &tensor{dt: dt, shape: append([]int(nil), shape...)}
+	if len(data) != t.bytes() {
+		return nil, fmt.Errorf("cuda: load %v%v: %d bytes, want %d", dt, shape, len(data), t.bytes())
+	}
+	p, err := b.malloc(t.bytes())
+	if err != nil {
+		return nil, err
+	}
+	t.ptr = p
+	if len(data) > 0 {
+		if err := check("cuMemcpyHtoD", C.k_cuMemcpyHtoDAsync_v2(p, unsafe.Pointer(&data[0]), C.size_t(len(data)), b.stream)); err != nil {
+			return nil, err
+		}
+	}
+	// Pageable copies are staged before the call returns, but surface
+	// errors (and keep data alive) by waiting here: loading is not hot.
+	if err := b.Sync(); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// Write copies host data into t, ordered after queued work.
+func (b *Backend) Write(t backend.Tensor, data []byte) {
+	tt := asT(t)
+	if len(data) != tt.bytes() {
+		panic(fmt.Sprintf("cuda: write %d bytes into %v", len(data), tt))
+	}
+	if len(data) == 0 {
+		return
+	}
+	b.fail(check("cuMemcpyHtoD", C.k_cuMemcpyHtoDAsync_v2(tt.ptr, unsafe.Pointer(&data[0]), C.size_t(len(data)), b.stream)))
+}
+
+func (b *Backend) staging(n int) unsafe.Pointer {
+	if n > b.pinnedSize {
+		if b.pinned != nil {
+			C.k_cuMemFreeHost(b.pinned)
+			b.pinned, b.pinnedSize = nil, 0
+		}
+		sz := max(n, 1<<20)
+		if err := check("cuMemAllocHost", C.k_cuMemAllocHost_v2(&b.pinned, C.size_t(sz))); err != nil {
+			panic(err)
+		}
+		b.pinnedSize = sz
+	}
+	return b.pinned
+}
+
+// Read waits for queued work and copies t to host memory.
+func (b *Backend) Read(t backend.Tensor, dst []byte) error {
+	tt := asT(t)
+	if len(dst) != tt.bytes() {
+		return fmt.Errorf("cuda: read %v into %d bytes", tt, len(dst))
+	}
+	if b.capture {
+		panic("cuda: Read inside Graph")
+	}
+	if len(dst) == 0 {
+		return b.Sync()
+	}
+	p := b.staging(len(dst))
+	if err := check("cuMemcpyDtoH", C.k_cuMemcpyDtoHAsync_v2(p, tt.ptr, C.size_t(len(dst)), b.stream)); err != nil {
+		b.fail(err)
+	}
+	if err := b.Sync(); err != nil {
+		return err
+	}
+	copy(dst, unsafe.Slice((*byte)(p), len(dst)))
+	return nil
+}
+
+// Rows returns a view of rows [start, start+n) of t's first dimension.
+func (b *Backend) Rows(t backend.Tensor, start, n int) backend.Tensor {
+	tt := asT(t)
+	if len(tt.shape) == 0 || start < 0 || n < 0 || start+n > tt.shape[0] {
+		panic(fmt.Sprintf("cuda: rows [%d, %d) of %v", start, start+n, tt))
+	}
+	shape := append([]int{n}, tt.shape[1:]...)
+	return &tensor{dt: tt.dt, shape: shape, ptr: tt.ptr + devptr(start*tt.cols()*tt.dt.Size()), view: true}
+}
+
+// Reshape returns a view of t with another shape of the same size.
+func (b *Backend) Reshape(t backend.Tensor, shape ...int) backend.Tensor {
+	tt := asT(t)
+	if shapeSize(shape) != tt.numel() {
+		panic(fmt.Sprintf("cuda: reshape %v to %v", tt, shape))
+	}
+	return &tensor{dt: tt.dt, shape: append([]int(nil), shape...), ptr: tt.ptr, view: true}
+}
+
+// Free releases a tensor made by Alloc or Load. It waits for queued work,
+// which may still read the tensor.
+func (b *Backend) Free(t backend.Tensor) {
+	tt := asT(t)
+	if tt.view {
+		panic("cuda: free of a view")
+	}
+	if tt.ptr == 0 {
+		return
+	}
+	b.fail(b.Sync())
+	b.fail(check("cuMemFree", C.k_cuMemFree_v2(tt.ptr)))
+	tt.ptr = 0
+}
+
+// Sync waits for queued work and returns its first error.
+func (b *Backend) Sync() error {
+	if b.capture {
+		panic("cuda: Sync inside Graph")
+	}
+	b.fail(check("cuStreamSynchronize", C.k_cuStreamSynchronize(b.stream)))
+	return b.err
+}
+
+// scratchBuf returns a device buffer of at least n bytes kept under name.
+// A buffer that must grow is replaced; the old one is kept alive because a
+// captured graph may still point at it.
+func (b *Backend) scratchBuf(name string, n int) devptr {
+	s := b.scratch[name]
+	if s != nil && s.bytes() >= n {
+		return s.ptr
+	}
+	if s != nil {
+		b.retired = append(b.retired, s.ptr)
+	}
+	sz := max(n, 1<<16)
+	if s != nil {
+		sz = max(n, 2*s.bytes())
+	}
+	p, err := b.malloc(sz)
+	if err != nil {
+		panic(err)
+	}
+	b.scratch[name] = &tensor{dt: backend.I32, shape: []int{sz / 4}, ptr: p}
+	return p
+}
+
+func (b *Backend) debugf(format string, a ...any) {
+	if os.Getenv("KILN_CUDA_DEBUG") != "" {
+		fmt.Fprintf(os.Stderr, "cuda: "+format+"\n", a...)
+	}
+}

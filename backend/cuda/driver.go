@@ -1,0 +1,188 @@
+//go:build cgo
+
+package cuda
+
+/*
+#cgo LDFLAGS: -ldl
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"unsafe"
+)
+
+// Driver API constants used by the package (values from cuda.h).
+const (
+	attrMultiprocessors = 16
+	attrCCMajor         = 75
+	attrCCMinor         = 76
+	attrSharedOptin     = 97
+	funcMaxDynamicSmem  = 8
+	captureRelaxed      = 2
+)
+
+type cuError struct {
+	call string
+	code int
+}
+
+func (e *cuError) Error() string {
+	return fmt.Sprintf("cuda: %s failed: %s (%d)", e.call, cuErrName(e.code), e.code)
+}
+
+// cuErrName names the driver errors kiln can run into.
+func cuErrName(code int) string {
+	switch code {
+	case 1:
+		return "invalid value"
+	case 2:
+		return "out of memory"
+	case 3:
+		return "not initialized"
+	case 100:
+		return "no device"
+	case 101:
+		return "invalid device"
+	case 200:
+		return "invalid image"
+	case 209:
+		return "no binary for GPU"
+	case 218:
+		return "invalid PTX"
+	case 300:
+		return "invalid source"
+	case 400:
+		return "invalid handle"
+	case 500:
+		return "not found"
+	case 700:
+		return "illegal address"
+	case 701:
+		return "launch out of resources"
+	case 702:
+		return "launch timeout"
+	case 719:
+		return "launch failed"
+	case 900:
+		return "operation not permitted when stream is capturing"
+	case 901:
+		return "stream capture invalidated"
+	case 999:
+		return "unknown"
+	}
+	return "error"
+}
+
+func check(call string, r C.int) error {
+	if r != 0 {
+		return &cuError{call, int(r)}
+	}
+	return nil
+}
+
+type (
+	devptr = C.CUdeviceptr
+	stream = C.CUstream
+	kfunc  = C.CUfunction
+)
+
+func loadErr(f func(*C.char, C.int) C.int) error {
+	buf := make([]byte, 512)
+	if f((*C.char)(unsafe.Pointer(&buf[0])), C.int(len(buf))) != 0 {
+		n := 0
+		for n < len(buf) && buf[n] != 0 {
+			n++
+		}
+		return errors.New(string(buf[:n]))
+	}
+	return nil
+}
+
+func loadDriver() error {
+	return loadErr(func(b *C.char, n C.int) C.int { return C.load_cuda(b, n) })
+}
+func loadNVRTC() error {
+	return loadErr(func(b *C.char, n C.int) C.int { return C.load_nvrtc(b, n) })
+}
+func loadCublasLt() error {
+	return loadErr(func(b *C.char, n C.int) C.int { return C.load_lt(b, n) })
+}
+
+// args packs kernel arguments with their natural alignment.
+type args struct {
+	buf  [512]byte
+	offs [32]C.int
+	n    int
+	size int
+}
+
+func (a *args) put(p unsafe.Pointer, size int) {
+	al := size
+	if al > 8 {
+		al = 4
+	}
+	a.size = (a.size + al - 1) / al * al
+	if a.size+size > len(a.buf) || a.n == len(a.offs) {
+		panic("cuda: too many kernel arguments")
+	}
+	copy(a.buf[a.size:a.size+size], unsafe.Slice((*byte)(p), size))
+	a.offs[a.n] = C.int(a.size)
+	a.n++
+	a.size += size
+}
+
+func (a *args) add(vs ...any) {
+	for _, v := range vs {
+		switch x := v.(type) {
+		case devptr:
+			a.put(unsafe.Pointer(&x), 8)
+		case int:
+			y := int32(x)
+			a.put(unsafe.Pointer(&y), 4)
+		case int32:
+			a.put(unsafe.Pointer(&x), 4)
+		case int64Arg:
+			a.put(unsafe.Pointer(&x), 8)
+		case float32:
+			a.put(unsafe.Pointer(&x), 4)
+		case []float32: // a fixed-size float array passed by value
+			a.put(unsafe.Pointer(&x[0]), 4*len(x))
+		default:
+			panic(fmt.Sprintf("cuda: unsupported kernel argument %T", v))
+		}
+	}
+}
+
+func launch(f kfunc, grid [3]int, block, smem int, s stream, a *args) error {
+	r := C.k_launch(f, C.uint(grid[0]), C.uint(grid[1]), C.uint(grid[2]), C.uint(block), C.uint(smem), s,
+		(*C.char)(unsafe.Pointer(&a.buf[0])), &a.offs[0], C.int(a.n))
+	runtime.KeepAlive(a)
+	return check("cuLaunchKernel", r)
+}
+
+func unsafePtr[T any](p *T) unsafe.Pointer { return unsafe.Pointer(p) }
+
+func (b *Backend) copyDtoD(dst, src devptr, n int) {
+	b.fail(check("cuMemcpyDtoDAsync", C.k_cuMemcpyDtoDAsync_v2(dst, src, C.size_t(n), b.stream)))
+}
+
+func (b *Backend) freePtr(p devptr) {
+	b.fail(check("cuMemFree", C.k_cuMemFree_v2(p)))
+}
+
+// allowSmem raises a kernel's dynamic shared memory limit (once per kernel).
+func (b *Backend) allowSmem(name string, n int) {
+	if n > b.smemOp {
+		panic(fmt.Sprintf("cuda: %s needs %d bytes of shared memory, the device allows %d", name, n, b.smemOp))
+	}
+	key := name + "#smem"
+	if _, ok := b.k.funcs[key]; ok {
+		return
+	}
+	b.fail(check("cuFuncSetAttribute", C.k_cuFuncSetAttribute(b.k.get(name), funcMaxDynamicSmem, C.int(n))))
+	b.k.funcs[key] = nil
+}

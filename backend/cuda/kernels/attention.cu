@@ -1,0 +1,321 @@
+// Attention: q/k RMSNorm + RoPE + paged KV write, split-K decode attention
+// with a combine pass, and a causal flash-style kernel for prefill.
+//
+// Caches are [Blocks, BlockSize, KVHeads, HeadDim] per layer, bf16 or f32;
+// block tables are concatenated per sequence (seqblk gives each one's start).
+
+struct RopeFreq {
+	float f[128];  // RotaryDim/2 inverse frequencies
+};
+
+// qk_norm_rope: grid (T, H + 2*KH), block 128. Query heads go normed and
+// rotated to qbuf [T, H, hd]; key heads (normed, rotated) and value heads
+// are stored in the paged cache at each token's position.
+extern "C" __global__ void qk_norm_rope(const float *qkv, float *qbuf, void *kc, void *vc, int kvdt,
+		const void *qn, const void *kn, int wdt, int unitOffset,
+		const int *tokpos, const int *tokseq, const int *seqblk, const int *blocks,
+		int H, int KH, int hd, int rd, int gated, float eps, float attnFactor, int bs, RopeFreq rf) {
+	__shared__ float buf[512];
+	__shared__ float red[32];
+	int t = blockIdx.x, h = blockIdx.y;
+	int qstride = gated ? 2 * hd : hd;
+	long width = (long)H * qstride + 2L * KH * hd;
+	const float *row = qkv + t * width;
+	int pos = tokpos[t];
+	const float *src;
+	int kind, kh = 0;
+	if (h < H) { src = row + h * qstride; kind = 0; }
+	else if (h < H + KH) { kh = h - H; src = row + (long)H * qstride + kh * hd; kind = 1; }
+	else { kh = h - H - KH; src = row + (long)H * qstride + (long)(KH + kh) * hd; kind = 2; }
+	long off = 0;
+	if (kind != 0) {
+		int s = tokseq[t];
+		long slot = (long)blocks[seqblk[s] + pos / bs] * bs + pos % bs;
+		off = (slot * KH + kh) * hd;
+	}
+	if (kind == 2) {
+		for (int i = threadIdx.x; i < hd; i += blockDim.x) st(vc, off + i, kvdt, src[i]);
+		return;
+	}
+	float ss = 0.f;
+	for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += src[i] * src[i];
+	float sc = rsqrtf(block_sum(ss, red) / hd + eps);
+	const void *w = kind == 0 ? qn : kn;
+	for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+		float g = ld(w, i, wdt);
+		if (unitOffset) g += 1.f;
+		buf[i] = src[i] * sc * g;
+	}
+	__syncthreads();
+	int half = rd / 2;
+	for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+		float v = buf[i];
+		if (i < rd) {
+			int j = i < half ? i : i - half;
+			// The angle is rounded to float32 as transformers computes it.
+			float a = (float)pos * rf.f[j];
+			double sn, cs;
+			sincos((double)a, &sn, &cs);
+			float c = (float)cs * attnFactor, s = (float)sn * attnFactor;
+			v = i < half ? buf[i] * c - buf[i + half] * s : buf[i] * c + buf[j] * s;
+		}
+		if (kind == 0) qbuf[((long)t * H + h) * hd + i] = v;
+		else st(kc, off + i, kvdt, v);
+	}
+}
+
+// attn_decode: grid (T, KH, S), block 128 (4 warps). Block (t, kh, split)
+// attends the G query heads of kv head kh of token t over its split of the
+// keys [0, pos]; each key row is read once for the G heads, with 16-byte
+// loads: LANES = HD/8 lanes share one key, a warp covers 32/LANES keys per
+// load and U such loads are issued before use. Writes unnormalised partial
+// results (max and sum in log2 units) for attn_combine.
+template <typename KT, int HD, int G>
+__device__ __forceinline__ void attn_decode(const float *qbuf, const KT *kc, const KT *vc,
+		const int *tokpos, const int *tokseq, const int *seqblk, const int *blocks,
+		float *pm, float *pl, float *pacc, int H, int KH, int bs, float scale) {
+	constexpr int LANES = HD / 8, TPW = 32 / LANES, U = 4, W = 4;
+	__shared__ float sm_acc[W][G][HD];
+	__shared__ float sm_m[W][G], sm_l[W][G];
+	int t = blockIdx.x, kh = blockIdx.y, split = blockIdx.z, S = gridDim.z;
+	int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane / LANES, sub = lane % LANES;
+	int pos = tokpos[t];
+	int n = pos + 1;
+	int chunk = (n + S - 1) / S;
+	int k0 = split * chunk, k1 = min(n, k0 + chunk);
+	const int *bt = blocks + seqblk[tokseq[t]];
+
+	float q[G][8], acc[G][8], m[G], l[G];
+	float qs = scale * LOG2E;
+#pragma unroll
+	for (int g = 0; g < G; g++) {
+		const float *qp = qbuf + ((long)t * H + kh * G + g) * HD + sub * 8;
+#pragma unroll
+		for (int j = 0; j < 8; j++) { q[g][j] = qp[j] * qs; acc[g][j] = 0.f; }
+		m[g] = -INF;
+		l[g] = 0.f;
+	}
+	for (int base = k0 + warp * TPW * U; base < k1; base += W * TPW * U) {
+		float kf[U][8], vf[U][8];
+		bool valid[U];
+#pragma unroll
+		for (int u = 0; u < U; u++) {
+			int j = base + u * TPW + grp;
+			valid[u] = j < k1;
+			if (valid[u]) {
+				long off = (((long)bt[j / bs] * bs + j % bs) * KH + kh) * HD + sub * 8;
+				load8(kc + off, kf[u]);
+				load8(vc + off, vf[u]);
+			} else {
+#pragma unroll
+				for (int d = 0; d < 8; d++) { kf[u][d] = 0.f; vf[u][d] = 0.f; }
+			}
+		}
+#pragma unroll
+		for (int u = 0; u < U; u++) {
+#pragma unroll
+			for (int g = 0; g < G; g++) {
+				float s = 0.f;
+#pragma unroll
+				for (int d = 0; d < 8; d++) s += q[g][d] * kf[u][d];
+#pragma unroll
+				for (int o = LANES / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+				if (valid[u]) {
+					float mn = fmaxf(m[g], s);
+					float c = exp2f(m[g] - mn), p = exp2f(s - mn);
+					l[g] = l[g] * c + p;
+#pragma unroll
+					for (int d = 0; d < 8; d++) acc[g][d] = acc[g][d] * c + p * vf[u][d];
+					m[g] = mn;
+				}
+			}
+		}
+	}
+	// Merge the key groups of the warp, then the warps.
+#pragma unroll
+	for (int o = LANES; o < 32; o <<= 1) {
+#pragma unroll
+		for (int g = 0; g < G; g++) {
+			float mo = __shfl_xor_sync(0xffffffffu, m[g], o);
+			float lo = __shfl_xor_sync(0xffffffffu, l[g], o);
+			float mn = fmaxf(m[g], mo);
+			float c1 = mn == -INF ? 0.f : exp2f(m[g] - mn), c2 = mn == -INF ? 0.f : exp2f(mo - mn);
+			l[g] = l[g] * c1 + lo * c2;
+#pragma unroll
+			for (int d = 0; d < 8; d++) {
+				float ao = __shfl_xor_sync(0xffffffffu, acc[g][d], o);
+				acc[g][d] = acc[g][d] * c1 + ao * c2;
+			}
+			m[g] = mn;
+		}
+	}
+	if (grp == 0) {
+#pragma unroll
+		for (int g = 0; g < G; g++) {
+#pragma unroll
+			for (int d = 0; d < 8; d++) sm_acc[warp][g][sub * 8 + d] = acc[g][d];
+			if (sub == 0) { sm_m[warp][g] = m[g]; sm_l[warp][g] = l[g]; }
+		}
+	}
+	__syncthreads();
+	for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
+		int g = i / HD, d = i % HD;
+		float M = -INF;
+#pragma unroll
+		for (int w = 0; w < W; w++) M = fmaxf(M, sm_m[w][g]);
+		float L = 0.f, A = 0.f;
+		if (M != -INF) {
+#pragma unroll
+			for (int w = 0; w < W; w++) {
+				float c = exp2f(sm_m[w][g] - M);
+				L += sm_l[w][g] * c;
+				A += sm_acc[w][g][d] * c;
+			}
+		}
+		long pi = ((long)t * H + kh * G + g) * S + split;
+		pacc[pi * HD + d] = A;
+		if (d == 0) { pm[pi] = M; pl[pi] = L; }
+	}
+}
+
+#define DECODE(KT, KN, HD, G) \
+	extern "C" __global__ void __launch_bounds__(128) attn_decode_##KN##_##HD##_##G(const float *qbuf, const KT *kc, const KT *vc, \
+			const int *tokpos, const int *tokseq, const int *seqblk, const int *blocks, \
+			float *pm, float *pl, float *pacc, int H, int KH, int bs, float scale) { \
+		attn_decode<KT, HD, G>(qbuf, kc, vc, tokpos, tokseq, seqblk, blocks, pm, pl, pacc, H, KH, bs, scale); \
+	}
+#define DECODE_G(KT, KN, HD) DECODE(KT, KN, HD, 1) DECODE(KT, KN, HD, 2) DECODE(KT, KN, HD, 4) DECODE(KT, KN, HD, 8)
+DECODE_G(u16, bf16, 64)
+DECODE_G(u16, bf16, 128)
+DECODE_G(u16, bf16, 256)
+DECODE_G(float, f32, 64)
+DECODE_G(float, f32, 128)
+DECODE_G(float, f32, 256)
+
+// attn_combine: grid (T, H), block HD. Merges the S partials of each head,
+// applies the sigmoid gate when gated and writes out [T, H*HD].
+extern "C" __global__ void attn_combine(float *out, const float *pm, const float *pl, const float *pacc,
+		const float *qkv, int H, int KH, int HD, int S, int gated) {
+	int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+	long pi = ((long)t * H + h) * S;
+	float M = -INF;
+	for (int s = 0; s < S; s++) M = fmaxf(M, pm[pi + s]);
+	float L = 0.f, A = 0.f;
+	for (int s = 0; s < S; s++) {
+		float c = pm[pi + s] == -INF ? 0.f : exp2f(pm[pi + s] - M);
+		L += pl[pi + s] * c;
+		A += pacc[(pi + s) * HD + d] * c;
+	}
+	float o = A / L;
+	if (gated) {
+		long width = 2L * H * HD + 2L * KH * HD;
+		float g = qkv[t * width + (long)h * 2 * HD + HD + d];
+		o *= 1.f / (1.f + __expf(-g));
+	}
+	out[((long)t * H + h) * HD + d] = o;
+}
+
+// attn_prefill: grid (ceil(maxN/32), H, S), block 128, dynamic shared memory
+// 2*32*HD floats. Four threads share a query (thread c owns dims c, c+4, ...);
+// 32 queries of one sequence and head per block walk the causal key range in
+// tiles of 32 keys staged in shared memory, with an online softmax.
+template <typename KT, int HD>
+__device__ __forceinline__ void attn_prefill(float *out, const float *qbuf, const KT *kc, const KT *vc, const float *qkv,
+		const int *seqpos, const int *seqn, const int *seqstart, const int *seqblk, const int *blocks,
+		int H, int KH, int bs, float scale, int gated) {
+	constexpr int DPT = HD / 4, BQ = 32, BK = 32;
+	extern __shared__ float smem[];
+	float *sK = smem, *sV = smem + BK * HD;
+	int s = blockIdx.z, h = blockIdx.y, qi0 = blockIdx.x * BQ;
+	int nN = seqn[s];
+	if (qi0 >= nN) return;
+	int G = H / KH, kh = h / G;
+	int p0 = seqpos[s], start = seqstart[s];
+	const int *bt = blocks + seqblk[s];
+	int r = threadIdx.x >> 2, c = threadIdx.x & 3;
+	int qi = qi0 + r;
+	bool vq = qi < nN;
+	int qpos = p0 + qi;
+	long t = start + qi;
+	float q[DPT], acc[DPT];
+	float qs = scale * LOG2E;
+#pragma unroll
+	for (int i = 0; i < DPT; i++) {
+		q[i] = vq ? qbuf[(t * H + h) * HD + i * 4 + c] * qs : 0.f;
+		acc[i] = 0.f;
+	}
+	float m = -INF, l = 0.f;
+	int kend = p0 + min(nN, qi0 + BQ);
+	for (int kt = 0; kt < kend; kt += BK) {
+		__syncthreads();
+		for (int idx = threadIdx.x; idx < BK * HD; idx += blockDim.x) {
+			int j = idx / HD, d = idx % HD, key = kt + j;
+			float kv = 0.f, vv = 0.f;
+			if (key < kend) {
+				long off = (((long)bt[key / bs] * bs + key % bs) * KH + kh) * HD + d;
+				kv = ldk(kc, off);
+				vv = ldk(vc, off);
+			}
+			sK[idx] = kv;
+			sV[idx] = vv;
+		}
+		__syncthreads();
+		float sc[BK];
+		float mt = -INF;
+#pragma unroll
+		for (int j = 0; j < BK; j++) {
+			float a = 0.f;
+#pragma unroll
+			for (int i = 0; i < DPT; i++) a += q[i] * sK[j * HD + i * 4 + c];
+			a += __shfl_xor_sync(0xffffffffu, a, 1);
+			a += __shfl_xor_sync(0xffffffffu, a, 2);
+			int key = kt + j;
+			sc[j] = (vq && key <= qpos && key < kend) ? a : -INF;
+			mt = fmaxf(mt, sc[j]);
+		}
+		float mn = fmaxf(m, mt);
+		if (mn == -INF) continue;
+		float cf = exp2f(m - mn);
+		l *= cf;
+#pragma unroll
+		for (int i = 0; i < DPT; i++) acc[i] *= cf;
+#pragma unroll
+		for (int j = 0; j < BK; j++) {
+			float p = exp2f(sc[j] - mn);
+			l += p;
+#pragma unroll
+			for (int i = 0; i < DPT; i++) acc[i] += p * sV[j * HD + i * 4 + c];
+		}
+		m = mn;
+	}
+	if (!vq) return;
+	float inv = 1.f / l;
+	long width = (long)H * (gated ? 2 * HD : HD) + 2L * KH * HD;
+#pragma unroll
+	for (int i = 0; i < DPT; i++) {
+		int d = i * 4 + c;
+		float o = acc[i] * inv;
+		if (gated) {
+			float g = qkv[t * width + (long)h * 2 * HD + HD + d];
+			o *= 1.f / (1.f + __expf(-g));
+		}
+		out[(t * H + h) * HD + d] = o;
+	}
+}
+
+#define PREFILL(KT, KN, HD) \
+	extern "C" __global__ void __launch_bounds__(128) attn_prefill_##KN##_##HD(float *out, const float *qbuf, const KT *kc, const KT *vc, \
+			const float *qkv, const int *seqpos, const int *seqn, const int *seqstart, const int *seqblk, const int *blocks, \
+			int H, int KH, int bs, float scale, int gated) { \
+		attn_prefill<KT, HD>(out, qbuf, kc, vc, qkv, seqpos, seqn, seqstart, seqblk, blocks, H, KH, bs, scale, gated); \
+	}
+PREFILL(u16, bf16, 16)
+PREFILL(u16, bf16, 32)
+PREFILL(u16, bf16, 64)
+PREFILL(u16, bf16, 128)
+PREFILL(u16, bf16, 256)
+PREFILL(float, f32, 16)
+PREFILL(float, f32, 32)
+PREFILL(float, f32, 64)
+PREFILL(float, f32, 128)
+PREFILL(float, f32, 256)

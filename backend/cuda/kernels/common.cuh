@@ -1,0 +1,99 @@
+// Shared helpers of kiln's kernels. No CUDA headers are included: bf16 and
+// f16 values travel as unsigned short and are converted by hand, so the
+// sources compile with a bare NVRTC.
+
+#define INF __int_as_float(0x7f800000)
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
+
+// Element types, as backend.DType numbers them.
+#define DT_F32 0
+#define DT_BF16 1
+#define DT_F16 2
+
+typedef unsigned short u16;
+
+__device__ __forceinline__ float bf2f(u16 h) { return __uint_as_float(((unsigned)h) << 16); }
+
+__device__ __forceinline__ u16 f2bf(float f) {
+	unsigned u = __float_as_uint(f);
+	if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x40);  // NaN stays NaN
+	u += 0x7fffu + ((u >> 16) & 1u);                                       // round to nearest even
+	return (u16)(u >> 16);
+}
+
+__device__ __forceinline__ float h2f(u16 h) {
+	float f;
+	asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+	return f;
+}
+
+__device__ __forceinline__ u16 f2h(float f) {
+	u16 h;
+	asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+	return h;
+}
+
+// ld reads element i of an array of type dt as float.
+__device__ __forceinline__ float ld(const void *p, long i, int dt) {
+	if (dt == DT_BF16) return bf2f(((const u16 *)p)[i]);
+	if (dt == DT_F16) return h2f(((const u16 *)p)[i]);
+	return ((const float *)p)[i];
+}
+
+__device__ __forceinline__ void st(void *p, long i, int dt, float v) {
+	if (dt == DT_BF16) ((u16 *)p)[i] = f2bf(v);
+	else if (dt == DT_F16) ((u16 *)p)[i] = f2h(v);
+	else ((float *)p)[i] = v;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+	for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+	return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+	for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+	return v;
+}
+
+// block_sum returns the sum over the block to every thread; red holds 32 floats.
+__device__ __forceinline__ float block_sum(float v, float *red) {
+	int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+	v = warp_sum(v);
+	__syncthreads();
+	if (lane == 0) red[w] = v;
+	__syncthreads();
+	v = lane < nw ? red[lane] : 0.f;
+	return warp_sum(v);
+}
+
+__device__ __forceinline__ float block_max(float v, float *red) {
+	int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+	v = warp_max(v);
+	__syncthreads();
+	if (lane == 0) red[w] = v;
+	__syncthreads();
+	v = lane < nw ? red[lane] : -INF;
+	return warp_max(v);
+}
+
+// unpack8 widens 8 bf16 values held in a 16-byte vector.
+__device__ __forceinline__ void unpack8(uint4 v, float *f) {
+	f[0] = __uint_as_float(v.x << 16); f[1] = __uint_as_float(v.x & 0xffff0000u);
+	f[2] = __uint_as_float(v.y << 16); f[3] = __uint_as_float(v.y & 0xffff0000u);
+	f[4] = __uint_as_float(v.z << 16); f[5] = __uint_as_float(v.z & 0xffff0000u);
+	f[6] = __uint_as_float(v.w << 16); f[7] = __uint_as_float(v.w & 0xffff0000u);
+}
+
+// load8 reads 8 consecutive elements of a bf16 or f32 array with 16-byte loads.
+__device__ __forceinline__ void load8(const u16 *p, float *f) { unpack8(*(const uint4 *)p, f); }
+__device__ __forceinline__ void load8(const float *p, float *f) {
+	float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
+	f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w; f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
+}
+
+__device__ __forceinline__ float ldk(const u16 *p, long i) { return bf2f(p[i]); }
+__device__ __forceinline__ float ldk(const float *p, long i) { return p[i]; }

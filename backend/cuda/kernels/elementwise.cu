@@ -1,0 +1,57 @@
+// Row-wise and element-wise operations.
+
+extern "C" __global__ void embed(float *out, const void *table, int dt, const int *tokens, int H) {
+	int t = blockIdx.x;
+	long base = (long)tokens[t] * H;
+	for (int i = threadIdx.x; i < H; i += blockDim.x) out[(long)t * H + i] = ld(table, base + i, dt);
+}
+
+// rmsnorm normalises each row of x (one block per row); out may alias x.
+extern "C" __global__ void rmsnorm(float *out, const float *x, const void *w, int wdt, int n, float eps, int unitOffset) {
+	__shared__ float red[32];
+	const float *xr = x + (long)blockIdx.x * n;
+	float *orow = out + (long)blockIdx.x * n;
+	float ss = 0.f;
+	for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+	float s = rsqrtf(block_sum(ss, red) / n + eps);
+	for (int i = threadIdx.x; i < n; i += blockDim.x) {
+		float g = ld(w, i, wdt);
+		if (unitOffset) g += 1.f;
+		orow[i] = xr[i] * s * g;
+	}
+}
+
+// gated_rmsnorm: out = w * rmsnorm(x) * silu(z) per head of dim elements (one block per head).
+extern "C" __global__ void gated_rmsnorm(float *out, const float *x, const float *z, const void *w, int wdt, int dim, float eps) {
+	__shared__ float red[32];
+	long base = (long)blockIdx.x * dim;
+	float ss = 0.f;
+	for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += x[base + i] * x[base + i];
+	float s = rsqrtf(block_sum(ss, red) / dim + eps);
+	for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+		float zv = z[base + i];
+		out[base + i] = ld(w, i, wdt) * (x[base + i] * s) * (zv / (1.f + __expf(-zv)));
+	}
+}
+
+// silu_mul: out[r, i] = silu(gu[r, i]) * gu[r, I + i].
+extern "C" __global__ void silu_mul(float *out, const float *gu, int rows, int I) {
+	long n = (long)rows * I;
+	for (long k = blockIdx.x * (long)blockDim.x + threadIdx.x; k < n; k += (long)gridDim.x * blockDim.x) {
+		long r = k / I, i = k - r * I;
+		float g = gu[r * 2 * I + i], u = gu[r * 2 * I + I + i];
+		out[k] = g / (1.f + __expf(-g)) * u;
+	}
+}
+
+// gather_rows: out[r] = x[rows[r]] for rows of H floats (one block per row).
+extern "C" __global__ void gather_rows(float *out, const float *x, const int *rows, int H) {
+	const float *src = x + (long)rows[blockIdx.x] * H;
+	for (int i = threadIdx.x; i < H; i += blockDim.x) out[(long)blockIdx.x * H + i] = src[i];
+}
+
+// to_half converts n floats to bf16 (dt 1) or f16 (dt 2) for cuBLASLt.
+extern "C" __global__ void to_half(u16 *out, const float *in, long n, int dt) {
+	for (long k = blockIdx.x * (long)blockDim.x + threadIdx.x; k < n; k += (long)gridDim.x * blockDim.x)
+		out[k] = dt == DT_BF16 ? f2bf(in[k]) : f2h(in[k]);
+}

@@ -1,0 +1,58 @@
+// Decode GEMV / skinny GEMM: out[t, o] (+)= sum_i x[t, i] * w[o, i] for a few
+// tokens t, with bf16 weights streamed once with 16-byte loads. Each warp owns
+// one output row; four loads per lane are issued before they are used so
+// enough bytes are in flight to saturate HBM. Requires I % 8 == 0.
+
+template <int NT>
+__device__ __forceinline__ void dot8(float (&acc)[NT], uint4 v, const float *x, int I, int k) {
+	float w[8];
+	unpack8(v, w);
+#pragma unroll
+	for (int t = 0; t < NT; t++) {
+		const float4 *xr = (const float4 *)(x + (long)t * I + k * 8);
+		float4 a = xr[0], b = xr[1];
+		acc[t] += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y + w[6] * b.z + w[7] * b.w;
+	}
+}
+
+template <int NT>
+__device__ __forceinline__ void gemv_bf16(float *out, const float *x, const u16 *w, int O, int I, int accumulate) {
+	int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+	int row = blockIdx.x * (blockDim.x >> 5) + warp;
+	if (row >= O) return;
+	const uint4 *wr = (const uint4 *)(w + (long)row * I);
+	int n8 = I >> 3;
+	float acc[NT];
+#pragma unroll
+	for (int t = 0; t < NT; t++) acc[t] = 0.f;
+	int k = lane;
+	for (; k + 96 < n8; k += 128) {
+		uint4 a = __ldg(wr + k), b = __ldg(wr + k + 32), c = __ldg(wr + k + 64), d = __ldg(wr + k + 96);
+		dot8<NT>(acc, a, x, I, k);
+		dot8<NT>(acc, b, x, I, k + 32);
+		dot8<NT>(acc, c, x, I, k + 64);
+		dot8<NT>(acc, d, x, I, k + 96);
+	}
+	for (; k < n8; k += 32) dot8<NT>(acc, __ldg(wr + k), x, I, k);
+#pragma unroll
+	for (int t = 0; t < NT; t++) {
+		float s = warp_sum(acc[t]);
+		if (lane == 0) {
+			float *o = out + (long)t * O + row;
+			*o = accumulate ? *o + s : s;
+		}
+	}
+}
+
+#define GEMV(NT) \
+	extern "C" __global__ void __launch_bounds__(256) gemv_bf16_##NT(float *out, const float *x, const u16 *w, int O, int I, int acc) { \
+		gemv_bf16<NT>(out, x, w, O, I, acc); \
+	}
+GEMV(1)
+GEMV(2)
+GEMV(3)
+GEMV(4)
+GEMV(5)
+GEMV(6)
+GEMV(7)
+GEMV(8)

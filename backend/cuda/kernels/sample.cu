@@ -1,0 +1,153 @@
+// On-device sampling: one block of 1024 threads per row of logits. Only the
+// drawn token, its log-probability and the requested top log-probabilities
+// leave the device.
+
+struct SampleArgs {
+	float temperature, topP, minP, uniform;
+	float presence, frequency, repetition;
+	int topK, cntOff, cntN, biasOff, biasN, nTop, pad;
+};
+
+// key orders (value desc, index asc) as a descending unsigned 64-bit key.
+__device__ __forceinline__ unsigned long long sort_key(float v, int i) {
+	unsigned u = __float_as_uint(v);
+	u ^= (u >> 31) ? 0xffffffffu : 0x80000000u;
+	return ((unsigned long long)u << 32) | (0xffffffffu - (unsigned)i);
+}
+
+__device__ __forceinline__ int key_index(unsigned long long k) { return (int)(0xffffffffu - (unsigned)(k & 0xffffffffu)); }
+
+// select_desc walks the elements with key >= floor in descending key order,
+// weighing element i by wt(i), and returns the key of the element at which
+// the running sum first exceeds target (radix select, 8 bits per pass).
+template <typename Wt>
+__device__ unsigned long long select_desc(const float *z, int V, unsigned long long floor, float target, Wt wt,
+		float *hist, unsigned long long *shared_key, float *shared_rem) {
+	unsigned long long prefix = 0, mask = 0;
+	if (threadIdx.x == 0) *shared_rem = target;
+	for (int shift = 56; shift >= 0; shift -= 8) {
+		for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0.f;
+		__syncthreads();
+		for (int i = threadIdx.x; i < V; i += blockDim.x) {
+			unsigned long long k = sort_key(z[i], i);
+			if (k >= floor && (k & mask) == prefix) atomicAdd(&hist[(k >> shift) & 255], wt(i));
+		}
+		__syncthreads();
+		if (threadIdx.x == 0) {
+			float rem = *shared_rem, run = 0.f;
+			int chosen = -1, last = -1;
+			for (int b = 255; b >= 0; b--) {
+				if (hist[b] <= 0.f) continue;
+				last = b;
+				if (run + hist[b] > rem) { chosen = b; break; }
+				run += hist[b];
+			}
+			if (chosen < 0) {  // rounding left the target past the end: take the last element
+				chosen = last < 0 ? 0 : last;
+				run -= last < 0 ? 0.f : hist[last];
+				rem = run + (last < 0 ? 0.f : hist[last]) * 0.5f;
+			}
+			*shared_rem = rem - run;
+			*shared_key = prefix | ((unsigned long long)chosen << shift);
+		}
+		__syncthreads();
+		prefix = *shared_key;
+		mask |= 255ull << shift;
+		__syncthreads();
+	}
+	return prefix;
+}
+
+extern "C" __global__ void __launch_bounds__(1024) sample_rows(const float *logits, int V, const SampleArgs *args,
+		const int *cnt, const float *bias, float *work, int *outTok, float *outLp, int *topTok, float *topLp, int maxTop) {
+	__shared__ float red[32];
+	__shared__ float hist[256];
+	__shared__ unsigned long long skey;
+	__shared__ float srem;
+	__shared__ int sidx;
+	int r = blockIdx.x;
+	SampleArgs a = args[r];
+	const float *lg = logits + (long)r * V;
+	float *z = work + (long)r * V;
+	for (int i = threadIdx.x; i < V; i += blockDim.x) z[i] = lg[i];
+	__syncthreads();
+	// Penalties (OpenAI / vLLM convention), then the bias.
+	for (int e = threadIdx.x; e < a.cntN; e += blockDim.x) {
+		int tok = cnt[2 * (a.cntOff + e)], c = cnt[2 * (a.cntOff + e) + 1];
+		if (tok < 0 || tok >= V || c <= 0) continue;
+		float v = z[tok];
+		if (a.repetition > 0.f && a.repetition != 1.f) v = v > 0.f ? v / a.repetition : v * a.repetition;
+		v -= a.frequency * c + a.presence;
+		z[tok] = v;
+	}
+	__syncthreads();
+	for (int e = threadIdx.x; e < a.biasN; e += blockDim.x) {
+		int tok = __float_as_int(bias[2 * (a.biasOff + e)]);
+		if (tok >= 0 && tok < V) z[tok] += bias[2 * (a.biasOff + e) + 1];
+	}
+	__syncthreads();
+	// Max, its first index, and log Z of the penalised distribution.
+	float mx = -INF;
+	for (int i = threadIdx.x; i < V; i += blockDim.x) mx = fmaxf(mx, z[i]);
+	mx = block_max(mx, red);
+	if (threadIdx.x == 0) sidx = V;
+	__syncthreads();
+	for (int i = threadIdx.x; i < V; i += blockDim.x)
+		if (z[i] == mx) atomicMin(&sidx, i);
+	float se = 0.f;
+	for (int i = threadIdx.x; i < V; i += blockDim.x) se += __expf(z[i] - mx);
+	float logZ = mx + __logf(block_sum(se, red));
+	int tok = sidx;
+
+	if (a.temperature > 0.f) {
+		float it = 1.f / a.temperature;
+		// Candidates are the keys >= floor; each filter raises floor.
+		unsigned long long floor = 0;
+		if (a.topK > 0 && a.topK < V)
+			floor = select_desc(z, V, floor, (float)(a.topK - 1) + 0.5f, [](int) { return 1.f; }, hist, &skey, &srem);
+		auto prob = [&](int i) { return __expf((z[i] - mx) * it); };
+		if (a.minP > 0.f) {
+			// p_i >= minP * p_max  <=>  z_i >= mx + T * log(minP)
+			float zmin = mx + a.temperature * __logf(a.minP);
+			unsigned long long mk = sort_key(zmin, 0x7fffffff);
+			if (mk > floor) floor = mk;
+		}
+		if (a.topP > 0.f && a.topP < 1.f) {
+			float s = 0.f;
+			for (int i = threadIdx.x; i < V; i += blockDim.x)
+				if (sort_key(z[i], i) >= floor) s += prob(i);
+			s = block_sum(s, red);
+			floor = select_desc(z, V, floor, a.topP * s, prob, hist, &skey, &srem);
+		}
+		float s = 0.f;
+		for (int i = threadIdx.x; i < V; i += blockDim.x)
+			if (sort_key(z[i], i) >= floor) s += prob(i);
+		s = block_sum(s, red);
+		tok = key_index(select_desc(z, V, floor, a.uniform * s, prob, hist, &skey, &srem));
+	}
+	if (threadIdx.x == 0) {
+		outTok[r] = tok;
+		outLp[r] = z[tok] - logZ;
+	}
+	// Top log-probabilities: repeated arg-max below the previous key.
+	unsigned long long below = ~0ull;
+	for (int n = 0; n < a.nTop && n < maxTop; n++) {
+		unsigned long long best = 0;
+		for (int i = threadIdx.x; i < V; i += blockDim.x) {
+			unsigned long long k = sort_key(z[i], i);
+			if (k < below && k > best) best = k;
+		}
+		// Block max of 64-bit keys through shared memory.
+		if (threadIdx.x == 0) skey = 0;
+		__syncthreads();
+		atomicMax(&skey, best);
+		__syncthreads();
+		below = skey;
+		__syncthreads();
+		if (threadIdx.x == 0) {
+			int i = key_index(below);
+			topTok[r * maxTop + n] = i;
+			topLp[r * maxTop + n] = z[i] - logZ;
+		}
+	}
+}

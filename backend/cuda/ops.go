@@ -1,0 +1,312 @@
+//go:build cgo
+
+package cuda
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/kiln-llm/kiln/backend"
+)
+
+// run launches kernel name on the stream; a launch error is kept for Sync.
+func (b *Backend) run(name string, grid [3]int, block, smem int, vs ...any) {
+	if grid[0] == 0 || grid[1] == 0 || grid[2] == 0 {
+		return
+	}
+	var a args
+	a.add(vs...)
+	b.fail(launch(b.k.get(name), grid, block, smem, b.stream, &a))
+}
+
+func g1(n int) [3]int { return [3]int{n, 1, 1} }
+
+// blocksFor is a grid-stride launch size for n elements.
+func (b *Backend) blocksFor(n int) int { return max(1, min((n+255)/256, 8*b.sms)) }
+
+func checkRows(what string, t *tensor, rows, cols int) {
+	if t.rows() != rows || t.cols() != cols {
+		panic(fmt.Sprintf("cuda: %s is %v, want [%d, %d]", what, t, rows, cols))
+	}
+}
+
+func checkF32(what string, ts ...*tensor) {
+	for _, t := range ts {
+		if t.dt != backend.F32 {
+			panic(fmt.Sprintf("cuda: %s: %v must be f32", what, t))
+		}
+	}
+}
+
+// Embed writes out[t] = table[Tokens[t]].
+func (b *Backend) Embed(out, table backend.Tensor) {
+	ot, tt := asT(out), asT(table)
+	T, V, H := b.meta.T, tt.rows(), tt.cols()
+	checkRows("embed out", ot, T, H)
+	checkF32("embed", ot)
+	for _, tok := range b.meta.host[mTokens] {
+		if tok < 0 || int(tok) >= V {
+			panic(fmt.Sprintf("cuda: embed: token %d outside vocabulary of %d", tok, V))
+		}
+	}
+	b.run("embed", g1(T), 256, 0, ot.ptr, tt.ptr, int(tt.dt), b.meta.dev[mTokens], H)
+}
+
+func normBlock(n int) int {
+	switch {
+	case n >= 4096:
+		return 1024
+	case n >= 1024:
+		return 512
+	}
+	return 128
+}
+
+// RMSNorm normalises each row of x; out may alias x.
+func (b *Backend) RMSNorm(out, x, w backend.Tensor, eps float32, unitOffset bool) {
+	ot, xt, wt := asT(out), asT(x), asT(w)
+	n, h := xt.rows(), xt.cols()
+	checkRows("rmsnorm out", ot, n, h)
+	checkF32("rmsnorm", ot, xt)
+	if wt.numel() != h {
+		panic(fmt.Sprintf("cuda: rmsnorm weight %v for rows of %d", wt, h))
+	}
+	b.run("rmsnorm", g1(n), normBlock(h), 0, ot.ptr, xt.ptr, wt.ptr, int(wt.dt), h, eps, boolInt(unitOffset))
+}
+
+func boolInt(v bool) int {
+	if v {
+		return 1
+	}
+	return 0
+}
+
+// GatedRMSNorm computes out = w * rmsnorm(x) * silu(z) per head.
+func (b *Backend) GatedRMSNorm(out, x, z, w backend.Tensor, eps float32) {
+	ot, xt, zt, wt := asT(out), asT(x), asT(z), asT(w)
+	n, width := xt.rows(), xt.cols()
+	dim := wt.numel()
+	if dim == 0 || width%dim != 0 {
+		panic(fmt.Sprintf("cuda: gated rmsnorm: x %v is not whole heads of %d", xt, dim))
+	}
+	checkRows("gated rmsnorm out", ot, n, width)
+	checkRows("gated rmsnorm z", zt, n, width)
+	checkF32("gated rmsnorm", ot, xt, zt)
+	b.run("gated_rmsnorm", g1(n*width/dim), normBlock(dim), 0, ot.ptr, xt.ptr, zt.ptr, wt.ptr, int(wt.dt), dim, eps)
+}
+
+// SiluMul computes out = silu(gate) * up for gateUp [N, 2I] = [gate | up].
+func (b *Backend) SiluMul(out, gateUp backend.Tensor) {
+	ot, gt := asT(out), asT(gateUp)
+	n, w2 := gt.rows(), gt.cols()
+	if w2%2 != 0 {
+		panic(fmt.Sprintf("cuda: silumul gateUp %v has an odd width", gt))
+	}
+	checkRows("silumul out", ot, n, w2/2)
+	checkF32("silumul", ot, gt)
+	b.run("silu_mul", g1(b.blocksFor(n*w2/2)), 256, 0, ot.ptr, gt.ptr, n, w2/2)
+}
+
+// GatherRows writes out[r] = x[LogitRows[r]] for the current batch.
+func (b *Backend) GatherRows(out, x backend.Tensor) {
+	ot, xt := asT(out), asT(x)
+	R, h := b.meta.R, xt.cols()
+	checkRows("gather rows out", ot, R, h)
+	checkF32("gather rows", ot, xt)
+	for _, r := range b.meta.host[mRows] {
+		if int(r) >= xt.rows() {
+			panic(fmt.Sprintf("cuda: gather rows: row %d of %v", r, xt))
+		}
+	}
+	b.run("gather_rows", g1(R), 256, 0, ot.ptr, xt.ptr, b.meta.dev[mRows], h)
+}
+
+// gemvMaxTokens is the largest token count served by the GEMV kernel; larger
+// batches go to cuBLASLt, whose tensor-core tiles win once the weights are
+// reused by enough rows.
+const gemvMaxTokens = 8
+
+// MatMul computes out[n,o] = sum_i x[n,i] * w[o,i] (+ out when accumulate).
+func (b *Backend) MatMul(out, x, w backend.Tensor, accumulate bool) {
+	ot, xt, wt := asT(out), asT(x), asT(w)
+	n, in := xt.rows(), xt.cols()
+	o := wt.rows()
+	if wt.cols() != in {
+		panic(fmt.Sprintf("cuda: matmul x %v, w %v", xt, wt))
+	}
+	checkRows("matmul out", ot, n, o)
+	checkF32("matmul", ot, xt)
+	if n == 0 {
+		return
+	}
+	if wt.dt == backend.BF16 && n <= gemvMaxTokens && in%8 == 0 {
+		b.run(fmt.Sprintf("gemv_bf16_%d", n), g1((o+7)/8), 256, 0, ot.ptr, xt.ptr, wt.ptr, o, in, boolInt(accumulate))
+		return
+	}
+	xp := xt.ptr
+	if wt.dt != backend.F32 {
+		xp = b.scratchBuf("halfx", n*in*2)
+		b.run("to_half", g1(b.blocksFor(n*in)), 256, 0, xp, xt.ptr, int64Arg(n*in), int(wt.dt))
+	}
+	b.fail(b.lt.matmul(b.stream, ot.ptr, xp, wt.ptr, n, o, in, wt.dt, accumulate))
+}
+
+// int64Arg passes a 64-bit count to a kernel (a long parameter).
+type int64Arg int64
+
+// kvCache is the paged cache: per layer, K then V, each [Blocks, BlockSize,
+// KVHeads, HeadDim] of f32 or bf16, in one allocation.
+type kvCache struct {
+	b     *Backend
+	spec  backend.KVSpec
+	ptr   devptr
+	plane int // bytes of one layer's K (or V) pool
+}
+
+// NewKVCache allocates a paged KV cache (f32 or bf16) on the device.
+func (b *Backend) NewKVCache(spec backend.KVSpec) (backend.KVCache, error) {
+	if spec.Layers < 0 || spec.Blocks <= 0 || spec.BlockSize <= 0 || spec.KVHeads <= 0 || spec.HeadDim <= 0 {
+		return nil, fmt.Errorf("cuda: kv cache: invalid spec %+v", spec)
+	}
+	if spec.DType != backend.F32 && spec.DType != backend.BF16 {
+		return nil, fmt.Errorf("cuda: kv cache: unsupported dtype %v (want f32 or bf16)", spec.DType)
+	}
+	plane := spec.Blocks * spec.BlockSize * spec.KVHeads * spec.HeadDim * spec.DType.Size()
+	p, err := b.malloc(2 * spec.Layers * plane)
+	if err != nil {
+		return nil, fmt.Errorf("cuda: kv cache of %d MiB: %w", 2*spec.Layers*plane>>20, err)
+	}
+	return &kvCache{b: b, spec: spec, ptr: p, plane: plane}, nil
+}
+
+func (c *kvCache) Spec() backend.KVSpec { return c.spec }
+
+func (c *kvCache) k(layer int) devptr { return c.ptr + devptr(2*layer*c.plane) }
+func (c *kvCache) v(layer int) devptr { return c.ptr + devptr((2*layer+1)*c.plane) }
+
+// CopyBlock copies physical block src to dst in every layer (queued).
+func (c *kvCache) CopyBlock(dst, src int) {
+	if dst < 0 || src < 0 || dst >= c.spec.Blocks || src >= c.spec.Blocks {
+		panic(fmt.Sprintf("cuda: copy block %d to %d of %d", src, dst, c.spec.Blocks))
+	}
+	bs := c.plane / c.spec.Blocks
+	for p := 0; p < 2*c.spec.Layers; p++ {
+		base := c.ptr + devptr(p*c.plane)
+		c.b.copyDtoD(base+devptr(dst*bs), base+devptr(src*bs), bs)
+	}
+}
+
+func (c *kvCache) Free() {
+	if c.ptr != 0 {
+		c.b.fail(c.b.Sync())
+		c.b.freePtr(c.ptr)
+		c.ptr = 0
+	}
+}
+
+// decodeSplits is how many parts the keys of one (token, kv head) are split
+// into so that the decode attention grid fills the GPU whatever the batch.
+func (b *Backend) decodeSplits(T, KH int) int {
+	return max(1, min(64, (2*b.sms+T*KH-1)/(T*KH)))
+}
+
+// Attention runs one attention layer; see backend.Backend.
+func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec *backend.AttnSpec, kvc backend.KVCache, layer int) {
+	ot, qt := asT(out), asT(qkv)
+	c, ok := kvc.(*kvCache)
+	if !ok {
+		panic(fmt.Sprintf("cuda: attention: kv cache of another backend (%T)", kvc))
+	}
+	m := &b.meta
+	T := m.T
+	H, KH, hd, rd := spec.Heads, spec.KVHeads, spec.HeadDim, spec.RotaryDim
+	if H <= 0 || KH <= 0 || H%KH != 0 || hd <= 0 || hd > 256 || rd < 0 || rd > hd || rd%2 != 0 || len(spec.Rope.InvFreq) != rd/2 {
+		panic(fmt.Sprintf("cuda: attention: invalid or unsupported spec %+v", *spec))
+	}
+	if c.spec.KVHeads != KH || c.spec.HeadDim != hd || layer < 0 || layer >= c.spec.Layers {
+		panic(fmt.Sprintf("cuda: attention: layer %d of cache %+v for spec %+v", layer, c.spec, *spec))
+	}
+	checkRows("attention qkv", qt, T, spec.QKVWidth())
+	checkRows("attention out", ot, T, H*hd)
+	checkF32("attention", ot, qt)
+	bs := c.spec.BlockSize
+	seqN, seqPos := m.host[mSeqN], m.host[mSeqPos]
+	for i := range seqN {
+		blk := m.host[mBlocks][m.host[mSeqBlk][i]:]
+		if i+1 < len(seqN) {
+			blk = m.host[mBlocks][m.host[mSeqBlk][i]:m.host[mSeqBlk][i+1]]
+		}
+		if need := (int(seqPos[i]+seqN[i]) + bs - 1) / bs; len(blk) < need {
+			panic(fmt.Sprintf("cuda: attention: sequence %d has %d blocks, needs %d for %d tokens", i, len(blk), need, seqPos[i]+seqN[i]))
+		}
+		for _, x := range blk {
+			if x < 0 || int(x) >= c.spec.Blocks {
+				panic(fmt.Sprintf("cuda: attention: sequence %d uses block %d of %d", i, x, c.spec.Blocks))
+			}
+		}
+	}
+	if T == 0 {
+		return
+	}
+	var rf [128]float32
+	copy(rf[:], spec.Rope.InvFreq)
+	qn, kn := asT(w.QNorm), asT(w.KNorm)
+	if qn.numel() != hd || kn.numel() != hd || qn.dt != kn.dt {
+		panic(fmt.Sprintf("cuda: attention: q/k norms %v %v for head dim %d", qn, kn, hd))
+	}
+	qbuf := b.scratchBuf("attnq", T*H*hd*4)
+	kvdt := int(c.spec.DType)
+	b.run("qk_norm_rope", [3]int{T, H + 2*KH, 1}, 128, 0,
+		qt.ptr, qbuf, c.k(layer), c.v(layer), kvdt, qn.ptr, kn.ptr, int(qn.dt), boolInt(spec.UnitOffsetNorm),
+		m.dev[mTokPos], m.dev[mTokSeq], m.dev[mSeqBlk], m.dev[mBlocks],
+		H, KH, hd, rd, boolInt(spec.Gated), spec.NormEps, spec.Rope.AttnFactor, bs, rf[:])
+
+	kn2 := "bf16"
+	if c.spec.DType == backend.F32 {
+		kn2 = "f32"
+	}
+	G := H / KH
+	decodeOK := (hd == 64 || hd == 128 || hd == 256) && (G == 1 || G == 2 || G == 4 || G == 8)
+	if decodeOK && m.maxN <= 4 {
+		S := b.decodeSplits(T, KH)
+		pm := b.scratchBuf("attnm", T*H*S*4)
+		pl := b.scratchBuf("attnl", T*H*S*4)
+		pacc := b.scratchBuf("attnacc", T*H*S*hd*4)
+		b.run(fmt.Sprintf("attn_decode_%s_%d_%d", kn2, hd, G), [3]int{T, KH, S}, 128, 0,
+			qbuf, c.k(layer), c.v(layer), m.dev[mTokPos], m.dev[mTokSeq], m.dev[mSeqBlk], m.dev[mBlocks],
+			pm, pl, pacc, H, KH, bs, spec.Scale)
+		b.run("attn_combine", [3]int{T, H, 1}, hd, 0, ot.ptr, pm, pl, pacc, qt.ptr, H, KH, hd, S, boolInt(spec.Gated))
+		return
+	}
+	switch hd {
+	case 16, 32, 64, 128, 256:
+	default:
+		panic(fmt.Sprintf("cuda: attention: head dim %d not supported (16, 32, 64, 128 or 256)", hd))
+	}
+	name := fmt.Sprintf("attn_prefill_%s_%d", kn2, hd)
+	smem := 2 * 32 * hd * 4
+	if smem > 48<<10 {
+		b.allowSmem(name, smem)
+	}
+	b.run(name, [3]int{(m.maxN + 31) / 32, H, m.S}, 128, smem,
+		ot.ptr, qbuf, c.k(layer), c.v(layer), qt.ptr,
+		m.dev[mSeqPos], m.dev[mSeqN], m.dev[mSeqStart], m.dev[mSeqBlk], m.dev[mBlocks],
+		H, KH, bs, spec.Scale, boolInt(spec.Gated))
+}
+
+// GatedDeltaNet is not implemented on CUDA yet.
+func (b *Backend) GatedDeltaNet(out, mixed, ba backend.Tensor, w backend.DeltaNetWeights, spec *backend.DeltaNetSpec, st backend.StateCache, layer int) {
+	panic("cuda: GatedDeltaNet is not supported by the CUDA backend (Qwen3-Next / Qwen3.5 run on the CPU backend)")
+}
+
+// NewStateCache reports that hybrid (DeltaNet) models are not supported.
+func (b *Backend) NewStateCache(spec backend.StateSpec) (backend.StateCache, error) {
+	return nil, fmt.Errorf("cuda: Gated DeltaNet layers (Qwen3-Next, Qwen3.5) are not supported by the CUDA backend; use --backend cpu")
+}
+
+// MoE is not implemented on CUDA yet.
+func (b *Backend) MoE(out, x backend.Tensor, e *backend.Experts, spec *backend.MoESpec) {
+	panic("cuda: mixture-of-experts layers are not supported by the CUDA backend (Qwen3-MoE runs on the CPU backend)")
+}
+
+var _ = math.Inf

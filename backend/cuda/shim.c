@@ -1,0 +1,79 @@
+//go:build cgo
+
+#include <dlfcn.h>
+#include <stdio.h>
+#include "shim.h"
+
+#define DECLARE(name, params, args) static int (*p_##name) params;
+CU_FUNCS(DECLARE)
+NVRTC_FUNCS(DECLARE)
+LT_FUNCS(DECLARE)
+
+// g_ctx is made current on whichever OS thread the calling goroutine runs on
+// (goroutines migrate between threads; contexts are per thread).
+static CUcontext g_ctx;
+static __thread CUcontext t_ctx;
+static void ensure_ctx(void) {
+	if (g_ctx && t_ctx != g_ctx) {
+		p_cuCtxSetCurrent(g_ctx);
+		t_ctx = g_ctx;
+	}
+}
+void set_ctx(CUcontext c) { g_ctx = c; }
+
+#define WRAP(name, params, args) int k_##name params { ensure_ctx(); return p_##name args; }
+CU_FUNCS(WRAP)
+NVRTC_FUNCS(WRAP)
+LT_FUNCS(WRAP)
+
+static void *open_first(const char **names, int n, char *err, int errn) {
+	for (int i = 0; i < n; i++) {
+		void *h = dlopen(names[i], RTLD_NOW | RTLD_GLOBAL);
+		if (h) return h;
+	}
+	snprintf(err, errn, "%s: %s", names[0], dlerror());
+	return NULL;
+}
+
+#define LOAD(name, params, args) \
+	p_##name = (int (*) params)dlsym(h, #name); \
+	if (!p_##name) { snprintf(err, errn, "missing symbol %s", #name); return -1; }
+
+int load_cuda(char *err, int errn) {
+	const char *names[] = {"libcuda.so.1", "libcuda.so"};
+	void *h = open_first(names, 2, err, errn);
+	if (!h) return -1;
+	CU_FUNCS(LOAD)
+	return 0;
+}
+
+int load_nvrtc(char *err, int errn) {
+	const char *names[] = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"};
+	void *h = open_first(names, 3, err, errn);
+	if (!h) return -1;
+	NVRTC_FUNCS(LOAD)
+	return 0;
+}
+
+int load_lt(char *err, int errn) {
+	const char *names[] = {"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"};
+	void *h = open_first(names, 3, err, errn);
+	if (!h) return -1;
+	LT_FUNCS(LOAD)
+	return 0;
+}
+
+// launch builds the kernel parameter array from a packed argument buffer.
+int k_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned smem,
+		CUstream s, char *buf, int *offs, int n) {
+	void *params[32];
+	for (int i = 0; i < n && i < 32; i++) params[i] = buf + offs[i];
+	return k_cuLaunchKernel(f, gx, gy, gz, bx, 1, 1, smem, s, params, NULL);
+}
+
+int k_lt_matmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, float alpha, CUdeviceptr A, cublasLtMatrixLayout_t la,
+		CUdeviceptr B, cublasLtMatrixLayout_t lb, float beta, CUdeviceptr C, cublasLtMatrixLayout_t lc,
+		cublasLtMatmulHeuristicResult_t *r, CUdeviceptr ws, size_t wsn, CUstream s) {
+	return k_cublasLtMatmul(h, d, &alpha, (void *)A, la, (void *)B, lb, &beta, (void *)C, lc, (void *)C, lc,
+		&r->algo, (void *)ws, wsn, s);
+}

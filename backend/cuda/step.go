@@ -1,0 +1,212 @@
+//go:build cgo
+
+package cuda
+
+/*
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"fmt"
+	"os"
+	"unsafe"
+
+	"github.com/kiln-llm/kiln/backend"
+)
+
+// Metadata regions of a step, each a device array of int32 that Begin
+// refreshes. Kernels only ever read these buffers (never host values that
+// change between steps), which is what lets a captured graph replay.
+const (
+	mTokens   = iota // [T] token ids
+	mTokPos          // [T] absolute position of each token
+	mTokSeq          // [T] sequence of each token
+	mSeqPos          // [S] tokens already cached
+	mSeqN            // [S] new tokens
+	mSeqStart        // [S] first token of the sequence in the step
+	mSeqBlk          // [S] offset of the sequence's block table in mBlocks
+	mRows            // [R] logit rows
+	mBlocks          // concatenated block tables
+	mCount
+)
+
+// stepMeta is the current step: host copies and the device buffers.
+type stepMeta struct {
+	host [mCount][]int32
+	dev  [mCount]devptr
+	cap  [mCount]int
+	// gen changes whenever a device buffer moves: captured graphs then hold
+	// stale pointers and are captured again.
+	gen     int
+	staging unsafe.Pointer
+	stSize  int
+	copied  C.CUevent // recorded after the last upload from staging
+
+	T, S, R  int
+	maxN     int // most new tokens of one sequence
+	maxCtx   int // longest Pos+N
+	maxBlock int // most blocks of one sequence
+}
+
+func (m *stepMeta) init(b *Backend) error {
+	for i := range m.cap {
+		m.cap[i] = 256
+		if i == mBlocks {
+			m.cap[i] = 4096
+		}
+		p, err := b.malloc(4 * m.cap[i])
+		if err != nil {
+			return err
+		}
+		m.dev[i] = p
+	}
+	return check("cuEventCreate", C.k_cuEventCreate(&m.copied, 2))
+}
+
+// Begin uploads the metadata of a forward step; it panics on an inconsistent
+// batch (token counts that do not add up, logit rows out of order).
+func (b *Backend) Begin(bt *backend.Batch) {
+	if b.capture {
+		panic("cuda: Begin inside Graph")
+	}
+	m := &b.meta
+	for i := range m.host {
+		m.host[i] = m.host[i][:0]
+	}
+	m.maxN, m.maxCtx, m.maxBlock = 0, 0, 0
+	start := 0
+	for i, q := range bt.Seqs {
+		if q.N < 0 || q.Pos < 0 {
+			panic(fmt.Sprintf("cuda: begin: sequence %d has Pos %d, N %d", i, q.Pos, q.N))
+		}
+		m.host[mSeqPos] = append(m.host[mSeqPos], int32(q.Pos))
+		m.host[mSeqN] = append(m.host[mSeqN], int32(q.N))
+		m.host[mSeqStart] = append(m.host[mSeqStart], int32(start))
+		m.host[mSeqBlk] = append(m.host[mSeqBlk], int32(len(m.host[mBlocks])))
+		m.host[mBlocks] = append(m.host[mBlocks], q.Blocks...)
+		for j := 0; j < q.N; j++ {
+			m.host[mTokSeq] = append(m.host[mTokSeq], int32(i))
+			m.host[mTokPos] = append(m.host[mTokPos], int32(q.Pos+j))
+		}
+		start += q.N
+		m.maxN = max(m.maxN, q.N)
+		m.maxCtx = max(m.maxCtx, q.Pos+q.N)
+		m.maxBlock = max(m.maxBlock, len(q.Blocks))
+	}
+	if start != len(bt.Tokens) {
+		panic(fmt.Sprintf("cuda: begin: sequences cover %d tokens, batch has %d", start, len(bt.Tokens)))
+	}
+	m.host[mTokens] = append(m.host[mTokens], bt.Tokens...)
+	for i, r := range bt.LogitRows {
+		if r < 0 || int(r) >= start || (i > 0 && r <= bt.LogitRows[i-1]) {
+			panic(fmt.Sprintf("cuda: begin: logit rows %v not increasing within %d tokens", bt.LogitRows, start))
+		}
+	}
+	m.host[mRows] = append(m.host[mRows], bt.LogitRows...)
+	m.T, m.S, m.R = start, len(bt.Seqs), len(bt.LogitRows)
+
+	// The staging buffer may still feed the previous step's uploads.
+	b.fail(check("cuEventSynchronize", C.k_cuEventSynchronize(m.copied)))
+	total := 0
+	for i := range m.host {
+		total += len(m.host[i])
+		if n := len(m.host[i]); n > m.cap[i] {
+			c := max(n, 2*m.cap[i])
+			p, err := b.malloc(4 * c)
+			if err != nil {
+				panic(err)
+			}
+			b.retired = append(b.retired, m.dev[i])
+			m.dev[i], m.cap[i] = p, c
+			m.gen++
+		}
+	}
+	if 4*total > m.stSize {
+		if m.staging != nil {
+			C.k_cuMemFreeHost(m.staging)
+		}
+		m.stSize = max(4*total, 1<<16, 2*m.stSize)
+		if err := check("cuMemAllocHost", C.k_cuMemAllocHost_v2(&m.staging, C.size_t(m.stSize))); err != nil {
+			panic(err)
+		}
+	}
+	st := unsafe.Slice((*int32)(m.staging), m.stSize/4)
+	off := 0
+	for i := range m.host {
+		n := len(m.host[i])
+		if n == 0 {
+			continue
+		}
+		copy(st[off:off+n], m.host[i])
+		b.fail(check("cuMemcpyHtoDAsync", C.k_cuMemcpyHtoDAsync_v2(m.dev[i], unsafe.Pointer(&st[off]), C.size_t(4*n), b.stream)))
+		off += n
+	}
+	b.fail(check("cuEventRecord", C.k_cuEventRecord(m.copied, b.stream)))
+}
+
+// graph is one captured step.
+type graph struct {
+	g    C.CUgraph
+	exec C.CUgraphExec
+	gen  int
+}
+
+// Graph captures the launches of record as a CUDA graph the first time a key
+// is seen (and again after the metadata buffers moved) and replays it after.
+// KILN_CUDA_GRAPHS=0 disables capture.
+func (b *Backend) Graph(key string, record func()) {
+	if b.capture {
+		panic("cuda: nested Graph")
+	}
+	if os.Getenv("KILN_CUDA_GRAPHS") == "0" || b.err != nil {
+		record()
+		return
+	}
+	if g := b.graphs[key]; g != nil && g.gen == b.meta.gen {
+		b.fail(check("cuGraphLaunch", C.k_cuGraphLaunch(g.exec, b.stream)))
+		return
+	}
+	if g := b.graphs[key]; g != nil {
+		C.k_cuGraphExecDestroy(g.exec)
+		C.k_cuGraphDestroy(g.g)
+		delete(b.graphs, key)
+	}
+	if err := check("cuStreamBeginCapture", C.k_cuStreamBeginCapture_v2(b.stream, captureRelaxed)); err != nil {
+		b.fail(err)
+		return
+	}
+	b.capture = true
+	func() {
+		defer func() {
+			if b.capture {
+				// record panicked: leave the stream usable before re-panicking.
+				var g C.CUgraph
+				C.k_cuStreamEndCapture(b.stream, &g)
+				if g != nil {
+					C.k_cuGraphDestroy(g)
+				}
+				b.capture = false
+			}
+		}()
+		record()
+		g := &graph{gen: b.meta.gen}
+		b.capture = false
+		if err := check("cuStreamEndCapture", C.k_cuStreamEndCapture(b.stream, &g.g)); err != nil {
+			b.fail(err)
+			return
+		}
+		if b.err != nil {
+			C.k_cuGraphDestroy(g.g)
+			return
+		}
+		if err := check("cuGraphInstantiate", C.k_cuGraphInstantiateWithFlags(&g.exec, g.g, 0)); err != nil {
+			C.k_cuGraphDestroy(g.g)
+			b.fail(err)
+			return
+		}
+		b.graphs[key] = g
+		b.debugf("captured graph %q", key)
+		b.fail(check("cuGraphLaunch", C.k_cuGraphLaunch(g.exec, b.stream)))
+	}()
+}
