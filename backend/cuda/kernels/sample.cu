@@ -101,23 +101,24 @@ extern "C" __global__ void __launch_bounds__(1024) sample_rows(const float *logi
 
 	if (a.temperature > 0.f) {
 		float it = 1.f / a.temperature;
-		// Candidates are the keys >= floor; each filter raises floor.
+		// Candidates are the keys >= floor; each filter raises floor (top-p's
+		// mass is renormalised over the top-k candidates, before min-p).
 		unsigned long long floor = 0;
 		if (a.topK > 0 && a.topK < V)
 			floor = select_desc(z, V, floor, (float)(a.topK - 1) + 0.5f, [](int) { return 1.f; }, hist, &skey, &srem);
 		auto prob = [&](int i) { return __expf((z[i] - mx) * it); };
-		if (a.minP > 0.f) {
-			// p_i >= minP * p_max  <=>  z_i >= mx + T * log(minP)
-			float zmin = mx + a.temperature * __logf(a.minP);
-			unsigned long long mk = sort_key(zmin, 0x7fffffff);
-			if (mk > floor) floor = mk;
-		}
 		if (a.topP > 0.f && a.topP < 1.f) {
 			float s = 0.f;
 			for (int i = threadIdx.x; i < V; i += blockDim.x)
 				if (sort_key(z[i], i) >= floor) s += prob(i);
 			s = block_sum(s, red);
 			floor = select_desc(z, V, floor, a.topP * s, prob, hist, &skey, &srem);
+		}
+		if (a.minP > 0.f) {
+			// p_i >= minP * p_max  <=>  z_i >= mx + T * log(minP)
+			float zmin = mx + a.temperature * __logf(a.minP);
+			unsigned long long mk = sort_key(zmin, 0x7fffffff);
+			if (mk > floor) floor = mk;
 		}
 		float s = 0.f;
 		for (int i = threadIdx.x; i < V; i += blockDim.x)

@@ -1,0 +1,418 @@
+//go:build cgo
+
+package cuda
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"testing"
+
+	"github.com/kiln-llm/kiln/backend"
+	"github.com/kiln-llm/kiln/backend/cpu"
+)
+
+var (
+	gpuOnce sync.Once
+	gpu     *Backend
+	gpuErr  error
+)
+
+// pair runs the same operations on the CPU reference and the GPU.
+type pair struct {
+	t *testing.T
+	c *cpu.Backend
+	g *Backend
+	r *rand.Rand
+}
+
+func newPair(t *testing.T, seed uint64) *pair {
+	t.Helper()
+	gpuOnce.Do(func() { gpu, gpuErr = New(Options{}) })
+	if gpuErr != nil {
+		if os.Getenv("KILN_REQUIRE_GPU") != "" {
+			t.Fatalf("KILN_REQUIRE_GPU is set but the CUDA backend is unavailable: %v", gpuErr)
+		}
+		t.Skipf("no GPU: %v", gpuErr)
+	}
+	return &pair{t: t, c: cpu.New(cpu.Options{}), g: gpu, r: rand.New(rand.NewPCG(seed, 0x6b696c6e))}
+}
+
+func (p *pair) randn(n int, scale float64) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(p.r.NormFloat64() * scale)
+	}
+	return v
+}
+
+// encode stores v as dt (little endian).
+func encode(dt backend.DType, v []float32) []byte {
+	out := make([]byte, len(v)*dt.Size())
+	for i, x := range v {
+		switch dt {
+		case backend.F32:
+			binary.LittleEndian.PutUint32(out[4*i:], math.Float32bits(x))
+		case backend.BF16:
+			u := math.Float32bits(x)
+			u += 0x7fff + (u>>16)&1
+			binary.LittleEndian.PutUint16(out[2*i:], uint16(u>>16))
+		case backend.F16:
+			binary.LittleEndian.PutUint16(out[2*i:], f32ToF16(x))
+		}
+	}
+	return out
+}
+
+func f32ToF16(f float32) uint16 {
+	b := math.Float32bits(f)
+	sign := uint16(b>>16) & 0x8000
+	exp := int((b>>23)&0xff) - 127 + 15
+	man := b & 0x7fffff
+	switch {
+	case exp >= 31:
+		return sign | 0x7c00
+	case exp <= 0:
+		return sign
+	}
+	h := sign | uint16(exp)<<10 | uint16(man>>13)
+	if man&0x1fff > 0x1000 || (man&0x1fff == 0x1000 && h&1 == 1) {
+		h++
+	}
+	return h
+}
+
+// load puts the same data on both backends.
+func (p *pair) load(dt backend.DType, v []float32, shape ...int) (backend.Tensor, backend.Tensor) {
+	p.t.Helper()
+	data := encode(dt, v)
+	ct, err := p.c.Load(dt, shape, data)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	gt, err := p.g.Load(dt, shape, append([]byte(nil), data...))
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	return ct, gt
+}
+
+// out allocates an f32 output on both, the GPU's poisoned with NaN so that
+// unwritten elements show.
+func (p *pair) out(shape ...int) (backend.Tensor, backend.Tensor) {
+	ct := p.c.Alloc(backend.F32, shape...)
+	gt := p.g.Alloc(backend.F32, shape...)
+	n := shapeSize(shape)
+	nan := make([]float32, n)
+	for i := range nan {
+		nan[i] = float32(math.NaN())
+	}
+	p.g.Write(gt, encode(backend.F32, nan))
+	p.c.Write(ct, make([]byte, 4*n))
+	return ct, gt
+}
+
+func read(t *testing.T, b backend.Backend, x backend.Tensor) []float32 {
+	t.Helper()
+	buf := make([]byte, 4*backend.Numel(x))
+	if err := b.Read(x, buf); err != nil {
+		t.Fatal(err)
+	}
+	out := make([]float32, backend.Numel(x))
+	for i := range out {
+		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(buf[4*i:]))
+	}
+	return out
+}
+
+// relL2 is ||a - b|| / ||b||; NaN anywhere gives +Inf.
+func relL2(a, b []float32) float64 {
+	var d, n float64
+	for i := range a {
+		if math.IsNaN(float64(a[i])) || math.IsInf(float64(a[i]), 0) {
+			return math.Inf(1)
+		}
+		x := float64(a[i]) - float64(b[i])
+		d += x * x
+		n += float64(b[i]) * float64(b[i])
+	}
+	return math.Sqrt(d / max(n, 1e-30))
+}
+
+// compare checks out tensors of both backends within tol.
+func (p *pair) compare(what string, ct, gt backend.Tensor, tol float64) {
+	p.t.Helper()
+	want, got := read(p.t, p.c, ct), read(p.t, p.g, gt)
+	if e := relL2(got, want); !(e <= tol) {
+		p.t.Errorf("%s: relative L2 error %.3g > %.3g", what, e, tol)
+	} else {
+		p.t.Logf("%s: relative L2 error %.3g", what, e)
+	}
+}
+
+func (p *pair) begin(b *backend.Batch) {
+	p.c.Begin(b)
+	p.g.Begin(b)
+}
+
+func TestRowOps(t *testing.T) {
+	p := newPair(t, 1)
+	const T, H, V = 7, 1000, 300
+	toks := make([]int32, T)
+	for i := range toks {
+		toks[i] = int32(p.r.IntN(V))
+	}
+	p.begin(&backend.Batch{Tokens: toks, Seqs: []backend.SeqInfo{{N: 3}, {N: 4}}, LogitRows: []int32{2, 5, 6}})
+	for _, dt := range []backend.DType{backend.F32, backend.BF16, backend.F16} {
+		ctab, gtab := p.load(dt, p.randn(V*H, 1), V, H)
+		co, gout := p.out(T, H)
+		p.c.Embed(co, ctab)
+		p.g.Embed(gout, gtab)
+		p.compare("embed "+dt.String(), co, gout, 0)
+
+		for _, unit := range []bool{false, true} {
+			cw, gw := p.load(dt, p.randn(H, 0.3), H)
+			cn, gn := p.out(T, H)
+			p.c.RMSNorm(cn, co, cw, 1e-6, unit)
+			p.g.RMSNorm(gn, gout, gw, 1e-6, unit)
+			p.compare(fmt.Sprintf("rmsnorm %v unit=%v", dt, unit), cn, gn, 1e-6)
+			p.c.RMSNorm(cn, cn, cw, 1e-6, unit) // in place
+			p.g.RMSNorm(gn, gn, gw, 1e-6, unit)
+			p.compare("rmsnorm in place", cn, gn, 1e-6)
+		}
+	}
+	cx, gx := p.load(backend.F32, p.randn(T*2*H, 2), T, 2*H)
+	co, gout := p.out(T, H)
+	p.c.SiluMul(co, cx)
+	p.g.SiluMul(gout, gx)
+	p.compare("silumul", co, gout, 1e-6)
+
+	cz, gz := p.load(backend.F32, p.randn(T*H, 2), T, H)
+	cw, gw := p.load(backend.BF16, p.randn(100, 1), 100)
+	cg, gg := p.out(T, H)
+	p.c.GatedRMSNorm(cg, co, cz, cw, 1e-6)
+	p.g.GatedRMSNorm(gg, gout, gz, gw, 1e-6)
+	p.compare("gated rmsnorm", cg, gg, 1e-6)
+
+	cr, gr := p.out(3, H)
+	p.c.GatherRows(cr, cg)
+	p.g.GatherRows(gr, gg)
+	p.compare("gather rows", cr, gr, 0)
+}
+
+func TestMatMul(t *testing.T) {
+	p := newPair(t, 2)
+	cases := []struct {
+		n, o, i int
+		dt      backend.DType
+		acc     bool
+		tol     float64
+	}{
+		{1, 1000, 512, backend.BF16, false, 1e-5},
+		{3, 700, 1544, backend.BF16, true, 1e-5},
+		{8, 256, 4096, backend.BF16, false, 1e-5},
+		{9, 512, 384, backend.BF16, false, 8e-3}, // cuBLASLt, activations rounded to bf16
+		{100, 1536, 1024, backend.BF16, true, 8e-3},
+		{5, 200, 100, backend.BF16, false, 8e-3}, // width not a multiple of 8
+		{16, 100, 64, backend.F32, false, 1e-5},
+		{7, 128, 96, backend.F16, true, 2e-3},
+	}
+	for _, c := range cases {
+		cw, gw := p.load(c.dt, p.randn(c.o*c.i, 0.05), c.o, c.i)
+		cx, gx := p.load(backend.F32, p.randn(c.n*c.i, 1), c.n, c.i)
+		co, gout := p.out(c.n, c.o)
+		if c.acc {
+			init := encode(backend.F32, p.randn(c.n*c.o, 1))
+			p.c.Write(co, init)
+			p.g.Write(gout, init)
+		}
+		p.c.MatMul(co, cx, cw, c.acc)
+		p.g.MatMul(gout, gx, gw, c.acc)
+		p.compare(fmt.Sprintf("matmul %d x %d x %d %v acc=%v", c.n, c.o, c.i, c.dt, c.acc), co, gout, c.tol)
+	}
+}
+
+type attnCase struct {
+	H, KH, hd, rd int
+	gated, unit   bool
+	kv            backend.DType
+}
+
+func (c attnCase) spec() *backend.AttnSpec {
+	s := &backend.AttnSpec{Heads: c.H, KVHeads: c.KH, HeadDim: c.hd, RotaryDim: c.rd, Gated: c.gated,
+		NormEps: 1e-6, UnitOffsetNorm: c.unit, Scale: float32(1 / math.Sqrt(float64(c.hd)))}
+	s.Rope.AttnFactor = 1
+	for i := 0; i < c.rd/2; i++ {
+		s.Rope.InvFreq = append(s.Rope.InvFreq, float32(math.Pow(1e6, -2*float64(i)/float64(c.rd))))
+	}
+	return s
+}
+
+// attnSteps runs prefill, decode and chunk steps on a few sequences through
+// both backends and compares each step's output; step wraps the GPU's
+// operation (a Graph in TestGraphReplay).
+func attnSteps(p *pair, c attnCase, steps [][]int, step func(key string, f func())) {
+	spec := c.spec()
+	const bs, blocks = 16, 512
+	kvs := backend.KVSpec{Layers: 2, Blocks: blocks, BlockSize: bs, KVHeads: c.KH, HeadDim: c.hd, DType: c.kv}
+	ckv, err := p.c.NewKVCache(kvs)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	gkv, err := p.g.NewKVCache(kvs)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	defer gkv.Free()
+	cqn, gqn := p.load(backend.BF16, p.randn(c.hd, 0.3), c.hd)
+	ckn, gkn := p.load(backend.BF16, p.randn(c.hd, 0.3), c.hd)
+	perm := p.r.Perm(blocks)
+	nseq := len(steps[0])
+	tables := make([][]int32, nseq)
+	for s := range tables {
+		for j := 0; j < blocks/nseq; j++ {
+			tables[s] = append(tables[s], int32(perm[s*(blocks/nseq)+j]))
+		}
+	}
+	pos := make([]int, nseq)
+	// The GPU's input and output live in one buffer per key, as a model's
+	// activations do: a captured graph keeps reading the same memory.
+	type io struct{ x, out backend.Tensor }
+	bufs := map[string]io{}
+	for si, ns := range steps {
+		var b backend.Batch
+		for s, n := range ns {
+			need := (pos[s] + n + bs - 1) / bs
+			b.Seqs = append(b.Seqs, backend.SeqInfo{Pos: pos[s], N: n, Blocks: tables[s][:need]})
+			for range n {
+				b.Tokens = append(b.Tokens, 0)
+			}
+		}
+		T := len(b.Tokens)
+		p.begin(&b)
+		key := fmt.Sprint(ns)
+		g, ok := bufs[key]
+		if !ok {
+			g = io{p.g.Alloc(backend.F32, T, spec.QKVWidth()), nil}
+			_, g.out = p.out(T, c.H*c.hd)
+			bufs[key] = g
+		}
+		x := p.randn(T*spec.QKVWidth(), 1)
+		cx, _ := p.c.Load(backend.F32, []int{T, spec.QKVWidth()}, encode(backend.F32, x))
+		p.g.Write(g.x, encode(backend.F32, x))
+		co := p.c.Alloc(backend.F32, T, c.H*c.hd)
+		p.c.Attention(co, cx, backend.AttnWeights{QNorm: cqn, KNorm: ckn}, spec, ckv, 1)
+		step(key, func() {
+			p.g.Attention(g.out, g.x, backend.AttnWeights{QNorm: gqn, KNorm: gkn}, spec, gkv, 1)
+		})
+		tol := 2e-5
+		if c.kv == backend.BF16 {
+			tol = 4e-3 // keys rounded to bf16 after slightly different float32 arithmetic
+		}
+		p.compare(fmt.Sprintf("%+v step %d %v", c, si, ns), co, g.out, tol)
+		for s, n := range ns {
+			pos[s] += n
+		}
+	}
+}
+
+func TestAttention(t *testing.T) {
+	p := newPair(t, 3)
+	cases := []attnCase{
+		{8, 2, 128, 128, false, false, backend.BF16},
+		{4, 4, 64, 32, true, true, backend.F32},
+		{6, 2, 32, 32, false, false, backend.BF16}, // decode through the general kernel
+		{16, 2, 256, 64, true, false, backend.BF16},
+		{8, 1, 128, 128, false, false, backend.F32},
+	}
+	steps := [][]int{{40, 300, 1, 77}, {1, 1, 1, 1}, {1, 1, 1, 1}, {5, 1, 33, 1}, {1, 1, 1, 1}}
+	for _, c := range cases {
+		attnSteps(p, c, steps, func(_ string, f func()) { f() })
+	}
+}
+
+// TestGraphReplay captures decode steps and replays them as positions and
+// block tables grow: every replay must match the CPU.
+func TestGraphReplay(t *testing.T) {
+	p := newPair(t, 4)
+	steps := [][]int{{50, 200}}
+	for range 16 {
+		steps = append(steps, []int{1, 1})
+	}
+	before := len(p.g.graphs)
+	attnSteps(p, attnCase{8, 2, 128, 128, false, false, backend.BF16}, steps, p.g.Graph)
+	if len(p.g.graphs) == before {
+		t.Errorf("no graph was captured")
+	}
+}
+
+func TestSample(t *testing.T) {
+	p := newPair(t, 5)
+	const V = 151936
+	params := []backend.SampleParams{
+		{},
+		{Logprob: true, TopLogprobs: 5},
+		{Temperature: 0.7, Uniform: 0.31, Logprob: true},
+		{Temperature: 1, TopK: 40, Uniform: 0.77},
+		{Temperature: 0.9, TopP: 0.9, Uniform: 0.5},
+		{Temperature: 1.2, MinP: 0.05, Uniform: 0.99},
+		{Temperature: 0.6, TopK: 20, TopP: 0.8, MinP: 0.02, Uniform: 0.12},
+		{Temperature: 1, Uniform: 0.6, RepetitionPenalty: 1.3, PresencePenalty: 0.5, FrequencyPenalty: 0.2,
+			Counts: []backend.TokenCount{{Token: 3, Count: 2}, {Token: 10, Count: 1}}, Bias: []backend.TokenBias{{Token: 7, Bias: 5}}},
+		{Temperature: 0, RepetitionPenalty: 2, Counts: []backend.TokenCount{{Token: 0, Count: 1}}, TopLogprobs: 3},
+	}
+	R := len(params)
+	logits := p.randn(R*V, 3)
+	// Make the penalised tokens matter: put them on top.
+	logits[7*V+3], logits[7*V+10], logits[7*V+7] = 14, 13, 9
+	logits[8*V] = 20
+	cl, gl := p.load(backend.F32, logits, R, V)
+	want, err := p.c.Sample(cl, params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := p.g.Sample(gl, params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range params {
+		w, g := want[i], got[i]
+		if w.Token != g.Token || math.Abs(float64(w.Logprob-g.Logprob)) > 1e-3 || len(w.Top) != len(g.Top) {
+			t.Errorf("row %d %+v: got %+v, want %+v", i, params[i], g, w)
+			continue
+		}
+		for j := range w.Top {
+			if w.Top[j].Token != g.Top[j].Token || math.Abs(float64(w.Top[j].Logprob-g.Top[j].Logprob)) > 1e-3 {
+				t.Errorf("row %d top %d: got %+v, want %+v", i, j, g.Top[j], w.Top[j])
+			}
+		}
+	}
+	// A sweep of draws: the token must follow Uniform exactly as on the CPU.
+	sweep := make([]backend.SampleParams, 64)
+	for i := range sweep {
+		sweep[i] = backend.SampleParams{Temperature: 0.8, TopP: 0.95, TopK: 100, Uniform: float32(i) / 64}
+	}
+	row := p.randn(V, 2)
+	rows := make([]float32, 0, 64*V)
+	for range 64 {
+		rows = append(rows, row...)
+	}
+	cl, gl = p.load(backend.F32, rows, 64, V)
+	want, _ = p.c.Sample(cl, sweep)
+	got, err = p.g.Sample(gl, sweep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	diff := 0
+	for i := range sweep {
+		if want[i].Token != got[i].Token {
+			diff++
+		}
+	}
+	if diff > 1 { // one draw may sit on a float rounding boundary
+		t.Errorf("%d of 64 draws differ from the CPU sampler", diff)
+	}
+}
