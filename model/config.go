@@ -1,0 +1,517 @@
+package model
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"math"
+	"sort"
+	"strings"
+
+	"github.com/kiln-llm/kiln/backend"
+)
+
+// LayerKind is the token mixer of a decoder layer.
+type LayerKind uint8
+
+const (
+	FullAttention   LayerKind = iota // softmax attention over the KV cache
+	LinearAttention                  // Gated DeltaNet with recurrent state
+)
+
+// Sampling holds a model's default sampling parameters (generation_config.json).
+type Sampling struct {
+	Temperature float32 // 0: greedy
+	TopP        float32 // 1: no limit
+	TopK        int     // 0: no limit
+}
+
+// MoEConfig sizes a model's mixture-of-experts layers.
+type MoEConfig struct {
+	Experts, TopK      int
+	Intermediate       int // per expert
+	SharedIntermediate int // 0: no shared expert
+	NormTopK           bool
+}
+
+// Config is what kiln reads from a model directory's config.json and
+// generation_config.json.
+type Config struct {
+	Name          string // the directory's base name, or the synthetic model's name
+	Arch          string // architectures[0], e.g. "Qwen3ForCausalLM"
+	VocabSize     int
+	Hidden        int
+	Layers        int
+	ContextLength int     // max_position_embeddings
+	EOS           []int32 // end-of-sequence tokens (generation_config.json wins over config.json)
+	Defaults      Sampling
+
+	Heads, KVHeads, HeadDim int
+	Intermediate            int // dense MLP width
+	NormEps                 float32
+	TieEmbeddings           bool
+	RotaryDim               int
+	Rope                    backend.Rope
+	Kinds                   []LayerKind // per layer
+	Sparse                  []bool      // per layer: MoE MLP instead of the dense one
+	MoE                     MoEConfig
+	DeltaNet                backend.DeltaNetSpec
+
+	arch *archInfo
+}
+
+// archInfo is what differs between the supported architectures.
+type archInfo struct {
+	hybrid        bool    // Qwen3-Next / Qwen3.5 family: DeltaNet layers, gated attention, 1+w norms
+	moe           moeRule // which layers are sparse
+	normTopK      bool    // default of norm_topk_prob
+	fusedQKVZ     bool    // DeltaNet input projection stored as in_proj_qkvz / in_proj_ba (Qwen3-Next)
+	partialRotary float64 // default partial_rotary_factor
+}
+
+type moeRule uint8
+
+const (
+	noMoE    moeRule = iota
+	qwen3MoE         // sparse unless in mlp_only_layers, every decoder_sparse_step-th layer
+	allMoE           // every layer
+)
+
+var archs = map[string]*archInfo{
+	"Qwen3ForCausalLM":                   {partialRotary: 1},
+	"Qwen3MoeForCausalLM":                {moe: qwen3MoE, partialRotary: 1},
+	"Qwen3NextForCausalLM":               {hybrid: true, moe: qwen3MoE, normTopK: true, fusedQKVZ: true, partialRotary: 0.25},
+	"Qwen3_5ForCausalLM":                 {hybrid: true, partialRotary: 0.25},
+	"Qwen3_5ForConditionalGeneration":    {hybrid: true, partialRotary: 0.25},
+	"Qwen3_5MoeForCausalLM":              {hybrid: true, moe: allMoE, normTopK: true, partialRotary: 0.25},
+	"Qwen3_5MoeForConditionalGeneration": {hybrid: true, moe: allMoE, normTopK: true, partialRotary: 0.25},
+}
+
+// SupportedArchitectures lists the config.json architectures kiln loads.
+func SupportedArchitectures() []string {
+	names := make([]string, 0, len(archs))
+	for n := range archs {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Hybrid reports whether the model mixes DeltaNet and attention layers.
+func (c *Config) Hybrid() bool { return c.arch.hybrid }
+
+// AttnSpec returns the shape of the model's attention layers.
+func (c *Config) AttnSpec() backend.AttnSpec {
+	return backend.AttnSpec{
+		Heads: c.Heads, KVHeads: c.KVHeads, HeadDim: c.HeadDim, RotaryDim: c.RotaryDim,
+		Gated: c.arch.hybrid, NormEps: c.NormEps, UnitOffsetNorm: c.arch.hybrid,
+		Scale: float32(1 / math.Sqrt(float64(c.HeadDim))), Rope: c.Rope,
+	}
+}
+
+// rawConfig is config.json (or its text_config), as transformers writes it.
+type rawConfig struct {
+	Architectures         []string        `json:"architectures"`
+	TextConfig            json.RawMessage `json:"text_config"`
+	VocabSize             int             `json:"vocab_size"`
+	HiddenSize            int             `json:"hidden_size"`
+	IntermediateSize      int             `json:"intermediate_size"`
+	NumHiddenLayers       int             `json:"num_hidden_layers"`
+	NumAttentionHeads     int             `json:"num_attention_heads"`
+	NumKeyValueHeads      int             `json:"num_key_value_heads"`
+	HeadDim               int             `json:"head_dim"`
+	RMSNormEps            *float64        `json:"rms_norm_eps"`
+	MaxPositionEmbeddings int             `json:"max_position_embeddings"`
+	TieWordEmbeddings     *bool           `json:"tie_word_embeddings"`
+	HiddenAct             string          `json:"hidden_act"`
+	AttentionBias         bool            `json:"attention_bias"`
+	EOSTokenID            json.RawMessage `json:"eos_token_id"`
+
+	RopeTheta           *float64       `json:"rope_theta"`
+	RopeScaling         map[string]any `json:"rope_scaling"`
+	RopeParameters      map[string]any `json:"rope_parameters"`
+	PartialRotaryFactor *float64       `json:"partial_rotary_factor"`
+
+	LayerTypes            []string `json:"layer_types"`
+	FullAttentionInterval int      `json:"full_attention_interval"`
+	LinearNumKeyHeads     int      `json:"linear_num_key_heads"`
+	LinearNumValueHeads   int      `json:"linear_num_value_heads"`
+	LinearKeyHeadDim      int      `json:"linear_key_head_dim"`
+	LinearValueHeadDim    int      `json:"linear_value_head_dim"`
+	LinearConvKernelDim   int      `json:"linear_conv_kernel_dim"`
+
+	NumExperts                   int   `json:"num_experts"`
+	NumLocalExperts              int   `json:"num_local_experts"` // Qwen3-MoE as transformers 5 saves it
+	NumExpertsPerTok             int   `json:"num_experts_per_tok"`
+	MoEIntermediateSize          int   `json:"moe_intermediate_size"`
+	SharedExpertIntermediateSize int   `json:"shared_expert_intermediate_size"`
+	NormTopKProb                 *bool `json:"norm_topk_prob"`
+	DecoderSparseStep            int   `json:"decoder_sparse_step"`
+	MLPOnlyLayers                []int `json:"mlp_only_layers"`
+}
+
+type rawGeneration struct {
+	EOSTokenID  json.RawMessage `json:"eos_token_id"`
+	DoSample    *bool           `json:"do_sample"`
+	Temperature *float64        `json:"temperature"`
+	TopP        *float64        `json:"top_p"`
+	TopK        *int            `json:"top_k"`
+}
+
+// ReadConfig reads config.json and, when present, generation_config.json
+// from the root of fsys.
+func ReadConfig(fsys fs.FS, name string) (*Config, error) {
+	data, err := fs.ReadFile(fsys, "config.json")
+	if err != nil {
+		return nil, fmt.Errorf("model %s: %w", name, err)
+	}
+	gen, err := fs.ReadFile(fsys, "generation_config.json")
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("model %s: %w", name, err)
+	}
+	c, err := ParseConfig(data, gen)
+	if err != nil {
+		return nil, fmt.Errorf("model %s: %w", name, err)
+	}
+	c.Name = name
+	return c, nil
+}
+
+// ParseConfig parses the contents of config.json and generation_config.json
+// (nil when the model has none).
+func ParseConfig(configJSON, generationJSON []byte) (*Config, error) {
+	var top rawConfig
+	if err := json.Unmarshal(configJSON, &top); err != nil {
+		return nil, fmt.Errorf("config.json: %w", err)
+	}
+	if len(top.Architectures) == 0 {
+		return nil, fmt.Errorf("config.json names no architecture; kiln supports %s", strings.Join(SupportedArchitectures(), ", "))
+	}
+	arch, ok := archs[top.Architectures[0]]
+	if !ok {
+		return nil, fmt.Errorf("unsupported architecture %q; kiln supports %s", top.Architectures[0], strings.Join(SupportedArchitectures(), ", "))
+	}
+	r := top
+	if len(top.TextConfig) > 0 && !bytes.Equal(top.TextConfig, []byte("null")) {
+		// Multimodal checkpoints nest the language model's config.
+		r = rawConfig{}
+		if err := json.Unmarshal(top.TextConfig, &r); err != nil {
+			return nil, fmt.Errorf("config.json text_config: %w", err)
+		}
+		if top.TieWordEmbeddings != nil {
+			r.TieWordEmbeddings = top.TieWordEmbeddings
+		}
+		if len(r.EOSTokenID) == 0 || bytes.Equal(r.EOSTokenID, []byte("null")) {
+			r.EOSTokenID = top.EOSTokenID
+		}
+	}
+	c := &Config{Arch: top.Architectures[0], arch: arch}
+	if err := c.fill(&r); err != nil {
+		return nil, fmt.Errorf("config.json: %w", err)
+	}
+	eos, err := parseEOS(r.EOSTokenID)
+	if err != nil {
+		return nil, fmt.Errorf("config.json: %w", err)
+	}
+	c.EOS = eos
+	c.Defaults = Sampling{Temperature: 1, TopP: 1}
+	if len(generationJSON) > 0 {
+		if err := c.fillGeneration(generationJSON); err != nil {
+			return nil, fmt.Errorf("generation_config.json: %w", err)
+		}
+	}
+	return c, nil
+}
+
+func (c *Config) fillGeneration(data []byte) error {
+	var g rawGeneration
+	if err := json.Unmarshal(data, &g); err != nil {
+		return err
+	}
+	eos, err := parseEOS(g.EOSTokenID)
+	if err != nil {
+		return err
+	}
+	if len(eos) > 0 {
+		c.EOS = eos
+	}
+	if g.Temperature != nil {
+		c.Defaults.Temperature = float32(*g.Temperature)
+	}
+	if g.TopP != nil {
+		c.Defaults.TopP = float32(*g.TopP)
+	}
+	if g.TopK != nil {
+		c.Defaults.TopK = *g.TopK
+	}
+	if g.DoSample != nil && !*g.DoSample {
+		c.Defaults.Temperature = 0
+	}
+	return nil
+}
+
+// parseEOS accepts an int, a list of ints or null.
+func parseEOS(raw json.RawMessage) ([]int32, error) {
+	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+		return nil, nil
+	}
+	var one int32
+	if err := json.Unmarshal(raw, &one); err == nil {
+		return []int32{one}, nil
+	}
+	var list []int32
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return nil, fmt.Errorf("eos_token_id %s is neither an int nor a list of ints", raw)
+	}
+	return list, nil
+}
+
+func (c *Config) fill(r *rawConfig) error {
+	if r.HiddenAct != "" && r.HiddenAct != "silu" {
+		return fmt.Errorf("hidden_act %q is not supported (want silu)", r.HiddenAct)
+	}
+	if r.AttentionBias {
+		return errors.New("attention_bias is not supported")
+	}
+	c.VocabSize, c.Hidden, c.Layers = r.VocabSize, r.HiddenSize, r.NumHiddenLayers
+	c.Heads, c.KVHeads, c.HeadDim = r.NumAttentionHeads, r.NumKeyValueHeads, r.HeadDim
+	c.Intermediate, c.ContextLength = r.IntermediateSize, r.MaxPositionEmbeddings
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"vocab_size", c.VocabSize}, {"hidden_size", c.Hidden}, {"num_hidden_layers", c.Layers}, {"num_attention_heads", c.Heads}} {
+		if f.v <= 0 {
+			return fmt.Errorf("%s must be positive, have %d", f.name, f.v)
+		}
+	}
+	if c.KVHeads == 0 {
+		c.KVHeads = c.Heads
+	}
+	if c.HeadDim == 0 {
+		c.HeadDim = c.Hidden / c.Heads
+	}
+	if c.KVHeads < 0 || c.Heads%c.KVHeads != 0 {
+		return fmt.Errorf("num_attention_heads %d is not a multiple of num_key_value_heads %d", c.Heads, c.KVHeads)
+	}
+	c.NormEps = 1e-6
+	if r.RMSNormEps != nil {
+		c.NormEps = float32(*r.RMSNormEps)
+	}
+	if r.TieWordEmbeddings != nil {
+		c.TieEmbeddings = *r.TieWordEmbeddings
+	}
+	if err := c.fillRope(r); err != nil {
+		return err
+	}
+	if err := c.fillLayers(r); err != nil {
+		return err
+	}
+	return nil
+}
+
+func (c *Config) fillLayers(r *rawConfig) error {
+	c.Kinds = make([]LayerKind, c.Layers)
+	if c.arch.hybrid {
+		switch {
+		case len(r.LayerTypes) > 0:
+			if len(r.LayerTypes) != c.Layers {
+				return fmt.Errorf("layer_types has %d entries for %d layers", len(r.LayerTypes), c.Layers)
+			}
+			for i, t := range r.LayerTypes {
+				switch t {
+				case "full_attention", "attention":
+					c.Kinds[i] = FullAttention
+				case "linear_attention":
+					c.Kinds[i] = LinearAttention
+				default:
+					return fmt.Errorf("layer_types[%d] = %q; want full_attention or linear_attention", i, t)
+				}
+			}
+		default:
+			interval := r.FullAttentionInterval
+			if interval <= 0 {
+				interval = 4
+			}
+			for i := range c.Kinds {
+				if (i+1)%interval != 0 {
+					c.Kinds[i] = LinearAttention
+				}
+			}
+		}
+		d := &c.DeltaNet
+		d.KeyHeads, d.ValueHeads = r.LinearNumKeyHeads, r.LinearNumValueHeads
+		d.KeyDim, d.ValueDim, d.ConvKernel = r.LinearKeyHeadDim, r.LinearValueHeadDim, r.LinearConvKernelDim
+		if d.ConvKernel == 0 {
+			d.ConvKernel = 4
+		}
+		d.Chunk = 64
+		if d.KeyHeads <= 0 || d.ValueHeads <= 0 || d.KeyDim <= 0 || d.ValueDim <= 0 || d.ValueHeads%d.KeyHeads != 0 {
+			return fmt.Errorf("linear attention heads %d/%d (key/value) of dims %d/%d are invalid", d.KeyHeads, d.ValueHeads, d.KeyDim, d.ValueDim)
+		}
+	}
+	c.Sparse = make([]bool, c.Layers)
+	if c.arch.moe != noMoE {
+		m := &c.MoE
+		m.Experts = r.NumExperts
+		if m.Experts == 0 {
+			m.Experts = r.NumLocalExperts
+		}
+		m.TopK, m.Intermediate, m.SharedIntermediate = r.NumExpertsPerTok, r.MoEIntermediateSize, r.SharedExpertIntermediateSize
+		m.NormTopK = c.arch.normTopK
+		if c.arch.moe == qwen3MoE && r.NormTopKProb != nil {
+			m.NormTopK = *r.NormTopKProb
+		}
+		if m.Experts > 0 && (m.TopK <= 0 || m.TopK > m.Experts || m.Intermediate <= 0) {
+			return fmt.Errorf("experts: %d of %d per token, intermediate size %d: invalid", m.TopK, m.Experts, m.Intermediate)
+		}
+		step := r.DecoderSparseStep
+		if step <= 0 {
+			step = 1
+		}
+		dense := map[int]bool{}
+		for _, l := range r.MLPOnlyLayers {
+			dense[l] = true
+		}
+		for i := range c.Sparse {
+			c.Sparse[i] = m.Experts > 0 && (c.arch.moe == allMoE || (!dense[i] && (i+1)%step == 0))
+		}
+	}
+	for i, s := range c.Sparse {
+		if !s && c.Intermediate <= 0 {
+			return fmt.Errorf("layer %d has a dense MLP but intermediate_size is %d", i, c.Intermediate)
+		}
+	}
+	return nil
+}
+
+// ropeParams gathers the rotary settings from either spelling:
+// rope_theta / rope_scaling / partial_rotary_factor at the top level
+// (transformers 4) or one rope_parameters object (transformers 5).
+func (c *Config) fillRope(r *rawConfig) error {
+	p := map[string]any{"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": c.arch.partialRotary}
+	if r.RopeTheta != nil {
+		p["rope_theta"] = *r.RopeTheta
+	}
+	if r.PartialRotaryFactor != nil {
+		p["partial_rotary_factor"] = *r.PartialRotaryFactor
+	}
+	for _, m := range []map[string]any{r.RopeScaling, r.RopeParameters} {
+		for k, v := range m {
+			if v != nil {
+				p[k] = v
+			}
+		}
+	}
+	if t, ok := p["type"]; ok && r.RopeParameters["rope_type"] == nil && r.RopeScaling["rope_type"] == nil {
+		p["rope_type"] = t // rope_scaling's older key
+	}
+	rope, dim, err := computeRope(p, c.HeadDim, c.ContextLength)
+	if err != nil {
+		return err
+	}
+	c.Rope, c.RotaryDim = rope, dim
+	return nil
+}
+
+func num(p map[string]any, key string) (float64, bool, error) {
+	v, ok := p[key]
+	if !ok || v == nil {
+		return 0, false, nil
+	}
+	f, ok := v.(float64)
+	if !ok {
+		return 0, false, fmt.Errorf("rope %s = %v is not a number", key, v)
+	}
+	return f, true, nil
+}
+
+// computeRope turns rope parameters into inverse frequencies the way
+// transformers' ROPE_INIT_FUNCTIONS do (default, linear and yarn).
+func computeRope(p map[string]any, headDim, maxPos int) (backend.Rope, int, error) {
+	var rope backend.Rope
+	get := func(key string, def float64) float64 {
+		if f, ok, _ := num(p, key); ok {
+			return f
+		}
+		return def
+	}
+	for _, k := range []string{"rope_theta", "partial_rotary_factor", "factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim"} {
+		if _, _, err := num(p, k); err != nil {
+			return rope, 0, err
+		}
+	}
+	base := get("rope_theta", 10000)
+	dim := int(float64(headDim) * get("partial_rotary_factor", 1))
+	if dim <= 0 || dim%2 != 0 || dim > headDim {
+		return rope, 0, fmt.Errorf("rotary dimension %d (head_dim %d x partial_rotary_factor) must be even and in (0, head_dim]", dim, headDim)
+	}
+	half := dim / 2
+	pos := make([]float64, half) // base^(2i/d)
+	for i := range pos {
+		pos[i] = math.Pow(base, float64(2*i)/float64(dim))
+	}
+	rope.InvFreq = make([]float32, half)
+	rope.AttnFactor = 1
+	typ, _ := p["rope_type"].(string)
+	switch typ {
+	case "default", "":
+		for i := range pos {
+			rope.InvFreq[i] = float32(1 / pos[i])
+		}
+	case "linear":
+		factor := get("factor", 1)
+		for i := range pos {
+			rope.InvFreq[i] = float32(1 / (factor * pos[i]))
+		}
+	case "yarn":
+		orig := get("original_max_position_embeddings", float64(maxPos))
+		factor := get("factor", 0)
+		if factor == 0 {
+			factor = float64(maxPos) / orig
+		}
+		mscale := func(scale, m float64) float64 {
+			if scale <= 1 {
+				return 1
+			}
+			return 0.1*m*math.Log(scale) + 1
+		}
+		attn, ok, _ := num(p, "attention_factor")
+		if !ok {
+			ms, all := get("mscale", 0), get("mscale_all_dim", 0)
+			if ms != 0 && all != 0 {
+				attn = mscale(factor, ms) / mscale(factor, all)
+			} else {
+				attn = mscale(factor, 1)
+			}
+		}
+		betaFast, betaSlow := get("beta_fast", 0), get("beta_slow", 0)
+		if betaFast == 0 {
+			betaFast = 32
+		}
+		if betaSlow == 0 {
+			betaSlow = 1
+		}
+		corr := func(rot float64) float64 {
+			return float64(dim) * math.Log(orig/(rot*2*math.Pi)) / (2 * math.Log(base))
+		}
+		low, high := corr(betaFast), corr(betaSlow)
+		if t, ok := p["truncate"].(bool); !ok || t {
+			low, high = math.Floor(low), math.Ceil(high)
+		}
+		low, high = math.Max(low, 0), math.Min(high, float64(dim-1))
+		if low == high {
+			high += 0.001
+		}
+		for i := range pos {
+			ramp := math.Min(math.Max((float64(i)-low)/(high-low), 0), 1)
+			extrapolation := 1 - ramp // weight of the unscaled frequency
+			rope.InvFreq[i] = float32(1/(factor*pos[i])*(1-extrapolation) + 1/pos[i]*extrapolation)
+		}
+		rope.AttnFactor = float32(attn)
+	default:
+		return rope, 0, fmt.Errorf("rope_type %q is not supported (kiln supports default, linear and yarn)", typ)
+	}
+	return rope, dim, nil
+}

@@ -1,0 +1,186 @@
+package model
+
+import (
+	"errors"
+	"fmt"
+	"math/bits"
+
+	"github.com/kiln-llm/kiln/backend"
+)
+
+// workspace holds a step's activations: f32 buffers of up to rows rows,
+// viewed at the step's token count. Decode buckets keep their workspace for
+// the model's life so that a captured graph stays valid.
+type workspace struct {
+	b        backend.Backend
+	rows     int // token capacity
+	T, R     int // this step's tokens and logit rows
+	bufs     map[string]backend.Tensor
+	kv       backend.KVCache
+	state    backend.StateCache
+	logits   backend.Tensor // [R, V] view
+	gathered backend.Tensor // [R, H] view
+	// warm: the buffers exist, so a graph capture allocates nothing.
+	warm bool
+}
+
+func newWorkspace(b backend.Backend, rows int) *workspace {
+	return &workspace{b: b, rows: rows, bufs: map[string]backend.Tensor{}}
+}
+
+// buffer returns the [rows, width] buffer named name, allocating it (or
+// reallocating it larger) on first use.
+func (w *workspace) buffer(name string, rows, width int) backend.Tensor {
+	key := fmt.Sprintf("%s/%d", name, width)
+	t, ok := w.bufs[key]
+	if ok && t.Shape()[0] >= rows {
+		return t
+	}
+	if ok {
+		w.b.Free(t)
+	}
+	t = w.b.Alloc(backend.F32, max(rows, w.rows), width)
+	w.bufs[key] = t
+	return t
+}
+
+// get returns a [T, width] activation buffer for this step.
+func (w *workspace) get(name string, width int) backend.Tensor {
+	return w.b.Rows(w.buffer(name, w.T, width), 0, w.T)
+}
+
+func (w *workspace) free() {
+	for _, t := range w.bufs {
+		w.b.Free(t)
+	}
+	w.bufs = map[string]backend.Tensor{}
+}
+
+// bucket returns the batch-size bucket of n decode sequences: the next
+// power of two.
+func bucket(n int) int {
+	if n <= 1 {
+		return 1
+	}
+	return 1 << bits.Len(uint(n-1))
+}
+
+// Forward advances each sequence by its new tokens and returns the logits
+// [R, V] of the positions asked for: one row per LastLogits sequence, one
+// per new token of an AllLogits sequence, none for NoLogits, in order. The
+// logits live in the model's workspace and stay valid until the next
+// Forward. Decode steps (every sequence one token, each wanting logits) are
+// padded to a batch-size bucket and run through backend.Graph.
+func (m *Model) Forward(seqs []Seq) (backend.Tensor, error) {
+	if m.kv == nil {
+		return nil, errors.New("model: Forward before AllocCache")
+	}
+	if len(seqs) == 0 {
+		return nil, errors.New("model: Forward of no sequences")
+	}
+	decode := true
+	for i := range seqs {
+		if err := m.check(i, &seqs[i]); err != nil {
+			return nil, err
+		}
+		decode = decode && len(seqs[i].Tokens) == 1 && seqs[i].Logits != NoLogits
+	}
+	bt := &m.batch
+	bt.Tokens, bt.Seqs, bt.LogitRows = bt.Tokens[:0], bt.Seqs[:0], bt.LogitRows[:0]
+	for _, s := range seqs {
+		start := int32(len(bt.Tokens))
+		bt.Tokens = append(bt.Tokens, s.Tokens...)
+		bt.Seqs = append(bt.Seqs, backend.SeqInfo{Pos: s.Pos, N: len(s.Tokens), Blocks: s.Blocks, Slot: s.Slot})
+		switch s.Logits {
+		case LastLogits:
+			bt.LogitRows = append(bt.LogitRows, int32(len(bt.Tokens)-1))
+		case AllLogits:
+			for t := start; t < int32(len(bt.Tokens)); t++ {
+				bt.LogitRows = append(bt.LogitRows, t)
+			}
+		}
+	}
+	R := len(bt.LogitRows)
+	var ws *workspace
+	if decode {
+		n := bucket(len(seqs))
+		// Padding sequences decode token 0 at position 0 into the spare
+		// block and slot; their rows are computed and dropped.
+		pad := backend.SeqInfo{N: 1, Blocks: []int32{int32(m.cache.Blocks)}, Slot: m.cache.Slots}
+		for len(bt.Seqs) < n {
+			bt.LogitRows = append(bt.LogitRows, int32(len(bt.Tokens)))
+			bt.Tokens = append(bt.Tokens, 0)
+			bt.Seqs = append(bt.Seqs, pad)
+		}
+		ws = m.decode[n]
+		if ws == nil {
+			ws = newWorkspace(m.b, n)
+			m.decode[n] = ws
+		}
+	} else {
+		if m.prefill == nil {
+			m.prefill = newWorkspace(m.b, 0)
+		}
+		ws = m.prefill
+	}
+	ws.T, ws.R, ws.kv, ws.state = len(bt.Tokens), len(bt.LogitRows), m.kv, m.state
+	ws.logits = m.b.Rows(ws.buffer("logits", max(ws.R, 1), m.cfg.VocabSize), 0, ws.R)
+	ws.gathered = m.b.Rows(ws.buffer("gathered", max(ws.R, 1), m.cfg.Hidden), 0, ws.R)
+	m.b.Begin(bt)
+	if decode && ws.warm {
+		m.b.Graph(fmt.Sprintf("%s/decode/%d/g%d", m.cfg.Name, ws.T, m.generation), func() { m.record(ws) })
+	} else {
+		// A bucket's first step runs directly and allocates its buffers.
+		m.record(ws)
+		ws.warm = decode
+	}
+	return m.b.Rows(ws.logits, 0, R), nil
+}
+
+// check validates one sequence of a step.
+func (m *Model) check(i int, s *Seq) error {
+	if len(s.Tokens) == 0 {
+		return fmt.Errorf("model: sequence %d has no new tokens", i)
+	}
+	for _, t := range s.Tokens {
+		if t < 0 || int(t) >= m.cfg.VocabSize {
+			return fmt.Errorf("model: sequence %d: token %d outside the vocabulary (%d)", i, t, m.cfg.VocabSize)
+		}
+	}
+	if s.Pos < 0 {
+		return fmt.Errorf("model: sequence %d: negative position %d", i, s.Pos)
+	}
+	end := s.Pos + len(s.Tokens)
+	if need := (end + m.cache.BlockSize - 1) / m.cache.BlockSize; len(s.Blocks) < need {
+		return fmt.Errorf("model: sequence %d: %d blocks of %d tokens cannot hold %d tokens", i, len(s.Blocks), m.cache.BlockSize, end)
+	}
+	for _, b := range s.Blocks {
+		if b < 0 || int(b) >= m.cache.Blocks {
+			return fmt.Errorf("model: sequence %d: block %d outside the cache (%d blocks)", i, b, m.cache.Blocks)
+		}
+	}
+	if m.Hybrid() && (s.Slot < 0 || s.Slot >= m.cache.Slots) {
+		return fmt.Errorf("model: sequence %d: state slot %d outside the cache (%d slots)", i, s.Slot, m.cache.Slots)
+	}
+	if s.Logits > AllLogits {
+		return fmt.Errorf("model: sequence %d: unknown Logits %d", i, s.Logits)
+	}
+	return nil
+}
+
+// record issues the operations of one step: embed, the decoder layers, and
+// the final norm and LM head on the rows that need logits.
+func (m *Model) record(ws *workspace) {
+	b, c := m.b, m.cfg
+	x := ws.get("x", c.Hidden)
+	b.Embed(x, m.embed)
+	for _, l := range m.layers {
+		l.forward(ws, x)
+	}
+	if ws.R == 0 {
+		return
+	}
+	b.GatherRows(ws.gathered, x)
+	b.RMSNorm(ws.gathered, ws.gathered, m.norm, c.NormEps, c.Hybrid())
+	b.MatMul(ws.logits, ws.gathered, m.lmHead, false)
+}

@@ -1,0 +1,261 @@
+// Package model runs the Qwen3 family of language models (Qwen3, Qwen3-MoE,
+// Qwen3-Next, Qwen3.5 and Qwen3.5-MoE) on a backend.Backend: it reads a
+// Hugging Face model directory (config.json, generation_config.json,
+// safetensors weights), binds the weights to the layers of qwen3.go or
+// qwen3next.go, and advances batches of sequences one forward step at a
+// time over a block-paged KV cache and per-sequence recurrent state.
+package model
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	"github.com/kiln-llm/kiln/backend"
+	"github.com/kiln-llm/kiln/safetensors"
+)
+
+// Options configures Load and LoadFS.
+type Options struct {
+	// Progress, when set, is called after each weight with the bytes of
+	// weights loaded so far and in all.
+	Progress func(done, total int64)
+	// KVDType is the element type of the KV cache: F32 (the zero value) or
+	// BF16.
+	KVDType backend.DType
+}
+
+// Model is a loaded model on a backend. Like its backend it is used by one
+// goroutine at a time.
+type Model struct {
+	cfg     *Config
+	b       backend.Backend
+	weights *safetensors.Set // nil for synthetic models
+
+	embed, norm, lmHead backend.Tensor
+	layers              []*decoderLayer
+	attnSpec            backend.AttnSpec
+	dnSpec              backend.DeltaNetSpec
+	attnLayers, dnLayers int
+	tensors             []backend.Tensor // every loaded weight, to free
+
+	kvDType backend.DType
+	cache   CacheSpec
+	kv      backend.KVCache
+	state   backend.StateCache
+	// generation changes with every AllocCache, so that graph keys never
+	// name a capture made against freed caches.
+	generation int
+
+	prefill *workspace
+	decode  map[int]*workspace // by batch-size bucket
+	batch   backend.Batch
+}
+
+// Load reads the model in dir; its weights are memory-mapped and stay mapped
+// until Close.
+func Load(dir string, b backend.Backend, opts Options) (*Model, error) {
+	cfg, err := ReadConfig(os.DirFS(dir), filepath.Base(filepath.Clean(dir)))
+	if err != nil {
+		return nil, err
+	}
+	set, err := safetensors.OpenDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("model %s: %w", cfg.Name, err)
+	}
+	m, err := build(cfg, b, &binder{b: b, src: set, where: dir, progress: opts.Progress}, opts.KVDType)
+	if err != nil {
+		set.Close()
+		return nil, err
+	}
+	m.weights = set
+	return m, nil
+}
+
+// LoadFS reads the model at the root of fsys (an embedded model, say); its
+// weights are read into memory.
+func LoadFS(fsys fs.FS, b backend.Backend, opts Options) (*Model, error) {
+	cfg, err := ReadConfig(fsys, "embedded")
+	if err != nil {
+		return nil, err
+	}
+	set, err := safetensors.OpenFS(fsys)
+	if err != nil {
+		return nil, fmt.Errorf("model %s: %w", cfg.Name, err)
+	}
+	m, err := build(cfg, b, &binder{b: b, src: set, where: "the embedded model", progress: opts.Progress}, opts.KVDType)
+	if err != nil {
+		set.Close()
+		return nil, err
+	}
+	m.weights = set
+	return m, nil
+}
+
+// build declares the model's layers for cfg and binds their weights.
+func build(cfg *Config, b backend.Backend, bd *binder, kv backend.DType) (*Model, error) {
+	if kv != backend.F32 && kv != backend.BF16 {
+		return nil, fmt.Errorf("model: KV cache dtype %v is not supported (f32 or bf16)", kv)
+	}
+	m := &Model{cfg: cfg, b: b, attnSpec: cfg.AttnSpec(), dnSpec: cfg.DeltaNet, kvDType: kv, decode: map[int]*workspace{}}
+	prefix := "model."
+	if bd.src != nil {
+		// Multimodal checkpoints keep the language model under model.language_model.
+		if _, ok := bd.src.Tensor("model.language_model.embed_tokens.weight"); ok {
+			prefix = "model.language_model."
+		}
+	}
+	V, H := cfg.VocabSize, cfg.Hidden
+	params := []param{weight(&m.embed, prefix+"embed_tokens.weight", initNormal, V, H)}
+	var deltaNets []*gatedDeltaNet
+	var layerParams []param
+	if cfg.Hybrid() {
+		m.layers, layerParams, deltaNets = hybridLayers(cfg, prefix, &m.attnSpec, &m.dnSpec)
+	} else {
+		m.layers, layerParams = qwen3Layers(cfg, prefix, &m.attnSpec)
+	}
+	params = append(params, layerParams...)
+	params = append(params, weight(&m.norm, prefix+"norm.weight", normInit(cfg), H))
+	if !cfg.TieEmbeddings {
+		params = append(params, weight(&m.lmHead, "lm_head.weight", initNormal, V, H))
+	}
+	for _, k := range cfg.Kinds {
+		if k == FullAttention {
+			m.attnLayers++
+		} else {
+			m.dnLayers++
+		}
+	}
+	err := bd.bindAll(params)
+	for _, p := range params {
+		if *p.dst != nil {
+			m.tensors = append(m.tensors, *p.dst)
+		}
+	}
+	if err != nil {
+		m.Close()
+		return nil, err
+	}
+	if cfg.TieEmbeddings {
+		m.lmHead = m.embed
+	}
+	for _, d := range deltaNets {
+		d.bound(b)
+	}
+	return m, nil
+}
+
+// Config returns the model's configuration.
+func (m *Model) Config() *Config { return m.cfg }
+
+// Backend returns the backend the model runs on.
+func (m *Model) Backend() backend.Backend { return m.b }
+
+// Hybrid reports whether the model keeps recurrent state (DeltaNet layers)
+// besides its KV cache; its sequences then need state slots.
+func (m *Model) Hybrid() bool { return m.dnLayers > 0 }
+
+// KVBytesPerToken is the KV cache memory one token takes in every attention
+// layer, for sizing the cache from free memory.
+func (m *Model) KVBytesPerToken() int64 {
+	return int64(m.attnLayers) * 2 * int64(m.attnSpec.KVHeads*m.attnSpec.HeadDim*m.kvDType.Size())
+}
+
+// SlotBytes is the size of one sequence's recurrent state (as SaveSlot
+// writes it); 0 for models without DeltaNet layers.
+func (m *Model) SlotBytes() int {
+	if m.state != nil {
+		return m.state.SlotBytes()
+	}
+	d := m.dnSpec
+	return m.dnLayers * ((d.ConvKernel-1)*d.ConvDim() + d.ValueHeads*d.KeyDim*d.ValueDim) * 4
+}
+
+// AllocCache allocates (or reallocates, dropping their contents) the KV
+// cache and the state slots that sequences address: blocks 0..Blocks-1 of
+// BlockSize tokens and slots 0..Slots-1. One more block and slot are kept
+// for the padding sequences of batch-size buckets.
+func (m *Model) AllocCache(spec CacheSpec) error {
+	if spec.Blocks <= 0 || spec.BlockSize <= 0 {
+		return fmt.Errorf("model: cache needs positive Blocks and BlockSize, have %+v", spec)
+	}
+	if m.Hybrid() && spec.Slots <= 0 {
+		return fmt.Errorf("model: %s keeps recurrent state; the cache needs Slots > 0", m.cfg.Name)
+	}
+	m.freeCache()
+	kv, err := m.b.NewKVCache(backend.KVSpec{
+		Layers: m.attnLayers, Blocks: spec.Blocks + 1, BlockSize: spec.BlockSize,
+		KVHeads: m.attnSpec.KVHeads, HeadDim: m.attnSpec.HeadDim, DType: m.kvDType,
+	})
+	if err != nil {
+		return fmt.Errorf("model: %w", err)
+	}
+	m.kv = kv
+	if m.Hybrid() {
+		st, err := m.b.NewStateCache(backend.StateSpec{Layers: m.dnLayers, Slots: spec.Slots + 1, DeltaNet: m.dnSpec})
+		if err != nil {
+			m.freeCache()
+			return fmt.Errorf("model: %w", err)
+		}
+		m.state = st
+	}
+	m.cache = spec
+	m.generation++
+	return nil
+}
+
+func (m *Model) freeCache() {
+	if m.kv != nil {
+		m.kv.Free()
+		m.kv = nil
+	}
+	if m.state != nil {
+		m.state.Free()
+		m.state = nil
+	}
+	m.cache = CacheSpec{}
+}
+
+// CopyBlock copies KV block src to dst in every layer (copy-on-write).
+func (m *Model) CopyBlock(dst, src int) { m.kv.CopyBlock(dst, src) }
+
+// CopySlot copies the recurrent state of slot src to slot dst.
+func (m *Model) CopySlot(dst, src int) { m.state.CopySlot(dst, src) }
+
+// SaveSlot copies a slot's recurrent state to host memory (len(dst) ==
+// SlotBytes()).
+func (m *Model) SaveSlot(slot int, dst []byte) error {
+	if m.state == nil {
+		return errors.New("model: no state cache (not a hybrid model, or AllocCache not called)")
+	}
+	return m.state.Save(slot, dst)
+}
+
+// RestoreSlot writes a slot's recurrent state saved by SaveSlot.
+func (m *Model) RestoreSlot(slot int, src []byte) { m.state.Restore(slot, src) }
+
+// Sample draws one token from each row of logits returned by Forward.
+func (m *Model) Sample(logits backend.Tensor, p []backend.SampleParams) ([]backend.Sampled, error) {
+	return m.b.Sample(logits, p)
+}
+
+// Close frees the model's caches and weights and unmaps its files.
+func (m *Model) Close() {
+	m.freeCache()
+	for _, ws := range m.decode {
+		ws.free()
+	}
+	if m.prefill != nil {
+		m.prefill.free()
+	}
+	for _, t := range m.tensors {
+		m.b.Free(t)
+	}
+	m.tensors = nil
+	if m.weights != nil {
+		m.weights.Close()
+		m.weights = nil
+	}
+}

@@ -1,0 +1,185 @@
+package model
+
+import (
+	"fmt"
+
+	"github.com/kiln-llm/kiln/backend"
+)
+
+// Qwen3 and Qwen3-MoE (Qwen3ForCausalLM, Qwen3MoeForCausalLM).
+//
+// A stack of pre-norm decoder layers over token embeddings:
+//
+//	x += o_proj(Attention(RMSNorm(x)))   q/k RMSNorm per head before RoPE, GQA
+//	x += MLP(RMSNorm(x))                  SwiGLU, or a mixture of SwiGLU experts
+//
+// then a final RMSNorm and the LM head (tied to the embeddings when
+// tie_word_embeddings). The attention, MLP and decoder layer defined here
+// are shared with the hybrid models of qwen3next.go.
+
+// decoderLayer is one pre-norm transformer block.
+type decoderLayer struct {
+	inputNorm, postNorm backend.Tensor
+	mixer               block // attention or Gated DeltaNet
+	mlp                 block // dense or sparse
+	eps                 float32
+	unitOffset          bool // norms weigh by (1 + w) (Qwen3-Next family)
+}
+
+// block is a sub-layer: it reads the normalised hidden states h [T, H] and
+// adds its output to the residual stream x [T, H].
+type block interface {
+	forward(s *workspace, h, x backend.Tensor)
+}
+
+func (l *decoderLayer) forward(s *workspace, x backend.Tensor) {
+	h := s.get("h", x.Shape()[1])
+	s.b.RMSNorm(h, x, l.inputNorm, l.eps, l.unitOffset)
+	l.mixer.forward(s, h, x)
+	s.b.RMSNorm(h, x, l.postNorm, l.eps, l.unitOffset)
+	l.mlp.forward(s, h, x)
+}
+
+func (l *decoderLayer) weights(c *Config, p string) []param {
+	init := normInit(c)
+	return []param{
+		weight(&l.inputNorm, p+"input_layernorm.weight", init, c.Hidden),
+		weight(&l.postNorm, p+"post_attention_layernorm.weight", init, c.Hidden),
+	}
+}
+
+// normInit is how a synthetic model initialises RMSNorm weights: the
+// Qwen3-Next family stores w - 1.
+func normInit(c *Config) initKind {
+	if c.arch.hybrid {
+		return initZeros
+	}
+	return initOnes
+}
+
+// attention is softmax self-attention over the paged KV cache; q, k and v
+// come from one fused projection.
+type attention struct {
+	qkv, o backend.Tensor
+	norms  backend.AttnWeights
+	spec   *backend.AttnSpec
+	layer  int // index among the model's attention layers, in the KV cache
+}
+
+func (a *attention) weights(c *Config, p string) []param {
+	s := a.spec
+	q := s.Heads * s.HeadDim
+	if s.Gated {
+		q *= 2 // per head: query then gate
+	}
+	kv := s.KVHeads * s.HeadDim
+	init := normInit(c)
+	return []param{
+		fused(&a.qkv, part{name: p + "q_proj.weight", shape: []int{q, c.Hidden}},
+			part{name: p + "k_proj.weight", shape: []int{kv, c.Hidden}},
+			part{name: p + "v_proj.weight", shape: []int{kv, c.Hidden}}),
+		weight(&a.o, p+"o_proj.weight", initNormal, c.Hidden, s.Heads*s.HeadDim),
+		weight(&a.norms.QNorm, p+"q_norm.weight", init, s.HeadDim),
+		weight(&a.norms.KNorm, p+"k_norm.weight", init, s.HeadDim),
+	}
+}
+
+func (a *attention) forward(s *workspace, h, x backend.Tensor) {
+	qkv := s.get("qkv", a.spec.QKVWidth())
+	out := s.get("attn", a.spec.Heads*a.spec.HeadDim)
+	s.b.MatMul(qkv, h, a.qkv, false)
+	s.b.Attention(out, qkv, a.norms, a.spec, s.kv, a.layer)
+	s.b.MatMul(x, out, a.o, true)
+}
+
+// mlp is a SwiGLU feed-forward block: down(silu(gate(h)) * up(h)).
+type mlp struct {
+	gateUp, down backend.Tensor // [2I, H] = [gate | up], [H, I]
+	inter        int
+}
+
+func (m *mlp) weights(c *Config, p string) []param {
+	return []param{
+		fused(&m.gateUp, part{name: p + "gate_proj.weight", shape: []int{m.inter, c.Hidden}},
+			part{name: p + "up_proj.weight", shape: []int{m.inter, c.Hidden}}),
+		weight(&m.down, p+"down_proj.weight", initNormal, c.Hidden, m.inter),
+	}
+}
+
+func (m *mlp) forward(s *workspace, h, x backend.Tensor) {
+	gateUp := s.get("gateUp", 2*m.inter)
+	act := s.get("act", m.inter)
+	s.b.MatMul(gateUp, h, m.gateUp, false)
+	s.b.SiluMul(act, gateUp)
+	s.b.MatMul(x, act, m.down, true)
+}
+
+// sparseMLP is a mixture of SwiGLU experts: a router picks the top-k
+// experts per token (softmax in f32 over all experts), plus, in the
+// Qwen3-Next family, a shared expert scaled by sigmoid(h . shared_gate).
+type sparseMLP struct {
+	experts backend.Experts
+	spec    backend.MoESpec
+}
+
+func (m *sparseMLP) weights(c *Config, p string) []param {
+	E, I, H := c.MoE.Experts, c.MoE.Intermediate, c.Hidden
+	// Experts are stored one tensor per projection and expert, or fused
+	// ([E, 2I, H] gate|up and [E, H, I], as transformers 5 holds them, or
+	// with the last two dimensions swapped as some checkpoints store them).
+	var gateUp, down []part
+	for e := range E {
+		q := fmt.Sprintf("%sexperts.%d.", p, e)
+		gateUp = append(gateUp, part{name: q + "gate_proj.weight", shape: []int{I, H}}, part{name: q + "up_proj.weight", shape: []int{I, H}})
+		down = append(down, part{name: q + "down_proj.weight", shape: []int{H, I}})
+	}
+	fusedGateUp := part{name: p + "experts.gate_up_proj", shape: []int{E, 2 * I, H}}
+	fusedDown := part{name: p + "experts.down_proj", shape: []int{E, H, I}}
+	tGateUp, tDown := fusedGateUp, fusedDown
+	tGateUp.transposed, tDown.transposed = true, true
+	ps := []param{
+		weight(&m.experts.Router, p+"gate.weight", initNormal, E, H),
+		{dst: &m.experts.GateUp, shape: []int{E, 2 * I, H}, layouts: [][]part{gateUp, {fusedGateUp}, {tGateUp}}},
+		{dst: &m.experts.Down, shape: []int{E, H, I}, layouts: [][]part{down, {fusedDown}, {tDown}}},
+	}
+	if Is := c.MoE.SharedIntermediate; Is > 0 {
+		q := p + "shared_expert."
+		ps = append(ps,
+			fused(&m.experts.SharedGateUp, part{name: q + "gate_proj.weight", shape: []int{Is, H}},
+				part{name: q + "up_proj.weight", shape: []int{Is, H}}),
+			weight(&m.experts.SharedDown, q+"down_proj.weight", initNormal, H, Is),
+			weight(&m.experts.SharedGate, p+"shared_expert_gate.weight", initNormal, 1, H))
+	}
+	return ps
+}
+
+func (m *sparseMLP) forward(s *workspace, h, x backend.Tensor) {
+	s.b.MoE(x, h, &m.experts, &m.spec)
+}
+
+// feedForward returns layer i's MLP and its params.
+func feedForward(c *Config, i int, p string) (block, []param) {
+	if c.Sparse[i] {
+		m := &sparseMLP{spec: backend.MoESpec{Experts: c.MoE.Experts, TopK: c.MoE.TopK, NormTopK: c.MoE.NormTopK}}
+		return m, m.weights(c, p)
+	}
+	m := &mlp{inter: c.Intermediate}
+	return m, m.weights(c, p)
+}
+
+// qwen3Layers builds the decoder layers of Qwen3 and Qwen3-MoE.
+func qwen3Layers(c *Config, prefix string, spec *backend.AttnSpec) ([]*decoderLayer, []param) {
+	var layers []*decoderLayer
+	var params []param
+	for i := range c.Layers {
+		p := fmt.Sprintf("%slayers.%d.", prefix, i)
+		a := &attention{spec: spec, layer: i}
+		ffn, ffnParams := feedForward(c, i, p+"mlp.")
+		l := &decoderLayer{mixer: a, mlp: ffn, eps: c.NormEps}
+		params = append(params, l.weights(c, p)...)
+		params = append(params, a.weights(c, p+"self_attn.")...)
+		params = append(params, ffnParams...)
+		layers = append(layers, l)
+	}
+	return layers, params
+}

@@ -1,0 +1,148 @@
+package model
+
+import (
+	"fmt"
+
+	"github.com/kiln-llm/kiln/backend"
+)
+
+// Qwen3-Next and Qwen3.5, dense and MoE (Qwen3NextForCausalLM,
+// Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM and the text part of their
+// ConditionalGeneration forms).
+//
+// The decoder layers of qwen3.go with three changes: most layers mix tokens
+// with a Gated DeltaNet instead of attention (layer_types), the attention
+// layers are gated (o_proj(attn * sigmoid(gate)), partial RoPE), and every
+// RMSNorm weighs by (1 + w). A Gated DeltaNet layer:
+//
+//	[q | k | v] = conv1d(in_proj_qkv(h)) then silu;  z = in_proj_z(h)
+//	beta = sigmoid(in_proj_b(h));  g = -exp(A_log) * softplus(in_proj_a(h) + dt_bias)
+//	o = gated delta rule over the sequence's recurrent state
+//	x += out_proj(RMSNorm(o) * w * silu(z))   per value head
+
+// gatedDeltaNet is the linear-attention token mixer.
+type gatedDeltaNet struct {
+	qkv, z, ba backend.Tensor // projections to [q|k|v] (conv input), z and [b|a]
+	qkvz       backend.Tensor // Qwen3-Next: qkv and z in one weight, viewed by qkv and z
+	w          backend.DeltaNetWeights
+	norm, out  backend.Tensor
+	spec       *backend.DeltaNetSpec
+	layer      int // index among the model's DeltaNet layers, in the state cache
+	eps        float32
+}
+
+func (d *gatedDeltaNet) weights(c *Config, p string) []param {
+	s := d.spec
+	H, conv, vdim := c.Hidden, s.ConvDim(), s.ValueHeads*s.ValueDim
+	ps := []param{
+		weight(&d.w.ConvW, p+"conv1d.weight", initConv, conv, s.ConvKernel),
+		weight(&d.w.ALog, p+"A_log", initALog, s.ValueHeads),
+		weight(&d.w.DtBias, p+"dt_bias", initOnes, s.ValueHeads),
+		weight(&d.norm, p+"norm.weight", initOnes, s.ValueDim),
+		weight(&d.out, p+"out_proj.weight", initNormal, H, vdim),
+	}
+	if c.arch.fusedQKVZ {
+		// Qwen3-Next interleaves the projections per key-head group; reorder
+		// the rows once so that the output is [q all | k all | v all | z all]
+		// and [b all | a all], the layout Qwen3.5 stores directly.
+		qkvz := weight(&d.qkvz, p+"in_proj_qkvz.weight", initNormal, conv+vdim, H)
+		qkvz.rows = qkvzRows(s)
+		ba := weight(&d.ba, p+"in_proj_ba.weight", initNormal, 2*s.ValueHeads, H)
+		ba.rows = baRows(s)
+		return append(ps, qkvz, ba)
+	}
+	return append(ps,
+		weight(&d.qkv, p+"in_proj_qkv.weight", initNormal, conv, H),
+		weight(&d.z, p+"in_proj_z.weight", initNormal, vdim, H),
+		fused(&d.ba, part{name: p + "in_proj_b.weight", shape: []int{s.ValueHeads, H}},
+			part{name: p + "in_proj_a.weight", shape: []int{s.ValueHeads, H}}))
+}
+
+// bound makes the views of a fused qkvz weight once it is loaded.
+func (d *gatedDeltaNet) bound(b backend.Backend) {
+	if d.qkvz != nil {
+		conv := d.spec.ConvDim()
+		d.qkv = b.Rows(d.qkvz, 0, conv)
+		d.z = b.Rows(d.qkvz, conv, d.qkvz.Shape()[0]-conv)
+	}
+}
+
+// qkvzRows maps Qwen3-Next's in_proj_qkvz rows, grouped per key head g as
+// [q_g | k_g | v_g | z_g] (v_g and z_g covering the group's r = HV/HK value
+// heads), to [q all | k all | v all | z all].
+func qkvzRows(s *backend.DeltaNetSpec) []int {
+	r := s.ValueHeads / s.KeyHeads
+	dk, vg := s.KeyDim, r*s.ValueDim
+	group := 2*dk + 2*vg
+	var rows []int
+	for _, sec := range []struct{ off, n int }{{0, dk}, {dk, dk}, {2 * dk, vg}, {2*dk + vg, vg}} {
+		for g := range s.KeyHeads {
+			for i := range sec.n {
+				rows = append(rows, g*group+sec.off+i)
+			}
+		}
+	}
+	return rows
+}
+
+// baRows maps in_proj_ba rows, grouped per key head as [b_g | a_g], to
+// [b all | a all].
+func baRows(s *backend.DeltaNetSpec) []int {
+	r := s.ValueHeads / s.KeyHeads
+	var rows []int
+	for _, off := range []int{0, r} {
+		for g := range s.KeyHeads {
+			for i := range r {
+				rows = append(rows, g*2*r+off+i)
+			}
+		}
+	}
+	return rows
+}
+
+func (d *gatedDeltaNet) forward(s *workspace, h, x backend.Tensor) {
+	sp := d.spec
+	vdim := sp.ValueHeads * sp.ValueDim
+	mixed := s.get("mixed", sp.ConvDim())
+	z := s.get("z", vdim)
+	ba := s.get("ba", 2*sp.ValueHeads)
+	core := s.get("core", vdim)
+	gated := s.get("gated", vdim)
+	s.b.MatMul(mixed, h, d.qkv, false)
+	s.b.MatMul(z, h, d.z, false)
+	s.b.MatMul(ba, h, d.ba, false)
+	s.b.GatedDeltaNet(core, mixed, ba, d.w, sp, s.state, d.layer)
+	s.b.GatedRMSNorm(gated, core, z, d.norm, d.eps)
+	s.b.MatMul(x, gated, d.out, true)
+}
+
+// hybridLayers builds the decoder layers of Qwen3-Next and Qwen3.5.
+func hybridLayers(c *Config, prefix string, attn *backend.AttnSpec, dn *backend.DeltaNetSpec) ([]*decoderLayer, []param, []*gatedDeltaNet) {
+	var layers []*decoderLayer
+	var params []param
+	var deltaNets []*gatedDeltaNet
+	var nAttn, nDelta int
+	for i, kind := range c.Kinds {
+		p := fmt.Sprintf("%slayers.%d.", prefix, i)
+		l := &decoderLayer{eps: c.NormEps, unitOffset: true}
+		params = append(params, l.weights(c, p)...)
+		switch kind {
+		case FullAttention:
+			a := &attention{spec: attn, layer: nAttn}
+			nAttn++
+			l.mixer = a
+			params = append(params, a.weights(c, p+"self_attn.")...)
+		case LinearAttention:
+			d := &gatedDeltaNet{spec: dn, layer: nDelta, eps: c.NormEps}
+			nDelta++
+			l.mixer = d
+			deltaNets = append(deltaNets, d)
+			params = append(params, d.weights(c, p+"linear_attn.")...)
+		}
+		ffn, ffnParams := feedForward(c, i, p+"mlp.")
+		l.mlp = ffn
+		params = append(params, ffnParams...)
+		layers = append(layers, l)
+	}
+	return layers, params, deltaNets
+}
