@@ -34,12 +34,12 @@ type Model struct {
 	b       backend.Backend
 	weights *safetensors.Set // nil for synthetic models
 
-	embed, norm, lmHead backend.Tensor
-	layers              []*decoderLayer
-	attnSpec            backend.AttnSpec
-	dnSpec              backend.DeltaNetSpec
+	embed, norm, lmHead  backend.Tensor
+	layers               []*decoderLayer
+	attnSpec             backend.AttnSpec
+	dnSpec               backend.DeltaNetSpec
 	attnLayers, dnLayers int
-	tensors             []backend.Tensor // every loaded weight, to free
+	tensors              []backend.Tensor // every loaded weight, to free
 
 	kvDType backend.DType
 	cache   CacheSpec

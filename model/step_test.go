@@ -1,0 +1,167 @@
+package model
+
+import (
+	"math"
+	"testing"
+
+	"github.com/kiln-llm/kiln/backend/cpu"
+)
+
+func maxDiff(a, b []float32) float64 {
+	d := 0.0
+	for i := range a {
+		d = math.Max(d, math.Abs(float64(a[i]-b[i])))
+	}
+	return d
+}
+
+// stepTol bounds the difference between two computations of the same
+// logits that may take different paths (a DeltaNet prompt chunked or token
+// by token, a sequence alone or in a batch).
+const stepTol = 2e-4
+
+// TestMixedBatch runs a sequence alone, then the same sequence inside a
+// batch that also prefills and decodes other sequences, and checks that its
+// logits do not change. It covers the decode bucket padding (3 decoding
+// sequences padded to 4) and a prefill chunk continued from a cached prefix.
+func TestMixedBatch(t *testing.T) {
+	for _, name := range []string{"qwen3", "qwen3next", "qwen35moe"} {
+		t.Run(name, func(t *testing.T) {
+			b := cpu.New(cpu.Options{})
+			m, err := Load(fixtureDir(name), b, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			if err := m.AllocCache(CacheSpec{Blocks: 64, BlockSize: testBlockSize, Slots: 8}); err != nil {
+				t.Fatal(err)
+			}
+			ref := readReference(t, fixtureDir(name))
+			long := ref.Prompts[2].IDs // > 200 tokens
+			short := ref.Prompts[1].IDs
+
+			// Alone: prefill 150 tokens, then a 70-token chunk (crosses the
+			// 64-token DeltaNet chunk), then one decode step.
+			alone := Seq{Tokens: long[:150], Blocks: blocksFor(0, 230, testBlockSize), Slot: 0}
+			if _, err := m.Forward([]Seq{alone}); err != nil {
+				t.Fatal(err)
+			}
+			alone.Pos, alone.Tokens, alone.Logits = 150, long[150:220], AllLogits
+			l, err := m.Forward([]Seq{alone})
+			if err != nil {
+				t.Fatal(err)
+			}
+			chunkAlone := readRows(t, b, l)
+			alone.Pos, alone.Tokens, alone.Logits = 220, long[220:221], LastLogits
+			l, err = m.Forward([]Seq{alone})
+			if err != nil {
+				t.Fatal(err)
+			}
+			decodeAlone := readRows(t, b, l)[0]
+
+			// Batched: the same steps in slot 1 / other blocks, beside other
+			// sequences prefilling and decoding.
+			seq := Seq{Tokens: long[:150], Blocks: blocksFor(20, 230, testBlockSize), Slot: 1}
+			other := Seq{Tokens: short, Blocks: blocksFor(40, 64, testBlockSize), Slot: 2, Logits: LastLogits}
+			if _, err := m.Forward([]Seq{other, seq}); err != nil {
+				t.Fatal(err)
+			}
+			seq.Pos, seq.Tokens, seq.Logits = 150, long[150:220], AllLogits
+			third := Seq{Tokens: long[:5], Blocks: blocksFor(50, 40, testBlockSize), Slot: 3, Logits: AllLogits}
+			other.Pos, other.Tokens = len(short), []int32{7}
+			l, err = m.Forward([]Seq{other, seq, third})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rows := readRows(t, b, l)
+			if len(rows) != 1+70+5 {
+				t.Fatalf("%d logit rows, want 76", len(rows))
+			}
+			for i := range 70 {
+				if d := maxDiff(rows[1+i], chunkAlone[i]); d > stepTol {
+					t.Fatalf("chunk position %d differs from the sequence run alone by %.3g", i, d)
+				}
+			}
+			// Decode step of three sequences: bucket 4 with one padding sequence.
+			seq.Pos, seq.Tokens, seq.Logits = 220, long[220:221], LastLogits
+			other.Pos, other.Tokens = len(short)+1, []int32{9}
+			third.Pos, third.Tokens, third.Logits = 5, []int32{11}, LastLogits
+			l, err = m.Forward([]Seq{third, seq, other})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rows = readRows(t, b, l)
+			if len(rows) != 3 {
+				t.Fatalf("decode step returned %d rows, want 3", len(rows))
+			}
+			if d := maxDiff(rows[1], decodeAlone); d > stepTol {
+				t.Fatalf("decode in a batch of 3 differs from alone by %.3g", d)
+			}
+		})
+	}
+}
+
+// TestSaveRestoreSlot continues a hybrid sequence after saving its state,
+// clobbering the slot and restoring it, and compares with an uninterrupted
+// run; CopySlot and CopyBlock then fork the sequence into another slot.
+func TestSaveRestoreSlot(t *testing.T) {
+	for _, name := range []string{"qwen3next", "qwen35"} {
+		t.Run(name, func(t *testing.T) {
+			b := cpu.New(cpu.Options{})
+			m, err := Load(fixtureDir(name), b, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			if !m.Hybrid() || m.SlotBytes() == 0 {
+				t.Fatalf("%s: Hybrid %v, SlotBytes %d", name, m.Hybrid(), m.SlotBytes())
+			}
+			if err := m.AllocCache(CacheSpec{Blocks: 64, BlockSize: testBlockSize, Slots: 4}); err != nil {
+				t.Fatal(err)
+			}
+			if got := m.SlotBytes(); got != m.state.SlotBytes() {
+				t.Fatalf("SlotBytes %d before the cache, %d after", got, m.state.SlotBytes())
+			}
+			ids := readReference(t, fixtureDir(name)).Prompts[2].IDs
+			blocks := blocksFor(0, 200, testBlockSize)
+			run := func(s Seq) []float32 {
+				t.Helper()
+				l, err := m.Forward([]Seq{s})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return readRows(t, b, l)[0]
+			}
+			// Uninterrupted: 100 tokens then 40 more.
+			run(Seq{Tokens: ids[:100], Blocks: blocks, Slot: 0, Logits: LastLogits})
+			want := run(Seq{Tokens: ids[100:140], Pos: 100, Blocks: blocks, Slot: 0, Logits: LastLogits})
+
+			// Interrupted: save after 100 tokens, overwrite the slot with
+			// another sequence's state, restore, continue.
+			run(Seq{Tokens: ids[:100], Blocks: blocks, Slot: 1, Logits: LastLogits})
+			saved := make([]byte, m.SlotBytes())
+			if err := m.SaveSlot(1, saved); err != nil {
+				t.Fatal(err)
+			}
+			run(Seq{Tokens: ids[50:90], Blocks: blocksFor(20, 40, testBlockSize), Slot: 1, Logits: LastLogits})
+			m.RestoreSlot(1, saved)
+			got := run(Seq{Tokens: ids[100:140], Pos: 100, Blocks: blocks, Slot: 1, Logits: LastLogits})
+			if d := maxDiff(got, want); d > stepTol {
+				t.Fatalf("continued after restore: logits differ by %.3g", d)
+			}
+
+			// Fork: copy slot 0's state at 140 tokens into slot 2 and its
+			// partial last block into a fresh block, then decode both.
+			m.CopySlot(2, 0)
+			fork := append([]int32(nil), blocks[:8]...)
+			last := 140 / testBlockSize
+			m.CopyBlock(40, int(blocks[last]))
+			fork = append(fork, 40, 41, 42)
+			a := run(Seq{Tokens: []int32{5}, Pos: 140, Blocks: blocks, Slot: 0, Logits: LastLogits})
+			c := run(Seq{Tokens: []int32{5}, Pos: 140, Blocks: fork, Slot: 2, Logits: LastLogits})
+			if d := maxDiff(a, c); d > stepTol {
+				t.Fatalf("forked sequence differs by %.3g", d)
+			}
+		})
+	}
+}
