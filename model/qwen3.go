@@ -124,9 +124,11 @@ type sparseMLP struct {
 
 func (m *sparseMLP) weights(c *Config, p string) []param {
 	E, I, H := c.MoE.Experts, c.MoE.Intermediate, c.Hidden
-	// Experts are stored one tensor per projection and expert, or fused
-	// ([E, 2I, H] gate|up and [E, H, I], as transformers 5 holds them, or
-	// with the last two dimensions swapped as some checkpoints store them).
+	// Experts are stored one tensor per projection and expert, or fused:
+	// [E, 2I, H] gate|up and [E, H, I] as transformers 5 and the Qwen3.5
+	// hub checkpoints hold them, or with the last two dimensions swapped
+	// (GPT-OSS style). The shape tells which, except when 2I == H, where
+	// transformers' orientation is assumed.
 	var gateUp, down []part
 	for e := range E {
 		q := fmt.Sprintf("%sexperts.%d.", p, e)
