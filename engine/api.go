@@ -86,6 +86,7 @@ type Stats struct {
 	CacheHitTokens    int64 // prompt tokens served from cache, all time
 	PromptTokens      int64 // prompt tokens submitted, all time
 	Preemptions       int64
+	RecomputedTokens  int64 // tokens computed again after preemptions (their cost)
 	RequestsCompleted int64
 	StateSnapshots    int // hybrid-model state snapshots held
 	StateBytes        int64

@@ -154,5 +154,13 @@ func (c *PrefixCache) Clear() {
 	}
 }
 
+// Holders calls f for each block reference the cache holds (for accounting
+// checks).
+func (c *PrefixCache) Holders(f func(block int32)) {
+	for _, e := range c.entries {
+		f(e.block)
+	}
+}
+
 // Len returns the number of cached blocks.
 func (c *PrefixCache) Len() int { return len(c.entries) }

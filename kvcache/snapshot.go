@@ -136,6 +136,16 @@ func (s *Snapshots) Clear() {
 	}
 }
 
+// Holders calls f for each block reference the store holds (for accounting
+// checks).
+func (s *Snapshots) Holders(f func(block int32)) {
+	for el := s.lru.Front(); el != nil; el = el.Next() {
+		for _, b := range el.Value.(*Snapshot).Blocks {
+			f(b)
+		}
+	}
+}
+
 // Len returns the number of snapshots held.
 func (s *Snapshots) Len() int { return s.lru.Len() }
 

@@ -1,0 +1,71 @@
+package engine
+
+import (
+	"time"
+
+	"github.com/kiln-llm/kiln/backend"
+)
+
+// emit takes a sampled token: it extends the sequence, turns the token into
+// text (held back while it could be the start of a stop string), splits the
+// text into reasoning, content and tool calls for chat requests, and ends the
+// sequence on a stop token, a stop string or its length limit.
+func (s *scheduler) emit(q *seq, smp backend.Sampled) {
+	now := time.Now()
+	if q.firstTok.IsZero() {
+		q.firstTok = now
+	}
+	q.lastTok = now
+	t := smp.Token
+	q.tokens = append(q.tokens, t)
+	q.counts[t]++
+	ev := Event{Tokens: []int32{t}}
+	if q.params.Logprob || q.params.TopLogprobs > 0 {
+		ev.Logprobs = []backend.Sampled{smp}
+	}
+	var reason FinishReason
+	var text string
+	stopped := false
+	if q.stopIDs[t] {
+		reason = FinishStop
+	} else if q.dec != nil {
+		text, stopped = q.stop.push(q.dec.Next(t))
+	}
+	if stopped {
+		reason = FinishStop
+	} else if reason == "" && len(q.tokens) >= q.maxLen {
+		reason = FinishLength
+	}
+	if reason != "" && !stopped && q.dec != nil {
+		tail, hit := q.stop.push(q.dec.Flush())
+		text += tail
+		if hit {
+			reason = FinishStop
+		} else {
+			text += q.stop.flush()
+		}
+	}
+	if q.parser != nil {
+		d := q.parser.Push(text)
+		if reason != "" {
+			f := q.parser.Finish()
+			d.Content += f.Content
+			d.Reasoning += f.Reasoning
+			d.ToolCalls = append(d.ToolCalls, f.ToolCalls...)
+		}
+		ev.Text, ev.Reasoning, ev.ToolCalls = d.Content, d.Reasoning, d.ToolCalls
+		if len(d.ToolCalls) > 0 {
+			q.toolCalls = true
+		}
+	} else {
+		ev.Text = text
+	}
+	if reason == "" {
+		q.out.push(ev)
+		return
+	}
+	if reason == FinishStop && q.toolCalls {
+		reason = FinishToolCalls
+	}
+	s.finishWith(q, reason, nil, ev)
+}

@@ -1,0 +1,375 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/kiln-llm/kiln/backend/cpu"
+	"github.com/kiln-llm/kiln/chat"
+	"github.com/kiln-llm/kiln/model"
+	"github.com/kiln-llm/kiln/tokenizer"
+)
+
+type fixtureModel struct {
+	m    *model.Model
+	tok  *tokenizer.Tokenizer
+	tmpl *chat.Template
+}
+
+// loadFixture loads a committed fixture model with its own CPU backend
+// (each engine owns its model's caches).
+func loadFixture(t testing.TB, arch string) fixtureModel {
+	t.Helper()
+	dir := filepath.Join("..", "testdata", "fixtures", arch)
+	m, err := model.Load(dir, cpu.New(cpu.Options{}), model.Options{})
+	if err != nil {
+		t.Fatalf("load %s: %v", arch, err)
+	}
+	tok, err := tokenizer.Load(dir)
+	if err != nil {
+		t.Fatalf("tokenizer %s: %v", arch, err)
+	}
+	tmpl, err := chat.LoadTemplate(os.DirFS(dir))
+	if err != nil {
+		t.Fatalf("template %s: %v", arch, err)
+	}
+	return fixtureModel{m, tok, tmpl}
+}
+
+func newEngine(t testing.TB, f fixtureModel, opts Options) *Engine {
+	t.Helper()
+	opts.checkAccounting = true
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	e, err := New(f.m, f.tok, f.tmpl, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e
+}
+
+type result struct {
+	tokens    []int32
+	text      string
+	reasoning string
+	finish    FinishReason
+	usage     *Usage
+	err       error
+	events    int
+}
+
+func collect(st *Stream) result {
+	var r result
+	for ev := range st.Events() {
+		r.events++
+		r.tokens = append(r.tokens, ev.Tokens...)
+		r.text += ev.Text
+		r.reasoning += ev.Reasoning
+		if ev.Done {
+			r.finish, r.usage, r.err = ev.Finish, ev.Usage, ev.Err
+		}
+	}
+	return r
+}
+
+func generate(t testing.TB, e *Engine, req *Request) result {
+	t.Helper()
+	st, err := e.Generate(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := collect(st)
+	if r.err != nil {
+		t.Fatalf("request failed: %v", r.err)
+	}
+	return r
+}
+
+// randomPrompt returns n ordinary (non-special) token ids.
+func randomPrompt(rng *rand.Rand, f fixtureModel, n int) []int32 {
+	ids := make([]int32, n)
+	for i := range ids {
+		for {
+			ids[i] = int32(rng.IntN(f.m.Config().VocabSize))
+			if !f.tok.IsSpecial(ids[i]) {
+				break
+			}
+		}
+	}
+	return ids
+}
+
+var allArchs = []string{"qwen3", "qwen3moe", "qwen3next", "qwen35", "qwen35moe"}
+
+// TestBatchInvariance: each request gives the same greedy tokens alone and
+// inside a batch of 16 requests that mixes prefill chunks with decoding.
+func TestBatchInvariance(t *testing.T) {
+	for _, arch := range allArchs {
+		t.Run(arch, func(t *testing.T) {
+			t.Parallel()
+			alone := newEngine(t, loadFixture(t, arch), Options{NoCache: true, MaxRunning: 1})
+			f := loadFixture(t, arch)
+			batch := newEngine(t, f, Options{NoCache: true, MaxBatchTokens: 48, MaxRunning: 16})
+			rng := rand.New(rand.NewPCG(7, uint64(len(arch))))
+			reqs := make([]*Request, 16)
+			want := make([]result, 16)
+			for i := range reqs {
+				reqs[i] = &Request{PromptIDs: randomPrompt(rng, f, 3+rng.IntN(90)), Sampling: Sampling{MaxTokens: 6 + rng.IntN(10)}}
+				want[i] = generate(t, alone, reqs[i])
+			}
+			got := make([]result, 16)
+			var wg sync.WaitGroup
+			run := func(i int, started chan<- struct{}) {
+				st, err := batch.Generate(context.Background(), reqs[i])
+				if err != nil {
+					t.Error(err)
+					close(started)
+					return
+				}
+				wg.Go(func() {
+					first := <-st.Events()
+					close(started)
+					r := collect(st)
+					r.tokens = append(first.Tokens, r.tokens...)
+					if first.Done {
+						r.finish, r.usage, r.err = first.Finish, first.Usage, first.Err
+					}
+					got[i] = r
+				})
+			}
+			// The second half arrives while the first half decodes.
+			for i := range 8 {
+				started := make(chan struct{})
+				run(i, started)
+				if i == 7 {
+					<-started
+				}
+			}
+			for i := 8; i < 16; i++ {
+				run(i, make(chan struct{}))
+			}
+			wg.Wait()
+			for i := range reqs {
+				if got[i].err != nil || !slices.Equal(got[i].tokens, want[i].tokens) {
+					t.Errorf("request %d (%d prompt tokens): batched %v (err %v), alone %v", i, len(reqs[i].PromptIDs), got[i].tokens, got[i].err, want[i].tokens)
+				}
+			}
+		})
+	}
+}
+
+// TestCacheCorrectness: a follow-up turn served from the prefix cache (dense,
+// MoE) or a state snapshot (hybrid) gives the tokens computed from scratch,
+// and reports the cached tokens.
+func TestCacheCorrectness(t *testing.T) {
+	for _, arch := range allArchs {
+		t.Run(arch, func(t *testing.T) {
+			t.Parallel()
+			f := loadFixture(t, arch)
+			cached := newEngine(t, f, Options{SnapshotInterval: 32})
+			scratch := newEngine(t, loadFixture(t, arch), Options{NoCache: true})
+			rng := rand.New(rand.NewPCG(3, 4))
+
+			// Token-level conversation: turn 2 extends turn 1's prompt and answer.
+			p1 := randomPrompt(rng, f, 45)
+			r1 := generate(t, cached, &Request{PromptIDs: p1, Sampling: Sampling{MaxTokens: 12, IgnoreEOS: true}})
+			p2 := append(append(slices.Clone(p1), r1.tokens...), randomPrompt(rng, f, 20)...)
+			r2 := generate(t, cached, &Request{PromptIDs: p2, Sampling: Sampling{MaxTokens: 12}})
+			ref := generate(t, scratch, &Request{PromptIDs: p2, Sampling: Sampling{MaxTokens: 12}})
+			if !slices.Equal(r2.tokens, ref.tokens) {
+				t.Errorf("turn 2 from cache %v, from scratch %v", r2.tokens, ref.tokens)
+			}
+			// Everything but the answer's last token (never fed to the model)
+			// is cached; dense models reuse whole blocks only.
+			minCached := len(p1) + len(r1.tokens) - 1
+			if !f.m.Hybrid() {
+				minCached = minCached / 16 * 16
+			}
+			if r2.usage.CachedTokens < minCached {
+				t.Errorf("turn 2 cached %d tokens, want at least %d", r2.usage.CachedTokens, minCached)
+			}
+
+			// The same 32-token prompt twice: a full hit whose last token is
+			// recomputed in a shared block (copy-on-write for dense models).
+			p3 := randomPrompt(rng, f, 32)
+			a := generate(t, cached, &Request{PromptIDs: p3, Sampling: Sampling{MaxTokens: 8}})
+			b := generate(t, cached, &Request{PromptIDs: p3, Sampling: Sampling{MaxTokens: 8}})
+			if !slices.Equal(a.tokens, b.tokens) {
+				t.Errorf("repeated prompt: %v then %v", a.tokens, b.tokens)
+			}
+			if !f.m.Hybrid() && b.usage.CachedTokens != 31 {
+				t.Errorf("repeated prompt cached %d tokens, want 31", b.usage.CachedTokens)
+			}
+
+			// A chat: the second turn's rendered prompt extends the first's.
+			msgs := []chat.Message{{Role: "system", Content: "You are a helpful assistant."}, {Role: "user", Content: "Tell me about the sea."}}
+			c1 := generate(t, cached, &Request{Messages: msgs, Sampling: Sampling{MaxTokens: 10}})
+			msgs = append(msgs, chat.Message{Role: "assistant", Content: c1.text}, chat.Message{Role: "user", Content: "And the mountains?"})
+			c2 := generate(t, cached, &Request{Messages: msgs, Sampling: Sampling{MaxTokens: 10}})
+			cref := generate(t, scratch, &Request{Messages: msgs, Sampling: Sampling{MaxTokens: 10}})
+			if !slices.Equal(c2.tokens, cref.tokens) || c2.usage.CachedTokens == 0 {
+				t.Errorf("chat turn 2: cached %d tokens, %v; from scratch %v", c2.usage.CachedTokens, c2.tokens, cref.tokens)
+			}
+			if f.m.Hybrid() {
+				// Parent eviction: the conversations above hold one turn each
+				// (its prompt's and its answer's snapshots).
+				if st := cached.Stats(); st.StateSnapshots > 6 {
+					t.Errorf("%d snapshots held after three conversations", st.StateSnapshots)
+				}
+			}
+		})
+	}
+}
+
+// TestSampling covers seeds, max tokens, stop tokens and stop strings.
+func TestSampling(t *testing.T) {
+	f := loadFixture(t, "qwen3")
+	e := newEngine(t, f, Options{MaxBatchTokens: 32})
+	rng := rand.New(rand.NewPCG(5, 6))
+	prompt := randomPrompt(rng, f, 20)
+	seed := uint64(42)
+	sampled := Sampling{Temperature: 0.9, TopP: 0.95, TopK: 50, Seed: &seed, MaxTokens: 20, IgnoreEOS: true}
+
+	alone := generate(t, e, &Request{PromptIDs: prompt, Sampling: sampled})
+	if len(alone.tokens) != 20 || alone.finish != FinishLength || alone.usage.CompletionTokens != 20 {
+		t.Fatalf("max tokens 20: %d tokens, finish %s, usage %+v", len(alone.tokens), alone.finish, alone.usage)
+	}
+	// The same seed inside a batch of other sampled requests.
+	var wg sync.WaitGroup
+	results := make([]result, 6)
+	for i := range results {
+		wg.Go(func() {
+			s := sampled
+			if i > 0 {
+				other := uint64(i)
+				s.Seed = &other
+			}
+			st, err := e.Generate(context.Background(), &Request{PromptIDs: randomPromptSeeded(f, i, prompt), Sampling: s})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			results[i] = collect(st)
+		})
+	}
+	wg.Wait()
+	if !slices.Equal(results[0].tokens, alone.tokens) {
+		t.Errorf("seed 42 alone %v, in a batch %v", alone.tokens, results[0].tokens)
+	}
+	differ := false
+	for _, r := range results[1:] {
+		differ = differ || !slices.Equal(r.tokens, alone.tokens)
+	}
+	if !differ {
+		t.Error("other seeds gave the same tokens")
+	}
+
+	// Stop token: the greedy answer's third token stops it.
+	greedy := generate(t, e, &Request{PromptIDs: prompt, Sampling: Sampling{MaxTokens: 12, IgnoreEOS: true}})
+	st := generate(t, e, &Request{PromptIDs: prompt, Sampling: Sampling{MaxTokens: 12, IgnoreEOS: true, StopTokenIDs: []int32{greedy.tokens[2]}}})
+	if i := slices.Index(greedy.tokens, greedy.tokens[2]); st.finish != FinishStop || !slices.Equal(st.tokens, greedy.tokens[:i+1]) {
+		t.Errorf("stop token %d: %v finish %s, greedy %v", greedy.tokens[2], st.tokens, st.finish, greedy.tokens)
+	}
+
+	// Stop string spanning a token boundary: the text before it, nothing
+	// after, the stop string itself not emitted.
+	pieces := make([]string, len(greedy.tokens))
+	for i := range greedy.tokens {
+		pieces[i] = f.tok.Decode(greedy.tokens[i : i+1])
+	}
+	var stop string
+	var before string
+	for i := 2; i+1 < len(pieces) && stop == ""; i++ {
+		a, b := pieces[i], pieces[i+1]
+		if len(a) > 0 && len(b) > 0 && isASCII(a+b) {
+			stop = a[len(a)-1:] + b[:1]
+			before = strings.Join(pieces[:i], "") + a[:len(a)-1]
+		}
+	}
+	if stop == "" {
+		t.Fatalf("no ASCII token boundary in %q", pieces)
+	}
+	if k := strings.Index(before+stop, stop); k < len(before) {
+		before = before[:k] // the stop string occurs earlier
+	}
+	ss := generate(t, e, &Request{PromptIDs: prompt, Sampling: Sampling{MaxTokens: 12, IgnoreEOS: true, Stop: []string{stop}}})
+	if ss.finish != FinishStop || ss.text != before {
+		t.Errorf("stop %q: text %q finish %s, want %q (greedy text %q)", stop, ss.text, ss.finish, before, greedy.text)
+	}
+}
+
+func randomPromptSeeded(f fixtureModel, i int, p []int32) []int32 {
+	if i == 0 {
+		return p
+	}
+	return randomPrompt(rand.New(rand.NewPCG(uint64(i), 99)), f, 5+3*i)
+}
+
+func isASCII(s string) bool {
+	for i := range len(s) {
+		if s[i] >= 0x80 {
+			return false
+		}
+	}
+	return true
+}
+
+// TestErrors covers the errors Generate returns at once, cancellation and
+// Close.
+func TestErrors(t *testing.T) {
+	f := loadFixture(t, "qwen3")
+	e := newEngine(t, f, Options{MaxQueue: 2, MaxRunning: 1, MaxBatchTokens: 8})
+	ctxLen := f.m.Config().ContextLength
+	if _, err := e.Generate(context.Background(), &Request{PromptIDs: make([]int32, ctxLen)}); !errors.Is(err, ErrContextOverflow) {
+		t.Errorf("prompt of the context length: %v", err)
+	}
+	if _, err := e.Generate(context.Background(), &Request{PromptIDs: []int32{1}, Prompt: "x"}); err == nil {
+		t.Error("two prompts accepted")
+	}
+	if _, err := e.Generate(context.Background(), &Request{PromptIDs: []int32{int32(f.m.Config().VocabSize)}}); err == nil {
+		t.Error("token outside the vocabulary accepted")
+	}
+	// Fill the queue with requests that cannot start: the running one is long.
+	ctx, cancel := context.WithCancel(context.Background())
+	long, err := e.Generate(ctx, &Request{PromptIDs: []int32{1, 2, 3}, Sampling: Sampling{IgnoreEOS: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-long.Events() // running
+	var queued []*Stream
+	for {
+		st, err := e.Generate(ctx, &Request{PromptIDs: []int32{4, 5}})
+		if errors.Is(err, ErrQueueFull) {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		queued = append(queued, st)
+		if len(queued) > 2 {
+			t.Fatal("MaxQueue 2 not enforced")
+		}
+	}
+	cancel()
+	for _, st := range append(queued, long) {
+		if r := collect(st); r.finish != FinishCancelled {
+			t.Errorf("cancelled request finished %s", r.finish)
+		}
+	}
+	e.Close()
+	if _, err := e.Generate(context.Background(), &Request{PromptIDs: []int32{1}}); !errors.Is(err, ErrClosed) {
+		t.Errorf("after Close: %v", err)
+	}
+	if used := e.sched.alloc.Used(); used != 0 {
+		t.Errorf("%d blocks held after Close", used)
+	}
+}

@@ -1,0 +1,136 @@
+package engine
+
+import (
+	"context"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestRandomizedNoLeaks runs thousands of requests with random lengths and
+// shared prefixes, random cancellations and a KV cache small enough to force
+// preemptions. Every uncancelled request must give its solo greedy tokens,
+// and in the end every block is free, the snapshots within budget and every
+// goroutine gone. Block accounting is also checked after every step.
+func TestRandomizedNoLeaks(t *testing.T) {
+	for _, tc := range []struct {
+		arch     string
+		requests int
+	}{{"qwen3", 2000}, {"qwen3next", 600}} {
+		t.Run(tc.arch, func(t *testing.T) {
+			randomizedRun(t, tc.arch, tc.requests)
+		})
+	}
+}
+
+func randomizedRun(t *testing.T, arch string, requests int) {
+	const maxGen = 12
+	f := loadFixture(t, arch)
+	ref := newEngine(t, loadFixture(t, arch), Options{NoCache: true})
+	rng := rand.New(rand.NewPCG(11, 12))
+
+	// A pool of prompts sharing prefixes, and their solo greedy answers.
+	bases := [][]int32{randomPrompt(rng, f, 9), randomPrompt(rng, f, 17), randomPrompt(rng, f, 4)}
+	var prompts [][]int32
+	solo := map[int][]int32{}
+	for i := range 40 {
+		p := slices.Clone(bases[i%len(bases)])
+		p = append(p, randomPrompt(rng, f, rng.IntN(16))...)
+		p = p[:1+rng.IntN(len(p))]
+		prompts = append(prompts, p)
+		solo[i] = generate(t, ref, &Request{PromptIDs: p, Sampling: Sampling{MaxTokens: maxGen}}).tokens
+	}
+	ref.Close()
+
+	before := runtime.NumGoroutine()
+	e := newEngine(t, f, Options{BlockSize: 4, KVBlocks: 14, MaxRunning: 8, MaxBatchTokens: 24, SnapshotInterval: 8, StateMemory: int64(6 * max(f.m.SlotBytes(), 1))})
+	type job struct {
+		prompt, maxTokens int
+		cancelAfter       int // events read before cancelling; -1: never
+	}
+	jobs := make(chan job)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var completed, cancelled int
+	for range 24 {
+		wg.Go(func() {
+			for j := range jobs {
+				ctx, cancel := context.WithCancel(context.Background())
+				st, err := e.Generate(ctx, &Request{PromptIDs: prompts[j.prompt], Sampling: Sampling{MaxTokens: j.maxTokens}})
+				if err != nil {
+					t.Error(err)
+					cancel()
+					continue
+				}
+				if j.cancelAfter == 0 {
+					cancel()
+				}
+				var toks []int32
+				var done *Event
+				n := 0
+				for ev := range st.Events() {
+					toks = append(toks, ev.Tokens...)
+					if n++; n == j.cancelAfter {
+						cancel()
+					}
+					if ev.Done {
+						done = &ev
+					}
+				}
+				cancel()
+				mu.Lock()
+				switch {
+				case done == nil:
+					t.Error("stream closed without a final event")
+				case done.Finish == FinishCancelled:
+					cancelled++
+				case done.Err != nil:
+					t.Errorf("request failed: %v", done.Err)
+				default:
+					completed++
+					want := solo[j.prompt]
+					want = want[:min(len(want), j.maxTokens)]
+					if !slices.Equal(toks, want) {
+						t.Errorf("prompt %d (%d tokens), max %d: got %v, solo %v", j.prompt, len(prompts[j.prompt]), j.maxTokens, toks, want)
+					}
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	for range requests {
+		j := job{prompt: rng.IntN(len(prompts)), maxTokens: 1 + rng.IntN(maxGen), cancelAfter: -1}
+		if rng.IntN(8) == 0 {
+			j.cancelAfter = rng.IntN(4)
+		}
+		jobs <- j
+	}
+	close(jobs)
+	wg.Wait()
+	st := e.Stats()
+	t.Logf("%d completed, %d cancelled; stats %+v", completed, cancelled, st)
+	if st.Running != 0 || st.Waiting != 0 {
+		t.Errorf("idle engine: %d running, %d waiting", st.Running, st.Waiting)
+	}
+	if st.Preemptions == 0 {
+		t.Error("the small KV cache forced no preemption")
+	}
+	if completed == 0 || cancelled == 0 {
+		t.Errorf("%d completed, %d cancelled: the test did not exercise both", completed, cancelled)
+	}
+	e.Close()
+	if used := e.sched.alloc.Used(); used != 0 {
+		t.Errorf("%d blocks held after Close", used)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := runtime.NumGoroutine(); n > before {
+		buf := make([]byte, 1<<16)
+		t.Errorf("%d goroutines before, %d after:\n%s", before, n, buf[:runtime.Stack(buf, true)])
+	}
+}

@@ -1,0 +1,129 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/kiln-llm/kiln/backend"
+	"github.com/kiln-llm/kiln/backend/cpu"
+	"github.com/kiln-llm/kiln/model"
+)
+
+// TestMeasureFollowUpTTFT measures the time to first token of a follow-up
+// chat turn after long histories, with the prefix/state cache and without
+// it, on a dense and a hybrid synthetic model, and the cost of preemption.
+// It takes minutes, so it runs only when KILN_ENGINE_MEASURE is set:
+//
+//	KILN_ENGINE_MEASURE=1 go test -run MeasureFollowUpTTFT -v ./engine
+//
+// KILN_MEASURE_LAYERS overrides the number of layers of the synthetic models.
+func TestMeasureFollowUpTTFT(t *testing.T) {
+	if os.Getenv("KILN_ENGINE_MEASURE") == "" {
+		t.Skip("set KILN_ENGINE_MEASURE=1 to measure")
+	}
+	layers := 2
+	if v, err := strconv.Atoi(os.Getenv("KILN_MEASURE_LAYERS")); err == nil {
+		layers = v
+	}
+	for _, name := range []string{"qwen3-0.6b", "qwen3-next-80b-a3b"} {
+		t.Run(name, func(t *testing.T) {
+			var hits []time.Duration
+			for _, history := range []int{2048, 8192} {
+				hit, hitCached := followUp(t, name, layers, history, false)
+				miss, _ := followUp(t, name, layers, history, true)
+				hits = append(hits, hit)
+				fmt.Printf("%s (%d layers): history %5d tokens: follow-up TTFT %8.1f ms with cache (%d cached), %9.1f ms without: %.0fx\n",
+					name, layers, history, ms(hit), hitCached, ms(miss), float64(miss)/float64(hit))
+				if hitCached < history {
+					t.Errorf("history %d: only %d tokens cached", history, hitCached)
+				}
+			}
+			// The hit computes only the new message: its cost must not grow
+			// with the history (some growth comes from attention over it).
+			if hits[1] > 3*hits[0] {
+				t.Errorf("hit TTFT grew from %v (2K) to %v (8K)", hits[0], hits[1])
+			}
+		})
+	}
+	t.Run("preemption", func(t *testing.T) { measurePreemption(t, layers) })
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func syntheticModel(t *testing.T, name string, layers int) *model.Model {
+	m, err := model.Synthetic(name, cpu.New(cpu.Options{}), model.SyntheticOptions{Layers: layers, Seed: 1, DType: backend.BF16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// followUp runs a first turn of history tokens (8 generated), then a second
+// turn adding 32 tokens, and returns the second turn's TTFT and cached tokens.
+func followUp(t *testing.T, name string, layers, history int, noCache bool) (time.Duration, int) {
+	m := syntheticModel(t, name, layers)
+	e, err := New(m, nil, nil, Options{NoCache: noCache, MaxBatchTokens: 512, MaxRunning: 4, KVMemory: 4 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	rng := rand.New(rand.NewPCG(1, uint64(history)))
+	ids := func(n int) []int32 {
+		p := make([]int32, n)
+		for i := range p {
+			p[i] = int32(rng.IntN(1000))
+		}
+		return p
+	}
+	p1 := ids(history)
+	r1 := generate(t, e, &Request{PromptIDs: p1, Sampling: Sampling{MaxTokens: 8, IgnoreEOS: true}})
+	p2 := append(append(slices.Clone(p1), r1.tokens...), ids(32)...)
+	r2 := generate(t, e, &Request{PromptIDs: p2, Sampling: Sampling{MaxTokens: 1}})
+	return r2.usage.TTFT, r2.usage.CachedTokens
+}
+
+// measurePreemption runs the same 32 requests with a KV cache that holds
+// them all and with one that forces preemptions, and compares.
+func measurePreemption(t *testing.T, layers int) {
+	run := func(blocks int) (time.Duration, Stats) {
+		m := syntheticModel(t, "qwen3-0.6b", layers)
+		e, err := New(m, nil, nil, Options{KVBlocks: blocks, MaxRunning: 16, MaxBatchTokens: 256})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		rng := rand.New(rand.NewPCG(5, 5))
+		start := time.Now()
+		var streams []*Stream
+		for range 32 {
+			p := make([]int32, 64+rng.IntN(64))
+			for i := range p {
+				p[i] = int32(rng.IntN(1000))
+			}
+			st, err := e.Generate(context.Background(), &Request{PromptIDs: p, Sampling: Sampling{MaxTokens: 64, IgnoreEOS: true}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			streams = append(streams, st)
+		}
+		for _, st := range streams {
+			if r := collect(st); r.err != nil {
+				t.Fatal(r.err)
+			}
+		}
+		return time.Since(start), e.Stats()
+	}
+	ample, sa := run(16 * 12)
+	tight, st := run(16 * 12 / 3)
+	fmt.Printf("preemption: 32 requests x (64-128 prompt + 64 generated) tokens: %.2f s with room for all, %.2f s with a third of the KV blocks (%d preemptions, %d tokens recomputed): %.0f%% slower\n",
+		ample.Seconds(), tight.Seconds(), st.Preemptions, st.RecomputedTokens, 100*(tight.Seconds()/ample.Seconds()-1))
+	if sa.Preemptions != 0 || st.Preemptions == 0 {
+		t.Errorf("preemptions: %d with room, %d tight", sa.Preemptions, st.Preemptions)
+	}
+}

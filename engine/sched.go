@@ -1,0 +1,556 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/kiln-llm/kiln/backend"
+	"github.com/kiln-llm/kiln/chat"
+	"github.com/kiln-llm/kiln/kvcache"
+	"github.com/kiln-llm/kiln/model"
+	"github.com/kiln-llm/kiln/tokenizer"
+)
+
+// ErrKVFull: a sequence running alone needs more KV blocks than the cache
+// has.
+var ErrKVFull = errors.New("engine: the sequence does not fit in the KV cache")
+
+// seq is one request inside the scheduler.
+type seq struct {
+	id        uint64 // submission order: a larger id is younger
+	ctx       context.Context
+	stopWatch func() bool
+	out       *Stream
+	submitted time.Time
+	firstTok  time.Time
+	lastTok   time.Time
+
+	tokens  []int32 // prompt, then generated tokens
+	nPrompt int
+	maxLen  int // generation stops at this many tokens
+	pos     int // tokens whose KV (and state) is computed
+
+	table *kvcache.Table
+	chain kvcache.Chain
+	slot  int
+
+	// Snapshots (hybrid models): the group of this turn's snapshots, the
+	// group of the snapshot the sequence resumed from (dropped at its first
+	// own snapshot: parent eviction), and the snapshot of the prompt's end.
+	group, resumedGroup, promptSnap uint64
+	prefilled                       bool // the prompt's end has been reached since (re)admission
+
+	admitted   bool
+	cached     int // prompt tokens served from cache at first admission
+	recomputed int // tokens computed again after preemptions
+
+	params  backend.SampleParams
+	counts  map[int32]int32
+	stopIDs map[int32]bool
+	rng     *rand.Rand
+
+	dec       *tokenizer.Decoder
+	parser    *chat.Parser
+	stop      stopMatcher
+	toolCalls bool
+}
+
+func (s *seq) pending() int { return len(s.tokens) - s.pos }
+
+const (
+	snapBoundary = iota
+	snapPrompt
+	snapAnswer
+)
+
+// scheduler is the state of the engine's loop goroutine.
+type scheduler struct {
+	e       *Engine
+	m       *model.Model
+	hybrid  bool
+	alloc   *kvcache.Allocator
+	prefix  *kvcache.PrefixCache
+	snaps   *kvcache.Snapshots
+	slots   []int // free state slots
+	waiting []*seq
+	running []*seq // oldest first
+	groups  uint64
+
+	preemptions, completed, hitTokens int64
+	recomputed                        int64
+}
+
+func newScheduler(e *Engine) *scheduler {
+	s := &scheduler{e: e, m: e.m, hybrid: e.m.Hybrid(), alloc: kvcache.NewAllocator(e.opts.KVBlocks)}
+	// Hybrid models resume only where a state snapshot exists: their
+	// snapshots hold the KV blocks they need, and full blocks alone (the
+	// prefix cache) are of no use to them.
+	if s.hybrid {
+		s.snaps = kvcache.NewSnapshots(s.alloc, e.opts.BlockSize, e.opts.StateMemory)
+	} else {
+		s.prefix = kvcache.NewPrefixCache(s.alloc, e.opts.BlockSize)
+	}
+	for i := e.opts.MaxRunning - 1; i >= 0; i-- {
+		s.slots = append(s.slots, i)
+	}
+	return s
+}
+
+func (s *scheduler) loop() {
+	e := s.e
+	defer close(e.done)
+	for {
+		select {
+		case <-e.quit:
+			s.shutdown()
+			return
+		default:
+		}
+		s.intake()
+		s.reap()
+		if len(s.running) == 0 && len(s.waiting) == 0 {
+			s.publish()
+			select {
+			case <-e.wake:
+			case <-e.quit:
+			}
+			continue
+		}
+		s.admit()
+		if len(s.running) > 0 {
+			s.step()
+		}
+		if s.e.opts.checkAccounting {
+			if err := s.checkAccounting(); err != nil {
+				panic(err)
+			}
+		}
+		s.publish()
+	}
+}
+
+// intake moves submitted requests to the waiting queue.
+func (s *scheduler) intake() {
+	e := s.e
+	e.mu.Lock()
+	in := e.incoming
+	e.incoming = nil
+	e.mu.Unlock()
+	s.waiting = append(s.waiting, in...)
+}
+
+// reap ends cancelled requests.
+func (s *scheduler) reap() {
+	for _, q := range slices.Clone(s.waiting) {
+		if q.ctx.Err() != nil {
+			s.finish(q, FinishCancelled, context.Cause(q.ctx))
+		}
+	}
+	for _, q := range slices.Clone(s.running) {
+		if q.ctx.Err() != nil {
+			s.finish(q, FinishCancelled, context.Cause(q.ctx))
+		}
+	}
+}
+
+// admit moves waiting sequences, first come first served, into the running
+// batch while there is room: a free slot and KV blocks for the whole
+// remaining prompt (so a prefill never waits for blocks midway).
+func (s *scheduler) admit() {
+	for len(s.waiting) > 0 && len(s.running) < s.e.opts.MaxRunning {
+		q := s.waiting[0]
+		if !s.start(q) {
+			if len(s.running) == 0 {
+				s.waiting = s.waiting[1:]
+				s.finish(q, FinishError, fmt.Errorf("%w: %d tokens need %d blocks of %d tokens, the cache has %d",
+					ErrKVFull, len(q.tokens), (len(q.tokens)+s.e.opts.BlockSize-1)/s.e.opts.BlockSize, s.e.opts.BlockSize, s.alloc.Blocks()))
+				continue
+			}
+			return
+		}
+		s.waiting = s.waiting[1:]
+		s.running = append(s.running, q)
+		slices.SortFunc(s.running, func(a, b *seq) int { return int(a.id - b.id) })
+		if !q.admitted {
+			q.admitted = true
+			s.e.mu.Lock()
+			s.e.queued--
+			s.e.mu.Unlock()
+		}
+	}
+}
+
+// start gives q its slot and blocks, resuming from the longest cached
+// prefix; false when the blocks are not available.
+func (s *scheduler) start(q *seq) bool {
+	q.table = kvcache.NewTable(s.e.opts.BlockSize)
+	q.chain = kvcache.Chain{}
+	q.pos = 0
+	n := len(q.tokens)
+	var snap *kvcache.Snapshot
+	if !s.e.opts.NoCache {
+		if s.hybrid {
+			// The last prompt token is always computed: its logits give the
+			// first new token.
+			if snap = s.snaps.Find(q.tokens, n-1); snap != nil {
+				q.table.Adopt(s.alloc, snap.Blocks)
+				q.pos = len(snap.Tokens)
+			}
+		} else {
+			blocks, ch := s.prefix.Match(q.tokens)
+			q.table.Adopt(s.alloc, blocks)
+			q.chain = ch
+			q.pos = min(len(blocks)*s.e.opts.BlockSize, n-1)
+		}
+	}
+	copies, err := q.table.Reserve(s.alloc, q.pos, n-q.pos)
+	if err != nil {
+		q.table.Release(s.alloc)
+		q.table = nil
+		return false
+	}
+	for _, c := range copies {
+		s.m.CopyBlock(int(c.Dst), int(c.Src))
+	}
+	if s.hybrid {
+		q.slot = s.slots[len(s.slots)-1]
+		s.slots = s.slots[:len(s.slots)-1]
+		if snap != nil {
+			s.m.RestoreSlot(q.slot, snap.State)
+			q.resumedGroup = snap.Group
+		}
+		if q.group == 0 {
+			// One group per request: its snapshots replace each other, also
+			// across preemptions.
+			s.groups++
+			q.group = s.groups
+		}
+		q.promptSnap = 0
+	}
+	q.prefilled = false
+	if !q.admitted {
+		q.cached = q.pos
+		s.hitTokens += int64(q.pos)
+	} else {
+		q.recomputed += n - q.pos
+		s.recomputed += int64(n - q.pos)
+	}
+	return true
+}
+
+// release gives back what a sequence holds in the scheduler.
+func (s *scheduler) release(q *seq) {
+	if q.table != nil {
+		q.table.Release(s.alloc)
+		q.table = nil
+	}
+	if q.slot >= 0 {
+		s.slots = append(s.slots, q.slot)
+		q.slot = -1
+	}
+}
+
+// preempt frees the youngest running sequence's blocks and slot and puts it
+// back at the head of the queue; it is recomputed (from what the caches still
+// hold) when admitted again.
+func (s *scheduler) preempt() *seq {
+	q := s.running[len(s.running)-1]
+	s.running = s.running[:len(s.running)-1]
+	s.release(q)
+	s.waiting = slices.Insert(s.waiting, 0, q)
+	s.preemptions++
+	s.e.log.Debug("preempted", "seq", q.id, "tokens", len(q.tokens))
+	return q
+}
+
+type planned struct {
+	q *seq
+	n int
+}
+
+// step runs one forward pass: every decoding sequence advances by one
+// token, prompts being prefilled by chunks that share the rest of the token
+// budget, oldest first.
+func (s *scheduler) step() {
+	opts := &s.e.opts
+	budget := opts.MaxBatchTokens
+	var plan []planned
+	// Decoding sequences first, oldest first: each needs at most one new
+	// block, taken from the youngest sequences when there is none.
+	for i := 0; i < len(s.running); i++ {
+		q := s.running[i]
+		if q.pending() != 1 {
+			continue
+		}
+		if !s.ensure(q, 1) {
+			break // q was the youngest: nothing after it is running
+		}
+		plan = append(plan, planned{q, 1})
+		budget--
+	}
+	for i := 0; i < len(s.running) && budget > 0; i++ {
+		q := s.running[i]
+		if q.pending() <= 1 {
+			continue
+		}
+		n := min(q.pending(), budget)
+		if s.hybrid && !opts.NoCache && opts.SnapshotInterval > 0 {
+			// End the chunk at the next snapshot boundary inside the prompt.
+			if b := (q.pos/opts.SnapshotInterval + 1) * opts.SnapshotInterval; b < q.pos+n {
+				n = b - q.pos
+			}
+		}
+		// The prompt's blocks were reserved at admission; this only copies
+		// a block shared since (none, with block-aligned snapshots).
+		if !s.ensure(q, n) {
+			break
+		}
+		plan = append(plan, planned{q, n})
+		budget -= n
+	}
+	// A prefill's reservation may have preempted a younger decoding sequence.
+	plan = slices.DeleteFunc(plan, func(p planned) bool { return p.q.table == nil })
+	if len(plan) == 0 {
+		return
+	}
+	seqs := make([]model.Seq, len(plan))
+	var rows []*seq
+	for i, p := range plan {
+		q := p.q
+		nb := (q.pos + p.n + opts.BlockSize - 1) / opts.BlockSize
+		seqs[i] = model.Seq{Tokens: q.tokens[q.pos : q.pos+p.n], Pos: q.pos, Blocks: q.table.Blocks()[:nb], Slot: q.slot, Logits: model.NoLogits}
+		if q.pos+p.n == len(q.tokens) {
+			seqs[i].Logits = model.LastLogits
+			rows = append(rows, q)
+		}
+	}
+	sampled, err := s.forward(seqs, rows)
+	if err != nil {
+		s.e.log.Error("forward step failed", "err", err)
+		for _, p := range plan {
+			s.finish(p.q, FinishError, err)
+		}
+		return
+	}
+	for _, p := range plan {
+		q := p.q
+		q.pos += p.n
+		if s.e.opts.NoCache {
+			continue
+		}
+		if s.hybrid {
+			switch {
+			case q.pos == len(q.tokens) && !q.prefilled:
+				s.snapshot(q, snapPrompt)
+			case q.pos < len(q.tokens) && opts.SnapshotInterval > 0 && q.pos%opts.SnapshotInterval == 0:
+				s.snapshot(q, snapBoundary)
+			}
+		} else {
+			s.prefix.Insert(&q.chain, q.tokens[:q.pos], q.table.Blocks())
+		}
+		if q.pos == len(q.tokens) {
+			q.prefilled = true
+		}
+	}
+	for i, q := range rows {
+		s.emit(q, sampled[i])
+	}
+}
+
+// ensure reserves q's blocks for its next n tokens, preempting the youngest
+// running sequences while blocks are missing. It returns false when q itself
+// was preempted, or failed because it cannot fit even alone.
+func (s *scheduler) ensure(q *seq, n int) bool {
+	for {
+		copies, err := q.table.Reserve(s.alloc, q.pos, n)
+		if err == nil {
+			for _, c := range copies {
+				s.m.CopyBlock(int(c.Dst), int(c.Src))
+			}
+			return true
+		}
+		if len(s.running) == 1 {
+			s.finish(q, FinishError, fmt.Errorf("%w: %d tokens, the cache has %d blocks of %d tokens",
+				ErrKVFull, q.pos+n, s.alloc.Blocks(), s.e.opts.BlockSize))
+			return false
+		}
+		if s.preempt() == q {
+			return false
+		}
+	}
+}
+
+// forward runs the model and samples a token for each sequence of rows.
+func (s *scheduler) forward(seqs []model.Seq, rows []*seq) ([]backend.Sampled, error) {
+	logits, err := s.m.Forward(seqs)
+	if err != nil {
+		return nil, err
+	}
+	if len(rows) == 0 {
+		return nil, nil
+	}
+	params := make([]backend.SampleParams, len(rows))
+	for i, q := range rows {
+		p := q.params
+		// One draw per sampled token, whatever else is in the batch: the
+		// same seed gives the same tokens.
+		p.Uniform = q.rng.Float32()
+		for t, c := range q.counts {
+			p.Counts = append(p.Counts, backend.TokenCount{Token: t, Count: c})
+		}
+		params[i] = p
+	}
+	return s.m.Sample(logits, params)
+}
+
+// snapshot saves a hybrid sequence's state after its computed tokens.
+func (s *scheduler) snapshot(q *seq, kind int) {
+	if q.resumedGroup != 0 {
+		s.snaps.DropGroup(q.resumedGroup, 0)
+		q.resumedGroup = 0
+	}
+	keep := uint64(0)
+	if kind == snapAnswer {
+		// The answer's snapshot is what the next turn extends unless the
+		// chat template renders the answer differently (it drops reasoning,
+		// say); the prompt's stays as the fallback until the next turn.
+		keep = q.promptSnap
+	}
+	s.snaps.DropGroup(q.group, keep)
+	state := make([]byte, s.m.SlotBytes())
+	if err := s.m.SaveSlot(q.slot, state); err != nil {
+		s.e.log.Warn("state snapshot failed", "seq", q.id, "err", err)
+		return
+	}
+	sn, err := s.snaps.Save(q.tokens[:q.pos], state, q.table.Blocks(), q.group)
+	if err != nil {
+		s.e.log.Warn("state snapshot not kept", "seq", q.id, "bytes", len(state), "err", err)
+		return
+	}
+	if kind == snapPrompt {
+		q.promptSnap = sn.ID
+	}
+}
+
+// finish ends a sequence: it leaves the queues, gives back its blocks and
+// slot (after a last snapshot when it completed), and its stream gets the
+// final event.
+func (s *scheduler) finish(q *seq, reason FinishReason, err error) {
+	s.finishWith(q, reason, err, Event{})
+}
+
+func (s *scheduler) finishWith(q *seq, reason FinishReason, err error, ev Event) {
+	s.running = slices.DeleteFunc(s.running, func(x *seq) bool { return x == q })
+	if i := slices.Index(s.waiting, q); i >= 0 {
+		s.waiting = slices.Delete(s.waiting, i, i+1)
+		if !q.admitted {
+			s.e.mu.Lock()
+			s.e.queued--
+			s.e.mu.Unlock()
+			q.admitted = true
+		}
+	}
+	if q.table != nil && !s.e.opts.NoCache && (reason == FinishStop || reason == FinishLength || reason == FinishToolCalls) {
+		if s.hybrid {
+			s.snapshot(q, snapAnswer)
+		} else {
+			s.prefix.Insert(&q.chain, q.tokens[:q.pos], q.table.Blocks())
+		}
+	}
+	s.release(q)
+	q.stopWatch()
+	now := time.Now()
+	if q.lastTok.IsZero() {
+		q.lastTok = now
+	}
+	u := &Usage{
+		PromptTokens:     q.nPrompt,
+		CachedTokens:     q.cached,
+		CompletionTokens: len(q.tokens) - q.nPrompt,
+		Duration:         q.lastTok.Sub(q.submitted),
+	}
+	if !q.firstTok.IsZero() {
+		u.TTFT = q.firstTok.Sub(q.submitted)
+		if d := q.lastTok.Sub(q.firstTok); u.CompletionTokens > 1 && d > 0 {
+			u.DecodeTokensPerS = float64(u.CompletionTokens-1) / d.Seconds()
+		}
+	}
+	ev.Done, ev.Finish, ev.Usage, ev.Err = true, reason, u, err
+	q.out.push(ev)
+	s.completed++
+}
+
+// shutdown ends every request when the engine closes.
+func (s *scheduler) shutdown() {
+	s.intake()
+	for len(s.running) > 0 {
+		s.finish(s.running[0], FinishCancelled, ErrClosed)
+	}
+	for len(s.waiting) > 0 {
+		s.finish(s.waiting[0], FinishCancelled, ErrClosed)
+	}
+	if s.prefix != nil {
+		s.prefix.Clear()
+	}
+	if s.snaps != nil {
+		s.snaps.Clear()
+	}
+	s.publish()
+}
+
+// publish copies the scheduler's counters to the engine's Stats.
+func (s *scheduler) publish() {
+	e := s.e
+	e.mu.Lock()
+	st := &e.stats
+	st.Running, st.Waiting = len(s.running), len(s.waiting)+len(e.incoming)
+	st.KVBlocksUsed = s.alloc.Used()
+	st.CacheHitTokens = s.hitTokens
+	st.Preemptions = s.preemptions
+	st.RecomputedTokens = s.recomputed
+	st.RequestsCompleted = s.completed
+	if s.snaps != nil {
+		st.StateSnapshots, st.StateBytes = s.snaps.Len(), s.snaps.Bytes()
+	}
+	e.mu.Unlock()
+}
+
+// checkAccounting verifies that every block's reference count equals the
+// references the running sequences and the caches hold, and that the
+// snapshots are within their budget. Tests run it after every step.
+func (s *scheduler) checkAccounting() error {
+	want := make([]int, s.alloc.Blocks())
+	count := func(b int32) { want[b]++ }
+	for _, q := range s.running {
+		for _, b := range q.table.Blocks() {
+			count(b)
+		}
+	}
+	for _, q := range s.waiting {
+		if q.table != nil {
+			return fmt.Errorf("waiting sequence %d holds blocks", q.id)
+		}
+	}
+	if s.prefix != nil {
+		s.prefix.Holders(count)
+	}
+	if s.snaps != nil {
+		s.snaps.Holders(count)
+		if s.snaps.Bytes() > s.snaps.Budget() {
+			return fmt.Errorf("snapshots hold %d bytes, over their budget of %d", s.snaps.Bytes(), s.snaps.Budget())
+		}
+	}
+	for b, n := range want {
+		if got := s.alloc.Refs(int32(b)); got != n {
+			return fmt.Errorf("block %d: %d references counted, %d holders", b, got, n)
+		}
+	}
+	if free := len(s.slots) + len(s.running); s.hybrid && free != s.e.opts.MaxRunning {
+		return fmt.Errorf("%d free slots + %d running != %d slots", len(s.slots), len(s.running), s.e.opts.MaxRunning)
+	}
+	return nil
+}
