@@ -1,0 +1,214 @@
+//go:build cgo
+
+package cuda
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/kiln-llm/kiln/backend"
+	"github.com/kiln-llm/kiln/model"
+)
+
+func readF32File(t *testing.T, path string) []float32 {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]float32, len(raw)/4)
+	for i := range out {
+		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:]))
+	}
+	return out
+}
+
+func readLogits(t *testing.T, b backend.Backend, x backend.Tensor) [][]float32 {
+	t.Helper()
+	all := read(t, b, x)
+	V := x.Shape()[1]
+	var rows [][]float32
+	for i := 0; i < x.Shape()[0]; i++ {
+		rows = append(rows, all[i*V:(i+1)*V])
+	}
+	return rows
+}
+
+func argmaxMargin(x []float32) (int32, float32) {
+	best, second := 0, -1
+	for i, v := range x {
+		if v > x[best] {
+			best, second = i, best
+		} else if i != best && (second < 0 || v > x[second]) {
+			second = i
+		}
+	}
+	return int32(best), x[best] - x[second]
+}
+
+// TestFixturesEndToEnd runs the dense fixture on the GPU and on the CPU
+// backend: logits of every prompt position within bf16 tolerance of
+// transformers' fp32 reference, and greedy continuations equal to the CPU's
+// wherever the CPU's top-2 margin exceeds 0.05 (decode steps go through the
+// captured graphs). Fixtures of architectures the CUDA backend does not run
+// must fail to load with an error.
+func TestFixturesEndToEnd(t *testing.T) {
+	p := newPair(t, 6)
+	dir := filepath.Join("..", "..", "testdata", "fixtures")
+	for _, name := range []string{"qwen3", "qwen3moe", "qwen3next", "qwen35"} {
+		t.Run(name, func(t *testing.T) {
+			fdir := filepath.Join(dir, name)
+			var ref struct {
+				VocabSize int `json:"vocab_size"`
+				Prompts   []struct {
+					IDs []int32 `json:"ids"`
+				} `json:"prompts"`
+			}
+			data, err := os.ReadFile(filepath.Join(fdir, "reference.json"))
+			if err != nil {
+				t.Skip(err)
+			}
+			if err := json.Unmarshal(data, &ref); err != nil {
+				t.Fatal(err)
+			}
+			refLogits := readF32File(t, filepath.Join(fdir, "ref_logits.f32"))
+			gm, err := model.Load(fdir, p.g, model.Options{KVDType: backend.BF16})
+			if err == nil {
+				err = gm.AllocCache(model.CacheSpec{Blocks: 64, BlockSize: 16, Slots: 4})
+			}
+			if name != "qwen3" {
+				if err == nil {
+					gm.Close()
+					t.Fatalf("%s loaded on CUDA, which has no kernels for it", name)
+				}
+				t.Logf("refused as expected: %v", err)
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer gm.Close()
+			cm, err := model.Load(fdir, p.c, model.Options{KVDType: backend.BF16})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cm.Close()
+			if err := cm.AllocCache(model.CacheSpec{Blocks: 64, BlockSize: 16, Slots: 4}); err != nil {
+				t.Fatal(err)
+			}
+			V := ref.VocabSize
+			for pi, pr := range ref.Prompts {
+				blocks := make([]int32, 4)
+				for i := range blocks {
+					blocks[i] = int32(pi*4 + i)
+				}
+				seq := model.Seq{Tokens: pr.IDs, Blocks: blocks, Logits: model.AllLogits}
+				gl, err := gm.Forward([]model.Seq{seq})
+				if err != nil {
+					t.Fatal(err)
+				}
+				grows := readLogits(t, p.g, gl)
+				want := refLogits[pi*V : (pi+1)*V]
+				if e := relL2(grows[len(grows)-1], want); !(e <= 1e-2) {
+					t.Errorf("prompt %d: last logits relative L2 %.3g vs transformers fp32", pi, e)
+				} else {
+					t.Logf("prompt %d: last logits relative L2 %.3g vs transformers fp32", pi, e)
+				}
+				cl, err := cm.Forward([]model.Seq{seq})
+				if err != nil {
+					t.Fatal(err)
+				}
+				crows := readLogits(t, p.c, cl)
+				for i := range crows {
+					if e := relL2(grows[i], crows[i]); !(e <= 1e-2) {
+						t.Errorf("prompt %d position %d: relative L2 %.3g vs CPU", pi, i, e)
+					}
+				}
+				gtok, _ := argmaxMargin(grows[len(grows)-1])
+				ctok, margin := argmaxMargin(crows[len(crows)-1])
+				pos := len(pr.IDs)
+				for step := 0; step < 24 && pos < 64; step++ {
+					if gtok != ctok {
+						// Allowed only where the CPU's choice is a near tie.
+						if margin > 0.05 {
+							t.Errorf("prompt %d step %d: GPU token %d, CPU token %d (margin %.3g)", pi, step, gtok, ctok, margin)
+						}
+						break
+					}
+					s := model.Seq{Tokens: []int32{gtok}, Pos: pos, Blocks: blocks, Logits: model.LastLogits}
+					gl, err := gm.Forward([]model.Seq{s})
+					if err != nil {
+						t.Fatal(err)
+					}
+					cl, err := cm.Forward([]model.Seq{s})
+					if err != nil {
+						t.Fatal(err)
+					}
+					grows, crows = readLogits(t, p.g, gl), readLogits(t, p.c, cl)
+					gtok, _ = argmaxMargin(grows[0])
+					ctok, margin = argmaxMargin(crows[0])
+					pos++
+				}
+			}
+		})
+	}
+}
+
+// TestHFReference compares the last-position logits of a model directory
+// made by scripts/hf_reference.py (KILN_HF_REF names it) with transformers
+// bf16 on the same GPU.
+func TestHFReference(t *testing.T) {
+	dir := os.Getenv("KILN_HF_REF")
+	if dir == "" {
+		t.Skip("KILN_HF_REF is not set")
+	}
+	p := newPair(t, 7)
+	var ref struct {
+		Prompt []int32 `json:"prompt"`
+	}
+	data, err := os.ReadFile(filepath.Join(dir, "hf_reference.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(data, &ref); err != nil {
+		t.Fatal(err)
+	}
+	want := readF32File(t, filepath.Join(dir, "ref_logits.f32"))
+	m, err := model.Load(dir, p.g, model.Options{KVDType: backend.BF16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if err := m.AllocCache(model.CacheSpec{Blocks: 16, BlockSize: 16}); err != nil {
+		t.Fatal(err)
+	}
+	blocks := []int32{0, 1, 2, 3}
+	// The prompt as one prefill, and again as a prefill of all but the last
+	// token followed by a decode step (the GEMV path).
+	l, err := m.Forward([]model.Seq{{Tokens: ref.Prompt, Blocks: blocks, Logits: model.LastLogits}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := read(t, p.g, l)
+	e1 := relL2(got, want)
+	n := len(ref.Prompt)
+	if _, err := m.Forward([]model.Seq{{Tokens: ref.Prompt[:n-1], Blocks: blocks, Logits: model.NoLogits}}); err != nil {
+		t.Fatal(err)
+	}
+	l, err = m.Forward([]model.Seq{{Tokens: ref.Prompt[n-1:], Pos: n - 1, Blocks: blocks, Logits: model.LastLogits}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got2 := read(t, p.g, l)
+	e2 := relL2(got2, want)
+	ga, _ := argmaxMargin(got)
+	wa, wm := argmaxMargin(want)
+	t.Logf("synthetic Qwen3-8B vs transformers bf16: relative L2 %.4g (prefill), %.4g (decode); argmax %d vs %d (margin %.3g)", e1, e2, ga, wa, wm)
+	if !(e1 <= 1e-2) || !(e2 <= 1e-2) {
+		t.Errorf("relative L2 error above 1e-2")
+	}
+}

@@ -1,0 +1,382 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kiln-llm/kiln/backend"
+	"github.com/kiln-llm/kiln/model"
+)
+
+// The single-process micro benchmark: decode and prefill speed of one model
+// on one backend, driving model.Forward and Sample directly (no engine),
+// each figure printed beside its physical floor.
+func init() { benchModes[""] = benchMicro }
+
+// benchResult is one measured configuration.
+type benchResult struct {
+	Kind    string  `json:"kind"` // "decode" or "prefill"
+	Batch   int     `json:"batch"`
+	Context int     `json:"context"` // decode: tokens already cached per sequence; prefill: prompt length
+	TokS    float64 `json:"tok_s"`
+	FloorS  float64 `json:"floor_tok_s"` // tok/s at the floor
+	Ratio   float64 `json:"ratio"`       // TokS / FloorS
+	Bytes   float64 `json:"bytes_per_step,omitempty"`
+	FLOPs   float64 `json:"flops,omitempty"`
+	Seconds float64 `json:"seconds"` // measured time of the timed steps
+	Steps   int     `json:"steps"`
+}
+
+type benchReport struct {
+	Model     string        `json:"model"`
+	Backend   string        `json:"backend"`
+	Layers    int           `json:"layers"`
+	Bandwidth float64       `json:"bandwidth_bytes_s"`
+	Peak      float64       `json:"peak_flop_s"`
+	Date      string        `json:"date"`
+	Results   []benchResult `json:"results"`
+}
+
+func benchMicro(args []string) error {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	var mf modelFlags
+	mf.register(fs)
+	synth := fs.String("synthetic", "", "benchmark a synthetic model with random weights instead of --model (e.g. qwen3-8b)")
+	layers := fs.Int("layers", 0, "synthetic model: keep only the first N layers (0: all)")
+	dtype := fs.String("dtype", "bf16", "synthetic model: weight dtype (bf16, f16, f32)")
+	kvType := fs.String("kv", "bf16", "KV cache dtype (bf16 or f32)")
+	bw := fs.Float64("bandwidth", 0, "memory bandwidth for the decode floor, bytes/s (default: 3.0e12 on CUDA, a measured copy on CPU)")
+	peak := fs.Float64("peak", 0, "matrix FLOP/s for the prefill floor (default: 7.9e14 on CUDA, a rough 2-core estimate on CPU)")
+	batches := fs.String("batches", "1,8,32,64", "decode batch sizes, at the first --contexts value")
+	contexts := fs.String("contexts", "1024,8192,32768", "decode contexts, at batch 1")
+	prefills := fs.String("prefill", "512,4096,16384", "prefill prompt lengths")
+	steps := fs.Int("steps", 32, "timed decode steps per configuration")
+	asJSON := fs.Bool("json", false, "print the results as JSON")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	bs, err1 := intList(*batches)
+	cs, err2 := intList(*contexts)
+	ps, err3 := intList(*prefills)
+	if err := errors.Join(err1, err2, err3); err != nil {
+		return err
+	}
+	if *steps < 1 {
+		return fmt.Errorf("--steps must be positive")
+	}
+	if (*synth == "") == (mf.dir == "") {
+		return fmt.Errorf("give exactly one of --model and --synthetic")
+	}
+	kvdt, err := parseDType(*kvType)
+	if err != nil {
+		return err
+	}
+	b, err := openBackend(mf.backend)
+	if err != nil {
+		return err
+	}
+	var m *model.Model
+	if *synth != "" {
+		wdt, err := parseDType(*dtype)
+		if err != nil {
+			return err
+		}
+		m, err = model.Synthetic(*synth, b, model.SyntheticOptions{Layers: *layers, Seed: 1, DType: wdt, KVDType: kvdt})
+		if err != nil {
+			return err
+		}
+	} else {
+		bar := newProgressBar(os.Stderr, "loading")
+		m, err = model.Load(mf.dir, b, model.Options{KVDType: kvdt, Progress: bar.update})
+		bar.finish()
+		if err != nil {
+			return err
+		}
+	}
+	defer m.Close()
+	cfg := m.Config()
+	onGPU := strings.HasPrefix(b.Name(), "cuda")
+	if *bw == 0 {
+		if onGPU {
+			*bw = 3.0e12
+		} else {
+			*bw = measureCopyBandwidth()
+		}
+	}
+	if *peak == 0 {
+		if onGPU {
+			*peak = 7.9e14
+		} else {
+			*peak = float64(runtime.GOMAXPROCS(0)) * 3e9 * 32 // 2 FMA units x 8 f32 lanes x 2 FLOPs per core-cycle at ~3 GHz
+		}
+	}
+	const blockSize = 16
+	// One cache serves every configuration in turn: size it for the largest.
+	need := 0
+	for _, B := range bs {
+		need = max(need, B*blocksFor(cs[0]+*steps+4, blockSize))
+	}
+	for _, C := range cs {
+		need = max(need, blocksFor(C+*steps+4, blockSize))
+	}
+	for _, P := range ps {
+		need = max(need, blocksFor(P, blockSize))
+	}
+	if err := m.AllocCache(model.CacheSpec{Blocks: need, BlockSize: blockSize}); err != nil {
+		return err
+	}
+	w := weightBytes(cfg, *dtype)
+	rep := benchReport{Model: cfg.Name, Backend: b.Name(), Layers: cfg.Layers, Bandwidth: *bw, Peak: *peak,
+		Date: time.Now().UTC().Format(time.RFC3339)}
+	// Prefill first: its KV blocks are then real data for the decode runs.
+	for _, P := range ps {
+		r, err := benchPrefill(m, P, blockSize)
+		if err != nil {
+			return fmt.Errorf("prefill %d: %w", P, err)
+		}
+		r.FLOPs = prefillFLOPs(cfg, P)
+		r.FloorS = float64(P) / (r.FLOPs / *peak)
+		r.Ratio = r.TokS / r.FloorS
+		rep.Results = append(rep.Results, r)
+		progress(*asJSON, r)
+	}
+	type dcfg struct{ B, C int }
+	var dcs []dcfg
+	for _, B := range bs {
+		dcs = append(dcs, dcfg{B, cs[0]})
+	}
+	for _, C := range cs[1:] {
+		dcs = append(dcs, dcfg{1, C})
+	}
+	for _, d := range dcs {
+		r, err := benchDecode(m, d.B, d.C, *steps, blockSize)
+		if err != nil {
+			return fmt.Errorf("decode batch %d context %d: %w", d.B, d.C, err)
+		}
+		// Bytes per step: every weight once (MoE: the experts the batch can
+		// touch), plus each sequence's cached keys and values (the mean
+		// context over the timed steps).
+		ctx := float64(d.C) + float64(*steps)/2
+		r.Bytes = w.decode(d.B) + float64(d.B)*ctx*float64(m.KVBytesPerToken())
+		r.FloorS = float64(d.B) / (r.Bytes / *bw)
+		r.Ratio = r.TokS / r.FloorS
+		rep.Results = append(rep.Results, r)
+		progress(*asJSON, r)
+	}
+	if *asJSON {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	fmt.Printf("\n%s on %s (%d layers), %s\nfloors: decode = bytes/step / %.3g B/s, prefill = FLOPs / %.3g FLOP/s\n",
+		rep.Model, rep.Backend, rep.Layers, rep.Date, *bw, *peak)
+	fmt.Printf("%-8s %6s %8s %12s %12s %7s\n", "", "batch", "context", "tok/s", "floor tok/s", "ratio")
+	for _, r := range rep.Results {
+		fmt.Printf("%-8s %6d %8d %12.1f %12.1f %7.3f\n", r.Kind, r.Batch, r.Context, r.TokS, r.FloorS, r.Ratio)
+	}
+	return nil
+}
+
+func progress(quiet bool, r benchResult) {
+	if !quiet {
+		fmt.Fprintf(os.Stderr, "%s batch %d context %d: %.1f tok/s (%.3f of the floor)\n", r.Kind, r.Batch, r.Context, r.TokS, r.Ratio)
+	}
+}
+
+func blocksFor(tokens, bs int) int { return (tokens + bs - 1) / bs }
+
+func intList(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("bad size %q in %q", f, s)
+		}
+		out = append(out, n)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("empty list %q", s)
+	}
+	return out, nil
+}
+
+func parseDType(s string) (backend.DType, error) {
+	switch s {
+	case "bf16":
+		return backend.BF16, nil
+	case "f16":
+		return backend.F16, nil
+	case "f32":
+		return backend.F32, nil
+	}
+	return 0, fmt.Errorf("unknown dtype %q (bf16, f16 or f32)", s)
+}
+
+// seqTokens is a deterministic prompt of n tokens.
+func seqTokens(n, vocab, seed int) []int32 {
+	t := make([]int32, n)
+	x := uint32(seed*7919 + 1)
+	for i := range t {
+		x = x*1664525 + 1013904223
+		t[i] = int32(x>>8) % int32(vocab)
+	}
+	return t
+}
+
+func blockRange(start, n int) []int32 {
+	b := make([]int32, n)
+	for i := range b {
+		b[i] = int32(start + i)
+	}
+	return b
+}
+
+// benchPrefill times one prompt of P tokens through Forward and Sample
+// (median of three after a warm-up).
+func benchPrefill(m *model.Model, P, bs int) (benchResult, error) {
+	cfg := m.Config()
+	seq := model.Seq{Tokens: seqTokens(P, cfg.VocabSize, P), Blocks: blockRange(0, blocksFor(P, bs)), Logits: model.LastLogits}
+	var times []float64
+	for i := 0; i < 4; i++ {
+		start := time.Now()
+		logits, err := m.Forward([]model.Seq{seq})
+		if err != nil {
+			return benchResult{}, err
+		}
+		if _, err := m.Sample(logits, []backend.SampleParams{{}}); err != nil {
+			return benchResult{}, err
+		}
+		if i > 0 {
+			times = append(times, time.Since(start).Seconds())
+		}
+	}
+	sort.Float64s(times)
+	t := times[len(times)/2]
+	return benchResult{Kind: "prefill", Batch: 1, Context: P, TokS: float64(P) / t, Seconds: t, Steps: 1}, nil
+}
+
+// benchDecode times steps greedy decode steps of B sequences that each
+// have C tokens cached (the cache's contents are whatever earlier runs left
+// there: decode reads the same bytes whatever they hold).
+func benchDecode(m *model.Model, B, C, steps, bs int) (benchResult, error) {
+	cfg := m.Config()
+	const warm = 4
+	nb := blocksFor(C+steps+warm, bs)
+	seqs := make([]model.Seq, B)
+	for i := range seqs {
+		seqs[i] = model.Seq{Tokens: []int32{int32(i % cfg.VocabSize)}, Pos: C, Blocks: blockRange(i*nb, nb), Logits: model.LastLogits}
+	}
+	params := make([]backend.SampleParams, B)
+	var start time.Time
+	for s := 0; s < warm+steps; s++ {
+		if s == warm {
+			start = time.Now()
+		}
+		logits, err := m.Forward(seqs)
+		if err != nil {
+			return benchResult{}, err
+		}
+		out, err := m.Sample(logits, params)
+		if err != nil {
+			return benchResult{}, err
+		}
+		for i := range seqs {
+			seqs[i].Tokens[0] = out[i].Token
+			seqs[i].Pos++
+		}
+	}
+	t := time.Since(start).Seconds()
+	return benchResult{Kind: "decode", Batch: B, Context: C, TokS: float64(B*steps) / t, Seconds: t, Steps: steps}, nil
+}
+
+// modelBytes counts a model's weights: dense, the per-expert size of MoE
+// layers, and the LM head.
+type modelBytes struct {
+	dense, expert float64
+	experts, topK int
+	moeLayers     int
+}
+
+// decode is the weight bytes one decode step of B sequences reads.
+func (w modelBytes) decode(B int) float64 {
+	return w.dense + float64(w.moeLayers)*float64(min(w.experts, B*w.topK))*w.expert
+}
+
+// linearParams is the number of weights of one token's matrix products
+// (MoE layers counting only the top-k experts), the LM head included.
+func linearParams(c *model.Config) (dense, expert float64, moeLayers int) {
+	H := float64(c.Hidden)
+	dense = float64(c.VocabSize) * H // LM head (the embedding table is only indexed)
+	for l := 0; l < c.Layers; l++ {
+		if c.Kinds[l] == model.FullAttention {
+			q := float64(c.Heads * c.HeadDim)
+			if c.Hybrid() {
+				q *= 2 // gated attention: [query | gate]
+			}
+			dense += H*(q+2*float64(c.KVHeads*c.HeadDim)) + float64(c.Heads*c.HeadDim)*H
+		} else {
+			d := c.DeltaNet
+			dense += H*float64(2*d.KeyHeads*d.KeyDim+2*d.ValueHeads*d.ValueDim+2*d.ValueHeads) + float64(d.ValueHeads*d.ValueDim)*H
+		}
+		if c.Sparse != nil && c.Sparse[l] {
+			moeLayers++
+			expert = 3 * H * float64(c.MoE.Intermediate)
+			dense += float64(c.MoE.Experts)*H + 3*H*float64(c.MoE.SharedIntermediate)
+		} else {
+			dense += 3 * H * float64(c.Intermediate)
+		}
+	}
+	return dense, expert, moeLayers
+}
+
+func weightBytes(c *model.Config, dtype string) modelBytes {
+	size := 2.0
+	if dtype == "f32" {
+		size = 4
+	}
+	dense, expert, moe := linearParams(c)
+	return modelBytes{dense: dense * size, expert: expert * size, experts: c.MoE.Experts, topK: c.MoE.TopK, moeLayers: moe}
+}
+
+// prefillFLOPs counts the matrix FLOPs of one P-token prompt: 2 per weight
+// per token, plus causal attention (QK^T and PV over P^2/2 pairs per head).
+func prefillFLOPs(c *model.Config, P int) float64 {
+	dense, expert, moe := linearParams(c)
+	perTok := dense + float64(moe)*float64(c.MoE.TopK)*expert
+	attnLayers := 0
+	for _, k := range c.Kinds {
+		if k == model.FullAttention {
+			attnLayers++
+		}
+	}
+	p := float64(P)
+	return 2*perTok*p + float64(attnLayers)*4*p*p/2*float64(c.Heads*c.HeadDim)
+}
+
+// measureCopyBandwidth times copying a 256 MiB buffer (bytes read plus
+// written per second), the CPU's decode floor.
+func measureCopyBandwidth() float64 {
+	const n = 256 << 20
+	src, dst := make([]byte, n), make([]byte, n)
+	for i := range src {
+		src[i] = byte(i)
+	}
+	best := 0.0
+	for range 3 {
+		start := time.Now()
+		copy(dst, src)
+		best = max(best, 2*n/time.Since(start).Seconds())
+	}
+	return best
+}
