@@ -1,0 +1,333 @@
+package tokenizer
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/text/unicode/norm"
+)
+
+// fileJSON is the part of tokenizer.json that encoding and decoding use.
+// The post-processor is ignored: with add_special_tokens=False it adds
+// nothing, and ByteLevel's only changes offsets.
+type fileJSON struct {
+	AddedTokens  []addedToken    `json:"added_tokens"`
+	Normalizer   json.RawMessage `json:"normalizer"`
+	PreTokenizer json.RawMessage `json:"pre_tokenizer"`
+	Decoder      json.RawMessage `json:"decoder"`
+	Model        modelJSON       `json:"model"`
+}
+
+type modelJSON struct {
+	Type                    string            `json:"type"`
+	Dropout                 *float64          `json:"dropout"`
+	UnkToken                *string           `json:"unk_token"`
+	ContinuingSubwordPrefix *string           `json:"continuing_subword_prefix"`
+	EndOfWordSuffix         *string           `json:"end_of_word_suffix"`
+	FuseUnk                 bool              `json:"fuse_unk"`
+	ByteFallback            bool              `json:"byte_fallback"`
+	IgnoreMerges            bool              `json:"ignore_merges"`
+	Vocab                   map[string]int32  `json:"vocab"`
+	Merges                  []json.RawMessage `json:"merges"`
+}
+
+type typed struct {
+	Type string `json:"type"`
+}
+
+// Load reads DIR/tokenizer.json.
+func Load(dir string) (*Tokenizer, error) {
+	path := filepath.Join(dir, "tokenizer.json")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("tokenizer: %w", err)
+	}
+	t, err := parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("tokenizer: %s: %w", path, err)
+	}
+	return t, nil
+}
+
+// LoadFS reads tokenizer.json at the root of fsys.
+func LoadFS(fsys fs.FS) (*Tokenizer, error) {
+	data, err := fs.ReadFile(fsys, "tokenizer.json")
+	if err != nil {
+		return nil, fmt.Errorf("tokenizer: %w", err)
+	}
+	t, err := parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("tokenizer: tokenizer.json: %w", err)
+	}
+	return t, nil
+}
+
+func parse(data []byte) (*Tokenizer, error) {
+	var f fileJSON
+	if err := json.Unmarshal(data, &f); err != nil {
+		return nil, err
+	}
+	t := &Tokenizer{}
+	var err error
+	if t.normalize, err = parseNormalizer(f.Normalizer); err != nil {
+		return nil, err
+	}
+	if err = t.parsePreTokenizer(f.PreTokenizer); err != nil {
+		return nil, err
+	}
+	if err = parseDecoder(f.Decoder); err != nil {
+		return nil, err
+	}
+	if t.model, err = parseModel(&f.Model); err != nil {
+		return nil, err
+	}
+	t.buildVocab(&f)
+	return t, nil
+}
+
+func parseNormalizer(raw json.RawMessage) (func(string) string, error) {
+	if isNull(raw) {
+		return nil, nil
+	}
+	var ty typed
+	if err := json.Unmarshal(raw, &ty); err != nil {
+		return nil, fmt.Errorf("normalizer: %w", err)
+	}
+	switch ty.Type {
+	case "NFC":
+		return norm.NFC.String, nil
+	case "NFD":
+		return norm.NFD.String, nil
+	case "NFKC":
+		return norm.NFKC.String, nil
+	case "NFKD":
+		return norm.NFKD.String, nil
+	case "Sequence":
+		var seq struct {
+			Normalizers []json.RawMessage `json:"normalizers"`
+		}
+		if err := json.Unmarshal(raw, &seq); err != nil {
+			return nil, fmt.Errorf("normalizer: %w", err)
+		}
+		var fns []func(string) string
+		for _, r := range seq.Normalizers {
+			fn, err := parseNormalizer(r)
+			if err != nil {
+				return nil, err
+			}
+			if fn != nil {
+				fns = append(fns, fn)
+			}
+		}
+		switch len(fns) {
+		case 0:
+			return nil, nil
+		case 1:
+			return fns[0], nil
+		}
+		return func(s string) string {
+			for _, fn := range fns {
+				s = fn(s)
+			}
+			return s
+		}, nil
+	}
+	return nil, fmt.Errorf("normalizer %q is not supported (NFC, NFD, NFKC, NFKD and Sequence are)", ty.Type)
+}
+
+func (t *Tokenizer) parsePreTokenizer(raw json.RawMessage) error {
+	if isNull(raw) {
+		return errors.New("pre_tokenizer: none given; a byte-level BPE needs ByteLevel")
+	}
+	var ty typed
+	if err := json.Unmarshal(raw, &ty); err != nil {
+		return fmt.Errorf("pre_tokenizer: %w", err)
+	}
+	steps := []json.RawMessage{raw}
+	if ty.Type == "Sequence" {
+		var seq struct {
+			PreTokenizers []json.RawMessage `json:"pretokenizers"`
+		}
+		if err := json.Unmarshal(raw, &seq); err != nil {
+			return fmt.Errorf("pre_tokenizer: %w", err)
+		}
+		steps = seq.PreTokenizers
+	}
+	for i, r := range steps {
+		var st struct {
+			Type           string `json:"type"`
+			AddPrefixSpace bool   `json:"add_prefix_space"`
+			UseRegex       *bool  `json:"use_regex"`
+			Behavior       string `json:"behavior"`
+			Invert         bool   `json:"invert"`
+			Pattern        struct {
+				Regex  *string `json:"Regex"`
+				String *string `json:"String"`
+			} `json:"pattern"`
+		}
+		if err := json.Unmarshal(r, &st); err != nil {
+			return fmt.Errorf("pre_tokenizer: %w", err)
+		}
+		switch st.Type {
+		case "Split":
+			if t.byteLevel {
+				return errors.New("pre_tokenizer: Split after ByteLevel is not supported")
+			}
+			if st.Behavior != "Isolated" || st.Invert {
+				return fmt.Errorf("pre_tokenizer: Split with behavior %q invert %v is not supported (Isolated, not inverted, is)", st.Behavior, st.Invert)
+			}
+			var sp splitter
+			switch {
+			case st.Pattern.Regex != nil:
+				var err error
+				if sp, err = newSplitter(*st.Pattern.Regex); err != nil {
+					return fmt.Errorf("pre_tokenizer: %w", err)
+				}
+			case st.Pattern.String != nil:
+				sp = literalSplitter(*st.Pattern.String)
+			default:
+				return errors.New("pre_tokenizer: Split without a pattern")
+			}
+			t.splits = append(t.splits, sp)
+		case "ByteLevel":
+			if i != len(steps)-1 {
+				return errors.New("pre_tokenizer: ByteLevel must be the last step")
+			}
+			t.byteLevel = true
+			t.prefixSpace = st.AddPrefixSpace
+			if st.UseRegex == nil || *st.UseRegex {
+				t.splits = append(t.splits, knownScanner(gpt2Pattern))
+			}
+		default:
+			return fmt.Errorf("pre_tokenizer %q is not supported (Sequence, Split and ByteLevel are)", st.Type)
+		}
+	}
+	if !t.byteLevel {
+		return errors.New("pre_tokenizer: no ByteLevel step; only byte-level BPE is supported")
+	}
+	return nil
+}
+
+func parseDecoder(raw json.RawMessage) error {
+	var ty typed
+	if !isNull(raw) {
+		if err := json.Unmarshal(raw, &ty); err != nil {
+			return fmt.Errorf("decoder: %w", err)
+		}
+	}
+	if ty.Type != "ByteLevel" {
+		return fmt.Errorf("decoder %q is not supported (ByteLevel is)", ty.Type)
+	}
+	return nil
+}
+
+func parseModel(mj *modelJSON) (*bpe, error) {
+	if mj.Type != "BPE" && mj.Type != "" {
+		return nil, fmt.Errorf("model %q is not supported (BPE is)", mj.Type)
+	}
+	if mj.Dropout != nil && *mj.Dropout > 0 {
+		return nil, errors.New("model: BPE dropout is not supported")
+	}
+	if mj.ByteFallback {
+		return nil, errors.New("model: byte_fallback is not supported")
+	}
+	if p := mj.ContinuingSubwordPrefix; p != nil && *p != "" {
+		return nil, errors.New("model: continuing_subword_prefix is not supported")
+	}
+	if p := mj.EndOfWordSuffix; p != nil && *p != "" {
+		return nil, errors.New("model: end_of_word_suffix is not supported")
+	}
+	m := &bpe{
+		vocab:        make(map[string]int32, len(mj.Vocab)),
+		merges:       make(map[uint64]uint64, len(mj.Merges)),
+		ignoreMerges: mj.IgnoreMerges,
+		fuseUnk:      mj.FuseUnk,
+		unk:          -1,
+		cache:        map[string][]int32{},
+	}
+	for i := range m.byteID {
+		m.byteID[i] = -1
+	}
+	for tok, id := range mj.Vocab {
+		if id < 0 {
+			return nil, fmt.Errorf("model: token %q has negative id %d", tok, id)
+		}
+		raw, ok := fromByteLevel(tok)
+		if !ok {
+			// Not made of byte-level characters: no piece can ever
+			// spell it, so it only matters for id lookups.
+			continue
+		}
+		m.vocab[raw] = id
+		if len(raw) == 1 {
+			m.byteID[raw[0]] = id
+		}
+	}
+	if mj.UnkToken != nil {
+		id, ok := mj.Vocab[*mj.UnkToken]
+		if !ok {
+			return nil, fmt.Errorf("model: unk_token %q is not in the vocabulary", *mj.UnkToken)
+		}
+		m.unk = id
+	}
+	for rank, r := range mj.Merges {
+		a, b, err := parseMerge(r)
+		if err != nil {
+			return nil, fmt.Errorf("model: merge %d: %w", rank, err)
+		}
+		ia, oka := mj.Vocab[a]
+		ib, okb := mj.Vocab[b]
+		in, okn := mj.Vocab[a+b]
+		switch {
+		case !oka:
+			return nil, fmt.Errorf("model: merge %d: %q is not in the vocabulary", rank, a)
+		case !okb:
+			return nil, fmt.Errorf("model: merge %d: %q is not in the vocabulary", rank, b)
+		case !okn:
+			return nil, fmt.Errorf("model: merge %d: %q is not in the vocabulary", rank, a+b)
+		}
+		// A repeated pair keeps its last rank, as HF's map does.
+		m.merges[pairKey(ia, ib)] = uint64(rank)<<32 | uint64(uint32(in))
+	}
+	return m, nil
+}
+
+// parseMerge reads a merge in either form: "a b" or ["a", "b"].
+func parseMerge(r json.RawMessage) (string, string, error) {
+	var s string
+	if err := json.Unmarshal(r, &s); err == nil {
+		parts := strings.Split(s, " ")
+		if len(parts) != 2 {
+			return "", "", fmt.Errorf("%q is not two tokens separated by one space", s)
+		}
+		return parts[0], parts[1], nil
+	}
+	var pair []string
+	if err := json.Unmarshal(r, &pair); err != nil || len(pair) != 2 {
+		return "", "", fmt.Errorf("%s is neither \"a b\" nor [\"a\", \"b\"]", r)
+	}
+	return pair[0], pair[1], nil
+}
+
+// fromByteLevel maps a string of byte-level characters to the bytes they
+// stand for.
+func fromByteLevel(tok string) (string, bool) {
+	out := make([]byte, 0, len(tok))
+	for _, r := range tok {
+		if int(r) >= len(runeToByte) || runeToByte[r] < 0 {
+			return "", false
+		}
+		out = append(out, byte(runeToByte[r]))
+	}
+	return string(out), true
+}
+
+func isNull(raw json.RawMessage) bool {
+	s := strings.TrimSpace(string(raw))
+	return s == "" || s == "null"
+}
