@@ -67,7 +67,7 @@ func nextTag(src string, from int) (tag, bool) {
 			t.open = src[j : j+1]
 			j++
 		}
-		closer := map[byte]string{'{': "}}", '%': "%}", '#': "#}"}[t.kind]
+		closer := t.closer()
 		end := findClose(src, j, closer, t.kind != '#')
 		if end < 0 {
 			return tag{}, false
@@ -186,9 +186,14 @@ func rewriteTag(t tag, n *int) string {
 	return pre.String() + t.openText() + body + t.closeText()
 }
 
-func (t tag) openText() string { return "{" + string(t.kind) + t.open }
-func (t tag) closeText() string {
-	return t.close + map[byte]string{'{': "}}", '%': "%}", '#': "#}"}[t.kind]
+func (t tag) openText() string  { return "{" + string(t.kind) + t.open }
+func (t tag) closeText() string { return t.close + t.closer() }
+
+func (t tag) closer() string {
+	if t.kind == '{' {
+		return "}}"
+	}
+	return string(t.kind) + "}"
 }
 
 // conditional is one "yes if cond else no" element inside brackets of an

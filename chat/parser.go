@@ -307,8 +307,8 @@ func typedValue(v, typ string) []byte {
 	t := strings.TrimSpace(v)
 	switch typ {
 	case "integer":
-		if _, err := strconv.ParseInt(t, 10, 64); err == nil {
-			return []byte(t)
+		if i, err := strconv.ParseInt(t, 10, 64); err == nil {
+			return []byte(strconv.FormatInt(i, 10))
 		}
 		if f, err := strconv.ParseFloat(t, 64); err == nil && f == float64(int64(f)) {
 			return []byte(strconv.FormatInt(int64(f), 10))
