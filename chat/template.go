@@ -97,11 +97,11 @@ func configTemplate(raw json.RawMessage) ([]byte, error) {
 }
 
 // specialToken reads a special token as tokenizer_config.json spells it: a
-// string, or an added-token object with its "content".
+// string, or an added-token object with its "content"; null is no token.
 func specialToken(raw json.RawMessage) (string, bool) {
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
-		return s, true
+	var s *string
+	if json.Unmarshal(raw, &s) == nil && s != nil {
+		return *s, true
 	}
 	var obj struct {
 		Content *string `json:"content"`
