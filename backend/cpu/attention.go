@@ -85,15 +85,9 @@ func (p kvPool) dot(q []float32, off int) float32 {
 // axpy adds a * row(off) to acc.
 func (p kvPool) axpy(acc []float32, a float32, off int) {
 	if p.f32 != nil {
-		row := p.f32[off : off+len(acc)]
-		for i, v := range row {
-			acc[i] += a * v
-		}
-		return
-	}
-	row := p.b16[off : off+len(acc)]
-	for i, v := range row {
-		acc[i] += a * bf16ToF32(v)
+		axpy(acc, a, p.f32[off:off+len(acc)])
+	} else {
+		axpyBF16(acc, a, p.b16[off:off+len(acc)])
 	}
 }
 

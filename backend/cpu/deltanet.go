@@ -391,11 +391,3 @@ func (d *deltaHead) chunk(S []float32, t0, L int, ws *deltaScratch) {
 		}
 	}
 }
-
-// axpy adds a*x to y.
-func axpy(y []float32, a float32, x []float32) {
-	x = x[:len(y)]
-	for i, v := range x {
-		y[i] += a * v
-	}
-}

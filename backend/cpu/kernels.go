@@ -1,16 +1,19 @@
 package cpu
 
-// The inner loops of matmul. Each keeps several independent accumulators so
-// the adds pipeline; the assembly versions, where present, replace these at
-// init (see kernels_amd64.go).
+// The inner loops of the backend, in portable Go. On amd64 with AVX2 and
+// FMA, kernels_amd64.go replaces them with assembly at init; the test
+// TestKernels checks that both agree.
 
 var (
 	dotF32   = dotF32Go
-	dot4F32  = dot4F32Go
 	dotBF16  = dotBF16Go
 	dot4BF16 = dot4BF16Go
+	axpy     = axpyGo
+	axpyBF16 = axpyBF16Go
+	gemm6x16 = gemm6x16Go
 )
 
+// dotF32Go returns x . w (len(w) >= len(x)).
 func dotF32Go(x, w []float32) float32 {
 	w = w[:len(x)]
 	var s0, s1, s2, s3 float32
@@ -27,20 +30,7 @@ func dotF32Go(x, w []float32) float32 {
 	return (s0 + s1) + (s2 + s3)
 }
 
-// dot4F32Go sets out[j] = x . w[j*k:(j+1)*k] for j < 4.
-func dot4F32Go(x, w []float32, k int, out []float32) {
-	x = x[:k]
-	w0, w1, w2, w3 := w[:k], w[k:2*k], w[2*k:3*k], w[3*k:4*k]
-	var s0, s1, s2, s3 float32
-	for i, v := range x {
-		s0 += v * w0[i]
-		s1 += v * w1[i]
-		s2 += v * w2[i]
-		s3 += v * w3[i]
-	}
-	out[0], out[1], out[2], out[3] = s0, s1, s2, s3
-}
-
+// dotBF16Go returns x . w for bf16 w (len(w) >= len(x)).
 func dotBF16Go(x []float32, w []uint16) float32 {
 	w = w[:len(x)]
 	var s0, s1 float32
@@ -55,7 +45,7 @@ func dotBF16Go(x []float32, w []uint16) float32 {
 	return s0 + s1
 }
 
-// dot4BF16Go sets out[j] = x . w[j*k:(j+1)*k] for j < 4.
+// dot4BF16Go sets out[j] = x[:k] . w[j*k:(j+1)*k] for j < 4.
 func dot4BF16Go(x []float32, w []uint16, k int, out []float32) {
 	x = x[:k]
 	w0, w1, w2, w3 := w[:k], w[k:2*k], w[2*k:3*k], w[3*k:4*k]
@@ -67,4 +57,37 @@ func dot4BF16Go(x []float32, w []uint16, k int, out []float32) {
 		s3 += v * bf16ToF32(w3[i])
 	}
 	out[0], out[1], out[2], out[3] = s0, s1, s2, s3
+}
+
+// axpyGo adds a*x to y (len(x) >= len(y)).
+func axpyGo(y []float32, a float32, x []float32) {
+	x = x[:len(y)]
+	for i, v := range x {
+		y[i] += a * v
+	}
+}
+
+// axpyBF16Go adds a*x to y for bf16 x (len(x) >= len(y)).
+func axpyBF16Go(y []float32, a float32, x []uint16) {
+	x = x[:len(y)]
+	for i, v := range x {
+		y[i] += a * bf16ToF32(v)
+	}
+}
+
+// gemm6x16Go sets c[i*16+j] = sum_{p<k} a[i*lda+p] * b[p*16+j] for i < 6
+// and j < 16: six input rows against a block of 16 weight rows packed
+// k-major.
+func gemm6x16Go(a []float32, lda int, b []float32, k int, c *[96]float32) {
+	*c = [96]float32{}
+	for i := range 6 {
+		ai := a[i*lda : i*lda+k]
+		ci := c[i*16 : i*16+16]
+		for p, av := range ai {
+			bp := b[p*16 : p*16+16]
+			for j := range ci {
+				ci[j] += av * bp[j]
+			}
+		}
+	}
 }

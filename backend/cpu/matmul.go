@@ -145,14 +145,16 @@ func (w weights) dotRows(r0 int, x []float32, out []float32) {
 	}
 }
 
-// Tile sizes of matmul: a block of rowBlock weight rows is decoded once and
-// reused across a tile of tokTile input rows that stays in cache.
 const (
-	rowBlock = 16
-	tokTile  = 64
 	// Up to directRows input rows, weights are dotted straight from their
-	// dtype: decode is bound by reading the weights once.
+	// dtype, a few rows at a time that stay in L1 while every input row
+	// passes: decode is bound by reading the weights once.
 	directRows = 4
+	// Above, blocks of gemmCols weight rows are decoded and packed k-major,
+	// and tiles of input rows (whose size keeps the tile in L2) run through
+	// the 6x16 kernel against each block.
+	gemmRows, gemmCols = 6, 16
+	tileBytes          = 384 << 10
 )
 
 // matmul computes out[n,o] (+)= sum_i x[n,i] * w[o,i] for x [n, w.cols] and
@@ -165,63 +167,91 @@ func (p *pool) matmul(out, x []float32, n int, w weights, accumulate bool) {
 	if len(x) < n*k || len(out) < n*o {
 		panic(fmt.Sprintf("cpu: matmul sizes: x %d, out %d for n %d, w [%d, %d]", len(x), len(out), n, o, k))
 	}
-	grain := max(rowBlock, 1<<16/max(k, 1)) // at least ~64K weights per task
-	grain = (grain + 3) &^ 3
-	p.For(o, grain, func(lo, hi int) {
-		if n <= directRows {
-			res := make([]float32, hi-lo)
-			for t := 0; t < n; t++ {
-				w.dotRows(lo, x[t*k:(t+1)*k], res)
-				dst := out[t*o+lo : t*o+hi]
+	if n <= directRows {
+		p.matmulDirect(out, x, n, w, accumulate)
+		return
+	}
+	tile := max(gemmRows, tileBytes/(4*max(k, 1))/gemmRows*gemmRows)
+	blocks := (o + gemmCols - 1) / gemmCols
+	for t0 := 0; t0 < n; t0 += tile {
+		nt := min(tile, n-t0)
+		p.For(blocks, 1, func(lo, hi int) {
+			packed := make([]float32, k*gemmCols)
+			row := make([]float32, k)
+			var pad []float32 // the last partial group of input rows, zero-padded
+			var c [gemmRows * gemmCols]float32
+			for blk := lo; blk < hi; blk++ {
+				r0 := blk * gemmCols
+				nc := min(gemmCols, o-r0)
+				w.pack(r0, nc, row, packed)
+				for g := t0; g < t0+nt; g += gemmRows {
+					ng := min(gemmRows, t0+nt-g)
+					a := x[g*k:]
+					if ng < gemmRows {
+						if pad == nil {
+							pad = make([]float32, gemmRows*k)
+						}
+						copy(pad, x[g*k:(g+ng)*k])
+						clear(pad[ng*k:])
+						a = pad
+					}
+					gemm6x16(a, k, packed, k, &c)
+					for i := range ng {
+						dst := out[(g+i)*o+r0 : (g+i)*o+r0+nc]
+						src := c[i*gemmCols : i*gemmCols+nc]
+						if accumulate {
+							for j, v := range src {
+								dst[j] += v
+							}
+						} else {
+							copy(dst, src)
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+// pack decodes rows [r0, r0+nc) into packed[p*16+j] = w[r0+j][p], with zeros
+// for j >= nc; row is scratch of w.cols floats.
+func (w weights) pack(r0, nc int, row, packed []float32) {
+	for j := range gemmCols {
+		if j >= nc {
+			for p := range w.cols {
+				packed[p*gemmCols+j] = 0
+			}
+			continue
+		}
+		w.decode(r0+j, row)
+		for p, v := range row {
+			packed[p*gemmCols+j] = v
+		}
+	}
+}
+
+// matmulDirect is matmul for a few input rows: groups of weight rows are
+// read once from memory and dotted with every input row.
+func (p *pool) matmulDirect(out, x []float32, n int, w weights, accumulate bool) {
+	k, o := w.cols, w.rows
+	grain := max(64, 1<<16/max(k, 1)) // at least ~64K weights per task
+	p.For((o+3)/4, grain/4, func(lo, hi int) {
+		var res [4]float32
+		for r := 4 * lo; r < min(4*hi, o); r += 4 {
+			nr := min(4, o-r)
+			for t := range n {
+				w.dotRows(r, x[t*k:(t+1)*k], res[:nr])
+				dst := out[t*o+r : t*o+r+nr]
 				if accumulate {
-					for j, v := range res {
+					for j, v := range res[:nr] {
 						dst[j] += v
 					}
 				} else {
-					copy(dst, res)
-				}
-			}
-			return
-		}
-		blk := make([]float32, rowBlock*k)
-		for r0 := lo; r0 < hi; r0 += rowBlock {
-			rb := min(rowBlock, hi-r0)
-			wb := blk[:rb*k]
-			w.decode(r0, wb)
-			for t0 := 0; t0 < n; t0 += tokTile {
-				for t := t0; t < min(t0+tokTile, n); t++ {
-					xr := x[t*k : (t+1)*k]
-					dst := out[t*o+r0 : t*o+r0+rb]
-					gemvBlock(xr, wb, k, dst, accumulate)
+					copy(dst, res[:nr])
 				}
 			}
 		}
 	})
-}
-
-// gemvBlock computes dst[j] (+)= x . wb[j*k:(j+1)*k].
-func gemvBlock(x, wb []float32, k int, dst []float32, accumulate bool) {
-	j := 0
-	var r [4]float32
-	for ; j+4 <= len(dst); j += 4 {
-		dot4F32(x, wb[j*k:(j+4)*k], k, r[:])
-		if accumulate {
-			dst[j] += r[0]
-			dst[j+1] += r[1]
-			dst[j+2] += r[2]
-			dst[j+3] += r[3]
-		} else {
-			copy(dst[j:j+4], r[:])
-		}
-	}
-	for ; j < len(dst); j++ {
-		v := dotF32(x, wb[j*k:(j+1)*k])
-		if accumulate {
-			dst[j] += v
-		} else {
-			dst[j] = v
-		}
-	}
 }
 
 // MatMul computes out[n,o] = sum_i x[n,i] * w[o,i], adding to out when

@@ -30,7 +30,7 @@ func TestMatMul(t *testing.T) {
 	b := New(Options{Threads: 3})
 	r := newRand(1)
 	for _, dt := range weightTypes {
-		for _, sz := range [][3]int{{1, 37, 19}, {3, 130, 33}, {4, 64, 40}, {5, 71, 21}, {70, 33, 50}, {130, 129, 7}} {
+		for _, sz := range [][3]int{{1, 37, 19}, {3, 130, 33}, {4, 64, 40}, {5, 71, 21}, {70, 33, 50}, {130, 129, 7}, {200, 1030, 37}} {
 			n, k, o := sz[0], sz[1], sz[2]
 			for _, acc := range []bool{false, true} {
 				t.Run(fmt.Sprintf("%v/%dx%dx%d/acc=%v", dt, n, k, o, acc), func(t *testing.T) {

@@ -1,0 +1,139 @@
+package cpu
+
+import "unsafe"
+
+func cpuid(eaxArg, ecxArg uint32) (eax, ebx, ecx, edx uint32)
+func xgetbv0() (eax, edx uint32)
+
+//go:noescape
+func dot4bf16AVX(x *float32, w *uint16, stride uintptr, n int, out *[4]float32)
+
+//go:noescape
+func gemm6x16AVX(a *float32, lda int, b *float32, k int, c *[96]float32)
+
+//go:noescape
+func dotAVX(x, y *float32, n int) float32
+
+//go:noescape
+func dotbf16AVX(x *float32, w *uint16, n int) float32
+
+//go:noescape
+func axpyAVX(y, x *float32, a float32, n int)
+
+//go:noescape
+func axpybf16AVX(y *float32, x *uint16, a float32, n int)
+
+// hasAVX2FMA reports whether the CPU and OS support AVX2 and FMA.
+func hasAVX2FMA() bool {
+	maxID, _, _, _ := cpuid(0, 0)
+	if maxID < 7 {
+		return false
+	}
+	_, _, ecx1, _ := cpuid(1, 0)
+	const fma, osxsave, avx = 1 << 12, 1 << 27, 1 << 28
+	if ecx1&(fma|osxsave|avx) != fma|osxsave|avx {
+		return false
+	}
+	if xcr0, _ := xgetbv0(); xcr0&6 != 6 { // the OS saves xmm and ymm state
+		return false
+	}
+	_, ebx7, _, _ := cpuid(7, 0)
+	return ebx7&(1<<5) != 0
+}
+
+var useAVX = hasAVX2FMA()
+
+func init() {
+	if install, ok := asmKernels(); ok {
+		install()
+	}
+}
+
+// The wrappers check bounds, run the assembly over the multiple-of-8 prefix
+// and finish the tail in Go.
+
+func dotF32AVX(x, w []float32) float32 {
+	n := len(x)
+	w = w[:n]
+	n8 := n &^ 7
+	var s float32
+	if n8 > 0 {
+		s = dotAVX(unsafe.SliceData(x), unsafe.SliceData(w), n8)
+	}
+	for i := n8; i < n; i++ {
+		s += x[i] * w[i]
+	}
+	return s
+}
+
+func dotBF16AVX(x []float32, w []uint16) float32 {
+	n := len(x)
+	w = w[:n]
+	n8 := n &^ 7
+	var s float32
+	if n8 > 0 {
+		s = dotbf16AVX(unsafe.SliceData(x), unsafe.SliceData(w), n8)
+	}
+	for i := n8; i < n; i++ {
+		s += x[i] * bf16ToF32(w[i])
+	}
+	return s
+}
+
+func dot4BF16AVX(x []float32, w []uint16, k int, out []float32) {
+	x, w, out = x[:k], w[:4*k], out[:4]
+	k8 := k &^ 7
+	var r [4]float32
+	if k8 > 0 {
+		dot4bf16AVX(unsafe.SliceData(x), unsafe.SliceData(w), uintptr(2*k), k8, &r)
+	}
+	for i := k8; i < k; i++ {
+		for j := range 4 {
+			r[j] += x[i] * bf16ToF32(w[j*k+i])
+		}
+	}
+	copy(out, r[:])
+}
+
+func axpyF32AVX(y []float32, a float32, x []float32) {
+	n := len(y)
+	x = x[:n]
+	n8 := n &^ 7
+	if n8 > 0 {
+		axpyAVX(unsafe.SliceData(y), unsafe.SliceData(x), a, n8)
+	}
+	for i := n8; i < n; i++ {
+		y[i] += a * x[i]
+	}
+}
+
+func axpyBF16AVX(y []float32, a float32, x []uint16) {
+	n := len(y)
+	x = x[:n]
+	n8 := n &^ 7
+	if n8 > 0 {
+		axpybf16AVX(unsafe.SliceData(y), unsafe.SliceData(x), a, n8)
+	}
+	for i := n8; i < n; i++ {
+		y[i] += a * bf16ToF32(x[i])
+	}
+}
+
+func gemm6x16Asm(a []float32, lda int, b []float32, k int, c *[96]float32) {
+	if k == 0 {
+		*c = [96]float32{}
+		return
+	}
+	_ = a[5*lda+k-1]
+	_ = b[16*k-1]
+	gemm6x16AVX(unsafe.SliceData(a), lda, unsafe.SliceData(b), k, c)
+}
+
+// asmKernels returns a function installing the assembly kernels, when the
+// CPU has them.
+func asmKernels() (func(), bool) {
+	return func() {
+		dotF32, dotBF16, dot4BF16 = dotF32AVX, dotBF16AVX, dot4BF16AVX
+		axpy, axpyBF16, gemm6x16 = axpyF32AVX, axpyBF16AVX, gemm6x16Asm
+	}, useAVX
+}

@@ -1,0 +1,283 @@
+#include "textflag.h"
+
+// func cpuid(eaxArg, ecxArg uint32) (eax, ebx, ecx, edx uint32)
+TEXT ·cpuid(SB), NOSPLIT, $0-24
+	MOVL eaxArg+0(FP), AX
+	MOVL ecxArg+4(FP), CX
+	CPUID
+	MOVL AX, eax+8(FP)
+	MOVL BX, ebx+12(FP)
+	MOVL CX, ecx+16(FP)
+	MOVL DX, edx+20(FP)
+	RET
+
+// func xgetbv0() (eax, edx uint32)
+TEXT ·xgetbv0(SB), NOSPLIT, $0-8
+	MOVL $0, CX
+	XGETBV
+	MOVL AX, eax+0(FP)
+	MOVL DX, edx+4(FP)
+	RET
+
+// HSUM reduces the 8 lanes of ymm register Y to lane 0 of its xmm X, using T.
+#define HSUM(Y, X, T) \
+	VEXTRACTF128 $1, Y, T; \
+	VADDPS       T, X, X;  \
+	VHADDPS      X, X, X;  \
+	VHADDPS      X, X, X
+
+// BF16 loads 8 bf16 values at addr as float32 into ymm register R.
+#define BF16(addr, R) \
+	VPMOVZXWD addr, R; \
+	VPSLLD    $16, R, R
+
+// func dot4bf16AVX(x *float32, w *uint16, stride uintptr, n int, out *[4]float32)
+// out[j] = sum_{i<n} x[i] * w[j*stride/2 + i] for j < 4; n is a multiple of 8.
+TEXT ·dot4bf16AVX(SB), NOSPLIT, $0-40
+	MOVQ x+0(FP), SI
+	MOVQ w+8(FP), DI
+	MOVQ stride+16(FP), DX
+	MOVQ n+24(FP), CX
+	MOVQ out+32(FP), R8
+	LEAQ (DI)(DX*1), R9
+	LEAQ (R9)(DX*1), R10
+	LEAQ (R10)(DX*1), R11
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+	XORQ AX, AX
+	MOVQ CX, BX
+	ANDQ $-16, BX
+
+loop16:
+	CMPQ AX, BX
+	JGE  tail8
+	VMOVUPS (SI)(AX*4), Y4
+	VMOVUPS 32(SI)(AX*4), Y10
+	BF16((DI)(AX*2), Y5)
+	BF16(16(DI)(AX*2), Y11)
+	VFMADD231PS Y5, Y4, Y0
+	VFMADD231PS Y11, Y10, Y6
+	BF16((R9)(AX*2), Y5)
+	BF16(16(R9)(AX*2), Y11)
+	VFMADD231PS Y5, Y4, Y1
+	VFMADD231PS Y11, Y10, Y7
+	BF16((R10)(AX*2), Y5)
+	BF16(16(R10)(AX*2), Y11)
+	VFMADD231PS Y5, Y4, Y2
+	VFMADD231PS Y11, Y10, Y8
+	BF16((R11)(AX*2), Y5)
+	BF16(16(R11)(AX*2), Y11)
+	VFMADD231PS Y5, Y4, Y3
+	VFMADD231PS Y11, Y10, Y9
+	ADDQ $16, AX
+	JMP  loop16
+
+tail8:
+	CMPQ AX, CX
+	JGE  done
+	VMOVUPS (SI)(AX*4), Y4
+	BF16((DI)(AX*2), Y5)
+	VFMADD231PS Y5, Y4, Y0
+	BF16((R9)(AX*2), Y5)
+	VFMADD231PS Y5, Y4, Y1
+	BF16((R10)(AX*2), Y5)
+	VFMADD231PS Y5, Y4, Y2
+	BF16((R11)(AX*2), Y5)
+	VFMADD231PS Y5, Y4, Y3
+
+done:
+	VADDPS Y6, Y0, Y0
+	VADDPS Y7, Y1, Y1
+	VADDPS Y8, Y2, Y2
+	VADDPS Y9, Y3, Y3
+	HSUM(Y0, X0, X4)
+	HSUM(Y1, X1, X4)
+	HSUM(Y2, X2, X4)
+	HSUM(Y3, X3, X4)
+	VMOVSS X0, (R8)
+	VMOVSS X1, 4(R8)
+	VMOVSS X2, 8(R8)
+	VMOVSS X3, 12(R8)
+	VZEROUPPER
+	RET
+
+// func gemm6x16AVX(a *float32, lda int, b *float32, k int, c *[96]float32)
+// c[i*16+j] = sum_{p<k} a[i*lda+p] * b[p*16+j] for i < 6, j < 16.
+TEXT ·gemm6x16AVX(SB), NOSPLIT, $0-40
+	MOVQ a+0(FP), SI
+	MOVQ lda+8(FP), R8
+	SHLQ $2, R8
+	MOVQ b+16(FP), DI
+	MOVQ k+24(FP), CX
+	MOVQ c+32(FP), DX
+	LEAQ (SI)(R8*1), R9
+	LEAQ (R9)(R8*1), R10
+	LEAQ (R10)(R8*1), R11
+	LEAQ (R11)(R8*1), R12
+	LEAQ (R12)(R8*1), R13
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+	VXORPS Y10, Y10, Y10
+	VXORPS Y11, Y11, Y11
+	XORQ AX, AX
+
+gloop:
+	CMPQ AX, CX
+	JGE  gdone
+	VMOVUPS      (DI), Y12
+	VMOVUPS      32(DI), Y13
+	VBROADCASTSS (SI)(AX*4), Y14
+	VFMADD231PS  Y12, Y14, Y0
+	VFMADD231PS  Y13, Y14, Y1
+	VBROADCASTSS (R9)(AX*4), Y15
+	VFMADD231PS  Y12, Y15, Y2
+	VFMADD231PS  Y13, Y15, Y3
+	VBROADCASTSS (R10)(AX*4), Y14
+	VFMADD231PS  Y12, Y14, Y4
+	VFMADD231PS  Y13, Y14, Y5
+	VBROADCASTSS (R11)(AX*4), Y15
+	VFMADD231PS  Y12, Y15, Y6
+	VFMADD231PS  Y13, Y15, Y7
+	VBROADCASTSS (R12)(AX*4), Y14
+	VFMADD231PS  Y12, Y14, Y8
+	VFMADD231PS  Y13, Y14, Y9
+	VBROADCASTSS (R13)(AX*4), Y15
+	VFMADD231PS  Y12, Y15, Y10
+	VFMADD231PS  Y13, Y15, Y11
+	ADDQ         $64, DI
+	INCQ         AX
+	JMP          gloop
+
+gdone:
+	VMOVUPS Y0, (DX)
+	VMOVUPS Y1, 32(DX)
+	VMOVUPS Y2, 64(DX)
+	VMOVUPS Y3, 96(DX)
+	VMOVUPS Y4, 128(DX)
+	VMOVUPS Y5, 160(DX)
+	VMOVUPS Y6, 192(DX)
+	VMOVUPS Y7, 224(DX)
+	VMOVUPS Y8, 256(DX)
+	VMOVUPS Y9, 288(DX)
+	VMOVUPS Y10, 320(DX)
+	VMOVUPS Y11, 352(DX)
+	VZEROUPPER
+	RET
+
+// func dotAVX(x, y *float32, n int) float32
+// sum_{i<n} x[i]*y[i]; n is a multiple of 8.
+TEXT ·dotAVX(SB), NOSPLIT, $0-28
+	MOVQ x+0(FP), SI
+	MOVQ y+8(FP), DI
+	MOVQ n+16(FP), CX
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	XORQ AX, AX
+	MOVQ CX, BX
+	ANDQ $-16, BX
+
+dloop16:
+	CMPQ AX, BX
+	JGE  dtail
+	VMOVUPS     (SI)(AX*4), Y2
+	VMOVUPS     32(SI)(AX*4), Y3
+	VFMADD231PS (DI)(AX*4), Y2, Y0
+	VFMADD231PS 32(DI)(AX*4), Y3, Y1
+	ADDQ        $16, AX
+	JMP         dloop16
+
+dtail:
+	CMPQ AX, CX
+	JGE  ddone
+	VMOVUPS     (SI)(AX*4), Y2
+	VFMADD231PS (DI)(AX*4), Y2, Y0
+
+ddone:
+	VADDPS Y1, Y0, Y0
+	HSUM(Y0, X0, X2)
+	VMOVSS X0, ret+24(FP)
+	VZEROUPPER
+	RET
+
+// func dotbf16AVX(x *float32, w *uint16, n int) float32
+// sum_{i<n} x[i]*w[i]; n is a multiple of 8.
+TEXT ·dotbf16AVX(SB), NOSPLIT, $0-28
+	MOVQ x+0(FP), SI
+	MOVQ w+8(FP), DI
+	MOVQ n+16(FP), CX
+	VXORPS Y0, Y0, Y0
+	XORQ AX, AX
+
+bloop:
+	CMPQ AX, CX
+	JGE  bdone
+	VMOVUPS     (SI)(AX*4), Y2
+	BF16((DI)(AX*2), Y3)
+	VFMADD231PS Y3, Y2, Y0
+	ADDQ        $8, AX
+	JMP         bloop
+
+bdone:
+	HSUM(Y0, X0, X2)
+	VMOVSS X0, ret+24(FP)
+	VZEROUPPER
+	RET
+
+// func axpyAVX(y, x *float32, a float32, n int)
+// y[i] += a*x[i] for i < n; n is a multiple of 8.
+TEXT ·axpyAVX(SB), NOSPLIT, $0-32
+	MOVQ         y+0(FP), DI
+	MOVQ         x+8(FP), SI
+	VBROADCASTSS a+16(FP), Y0
+	MOVQ         n+24(FP), CX
+	XORQ         AX, AX
+
+aloop:
+	CMPQ        AX, CX
+	JGE         adone
+	VMOVUPS     (DI)(AX*4), Y1
+	VFMADD231PS (SI)(AX*4), Y0, Y1
+	VMOVUPS     Y1, (DI)(AX*4)
+	ADDQ        $8, AX
+	JMP         aloop
+
+adone:
+	VZEROUPPER
+	RET
+
+// func axpybf16AVX(y *float32, x *uint16, a float32, n int)
+// y[i] += a*x[i] for i < n; n is a multiple of 8.
+TEXT ·axpybf16AVX(SB), NOSPLIT, $0-32
+	MOVQ         y+0(FP), DI
+	MOVQ         x+8(FP), SI
+	VBROADCASTSS a+16(FP), Y0
+	MOVQ         n+24(FP), CX
+	XORQ         AX, AX
+
+abloop:
+	CMPQ        AX, CX
+	JGE         abdone
+	VMOVUPS     (DI)(AX*4), Y1
+	BF16((SI)(AX*2), Y2)
+	VFMADD231PS Y2, Y0, Y1
+	VMOVUPS     Y1, (DI)(AX*4)
+	ADDQ        $8, AX
+	JMP         abloop
+
+abdone:
+	VZEROUPPER
+	RET

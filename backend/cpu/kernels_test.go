@@ -1,0 +1,78 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+	"testing"
+)
+
+// kernelSets lists the kernel implementations available on this machine.
+func kernelSets() map[string]func() {
+	sets := map[string]func(){"go": func() {
+		dotF32, dotBF16, dot4BF16, axpy, axpyBF16, gemm6x16 = dotF32Go, dotBF16Go, dot4BF16Go, axpyGo, axpyBF16Go, gemm6x16Go
+	}}
+	if asm, ok := asmKernels(); ok {
+		sets["asm"] = asm
+	}
+	return sets
+}
+
+// TestKernels checks every kernel of every implementation against float64
+// on lengths with and without a tail, and then runs the ops tests on the
+// portable kernels too.
+func TestKernels(t *testing.T) {
+	r := newRand(50)
+	restore := saveKernels()
+	defer restore()
+	for name, use := range kernelSets() {
+		use()
+		for _, n := range []int{0, 1, 7, 8, 9, 16, 17, 33, 128, 1027} {
+			x, y := randVec(r, n, 1), randVec(r, 4*n, 1)
+			yb := make([]uint16, 4*n)
+			for i := range y {
+				yb[i] = f32ToBF16(float32(y[i]))
+				y[i] = float64(bf16ToF32(yb[i]))
+			}
+			xf, yf := toF32(x), toF32(y)
+			tol := 1e-5 * math.Sqrt(float64(n+1))
+			want := refMatMul(x, y, 1, n, 4)
+			compare(t, fmt.Sprintf("%s dotF32 n=%d", name, n), []float32{dotF32(xf, yf)}, want[:1], tol)
+			compare(t, fmt.Sprintf("%s dotBF16 n=%d", name, n), []float32{dotBF16(xf, yb)}, want[:1], tol)
+			got := make([]float32, 4)
+			dot4BF16(xf, yb, n, got)
+			compare(t, fmt.Sprintf("%s dot4BF16 n=%d", name, n), got, want, tol)
+
+			acc := toF32(randVec(r, n, 1))
+			wantAxpy := make([]float64, n)
+			for i := range n {
+				wantAxpy[i] = float64(acc[i]) + 0.75*y[i]
+			}
+			acc2 := append([]float32(nil), acc...)
+			axpy(acc, 0.75, yf)
+			compare(t, fmt.Sprintf("%s axpy n=%d", name, n), acc, wantAxpy, 1e-6)
+			axpyBF16(acc2, 0.75, yb)
+			compare(t, fmt.Sprintf("%s axpyBF16 n=%d", name, n), acc2, wantAxpy, 1e-6)
+
+			a, b := randVec(r, 6*(n+3), 1), randVec(r, 16*n, 1)
+			var c [96]float32
+			gemm6x16(toF32(a), n+3, toF32(b), n, &c)
+			wantC := make([]float64, 96)
+			for i := range 6 {
+				for j := range 16 {
+					for p := range n {
+						wantC[i*16+j] += float64(float32(a[i*(n+3)+p])) * float64(float32(b[p*16+j]))
+					}
+				}
+			}
+			compare(t, fmt.Sprintf("%s gemm6x16 k=%d", name, n), c[:], wantC, tol)
+		}
+		t.Run(name+"/MatMul", TestMatMul)
+		t.Run(name+"/Attention", TestAttention)
+		t.Run(name+"/DeltaNet", TestDeltaNetPaths)
+	}
+}
+
+func saveKernels() func() {
+	a, b, c, d, e, f := dotF32, dotBF16, dot4BF16, axpy, axpyBF16, gemm6x16
+	return func() { dotF32, dotBF16, dot4BF16, axpy, axpyBF16, gemm6x16 = a, b, c, d, e, f }
+}
