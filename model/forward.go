@@ -39,6 +39,11 @@ func (w *workspace) buffer(name string, rows, width int) backend.Tensor {
 	if ok {
 		w.b.Free(t)
 	}
+	if w.rows == 0 {
+		// Prefill workspaces grow by powers of two so that slowly growing
+		// steps do not reallocate every time.
+		rows = bucket(rows)
+	}
 	t = w.b.Alloc(backend.F32, max(rows, w.rows), width)
 	w.bufs[key] = t
 	return t

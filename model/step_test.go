@@ -165,3 +165,41 @@ func TestSaveRestoreSlot(t *testing.T) {
 		})
 	}
 }
+
+// TestDeltaNetPaths runs a prompt that is not a multiple of the 64-token
+// chunk through the hybrid fixtures twice, once with the chunked DeltaNet
+// algorithm and once token by token (Chunk 0), and compares the logits of
+// every position.
+func TestDeltaNetPaths(t *testing.T) {
+	for _, name := range []string{"qwen3next", "qwen35", "qwen35moe"} {
+		t.Run(name, func(t *testing.T) {
+			ids := readReference(t, fixtureDir(name)).Prompts[2].IDs // 260 tokens
+			all := func(chunk int) [][]float32 {
+				m, err := Load(fixtureDir(name), cpu.New(cpu.Options{}), Options{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer m.Close()
+				m.dnSpec.Chunk = chunk
+				if err := m.AllocCache(CacheSpec{Blocks: 32, BlockSize: testBlockSize, Slots: 1}); err != nil {
+					t.Fatal(err)
+				}
+				l, err := m.Forward([]Seq{{Tokens: ids, Blocks: blocksFor(0, len(ids), testBlockSize), Logits: AllLogits}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return readRows(t, m.Backend(), l)
+			}
+			chunked, recurrent := all(64), all(0)
+			for pos := range chunked {
+				scale := 0.0
+				for _, v := range recurrent[pos] {
+					scale = math.Max(scale, math.Abs(float64(v)))
+				}
+				if d := maxDiff(chunked[pos], recurrent[pos]); d > 1e-4*math.Max(1, scale) {
+					t.Fatalf("position %d: chunked and recurrent logits differ by %.3g (scale %.3g)", pos, d, scale)
+				}
+			}
+		})
+	}
+}
