@@ -57,35 +57,29 @@ type Model struct {
 // Load reads the model in dir; its weights are memory-mapped and stay mapped
 // until Close.
 func Load(dir string, b backend.Backend, opts Options) (*Model, error) {
-	cfg, err := ReadConfig(os.DirFS(dir), filepath.Base(filepath.Clean(dir)))
-	if err != nil {
-		return nil, err
-	}
-	set, err := safetensors.OpenDir(dir)
-	if err != nil {
-		return nil, fmt.Errorf("model %s: %w", cfg.Name, err)
-	}
-	m, err := build(cfg, b, &binder{b: b, src: set, where: dir, progress: opts.Progress}, opts.KVDType)
-	if err != nil {
-		set.Close()
-		return nil, err
-	}
-	m.weights = set
-	return m, nil
+	return load(os.DirFS(dir), filepath.Base(filepath.Clean(dir)), dir, func() (*safetensors.Set, error) {
+		return safetensors.OpenDir(dir)
+	}, b, opts)
 }
 
 // LoadFS reads the model at the root of fsys (an embedded model, say); its
 // weights are read into memory.
 func LoadFS(fsys fs.FS, b backend.Backend, opts Options) (*Model, error) {
-	cfg, err := ReadConfig(fsys, "embedded")
+	return load(fsys, "embedded", "the embedded model", func() (*safetensors.Set, error) {
+		return safetensors.OpenFS(fsys)
+	}, b, opts)
+}
+
+func load(fsys fs.FS, name, where string, open func() (*safetensors.Set, error), b backend.Backend, opts Options) (*Model, error) {
+	cfg, err := ReadConfig(fsys, name)
 	if err != nil {
 		return nil, err
 	}
-	set, err := safetensors.OpenFS(fsys)
+	set, err := open()
 	if err != nil {
-		return nil, fmt.Errorf("model %s: %w", cfg.Name, err)
+		return nil, fmt.Errorf("model %s: %w", name, err)
 	}
-	m, err := build(cfg, b, &binder{b: b, src: set, where: "the embedded model", progress: opts.Progress}, opts.KVDType)
+	m, err := build(cfg, b, &binder{b: b, src: set, where: where, progress: opts.Progress}, opts.KVDType)
 	if err != nil {
 		set.Close()
 		return nil, err
@@ -111,11 +105,7 @@ func build(cfg *Config, b backend.Backend, bd *binder, kv backend.DType) (*Model
 	params := []param{weight(&m.embed, prefix+"embed_tokens.weight", initNormal, V, H)}
 	var deltaNets []*gatedDeltaNet
 	var layerParams []param
-	if cfg.Hybrid() {
-		m.layers, layerParams, deltaNets = hybridLayers(cfg, prefix, &m.attnSpec, &m.dnSpec)
-	} else {
-		m.layers, layerParams = qwen3Layers(cfg, prefix, &m.attnSpec)
-	}
+	m.layers, layerParams, deltaNets = decoderLayers(cfg, prefix, &m.attnSpec, &m.dnSpec)
 	params = append(params, layerParams...)
 	params = append(params, weight(&m.norm, prefix+"norm.weight", normInit(cfg), H))
 	if !cfg.TieEmbeddings {

@@ -169,19 +169,35 @@ func feedForward(c *Config, i int, p string) (block, []param) {
 	return m, m.weights(c, p)
 }
 
-// qwen3Layers builds the decoder layers of Qwen3 and Qwen3-MoE.
-func qwen3Layers(c *Config, prefix string, spec *backend.AttnSpec) ([]*decoderLayer, []param) {
+// decoderLayers builds the decoder layers of every architecture: attention
+// layers here, Gated DeltaNet layers (qwen3next.go) where the config's
+// layer kinds say linear_attention.
+func decoderLayers(c *Config, prefix string, attn *backend.AttnSpec, dn *backend.DeltaNetSpec) ([]*decoderLayer, []param, []*gatedDeltaNet) {
 	var layers []*decoderLayer
 	var params []param
-	for i := range c.Layers {
+	var deltaNets []*gatedDeltaNet
+	var nAttn, nDelta int // each kind's layers are numbered apart in their caches
+	for i, kind := range c.Kinds {
 		p := fmt.Sprintf("%slayers.%d.", prefix, i)
-		a := &attention{spec: spec, layer: i}
-		ffn, ffnParams := feedForward(c, i, p+"mlp.")
-		l := &decoderLayer{mixer: a, mlp: ffn, eps: c.NormEps}
+		l := &decoderLayer{eps: c.NormEps, unitOffset: c.arch.hybrid}
 		params = append(params, l.weights(c, p)...)
-		params = append(params, a.weights(c, p+"self_attn.")...)
+		switch kind {
+		case FullAttention:
+			a := &attention{spec: attn, layer: nAttn}
+			nAttn++
+			l.mixer = a
+			params = append(params, a.weights(c, p+"self_attn.")...)
+		case LinearAttention:
+			d := &gatedDeltaNet{spec: dn, layer: nDelta, eps: c.NormEps}
+			nDelta++
+			l.mixer = d
+			deltaNets = append(deltaNets, d)
+			params = append(params, d.weights(c, p+"linear_attn.")...)
+		}
+		ffn, ffnParams := feedForward(c, i, p+"mlp.")
+		l.mlp = ffn
 		params = append(params, ffnParams...)
 		layers = append(layers, l)
 	}
-	return layers, params
+	return layers, params, deltaNets
 }

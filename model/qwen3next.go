@@ -1,10 +1,6 @@
 package model
 
-import (
-	"fmt"
-
-	"github.com/kiln-llm/kiln/backend"
-)
+import "github.com/kiln-llm/kiln/backend"
 
 // Qwen3-Next and Qwen3.5, dense and MoE (Qwen3NextForCausalLM,
 // Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM and the text part of their
@@ -114,35 +110,4 @@ func (d *gatedDeltaNet) forward(s *workspace, h, x backend.Tensor) {
 	s.b.GatedDeltaNet(core, mixed, ba, d.w, sp, s.state, d.layer)
 	s.b.GatedRMSNorm(gated, core, z, d.norm, d.eps)
 	s.b.MatMul(x, gated, d.out, true)
-}
-
-// hybridLayers builds the decoder layers of Qwen3-Next and Qwen3.5.
-func hybridLayers(c *Config, prefix string, attn *backend.AttnSpec, dn *backend.DeltaNetSpec) ([]*decoderLayer, []param, []*gatedDeltaNet) {
-	var layers []*decoderLayer
-	var params []param
-	var deltaNets []*gatedDeltaNet
-	var nAttn, nDelta int
-	for i, kind := range c.Kinds {
-		p := fmt.Sprintf("%slayers.%d.", prefix, i)
-		l := &decoderLayer{eps: c.NormEps, unitOffset: true}
-		params = append(params, l.weights(c, p)...)
-		switch kind {
-		case FullAttention:
-			a := &attention{spec: attn, layer: nAttn}
-			nAttn++
-			l.mixer = a
-			params = append(params, a.weights(c, p+"self_attn.")...)
-		case LinearAttention:
-			d := &gatedDeltaNet{spec: dn, layer: nDelta, eps: c.NormEps}
-			nDelta++
-			l.mixer = d
-			deltaNets = append(deltaNets, d)
-			params = append(params, d.weights(c, p+"linear_attn.")...)
-		}
-		ffn, ffnParams := feedForward(c, i, p+"mlp.")
-		l.mlp = ffn
-		params = append(params, ffnParams...)
-		layers = append(layers, l)
-	}
-	return layers, params, deltaNets
 }
