@@ -150,12 +150,15 @@ const (
 	// dtype, a few rows at a time that stay in L1 while every input row
 	// passes: decode is bound by reading the weights once.
 	directRows = 4
-	// Above, blocks of gemmCols weight rows are decoded and packed k-major,
-	// and tiles of input rows (whose size keeps the tile in L2) run through
-	// the 6x16 kernel against each block.
+	// Above, blocks of gemmCols weight rows are decoded and packed k-major
+	// (in L2), and every input row of a tile (sized to stay in L3) runs
+	// through the 6x16 kernel against each block: packing is paid once per
+	// block and tile.
 	gemmRows, gemmCols = 6, 16
-	tileBytes          = 384 << 10
 )
+
+// tileBytes bounds the input rows of one tile (a variable for tests).
+var tileBytes = 8 << 20
 
 // matmul computes out[n,o] (+)= sum_i x[n,i] * w[o,i] for x [n, w.cols] and
 // out [n, w.rows], split over w's rows.
@@ -177,13 +180,12 @@ func (p *pool) matmul(out, x []float32, n int, w weights, accumulate bool) {
 		nt := min(tile, n-t0)
 		p.For(blocks, 1, func(lo, hi int) {
 			packed := make([]float32, k*gemmCols)
-			row := make([]float32, k)
 			var pad []float32 // the last partial group of input rows, zero-padded
 			var c [gemmRows * gemmCols]float32
 			for blk := lo; blk < hi; blk++ {
 				r0 := blk * gemmCols
 				nc := min(gemmCols, o-r0)
-				w.pack(r0, nc, row, packed)
+				w.pack(r0, nc, packed)
 				for g := t0; g < t0+nt; g += gemmRows {
 					ng := min(gemmRows, t0+nt-g)
 					a := x[g*k:]
@@ -214,18 +216,28 @@ func (p *pool) matmul(out, x []float32, n int, w weights, accumulate bool) {
 }
 
 // pack decodes rows [r0, r0+nc) into packed[p*16+j] = w[r0+j][p], with zeros
-// for j >= nc; row is scratch of w.cols floats.
-func (w weights) pack(r0, nc int, row, packed []float32) {
+// for j >= nc.
+func (w weights) pack(r0, nc int, packed []float32) {
+	k := w.cols
 	for j := range gemmCols {
-		if j >= nc {
-			for p := range w.cols {
+		switch {
+		case j >= nc:
+			for p := range k {
 				packed[p*gemmCols+j] = 0
 			}
-			continue
-		}
-		w.decode(r0+j, row)
-		for p, v := range row {
-			packed[p*gemmCols+j] = v
+		case w.dt == backend.BF16:
+			for p, h := range bytesAs[uint16](w.buf)[(r0+j)*k : (r0+j+1)*k] {
+				packed[p*gemmCols+j] = bf16ToF32(h)
+			}
+		case w.dt == backend.F16:
+			tab := f16Lookup()
+			for p, h := range bytesAs[uint16](w.buf)[(r0+j)*k : (r0+j+1)*k] {
+				packed[p*gemmCols+j] = tab[h]
+			}
+		default:
+			for p, v := range bytesAs[float32](w.buf)[(r0+j)*k : (r0+j+1)*k] {
+				packed[p*gemmCols+j] = v
+			}
 		}
 	}
 }

@@ -52,6 +52,13 @@ func TestMatMul(t *testing.T) {
 	}
 }
 
+// TestMatMulTiles runs TestMatMul with tiles of a few rows.
+func TestMatMulTiles(t *testing.T) {
+	defer func(v int) { tileBytes = v }(tileBytes)
+	tileBytes = 1 << 12
+	TestMatMul(t)
+}
+
 // readOnlyBytes returns n bytes filled by fill and then made read-only, so
 // that any write through them faults.
 func readOnlyBytes(t *testing.T, n int, fill func([]byte)) []byte {
