@@ -7,6 +7,25 @@ import (
 	"github.com/kiln-llm/kiln/backend/cpu"
 )
 
+// loadFixture loads a fixture on the CPU backend with a cache of 64 blocks
+// and the given state slots.
+func loadFixture(t *testing.T, name string, slots int) *Model {
+	t.Helper()
+	m, err := Load(fixtureDir(name), cpu.New(cpu.Options{}), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := m.SlotBytes()
+	if err := m.AllocCache(CacheSpec{Blocks: 64, BlockSize: testBlockSize, Slots: slots}); err != nil {
+		t.Fatal(err)
+	}
+	// The engine sizes snapshots before allocating; the backend must agree.
+	if m.Hybrid() && (before == 0 || before != m.state.SlotBytes()) {
+		t.Fatalf("%s: SlotBytes %d before AllocCache, backend says %d", name, before, m.state.SlotBytes())
+	}
+	return m
+}
+
 func maxDiff(a, b []float32) float64 {
 	d := 0.0
 	for i := range a {
@@ -27,15 +46,9 @@ const stepTol = 2e-4
 func TestMixedBatch(t *testing.T) {
 	for _, name := range []string{"qwen3", "qwen3next", "qwen35moe"} {
 		t.Run(name, func(t *testing.T) {
-			b := cpu.New(cpu.Options{})
-			m, err := Load(fixtureDir(name), b, Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
+			m := loadFixture(t, name, 8)
 			defer m.Close()
-			if err := m.AllocCache(CacheSpec{Blocks: 64, BlockSize: testBlockSize, Slots: 8}); err != nil {
-				t.Fatal(err)
-			}
+			b := m.Backend()
 			ref := readReference(t, fixtureDir(name))
 			long := ref.Prompts[2].IDs // > 200 tokens
 			short := ref.Prompts[1].IDs
@@ -107,21 +120,9 @@ func TestMixedBatch(t *testing.T) {
 func TestSaveRestoreSlot(t *testing.T) {
 	for _, name := range []string{"qwen3next", "qwen35"} {
 		t.Run(name, func(t *testing.T) {
-			b := cpu.New(cpu.Options{})
-			m, err := Load(fixtureDir(name), b, Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
+			m := loadFixture(t, name, 4)
 			defer m.Close()
-			if !m.Hybrid() || m.SlotBytes() == 0 {
-				t.Fatalf("%s: Hybrid %v, SlotBytes %d", name, m.Hybrid(), m.SlotBytes())
-			}
-			if err := m.AllocCache(CacheSpec{Blocks: 64, BlockSize: testBlockSize, Slots: 4}); err != nil {
-				t.Fatal(err)
-			}
-			if got := m.SlotBytes(); got != m.state.SlotBytes() {
-				t.Fatalf("SlotBytes %d before the cache, %d after", got, m.state.SlotBytes())
-			}
+			b := m.Backend()
 			ids := readReference(t, fixtureDir(name)).Prompts[2].IDs
 			blocks := blocksFor(0, 200, testBlockSize)
 			run := func(s Seq) []float32 {

@@ -184,14 +184,8 @@ func (s *Set) openIndexed(d dir, index []byte) error {
 		}
 	}
 	sort.Strings(shards)
-	for _, file := range shards {
-		f, err := d.open(file)
-		if err != nil {
-			return err
-		}
-		if err := s.add(f); err != nil {
-			return err
-		}
+	if err := s.openFiles(d, shards); err != nil {
+		return err
 	}
 	for name, file := range idx.WeightMap {
 		t, ok := s.tensors[name]
@@ -223,6 +217,10 @@ func (s *Set) openPlain(d dir, where string) error {
 		sort.Strings(m)
 		files = m
 	}
+	return s.openFiles(d, files)
+}
+
+func (s *Set) openFiles(d dir, files []string) error {
 	for _, file := range files {
 		f, err := d.open(file)
 		if err != nil {
