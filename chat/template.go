@@ -143,7 +143,14 @@ var reserved = map[string]bool{"messages": true, "tools": true, "documents": tru
 
 // Render renders a conversation into the prompt text. An error the template
 // raises comes back as a *TemplateError with the template's message.
-func (t *Template) Render(in *RenderInput) (string, error) {
+func (t *Template) Render(in *RenderInput) (out string, err error) {
+	// A template is code from the model's files: a fault in it, or in
+	// gonja, fails this request only.
+	defer func() {
+		if r := recover(); r != nil {
+			out, err = "", fmt.Errorf("chat template: %v", r)
+		}
+	}()
 	messages, err := messageValues(in.Messages)
 	if err != nil {
 		return "", err
@@ -186,7 +193,7 @@ func (t *Template) Render(in *RenderInput) (string, error) {
 		raised = &TemplateError{Message: pyStr(args.First())}
 		return exec.AsValue(raised)
 	}
-	out, err := t.tpl.ExecuteToString(exec.NewContext(data))
+	out, err = t.tpl.ExecuteToString(exec.NewContext(data))
 	if raised != nil {
 		return "", raised
 	}
