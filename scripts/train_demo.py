@@ -527,7 +527,6 @@ def reload_and_check(out, tok_in_memory):
 
 
 def train(args):
-    import numpy as np
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
@@ -538,8 +537,6 @@ def train(args):
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}; budget {args.train_seconds}s")
 
     licence, files = read_corpus(args.corpus)
-    if args.limit_files:
-        files = files[: args.limit_files]
     split = build_documents(files, args.chat_share, args.seed)
     with open(args.chat_template) as f:
         template = f.read()
@@ -700,7 +697,6 @@ def main():
     ap.add_argument("--out", help="model directory to write")
     ap.add_argument("--scratch", default="/tmp/kiln-demo-save", help="where transformers saves before the copy")
     ap.add_argument("--check-corpus", action="store_true", help="only build and print the corpus (no torch needed)")
-    ap.add_argument("--limit-files", type=int, default=0, help="use only the first N files (smoke tests)")
     ap.add_argument("--chat-share", type=float, default=0.45, help="most chat example characters per raw character")
     ap.add_argument("--vocab", type=int, default=6144)
     ap.add_argument("--hidden", type=int, default=256)
