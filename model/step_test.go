@@ -2,6 +2,7 @@ package model
 
 import (
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/kiln-llm/kiln/backend/cpu"
@@ -202,5 +203,41 @@ func TestDeltaNetPaths(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestForwardErrors(t *testing.T) {
+	m, err := Load(fixtureDir("qwen35"), cpu.New(cpu.Options{}), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if _, err := m.Forward([]Seq{{Tokens: []int32{1}, Blocks: []int32{0}}}); err == nil || !strings.Contains(err.Error(), "before AllocCache") {
+		t.Fatalf("forward without a cache: %v", err)
+	}
+	if err := m.AllocCache(CacheSpec{Blocks: 4, BlockSize: 16}); err == nil || !strings.Contains(err.Error(), "Slots > 0") {
+		t.Fatalf("hybrid cache without slots: %v", err)
+	}
+	if err := m.AllocCache(CacheSpec{Blocks: 4, BlockSize: 16, Slots: 2}); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		seq  Seq
+		want string
+	}{
+		{Seq{Blocks: []int32{0}}, "no new tokens"},
+		{Seq{Tokens: []int32{512}, Blocks: []int32{0}}, "outside the vocabulary"},
+		{Seq{Tokens: make([]int32, 17), Blocks: []int32{0}}, "cannot hold 17 tokens"},
+		{Seq{Tokens: []int32{1}, Blocks: []int32{4}}, "block 4 outside the cache"},
+		{Seq{Tokens: []int32{1}, Blocks: []int32{0}, Slot: 2}, "state slot 2 outside"},
+		{Seq{Tokens: []int32{1}, Pos: -1, Blocks: []int32{0}}, "negative position"},
+	}
+	for _, c := range cases {
+		if _, err := m.Forward([]Seq{c.seq}); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: error %v, want %q", c.seq, err, c.want)
+		}
+	}
+	if _, err := m.Forward(nil); err == nil {
+		t.Error("forward of no sequences succeeded")
 	}
 }
