@@ -11,51 +11,53 @@ import (
 	"crypto/sha256"
 	"embed"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"unsafe"
 )
 
 //go:embed kernels/*.cu kernels/*.cuh
 var kernelFS embed.FS
 
-// kernelSource concatenates the embedded kernel files (the header first) into
-// one translation unit, so that one module holds every kernel.
-func kernelSource() (string, error) {
+// kernelSources returns one translation unit per kernel file, each with the
+// shared header in front. Separate units compile in parallel.
+func kernelSources() (map[string]string, error) {
 	ents, err := kernelFS.ReadDir("kernels")
 	if err != nil {
-		return "", err
+		return nil, err
 	}
-	var names []string
+	var header strings.Builder
+	var files []string
 	for _, e := range ents {
-		names = append(names, e.Name())
-	}
-	sort.Slice(names, func(i, j int) bool {
-		hi, hj := strings.HasSuffix(names[i], ".cuh"), strings.HasSuffix(names[j], ".cuh")
-		if hi != hj {
-			return hi
+		if strings.HasSuffix(e.Name(), ".cuh") {
+			data, err := kernelFS.ReadFile("kernels/" + e.Name())
+			if err != nil {
+				return nil, err
+			}
+			fmt.Fprintf(&header, "#line 1 \"%s\"\n%s\n", e.Name(), data)
+		} else {
+			files = append(files, e.Name())
 		}
-		return names[i] < names[j]
-	})
-	var sb strings.Builder
-	for _, n := range names {
+	}
+	out := map[string]string{}
+	for _, n := range files {
 		data, err := kernelFS.ReadFile("kernels/" + n)
 		if err != nil {
-			return "", err
+			return nil, err
 		}
-		fmt.Fprintf(&sb, "#line 1 \"%s\"\n", n)
-		sb.Write(data)
-		sb.WriteString("\n")
+		out[n] = fmt.Sprintf("%s#line 1 \"%s\"\n%s\n", header.String(), n, data)
 	}
-	return sb.String(), nil
+	return out, nil
 }
 
-// kernels is the loaded module; functions are looked up once by name.
+// kernels are the loaded modules; functions are looked up once by name.
 type kernels struct {
-	mod   C.CUmodule
+	mods  []C.CUmodule
 	funcs map[string]kfunc
 }
 
@@ -65,12 +67,14 @@ func (k *kernels) get(name string) kfunc {
 	}
 	cname := C.CString(name)
 	defer C.free(unsafe.Pointer(cname))
-	var f kfunc
-	if err := check("cuModuleGetFunction "+name, C.k_cuModuleGetFunction(&f, k.mod, cname)); err != nil {
-		panic(err)
+	for _, m := range k.mods {
+		var f kfunc
+		if C.k_cuModuleGetFunction(&f, m, cname) == 0 {
+			k.funcs[name] = f
+			return f
+		}
 	}
-	k.funcs[name] = f
-	return f
+	panic(fmt.Sprintf("cuda: no kernel %q", name))
 }
 
 func cacheDir(dir string) string {
@@ -86,10 +90,10 @@ func cacheDir(dir string) string {
 	return filepath.Join(os.TempDir(), "kiln-kernels")
 }
 
-// compileKernels returns the kernel module for arch, from the disk cache or
-// compiled by NVRTC (and then cached).
+// compileKernels returns the kernel modules for arch, from the disk cache or
+// compiled by NVRTC (each file in parallel, then cached).
 func compileKernels(arch, dir string) (*kernels, error) {
-	src, err := kernelSource()
+	srcs, err := kernelSources()
 	if err != nil {
 		return nil, err
 	}
@@ -101,37 +105,59 @@ func compileKernels(arch, dir string) (*kernels, error) {
 		return nil, err
 	}
 	opts := []string{"--gpu-architecture=" + arch, "--std=c++17", "-default-device", "--use_fast_math", "-lineinfo"}
-	h := sha256.New()
-	fmt.Fprintf(h, "%s\x00%d.%d\x00%s\x00", arch, maj, min, strings.Join(opts, " "))
-	h.Write([]byte(src))
-	key := hex.EncodeToString(h.Sum(nil))[:32]
 	dir = cacheDir(dir)
-	path := filepath.Join(dir, key+".cubin")
-	cubin, err := os.ReadFile(path)
-	if err != nil {
-		cubin, err = nvrtcCompile(src, opts)
-		if err != nil {
-			return nil, err
+	names := make([]string, 0, len(srcs))
+	for n := range srcs {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	cubins := make([][]byte, len(names))
+	errs := make([]error, len(names))
+	var wg sync.WaitGroup
+	for i, n := range names {
+		h := sha256.New()
+		fmt.Fprintf(h, "%s\x00%d.%d\x00%s\x00", arch, maj, min, strings.Join(opts, " "))
+		h.Write([]byte(srcs[n]))
+		path := filepath.Join(dir, strings.TrimSuffix(n, ".cu")+"-"+hex.EncodeToString(h.Sum(nil))[:24]+".cubin")
+		if data, err := os.ReadFile(path); err == nil {
+			cubins[i] = data
+			continue
 		}
-		// The cache is an optimisation: failing to write it is not an error.
-		if os.MkdirAll(dir, 0o755) == nil {
-			tmp := path + fmt.Sprintf(".%d.tmp", os.Getpid())
-			if os.WriteFile(tmp, cubin, 0o644) == nil {
-				os.Rename(tmp, path)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cubins[i], errs[i] = nvrtcCompile(n, srcs[n], opts)
+			if errs[i] != nil {
+				return
 			}
-		}
+			// The cache is an optimisation: failing to write it is not an error.
+			if os.MkdirAll(dir, 0o755) == nil {
+				tmp := path + fmt.Sprintf(".%d.tmp", os.Getpid())
+				if os.WriteFile(tmp, cubins[i], 0o644) == nil {
+					os.Rename(tmp, path)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
 	}
 	k := &kernels{funcs: map[string]kfunc{}}
-	if err := check("cuModuleLoadData", C.k_cuModuleLoadData(&k.mod, unsafe.Pointer(&cubin[0]))); err != nil {
-		return nil, fmt.Errorf("%w (cached kernels: %s)", err, path)
+	for i, cubin := range cubins {
+		var m C.CUmodule
+		if err := check("cuModuleLoadData "+names[i], C.k_cuModuleLoadData(&m, unsafe.Pointer(&cubin[0]))); err != nil {
+			return nil, err
+		}
+		k.mods = append(k.mods, m)
 	}
 	return k, nil
 }
 
-func nvrtcCompile(src string, opts []string) ([]byte, error) {
+func nvrtcCompile(file, src string, opts []string) ([]byte, error) {
 	csrc := C.CString(src)
 	defer C.free(unsafe.Pointer(csrc))
-	cname := C.CString("kiln.cu")
+	cname := C.CString(file)
 	defer C.free(unsafe.Pointer(cname))
 	var prog C.nvrtcProgram
 	if r := C.k_nvrtcCreateProgram(&prog, csrc, cname, 0, nil, nil); r != 0 {
@@ -148,7 +174,7 @@ func nvrtcCompile(src string, opts []string) ([]byte, error) {
 		C.k_nvrtcGetProgramLogSize(prog, &n)
 		log := make([]byte, int(n)+1)
 		C.k_nvrtcGetProgramLog(prog, (*C.char)(unsafe.Pointer(&log[0])))
-		return nil, fmt.Errorf("cuda: compiling kernels failed (nvrtc %d):\n%s", r, strings.TrimRight(string(log), "\x00"))
+		return nil, fmt.Errorf("cuda: compiling %s failed (nvrtc %d):\n%s", file, r, strings.TrimRight(string(log), "\x00"))
 	}
 	var n C.size_t
 	if r := C.k_nvrtcGetCUBINSize(prog, &n); r != 0 {

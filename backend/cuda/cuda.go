@@ -45,6 +45,9 @@ type Backend struct {
 	scratch map[string]*tensor
 	retired []devptr // scratch replaced while graphs may still use it
 
+	// noFlash sends prefill attention to the float32 kernel (tests compare both).
+	noFlash bool
+
 	pinned     unsafe.Pointer // host staging for reads
 	pinnedSize int
 	ev         C.CUevent

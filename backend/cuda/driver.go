@@ -114,7 +114,7 @@ func loadCublasLt() error {
 
 // args packs kernel arguments with their natural alignment.
 type args struct {
-	buf  [512]byte
+	buf  [2048]byte
 	offs [32]C.int
 	n    int
 	size int

@@ -278,6 +278,13 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 		b.run("attn_combine", [3]int{T, H, 1}, hd, 0, ot.ptr, pm, pl, pacc, qt.ptr, H, KH, hd, S, boolInt(spec.Gated))
 		return
 	}
+	if c.spec.DType == backend.BF16 && (hd == 64 || hd == 128) && !b.noFlash {
+		b.run(fmt.Sprintf("flash_prefill_%d", hd), [3]int{(m.maxN + 63) / 64, H, m.S}, 128, 0,
+			ot.ptr, qbuf, c.k(layer), c.v(layer), qt.ptr,
+			m.dev[mSeqPos], m.dev[mSeqN], m.dev[mSeqStart], m.dev[mSeqBlk], m.dev[mBlocks],
+			H, KH, bs, spec.Scale, boolInt(spec.Gated))
+		return
+	}
 	switch hd {
 	case 16, 32, 64, 128, 256:
 	default:

@@ -47,8 +47,8 @@ type benchReport struct {
 
 func benchMicro(args []string) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	var mf modelFlags
-	mf.register(fs)
+	dir := fs.String("model", "", "model directory (config.json, *.safetensors)")
+	backendName := fs.String("backend", "auto", "compute backend: auto, cpu or cuda")
 	synth := fs.String("synthetic", "", "benchmark a synthetic model with random weights instead of --model (e.g. qwen3-8b)")
 	layers := fs.Int("layers", 0, "synthetic model: keep only the first N layers (0: all)")
 	dtype := fs.String("dtype", "bf16", "synthetic model: weight dtype (bf16, f16, f32)")
@@ -72,18 +72,19 @@ func benchMicro(args []string) error {
 	if *steps < 1 {
 		return fmt.Errorf("--steps must be positive")
 	}
-	if (*synth == "") == (mf.dir == "") {
+	if (*synth == "") == (*dir == "") {
 		return fmt.Errorf("give exactly one of --model and --synthetic")
 	}
 	kvdt, err := parseDType(*kvType)
 	if err != nil {
 		return err
 	}
-	b, err := openBackend(mf.backend)
+	b, err := openBackend(*backendName)
 	if err != nil {
 		return err
 	}
 	var m *model.Model
+	start := time.Now()
 	if *synth != "" {
 		wdt, err := parseDType(*dtype)
 		if err != nil {
@@ -94,15 +95,14 @@ func benchMicro(args []string) error {
 			return err
 		}
 	} else {
-		bar := newProgressBar(os.Stderr, "loading")
-		m, err = model.Load(mf.dir, b, model.Options{KVDType: kvdt, Progress: bar.update})
-		bar.finish()
+		m, err = model.Load(*dir, b, model.Options{KVDType: kvdt})
 		if err != nil {
 			return err
 		}
 	}
 	defer m.Close()
 	cfg := m.Config()
+	fmt.Fprintf(os.Stderr, "loaded %s in %.1fs\n", cfg.Name, time.Since(start).Seconds())
 	onGPU := strings.HasPrefix(b.Name(), "cuda")
 	if *bw == 0 {
 		if onGPU {
