@@ -103,9 +103,8 @@ func build(cfg *Config, b backend.Backend, bd *binder, kv backend.DType) (*Model
 	}
 	V, H := cfg.VocabSize, cfg.Hidden
 	params := []param{weight(&m.embed, prefix+"embed_tokens.weight", initNormal, V, H)}
-	var deltaNets []*gatedDeltaNet
-	var layerParams []param
-	m.layers, layerParams, deltaNets = decoderLayers(cfg, prefix, &m.attnSpec, &m.dnSpec)
+	layers, layerParams, deltaNets := decoderLayers(cfg, prefix, &m.attnSpec, &m.dnSpec)
+	m.layers = layers
 	params = append(params, layerParams...)
 	params = append(params, weight(&m.norm, prefix+"norm.weight", normInit(cfg), H))
 	if !cfg.TieEmbeddings {
