@@ -67,6 +67,9 @@ func (t *Tokenizer) buildVocab(f *fileJSON) {
 				p = t.normalize(p)
 			}
 			normed = append(normed, addedPattern{text: p, tok: a})
+			// HF decodes (and reports) a normalized token by its
+			// normalized form.
+			t.tokens[a.ID] = p
 		} else {
 			raw = append(raw, addedPattern{text: a.Content, tok: a})
 		}
@@ -185,8 +188,9 @@ func (t *Tokenizer) TokenID(tok string) (int32, bool) {
 	return id, ok
 }
 
-// Token returns the token string of id as written in tokenizer.json, or ""
-// for an id outside the vocabulary.
+// Token returns the token string of id as written in tokenizer.json (an
+// added token with "normalized": true in its normalized form, as HF's
+// id_to_token gives it), or "" for an id outside the vocabulary.
 func (t *Tokenizer) Token(id int32) string {
 	if id < 0 || int(id) >= len(t.tokens) {
 		return ""

@@ -1,0 +1,64 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"unicode/utf8"
+
+	"github.com/kiln-llm/kiln/tokenizer"
+)
+
+func init() {
+	register(&command{
+		name:    "tokenize",
+		summary: "print the token ids of stdin as a JSON array (kiln tokenize --model DIR)",
+		run:     runTokenize,
+	})
+}
+
+// runTokenize encodes all of stdin, byte for byte, as HF's
+// encode(text, add_special_tokens=False) would.
+func runTokenize(args []string) error {
+	fs := flag.NewFlagSet("tokenize", flag.ContinueOnError)
+	model := fs.String("model", "", "directory holding tokenizer.json")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *model == "" {
+		return errors.New("--model DIR is required")
+	}
+	tok, err := tokenizer.Load(*model)
+	if err != nil {
+		return err
+	}
+	text, err := io.ReadAll(os.Stdin)
+	if err != nil {
+		return fmt.Errorf("read stdin: %w", err)
+	}
+	if off := invalidUTF8Offset(text); off >= 0 {
+		return fmt.Errorf("stdin is not valid UTF-8: invalid byte 0x%02x at offset %d", text[off], off)
+	}
+	out, err := json.Marshal(tok.Encode(string(text)))
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Printf("%s\n", out)
+	return err
+}
+
+// invalidUTF8Offset returns the offset of the first byte that does not start
+// a valid UTF-8 character, or -1.
+func invalidUTF8Offset(b []byte) int {
+	for i := 0; i < len(b); {
+		r, n := utf8.DecodeRune(b[i:])
+		if r == utf8.RuneError && n <= 1 {
+			return i
+		}
+		i += n
+	}
+	return -1
+}

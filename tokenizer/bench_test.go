@@ -1,0 +1,59 @@
+package tokenizer
+
+import (
+	"compress/gzip"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// corpusLines reads the conformance corpus as lines, each keeping its line
+// break, the way the HF side of the comparison encodes it.
+func corpusLines(b *testing.B) ([]string, int64) {
+	f, err := os.Open(filepath.Join(testdataDir, "corpus.txt.gz"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		b.Fatal(err)
+	}
+	data, err := io.ReadAll(zr)
+	if err != nil {
+		b.Fatal(err)
+	}
+	lines := strings.SplitAfter(string(data), "\n")
+	return lines, int64(len(data))
+}
+
+// BenchmarkEncodeCorpus: encode throughput over the corpus lines, one
+// goroutine, word cache warm after the first pass.
+func BenchmarkEncodeCorpus(b *testing.B) {
+	lines, n := corpusLines(b)
+	tok := loadTestTokenizer(b, "qwen3")
+	b.SetBytes(n)
+	b.ResetTimer()
+	for range b.N {
+		for _, l := range lines {
+			tok.Encode(l)
+		}
+	}
+}
+
+// BenchmarkEncodeCorpusCold: the same with a fresh tokenizer (empty word
+// cache) for every pass; loading is not timed.
+func BenchmarkEncodeCorpusCold(b *testing.B) {
+	lines, n := corpusLines(b)
+	b.SetBytes(n)
+	for range b.N {
+		b.StopTimer()
+		tok := loadTestTokenizer(b, "qwen3")
+		b.StartTimer()
+		for _, l := range lines {
+			tok.Encode(l)
+		}
+	}
+}

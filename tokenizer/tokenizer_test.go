@@ -1,0 +1,148 @@
+package tokenizer
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"testing/fstest"
+	"unicode/utf8"
+
+	"golang.org/x/text/unicode/norm"
+)
+
+func TestAPI(t *testing.T) {
+	tok := loadTestTokenizer(t, "qwen3")
+	id, ok := tok.TokenID("<|im_end|>")
+	if !ok || !tok.IsSpecial(id) || tok.Token(id) != "<|im_end|>" {
+		t.Fatalf("<|im_end|>: id %d ok %v special %v token %q", id, ok, tok.IsSpecial(id), tok.Token(id))
+	}
+	think, ok := tok.TokenID("<think>")
+	if !ok || tok.IsSpecial(think) {
+		t.Fatalf("<think> should be a non-special added token: %d %v", think, ok)
+	}
+	if got := tok.Encode("<think>"); len(got) != 1 || got[0] != think {
+		t.Fatalf("Encode(<think>) = %v", got)
+	}
+	sp, ok := tok.TokenID("Ġ")
+	if !ok || tok.IsSpecial(sp) || tok.Decode([]int32{sp}) != " " {
+		t.Fatalf("Ġ: %d %v %q", sp, ok, tok.Decode([]int32{sp}))
+	}
+	if tok.VocabSize() <= int(id) || tok.Token(int32(tok.VocabSize())) != "" || tok.Token(-1) != "" {
+		t.Fatalf("VocabSize %d, id %d", tok.VocabSize(), id)
+	}
+	if tok.IsSpecial(-1) || tok.IsSpecial(int32(tok.VocabSize())) {
+		t.Fatal("out-of-range ids reported special")
+	}
+	if got := tok.Encode(""); len(got) != 0 {
+		t.Fatalf("Encode(\"\") = %v", got)
+	}
+}
+
+func TestLoadFS(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join(testdataDir, "qwen3", "tokenizer.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := LoadFS(fstest.MapFS{"tokenizer.json": {Data: data}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := tok.Decode(tok.Encode("hello world")); got != "hello world" {
+		t.Fatalf("round trip: %q", got)
+	}
+	if _, err := LoadFS(fstest.MapFS{}); err == nil {
+		t.Fatal("LoadFS of an empty FS: no error")
+	}
+}
+
+// TestLoadErrors: configurations the tokenizer cannot reproduce are
+// refused with an error naming the part.
+func TestLoadErrors(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join(testdataDir, "qwen3", "tokenizer.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name, path, value, want string
+	}{
+		{"lookbehind", "pre_tokenizer", `{"type":"Split","pattern":{"Regex":"(?<=a)b"},"behavior":"Isolated","invert":false}`, "not supported"},
+		{"no bytelevel", "pre_tokenizer", `{"type":"Whitespace"}`, "Whitespace"},
+		{"normalizer", "normalizer", `{"type":"Lowercase"}`, "Lowercase"},
+		{"decoder", "decoder", `{"type":"WordPiece"}`, "WordPiece"},
+		{"behavior", "pre_tokenizer", `{"type":"Sequence","pretokenizers":[{"type":"Split","pattern":{"Regex":"a"},"behavior":"Removed","invert":false},{"type":"ByteLevel"}]}`, "Removed"},
+		{"merge", "model.merges", `["a b c"]`, "merge 0"},
+		{"merge token", "model.merges", `[["a","zzzzzz"]]`, "zzzzzz"},
+		{"byte fallback", "model.byte_fallback", `true`, "byte_fallback"},
+		{"model", "model.type", `"Unigram"`, "Unigram"},
+	} {
+		var j map[string]any
+		if err := json.Unmarshal(data, &j); err != nil {
+			t.Fatal(err)
+		}
+		obj := j
+		keys := strings.Split(c.path, ".")
+		for _, k := range keys[:len(keys)-1] {
+			obj = obj[k].(map[string]any)
+		}
+		var v any
+		if err := json.Unmarshal([]byte(c.value), &v); err != nil {
+			t.Fatal(err)
+		}
+		obj[keys[len(keys)-1]] = v
+		b, _ := json.Marshal(j)
+		_, err := LoadFS(fstest.MapFS{"tokenizer.json": {Data: b}})
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: error %v, want one mentioning %q", c.name, err, c.want)
+		}
+	}
+}
+
+// plainTokenizer is the qwen3 test tokenizer with only Qwen3's own added
+// tokens, none of which strips whitespace or decodes to other text, so
+// that decode(encode(s)) is NFC(s).
+func plainTokenizer(t testing.TB) *Tokenizer {
+	data, err := os.ReadFile(filepath.Join(testdataDir, "qwen3", "tokenizer.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var j map[string]any
+	if err := json.Unmarshal(data, &j); err != nil {
+		t.Fatal(err)
+	}
+	var keep []any
+	for _, a := range j["added_tokens"].([]any) {
+		m := a.(map[string]any)
+		if !m["lstrip"].(bool) && !m["rstrip"].(bool) && !m["normalized"].(bool) && strings.HasPrefix(m["content"].(string), "<") &&
+			m["content"] != "<|im" {
+			keep = append(keep, a)
+		}
+	}
+	j["added_tokens"] = keep
+	b, _ := json.Marshal(j)
+	tok, err := LoadFS(fstest.MapFS{"tokenizer.json": {Data: b}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+func FuzzEncodeDecode(f *testing.F) {
+	tok := plainTokenizer(f)
+	for _, s := range scannerSeeds {
+		f.Add(s)
+	}
+	f.Add("<|im_start|>user\nhi<|im_end|>\n<think>\n\n</think>")
+	f.Fuzz(func(t *testing.T, s string) {
+		// HF normalizes the text between added tokens piece by piece;
+		// every token here ends in '>', which composes only with U+0338.
+		if !utf8.ValidString(s) || strings.Contains(s, ">\u0338") {
+			return
+		}
+		ids := tok.Encode(s)
+		if got, want := tok.Decode(ids), norm.NFC.String(s); got != want {
+			t.Fatalf("Decode(Encode(%q)) = %q, want %q (ids %v)", s, got, want, ids)
+		}
+	})
+}
