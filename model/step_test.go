@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kiln-llm/kiln/backend"
 	"github.com/kiln-llm/kiln/backend/cpu"
 )
 
@@ -239,5 +240,36 @@ func TestForwardErrors(t *testing.T) {
 	}
 	if _, err := m.Forward(nil); err == nil {
 		t.Error("forward of no sequences succeeded")
+	}
+}
+
+// TestBF16KVCache runs the long prompt of a fixture with a bf16 KV cache:
+// the logits move by about bf16's precision, no more.
+func TestBF16KVCache(t *testing.T) {
+	ids := readReference(t, fixtureDir("qwen3")).Prompts[2].IDs
+	run := func(dt backend.DType) []float32 {
+		m, err := Load(fixtureDir("qwen3"), cpu.New(cpu.Options{}), Options{KVDType: dt})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		if want := int64(3 * 2 * 2 * 16 * dt.Size()); m.KVBytesPerToken() != want {
+			t.Fatalf("KVBytesPerToken %d, want %d", m.KVBytesPerToken(), want)
+		}
+		return lastLogits(t, m, ids)
+	}
+	f32, bf16 := run(backend.F32), run(backend.BF16)
+	scale := 0.0
+	for _, v := range f32 {
+		scale = math.Max(scale, math.Abs(float64(v)))
+	}
+	if d := maxDiff(f32, bf16); d == 0 || d > 2e-2*scale {
+		t.Fatalf("bf16 KV cache moved the logits by %.3g (scale %.3g)", d, scale)
+	}
+	if argmax(f32) != argmax(bf16) {
+		t.Fatalf("bf16 KV cache changed the greedy token")
+	}
+	if _, err := Load(fixtureDir("qwen3"), cpu.New(cpu.Options{}), Options{KVDType: backend.I32}); err == nil {
+		t.Fatal("an i32 KV cache was accepted")
 	}
 }
