@@ -56,6 +56,7 @@ type Parser struct {
 	buf         string // text not yet given out: a possible tag start, or a tool call's body
 	sawContent  bool   // non-whitespace content was given out (no <think> after that)
 	dropNewline bool   // drop newlines until other text comes
+	searched    int    // in a tool call: how much of buf holds no closing tag
 }
 
 type parseMode int
@@ -109,10 +110,15 @@ func (p *Parser) step(d *Delta) bool {
 		p.dropNewline = false
 	}
 	if p.mode == modeToolCall {
-		i := strings.Index(p.buf, toolCallClose)
+		// A long call arrives in many pieces: search only the new text.
+		from := max(0, p.searched-len(toolCallClose)+1)
+		i := strings.Index(p.buf[from:], toolCallClose)
 		if i < 0 {
+			p.searched = len(p.buf)
 			return false
 		}
+		i += from
+		p.searched = 0
 		body := p.buf[:i]
 		p.buf = p.buf[i+len(toolCallClose):]
 		p.mode = modeContent

@@ -195,3 +195,21 @@ func FuzzParser(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkParser streams a long reasoning, answer and tool call a few
+// bytes (about a token) at a time.
+func BenchmarkParser(b *testing.B) {
+	text := "<think>\n" + strings.Repeat("Let me weigh <b>this</b> and 1 < 2. ", 200) + "\n</think>\n\n" +
+		strings.Repeat("The answer, with a < sign. ", 200) +
+		"<tool_call>\n<function=get_weather>\n<parameter=city>\n" + strings.Repeat("x", 4000) + "\n</parameter>\n</function>\n</tool_call>"
+	b.SetBytes(int64(len(text)))
+	for b.Loop() {
+		p := NewParser(ParserOptions{Tools: []Tool{weatherTool}})
+		for i := 0; i < len(text); i += 4 {
+			p.Push(text[i:min(i+4, len(text))])
+		}
+		if d := p.Finish(); d.Content != "" {
+			b.Fatalf("left over %q", d.Content)
+		}
+	}
+}
