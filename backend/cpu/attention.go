@@ -75,19 +75,32 @@ func (p kvPool) store(off int, src []float32) {
 	}
 }
 
-func (p kvPool) dot(q []float32, off int) float32 {
+// dotRows sets out[r] = q . row(off + r*stride).
+func (p kvPool) dotRows(q []float32, off, stride int, out []float32) {
 	if p.f32 != nil {
-		return dotF32(q, p.f32[off:off+len(q)])
+		dotRowsF32(q, p.f32[off:], stride, out)
+	} else {
+		dotRowsBF16(q, p.b16[off:], stride, out)
 	}
-	return dotBF16(q, p.b16[off:off+len(q)])
 }
 
-// axpy adds a * row(off) to acc.
-func (p kvPool) axpy(acc []float32, a float32, off int) {
+// axpyRows adds sum_r w[r] * row(off + r*stride) to acc.
+func (p kvPool) axpyRows(acc, w []float32, off, stride int) {
 	if p.f32 != nil {
-		axpy(acc, a, p.f32[off:off+len(acc)])
+		axpyRowsF32(acc, w, p.f32[off:], stride)
 	} else {
-		axpyBF16(acc, a, p.b16[off:off+len(acc)])
+		axpyRowsBF16(acc, w, p.b16[off:], stride)
+	}
+}
+
+// load converts the row at off to float32 in dst.
+func (p kvPool) load(dst []float32, off int) {
+	if p.f32 != nil {
+		copy(dst, p.f32[off:off+len(dst)])
+		return
+	}
+	for i, h := range p.b16[off : off+len(dst)] {
+		dst[i] = bf16ToF32(h)
 	}
 }
 
@@ -151,13 +164,9 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 	}
 	kOff, vOff := H*qStride, H*qStride+KH*hd
 	kp, vp := c.k[layer], c.v[layer]
-	// slot returns the cache offset of (position, kv head) of sequence s.
-	slot := func(s *backend.SeqInfo, pos, kh int) int {
-		return ((int(s.Blocks[pos/bs])*bs+pos%bs)*KH + kh) * hd
-	}
-
 	// Queries (normed, rotated) go to a scratch buffer; keys and values into the cache.
 	q := make([]float32, T*H*hd)
+	a := &attnCall{H: H, KH: KH, G: H / KH, hd: hd, bs: bs, scale: spec.Scale, q: q, o: o, kp: kp, vp: vp}
 	b.pool.For(T, 1, func(lo, hi int) {
 		half := rd / 2
 		cos, sin := make([]float32, half), make([]float32, half)
@@ -175,50 +184,193 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 			for h := range KH {
 				rmsNormRow(kr, row[kOff+h*hd:kOff+(h+1)*hd], kn, spec.NormEps)
 				ropeRow(kr, cos, sin)
-				kp.store(slot(s, pos, h), kr)
-				vp.store(slot(s, pos, h), row[vOff+h*hd:vOff+(h+1)*hd])
+				kp.store(a.slot(s, pos, h), kr)
+				vp.store(a.slot(s, pos, h), row[vOff+h*hd:vOff+(h+1)*hd])
 			}
 		}
 	})
 
-	// Each task is one (token, kv head): the group of query heads sharing
-	// that kv head reads each cached key and value once.
-	group := H / KH
-	b.pool.For(T*KH, 1, func(lo, hi int) {
+	// Long prefills go through the blocked kernel, other tokens one by one.
+	var direct []int32
+	for si, s := range st.seqs {
+		if s.N >= blockedMinTokens && hd%gemmCols == 0 {
+			b.attendBlocked(a, &st.seqs[si], st.seqStart[si])
+			continue
+		}
+		for i := range s.N {
+			direct = append(direct, int32(st.seqStart[si]+i))
+		}
+	}
+	b.pool.For(len(direct)*KH, 1, func(lo, hi int) {
 		var scores []float32
 		for i := lo; i < hi; i++ {
-			t, kh := i/KH, i%KH
-			s := &st.seqs[st.tokSeq[t]]
-			n := int(st.tokPos[t]) + 1
-			if cap(scores) < group*n {
-				scores = make([]float32, group*n)
-			}
-			sc := scores[:group*n]
-			for j := range n {
-				off := slot(s, j, kh)
-				for g := range group {
-					h := kh*group + g
-					sc[g*n+j] = kp.dot(q[(t*H+h)*hd:(t*H+h+1)*hd], off) * spec.Scale
-				}
-			}
-			for g := range group {
-				softmaxInPlace(sc[g*n : (g+1)*n])
-				clear(o[(t*H+kh*group+g)*hd : (t*H+kh*group+g+1)*hd])
-			}
-			for j := range n {
-				off := slot(s, j, kh)
-				for g := range group {
-					h := kh*group + g
-					vp.axpy(o[(t*H+h)*hd:(t*H+h+1)*hd], sc[g*n+j], off)
-				}
-			}
-			if spec.Gated {
-				for g := range group {
-					h := kh*group + g
+			t := int(direct[i/KH])
+			scores = a.attendToken(&st.seqs[st.tokSeq[t]], t, int(st.tokPos[t]), i%KH, scores)
+		}
+	})
+	if spec.Gated {
+		b.pool.For(T, 1, func(lo, hi int) {
+			for t := lo; t < hi; t++ {
+				for h := range H {
 					gate := x[t*width+h*qStride+hd : t*width+h*qStride+2*hd]
 					oh := o[(t*H+h)*hd : (t*H+h+1)*hd]
 					for d := range oh {
 						oh[d] *= sigmoid(gate[d])
+					}
+				}
+			}
+		})
+	}
+}
+
+// attnCall holds what the parts of one Attention call share: queries q [T,
+// H, hd] (normed and rotated), the output o [T, H, hd] and the layer's cache.
+type attnCall struct {
+	H, KH, G, hd, bs int // G query heads share a kv head
+	scale            float32
+	q, o             []float32
+	kp, vp           kvPool
+}
+
+// slot returns the cache offset of (position, kv head) of sequence s.
+func (a *attnCall) slot(s *backend.SeqInfo, pos, kh int) int {
+	return ((int(s.Blocks[pos/a.bs])*a.bs+pos%a.bs)*a.KH + kh) * a.hd
+}
+
+// attendToken computes token t (at position pos) for the query heads of kv
+// head kh, a cache block at a time; the group reads each cached key and value
+// once. scores is scratch, returned for reuse.
+func (a *attnCall) attendToken(s *backend.SeqInfo, t, pos, kh int, scores []float32) []float32 {
+	G, H, hd, bs := a.G, a.H, a.hd, a.bs
+	n := pos + 1
+	if cap(scores) < G*n {
+		scores = make([]float32, G*n)
+	}
+	sc := scores[:G*n]
+	stride := a.KH * hd
+	for j0 := 0; j0 < n; j0 += bs {
+		rows, off := min(bs, n-j0), a.slot(s, j0, kh)
+		for g := range G {
+			h := kh*G + g
+			a.kp.dotRows(a.q[(t*H+h)*hd:(t*H+h+1)*hd], off, stride, sc[g*n+j0:g*n+j0+rows])
+		}
+	}
+	for g := range G {
+		row := sc[g*n : (g+1)*n]
+		for j := range row {
+			row[j] *= a.scale
+		}
+		softmaxInPlace(row)
+		clear(a.o[(t*H+kh*G+g)*hd : (t*H+kh*G+g+1)*hd])
+	}
+	for j0 := 0; j0 < n; j0 += bs {
+		rows, off := min(bs, n-j0), a.slot(s, j0, kh)
+		for g := range G {
+			h := kh*G + g
+			a.vp.axpyRows(a.o[(t*H+h)*hd:(t*H+h+1)*hd], sc[g*n+j0:g*n+j0+rows], off, stride)
+		}
+	}
+	return scores
+}
+
+const (
+	// blockedMinTokens is the fewest new tokens of a sequence that take the
+	// blocked path: below, packing the cache costs more than it saves.
+	blockedMinTokens = 16
+	// blockedQueryTokens is the number of query tokens of one blocked task.
+	blockedQueryTokens = 32
+)
+
+// attendBlocked computes the new tokens of a prefilling sequence whose
+// first token is t0 of the step, with the GEMM kernel: the sequence's cached
+// keys and values are packed once per kv head, then each task takes a block
+// of query tokens of one kv head: scores = Q K^T, causal softmax, P V.
+func (b *Backend) attendBlocked(a *attnCall, s *backend.SeqInfo, t0 int) {
+	KH, hd, G, H := a.KH, a.hd, a.G, a.H
+	n := s.Pos + s.N
+	npad := (n + gemmCols - 1) / gemmCols * gemmCols
+	// kpk[kh]: [npad/16][hd][16]; vpk[kh]: [hd/16][npad][16].
+	per := npad * hd
+	b.kpack = grow(&b.kpack, KH*per)
+	b.vpack = grow(&b.vpack, KH*per)
+	kpk, vpk := b.kpack, b.vpack
+	blocks := npad / gemmCols
+	b.pool.For(KH*blocks, 4, func(lo, hi int) {
+		row := make([]float32, hd)
+		for i := lo; i < hi; i++ {
+			kh, blk := i/blocks, i%blocks
+			kb := kpk[kh*per+blk*hd*gemmCols : kh*per+(blk+1)*hd*gemmCols]
+			vb := vpk[kh*per:]
+			for j := range gemmCols {
+				pos := blk*gemmCols + j
+				if pos < n {
+					off := a.slot(s, pos, kh)
+					a.kp.load(row, off)
+					for d, v := range row {
+						kb[d*gemmCols+j] = v
+					}
+					a.vp.load(row, off)
+				} else {
+					clear(row)
+					for d := range hd {
+						kb[d*gemmCols+j] = 0
+					}
+				}
+				for d, v := range row {
+					vb[(d/gemmCols)*npad*gemmCols+pos*gemmCols+d%gemmCols] = v
+				}
+			}
+		}
+	})
+
+	qblocks := (s.N + blockedQueryTokens - 1) / blockedQueryTokens
+	b.pool.For(KH*qblocks, 1, func(lo, hi int) {
+		var qa, sc []float32
+		var c [gemmRows * gemmCols]float32
+		for task := lo; task < hi; task++ {
+			kh, qb := task/qblocks, task%qblocks
+			i0 := qb * blockedQueryTokens
+			nt := min(blockedQueryTokens, s.N-i0)
+			rows := nt * G
+			rpad := (rows + gemmRows - 1) / gemmRows * gemmRows
+			nk := s.Pos + i0 + nt // keys visible to the block's last token
+			nkpad := (nk + gemmCols - 1) / gemmCols * gemmCols
+			// Row r is query head kh*G + r%G of token i0 + r/G.
+			qa = grow(&qa, rpad*hd)
+			for r := range rows {
+				t := t0 + i0 + r/G
+				copy(qa[r*hd:(r+1)*hd], a.q[(t*H+kh*G+r%G)*hd:])
+			}
+			clear(qa[rows*hd:])
+			sc = grow(&sc, rpad*nkpad)
+			for rg := 0; rg < rpad; rg += gemmRows {
+				for kb := 0; kb < nkpad/gemmCols; kb++ {
+					gemm6x16(qa[rg*hd:], hd, kpk[kh*per+kb*hd*gemmCols:], hd, &c)
+					for i := range gemmRows {
+						copy(sc[(rg+i)*nkpad+kb*gemmCols:], c[i*gemmCols:(i+1)*gemmCols])
+					}
+				}
+			}
+			for r := range rpad {
+				row := sc[r*nkpad : (r+1)*nkpad]
+				if r >= rows {
+					clear(row)
+					continue
+				}
+				vis := s.Pos + i0 + r/G + 1
+				for j := range row[:vis] {
+					row[j] *= a.scale
+				}
+				softmaxInPlace(row[:vis])
+				clear(row[vis:])
+			}
+			for db := 0; db < hd/gemmCols; db++ {
+				for rg := 0; rg < rpad; rg += gemmRows {
+					gemm6x16(sc[rg*nkpad:], nkpad, vpk[kh*per+db*npad*gemmCols:], nkpad, &c)
+					for i := range min(gemmRows, rows-rg) {
+						r := rg + i
+						t := t0 + i0 + r/G
+						copy(a.o[(t*H+kh*G+r%G)*hd+db*gemmCols:], c[i*gemmCols:(i+1)*gemmCols])
 					}
 				}
 			}
@@ -234,7 +386,7 @@ func softmaxInPlace(x []float32) {
 	}
 	var sum float64
 	for i, v := range x {
-		e := float32(math.Exp(float64(v - m)))
+		e := expf(v - m)
 		x[i] = e
 		sum += float64(e)
 	}
@@ -242,4 +394,26 @@ func softmaxInPlace(x []float32) {
 	for i := range x {
 		x[i] *= inv
 	}
+}
+
+// expf returns e^x in float32 within a few ulp (Cephes' expf: x = n ln2 + r,
+// e^r by a degree-6 polynomial); several times faster than math.Exp, which
+// matters for softmax over long contexts.
+func expf(x float32) float32 {
+	switch {
+	case x != x || x > 88:
+		return float32(math.Exp(float64(x)))
+	case x < -87:
+		return float32(math.Exp(float64(x))) // subnormal results and zero
+	}
+	n := float32(math.Floor(float64(x*1.44269504088896341 + 0.5)))
+	r := x - n*0.693359375 + n*2.12194440e-4
+	p := float32(1.9875691500e-4)
+	p = p*r + 1.3981999507e-3
+	p = p*r + 8.3334519073e-3
+	p = p*r + 4.1665795894e-2
+	p = p*r + 1.6666665459e-1
+	p = p*r + 5.0000001201e-1
+	y := p*r*r + r + 1
+	return y * math.Float32frombits(uint32(int32(n)+127)<<23)
 }

@@ -231,6 +231,26 @@ func TestAttention(t *testing.T) {
 	}
 }
 
+// TestAttentionLongPrefill takes the blocked path with several query blocks,
+// a prefill continued at a non-zero position, and decodes after it.
+func TestAttentionLongPrefill(t *testing.T) {
+	for i, kvt := range []backend.DType{backend.F32, backend.BF16} {
+		spec := attnSpec(4, 2, 32, 16, i == 1, false)
+		ac := newAttnCase(uint64(60+i), spec, []int{150, 40}, [][]seqStep{{{0, 70}, {1, 17}}, {{0, 77}, {1, 1}}, {{0, 1}, {1, 22}}, {{0, 2}}})
+		ac.kvType = kvt
+		got := ac.run(t, New(Options{Threads: 2}), uint64(i))
+		tol := 2e-6
+		if kvt == backend.BF16 {
+			tol = 2e-2
+		}
+		for s := range ac.lengths {
+			for p := range ac.lengths[s] {
+				compare(t, fmt.Sprintf("%v: seq %d pos %d", kvt, s, p), got[s][p], refAttention(ac.rows[s], p, &ac.spec, ac.qn, ac.kn), tol)
+			}
+		}
+	}
+}
+
 func TestKVCacheCopyBlock(t *testing.T) {
 	b := New(Options{})
 	kvi, err := b.NewKVCache(backend.KVSpec{Layers: 1, Blocks: 4, BlockSize: 4, KVHeads: 1, HeadDim: 8, DType: backend.BF16})

@@ -67,3 +67,68 @@ func benchMatMul(b *testing.B, dt backend.DType, o, k, n int) {
 	}
 	b.ReportMetric(2*float64(o*k*n)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
 }
+
+// BenchmarkAttention is one attention layer of Qwen3-0.6B's shape (16 heads,
+// 8 kv heads, head dim 128) after 8K tokens of context: a 512-token prefill
+// chunk and a single decoded token.
+func BenchmarkAttention(b *testing.B) {
+	for _, n := range []int{512, 1} {
+		b.Run(fmt.Sprintf("ctx8192/new=%d", n), func(b *testing.B) {
+			be := New(Options{})
+			spec := attnSpec(16, 8, 128, 128, false, false)
+			const bs, ctx = 16, 8192
+			kv, err := be.NewKVCache(backend.KVSpec{Layers: 1, Blocks: (ctx + n + bs - 1) / bs, BlockSize: bs, KVHeads: 8, HeadDim: 128, DType: backend.BF16})
+			if err != nil {
+				b.Fatal(err)
+			}
+			blocks := make([]int32, (ctx+n+bs-1)/bs)
+			for i := range blocks {
+				blocks[i] = int32(i)
+			}
+			r := newRand(3)
+			ones := make([]float64, 128)
+			for i := range ones {
+				ones[i] = 1
+			}
+			w := backend.AttnWeights{QNorm: tensorF32(be, ones, 128), KNorm: tensorF32(be, ones, 128)}
+			qkv := tensorF32(be, randVec(r, n*spec.QKVWidth(), 1), n, spec.QKVWidth())
+			out := be.Alloc(backend.F32, n, 16*128)
+			be.Begin(&backend.Batch{Tokens: make([]int32, n), Seqs: []backend.SeqInfo{{Pos: ctx, N: n, Blocks: blocks}}})
+			b.ResetTimer()
+			for range b.N {
+				be.Attention(out, qkv, w, &spec, kv, 0)
+			}
+		})
+	}
+}
+
+// BenchmarkDeltaNet is one Gated DeltaNet layer of Qwen3-Next's shape (16 key
+// heads, 32 value heads, dims 128): a 512-token prefill chunk continuing a
+// sequence, and a single decoded token.
+func BenchmarkDeltaNet(b *testing.B) {
+	spec := backend.DeltaNetSpec{KeyHeads: 16, ValueHeads: 32, KeyDim: 128, ValueDim: 128, ConvKernel: 4, Chunk: 64}
+	for _, n := range []int{512, 1} {
+		b.Run(fmt.Sprintf("new=%d", n), func(b *testing.B) {
+			be := New(Options{})
+			st, err := be.NewStateCache(backend.StateSpec{Layers: 1, Slots: 1, DeltaNet: spec})
+			if err != nil {
+				b.Fatal(err)
+			}
+			r := newRand(4)
+			CD, HV := spec.ConvDim(), spec.ValueHeads
+			w := backend.DeltaNetWeights{
+				ConvW:  tensorF32(be, randVec(r, CD*4, 0.5), CD, 4),
+				ALog:   tensorF32(be, randVec(r, HV, 0.5), HV),
+				DtBias: tensorF32(be, randVec(r, HV, 0.5), HV),
+			}
+			mixed := tensorF32(be, randVec(r, n*CD, 1), n, CD)
+			ba := tensorF32(be, randVec(r, n*2*HV, 1), n, 2*HV)
+			out := be.Alloc(backend.F32, n, HV*spec.ValueDim)
+			be.Begin(&backend.Batch{Tokens: make([]int32, n), Seqs: []backend.SeqInfo{{Pos: 1000, N: n}}})
+			b.ResetTimer()
+			for range b.N {
+				be.GatedDeltaNet(out, mixed, ba, w, &spec, st, 0)
+			}
+		})
+	}
+}

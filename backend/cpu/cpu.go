@@ -26,6 +26,9 @@ type Options struct {
 type Backend struct {
 	pool *pool
 	step step
+	// kpack and vpack are Attention's packed keys and values, kept to be
+	// reused by the next call.
+	kpack, vpack []float32
 }
 
 var _ backend.Backend = (*Backend)(nil)

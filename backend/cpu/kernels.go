@@ -11,7 +11,39 @@ var (
 	axpy     = axpyGo
 	axpyBF16 = axpyBF16Go
 	gemm6x16 = gemm6x16Go
+
+	dotRowsF32   = dotRowsGo[float32]
+	dotRowsBF16  = dotRowsGo[uint16]
+	axpyRowsF32  = axpyRowsGo[float32]
+	axpyRowsBF16 = axpyRowsGo[uint16]
 )
+
+// dotRowsGo sets out[r] = q . k[r*stride:r*stride+len(q)] for r < len(out):
+// one kv head's keys at consecutive positions of a cache block.
+func dotRowsGo[E float32 | uint16](q []float32, k []E, stride int, out []float32) {
+	for r := range out {
+		row := k[r*stride : r*stride+len(q)]
+		switch row := any(row).(type) {
+		case []float32:
+			out[r] = dotF32(q, row)
+		case []uint16:
+			out[r] = dotBF16(q, row)
+		}
+	}
+}
+
+// axpyRowsGo adds sum_r p[r] * v[r*stride:r*stride+len(acc)] to acc.
+func axpyRowsGo[E float32 | uint16](acc, p []float32, v []E, stride int) {
+	for r, pr := range p {
+		row := v[r*stride : r*stride+len(acc)]
+		switch row := any(row).(type) {
+		case []float32:
+			axpy(acc, pr, row)
+		case []uint16:
+			axpyBF16(acc, pr, row)
+		}
+	}
+}
 
 // dotF32Go returns x . w (len(w) >= len(x)).
 func dotF32Go(x, w []float32) float32 {

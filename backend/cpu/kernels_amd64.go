@@ -23,6 +23,18 @@ func axpyAVX(y, x *float32, a float32, n int)
 //go:noescape
 func axpybf16AVX(y *float32, x *uint16, a float32, n int)
 
+//go:noescape
+func dotRowsF32AVX(q *float32, k *float32, stride uintptr, rows int, hd int, out *float32)
+
+//go:noescape
+func dotRowsBF16AVX(q *float32, k *uint16, stride uintptr, rows int, hd int, out *float32)
+
+//go:noescape
+func axpyRowsF32AVX(acc *float32, p *float32, v *float32, stride uintptr, rows int, hd int)
+
+//go:noescape
+func axpyRowsBF16AVX(acc *float32, p *float32, v *uint16, stride uintptr, rows int, hd int)
+
 // hasAVX2FMA reports whether the CPU and OS support AVX2 and FMA.
 func hasAVX2FMA() bool {
 	maxID, _, _, _ := cpuid(0, 0)
@@ -135,5 +147,41 @@ func asmKernels() (func(), bool) {
 	return func() {
 		dotF32, dotBF16, dot4BF16 = dotF32AVX, dotBF16AVX, dot4BF16AVX
 		axpy, axpyBF16, gemm6x16 = axpyF32AVX, axpyBF16AVX, gemm6x16Asm
+		dotRowsF32, dotRowsBF16 = dotRowsAsm[float32], dotRowsAsm[uint16]
+		axpyRowsF32, axpyRowsBF16 = axpyRowsAsm[float32], axpyRowsAsm[uint16]
 	}, useAVX
+}
+
+func dotRowsAsm[E float32 | uint16](q []float32, k []E, stride int, out []float32) {
+	hd, rows := len(q), len(out)
+	if hd%16 != 0 || rows == 0 {
+		dotRowsGo(q, k, stride, out)
+		return
+	}
+	_ = k[(rows-1)*stride+hd-1]
+	var z E
+	es := unsafe.Sizeof(z)
+	switch k := any(k).(type) {
+	case []float32:
+		dotRowsF32AVX(unsafe.SliceData(q), unsafe.SliceData(k), uintptr(stride)*es, rows, hd, unsafe.SliceData(out))
+	case []uint16:
+		dotRowsBF16AVX(unsafe.SliceData(q), unsafe.SliceData(k), uintptr(stride)*es, rows, hd, unsafe.SliceData(out))
+	}
+}
+
+func axpyRowsAsm[E float32 | uint16](acc, p []float32, v []E, stride int) {
+	hd, rows := len(acc), len(p)
+	if hd%32 != 0 || rows == 0 {
+		axpyRowsGo(acc, p, v, stride)
+		return
+	}
+	_ = v[(rows-1)*stride+hd-1]
+	var z E
+	es := unsafe.Sizeof(z)
+	switch v := any(v).(type) {
+	case []float32:
+		axpyRowsF32AVX(unsafe.SliceData(acc), unsafe.SliceData(p), unsafe.SliceData(v), uintptr(stride)*es, rows, hd)
+	case []uint16:
+		axpyRowsBF16AVX(unsafe.SliceData(acc), unsafe.SliceData(p), unsafe.SliceData(v), uintptr(stride)*es, rows, hd)
+	}
 }

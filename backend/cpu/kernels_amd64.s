@@ -281,3 +281,239 @@ abloop:
 abdone:
 	VZEROUPPER
 	RET
+
+// func dotRowsF32AVX(q *float32, k *float32, stride uintptr, rows int, hd int, out *float32)
+// out[r] = q . k[r*stride/4 : +hd] for r < rows; hd is a multiple of 16.
+TEXT ·dotRowsF32AVX(SB), NOSPLIT, $0-48
+	MOVQ q+0(FP), SI
+	MOVQ k+8(FP), DI
+	MOVQ stride+16(FP), DX
+	MOVQ rows+24(FP), R8
+	MOVQ hd+32(FP), CX
+	MOVQ out+40(FP), R9
+
+frow:
+	TESTQ R8, R8
+	JZ    fdone
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	XORQ  AX, AX
+
+finner:
+	CMPQ        AX, CX
+	JGE         fsum
+	VMOVUPS     (SI)(AX*4), Y2
+	VMOVUPS     32(SI)(AX*4), Y3
+	VFMADD231PS (DI)(AX*4), Y2, Y0
+	VFMADD231PS 32(DI)(AX*4), Y3, Y1
+	ADDQ        $16, AX
+	JMP         finner
+
+fsum:
+	VADDPS Y1, Y0, Y0
+	HSUM(Y0, X0, X2)
+	VMOVSS X0, (R9)
+	ADDQ   $4, R9
+	ADDQ   DX, DI
+	DECQ   R8
+	JMP    frow
+
+fdone:
+	VZEROUPPER
+	RET
+
+// func dotRowsBF16AVX(q *float32, k *uint16, stride uintptr, rows int, hd int, out *float32)
+// As dotRowsF32AVX for bf16 rows.
+TEXT ·dotRowsBF16AVX(SB), NOSPLIT, $0-48
+	MOVQ q+0(FP), SI
+	MOVQ k+8(FP), DI
+	MOVQ stride+16(FP), DX
+	MOVQ rows+24(FP), R8
+	MOVQ hd+32(FP), CX
+	MOVQ out+40(FP), R9
+
+hrow:
+	TESTQ R8, R8
+	JZ    hdone
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	XORQ  AX, AX
+
+hinner:
+	CMPQ        AX, CX
+	JGE         hsum
+	VMOVUPS     (SI)(AX*4), Y2
+	VMOVUPS     32(SI)(AX*4), Y3
+	BF16((DI)(AX*2), Y4)
+	BF16(16(DI)(AX*2), Y5)
+	VFMADD231PS Y4, Y2, Y0
+	VFMADD231PS Y5, Y3, Y1
+	ADDQ        $16, AX
+	JMP         hinner
+
+hsum:
+	VADDPS Y1, Y0, Y0
+	HSUM(Y0, X0, X2)
+	VMOVSS X0, (R9)
+	ADDQ   $4, R9
+	ADDQ   DX, DI
+	DECQ   R8
+	JMP    hrow
+
+hdone:
+	VZEROUPPER
+	RET
+
+// func axpyRowsF32AVX(acc *float32, p *float32, v *float32, stride uintptr, rows int, hd int)
+// acc[d] += sum_r p[r] * v[r*stride/4 + d] for d < hd (a multiple of 32):
+// 32 dims at a time, two rows per step into separate accumulators so that
+// the FMAs do not wait on each other.
+TEXT ·axpyRowsF32AVX(SB), NOSPLIT, $0-48
+	MOVQ acc+0(FP), R9
+	MOVQ p+8(FP), SI
+	MOVQ v+16(FP), DI
+	MOVQ stride+24(FP), DX
+	MOVQ rows+32(FP), R8
+	MOVQ hd+40(FP), CX
+	MOVQ R8, R11
+	ANDQ $-2, R11
+	XORQ AX, AX
+
+achunk:
+	CMPQ    AX, CX
+	JGE     adone2
+	VMOVUPS (R9)(AX*4), Y0
+	VMOVUPS 32(R9)(AX*4), Y1
+	VMOVUPS 64(R9)(AX*4), Y2
+	VMOVUPS 96(R9)(AX*4), Y3
+	VXORPS  Y4, Y4, Y4
+	VXORPS  Y5, Y5, Y5
+	VXORPS  Y6, Y6, Y6
+	VXORPS  Y7, Y7, Y7
+	MOVQ    DI, R10
+	XORQ    BX, BX
+
+apair:
+	CMPQ         BX, R11
+	JGE          asingle
+	VBROADCASTSS (SI)(BX*4), Y8
+	VBROADCASTSS 4(SI)(BX*4), Y9
+	LEAQ         (R10)(DX*1), R12
+	VFMADD231PS  (R10)(AX*4), Y8, Y0
+	VFMADD231PS  32(R10)(AX*4), Y8, Y1
+	VFMADD231PS  64(R10)(AX*4), Y8, Y2
+	VFMADD231PS  96(R10)(AX*4), Y8, Y3
+	VFMADD231PS  (R12)(AX*4), Y9, Y4
+	VFMADD231PS  32(R12)(AX*4), Y9, Y5
+	VFMADD231PS  64(R12)(AX*4), Y9, Y6
+	VFMADD231PS  96(R12)(AX*4), Y9, Y7
+	LEAQ         (R12)(DX*1), R10
+	ADDQ         $2, BX
+	JMP          apair
+
+asingle:
+	CMPQ         BX, R8
+	JGE          astore
+	VBROADCASTSS (SI)(BX*4), Y8
+	VFMADD231PS  (R10)(AX*4), Y8, Y0
+	VFMADD231PS  32(R10)(AX*4), Y8, Y1
+	VFMADD231PS  64(R10)(AX*4), Y8, Y2
+	VFMADD231PS  96(R10)(AX*4), Y8, Y3
+
+astore:
+	VADDPS  Y4, Y0, Y0
+	VADDPS  Y5, Y1, Y1
+	VADDPS  Y6, Y2, Y2
+	VADDPS  Y7, Y3, Y3
+	VMOVUPS Y0, (R9)(AX*4)
+	VMOVUPS Y1, 32(R9)(AX*4)
+	VMOVUPS Y2, 64(R9)(AX*4)
+	VMOVUPS Y3, 96(R9)(AX*4)
+	ADDQ    $32, AX
+	JMP     achunk
+
+adone2:
+	VZEROUPPER
+	RET
+
+// func axpyRowsBF16AVX(acc *float32, p *float32, v *uint16, stride uintptr, rows int, hd int)
+// As axpyRowsF32AVX for bf16 rows.
+TEXT ·axpyRowsBF16AVX(SB), NOSPLIT, $0-48
+	MOVQ acc+0(FP), R9
+	MOVQ p+8(FP), SI
+	MOVQ v+16(FP), DI
+	MOVQ stride+24(FP), DX
+	MOVQ rows+32(FP), R8
+	MOVQ hd+40(FP), CX
+	MOVQ R8, R11
+	ANDQ $-2, R11
+	XORQ AX, AX
+
+bchunk:
+	CMPQ    AX, CX
+	JGE     bdone2
+	VMOVUPS (R9)(AX*4), Y0
+	VMOVUPS 32(R9)(AX*4), Y1
+	VMOVUPS 64(R9)(AX*4), Y2
+	VMOVUPS 96(R9)(AX*4), Y3
+	VXORPS  Y4, Y4, Y4
+	VXORPS  Y5, Y5, Y5
+	VXORPS  Y6, Y6, Y6
+	VXORPS  Y7, Y7, Y7
+	MOVQ    DI, R10
+	XORQ    BX, BX
+
+bpair:
+	CMPQ         BX, R11
+	JGE          bsingle
+	VBROADCASTSS (SI)(BX*4), Y8
+	VBROADCASTSS 4(SI)(BX*4), Y9
+	LEAQ         (R10)(DX*1), R12
+	BF16((R10)(AX*2), Y10)
+	VFMADD231PS  Y10, Y8, Y0
+	BF16(16(R10)(AX*2), Y11)
+	VFMADD231PS  Y11, Y8, Y1
+	BF16(32(R10)(AX*2), Y10)
+	VFMADD231PS  Y10, Y8, Y2
+	BF16(48(R10)(AX*2), Y11)
+	VFMADD231PS  Y11, Y8, Y3
+	BF16((R12)(AX*2), Y12)
+	VFMADD231PS  Y12, Y9, Y4
+	BF16(16(R12)(AX*2), Y13)
+	VFMADD231PS  Y13, Y9, Y5
+	BF16(32(R12)(AX*2), Y12)
+	VFMADD231PS  Y12, Y9, Y6
+	BF16(48(R12)(AX*2), Y13)
+	VFMADD231PS  Y13, Y9, Y7
+	LEAQ         (R12)(DX*1), R10
+	ADDQ         $2, BX
+	JMP          bpair
+
+bsingle:
+	CMPQ         BX, R8
+	JGE          bstore
+	VBROADCASTSS (SI)(BX*4), Y8
+	BF16((R10)(AX*2), Y10)
+	VFMADD231PS  Y10, Y8, Y0
+	BF16(16(R10)(AX*2), Y11)
+	VFMADD231PS  Y11, Y8, Y1
+	BF16(32(R10)(AX*2), Y10)
+	VFMADD231PS  Y10, Y8, Y2
+	BF16(48(R10)(AX*2), Y11)
+	VFMADD231PS  Y11, Y8, Y3
+
+bstore:
+	VADDPS  Y4, Y0, Y0
+	VADDPS  Y5, Y1, Y1
+	VADDPS  Y6, Y2, Y2
+	VADDPS  Y7, Y3, Y3
+	VMOVUPS Y0, (R9)(AX*4)
+	VMOVUPS Y1, 32(R9)(AX*4)
+	VMOVUPS Y2, 64(R9)(AX*4)
+	VMOVUPS Y3, 96(R9)(AX*4)
+	ADDQ    $32, AX
+	JMP     bchunk
+
+bdone2:
+	VZEROUPPER
+	RET

@@ -10,6 +10,7 @@ import (
 func kernelSets() map[string]func() {
 	sets := map[string]func(){"go": func() {
 		dotF32, dotBF16, dot4BF16, axpy, axpyBF16, gemm6x16 = dotF32Go, dotBF16Go, dot4BF16Go, axpyGo, axpyBF16Go, gemm6x16Go
+		dotRowsF32, dotRowsBF16, axpyRowsF32, axpyRowsBF16 = dotRowsGo[float32], dotRowsGo[uint16], axpyRowsGo[float32], axpyRowsGo[uint16]
 	}}
 	if asm, ok := asmKernels(); ok {
 		sets["asm"] = asm
@@ -66,13 +67,69 @@ func TestKernels(t *testing.T) {
 			}
 			compare(t, fmt.Sprintf("%s gemm6x16 k=%d", name, n), c[:], wantC, tol)
 		}
+		for _, hd := range []int{8, 16, 32, 64, 128} {
+			for _, rows := range []int{1, 2, 5} {
+				const stride = 300
+				q, kv := randVec(r, hd, 1), randVec(r, (rows-1)*stride+hd, 1)
+				kb := make([]uint16, len(kv))
+				for i := range kv {
+					kb[i] = f32ToBF16(float32(kv[i]))
+					kv[i] = float64(bf16ToF32(kb[i]))
+				}
+				p := randVec(r, rows, 1)
+				wantDot, wantAxpy := make([]float64, rows), make([]float64, hd)
+				for row := range rows {
+					for d := range hd {
+						wantDot[row] += float64(float32(q[d])) * kv[row*stride+d]
+						wantAxpy[d] += float64(float32(p[row])) * kv[row*stride+d]
+					}
+				}
+				what := fmt.Sprintf("%s hd=%d rows=%d", name, hd, rows)
+				got := make([]float32, rows)
+				dotRowsF32(toF32(q), toF32(kv), stride, got)
+				compare(t, what+" dotRowsF32", got, wantDot, 1e-5)
+				dotRowsBF16(toF32(q), kb, stride, got)
+				compare(t, what+" dotRowsBF16", got, wantDot, 1e-5)
+				acc := make([]float32, hd)
+				axpyRowsF32(acc, toF32(p), toF32(kv), stride)
+				compare(t, what+" axpyRowsF32", acc, wantAxpy, 1e-5)
+				acc = make([]float32, hd)
+				axpyRowsBF16(acc, toF32(p), kb, stride)
+				compare(t, what+" axpyRowsBF16", acc, wantAxpy, 1e-5)
+			}
+		}
 		t.Run(name+"/MatMul", TestMatMul)
 		t.Run(name+"/Attention", TestAttention)
+		t.Run(name+"/AttentionLongPrefill", TestAttentionLongPrefill)
 		t.Run(name+"/DeltaNet", TestDeltaNetPaths)
 	}
 }
 
 func saveKernels() func() {
 	a, b, c, d, e, f := dotF32, dotBF16, dot4BF16, axpy, axpyBF16, gemm6x16
-	return func() { dotF32, dotBF16, dot4BF16, axpy, axpyBF16, gemm6x16 = a, b, c, d, e, f }
+	g, h, i, j := dotRowsF32, dotRowsBF16, axpyRowsF32, axpyRowsBF16
+	return func() {
+		dotF32, dotBF16, dot4BF16, axpy, axpyBF16, gemm6x16 = a, b, c, d, e, f
+		dotRowsF32, dotRowsBF16, axpyRowsF32, axpyRowsBF16 = g, h, i, j
+	}
+}
+
+func TestExpf(t *testing.T) {
+	worst := 0.0
+	for x := -100.0; x < 88.7; x += 0.001 { // e^88.73 overflows float32
+		got, want := float64(expf(float32(x))), math.Exp(float64(float32(x)))
+		if want < 1e-37 { // below the normal range only absolute accuracy counts
+			if math.Abs(got-want) > 1e-44 {
+				t.Fatalf("expf(%v) = %v, want %v", x, got, want)
+			}
+			continue
+		}
+		worst = max(worst, math.Abs(got-want)/want)
+	}
+	if worst > 4e-7 {
+		t.Fatalf("expf relative error %v", worst)
+	}
+	if !math.IsInf(float64(expf(float32(math.Inf(1)))), 1) || expf(float32(math.Inf(-1))) != 0 || !math.IsNaN(float64(expf(float32(math.NaN())))) {
+		t.Error("expf special values")
+	}
 }
