@@ -6,7 +6,8 @@ import (
 )
 
 // gonja parses Jinja's conditional expression (X if C else Y) only as a
-// whole {{ }} or {% set %} expression, not nested inside brackets, as in
+// whole {{ }} or {% set %} expression, not nested inside brackets (in
+// outputs, assignments, if and for tags), as in
 // Qwen's
 //
 //	{{- 'a' + (x + '\n\n' if x else '') + 'b' }}
@@ -29,7 +30,7 @@ func rewriteConditionals(src string) string {
 		}
 		out.WriteString(src[i:tag.start])
 		text := src[tag.start:tag.end]
-		if tag.kind == '{' || (tag.kind == '%' && isSetAssign(tag.body)) {
+		if rewritable(tag) {
 			text = rewriteTag(tag, &n)
 		}
 		out.WriteString(text)
@@ -127,9 +128,18 @@ func skipString(s string, i int) int {
 	return len(s)
 }
 
-func isSetAssign(body string) bool {
-	f := strings.Fields(body)
-	return len(f) > 0 && f[0] == "set" && topLevelAssign(body) > 0
+// rewritable reports a tag before which statements may go: an output, an
+// assignment, an if or a for (not elif: that would land in the branch
+// before it).
+func rewritable(t tag) bool {
+	if t.kind == '{' {
+		return true
+	}
+	f := strings.Fields(t.body)
+	if t.kind != '%' || len(f) == 0 {
+		return false
+	}
+	return f[0] == "if" || f[0] == "for" || (f[0] == "set" && topLevelAssign(t.body) > 0)
 }
 
 // topLevelAssign is the index of a lone "=" outside brackets and strings.

@@ -185,6 +185,8 @@ func TestJinjaCompat(t *testing.T) {
 		{`{{ 'abc'.startswith('a' if t else 'b') }}`, "True"},
 		{"x\n  {{ ('a' if t else 'b') }}\n  z\n  {{- ('if' if f else 'else') }}\n", "x\n  a\n  zelse"},
 		{`{% for i in [1, 2] %}{{ ('<' if loop.first else ',') ~ i }}{% endfor %}`, "<1,2"},
+		{`{% if 'a' in ('abc' if t else 'xyz') %}yes{% else %}no{% endif %}`, "yes"},
+		{`{% for c in ('ab' if f else 'cd') %}{{ c }}{% endfor %}`, "cd"},
 	} {
 		tpl, err := ParseTemplate(c.src)
 		if err != nil {
