@@ -73,6 +73,7 @@ PROSE = [
     "नमस्ते दुनिया। यह हिंदी में एक परीक्षण वाक्य है।",
     "Γειά σου κόσμε! Αυτή είναι μια δοκιμή με ελληνικά γράμματα.",
     "Fußgängerübergänge in München, Köln und Zürich sind schön.",
+    "Die Geſchichte iſt ſchön, ſo iſt es; das Feſt iſt ſtill. Es iſt's, ſagt' ſie.",
     "Ça coûte 12,50 € — déjà vu, naïve café, garçon, œuvre.",
     "ภาษาไทยไม่มีช่องว่างระหว่างคำ ซึ่งทำให้การตัดคำยาก",
     "Tiếng Việt có nhiều dấu: ắ ằ ẳ ẵ ặ ố ồ ổ ỗ ộ.",
@@ -187,7 +188,8 @@ FIXED = [
     "x  \n  y", "x   ", "   x", "!!!", " !!!", "!!!\n\n", "...\r\n", " ?\n", "--", " -- ",
     "=" * 100, "a" * 300, "ab" * 200, "\u54c8" * 100, " " * 50, "\n" * 20, "😀" * 40,
     "Hello世界", "世界hello", "ÅngströmÅ", "\u017fs", "ǅungla", "ß ẞ", "İstanbul", "ﬁ ﬂ",
-    "\x00", "\x01\x02", "\x7f", "a\x00b", "\ufeff", "\ufffd", "\U0010fffd", "\ue000",
+    "'\u017ft", "iſt'\u017ftill", "x'\u017fst", "'St", "<|mask|> <|mask|>", "<|mask|>  <|pad|>  x",
+    "a\t<|pad|><|mask|>\u3000b", "naïve naïve", "naïve_x", "\u0301naïve", "\x00", "\x01\x02", "\x7f", "a\x00b", "\ufeff", "\ufffd", "\U0010fffd", "\ue000",
 ]
 
 
