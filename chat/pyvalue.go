@@ -55,7 +55,8 @@ func (l pyList) GetItem(key any) (*exec.Value, bool) {
 }
 
 // decodeJSON parses JSON text into template values: objects become ordered
-// *exec.Dict, arrays pyList, integers int, other numbers float64, null none.
+// *exec.Dict (an empty one an empty map), arrays pyList, integers int, other
+// numbers float64, null none.
 func decodeJSON(data []byte) (any, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()
@@ -91,6 +92,11 @@ func decodeValue(dec *json.Decoder) (any, error) {
 				setKey(d, kt.(string), v)
 			}
 			_, err := dec.Token()
+			if len(d.Pairs) == 0 {
+				// gonja holds every Dict true; an empty Go map is false,
+				// like Python's {} (and has no order to keep).
+				return map[string]any{}, err
+			}
 			return d, err
 		case '[':
 			l := pyList{}

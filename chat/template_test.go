@@ -187,6 +187,7 @@ func TestJinjaCompat(t *testing.T) {
 		{`{% for i in [1, 2] %}{{ ('<' if loop.first else ',') ~ i }}{% endfor %}`, "<1,2"},
 		{`{% if 'a' in ('abc' if t else 'xyz') %}yes{% else %}no{% endif %}`, "yes"},
 		{`{% for c in ('ab' if f else 'cd') %}{{ c }}{% endfor %}`, "cd"},
+		{`{{ e is mapping }}{{ not e }}{{ e | tojson }}{{ e | items | length }}{% if e %}x{% endif %}`, "TrueTrue{}0"},
 	} {
 		tpl, err := ParseTemplate(c.src)
 		if err != nil {
@@ -195,6 +196,7 @@ func TestJinjaCompat(t *testing.T) {
 		got, err := tpl.Render(&RenderInput{Kwargs: map[string]any{
 			"n": nil,
 			"t": true,
+			"e": json.RawMessage(`{}`),
 			"f": false,
 			"x": json.RawMessage(`[1e16, 0.00001, 0.0001, 100.0, 12345678901234567890, -0.0]`),
 		}})
