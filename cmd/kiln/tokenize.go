@@ -16,13 +16,13 @@ func init() {
 	register(&command{
 		name:    "tokenize",
 		summary: "print the token ids of stdin as a JSON array (kiln tokenize --model DIR)",
-		run:     runTokenize,
+		run:     func(args []string) error { return tokenize(args, os.Stdin, os.Stdout) },
 	})
 }
 
-// runTokenize encodes all of stdin, byte for byte, as HF's
-// encode(text, add_special_tokens=False) would.
-func runTokenize(args []string) error {
+// tokenize encodes all of in, byte for byte, as HF's
+// encode(text, add_special_tokens=False) would, and writes the ids to out.
+func tokenize(args []string, in io.Reader, out io.Writer) error {
 	fs := flag.NewFlagSet("tokenize", flag.ContinueOnError)
 	model := fs.String("model", "", "directory holding tokenizer.json")
 	if err := fs.Parse(args); err != nil {
@@ -35,18 +35,18 @@ func runTokenize(args []string) error {
 	if err != nil {
 		return err
 	}
-	text, err := io.ReadAll(os.Stdin)
+	text, err := io.ReadAll(in)
 	if err != nil {
 		return fmt.Errorf("read stdin: %w", err)
 	}
 	if off := invalidUTF8Offset(text); off >= 0 {
 		return fmt.Errorf("stdin is not valid UTF-8: invalid byte 0x%02x at offset %d", text[off], off)
 	}
-	out, err := json.Marshal(tok.Encode(string(text)))
+	ids, err := json.Marshal(tok.Encode(string(text)))
 	if err != nil {
 		return err
 	}
-	_, err = fmt.Printf("%s\n", out)
+	_, err = fmt.Fprintf(out, "%s\n", ids)
 	return err
 }
 
