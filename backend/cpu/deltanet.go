@@ -290,27 +290,16 @@ func (d *deltaHead) step(S []float32, t int, ws *deltaScratch) {
 	bt := d.beta[t*d.gStride]
 	u := grow(&ws.u, dv)
 	clear(u)
-	for a := range dk {
-		row := S[a*dv : (a+1)*dv]
-		ka := k[a]
-		for c := range row {
-			row[c] *= decay
-			u[c] += row[c] * ka
-		}
-	}
+	axpyRowsF32(u, k, S, dv) // S^T k before the decay
 	for c := range u {
-		u[c] = bt * (v[c] - u[c]) // delta
+		u[c] = bt * (v[c] - decay*u[c]) // delta
+	}
+	for a := range dk {
+		scaleAxpy(S[a*dv:(a+1)*dv], decay, k[a], u)
 	}
 	o := d.o(t)
 	clear(o)
-	for a := range dk {
-		row := S[a*dv : (a+1)*dv]
-		ka, qa := k[a], q[a]
-		for c := range row {
-			row[c] += ka * u[c]
-			o[c] += row[c] * qa
-		}
-	}
+	axpyRowsF32(o, q, S, dv)
 }
 
 // chunk advances S by the L tokens t0..t0+L-1 at once (the chunked form of

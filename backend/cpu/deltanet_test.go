@@ -175,7 +175,7 @@ func flat64(rows [][]float64) []float64 {
 	return f
 }
 
-var dnSpec = backend.DeltaNetSpec{KeyHeads: 2, ValueHeads: 4, KeyDim: 16, ValueDim: 8, ConvKernel: 4}
+var dnSpec = backend.DeltaNetSpec{KeyHeads: 2, ValueHeads: 4, KeyDim: 16, ValueDim: 32, ConvKernel: 4}
 
 // TestDeltaNetPaths checks the chunked and recurrent paths against the
 // float64 recurrence and each other, for lengths around the chunk size.

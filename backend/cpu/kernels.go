@@ -5,12 +5,13 @@ package cpu
 // TestKernels checks that both agree.
 
 var (
-	dotF32   = dotF32Go
-	dotBF16  = dotBF16Go
-	dot4BF16 = dot4BF16Go
-	axpy     = axpyGo
-	axpyBF16 = axpyBF16Go
-	gemm6x16 = gemm6x16Go
+	dotF32    = dotF32Go
+	dotBF16   = dotBF16Go
+	dot4BF16  = dot4BF16Go
+	axpy      = axpyGo
+	axpyBF16  = axpyBF16Go
+	gemm6x16  = gemm6x16Go
+	scaleAxpy = scaleAxpyGo
 
 	dotRowsF32   = dotRowsGo[float32]
 	dotRowsBF16  = dotRowsGo[uint16]
@@ -96,6 +97,14 @@ func axpyGo(y []float32, a float32, x []float32) {
 	x = x[:len(y)]
 	for i, v := range x {
 		y[i] += a * v
+	}
+}
+
+// scaleAxpyGo sets y = b*y + a*x (len(x) >= len(y)).
+func scaleAxpyGo(y []float32, b, a float32, x []float32) {
+	x = x[:len(y)]
+	for i, v := range x {
+		y[i] = b*y[i] + a*v
 	}
 }
 

@@ -24,6 +24,9 @@ func axpyAVX(y, x *float32, a float32, n int)
 func axpybf16AVX(y *float32, x *uint16, a float32, n int)
 
 //go:noescape
+func scaleAxpyAVX(y, x *float32, b, a float32, n int)
+
+//go:noescape
 func dotRowsF32AVX(q *float32, k *float32, stride uintptr, rows int, hd int, out *float32)
 
 //go:noescape
@@ -119,6 +122,18 @@ func axpyF32AVX(y []float32, a float32, x []float32) {
 	}
 }
 
+func scaleAxpyF32AVX(y []float32, b, a float32, x []float32) {
+	n := len(y)
+	x = x[:n]
+	n8 := n &^ 7
+	if n8 > 0 {
+		scaleAxpyAVX(unsafe.SliceData(y), unsafe.SliceData(x), b, a, n8)
+	}
+	for i := n8; i < n; i++ {
+		y[i] = b*y[i] + a*x[i]
+	}
+}
+
 func axpyBF16AVX(y []float32, a float32, x []uint16) {
 	n := len(y)
 	x = x[:n]
@@ -149,6 +164,7 @@ func asmKernels() (func(), bool) {
 		axpy, axpyBF16, gemm6x16 = axpyF32AVX, axpyBF16AVX, gemm6x16Asm
 		dotRowsF32, dotRowsBF16 = dotRowsAsm[float32], dotRowsAsm[uint16]
 		axpyRowsF32, axpyRowsBF16 = axpyRowsAsm[float32], axpyRowsAsm[uint16]
+		scaleAxpy = scaleAxpyF32AVX
 	}, useAVX
 }
 

@@ -517,3 +517,26 @@ bstore:
 bdone2:
 	VZEROUPPER
 	RET
+
+// func scaleAxpyAVX(y, x *float32, b, a float32, n int)
+// y[i] = b*y[i] + a*x[i] for i < n; n is a multiple of 8.
+TEXT ·scaleAxpyAVX(SB), NOSPLIT, $0-32
+	MOVQ         y+0(FP), DI
+	MOVQ         x+8(FP), SI
+	VBROADCASTSS b+16(FP), Y0
+	VBROADCASTSS a+20(FP), Y1
+	MOVQ         n+24(FP), CX
+	XORQ         AX, AX
+
+sloop:
+	CMPQ        AX, CX
+	JGE         sdone
+	VMULPS      (DI)(AX*4), Y0, Y2
+	VFMADD231PS (SI)(AX*4), Y1, Y2
+	VMOVUPS     Y2, (DI)(AX*4)
+	ADDQ        $8, AX
+	JMP         sloop
+
+sdone:
+	VZEROUPPER
+	RET

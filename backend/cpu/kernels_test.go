@@ -11,6 +11,7 @@ func kernelSets() map[string]func() {
 	sets := map[string]func(){"go": func() {
 		dotF32, dotBF16, dot4BF16, axpy, axpyBF16, gemm6x16 = dotF32Go, dotBF16Go, dot4BF16Go, axpyGo, axpyBF16Go, gemm6x16Go
 		dotRowsF32, dotRowsBF16, axpyRowsF32, axpyRowsBF16 = dotRowsGo[float32], dotRowsGo[uint16], axpyRowsGo[float32], axpyRowsGo[uint16]
+		scaleAxpy = scaleAxpyGo
 	}}
 	if asm, ok := asmKernels(); ok {
 		sets["asm"] = asm
@@ -53,6 +54,12 @@ func TestKernels(t *testing.T) {
 			compare(t, fmt.Sprintf("%s axpy n=%d", name, n), acc, wantAxpy, 1e-6)
 			axpyBF16(acc2, 0.75, yb)
 			compare(t, fmt.Sprintf("%s axpyBF16 n=%d", name, n), acc2, wantAxpy, 1e-6)
+			acc3 := toF32(x)
+			scaleAxpy(acc3, -0.5, 0.75, yf)
+			for i := range n {
+				wantAxpy[i] = -0.5*float64(float32(x[i])) + 0.75*y[i]
+			}
+			compare(t, fmt.Sprintf("%s scaleAxpy n=%d", name, n), acc3, wantAxpy, 1e-6)
 
 			a, b := randVec(r, 6*(n+3), 1), randVec(r, 16*n, 1)
 			var c [96]float32
@@ -107,10 +114,10 @@ func TestKernels(t *testing.T) {
 
 func saveKernels() func() {
 	a, b, c, d, e, f := dotF32, dotBF16, dot4BF16, axpy, axpyBF16, gemm6x16
-	g, h, i, j := dotRowsF32, dotRowsBF16, axpyRowsF32, axpyRowsBF16
+	g, h, i, j, k := dotRowsF32, dotRowsBF16, axpyRowsF32, axpyRowsBF16, scaleAxpy
 	return func() {
 		dotF32, dotBF16, dot4BF16, axpy, axpyBF16, gemm6x16 = a, b, c, d, e, f
-		dotRowsF32, dotRowsBF16, axpyRowsF32, axpyRowsBF16 = g, h, i, j
+		dotRowsF32, dotRowsBF16, axpyRowsF32, axpyRowsBF16, scaleAxpy = g, h, i, j, k
 	}
 }
 
