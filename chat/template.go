@@ -117,9 +117,10 @@ func ParseTemplate(src string) (*Template, error) {
 	cfg := config.New()
 	cfg.TrimBlocks = true
 	cfg.LeftStripBlocks = true
-	// Jinja drops one trailing newline of the source (keep_trailing_newline
-	// is off in transformers).
-	src = rewriteConditionals(strings.TrimSuffix(src, "\n"))
+	// Jinja's lexer turns every line break of the source into "\n" (and,
+	// like gonja, drops one at the end: keep_trailing_newline is off).
+	src = strings.NewReplacer("\r\n", "\n", "\r", "\n").Replace(src)
+	src = rewriteConditionals(src)
 	// A memory loader holding only the template: {% include %} and friends
 	// cannot reach the file system.
 	loader, err := loaders.NewMemoryLoader(map[string]string{"/chat_template": src})

@@ -177,6 +177,7 @@ func TestJinjaCompat(t *testing.T) {
 		{`{% for m in [1, 2] %}{{ loop.index0 }}{{ loop.first }}{{ loop.last }};{% endfor %}`, "0TrueFalse;1FalseTrue;"},
 		{"{% if true %}\n  x\n{% endif %}\ny\n", "  x\ny"},
 		{"  {%- if true %} a {% endif -%}  \nb", " a b"},
+		{"a\r\nb{{ 'c\r\nd' }}\re\n\n", "a\nbc\nd\ne\n"},
 		// Conditional expressions nested in brackets (rewriteConditionals).
 		{`{{ 'a' + ('b' if t else 'c') + 'd' }}{{ 'a' + ('b' if f else 'c') + 'd' }}`, "abdacd"},
 		{`{{ [1 if t else 2, (3 if f else 4)] }}`, "[1, 4]"},
