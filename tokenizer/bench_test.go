@@ -57,3 +57,9 @@ func BenchmarkEncodeCorpusCold(b *testing.B) {
 		}
 	}
 }
+
+func BenchmarkLoad(b *testing.B) {
+	for range b.N {
+		loadTestTokenizer(b, "qwen3")
+	}
+}

@@ -24,16 +24,16 @@ type fileJSON struct {
 }
 
 type modelJSON struct {
-	Type                    string            `json:"type"`
-	Dropout                 *float64          `json:"dropout"`
-	UnkToken                *string           `json:"unk_token"`
-	ContinuingSubwordPrefix *string           `json:"continuing_subword_prefix"`
-	EndOfWordSuffix         *string           `json:"end_of_word_suffix"`
-	FuseUnk                 bool              `json:"fuse_unk"`
-	ByteFallback            bool              `json:"byte_fallback"`
-	IgnoreMerges            bool              `json:"ignore_merges"`
-	Vocab                   map[string]int32  `json:"vocab"`
-	Merges                  []json.RawMessage `json:"merges"`
+	Type                    string           `json:"type"`
+	Dropout                 *float64         `json:"dropout"`
+	UnkToken                *string          `json:"unk_token"`
+	ContinuingSubwordPrefix *string          `json:"continuing_subword_prefix"`
+	EndOfWordSuffix         *string          `json:"end_of_word_suffix"`
+	FuseUnk                 bool             `json:"fuse_unk"`
+	ByteFallback            bool             `json:"byte_fallback"`
+	IgnoreMerges            bool             `json:"ignore_merges"`
+	Vocab                   map[string]int32 `json:"vocab"`
+	Merges                  []any            `json:"merges"`
 }
 
 type typed struct {
@@ -298,20 +298,24 @@ func parseModel(mj *modelJSON) (*bpe, error) {
 }
 
 // parseMerge reads a merge in either form: "a b" or ["a", "b"].
-func parseMerge(r json.RawMessage) (string, string, error) {
-	var s string
-	if err := json.Unmarshal(r, &s); err == nil {
-		parts := strings.Split(s, " ")
-		if len(parts) != 2 {
-			return "", "", fmt.Errorf("%q is not two tokens separated by one space", s)
+func parseMerge(v any) (string, string, error) {
+	switch m := v.(type) {
+	case string:
+		a, b, ok := strings.Cut(m, " ")
+		if !ok || strings.Contains(b, " ") {
+			return "", "", fmt.Errorf("%q is not two tokens separated by one space", m)
 		}
-		return parts[0], parts[1], nil
+		return a, b, nil
+	case []any:
+		if len(m) == 2 {
+			a, oka := m[0].(string)
+			b, okb := m[1].(string)
+			if oka && okb {
+				return a, b, nil
+			}
+		}
 	}
-	var pair []string
-	if err := json.Unmarshal(r, &pair); err != nil || len(pair) != 2 {
-		return "", "", fmt.Errorf("%s is neither \"a b\" nor [\"a\", \"b\"]", r)
-	}
-	return pair[0], pair[1], nil
+	return "", "", fmt.Errorf("%v is neither \"a b\" nor [\"a\", \"b\"]", v)
 }
 
 // fromByteLevel maps a string of byte-level characters to the bytes they

@@ -24,11 +24,11 @@ type Tokenizer struct {
 	rawAdded  *addedMatcher // added tokens matched before normalization
 	normAdded *addedMatcher // added tokens matched in normalized text
 
-	tokens    []string // id -> token as written in tokenizer.json
-	bytes     [][]byte // id -> bytes the ByteLevel decoder gives
-	special   []bool
-	ids       map[string]int32
-	scratchMu sync.Pool // *encodeScratch
+	tokens  []string // id -> token as written in tokenizer.json
+	bytes   [][]byte // id -> bytes the ByteLevel decoder gives
+	special []bool
+	ids     map[string]int32
+	scratch sync.Pool // *encodeScratch
 }
 
 type encodeScratch struct {
@@ -85,7 +85,7 @@ func (t *Tokenizer) buildVocab(f *fileJSON) {
 // add_special_tokens=False) does: added and special tokens written in the
 // text are recognised as such. text must be valid UTF-8.
 func (t *Tokenizer) Encode(text string) []int32 {
-	sc, _ := t.scratchMu.Get().(*encodeScratch)
+	sc, _ := t.scratch.Get().(*encodeScratch)
 	if sc == nil {
 		sc = &encodeScratch{}
 	}
@@ -109,7 +109,7 @@ func (t *Tokenizer) Encode(text string) []int32 {
 			ids = t.encodeText(ns.text, ids, sc)
 		}
 	}
-	t.scratchMu.Put(sc)
+	t.scratch.Put(sc)
 	return ids
 }
 

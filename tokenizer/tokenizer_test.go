@@ -2,8 +2,10 @@ package tokenizer
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"testing/fstest"
@@ -145,4 +147,29 @@ func FuzzEncodeDecode(f *testing.F) {
 			t.Fatalf("Decode(Encode(%q)) = %q, want %q (ids %v)", s, got, want, ids)
 		}
 	})
+}
+
+// TestConcurrentEncode: one Tokenizer shared by goroutines (the word cache
+// is shared) gives every goroutine the sequential result.
+func TestConcurrentEncode(t *testing.T) {
+	tok := loadTestTokenizer(t, "qwen3")
+	c := loadCases(t, "qwen3")
+	done := make(chan string)
+	for g := 0; g < 4; g++ {
+		go func(g int) {
+			for i := g; i < len(c.Encode); i += 2 {
+				e := c.Encode[i]
+				if got := tok.Encode(e.Text); !slices.Equal(got, e.IDs) {
+					done <- fmt.Sprintf("goroutine %d: Encode(%q) = %v, want %v", g, e.Text, got, e.IDs)
+					return
+				}
+			}
+			done <- ""
+		}(g)
+	}
+	for range 4 {
+		if msg := <-done; msg != "" {
+			t.Error(msg)
+		}
+	}
 }
