@@ -347,3 +347,26 @@ func FuzzRender(f *testing.F) {
 		}
 	})
 }
+
+// TestJinjaWithMessages: whitespace control, comments, macros and gonja's
+// own filters, as Python's Jinja renders them.
+func TestJinjaWithMessages(t *testing.T) {
+	for _, c := range []struct{ src, want string }{
+		{"a\n  {# c #}\nb", "a\nb"},
+		{"a\n  {%- set x = 1 -%}  \n  b", "ab"},
+		{"{% for i in [1,2] %}\n  {{ i }}\n{% endfor %}\n", "  1\n  2\n"},
+		{"x {{- \"y\" -}}\n\t z", "xyz"},
+		{"{% macro m(a, b=2) %}{{ a }}{{ b }}{% endmacro %}{{ m(1) }}{{ m(1, b=3) }}", "1213"},
+		{"{{ \"%s-%d\" | format(\"a\", 3) }}{{ [3,1,2] | sort | join(\",\") }}{{ \"AbC\" | lower }}{{ messages | selectattr(\"role\", \"equalto\", \"user\") | list | length }}", "a-31,2,3abc1"},
+	} {
+		tpl, err := ParseTemplate(c.src)
+		if err != nil {
+			t.Errorf("%q: %v", c.src, err)
+			continue
+		}
+		got, err := tpl.Render(&RenderInput{Messages: []Message{{Role: "user", Content: "q"}, {Role: "assistant", Content: "r"}}})
+		if err != nil || got != c.want {
+			t.Errorf("%q: got %q %v want %q", c.src, got, err, c.want)
+		}
+	}
+}
