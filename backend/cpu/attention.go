@@ -406,7 +406,9 @@ func expf(x float32) float32 {
 	case x < -87:
 		return float32(math.Exp(float64(x))) // subnormal results and zero
 	}
-	n := float32(math.Floor(float64(x*1.44269504088896341 + 0.5)))
+	// Round x/ln2 to an integer by adding 1.5*2^23: the sum's ulp is 1.
+	const magic = 12582912
+	n := float32(float32(x*1.44269504088896341)+magic) - magic
 	r := x - n*0.693359375 + n*2.12194440e-4
 	p := float32(1.9875691500e-4)
 	p = p*r + 1.3981999507e-3

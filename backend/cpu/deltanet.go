@@ -270,8 +270,8 @@ func (d *deltaHead) o(t int) []float32 { return d.out[t*d.oStride : t*d.oStride+
 
 // deltaScratch is a worker's reusable scratch memory.
 type deltaScratch struct {
-	u                []float32
-	gam, a, U, W, qk []float32
+	u                    []float32
+	gam, a, U, W, qk, kt []float32
 }
 
 func grow(s *[]float32, n int) []float32 {
@@ -310,6 +310,8 @@ func (d *deltaHead) step(S []float32, t int, ws *deltaScratch) {
 //	Vn = U - W S
 //	o_i = exp(G_i) S^T q_i + sum_{j<=i} (q_i.k_j) exp(G_i-G_j) Vn_j
 //	S  = exp(G_L) S + sum_i exp(G_L-G_i) k_i Vn_i^T
+//
+// Every product runs through the row kernels: one call per row of a result.
 func (d *deltaHead) chunk(S []float32, t0, L int, ws *deltaScratch) {
 	dk, dv := d.dk, d.dv
 	gam := grow(&ws.gam, L)
@@ -319,17 +321,18 @@ func (d *deltaHead) chunk(S []float32, t0, L int, ws *deltaScratch) {
 		gam[i] = acc
 	}
 	beta := func(i int) float32 { return d.beta[(t0+i)*d.gStride] }
-	// A (strictly lower) and the masked, decayed Q K^T (lower incl. diagonal).
+	// A holds -A (strictly lower), qk the decayed, causally masked Q K^T.
 	A, qk := grow(&ws.a, L*L), grow(&ws.qk, L*L)
+	keys := d.qkv[t0*d.stride+d.kOff:]
 	for i := range L {
-		ki, qi := d.k(t0+i), d.q(t0+i)
-		for j := 0; j <= i; j++ {
-			kj := d.k(t0 + j)
+		ai, qi := A[i*L:i*L+i+1], qk[i*L:i*L+i+1]
+		dotRowsF32(d.k(t0+i), keys, d.stride, ai)
+		dotRowsF32(d.q(t0+i), keys, d.stride, qi)
+		b := beta(i)
+		for j := range qi {
 			e := float32(math.Exp(float64(gam[i] - gam[j])))
-			if j < i {
-				A[i*L+j] = beta(i) * dotF32(ki, kj) * e
-			}
-			qk[i*L+j] = dotF32(qi, kj) * e
+			ai[j] *= -b * e
+			qi[j] *= e
 		}
 	}
 	U, W := grow(&ws.U, L*dv), grow(&ws.W, L*dk)
@@ -343,40 +346,43 @@ func (d *deltaHead) chunk(S []float32, t0, L int, ws *deltaScratch) {
 		for c, v := range d.k(t0 + i) {
 			wi[c] = eb * v
 		}
-		for j := range i {
-			a := A[i*L+j]
-			axpy(ui, -a, U[j*dv:(j+1)*dv])
-			axpy(wi, -a, W[j*dk:(j+1)*dk])
-		}
+		axpyRowsF32(ui, A[i*L:i*L+i], U, dv)
+		axpyRowsF32(wi, A[i*L:i*L+i], W, dk)
 	}
 	// U becomes Vn = U - W S.
 	for i := range L {
-		ui, wi := U[i*dv:(i+1)*dv], W[i*dk:(i+1)*dk]
-		for a, wa := range wi {
-			axpy(ui, -wa, S[a*dv:(a+1)*dv])
+		wi := W[i*dk : (i+1)*dk]
+		for a := range wi {
+			wi[a] = -wi[a]
 		}
+		axpyRowsF32(U[i*dv:(i+1)*dv], wi, S, dv)
 	}
+	qs := grow(&ws.u, dk)
 	for i := range L {
 		o := d.o(t0 + i)
 		clear(o)
 		eg := float32(math.Exp(float64(gam[i])))
 		for a, qa := range d.q(t0 + i) {
-			axpy(o, eg*qa, S[a*dv:(a+1)*dv])
+			qs[a] = eg * qa
 		}
-		for j := 0; j <= i; j++ {
-			axpy(o, qk[i*L+j], U[j*dv:(j+1)*dv])
-		}
+		axpyRowsF32(o, qs, S, dv)
+		axpyRowsF32(o, qk[i*L:i*L+i+1], U, dv)
 	}
 	gl := gam[L-1]
 	egl := float32(math.Exp(float64(gl)))
 	for i := range S {
 		S[i] *= egl
 	}
+	// S[a] += sum_i exp(G_L-G_i) k_i[a] Vn_i: column a of the decayed keys
+	// weighs the rows of Vn.
+	kt := grow(&ws.kt, dk*L)
 	for i := range L {
 		e := float32(math.Exp(float64(gl - gam[i])))
-		vn := U[i*dv : (i+1)*dv]
 		for a, ka := range d.k(t0 + i) {
-			axpy(S[a*dv:(a+1)*dv], e*ka, vn)
+			kt[a*L+i] = e * ka
 		}
+	}
+	for a := range dk {
+		axpyRowsF32(S[a*dv:(a+1)*dv], kt[a*L:(a+1)*L], U, dv)
 	}
 }

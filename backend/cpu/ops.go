@@ -71,7 +71,7 @@ func (b *Backend) RMSNorm(out, x, w backend.Tensor, eps float32, unitOffset bool
 	})
 }
 
-func sigmoid(x float32) float32 { return float32(1 / (1 + math.Exp(-float64(x)))) }
+func sigmoid(x float32) float32 { return 1 / (1 + expf(-x)) }
 
 func silu(x float32) float32 { return x * sigmoid(x) }
 
