@@ -138,6 +138,8 @@ func logSumExp(l []float32) float64 {
 }
 
 // draw samples from the penalised logits l with temperature and filters.
+// Only as long a prefix of the sorted candidates as the filters and the
+// draw need is sorted: usually a few dozen tokens of the vocabulary.
 func draw(l []float32, p *backend.SampleParams) int32 {
 	inv := 1 / p.Temperature
 	type cand struct {
@@ -154,52 +156,76 @@ func draw(l []float32, p *backend.SampleParams) int32 {
 		}
 		return cmp.Compare(a.tok, b.tok)
 	}
+	less := func(a, b cand) bool { return byValue(a, b) < 0 }
 	if k := p.TopK; k > 0 && k < len(cands) {
-		// Only the k best need ordering.
-		partialSelect(cands, k, func(a, b cand) bool { return byValue(a, b) < 0 })
+		partialSelect(cands, k, less)
 		cands = cands[:k]
 	}
-	slices.SortFunc(cands, byValue)
-	probs := make([]float64, len(cands))
-	m := float64(cands[0].logit)
+	// Probabilities relative to the largest; their total needs no order.
+	m := cands[0].logit
+	for _, c := range cands {
+		m = max(m, c.logit)
+	}
 	var total float64
-	for i, c := range cands {
-		probs[i] = math.Exp(float64(c.logit) - m)
-		total += probs[i]
+	for _, c := range cands {
+		total += math.Exp(float64(c.logit - m))
 	}
-	n := len(cands)
-	if p.TopP > 0 && p.TopP < 1 {
-		var cum float64
-		for i := range n {
-			cum += probs[i]
-			if cum/total >= float64(p.TopP) {
-				n = i + 1
-				break
-			}
+	topP, minP := p.TopP > 0 && p.TopP < 1, p.MinP > 0
+	var probs []float64 // of the sorted prefix cands[:len(probs)]
+	var cum float64     // of probs, for top-p
+	n := -1             // how many candidates the filters keep, once known
+	for size := min(64, len(cands)); ; size = min(2*size, len(cands)) {
+		sorted := len(probs)
+		if size < len(cands) {
+			partialSelect(cands[sorted:], size-sorted, less)
 		}
-	}
-	if p.MinP > 0 {
-		thr := float64(p.MinP) * probs[0]
-		for i := 1; i < n; i++ {
-			if probs[i] < thr {
+		slices.SortFunc(cands[sorted:size], byValue)
+		for i := sorted; i < size; i++ {
+			probs = append(probs, math.Exp(float64(cands[i].logit-m)))
+			if n >= 0 {
+				continue
+			}
+			if minP && i > 0 && probs[i] < float64(p.MinP)*probs[0] {
 				n = i
-				break
+				continue
+			}
+			cum += probs[i]
+			if topP && cum/total >= float64(p.TopP) {
+				n = i + 1
+			}
+		}
+		if n < 0 && size == len(cands) {
+			n = size
+		}
+		if n >= 0 {
+			var kept float64
+			for _, v := range probs[:n] {
+				kept += v
+			}
+			if i, ok := inverseCDF(probs[:n], float64(p.Uniform)*kept); ok {
+				return cands[i].tok
+			}
+			return cands[n-1].tok // rounding left r at the very end
+		}
+		if !topP && !minP {
+			// Everything is kept: the draw resolves once the prefix's mass passes it.
+			if i, ok := inverseCDF(probs, float64(p.Uniform)*total); ok {
+				return cands[i].tok
 			}
 		}
 	}
-	total = 0
-	for _, v := range probs[:n] {
-		total += v
-	}
-	r := float64(p.Uniform) * total
+}
+
+// inverseCDF returns the first index whose cumulative probability exceeds r.
+func inverseCDF(probs []float64, r float64) (int, bool) {
 	var cum float64
-	for i, v := range probs[:n] {
+	for i, v := range probs {
 		cum += v
 		if cum > r {
-			return cands[i].tok
+			return i, true
 		}
 	}
-	return cands[n-1].tok
+	return 0, false
 }
 
 // partialSelect reorders s so that its first k elements are the k least
