@@ -1,0 +1,94 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/kiln-llm/kiln/engine"
+)
+
+// apiError is an error a client sees: an HTTP status and OpenAI's error
+// object ({"error": {"message", "type", "param", "code"}}). Ollama routes
+// write only the message, as Ollama does.
+type apiError struct {
+	status  int
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    *string `json:"code"`
+}
+
+func (e *apiError) Error() string { return e.Message }
+
+func newAPIError(status int, typ, code, param, format string, args ...any) *apiError {
+	e := &apiError{status: status, Message: fmt.Sprintf(format, args...), Type: typ}
+	if code != "" {
+		e.Code = &code
+	}
+	if param != "" {
+		e.Param = &param
+	}
+	return e
+}
+
+// badRequest is a 400 about one request field (param may be empty).
+func badRequest(param, format string, args ...any) *apiError {
+	return newAPIError(http.StatusBadRequest, "invalid_request_error", "", param, format, args...)
+}
+
+func notFound(code, format string, args ...any) *apiError {
+	return newAPIError(http.StatusNotFound, "invalid_request_error", code, "", format, args...)
+}
+
+// asAPIError turns any error into what the client sees. Errors from
+// submitting a request are the client's unless they say otherwise: the engine
+// rejects a request before it runs only for what the request asked (template
+// errors, bad token ids, context overflow) or for load (queue full, closing).
+func asAPIError(err error) *apiError {
+	var ae *apiError
+	switch {
+	case errors.As(err, &ae):
+		return ae
+	case errors.Is(err, engine.ErrContextOverflow):
+		return newAPIError(http.StatusBadRequest, "invalid_request_error", "context_length_exceeded", "messages", "%v", err)
+	case errors.Is(err, engine.ErrQueueFull):
+		return newAPIError(http.StatusTooManyRequests, "rate_limit_error", "queue_full", "", "the server is busy: %v; retry later", err)
+	case errors.Is(err, engine.ErrClosed), errors.Is(err, errDraining):
+		return newAPIError(http.StatusServiceUnavailable, "service_unavailable", "shutting_down", "", "the server is shutting down")
+	case errors.Is(err, context.DeadlineExceeded):
+		return newAPIError(http.StatusGatewayTimeout, "timeout", "timeout", "", "the request took longer than the server's time limit")
+	case errors.Is(err, context.Canceled):
+		// The client is gone; nobody reads this.
+		return newAPIError(499, "cancelled", "", "", "request cancelled")
+	}
+	return newAPIError(http.StatusBadRequest, "invalid_request_error", "", "", "%v", err)
+}
+
+var errDraining = errors.New("server is draining")
+
+// writeJSON writes v with the given status.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		http.Error(w, `{"error":{"message":"internal error encoding the response","type":"server_error"}}`, http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(append(b, '\n'))
+}
+
+// writeOpenAIError writes err in OpenAI's error shape.
+func writeOpenAIError(w http.ResponseWriter, err error) {
+	ae := asAPIError(err)
+	writeJSON(w, ae.status, map[string]any{"error": ae})
+}
+
+// writeOllamaError writes err as Ollama does: {"error": "message"}.
+func writeOllamaError(w http.ResponseWriter, err error) {
+	ae := asAPIError(err)
+	writeJSON(w, ae.status, map[string]string{"error": ae.Message})
+}

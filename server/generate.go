@@ -1,0 +1,313 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kiln-llm/kiln/backend"
+	"github.com/kiln-llm/kiln/chat"
+	"github.com/kiln-llm/kiln/engine"
+)
+
+// samplingFields are the decoding parameters OpenAI-style requests share
+// (vLLM's top_k, min_p, repetition_penalty and ignore_eos included). A nil
+// field takes the server's default.
+type samplingFields struct {
+	Temperature       *float32           `json:"temperature"`
+	TopP              *float32           `json:"top_p"`
+	TopK              *int               `json:"top_k"`
+	MinP              *float32           `json:"min_p"`
+	Seed              *int64             `json:"seed"`
+	Stop              stringList         `json:"stop"`
+	PresencePenalty   *float32           `json:"presence_penalty"`
+	FrequencyPenalty  *float32           `json:"frequency_penalty"`
+	RepetitionPenalty *float32           `json:"repetition_penalty"`
+	LogitBias         map[string]float32 `json:"logit_bias"`
+	IgnoreEOS         bool               `json:"ignore_eos"`
+	N                 *int               `json:"n"`
+}
+
+// sampling merges a request's fields over the server defaults and checks
+// their ranges. maxTokens nil keeps the default.
+func (s *Server) sampling(f *samplingFields, maxTokens *int) (engine.Sampling, error) {
+	sp := s.opts.Defaults
+	if f.N != nil && *f.N != 1 {
+		return sp, badRequest("n", "n must be 1: kiln returns one choice per request")
+	}
+	set := func(dst *float32, v *float32, name string, lo, hi float32) error {
+		if v == nil {
+			return nil
+		}
+		if math.IsNaN(float64(*v)) || *v < lo || *v > hi {
+			return badRequest(name, "%s must be between %g and %g, not %g", name, lo, hi, *v)
+		}
+		*dst = *v
+		return nil
+	}
+	for _, e := range []error{
+		set(&sp.Temperature, f.Temperature, "temperature", 0, 2),
+		set(&sp.TopP, f.TopP, "top_p", 0, 1),
+		set(&sp.MinP, f.MinP, "min_p", 0, 1),
+		set(&sp.PresencePenalty, f.PresencePenalty, "presence_penalty", -2, 2),
+		set(&sp.FrequencyPenalty, f.FrequencyPenalty, "frequency_penalty", -2, 2),
+		set(&sp.RepetitionPenalty, f.RepetitionPenalty, "repetition_penalty", 0, 10),
+	} {
+		if e != nil {
+			return sp, e
+		}
+	}
+	if f.TopP != nil && *f.TopP == 0 {
+		return sp, badRequest("top_p", "top_p must be greater than 0")
+	}
+	if f.TopK != nil {
+		switch k := *f.TopK; {
+		case k == -1: // vLLM's "no limit"
+			sp.TopK = 0
+		case k < 0:
+			return sp, badRequest("top_k", "top_k must be -1 (no limit) or at least 0, not %d", k)
+		default:
+			sp.TopK = k
+		}
+	}
+	if f.Seed != nil {
+		seed := uint64(*f.Seed)
+		sp.Seed = &seed
+	}
+	if f.Stop != nil {
+		if len(f.Stop) > 16 {
+			return sp, badRequest("stop", "at most 16 stop strings, not %d", len(f.Stop))
+		}
+		sp.Stop = f.Stop
+	}
+	if len(f.LogitBias) > 0 {
+		sp.LogitBias = make(map[int32]float32, len(f.LogitBias))
+		for k, v := range f.LogitBias {
+			id, err := strconv.ParseInt(k, 10, 32)
+			if err != nil || id < 0 {
+				return sp, badRequest("logit_bias", "logit_bias keys must be token ids, not %q", k)
+			}
+			if v < -100 || v > 100 {
+				return sp, badRequest("logit_bias", "logit_bias values must be between -100 and 100, not %g", v)
+			}
+			sp.LogitBias[int32(id)] = v
+		}
+	}
+	if maxTokens != nil {
+		if *maxTokens < 1 {
+			return sp, badRequest("max_tokens", "max_tokens must be at least 1, not %d", *maxTokens)
+		}
+		sp.MaxTokens = *maxTokens
+	}
+	sp.IgnoreEOS = f.IgnoreEOS
+	return sp, nil
+}
+
+func (s *Server) setLogprobs(sp *engine.Sampling, on bool, top int) error {
+	if top < 0 || top > 20 {
+		return badRequest("top_logprobs", "top_logprobs must be between 0 and 20, not %d", top)
+	}
+	if top > 0 && !on {
+		return badRequest("top_logprobs", "top_logprobs requires logprobs")
+	}
+	sp.Logprobs, sp.TopLogprobs = on, top
+	return nil
+}
+
+// thinkingKwargs returns kwargs with enable_thinking set, copying it.
+func thinkingKwargs(kwargs map[string]any, on bool) map[string]any {
+	out := make(map[string]any, len(kwargs)+1)
+	for k, v := range kwargs {
+		out[k] = v
+	}
+	out["enable_thinking"] = on
+	return out
+}
+
+// generation is one submitted request.
+type generation struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	events <-chan engine.Event // the engine stream's events
+}
+
+// start submits req under the request's context, bounded by the server's
+// request timeout. The caller must call close.
+func (s *Server) start(r *http.Request, req *engine.Request) (*generation, error) {
+	ctx, cancel := context.WithTimeout(r.Context(), s.opts.RequestTimeout)
+	st, err := s.eng.Generate(ctx, req)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	return &generation{ctx: ctx, cancel: cancel, events: st.Events()}, nil
+}
+
+// close cancels the request if it is still running, which makes the engine
+// free its sequence.
+func (g *generation) close() { g.cancel() }
+
+// next returns the stream's next event; a stream that ends without a final
+// event reads as an engine error.
+func (g *generation) next() engine.Event {
+	ev, ok := <-g.events
+	if !ok {
+		if g.ctx.Err() != nil {
+			// Once cancelled, the engine may drop the final event.
+			return engine.Event{Done: true, Finish: engine.FinishCancelled}
+		}
+		return engine.Event{Done: true, Finish: engine.FinishError, Err: errors.New("the engine ended the stream without a final event")}
+	}
+	return ev
+}
+
+// failure is the error a final event reports, nil when it finished normally.
+func (g *generation) failure(ev engine.Event) error {
+	switch ev.Finish {
+	case engine.FinishCancelled:
+		if err := g.ctx.Err(); err != nil {
+			return err
+		}
+		return context.Canceled
+	case engine.FinishError:
+		err := ev.Err
+		if err == nil {
+			err = errors.New("unknown engine error")
+		}
+		if errors.Is(err, engine.ErrContextOverflow) || errors.Is(err, engine.ErrQueueFull) || errors.Is(err, engine.ErrClosed) {
+			return err
+		}
+		return newAPIError(http.StatusInternalServerError, "server_error", "", "", "generation failed: %v", err)
+	}
+	return nil
+}
+
+// result is a whole generation, for non-streaming responses.
+type result struct {
+	text, reasoning strings.Builder
+	toolCalls       []chat.ToolCall
+	logprobs        []backend.Sampled
+	final           engine.Event
+}
+
+// collect reads the whole stream.
+func (g *generation) collect() (*result, error) {
+	res := &result{}
+	for {
+		ev := g.next()
+		res.text.WriteString(ev.Text)
+		res.reasoning.WriteString(ev.Reasoning)
+		res.toolCalls = append(res.toolCalls, ev.ToolCalls...)
+		res.logprobs = append(res.logprobs, ev.Logprobs...)
+		if ev.Done {
+			res.final = ev
+			return res, g.failure(ev)
+		}
+	}
+}
+
+// usage returns the final event's usage, never nil.
+func usageOf(ev engine.Event) engine.Usage {
+	if ev.Usage == nil {
+		return engine.Usage{}
+	}
+	return *ev.Usage
+}
+
+// streamWriter writes a streamed response (SSE or NDJSON). A write that
+// fails or does not complete within the server's write timeout cancels the
+// generation, so that a client that disconnects or stops reading frees its
+// sequence.
+type streamWriter struct {
+	w       http.ResponseWriter
+	rc      *http.ResponseController
+	timeout time.Duration
+	cancel  context.CancelFunc
+	err     error
+}
+
+func (s *Server) newStreamWriter(w http.ResponseWriter, g *generation, contentType string) *streamWriter {
+	h := w.Header()
+	h.Set("Content-Type", contentType)
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	return &streamWriter{w: w, rc: http.NewResponseController(w), timeout: s.opts.WriteTimeout, cancel: g.cancel}
+}
+
+func (sw *streamWriter) write(b []byte) error {
+	if sw.err != nil {
+		return sw.err
+	}
+	sw.rc.SetWriteDeadline(time.Now().Add(sw.timeout))
+	if _, err := sw.w.Write(b); err != nil {
+		sw.fail(err)
+		return err
+	}
+	if err := sw.rc.Flush(); err != nil {
+		sw.fail(err)
+		return err
+	}
+	return nil
+}
+
+func (sw *streamWriter) fail(err error) {
+	sw.err = fmt.Errorf("writing to the client: %w", err)
+	sw.cancel()
+}
+
+// event writes v as one server-sent event.
+func (sw *streamWriter) event(v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return sw.write(append(append([]byte("data: "), b...), '\n', '\n'))
+}
+
+// line writes v as one NDJSON line.
+func (sw *streamWriter) line(v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return sw.write(append(b, '\n'))
+}
+
+// tokenText is a token's text for logprobs.
+func (s *Server) tokenText(id int32) string {
+	if s.opts.TokenText == nil {
+		return "token_id:" + strconv.Itoa(int(id))
+	}
+	return s.opts.TokenText(id)
+}
+
+// argumentsString returns a tool call's arguments as OpenAI sends them: a
+// string holding JSON.
+func argumentsString(raw json.RawMessage) string {
+	var s string
+	if len(raw) > 0 && raw[0] == '"' && json.Unmarshal(raw, &s) == nil {
+		return s
+	}
+	if len(raw) == 0 {
+		return "{}"
+	}
+	return string(raw)
+}
+
+// argumentsObject returns a tool call's arguments as Ollama sends them: a
+// JSON object (or whatever JSON value the model produced).
+func argumentsObject(raw json.RawMessage) json.RawMessage {
+	s := argumentsString(raw)
+	if json.Valid([]byte(s)) {
+		return json.RawMessage(s)
+	}
+	b, _ := json.Marshal(s)
+	return b
+}

@@ -1,0 +1,167 @@
+package server
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"github.com/kiln-llm/kiln/backend/cpu"
+	"github.com/kiln-llm/kiln/chat"
+	"github.com/kiln-llm/kiln/engine"
+	"github.com/kiln-llm/kiln/model"
+	"github.com/kiln-llm/kiln/tokenizer"
+)
+
+// The tests serve the tiny Qwen3 fixture (a real model trained by
+// scripts/make_fixtures.py) with Qwen3's real chat template, so that tools
+// and thinking render as they do for hub models.
+const (
+	fixtureDir   = "../testdata/fixtures/qwen3"
+	templateFile = "../testdata/chat/qwen3.jinja"
+	testModel    = "kiln-test"
+)
+
+// testModelDir assembles the model directory.
+func testModelDir(t testing.TB) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, f := range []string{"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"} {
+		if err := os.Symlink(mustAbs(t, filepath.Join(fixtureDir, f)), filepath.Join(dir, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tmpl, err := os.ReadFile(templateFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "chat_template.jinja"), tmpl, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func mustAbs(t testing.TB, p string) string {
+	a, err := filepath.Abs(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// newEngine loads the test model on the CPU backend.
+func newEngine(t testing.TB, opts engine.Options) (*engine.Engine, *tokenizer.Tokenizer, int) {
+	t.Helper()
+	opts.Logger = testLogger()
+	dir := testModelDir(t)
+	m, err := model.Load(dir, cpu.New(cpu.Options{Threads: 2}), model.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := tokenizer.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl, err := chat.LoadTemplate(os.DirFS(dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := engine.New(m, tok, tmpl, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e, tok, m.Config().ContextLength
+}
+
+// testLogger discards logs unless the tests run with -v.
+func testLogger() *slog.Logger {
+	if testing.Verbose() {
+		return slog.Default()
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+// testServer is a server listening on a loopback port and a Unix socket.
+type testServer struct {
+	srv  *Server
+	eng  *engine.Engine
+	tok  *tokenizer.Tokenizer
+	url  string // http://127.0.0.1:port
+	sock string
+}
+
+func startServer(t testing.TB, opts Options, eopts engine.Options) *testServer {
+	t.Helper()
+	eng, tok, ctxLen := newEngine(t, eopts)
+	opts.ModelName = testModel
+	opts.Logger = testLogger()
+	opts.ContextLength = ctxLen
+	opts.TokenText = func(id int32) string { return tok.Decode([]int32{id}) }
+	srv := New(eng, opts)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Socket paths are limited to 108 bytes; t.TempDir can be longer.
+	sockDir, err := os.MkdirTemp("", "kiln")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(sockDir) })
+	sock := filepath.Join(sockDir, "kiln.sock")
+	ul, err := ListenUnix(sock, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(l)
+	go srv.Serve(ul)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := srv.Shutdown(ctx); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+	})
+	return &testServer{srv: srv, eng: eng, tok: tok, url: "http://" + l.Addr().String(), sock: sock}
+}
+
+// client returns an openai-go client of the TCP listener.
+func (ts *testServer) client(opts ...option.RequestOption) *openai.Client {
+	c := openai.NewClient(append([]option.RequestOption{option.WithBaseURL(ts.url + "/v1/"), option.WithAPIKey("unused"),
+		option.WithMaxRetries(0)}, opts...)...)
+	return &c
+}
+
+// unixHTTP is an HTTP client whose requests all go to the Unix socket.
+func unixHTTP(sock string) *http.Client {
+	return &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock)
+	}}}
+}
+
+// waitIdle waits until the engine runs nothing and, when blocks is not
+// negative, holds exactly that many KV blocks.
+func waitIdle(t testing.TB, e *engine.Engine, blocks int) engine.Stats {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st := e.Stats()
+		if st.Running == 0 && st.Waiting == 0 && (blocks < 0 || st.KVBlocksUsed == blocks) {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("engine not idle: %+v", st)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

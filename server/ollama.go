@@ -1,0 +1,327 @@
+package server
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/kiln-llm/kiln/chat"
+	"github.com/kiln-llm/kiln/engine"
+)
+
+// ollamaOptions are the "options" of an Ollama request that kiln honours;
+// the rest (num_ctx, num_gpu, ...) are about loading and are ignored, since
+// the model is already loaded.
+type ollamaOptions struct {
+	Temperature      *float32   `json:"temperature"`
+	TopP             *float32   `json:"top_p"`
+	TopK             *int       `json:"top_k"`
+	MinP             *float32   `json:"min_p"`
+	Seed             *int64     `json:"seed"`
+	NumPredict       *int       `json:"num_predict"`
+	Stop             stringList `json:"stop"`
+	RepeatPenalty    *float32   `json:"repeat_penalty"`
+	PresencePenalty  *float32   `json:"presence_penalty"`
+	FrequencyPenalty *float32   `json:"frequency_penalty"`
+}
+
+// ollamaCommon are the fields /api/chat and /api/generate share.
+type ollamaCommon struct {
+	Model   string          `json:"model"`
+	Stream  *bool           `json:"stream"` // Ollama streams unless told not to
+	Options ollamaOptions   `json:"options"`
+	Format  json.RawMessage `json:"format"`
+	Think   json.RawMessage `json:"think"`
+}
+
+type ollamaMessage struct {
+	Role      string           `json:"role"`
+	Content   string           `json:"content"`
+	Thinking  string           `json:"thinking,omitempty"`
+	Images    []string         `json:"images,omitempty"`
+	ToolCalls []ollamaToolCall `json:"tool_calls,omitempty"`
+	ToolName  string           `json:"tool_name,omitempty"`
+}
+
+type ollamaToolCall struct {
+	Function struct {
+		Name      string          `json:"name"`
+		Arguments json.RawMessage `json:"arguments"`
+	} `json:"function"`
+}
+
+// prepare checks the shared fields and returns the sampling parameters and
+// template variables.
+func (s *Server) prepareOllama(c *ollamaCommon) (engine.Sampling, map[string]any, error) {
+	if err := s.checkModel(c.Model); err != nil {
+		return engine.Sampling{}, nil, err
+	}
+	if f := strings.TrimSpace(string(c.Format)); f != "" && f != "null" && f != `""` {
+		return engine.Sampling{}, nil, badRequest("format", "format (structured output) is not supported")
+	}
+	o := c.Options
+	f := samplingFields{Temperature: o.Temperature, TopP: o.TopP, TopK: o.TopK, MinP: o.MinP, Seed: o.Seed, Stop: o.Stop,
+		RepetitionPenalty: o.RepeatPenalty, PresencePenalty: o.PresencePenalty, FrequencyPenalty: o.FrequencyPenalty}
+	maxTokens := o.NumPredict
+	if maxTokens != nil && *maxTokens < 0 { // -1: unlimited, -2: fill the context
+		maxTokens = nil
+	}
+	sp, err := s.sampling(&f, maxTokens)
+	if err != nil {
+		return sp, nil, err
+	}
+	var kwargs map[string]any
+	if t := strings.TrimSpace(string(c.Think)); t != "" && t != "null" {
+		var on bool
+		var level string
+		switch {
+		case json.Unmarshal(c.Think, &on) == nil:
+		case json.Unmarshal(c.Think, &level) == nil:
+			on = level != "" && level != "none"
+		default:
+			return sp, nil, badRequest("think", "think must be a boolean or a level")
+		}
+		kwargs = thinkingKwargs(nil, on)
+	}
+	return sp, kwargs, nil
+}
+
+func streaming(c *ollamaCommon) bool { return c.Stream == nil || *c.Stream }
+
+// ollamaDone is the last object of an Ollama response: why it stopped and
+// the timings, in nanoseconds.
+type ollamaDone struct {
+	DoneReason         string `json:"done_reason,omitempty"`
+	TotalDuration      int64  `json:"total_duration,omitempty"`
+	LoadDuration       int64  `json:"load_duration,omitempty"`
+	PromptEvalCount    int    `json:"prompt_eval_count,omitempty"`
+	PromptEvalDuration int64  `json:"prompt_eval_duration,omitempty"`
+	EvalCount          int    `json:"eval_count,omitempty"`
+	EvalDuration       int64  `json:"eval_duration,omitempty"`
+}
+
+func ollamaDoneOf(ev engine.Event, start time.Time) ollamaDone {
+	u := usageOf(ev)
+	reason := string(ev.Finish)
+	if ev.Finish == engine.FinishToolCalls {
+		reason = "stop" // Ollama reports tool calls in the message, not here
+	}
+	return ollamaDone{DoneReason: reason, TotalDuration: int64(time.Since(start)), PromptEvalCount: u.PromptTokens,
+		PromptEvalDuration: int64(u.TTFT), EvalCount: u.CompletionTokens, EvalDuration: int64(u.Duration - u.TTFT)}
+}
+
+// ollamaChunk is one object of an Ollama response; Message is set for
+// /api/chat, Response and Thinking for /api/generate.
+type ollamaChunk struct {
+	Model     string         `json:"model"`
+	CreatedAt string         `json:"created_at"`
+	Message   *ollamaMessage `json:"message,omitempty"`
+	Response  *string        `json:"response,omitempty"`
+	Thinking  string         `json:"thinking,omitempty"`
+	Done      bool           `json:"done"`
+	ollamaDone
+}
+
+// respondOllama streams g as NDJSON, or collects it into one object.
+// render fills a chunk with an event's (or the whole result's) output.
+func (s *Server) respondOllama(w http.ResponseWriter, g *generation, stream bool, render func(ch *ollamaChunk, text, thinking string, calls []chat.ToolCall)) error {
+	start := time.Now()
+	newChunk := func() ollamaChunk {
+		return ollamaChunk{Model: s.opts.ModelName, CreatedAt: time.Now().UTC().Format(time.RFC3339Nano)}
+	}
+	if !stream {
+		res, err := g.collect()
+		if err != nil {
+			return err
+		}
+		ch := newChunk()
+		render(&ch, res.text.String(), res.reasoning.String(), res.toolCalls)
+		ch.Done, ch.ollamaDone = true, ollamaDoneOf(res.final, start)
+		writeJSON(w, http.StatusOK, ch)
+		return nil
+	}
+	sw := s.newStreamWriter(w, g, "application/x-ndjson")
+	for {
+		ev := g.next()
+		if ev.Done {
+			if err := g.failure(ev); err != nil {
+				sw.line(map[string]string{"error": asAPIError(err).Message})
+				return err
+			}
+		}
+		if ev.Text != "" || ev.Reasoning != "" || len(ev.ToolCalls) > 0 || ev.Done {
+			ch := newChunk()
+			render(&ch, ev.Text, ev.Reasoning, ev.ToolCalls)
+			if ev.Done {
+				ch.Done, ch.ollamaDone = true, ollamaDoneOf(ev, start)
+			}
+			if err := sw.line(ch); err != nil {
+				return err
+			}
+		}
+		if ev.Done {
+			return nil
+		}
+	}
+}
+
+type ollamaChatRequest struct {
+	ollamaCommon
+	Messages []ollamaMessage   `json:"messages"`
+	Tools    []json.RawMessage `json:"tools"`
+}
+
+func (s *Server) ollamaChat(w http.ResponseWriter, r *http.Request) error {
+	var req ollamaChatRequest
+	if err := decodeBody(w, r, s.opts.MaxBodyBytes, &req); err != nil {
+		return err
+	}
+	sp, kwargs, err := s.prepareOllama(&req.ollamaCommon)
+	if err != nil {
+		return err
+	}
+	if len(req.Messages) == 0 {
+		// Ollama answers an empty chat by loading the model.
+		writeJSON(w, http.StatusOK, ollamaChunk{Model: s.opts.ModelName, CreatedAt: time.Now().UTC().Format(time.RFC3339Nano),
+			Message: &ollamaMessage{Role: "assistant"}, Done: true, ollamaDone: ollamaDone{DoneReason: "load"}})
+		return nil
+	}
+	msgs := make([]chat.Message, len(req.Messages))
+	for i, m := range req.Messages {
+		switch m.Role {
+		case "system", "user", "assistant", "tool":
+		default:
+			return badRequest("messages", "messages[%d].role must be system, user, assistant or tool, not %q", i, m.Role)
+		}
+		if len(m.Images) > 0 {
+			return badRequest("messages", "messages[%d] has images; this model accepts only text", i)
+		}
+		msg := chat.Message{Role: m.Role, Content: m.Content, ReasoningContent: m.Thinking, Name: m.ToolName}
+		for _, tc := range m.ToolCalls {
+			args := tc.Function.Arguments
+			if len(args) == 0 {
+				args = json.RawMessage(`{}`)
+			}
+			msg.ToolCalls = append(msg.ToolCalls, chat.ToolCall{Type: "function", Function: chat.FunctionCall{Name: tc.Function.Name, Arguments: args}})
+		}
+		msgs[i] = msg
+	}
+	tools, err := selectTools(req.Tools, nil)
+	if err != nil {
+		return err
+	}
+	g, err := s.start(r, &engine.Request{Messages: msgs, Tools: tools, TemplateKwargs: kwargs, Sampling: sp})
+	if err != nil {
+		return err
+	}
+	defer g.close()
+	return s.respondOllama(w, g, streaming(&req.ollamaCommon), renderOllamaChat)
+}
+
+// renderOllamaChat puts output into an /api/chat chunk's message.
+func renderOllamaChat(ch *ollamaChunk, text, thinking string, calls []chat.ToolCall) {
+	m := &ollamaMessage{Role: "assistant", Content: text, Thinking: thinking}
+	for _, tc := range calls {
+		var oc ollamaToolCall
+		oc.Function.Name, oc.Function.Arguments = tc.Function.Name, argumentsObject(tc.Function.Arguments)
+		m.ToolCalls = append(m.ToolCalls, oc)
+	}
+	ch.Message = m
+}
+
+type ollamaGenerateRequest struct {
+	ollamaCommon
+	Prompt string   `json:"prompt"`
+	System string   `json:"system"`
+	Raw    bool     `json:"raw"`
+	Images []string `json:"images"`
+	Suffix string   `json:"suffix"`
+}
+
+func (s *Server) ollamaGenerate(w http.ResponseWriter, r *http.Request) error {
+	var req ollamaGenerateRequest
+	if err := decodeBody(w, r, s.opts.MaxBodyBytes, &req); err != nil {
+		return err
+	}
+	sp, kwargs, err := s.prepareOllama(&req.ollamaCommon)
+	if err != nil {
+		return err
+	}
+	switch {
+	case len(req.Images) > 0:
+		return badRequest("images", "images are not supported; this model accepts only text")
+	case req.Suffix != "":
+		return badRequest("suffix", "suffix is not supported")
+	}
+	if req.Prompt == "" {
+		empty := ""
+		writeJSON(w, http.StatusOK, ollamaChunk{Model: s.opts.ModelName, CreatedAt: time.Now().UTC().Format(time.RFC3339Nano),
+			Response: &empty, Done: true, ollamaDone: ollamaDone{DoneReason: "load"}})
+		return nil
+	}
+	er := &engine.Request{Prompt: req.Prompt, Sampling: sp}
+	if !req.Raw {
+		er.Prompt, er.TemplateKwargs = "", kwargs
+		if req.System != "" {
+			er.Messages = append(er.Messages, chat.Message{Role: "system", Content: req.System})
+		}
+		er.Messages = append(er.Messages, chat.Message{Role: "user", Content: req.Prompt})
+	}
+	g, err := s.start(r, er)
+	if err != nil {
+		return err
+	}
+	defer g.close()
+	return s.respondOllama(w, g, streaming(&req.ollamaCommon), func(ch *ollamaChunk, text, thinking string, _ []chat.ToolCall) {
+		if req.Raw {
+			text, thinking = thinking+text, ""
+		}
+		ch.Response, ch.Thinking = &text, thinking
+	})
+}
+
+func (s *Server) ollamaDetails() map[string]any {
+	return map[string]any{"format": "safetensors", "family": "qwen3", "families": []string{"qwen3"},
+		"parameter_size": "", "quantization_level": ""}
+}
+
+func (s *Server) ollamaTags(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]any{"models": []any{map[string]any{
+		"name": s.opts.ModelName + ":latest", "model": s.opts.ModelName + ":latest",
+		"modified_at": s.started.UTC().Format(time.RFC3339Nano), "size": 0, "digest": "",
+		"details": s.ollamaDetails(),
+	}}})
+}
+
+func (s *Server) ollamaVersion(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"version": "0.12.0"})
+}
+
+func (s *Server) ollamaShow(w http.ResponseWriter, r *http.Request) error {
+	var req struct {
+		Model string `json:"model"`
+		Name  string `json:"name"` // older clients
+	}
+	if err := decodeBody(w, r, s.opts.MaxBodyBytes, &req); err != nil {
+		return err
+	}
+	name := req.Model
+	if name == "" {
+		name = req.Name
+	}
+	if name == "" {
+		return badRequest("model", "model is required")
+	}
+	if err := s.checkModel(name); err != nil {
+		return err
+	}
+	info := map[string]any{"general.architecture": "qwen3"}
+	if s.opts.ContextLength > 0 {
+		info["qwen3.context_length"] = s.opts.ContextLength
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"modelfile": "", "parameters": "", "template": "",
+		"details": s.ollamaDetails(), "model_info": info, "capabilities": []string{"completion", "tools", "thinking"},
+		"modified_at": s.started.UTC().Format(time.RFC3339Nano)})
+	return nil
+}

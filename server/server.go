@@ -1,0 +1,332 @@
+// Package server serves an engine over HTTP: the OpenAI API
+// (/v1/chat/completions, /v1/completions, /v1/models), Ollama's API
+// (/api/chat, /api/generate, /api/tags, /api/show, /api/version), /health
+// and /status, on TCP listeners and on owner-only Unix sockets.
+//
+// No request ever reaches the filesystem: the model is loaded before the
+// server starts and requests only name it.
+package server
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/kiln-llm/kiln/engine"
+)
+
+// Options configures a Server. The zero value of each field has a usable
+// default.
+type Options struct {
+	// ModelName is the id clients send as "model" ("" and the Ollama form
+	// "NAME:latest" are accepted too); others get 404.
+	ModelName string
+	// ContextLength is reported by /v1/models and /api/show.
+	ContextLength int
+	// APIKey, when set, is required as "Authorization: Bearer KEY" on every
+	// route except /health, on TCP listeners. Unix-socket clients are
+	// authenticated by their uid instead.
+	APIKey string
+	// Defaults are the sampling parameters of fields a request leaves out
+	// (the model's generation_config); a request's own values win.
+	Defaults engine.Sampling
+	// TokenText returns the text of one token, for logprobs. Nil shows
+	// tokens as "token_id:N".
+	TokenText func(id int32) string
+	// Info is extra key/value information /status reports (model
+	// directory, backend).
+	Info map[string]string
+
+	MaxBodyBytes   int64         // default 8 MiB
+	RequestTimeout time.Duration // one generation, submission to end; default 10 min
+	WriteTimeout   time.Duration // one write to a client that stopped reading; default 30 s
+	Logger         *slog.Logger  // default slog.Default()
+}
+
+// Server is an HTTP front end of one engine. Create it with New, call Serve
+// for each listener, and Shutdown to drain.
+type Server struct {
+	eng     *engine.Engine
+	opts    Options
+	log     *slog.Logger
+	hs      *http.Server
+	handler http.Handler
+	started time.Time
+
+	draining  atomic.Bool
+	inFlight  atomic.Int64
+	baseCtx   context.Context
+	cancelAll context.CancelFunc
+}
+
+// New returns a server for e.
+func New(e *engine.Engine, opts Options) *Server {
+	if opts.MaxBodyBytes <= 0 {
+		opts.MaxBodyBytes = 8 << 20
+	}
+	if opts.RequestTimeout <= 0 {
+		opts.RequestTimeout = 10 * time.Minute
+	}
+	if opts.WriteTimeout <= 0 {
+		opts.WriteTimeout = 30 * time.Second
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	s := &Server{eng: e, opts: opts, log: opts.Logger, started: time.Now()}
+	s.baseCtx, s.cancelAll = context.WithCancel(context.Background())
+	s.handler = s.routes()
+	s.hs = &http.Server{
+		Handler:           s.handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		// Bodies are small and arrive at once; streamed responses may run
+		// long, so writes are bounded per write (see WriteTimeout) instead.
+		ReadTimeout:    time.Minute,
+		IdleTimeout:    2 * time.Minute,
+		MaxHeaderBytes: 64 << 10,
+		BaseContext:    func(net.Listener) context.Context { return s.baseCtx },
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			if c.LocalAddr().Network() == "unix" {
+				ctx = context.WithValue(ctx, trustedConn{}, true)
+			}
+			return ctx
+		},
+		ErrorLog: slog.NewLogLogger(opts.Logger.Handler(), slog.LevelWarn),
+	}
+	return s
+}
+
+// trustedConn marks a request context whose connection came through a Unix
+// socket, whose peer uid was checked (see ListenUnix).
+type trustedConn struct{}
+
+// Handler returns the server's routes, with authentication, request logging
+// and panic recovery. Requests through it count as TCP requests.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// Serve accepts connections on l until Shutdown; it returns nil after a
+// Shutdown and the accept error otherwise.
+func (s *Server) Serve(l net.Listener) error {
+	err := s.hs.Serve(l)
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// Shutdown drains the server: listeners close and new requests get 503 at
+// once, in-flight requests run to completion until ctx is done, then the
+// rest are cancelled (their sequences freed) and their connections closed.
+// It returns an error only when requests had to be cancelled.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.draining.Store(true)
+	err := s.hs.Shutdown(ctx)
+	if err == nil {
+		return nil
+	}
+	n := s.inFlight.Load()
+	s.cancelAll()
+	// Cancelled handlers finish within a decode step or two.
+	grace, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := s.hs.Shutdown(grace); err != nil {
+		s.hs.Close()
+	}
+	return fmt.Errorf("drain timed out: cancelled %d in-flight requests", n)
+}
+
+func (s *Server) routes() http.Handler {
+	mux := http.NewServeMux()
+	route := func(method, path string, h http.HandlerFunc) {
+		mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
+			if r.Method != method && !(method == http.MethodGet && r.Method == http.MethodHead) {
+				w.Header().Set("Allow", method)
+				writeOpenAIError(w, newAPIError(http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "",
+					"%s %s is not supported; use %s", r.Method, r.URL.Path, method))
+				return
+			}
+			h(w, r)
+		})
+	}
+	route("GET", "/health", s.health)
+	route("GET", "/status", s.status)
+	route("GET", "/v1/models", s.listModels)
+	route("GET", "/v1/models/{id...}", s.getModel)
+	route("POST", "/v1/chat/completions", s.openAI(s.chatCompletions))
+	route("POST", "/v1/completions", s.openAI(s.completions))
+	route("GET", "/api/tags", s.ollamaTags)
+	route("GET", "/api/version", s.ollamaVersion)
+	route("POST", "/api/show", s.ollama(s.ollamaShow))
+	route("POST", "/api/chat", s.ollama(s.ollamaChat))
+	route("POST", "/api/generate", s.ollama(s.ollamaGenerate))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeOpenAIError(w, notFound("unknown_url", "unknown route %s %s", r.Method, r.URL.Path))
+	})
+	return s.logged(s.recovered(s.authorized(mux)))
+}
+
+// openAI adapts a handler that returns its error to OpenAI's error shape.
+func (s *Server) openAI(h func(http.ResponseWriter, *http.Request) error) http.HandlerFunc {
+	return s.generation(h, writeOpenAIError)
+}
+
+// ollama adapts a handler that returns its error to Ollama's error shape.
+func (s *Server) ollama(h func(http.ResponseWriter, *http.Request) error) http.HandlerFunc {
+	return s.generation(h, writeOllamaError)
+}
+
+func (s *Server) generation(h func(http.ResponseWriter, *http.Request) error, writeErr func(http.ResponseWriter, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if s.draining.Load() {
+			w.Header().Set("Connection", "close")
+			writeErr(w, errDraining)
+			return
+		}
+		s.inFlight.Add(1)
+		defer s.inFlight.Add(-1)
+		if err := h(w, r); err != nil {
+			if hw, ok := w.(*statusWriter); ok && hw.wrote {
+				// Mid-stream: the handler already reported it in-band.
+				s.log.Debug("request ended with an error after the response started", "path", r.URL.Path, "err", err)
+				return
+			}
+			writeErr(w, err)
+		}
+	}
+}
+
+func (s *Server) authorized(next http.Handler) http.Handler {
+	if s.opts.APIKey == "" {
+		return next
+	}
+	want := []byte("Bearer " + s.opts.APIKey)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		trusted, _ := r.Context().Value(trustedConn{}).(bool)
+		if trusted || r.URL.Path == "/health" {
+			next.ServeHTTP(w, r)
+			return
+		}
+		got := []byte(r.Header.Get("Authorization"))
+		if subtle.ConstantTimeCompare(got, want) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="kiln"`)
+			msg := "missing API key: send 'Authorization: Bearer <key>'"
+			if len(got) > 0 {
+				msg = "incorrect API key provided"
+			}
+			ae := newAPIError(http.StatusUnauthorized, "invalid_request_error", "invalid_api_key", "", "%s", msg)
+			if strings.HasPrefix(r.URL.Path, "/api/") {
+				writeOllamaError(w, ae)
+			} else {
+				writeOpenAIError(w, ae)
+			}
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func (s *Server) recovered(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			if v := recover(); v != nil {
+				if v == http.ErrAbortHandler {
+					panic(v)
+				}
+				s.log.Error("panic serving a request", "path", r.URL.Path, "panic", v)
+				if sw, ok := w.(*statusWriter); !ok || !sw.wrote {
+					writeOpenAIError(w, newAPIError(http.StatusInternalServerError, "server_error", "", "", "internal server error"))
+				}
+			}
+		}()
+		next.ServeHTTP(w, r)
+	})
+}
+
+// statusWriter records what a handler wrote, for the request log and to
+// know whether an error can still be sent as a status.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+	bytes  int64
+	wrote  bool
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if !w.wrote {
+		w.status, w.wrote = code, true
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if !w.wrote {
+		w.status, w.wrote = http.StatusOK, true
+	}
+	n, err := w.ResponseWriter.Write(b)
+	w.bytes += int64(n)
+	return n, err
+}
+
+// Unwrap lets http.ResponseController reach Flush and SetWriteDeadline.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (s *Server) logged(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		sw := &statusWriter{ResponseWriter: w}
+		next.ServeHTTP(sw, r)
+		level := slog.LevelInfo
+		if r.URL.Path == "/health" {
+			level = slog.LevelDebug
+		}
+		s.log.Log(r.Context(), level, "request", "method", r.Method, "path", r.URL.Path, "status", sw.status,
+			"bytes", sw.bytes, "dur", time.Since(start).Round(time.Microsecond), "remote", r.RemoteAddr)
+	})
+}
+
+func (s *Server) health(w http.ResponseWriter, r *http.Request) {
+	if s.draining.Load() {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "draining"})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+// Status is the body of GET /status.
+type Status struct {
+	Model    string            `json:"model"`
+	PID      int               `json:"pid"`
+	UptimeS  float64           `json:"uptime_s"`
+	InFlight int64             `json:"in_flight"`
+	Draining bool              `json:"draining"`
+	Stats    engine.Stats      `json:"stats"`
+	Info     map[string]string `json:"info,omitempty"`
+}
+
+func (s *Server) status(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, Status{
+		Model:    s.opts.ModelName,
+		PID:      os.Getpid(),
+		UptimeS:  time.Since(s.started).Seconds(),
+		InFlight: s.inFlight.Load(),
+		Draining: s.draining.Load(),
+		Stats:    s.eng.Stats(),
+		Info:     s.opts.Info,
+	})
+}
+
+// checkModel accepts the loaded model's name, "" and Ollama's "NAME:latest".
+func (s *Server) checkModel(name string) error {
+	if name == "" || name == s.opts.ModelName || name == s.opts.ModelName+":latest" {
+		return nil
+	}
+	return notFound("model_not_found", "the model %q does not exist; this server serves %q", name, s.opts.ModelName)
+}
