@@ -86,9 +86,16 @@ def main():
         t = timed(decode, 1)
         timing[f"decode_b1_ctx{args.decode_context}_tok_s"] = args.decode_steps / t
     ref["timing"] = timing
+    # The same model in float32 (weights upcast): how far bf16 arithmetic
+    # itself moves the logits, for judging kiln (float32 activations).
+    model.float()
+    with torch.no_grad():
+        l32 = model(prompt.cuda(), logits_to_keep=1).logits[0, -1].float().cpu()
+    l32.numpy().astype("<f4").tofile(os.path.join(args.out, "ref_logits_fp32.f32"))
+    ref["bf16_vs_fp32_rel_l2"] = float((logits - l32).norm() / l32.norm())
     with open(os.path.join(args.out, "hf_reference.json"), "w") as f:
         json.dump(ref, f, indent=1)
-    print(json.dumps(timing))
+    print(json.dumps(timing), "bf16 vs fp32 logits rel L2", ref["bf16_vs_fp32_rel_l2"])
 
 
 if __name__ == "__main__":

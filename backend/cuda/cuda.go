@@ -47,6 +47,9 @@ type Backend struct {
 
 	// noFlash sends prefill attention to the float32 kernel (tests compare both).
 	noFlash bool
+	// Tuning knobs, fixed at New (see envInt's callers).
+	gemvMax, splitMax, splitBlocks int
+	gemvKernel                     string
 
 	pinned     unsafe.Pointer // host staging for reads
 	pinnedSize int
@@ -117,6 +120,13 @@ func New(opts Options) (*Backend, error) {
 		return nil, err
 	}
 	b.k = k
+	b.gemvMax = envInt("KILN_CUDA_GEMV_MAX", gemvMaxTokens, 0, 8)
+	b.gemvKernel = "gemv2_bf16"
+	if os.Getenv("KILN_CUDA_GEMV") == "1" {
+		b.gemvKernel = "gemv_bf16"
+	}
+	b.splitMax = envInt("KILN_CUDA_SPLITS", 128, 1, 512)
+	b.splitBlocks = envInt("KILN_CUDA_SPLIT_BLOCKS", 4, 1, 64)
 	lt, err := newBlasLt(b.stream)
 	if err != nil {
 		return nil, err

@@ -209,29 +209,41 @@ func TestMatMul(t *testing.T) {
 		n, o, i int
 		dt      backend.DType
 		acc     bool
-		tol     float64
 	}{
-		{1, 1000, 512, backend.BF16, false, 1e-5},
-		{3, 700, 1544, backend.BF16, true, 1e-5},
-		{8, 256, 4096, backend.BF16, false, 1e-5},
-		{9, 512, 384, backend.BF16, false, 8e-3}, // cuBLASLt, activations rounded to bf16
-		{100, 1536, 1024, backend.BF16, true, 8e-3},
-		{5, 200, 100, backend.BF16, false, 8e-3}, // width not a multiple of 8
-		{16, 100, 64, backend.F32, false, 1e-5},
-		{7, 128, 96, backend.F16, true, 2e-3},
+		{1, 1000, 512, backend.BF16, false},
+		{2, 300, 2056, backend.BF16, true},
+		{3, 700, 1544, backend.BF16, true},
+		{8, 256, 4096, backend.BF16, false},
+		{9, 512, 384, backend.BF16, false},
+		{100, 1536, 1024, backend.BF16, true},
+		{5, 200, 100, backend.BF16, false}, // width not a multiple of 8
+		{16, 100, 64, backend.F32, false},
+		{7, 128, 96, backend.F16, true},
 	}
-	for _, c := range cases {
-		cw, gw := p.load(c.dt, p.randn(c.o*c.i, 0.05), c.o, c.i)
-		cx, gx := p.load(backend.F32, p.randn(c.n*c.i, 1), c.n, c.i)
-		co, gout := p.out(c.n, c.o)
-		if c.acc {
-			init := encode(backend.F32, p.randn(c.n*c.o, 1))
-			p.c.Write(co, init)
-			p.g.Write(gout, init)
+	defer func(k string, m int) { p.g.gemvKernel, p.g.gemvMax = k, m }(p.g.gemvKernel, p.g.gemvMax)
+	// Every GEMV variant at every token count it serves, and cuBLASLt.
+	for _, mode := range []struct {
+		kernel string
+		max    int
+	}{{"gemv_bf16", 8}, {"gemv2_bf16", 8}, {"gemv2_bf16", 0}} {
+		p.g.gemvKernel, p.g.gemvMax = mode.kernel, mode.max
+		for _, c := range cases {
+			tol := 1e-5
+			if c.dt != backend.F32 && (c.dt != backend.BF16 || c.n > mode.max || c.i%8 != 0) {
+				tol = 8e-3 // cuBLASLt: activations rounded to bf16 / f16
+			}
+			cw, gw := p.load(c.dt, p.randn(c.o*c.i, 0.05), c.o, c.i)
+			cx, gx := p.load(backend.F32, p.randn(c.n*c.i, 1), c.n, c.i)
+			co, gout := p.out(c.n, c.o)
+			if c.acc {
+				init := encode(backend.F32, p.randn(c.n*c.o, 1))
+				p.c.Write(co, init)
+				p.g.Write(gout, init)
+			}
+			p.c.MatMul(co, cx, cw, c.acc)
+			p.g.MatMul(gout, gx, gw, c.acc)
+			p.compare(fmt.Sprintf("%s<=%d: matmul %d x %d x %d %v acc=%v", mode.kernel, mode.max, c.n, c.o, c.i, c.dt, c.acc), co, gout, tol)
 		}
-		p.c.MatMul(co, cx, cw, c.acc)
-		p.g.MatMul(gout, gx, gw, c.acc)
-		p.compare(fmt.Sprintf("matmul %d x %d x %d %v acc=%v", c.n, c.o, c.i, c.dt, c.acc), co, gout, c.tol)
 	}
 }
 

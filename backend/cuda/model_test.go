@@ -76,9 +76,22 @@ func TestFixturesEndToEnd(t *testing.T) {
 				t.Fatal(err)
 			}
 			refLogits := readF32File(t, filepath.Join(fdir, "ref_logits.f32"))
+			const extra = 24 // greedy steps after each prompt
+			var tables [][]int32
+			nblocks := 0
+			for _, pr := range ref.Prompts {
+				n := (len(pr.IDs) + extra + 15) / 16
+				var tb []int32
+				for i := 0; i < n; i++ {
+					tb = append(tb, int32(nblocks+i))
+				}
+				tables = append(tables, tb)
+				nblocks += n
+			}
+			cache := model.CacheSpec{Blocks: nblocks, BlockSize: 16, Slots: 4}
 			gm, err := model.Load(fdir, p.g, model.Options{KVDType: backend.BF16})
 			if err == nil {
-				err = gm.AllocCache(model.CacheSpec{Blocks: 64, BlockSize: 16, Slots: 4})
+				err = gm.AllocCache(cache)
 			}
 			if name != "qwen3" {
 				if err == nil {
@@ -97,15 +110,12 @@ func TestFixturesEndToEnd(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer cm.Close()
-			if err := cm.AllocCache(model.CacheSpec{Blocks: 64, BlockSize: 16, Slots: 4}); err != nil {
+			if err := cm.AllocCache(cache); err != nil {
 				t.Fatal(err)
 			}
 			V := ref.VocabSize
 			for pi, pr := range ref.Prompts {
-				blocks := make([]int32, 4)
-				for i := range blocks {
-					blocks[i] = int32(pi*4 + i)
-				}
+				blocks := tables[pi]
 				seq := model.Seq{Tokens: pr.IDs, Blocks: blocks, Logits: model.AllLogits}
 				gl, err := gm.Forward([]model.Seq{seq})
 				if err != nil {
@@ -131,7 +141,7 @@ func TestFixturesEndToEnd(t *testing.T) {
 				gtok, _ := argmaxMargin(grows[len(grows)-1])
 				ctok, margin := argmaxMargin(crows[len(crows)-1])
 				pos := len(pr.IDs)
-				for step := 0; step < 24 && pos < 64; step++ {
+				for step := 0; step < extra; step++ {
 					if gtok != ctok {
 						// Allowed only where the CPU's choice is a near tie.
 						if margin > 0.05 {
@@ -208,7 +218,14 @@ func TestHFReference(t *testing.T) {
 	ga, _ := argmaxMargin(got)
 	wa, wm := argmaxMargin(want)
 	t.Logf("synthetic Qwen3-8B vs transformers bf16: relative L2 %.4g (prefill), %.4g (decode); argmax %d vs %d (margin %.3g)", e1, e2, ga, wa, wm)
-	if !(e1 <= 1e-2) || !(e2 <= 1e-2) {
-		t.Errorf("relative L2 error above 1e-2")
+	// Through 36 random layers bf16 rounding alone moves transformers' own
+	// logits by several percent, so the test holds kiln to the float32
+	// model: kiln must be at least as close to it as transformers bf16 is.
+	w32 := readF32File(t, filepath.Join(dir, "ref_logits_fp32.f32"))
+	hf := relL2(want, w32)
+	k1, k2 := relL2(got, w32), relL2(got2, w32)
+	t.Logf("vs transformers fp32: relative L2 %.4g (prefill), %.4g (decode); transformers bf16 vs fp32: %.4g", k1, k2, hf)
+	if !(k1 <= hf) || !(k2 <= hf) {
+		t.Errorf("kiln is further from the float32 model than transformers bf16 (%.4g, %.4g > %.4g)", k1, k2, hf)
 	}
 }

@@ -5,6 +5,8 @@ package cuda
 import (
 	"fmt"
 	"math"
+	"os"
+	"strconv"
 
 	"github.com/kiln-llm/kiln/backend"
 )
@@ -121,10 +123,19 @@ func (b *Backend) GatherRows(out, x backend.Tensor) {
 	b.run("gather_rows", g1(R), 256, 0, ot.ptr, xt.ptr, b.meta.dev[mRows], h)
 }
 
-// gemvMaxTokens is the largest token count served by the GEMV kernel; larger
-// batches go to cuBLASLt, whose tensor-core tiles win once the weights are
-// reused by enough rows.
-const gemvMaxTokens = 8
+// gemvMaxTokens is the largest token count served by the GEMV kernel by
+// default; larger batches go to cuBLASLt, whose tensor-core tiles win once
+// the weights are reused by a few rows (each extra row costs the CUDA-core
+// kernel another pass over the activations). KILN_CUDA_GEMV_MAX overrides
+// it (0 to 8) and KILN_CUDA_GEMV=1 selects the first GEMV variant.
+const gemvMaxTokens = 2
+
+func envInt(name string, def, lo, hi int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v >= lo && v <= hi {
+		return v
+	}
+	return def
+}
 
 // MatMul computes out[n,o] = sum_i x[n,i] * w[o,i] (+ out when accumulate).
 func (b *Backend) MatMul(out, x, w backend.Tensor, accumulate bool) {
@@ -139,8 +150,8 @@ func (b *Backend) MatMul(out, x, w backend.Tensor, accumulate bool) {
 	if n == 0 {
 		return
 	}
-	if wt.dt == backend.BF16 && n <= gemvMaxTokens && in%8 == 0 {
-		b.run(fmt.Sprintf("gemv_bf16_%d", n), g1((o+7)/8), 256, 0, ot.ptr, xt.ptr, wt.ptr, o, in, boolInt(accumulate))
+	if wt.dt == backend.BF16 && n <= b.gemvMax && in%8 == 0 {
+		b.run(fmt.Sprintf("%s_%d", b.gemvKernel, n), g1((o+7)/8), 256, 0, ot.ptr, xt.ptr, wt.ptr, o, in, boolInt(accumulate))
 		return
 	}
 	xp := xt.ptr
@@ -205,9 +216,11 @@ func (c *kvCache) Free() {
 }
 
 // decodeSplits is how many parts the keys of one (token, kv head) are split
-// into so that the decode attention grid fills the GPU whatever the batch.
+// into so that the decode attention grid fills the GPU (about four blocks per
+// multiprocessor) whatever the batch. The grid must not depend on the
+// context length, which grows between replays of a captured step.
 func (b *Backend) decodeSplits(T, KH int) int {
-	return max(1, min(64, (2*b.sms+T*KH-1)/(T*KH)))
+	return max(1, min(b.splitMax, (b.splitBlocks*b.sms+T*KH-1)/(T*KH)))
 }
 
 // Attention runs one attention layer; see backend.Backend.

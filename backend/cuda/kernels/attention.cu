@@ -111,6 +111,9 @@ __device__ __forceinline__ void attn_decode(const float *qbuf, const KT *kc, con
 				for (int d = 0; d < 8; d++) { kf[u][d] = 0.f; vf[u][d] = 0.f; }
 			}
 		}
+		// Scores of the tile first, then one rescale per head: independent
+		// exponentials instead of a per-key dependency chain.
+		float sc[U][G];
 #pragma unroll
 		for (int u = 0; u < U; u++) {
 #pragma unroll
@@ -120,15 +123,28 @@ __device__ __forceinline__ void attn_decode(const float *qbuf, const KT *kc, con
 				for (int d = 0; d < 8; d++) s += q[g][d] * kf[u][d];
 #pragma unroll
 				for (int o = LANES / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-				if (valid[u]) {
-					float mn = fmaxf(m[g], s);
-					float c = exp2f(m[g] - mn), p = exp2f(s - mn);
-					l[g] = l[g] * c + p;
-#pragma unroll
-					for (int d = 0; d < 8; d++) acc[g][d] = acc[g][d] * c + p * vf[u][d];
-					m[g] = mn;
-				}
+				sc[u][g] = valid[u] ? s : -INF;
 			}
+		}
+#pragma unroll
+		for (int g = 0; g < G; g++) {
+			float mt = sc[0][g];
+#pragma unroll
+			for (int u = 1; u < U; u++) mt = fmaxf(mt, sc[u][g]);
+			float mn = fmaxf(m[g], mt);
+			if (mn == -INF) continue;
+			float c = exp2f(m[g] - mn);
+			l[g] *= c;
+#pragma unroll
+			for (int d = 0; d < 8; d++) acc[g][d] *= c;
+#pragma unroll
+			for (int u = 0; u < U; u++) {
+				float p = exp2f(sc[u][g] - mn);
+				l[g] += p;
+#pragma unroll
+				for (int d = 0; d < 8; d++) acc[g][d] += p * vf[u][d];
+			}
+			m[g] = mn;
 		}
 	}
 	// Merge the key groups of the warp, then the warps.

@@ -1,10 +1,10 @@
 // Tensor-core prefill attention (FlashAttention-2 style) for bf16 caches:
 // mma.sync m16n8k16 bf16 with f32 accumulation. A block is 4 warps and 64
 // queries of one sequence and head; each warp owns 16 queries. Key and
-// value tiles of 64 tokens are staged in shared memory (values transposed,
-// rows padded so fragment loads are free of bank conflicts); the scores stay
-// in registers, and the probabilities are fed back to the second product
-// straight from the accumulator layout.
+// value tiles of 64 tokens are staged in shared memory; the scores stay
+// in registers, the probabilities are fed back to the second product
+// straight from the accumulator layout, and V's fragments come from
+// transposing ldmatrix loads.
 
 __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
 	unsigned r;
@@ -18,13 +18,20 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], unsigned a0, unsigned a1
 		: "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+__device__ __forceinline__ void ldmatrix_x4_trans(const u16 *p, unsigned &r0, unsigned &r1, unsigned &r2, unsigned &r3) {
+	unsigned a;
+	asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+	asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+		: "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a));
+}
+
 template <int HD>
 __device__ __forceinline__ void flash_prefill(float *out, const float *qbuf, const u16 *kc, const u16 *vc, const float *qkv,
 		const int *seqpos, const int *seqn, const int *seqstart, const int *seqblk, const int *blocks,
 		int H, int KH, int bs, float scale, int gated) {
-	constexpr int BQ = 64, BK = 64, KS = HD / 16, NT = HD / 8, KP = HD + 8, VP = BK + 8;
-	__shared__ u16 sK[BK * KP];
-	__shared__ u16 sVt[HD * VP];
+	constexpr int BQ = 64, BK = 64, KS = HD / 16, NT = HD / 8, KP = HD + 8;
+	__shared__ __align__(16) u16 sK[BK * KP];
+	__shared__ __align__(16) u16 sV[BK * KP];
 	int s = blockIdx.z, h = blockIdx.y, qi0 = blockIdx.x * BQ;
 	int nN = seqn[s];
 	if (qi0 >= nN) return;
@@ -57,8 +64,8 @@ __device__ __forceinline__ void flash_prefill(float *out, const float *qbuf, con
 	int kend = p0 + min(nN, qi0 + BQ);
 	for (int kt = 0; kt < kend; kt += BK) {
 		__syncthreads();
-		// Stage 64 keys and values in 16-byte pieces; neighbouring threads take
-		// neighbouring keys so the transposed stores of V hit distinct banks.
+		// Stage 64 keys and values in 16-byte pieces (rows padded by 16 bytes:
+		// the fragment loads below are free of bank conflicts).
 		for (int idx = threadIdx.x; idx < BK * HD / 8; idx += blockDim.x) {
 			int j = idx % BK, d = (idx / BK) * 8, key = kt + j;
 			uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
@@ -68,9 +75,7 @@ __device__ __forceinline__ void flash_prefill(float *out, const float *qbuf, con
 				vv = *(const uint4 *)(vc + off);
 			}
 			*(uint4 *)(sK + j * KP + d) = kv;
-			const u16 *pv = (const u16 *)&vv;
-#pragma unroll
-			for (int i = 0; i < 8; i++) sVt[(d + i) * VP + j] = pv[i];
+			*(uint4 *)(sV + j * KP + d) = vv;
 		}
 		__syncthreads();
 		// Skip tiles entirely above the diagonal for this warp.
@@ -122,13 +127,18 @@ __device__ __forceinline__ void flash_prefill(float *out, const float *qbuf, con
 		m0 = mn0;
 		m1 = mn1;
 #pragma unroll
-		for (int n = 0; n < NT; n++) {
-			o[n][0] *= c0; o[n][1] *= c0; o[n][2] *= c1; o[n][3] *= c1;
-			const u16 *vr = sVt + (n * 8 + quad) * VP + qc;
+		for (int n = 0; n < NT; n++) { o[n][0] *= c0; o[n][1] *= c0; o[n][2] *= c1; o[n][3] *= c1; }
+		// V fragments by transposing loads: lane l addresses row l%8 of matrix
+		// l/8 = (keys +0/+8) x (dims of n-tile n / n+1).
+		int mi = lane >> 3, mr = lane & 7;
 #pragma unroll
-			for (int k = 0; k < BK / 16; k++) {
-				unsigned v0 = *(const unsigned *)(vr + k * 16), v1 = *(const unsigned *)(vr + k * 16 + 8);
+		for (int k = 0; k < BK / 16; k++) {
+#pragma unroll
+			for (int n = 0; n < NT; n += 2) {
+				unsigned v0, v1, v2, v3;
+				ldmatrix_x4_trans(sV + (k * 16 + (mi & 1) * 8 + mr) * KP + (n + (mi >> 1)) * 8, v0, v1, v2, v3);
 				mma_bf16(o[n], pa[k][0], pa[k][1], pa[k][2], pa[k][3], v0, v1);
+				mma_bf16(o[n + 1], pa[k][0], pa[k][1], pa[k][2], pa[k][3], v2, v3);
 			}
 		}
 	}
