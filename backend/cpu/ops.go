@@ -14,12 +14,16 @@ func (b *Backend) Embed(out, table backend.Tensor) {
 	T, H := b.numTokens(), w.cols
 	checkShape("embed out", ot, T, H)
 	o := ot.out32()
-	for t, tok := range b.step.tokens {
+	for _, tok := range b.step.tokens {
 		if tok < 0 || int(tok) >= w.rows {
 			panic(fmt.Sprintf("cpu: embed: token %d outside vocabulary of %d", tok, w.rows))
 		}
-		w.decode(int(tok), o[t*H:(t+1)*H])
 	}
+	b.pool.For(T, max(1, 8192/max(H, 1)), func(lo, hi int) {
+		for t := lo; t < hi; t++ {
+			w.decode(int(b.step.tokens[t]), o[t*H:(t+1)*H])
+		}
+	})
 }
 
 // rmsScale returns 1/sqrt(mean(x^2) + eps), summing in float64.
