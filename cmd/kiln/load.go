@@ -1,0 +1,181 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kiln-llm/kiln/chat"
+	"github.com/kiln-llm/kiln/demo"
+	"github.com/kiln-llm/kiln/engine"
+	"github.com/kiln-llm/kiln/model"
+	"github.com/kiln-llm/kiln/tokenizer"
+)
+
+// modelFlags are the flags of every command that loads a model.
+type modelFlags struct {
+	dir     string
+	backend string
+}
+
+func (f *modelFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.dir, "model", "", "model directory (config.json, *.safetensors, tokenizer.json); default: the embedded demo model")
+	fs.StringVar(&f.backend, "backend", "auto", "compute backend: auto, cpu or cuda")
+}
+
+// loaded is a model ready to serve.
+type loaded struct {
+	name    string
+	dir     string // absolute; "" for the embedded demo model
+	backend string
+	ctxLen  int
+	// defaults are the model's generation_config sampling parameters.
+	defaults engine.Sampling
+	tok      *tokenizer.Tokenizer
+	eng      *engine.Engine
+}
+
+// demoName is the embedded demo model's name in the API.
+const demoName = "kiln-demo"
+
+// tokenText returns the text of one token (for logprobs).
+func (l *loaded) tokenText(id int32) string { return l.tok.Decode([]int32{id}) }
+
+// regularVocab is the number of ids below the first special token: random
+// prompts drawn from them contain no control tokens.
+func (l *loaded) regularVocab() int {
+	n := l.tok.VocabSize()
+	for id := range n {
+		if l.tok.IsSpecial(int32(id)) {
+			return id
+		}
+	}
+	return n
+}
+
+// load opens the model directory (or the demo model), its tokenizer and
+// chat template, and starts an engine on the chosen backend. A progress bar
+// shows on stderr while weights load, when stderr is a terminal.
+func (f *modelFlags) load(opts engine.Options) (*loaded, error) {
+	b, err := openBackend(f.backend)
+	if err != nil {
+		return nil, err
+	}
+	bar := newProgressBar(os.Stderr, "loading")
+	mopts := model.Options{Progress: bar.update}
+	start := time.Now()
+	var (
+		m    *model.Model
+		tok  *tokenizer.Tokenizer
+		tmpl *chat.Template
+		dir  string
+	)
+	if f.dir == "" {
+		fsys := demo.FS()
+		if m, err = model.LoadFS(fsys, b, mopts); err != nil {
+			return nil, fmt.Errorf("loading the demo model: %w", err)
+		}
+		if tok, err = tokenizer.LoadFS(fsys); err != nil {
+			return nil, fmt.Errorf("loading the demo model's tokenizer: %w", err)
+		}
+		if tmpl, err = chat.LoadTemplate(fsys); err != nil {
+			return nil, fmt.Errorf("loading the demo model's chat template: %w", err)
+		}
+	} else {
+		if dir, err = filepath.Abs(f.dir); err != nil {
+			return nil, err
+		}
+		if m, err = model.Load(dir, b, mopts); err != nil {
+			return nil, fmt.Errorf("loading %s: %w", f.dir, err)
+		}
+		if tok, err = tokenizer.Load(dir); err != nil {
+			return nil, fmt.Errorf("loading the tokenizer of %s: %w", f.dir, err)
+		}
+		if tmpl, err = chat.LoadTemplate(os.DirFS(dir)); err != nil {
+			return nil, fmt.Errorf("loading the chat template of %s: %w", f.dir, err)
+		}
+	}
+	bar.finish()
+	eng, err := engine.New(m, tok, tmpl, opts)
+	if err != nil {
+		return nil, fmt.Errorf("starting the engine: %w", err)
+	}
+	cfg := m.Config()
+	name := cfg.Name
+	if dir == "" {
+		name = demoName
+	}
+	defaults := engine.Sampling{Temperature: cfg.Defaults.Temperature, TopP: cfg.Defaults.TopP, TopK: cfg.Defaults.TopK}
+	slog.Info("model loaded", "model", name, "backend", b.Name(), "context", cfg.ContextLength, "took", time.Since(start).Round(time.Millisecond))
+	return &loaded{name: name, dir: dir, backend: b.Name(), ctxLen: cfg.ContextLength, defaults: defaults, tok: tok, eng: eng}, nil
+}
+
+// isTerminal reports whether f is a character device (a terminal, not a
+// pipe or file).
+func isTerminal(f *os.File) bool {
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// progressBar draws "label [=====>    ] 45% 1.2/2.6 GB" on one terminal
+// line, at most every 100 ms; it draws nothing when w is not a terminal.
+type progressBar struct {
+	mu    sync.Mutex
+	w     io.Writer
+	label string
+	on    bool
+	last  time.Time
+	drawn bool
+}
+
+func newProgressBar(f *os.File, label string) *progressBar {
+	return &progressBar{w: f, label: label, on: isTerminal(f)}
+}
+
+func (p *progressBar) update(done, total int64) {
+	if !p.on || total <= 0 {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if time.Since(p.last) < 100*time.Millisecond && done < total {
+		return
+	}
+	p.last = time.Now()
+	const width = 30
+	frac := float64(done) / float64(total)
+	if frac > 1 {
+		frac = 1
+	}
+	n := int(frac * width)
+	bar := strings.Repeat("=", n)
+	if n < width {
+		bar += ">" + strings.Repeat(" ", width-n-1)
+	}
+	fmt.Fprintf(p.w, "\r%s [%s] %3.0f%% %s/%s", p.label, bar, frac*100, humanBytes(done), humanBytes(total))
+	p.drawn = true
+}
+
+func (p *progressBar) finish() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.drawn {
+		fmt.Fprint(p.w, "\r\033[K")
+	}
+}
+
+func humanBytes(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MB", float64(n)/(1<<20))
+	}
+	return fmt.Sprintf("%d kB", n>>10)
+}
