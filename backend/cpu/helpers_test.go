@@ -62,18 +62,15 @@ func loadWeight(t *testing.T, b *Backend, dt backend.DType, v []float64, shape .
 			v[i] = float64(f[i])
 		}
 		data = asBytes(f)
-	case backend.BF16:
-		h := make([]uint16, len(v))
-		for i := range v {
-			h[i] = f32ToBF16(float32(v[i]))
-			v[i] = float64(bf16ToF32(h[i]))
+	case backend.BF16, backend.F16:
+		enc, dec := f32ToBF16, bf16ToF32
+		if dt == backend.F16 {
+			enc, dec = f32ToF16, f16ToF32
 		}
-		data = asBytes(h)
-	case backend.F16:
 		h := make([]uint16, len(v))
 		for i := range v {
-			h[i] = f32ToF16(float32(v[i]))
-			v[i] = float64(f16ToF32(h[i]))
+			h[i] = enc(float32(v[i]))
+			v[i] = float64(dec(h[i]))
 		}
 		data = asBytes(h)
 	}
