@@ -128,12 +128,15 @@ func (b *Backend) GatedDeltaNet(out, mixed, ba backend.Tensor, w backend.DeltaNe
 	st := &b.step
 	seen := map[int]bool{}
 	for _, s := range st.seqs {
+		if s.N == 0 {
+			continue
+		}
 		c.checkSlot(s.Slot)
-		if s.N > 0 && seen[s.Slot] {
+		if seen[s.Slot] {
 			panic(fmt.Sprintf("cpu: deltanet: slot %d used by two sequences of one step", s.Slot))
 		}
 		seen[s.Slot] = true
-		if s.Pos == 0 && s.N > 0 {
+		if s.Pos == 0 {
 			clear(c.convOf(layer, s.Slot))
 			clear(c.recOf(layer, s.Slot))
 		}
