@@ -1,0 +1,127 @@
+package main
+
+import (
+	"encoding/json"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func TestPercentileLikeNumpy(t *testing.T) {
+	seq := make([]float64, 100)
+	for i := range seq {
+		seq[i] = float64(i + 1)
+	}
+	for _, c := range []struct {
+		data    []float64
+		p, want float64
+	}{
+		{[]float64{1, 2, 3, 4}, 50, 2.5},
+		{[]float64{1, 2, 3, 4}, 0, 1},
+		{[]float64{1, 2, 3, 4}, 100, 4},
+		{seq, 99, 99.01},
+		{seq, 90, 90.1},
+		{[]float64{7}, 99, 7},
+	} {
+		if got := percentile(c.data, c.p); math.Abs(got-c.want) > 1e-9 {
+			t.Errorf("percentile(%v, %g) = %g, want %g", c.data[:min(4, len(c.data))], c.p, got, c.want)
+		}
+	}
+}
+
+// Arrival gaps have mean 1/rate whatever the burstiness, and variance
+// 1/(rate^2 * burstiness).
+func TestGammaArrivals(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	const rate, n = 4.0, 40000
+	for _, k := range []float64{0.5, 1, 3} {
+		var sum, sq float64
+		for range n {
+			x := gamma(rng, k, 1/(rate*k))
+			sum += x
+			sq += x * x
+		}
+		mean := sum / n
+		variance := sq/n - mean*mean
+		if math.Abs(mean-1/rate) > 0.03/rate {
+			t.Errorf("burstiness %g: mean gap %g, want %g", k, mean, 1/rate)
+		}
+		if want := 1 / (rate * rate * k); math.Abs(variance-want) > 0.08*want {
+			t.Errorf("burstiness %g: variance %g, want %g", k, variance, want)
+		}
+	}
+}
+
+func TestSampleLen(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	seen := map[int]bool{}
+	for range 2000 {
+		n := sampleLen(rng, 100, 0.1)
+		if n < 90 || n > 110 {
+			t.Fatalf("length %d outside [90, 110]", n)
+		}
+		seen[n] = true
+	}
+	if len(seen) != 21 {
+		t.Errorf("%d distinct lengths, want all 21", len(seen))
+	}
+	if n := sampleLen(rng, 5, 0); n != 5 {
+		t.Errorf("range 0: %d", n)
+	}
+}
+
+func runBench(t *testing.T, args ...string) map[string]any {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "bench.json")
+	if err := benchServe(append(args, "--output-json", out)); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep map[string]any
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	return rep
+}
+
+// The random workload sends prompts of exactly --input-len tokens and gets
+// exactly --output-len tokens back, against kiln started in-process on the
+// demo model.
+func TestBenchServeRandomExactLengths(t *testing.T) {
+	rep := runBench(t, "--num-prompts", "8", "--input-len", "48", "--output-len", "20", "--max-concurrency", "4", "--goodput", "ttft:100000")
+	if rep["completed"].(float64) != 8 || rep["failed"].(float64) != 0 {
+		t.Fatalf("completed %v, failed %v: %v", rep["completed"], rep["failed"], rep["errors"])
+	}
+	if rep["total_input_tokens"].(float64) != 8*48 || rep["total_output_tokens"].(float64) != 8*20 {
+		t.Errorf("tokens in %v, out %v; want %d and %d", rep["total_input_tokens"], rep["total_output_tokens"], 8*48, 8*20)
+	}
+	for _, k := range []string{"mean_ttft_ms", "median_tpot_ms", "p99_itl_ms", "mean_e2el_ms", "output_throughput"} {
+		if v, _ := rep[k].(float64); v <= 0 {
+			t.Errorf("%s = %v", k, rep[k])
+		}
+	}
+	if rep["request_goodput"].(float64) != rep["request_throughput"].(float64) {
+		t.Errorf("a 100 s TTFT SLO: goodput %v, throughput %v", rep["request_goodput"], rep["request_throughput"])
+	}
+	if rep["mean_e2el_ms"].(float64) < rep["mean_ttft_ms"].(float64) {
+		t.Error("E2EL below TTFT")
+	}
+}
+
+// Later turns of a conversation resend the history, which the engine's
+// prefix cache serves.
+func TestBenchServeMultiturn(t *testing.T) {
+	rep := runBench(t, "--dataset", "multiturn", "--num-prompts", "3", "--turns", "3", "--input-len", "30", "--output-len", "10", "--request-rate", "50")
+	if rep["completed"].(float64) != 9 || rep["total_output_tokens"].(float64) != 90 {
+		t.Fatalf("completed %v, output %v: %v", rep["completed"], rep["total_output_tokens"], rep["errors"])
+	}
+	prompt, cached := rep["later_turn_prompt_tokens"].(float64), rep["later_turn_cached_tokens"].(float64)
+	if cached < prompt/3 {
+		t.Errorf("later turns: %v of %v prompt tokens from cache", cached, prompt)
+	}
+}

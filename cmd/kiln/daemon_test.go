@@ -1,0 +1,208 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestCLI builds kiln and uses it as people do, on the embedded demo model:
+// serve with a SIGTERM drain, start/status/run/stop through the daemon, run
+// in-process with piped stdin, chat, and the error paths.
+func TestCLI(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the kiln binary")
+	}
+	bin := filepath.Join(t.TempDir(), "kiln")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	// Unix socket paths must stay under 108 bytes.
+	runtimeDir, err := os.MkdirTemp("", "kiln")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(runtimeDir) })
+	env := append(os.Environ(), "XDG_RUNTIME_DIR="+runtimeDir, "KILN_API_KEY=")
+	kiln := func(stdin string, args ...string) (string, string, error) {
+		cmd := exec.Command(bin, args...)
+		cmd.Env = env
+		cmd.Stdin = strings.NewReader(stdin)
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		err := cmd.Run()
+		return out.String(), errb.String(), err
+	}
+	t.Run("serve drains on SIGTERM", func(t *testing.T) { testServeDrain(t, bin, env, runtimeDir) })
+	t.Run("daemon", func(t *testing.T) {
+		out, errOut, err := kiln("", "start", "--addr", "none")
+		if err != nil || !strings.Contains(out, "kiln daemon running") {
+			t.Fatalf("start: %v\n%s%s", err, out, errOut)
+		}
+		defer kiln("", "stop")
+		if fi, err := os.Stat(filepath.Join(runtimeDir, "kiln")); err != nil || fi.Mode().Perm() != 0o700 {
+			t.Errorf("runtime dir: %v %v", fi.Mode(), err)
+		}
+		if _, _, err := kiln("", "start", "--addr", "none"); err == nil {
+			t.Error("a second start succeeded")
+		}
+		// kiln run goes through the daemon: its completed count grows.
+		out, errOut, err = kiln("func add(a, b int) int {\n", "run", "--max-tokens", "12", "Finish this Go code:")
+		if err != nil || strings.TrimSpace(out) == "" {
+			t.Fatalf("run: %v\n%q\n%s", err, out, errOut)
+		}
+		out, _, err = kiln("", "status")
+		if err != nil || !strings.Contains(out, "running") || !strings.Contains(out, "kiln-demo") || !regexp.MustCompile(`\b1 completed`).MatchString(out) {
+			t.Errorf("status: %v\n%s", err, out)
+		}
+		out, errOut, err = kiln("", "stop")
+		if err != nil || !strings.Contains(out, "stopped") {
+			t.Errorf("stop: %v %s %s", err, out, errOut)
+		}
+		if _, errOut, err := kiln("", "status"); err == nil || !strings.Contains(errOut, "no daemon") {
+			t.Errorf("status after stop: %v %s", err, errOut)
+		}
+		for _, f := range []string{"kiln.sock", "kiln.pid"} {
+			if _, err := os.Stat(filepath.Join(runtimeDir, "kiln", f)); err == nil {
+				t.Errorf("%s left behind", f)
+			}
+		}
+	})
+	t.Run("run in-process", func(t *testing.T) {
+		out, errOut, err := kiln("package main\n", "run", "--no-daemon", "--max-tokens", "16", "--seed", "1", "Complete:")
+		if err != nil || strings.TrimSpace(out) == "" || !strings.HasSuffix(out, "\n") {
+			t.Fatalf("run: %v\n%q\n%s", err, out, errOut)
+		}
+		if errOut != "" {
+			t.Errorf("run wrote to stderr: %q", errOut)
+		}
+		// The same greedy request is answered the same way.
+		again, _, _ := kiln("package main\n", "run", "--no-daemon", "--max-tokens", "16", "--temperature", "0", "Complete:")
+		again3, _, _ := kiln("package main\n", "run", "Complete:", "--no-daemon", "--max-tokens", "16", "--temperature", "0")
+		if again != again3 {
+			t.Errorf("flags after the prompt changed the answer: %q vs %q", again, again3)
+		}
+	})
+	t.Run("run errors", func(t *testing.T) {
+		if _, errOut, err := kiln("", "run", "--no-daemon"); err == nil || !strings.Contains(errOut, "no prompt") {
+			t.Errorf("no prompt: %v %q", err, errOut)
+		}
+		if _, errOut, err := kiln("", "run", "--model", "/nonexistent/model", "hi"); err == nil || !strings.Contains(errOut, "/nonexistent/model") {
+			t.Errorf("missing model: %v %q", err, errOut)
+		}
+		if _, errOut, err := kiln("", "serve", "--addr", "0.0.0.0:0", "--socket", "none"); err == nil || !strings.Contains(errOut, "--api-key") {
+			t.Errorf("public address without a key: %v %q", err, errOut)
+		}
+	})
+	t.Run("chat", func(t *testing.T) {
+		in := "/system You write Go.\nfunc main() {\n/stats\n/think off\nand then?\n/reset\n/bogus\n/exit\nnever sent\n"
+		out, errOut, err := kiln(in, "chat", "--no-daemon", "--max-tokens", "8")
+		if err != nil {
+			t.Fatalf("chat: %v\n%s\n%s", err, out, errOut)
+		}
+		for _, want := range []string{"(system prompt set", "tok/s", "(thinking off)", "(conversation cleared)", "unknown command /bogus"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("chat output lacks %q:\n%s", want, out)
+			}
+		}
+	})
+}
+
+// testServeDrain starts "kiln serve", begins a long streamed request on its
+// socket, sends SIGTERM, and checks that the request still completes, that
+// the process exits 0 and removes its socket.
+func testServeDrain(t *testing.T, bin string, env []string, dir string) {
+	sock := filepath.Join(dir, "serve.sock")
+	cmd := exec.Command(bin, "serve", "--addr", "127.0.0.1:0", "--socket", sock, "--drain-timeout", "20s")
+	cmd.Env = env
+	stderr, _ := cmd.StderrPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	logs := make(chan string, 100)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			logs <- sc.Text()
+		}
+		close(logs)
+	}()
+	var tcpAddr string
+	deadline := time.After(30 * time.Second)
+	for tcpAddr == "" {
+		select {
+		case l := <-logs:
+			if m := regexp.MustCompile(`network=tcp addr=(\S+)`).FindStringSubmatch(l); m != nil {
+				tcpAddr = m[1]
+			}
+		case <-deadline:
+			t.Fatal("serve did not start listening")
+		}
+	}
+	// Wait for the socket too.
+	for range 100 {
+		if _, err := os.Stat(sock); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	hc := socketClient(sock)
+	body := `{"prompt":"package main","max_tokens":150,"ignore_eos":true,"stream":true,"temperature":0}`
+	req, _ := http.NewRequestWithContext(context.Background(), "POST", "http://kiln/v1/completions", strings.NewReader(body))
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	if _, err := br.ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	rest, err := io.ReadAll(br)
+	if err != nil {
+		t.Fatalf("stream broken by the drain: %v", err)
+	}
+	finish := ""
+	for _, line := range strings.Split(string(rest), "\n") {
+		var ch streamChunk
+		if d, ok := strings.CutPrefix(line, "data: "); ok && json.Unmarshal([]byte(d), &ch) == nil {
+			for _, c := range ch.Choices {
+				if c.FinishReason != nil {
+					finish = *c.FinishReason
+				}
+			}
+		}
+	}
+	if finish != "length" {
+		t.Errorf("the drained request finished with %q, want length", finish)
+	}
+	if !strings.HasSuffix(strings.TrimSpace(string(rest)), "data: [DONE]") {
+		t.Errorf("stream did not end with [DONE]: ...%s", rest[max(0, len(rest)-200):])
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("serve exited with %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve did not exit after SIGTERM")
+	}
+	if _, err := os.Stat(sock); err == nil {
+		t.Error("socket left behind")
+	}
+}
