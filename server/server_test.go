@@ -562,3 +562,50 @@ func TestModelsAndHealth(t *testing.T) {
 		t.Errorf("status %+v", st)
 	}
 }
+
+// Seeds make sampling reproducible; chat_template_kwargs reach the template;
+// max_completion_tokens wins over max_tokens.
+func TestSamplingParameters(t *testing.T) {
+	ts := startServer(t, Options{}, engine.Options{})
+	c := ts.client()
+	ctx := context.Background()
+	sample := func(seed int64) string {
+		p := greedy("Write a Go function.", 24)
+		p.Temperature, p.Seed, p.TopP = openai.Float(1.5), openai.Int(seed), openai.Float(1)
+		r, err := c.Chat.Completions.New(ctx, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Choices[0].Message.Content
+	}
+	if a, b := sample(5), sample(5); a != b {
+		t.Errorf("seed 5 twice: %q and %q", a, b)
+	}
+	if a, b := sample(5), sample(6); a == b {
+		t.Errorf("seeds 5 and 6 gave the same %q", a)
+	}
+	plain, err := c.Chat.Completions.New(ctx, greedy("hi", 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := greedy("hi", 2)
+	p.SetExtraFields(map[string]any{"chat_template_kwargs": map[string]any{"enable_thinking": false}})
+	noThink, err := c.Chat.Completions.New(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Qwen3's template closes an empty think block when thinking is off.
+	if noThink.Usage.PromptTokens <= plain.Usage.PromptTokens {
+		t.Errorf("enable_thinking=false: %d prompt tokens, default %d", noThink.Usage.PromptTokens, plain.Usage.PromptTokens)
+	}
+	p = greedy("hi", 50)
+	p.MaxCompletionTokens = openai.Int(5)
+	p.SetExtraFields(map[string]any{"ignore_eos": true})
+	r, err := c.Chat.Completions.New(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Usage.CompletionTokens != 5 || r.Choices[0].FinishReason != "length" {
+		t.Errorf("max_completion_tokens 5: %d tokens, %s", r.Usage.CompletionTokens, r.Choices[0].FinishReason)
+	}
+}
