@@ -21,8 +21,12 @@ type bpe struct {
 	pool    sync.Pool // *bpeWork
 }
 
-// cacheCap bounds the word cache; once full, new words are not cached.
-const cacheCap = 1 << 16
+// The word cache holds at most cacheCap pieces of at most cacheMaxPiece
+// bytes; once full, new pieces are not cached.
+const (
+	cacheCap      = 1 << 16
+	cacheMaxPiece = 256
+)
 
 type symbol struct {
 	id         int32
@@ -61,6 +65,9 @@ func (m *bpe) encode(piece string, ids []int32) []int32 {
 	}
 	start := len(ids)
 	ids = m.merge(piece, ids)
+	if len(piece) > cacheMaxPiece {
+		return ids
+	}
 	m.cacheMu.Lock()
 	if len(m.cache) < cacheCap {
 		m.cache[piece] = append([]int32(nil), ids[start:]...)

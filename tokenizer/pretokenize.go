@@ -34,6 +34,7 @@ func qwenPattern(marks bool, digits int) string {
 
 // knownScanner returns the hand-written scanner for pattern, if any.
 func knownScanner(pattern string) *scanner {
+	bmpClassOnce.Do(buildClassTable)
 	if pattern == gpt2Pattern {
 		return &scanner{}
 	}

@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"sync"
 	"unicode"
 	"unicode/utf8"
 )
@@ -19,11 +20,17 @@ const (
 	clsNL             // \r or \n
 )
 
-var asciiClass [128]uint8
+// bmpClass caches the classes of the Basic Multilingual Plane, where
+// nearly all text lives; the Unicode tables are binary searches. It is
+// built by the first knownScanner call, which every scanner comes from.
+var (
+	bmpClass     [0x10000]uint8
+	bmpClassOnce sync.Once
+)
 
-func init() {
-	for c := 0; c < 128; c++ {
-		asciiClass[c] = classOfSlow(rune(c))
+func buildClassTable() {
+	for r := range rune(len(bmpClass)) {
+		bmpClass[r] = classOfSlow(r)
 	}
 }
 
@@ -51,9 +58,12 @@ func classOfSlow(r rune) uint8 {
 // Invalid bytes cannot occur: the text is valid UTF-8 by the time it is split.
 func classAt(s string, i int) (uint8, int) {
 	if b := s[i]; b < utf8.RuneSelf {
-		return asciiClass[b], 1
+		return bmpClass[b], 1
 	}
 	r, n := utf8.DecodeRuneInString(s[i:])
+	if r < rune(len(bmpClass)) {
+		return bmpClass[r], n
+	}
 	return classOfSlow(r), n
 }
 

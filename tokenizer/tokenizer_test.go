@@ -173,3 +173,16 @@ func TestConcurrentEncode(t *testing.T) {
 		}
 	}
 }
+
+// TestEncodeOddInput: invalid UTF-8 (outside the contract) and very long
+// pieces must not crash or hang; long pieces still round-trip.
+func TestEncodeOddInput(t *testing.T) {
+	tok := loadTestTokenizer(t, "qwen3")
+	for _, s := range []string{"\xff\xfe", "a\xe2\x82b", "\xc0\x80<|im_end|>\xed\xa0\x80"} {
+		tok.Encode(s)
+	}
+	long := strings.Repeat("abcdefghij", 20000) + strings.Repeat(" ", 5000) + strings.Repeat("世界", 3000)
+	if got := tok.Decode(tok.Encode(long)); got != long {
+		t.Fatalf("long input does not round-trip (%d bytes back of %d)", len(got), len(long))
+	}
+}
