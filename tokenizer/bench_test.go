@@ -1,9 +1,6 @@
 package tokenizer
 
 import (
-	"compress/gzip"
-	"io"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,21 +9,8 @@ import (
 // corpusLines reads the conformance corpus as lines, each keeping its line
 // break, the way the HF side of the comparison encodes it.
 func corpusLines(b *testing.B) ([]string, int64) {
-	f, err := os.Open(filepath.Join(testdataDir, "corpus.txt.gz"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer f.Close()
-	zr, err := gzip.NewReader(f)
-	if err != nil {
-		b.Fatal(err)
-	}
-	data, err := io.ReadAll(zr)
-	if err != nil {
-		b.Fatal(err)
-	}
-	lines := strings.SplitAfter(string(data), "\n")
-	return lines, int64(len(data))
+	data := readGzip(b, filepath.Join(testdataDir, "corpus.txt.gz"))
+	return strings.SplitAfter(string(data), "\n"), int64(len(data))
 }
 
 // BenchmarkEncodeCorpus: encode throughput over the corpus lines, one

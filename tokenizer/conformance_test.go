@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"compress/gzip"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -38,7 +39,19 @@ func loadTestTokenizer(t testing.TB, name string) *Tokenizer {
 
 func loadCases(t testing.TB, name string) *hfCases {
 	t.Helper()
-	f, err := os.Open(filepath.Join(testdataDir, name, "cases.json.gz"))
+	var c hfCases
+	if err := json.Unmarshal(readGzip(t, filepath.Join(testdataDir, name, "cases.json.gz")), &c); err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Encode) < 1000 || len(c.Decode) < 100 {
+		t.Fatalf("%s: only %d encode and %d decode cases", name, len(c.Encode), len(c.Decode))
+	}
+	return &c
+}
+
+func readGzip(t testing.TB, path string) []byte {
+	t.Helper()
+	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,14 +60,11 @@ func loadCases(t testing.TB, name string) *hfCases {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var c hfCases
-	if err := json.NewDecoder(zr).Decode(&c); err != nil {
+	data, err := io.ReadAll(zr)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if len(c.Encode) < 1000 || len(c.Decode) < 100 {
-		t.Fatalf("%s: only %d encode and %d decode cases", name, len(c.Encode), len(c.Decode))
-	}
-	return &c
+	return data
 }
 
 // TestConformance requires the ids and texts HF produced, every one.
