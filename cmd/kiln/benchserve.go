@@ -40,6 +40,7 @@ type benchConfig struct {
 	numPrompts     int
 	inputLen       int
 	outputLen      int
+	ignoreEOS      bool
 	rangeRatio     float64
 	turns          int
 	requestRate    float64
@@ -63,7 +64,8 @@ func parseBenchFlags(args []string) (*benchConfig, error) {
 	fs.StringVar(&c.dataset, "dataset", "random", "workload: random (token-id prompts of --input-len on /v1/completions) or multiturn (chat conversations of --turns turns on /v1/chat/completions, each resending the history)")
 	fs.IntVar(&c.numPrompts, "num-prompts", 100, "requests (random) or conversations (multiturn)")
 	fs.IntVar(&c.inputLen, "input-len", 256, "prompt tokens per request (random) or new user tokens per turn, approximately (multiturn)")
-	fs.IntVar(&c.outputLen, "output-len", 64, "tokens generated per request (end-of-sequence is ignored so that every answer has this length)")
+	fs.IntVar(&c.outputLen, "output-len", 64, "most tokens generated per request")
+	fs.BoolVar(&c.ignoreEOS, "ignore-eos", true, "keep generating past end-of-sequence so that every answer has --output-len tokens (vLLM's ignore_eos)")
 	fs.Float64Var(&c.rangeRatio, "range-ratio", 0, "lengths are drawn uniformly from [len*(1-r), len*(1+r)]")
 	fs.IntVar(&c.turns, "turns", 4, "turns per conversation (multiturn)")
 	rate := fs.String("request-rate", "inf", "requests per second: inf sends them all at once, a number draws gamma-distributed gaps (Poisson when --burstiness is 1)")
@@ -413,7 +415,7 @@ func (cl *benchClient) run() (*benchResults, error) {
 			}
 			if c.dataset == "random" {
 				r, _ := cl.stream(context.Background(), "/v1/completions", map[string]any{
-					"prompt": j.promptIDs, "max_tokens": j.outLens[0], "ignore_eos": true, "temperature": 0})
+					"prompt": j.promptIDs, "max_tokens": j.outLens[0], "ignore_eos": c.ignoreEOS, "temperature": 0})
 				record(r)
 				return
 			}
@@ -425,7 +427,7 @@ func (cl *benchClient) run() (*benchResults, error) {
 				}
 				history = append(history, map[string]string{"role": "user", "content": strings.Join(words, " ")})
 				r, answer := cl.stream(context.Background(), "/v1/chat/completions", map[string]any{
-					"messages": history, "max_tokens": j.outLens[t], "ignore_eos": true, "temperature": 0,
+					"messages": history, "max_tokens": j.outLens[t], "ignore_eos": c.ignoreEOS, "temperature": 0,
 					"chat_template_kwargs": map[string]bool{"enable_thinking": false}})
 				r.turn = t
 				record(r)
