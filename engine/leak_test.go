@@ -19,7 +19,7 @@ func TestRandomizedNoLeaks(t *testing.T) {
 	for _, tc := range []struct {
 		arch     string
 		requests int
-	}{{"qwen3", 2000}, {"qwen3next", 600}} {
+	}{{"qwen3", 2000}, {"qwen3next", 2000}} {
 		t.Run(tc.arch, func(t *testing.T) {
 			randomizedRun(t, tc.arch, tc.requests)
 		})
@@ -87,6 +87,9 @@ func randomizedRun(t *testing.T, arch string, requests int) {
 					t.Error("stream closed without a final event")
 				case done.Finish == FinishCancelled:
 					cancelled++
+				case j.cancelAfter >= 0:
+					// Cancelled as it completed: events after the
+					// cancellation may have been dropped.
 				case done.Err != nil:
 					t.Errorf("request failed: %v", done.Err)
 				default:
@@ -94,7 +97,7 @@ func randomizedRun(t *testing.T, arch string, requests int) {
 					want := solo[j.prompt]
 					want = want[:min(len(want), j.maxTokens)]
 					if !slices.Equal(toks, want) {
-						t.Errorf("prompt %d (%d tokens), max %d: got %v, solo %v", j.prompt, len(prompts[j.prompt]), j.maxTokens, toks, want)
+						t.Errorf("prompt %d (%d tokens), max %d: got %v (%s, %+v), solo %v", j.prompt, len(prompts[j.prompt]), j.maxTokens, toks, done.Finish, *done.Usage, want)
 					}
 				}
 				mu.Unlock()

@@ -190,6 +190,7 @@ func (s *scheduler) start(q *seq) bool {
 	q.table = kvcache.NewTable(s.e.opts.BlockSize)
 	q.chain = kvcache.Chain{}
 	q.pos = 0
+	q.promptSnap = 0
 	n := len(q.tokens)
 	var snap *kvcache.Snapshot
 	if !s.e.opts.NoCache {
@@ -221,7 +222,13 @@ func (s *scheduler) start(q *seq) bool {
 		s.slots = s.slots[:len(s.slots)-1]
 		if snap != nil {
 			s.m.RestoreSlot(q.slot, snap.State)
-			q.resumedGroup = snap.Group
+			if len(snap.Tokens) == n-1 {
+				// The same prompt again: the snapshot is this turn's
+				// prompt snapshot, and the request joins its conversation.
+				q.group, q.promptSnap = snap.Group, snap.ID
+			} else {
+				q.resumedGroup = snap.Group
+			}
 		}
 		if q.group == 0 {
 			// One group per request: its snapshots replace each other, also
@@ -229,7 +236,6 @@ func (s *scheduler) start(q *seq) bool {
 			s.groups++
 			q.group = s.groups
 		}
-		q.promptSnap = 0
 	}
 	q.prefilled = false
 	if !q.admitted {
@@ -298,10 +304,16 @@ func (s *scheduler) step() {
 			continue
 		}
 		n := min(q.pending(), budget)
-		if s.hybrid && !opts.NoCache && opts.SnapshotInterval > 0 {
-			// End the chunk at the next snapshot boundary inside the prompt.
-			if b := (q.pos/opts.SnapshotInterval + 1) * opts.SnapshotInterval; b < q.pos+n {
+		if s.hybrid && !opts.NoCache {
+			// End the chunk at the next snapshot boundary inside the prompt,
+			if b := (q.pos/opts.SnapshotInterval + 1) * opts.SnapshotInterval; opts.SnapshotInterval > 0 && b < q.pos+n {
 				n = b - q.pos
+			}
+			// and the prompt one token short of its end: the state there
+			// serves the same prompt again (a regenerated answer needs the
+			// last prompt token's logits) as well as any longer one.
+			if q.pos+n == len(q.tokens) && n > 1 && !q.prefilled {
+				n--
 			}
 		}
 		// The prompt's blocks were reserved at admission; this only copies
@@ -344,7 +356,7 @@ func (s *scheduler) step() {
 		}
 		if s.hybrid {
 			switch {
-			case q.pos == len(q.tokens) && !q.prefilled:
+			case q.pos == len(q.tokens)-1 && !q.prefilled:
 				s.snapshot(q, snapPrompt)
 			case q.pos < len(q.tokens) && opts.SnapshotInterval > 0 && q.pos%opts.SnapshotInterval == 0:
 				s.snapshot(q, snapBoundary)
