@@ -50,6 +50,7 @@ type Backend struct {
 	// Tuning knobs, fixed at New (see envInt's callers).
 	gemvMax, splitMax, splitBlocks int
 	gemvKernel                     string
+	prof                           *profiler
 
 	pinned     unsafe.Pointer // host staging for reads
 	pinnedSize int
@@ -124,6 +125,9 @@ func New(opts Options) (*Backend, error) {
 	b.gemvKernel = "gemv2_bf16"
 	if os.Getenv("KILN_CUDA_GEMV") == "1" {
 		b.gemvKernel = "gemv_bf16"
+	}
+	if os.Getenv("KILN_CUDA_PROFILE") == "1" {
+		b.prof = &profiler{total: map[string]float64{}, count: map[string]int{}}
 	}
 	b.splitMax = envInt("KILN_CUDA_SPLITS", 128, 1, 512)
 	b.splitBlocks = envInt("KILN_CUDA_SPLIT_BLOCKS", 4, 1, 64)

@@ -18,7 +18,7 @@ func (b *Backend) run(name string, grid [3]int, block, smem int, vs ...any) {
 	}
 	var a args
 	a.add(vs...)
-	b.fail(launch(b.k.get(name), grid, block, smem, b.stream, &a))
+	b.around(name, func() { b.fail(launch(b.k.get(name), grid, block, smem, b.stream, &a)) })
 }
 
 func g1(n int) [3]int { return [3]int{n, 1, 1} }
@@ -159,7 +159,7 @@ func (b *Backend) MatMul(out, x, w backend.Tensor, accumulate bool) {
 		xp = b.scratchBuf("halfx", n*in*2)
 		b.run("to_half", g1(b.blocksFor(n*in)), 256, 0, xp, xt.ptr, int64Arg(n*in), int(wt.dt))
 	}
-	b.fail(b.lt.matmul(b.stream, ot.ptr, xp, wt.ptr, n, o, in, wt.dt, accumulate))
+	b.around("cublasLt", func() { b.fail(b.lt.matmul(b.stream, ot.ptr, xp, wt.ptr, n, o, in, wt.dt, accumulate)) })
 }
 
 // int64Arg passes a 64-bit count to a kernel (a long parameter).
@@ -324,9 +324,59 @@ func (b *Backend) NewStateCache(spec backend.StateSpec) (backend.StateCache, err
 	return nil, fmt.Errorf("cuda: Gated DeltaNet layers (Qwen3-Next, Qwen3.5) are not supported by the CUDA backend; use --backend cpu")
 }
 
-// MoE is not implemented on CUDA yet.
+// MoE adds to out [T, H] the mixture of experts applied to x [T, H]: router
+// products and the shared expert through MatMul, routing and the chosen
+// experts' products in kernels that read expert indices from device memory.
 func (b *Backend) MoE(out, x backend.Tensor, e *backend.Experts, spec *backend.MoESpec) {
-	panic("cuda: mixture-of-experts layers are not supported by the CUDA backend (Qwen3-MoE runs on the CPU backend)")
+	ot, xt := asT(out), asT(x)
+	T, H := xt.rows(), xt.cols()
+	checkRows("moe out", ot, T, H)
+	checkF32("moe", ot, xt)
+	E, K := spec.Experts, spec.TopK
+	router, gu, down := asT(e.Router), asT(e.GateUp), asT(e.Down)
+	if E <= 0 || E > 1024 || K <= 0 || K > E || router.rows() != E || router.cols() != H || len(gu.shape) != 3 || len(down.shape) != 3 {
+		panic(fmt.Sprintf("cuda: moe: router %v, gate_up %v, down %v for %d experts (top %d) of width %d", router, gu, down, E, K, H))
+	}
+	I := gu.shape[1] / 2
+	if gu.shape[0] != E || gu.shape[2] != H || down.shape[0] != E || down.shape[1] != H || down.shape[2] != I {
+		panic(fmt.Sprintf("cuda: moe: gate_up %v, down %v for %d experts of width %d", gu, down, E, H))
+	}
+	if T == 0 {
+		return
+	}
+	f32 := func(name string, rows, cols int) *tensor {
+		return &tensor{dt: backend.F32, shape: []int{rows, cols}, ptr: b.scratchBuf(name, 4*rows*cols), view: true}
+	}
+	logits := f32("moe.logits", T, E)
+	b.MatMul(logits, xt, router, false)
+	sel := b.scratchBuf("moe.sel", 4*T*K)
+	wts := b.scratchBuf("moe.wts", 4*T*K)
+	b.run("moe_route", g1(T), 256, 0, logits.ptr, E, K, boolInt(spec.NormTopK), sel, wts)
+	R := T * K
+	h := f32("moe.h", R, 2*I)
+	b.run("moe_gemv", [3]int{(2*I + 7) / 8, R, 1}, 256, 0, h.ptr, xt.ptr, K, gu.ptr, int(gu.dt), sel, 2*I, H)
+	act := f32("moe.act", R, I)
+	b.SiluMul(act, h)
+	y := f32("moe.y", R, H)
+	b.run("moe_gemv", [3]int{(H + 7) / 8, R, 1}, 256, 0, y.ptr, act.ptr, 1, down.ptr, int(down.dt), sel, H, I)
+	var ys, gate devptr
+	if e.SharedGateUp != nil {
+		sgu, sdown, sg := asT(e.SharedGateUp), asT(e.SharedDown), asT(e.SharedGate)
+		Is := sgu.rows() / 2
+		if sgu.cols() != H || sgu.rows()%2 != 0 || sdown.rows() != H || sdown.cols() != Is || sg.numel() != H {
+			panic(fmt.Sprintf("cuda: moe: shared expert gate_up %v, down %v, gate %v for width %d", sgu, sdown, sg, H))
+		}
+		g := f32("moe.gate", T, 1)
+		b.MatMul(g, xt, b.Reshape(sg, 1, H), false)
+		sh := f32("moe.sh", T, 2*Is)
+		b.MatMul(sh, xt, sgu, false)
+		sact := f32("moe.sact", T, Is)
+		b.SiluMul(sact, sh)
+		so := f32("moe.so", T, H)
+		b.MatMul(so, sact, sdown, false)
+		ys, gate = so.ptr, g.ptr
+	}
+	b.run("moe_combine", g1(T), 256, 0, ot.ptr, y.ptr, wts, K, H, ys, gate)
 }
 
 var _ = math.Inf

@@ -159,7 +159,7 @@ func (b *Backend) Graph(key string, record func()) {
 	if b.capture {
 		panic("cuda: nested Graph")
 	}
-	if os.Getenv("KILN_CUDA_GRAPHS") == "0" || b.err != nil {
+	if os.Getenv("KILN_CUDA_GRAPHS") == "0" || b.err != nil || b.prof != nil {
 		record()
 		return
 	}

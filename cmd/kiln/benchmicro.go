@@ -147,6 +147,7 @@ func benchMicro(args []string) error {
 		r.Ratio = r.TokS / r.FloorS
 		rep.Results = append(rep.Results, r)
 		progress(*asJSON, r)
+		profile(b, r)
 	}
 	type dcfg struct{ B, C int }
 	var dcs []dcfg
@@ -170,6 +171,7 @@ func benchMicro(args []string) error {
 		r.Ratio = r.TokS / r.FloorS
 		rep.Results = append(rep.Results, r)
 		progress(*asJSON, r)
+		profile(b, r)
 	}
 	if *asJSON {
 		enc := json.NewEncoder(os.Stdout)
@@ -188,6 +190,16 @@ func benchMicro(args []string) error {
 func progress(quiet bool, r benchResult) {
 	if !quiet {
 		fmt.Fprintf(os.Stderr, "%s batch %d context %d: %.1f tok/s (%.3f of the floor)\n", r.Kind, r.Batch, r.Context, r.TokS, r.Ratio)
+	}
+}
+
+// profile prints the backend's per-kernel times of the last configuration
+// when it keeps them (the CUDA backend with KILN_CUDA_PROFILE=1).
+func profile(b backend.Backend, r benchResult) {
+	if p, ok := b.(interface{ ProfileReport() string }); ok {
+		if rep := p.ProfileReport(); rep != "" {
+			fmt.Fprintf(os.Stderr, "device time, %s batch %d context %d (warm-up included):\n%s", r.Kind, r.Batch, r.Context, rep)
+		}
 	}
 }
 
