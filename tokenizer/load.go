@@ -72,7 +72,7 @@ func parse(data []byte) (*Tokenizer, error) {
 	if err := json.Unmarshal(data, &f); err != nil {
 		return nil, err
 	}
-	t := &Tokenizer{}
+	t := &Tokenizer{prefixBefore: -1}
 	var err error
 	if t.normalize, err = parseNormalizer(f.Normalizer); err != nil {
 		return nil, err
@@ -199,7 +199,9 @@ func (t *Tokenizer) parsePreTokenizer(raw json.RawMessage) error {
 				return errors.New("pre_tokenizer: ByteLevel must be the last step")
 			}
 			t.byteLevel = true
-			t.prefixSpace = st.AddPrefixSpace
+			if st.AddPrefixSpace {
+				t.prefixBefore = len(t.splits)
+			}
 			if st.UseRegex == nil || *st.UseRegex {
 				t.splits = append(t.splits, knownScanner(gpt2Pattern))
 			}

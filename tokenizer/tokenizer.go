@@ -15,11 +15,14 @@ import (
 
 // Tokenizer encodes text to token ids and decodes ids to text.
 type Tokenizer struct {
-	normalize   func(string) string // nil: none
-	splits      []splitter          // applied in order, ByteLevel's regex last
-	byteLevel   bool
-	prefixSpace bool
-	model       *bpe
+	normalize func(string) string // nil: none
+	splits    []splitter          // applied in order, ByteLevel's regex last
+	byteLevel bool
+	// prefixBefore is the split step before which ByteLevel's
+	// add_prefix_space applies: its own regex, or after all the steps
+	// (len(splits)) when it has none; -1 when off.
+	prefixBefore int
+	model        *bpe
 
 	rawAdded  *addedMatcher // added tokens matched before normalization
 	normAdded *addedMatcher // added tokens matched in normalized text
@@ -118,7 +121,7 @@ func (t *Tokenizer) encodeText(s string, ids []int32, sc *encodeScratch) []int32
 	if s == "" {
 		return ids
 	}
-	if len(t.splits) == 1 && !t.prefixSpace {
+	if len(t.splits) == 1 && t.prefixBefore < 0 {
 		// The usual case, a single split step: no piece list needed.
 		sc.ends = t.splits[0].split(s, sc.ends[:0])
 		start := 0
@@ -129,9 +132,8 @@ func (t *Tokenizer) encodeText(s string, ids []int32, sc *encodeScratch) []int32
 		return ids
 	}
 	pieces := append(sc.pieces[:0], s)
-	last := len(t.splits) - 1
 	for i, sp := range t.splits {
-		if i == last && t.prefixSpace {
+		if i == t.prefixBefore {
 			pieces = addPrefixSpace(pieces)
 		}
 		next := sc.next[:0]
@@ -147,7 +149,7 @@ func (t *Tokenizer) encodeText(s string, ids []int32, sc *encodeScratch) []int32
 		}
 		pieces, sc.next = next, pieces
 	}
-	if len(t.splits) == 0 && t.prefixSpace {
+	if t.prefixBefore == len(t.splits) {
 		pieces = addPrefixSpace(pieces)
 	}
 	for _, p := range pieces {

@@ -186,3 +186,29 @@ func TestEncodeOddInput(t *testing.T) {
 		t.Fatalf("long input does not round-trip (%d bytes back of %d)", len(got), len(long))
 	}
 }
+
+// TestPrefixSpaceAfterSplit: ByteLevel without its own regex gives each
+// piece of the preceding Split its prefix space.
+func TestPrefixSpaceAfterSplit(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join(testdataDir, "qwen3", "tokenizer.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var j map[string]any
+	if err := json.Unmarshal(data, &j); err != nil {
+		t.Fatal(err)
+	}
+	steps := j["pre_tokenizer"].(map[string]any)["pretokenizers"].([]any)
+	steps[len(steps)-1].(map[string]any)["add_prefix_space"] = true
+	b, _ := json.Marshal(j)
+	prefixed, err := LoadFS(fstest.MapFS{"tokenizer.json": {Data: b}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain := loadTestTokenizer(t, "qwen3")
+	// Split gives "hello", " world", "!"; each without a space gains one.
+	want := slices.Concat(plain.Encode(" hello"), plain.Encode(" world"), plain.Encode(" !"))
+	if got := prefixed.Encode("hello world!"); !slices.Equal(got, want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+}
