@@ -8,15 +8,25 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"time"
 	"unicode/utf8"
 )
+
+// bodyTimeout bounds reading a request body, against clients that send it
+// slowly to hold connections.
+const bodyTimeout = time.Minute
 
 // decodeBody reads a JSON request body of at most limit bytes into v. Bodies
 // that are too large get 413; bodies that are not valid UTF-8 (which
 // encoding/json would silently replace), not JSON, or have a field of the
 // wrong type get 400 naming the field.
 func decodeBody(w http.ResponseWriter, r *http.Request, limit int64, v any) error {
+	rc := http.NewResponseController(w)
+	rc.SetReadDeadline(time.Now().Add(bodyTimeout))
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	// Cleared at once: an expired read deadline during the response would
+	// cancel the request (see Server.hs).
+	rc.SetReadDeadline(time.Time{})
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {

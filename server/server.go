@@ -85,14 +85,16 @@ func New(e *engine.Engine, opts Options) *Server {
 	s.baseCtx, s.cancelAll = context.WithCancel(context.Background())
 	s.handler = s.routes()
 	s.hs = &http.Server{
-		Handler:           s.handler,
+		Handler: s.handler,
+		// No ReadTimeout or WriteTimeout: net/http keeps a read deadline
+		// armed while the handler runs, and its expiry cancels the request's
+		// context, which would cut off generations that outlast it. Bodies
+		// get their own deadline (decodeBody) and streamed writes theirs
+		// (streamWriter).
 		ReadHeaderTimeout: 10 * time.Second,
-		// Bodies are small and arrive at once; streamed responses may run
-		// long, so writes are bounded per write (see WriteTimeout) instead.
-		ReadTimeout:    time.Minute,
-		IdleTimeout:    2 * time.Minute,
-		MaxHeaderBytes: 64 << 10,
-		BaseContext:    func(net.Listener) context.Context { return s.baseCtx },
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		BaseContext:       func(net.Listener) context.Context { return s.baseCtx },
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			if c.LocalAddr().Network() == "unix" {
 				ctx = context.WithValue(ctx, trustedConn{}, true)
@@ -192,6 +194,9 @@ func (s *Server) generation(h func(http.ResponseWriter, *http.Request) error, wr
 		}
 		s.inFlight.Add(1)
 		defer s.inFlight.Add(-1)
+		// A streamed response leaves a write deadline on the connection;
+		// the next request on it must not inherit it.
+		defer http.NewResponseController(w).SetWriteDeadline(time.Time{})
 		if err := h(w, r); err != nil {
 			if hw, ok := w.(*statusWriter); ok && hw.wrote {
 				// Mid-stream: the handler already reported it in-band.
