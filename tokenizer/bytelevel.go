@@ -1,7 +1,5 @@
 package tokenizer
 
-import "unicode/utf8"
-
 // byteToRune is GPT-2's reversible byte-to-character table, the alphabet of
 // every byte-level BPE: printable Latin-1 bytes stand for themselves, the
 // other 68 bytes are moved to U+0100 and up in byte order.
@@ -26,26 +24,26 @@ func init() {
 	}
 }
 
-// byteLevelString maps raw bytes to their byte-level characters.
-func byteLevelString(b []byte) string {
-	out := make([]byte, 0, 2*len(b))
-	for _, c := range b {
-		out = utf8.AppendRune(out, byteToRune[c])
-	}
-	return string(out)
-}
-
-// byteLevelDecode turns one token string back into bytes as HF's ByteLevel
-// decoder does: if every character is in the byte-level alphabet, the bytes
-// they stand for; otherwise (an added token such as "<think>" written with
-// characters outside it) the token's own UTF-8 bytes.
-func byteLevelDecode(tok string) []byte {
+// fromByteLevel maps a string of byte-level characters to the bytes they
+// stand for; ok is false if a character is outside the alphabet.
+func fromByteLevel(tok string) (raw string, ok bool) {
 	out := make([]byte, 0, len(tok))
 	for _, r := range tok {
 		if r < 0 || int(r) >= len(runeToByte) || runeToByte[r] < 0 {
-			return []byte(tok)
+			return "", false
 		}
 		out = append(out, byte(runeToByte[r]))
 	}
-	return out
+	return string(out), true
+}
+
+// byteLevelDecode turns one token string into bytes as HF's ByteLevel
+// decoder does: the bytes its characters stand for or, if one is outside
+// the alphabet (an added token with a space or a non-Latin character, say),
+// the token's own UTF-8 bytes.
+func byteLevelDecode(tok string) []byte {
+	if raw, ok := fromByteLevel(tok); ok {
+		return []byte(raw)
+	}
+	return []byte(tok)
 }

@@ -320,19 +320,6 @@ func parseMerge(v any) (string, string, error) {
 	return "", "", fmt.Errorf("%v is neither \"a b\" nor [\"a\", \"b\"]", v)
 }
 
-// fromByteLevel maps a string of byte-level characters to the bytes they
-// stand for.
-func fromByteLevel(tok string) (string, bool) {
-	out := make([]byte, 0, len(tok))
-	for _, r := range tok {
-		if int(r) >= len(runeToByte) || runeToByte[r] < 0 {
-			return "", false
-		}
-		out = append(out, byte(runeToByte[r]))
-	}
-	return string(out), true
-}
-
 func isNull(raw json.RawMessage) bool {
 	s := strings.TrimSpace(string(raw))
 	return s == "" || s == "null"
