@@ -95,7 +95,7 @@ func (sc *scanner) split(s string, ends []int) []int {
 }
 
 // contraction reports the length of the match of the contraction
-// alternative ('s|'t|'re|'ve|'m|'ll|'d) at s[i:], s[i] being '\”.
+// alternative ('s|'t|'re|'ve|'m|'ll|'d) at s[i:], s[i] being an apostrophe.
 func (sc *scanner) contraction(s string, i int) int {
 	rest := s[i+1:]
 	if len(rest) == 0 {
