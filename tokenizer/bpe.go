@@ -52,6 +52,10 @@ func (m *bpe) encode(piece string, ids []int32) []int32 {
 	if len(piece) == 0 {
 		return ids
 	}
+	if len(piece) == 1 && m.byteID[piece[0]] >= 0 {
+		// Nothing to merge; spaces and punctuation often come alone.
+		return append(ids, m.byteID[piece[0]])
+	}
 	m.cacheMu.RLock()
 	hit, ok := m.cache[piece]
 	m.cacheMu.RUnlock()
