@@ -29,6 +29,9 @@ type chatRequest struct {
 	Logprobs            bool           `json:"logprobs"`
 	TopLogprobs         *int           `json:"top_logprobs"`
 	ChatTemplateKwargs  map[string]any `json:"chat_template_kwargs"`
+	ResponseFormat      *struct {
+		Type string `json:"type"`
+	} `json:"response_format"`
 }
 
 // wireMessage is a message as OpenAI clients send it.
@@ -130,6 +133,9 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) error {
 	}
 	if err := s.checkModel(req.Model); err != nil {
 		return err
+	}
+	if f := req.ResponseFormat; f != nil && f.Type != "" && f.Type != "text" {
+		return badRequest("response_format", "response_format %q is not supported: kiln does not constrain output", f.Type)
 	}
 	msgs, err := convertMessages(req.Messages)
 	if err != nil {

@@ -329,6 +329,7 @@ func TestBadRequests(t *testing.T) {
 		{"bad tool_choice", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"tool_choice":"always"}`, 400, "tool_choice"},
 		{"bad logit_bias", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"logit_bias":{"the":5}}`, 400, "logit_bias"},
 		{"stop a number", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"stop":3}`, 400, "stop"},
+		{"json mode", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_object"}}`, 400, "response_format"},
 		{"unknown model", "/v1/chat/completions", `{"model":"gpt-9","messages":[{"role":"user","content":"hi"}]}`, 404, ""},
 		{"huge body", "/v1/chat/completions", huge, 413, ""},
 		{"context overflow", "/v1/chat/completions", long, 400, "messages"},

@@ -20,7 +20,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kiln-llm/kiln/engine"
 	"github.com/kiln-llm/kiln/server"
 )
 
@@ -171,7 +170,7 @@ func benchServe(args []string) error {
 
 // startInProcess loads the model and serves it on a loopback port.
 func (c *benchConfig) startInProcess() (stop func(), err error) {
-	lm, err := c.model.load(engine.Options{})
+	lm, err := c.model.load()
 	if err != nil {
 		return nil, err
 	}

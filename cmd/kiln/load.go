@@ -20,13 +20,17 @@ import (
 
 // modelFlags are the flags of every command that loads a model.
 type modelFlags struct {
-	dir     string
-	backend string
+	dir        string
+	backend    string
+	maxRunning int
+	kvMiB      int64
 }
 
 func (f *modelFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.dir, "model", "", "model directory (config.json, *.safetensors, tokenizer.json); default: the embedded demo model")
 	fs.StringVar(&f.backend, "backend", "auto", "compute backend: auto, cpu or cuda")
+	fs.IntVar(&f.maxRunning, "max-running", 0, "most sequences decoded together (default: the engine's, 16)")
+	fs.Int64Var(&f.kvMiB, "kv-memory", 0, "MiB of KV cache (default: the engine's, 1024)")
 }
 
 // loaded is a model ready to serve.
@@ -62,7 +66,11 @@ func (l *loaded) regularVocab() int {
 // load opens the model directory (or the demo model), its tokenizer and
 // chat template, and starts an engine on the chosen backend. A progress bar
 // shows on stderr while weights load, when stderr is a terminal.
-func (f *modelFlags) load(opts engine.Options) (*loaded, error) {
+func (f *modelFlags) load() (*loaded, error) {
+	opts := engine.Options{MaxRunning: f.maxRunning, KVMemory: f.kvMiB << 20}
+	if f.maxRunning > 256 {
+		opts.MaxBatchTokens = f.maxRunning // every running sequence needs a token per step
+	}
 	b, err := openBackend(f.backend)
 	if err != nil {
 		return nil, err

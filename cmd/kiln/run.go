@@ -125,7 +125,7 @@ func (c *clientFlags) connect() (answerer, error) {
 			}
 		}
 	}
-	lm, err := c.model.load(engine.Options{})
+	lm, err := c.model.load()
 	if err != nil {
 		return nil, err
 	}

@@ -14,7 +14,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/kiln-llm/kiln/engine"
 	"github.com/kiln-llm/kiln/server"
 )
 
@@ -150,7 +149,7 @@ func (c *serveConfig) serve() error {
 		listeners = append(listeners, l)
 	}
 
-	lm, err := c.model.load(engine.Options{})
+	lm, err := c.model.load()
 	if err != nil {
 		return err
 	}
