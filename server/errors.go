@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -69,9 +70,21 @@ func asAPIError(err error) *apiError {
 
 var errDraining = errors.New("server is draining")
 
+// marshal encodes v as JSON without escaping <, > and & (code and think
+// tags stay readable, and shorter).
+func marshal(v any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
+}
+
 // writeJSON writes v with the given status.
 func writeJSON(w http.ResponseWriter, status int, v any) {
-	b, err := json.Marshal(v)
+	b, err := marshal(v)
 	if err != nil {
 		http.Error(w, `{"error":{"message":"internal error encoding the response","type":"server_error"}}`, http.StatusInternalServerError)
 		return

@@ -264,7 +264,7 @@ func (sw *streamWriter) fail(err error) {
 
 // event writes v as one server-sent event.
 func (sw *streamWriter) event(v any) error {
-	b, err := json.Marshal(v)
+	b, err := marshal(v)
 	if err != nil {
 		return err
 	}
@@ -273,7 +273,7 @@ func (sw *streamWriter) event(v any) error {
 
 // line writes v as one NDJSON line.
 func (sw *streamWriter) line(v any) error {
-	b, err := json.Marshal(v)
+	b, err := marshal(v)
 	if err != nil {
 		return err
 	}
