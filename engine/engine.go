@@ -307,7 +307,7 @@ func (e *Engine) prepare(req *Request) (*seq, error) {
 	return s, nil
 }
 
-// Stats returns a snapshot of the engine's counters.
+// Stats returns the engine's counters as of its last scheduling step.
 func (e *Engine) Stats() Stats {
 	e.mu.Lock()
 	defer e.mu.Unlock()

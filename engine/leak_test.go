@@ -113,7 +113,12 @@ func randomizedRun(t *testing.T, arch string, requests int) {
 	}
 	close(jobs)
 	wg.Wait()
+	// Stats are published after each step: the last one may still be
+	// running after the last stream ended.
 	st := e.Stats()
+	for end := time.Now().Add(5 * time.Second); st.Running+st.Waiting > 0 && time.Now().Before(end); st = e.Stats() {
+		time.Sleep(time.Millisecond)
+	}
 	t.Logf("%d completed, %d cancelled; stats %+v", completed, cancelled, st)
 	if st.Running != 0 || st.Waiting != 0 {
 		t.Errorf("idle engine: %d running, %d waiting", st.Running, st.Waiting)
