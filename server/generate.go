@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"net/http"
 	"strconv"
@@ -135,6 +136,8 @@ type generation struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	events <-chan engine.Event // the engine stream's events
+	log    *slog.Logger        // nil: no log line
+	final  engine.Event
 }
 
 // start submits req under the request's context, bounded by the server's
@@ -146,23 +149,34 @@ func (s *Server) start(r *http.Request, req *engine.Request) (*generation, error
 		cancel()
 		return nil, err
 	}
-	return &generation{ctx: ctx, cancel: cancel, events: st.Events()}, nil
+	return &generation{ctx: ctx, cancel: cancel, events: st.Events(), log: s.log}, nil
 }
 
 // close cancels the request if it is still running, which makes the engine
-// free its sequence.
-func (g *generation) close() { g.cancel() }
+// free its sequence, and logs what it cost.
+func (g *generation) close() {
+	g.cancel()
+	if g.log == nil {
+		return
+	}
+	u := usageOf(g.final)
+	g.log.Info("generation", "finish", g.final.Finish, "prompt_tokens", u.PromptTokens, "cached_tokens", u.CachedTokens,
+		"completion_tokens", u.CompletionTokens, "ttft", u.TTFT.Round(time.Microsecond), "decode_tok_s", math.Round(u.DecodeTokensPerS*10)/10)
+}
 
 // next returns the stream's next event; a stream that ends without a final
 // event reads as an engine error.
 func (g *generation) next() engine.Event {
 	ev, ok := <-g.events
-	if !ok {
-		if g.ctx.Err() != nil {
-			// Once cancelled, the engine may drop the final event.
-			return engine.Event{Done: true, Finish: engine.FinishCancelled}
-		}
-		return engine.Event{Done: true, Finish: engine.FinishError, Err: errors.New("the engine ended the stream without a final event")}
+	switch {
+	case !ok && g.ctx.Err() != nil:
+		// Once cancelled, the engine may drop the final event.
+		ev = engine.Event{Done: true, Finish: engine.FinishCancelled}
+	case !ok:
+		ev = engine.Event{Done: true, Finish: engine.FinishError, Err: errors.New("the engine ended the stream without a final event")}
+	}
+	if ev.Done {
+		g.final = ev
 	}
 	return ev
 }

@@ -242,6 +242,9 @@ func daemonStatus(args []string) error {
 		fmt.Printf(" (%s)", d)
 	}
 	fmt.Printf("\n  backend   %s\n  socket    %s\n", st.Info["backend"], sock)
+	if a := st.Info["tcp"]; a != "" {
+		fmt.Printf("  http      http://%s/v1\n", a)
+	}
 	s := st.Stats
 	fmt.Printf("  requests  %d running, %d waiting, %d in flight, %d completed\n", s.Running, s.Waiting, st.InFlight, s.RequestsCompleted)
 	fmt.Printf("  kv cache  %d / %d blocks\n", s.KVBlocksUsed, s.KVBlocksTotal)

@@ -155,6 +155,9 @@ func (c *serveConfig) serve() error {
 	}
 	defer lm.eng.Close()
 	info := map[string]string{"backend": lm.backend, "model_dir": lm.dir}
+	if len(listeners) > 0 && listeners[0].Addr().Network() == "tcp" {
+		info["tcp"] = listeners[0].Addr().String()
+	}
 	srv := server.New(lm.eng, server.Options{
 		ModelName:      lm.name,
 		ContextLength:  lm.ctxLen,
