@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync/atomic"
 
 	"github.com/kiln-llm/kiln/chat"
 )
@@ -114,10 +115,21 @@ func chatLoop(args []string) error {
 		dim, reset = "\033[2m", "\033[0m"
 		fmt.Fprintln(os.Stderr, "kiln chat: type a message, /help for commands, Ctrl-D to leave")
 	}
-	// Ctrl-C stops the answer being generated, not the chat.
+	// Ctrl-C stops the answer being generated; at the prompt it leaves.
+	var answering atomic.Pointer[context.CancelFunc]
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, os.Interrupt)
 	defer signal.Stop(sigs)
+	go func() {
+		for range sigs {
+			if cancel := answering.Load(); cancel != nil {
+				(*cancel)()
+				continue
+			}
+			fmt.Println()
+			os.Exit(130)
+		}
+	}()
 	in := bufio.NewScanner(os.Stdin)
 	in.Buffer(make([]byte, 1<<20), 1<<20)
 	for {
@@ -141,13 +153,7 @@ func chatLoop(args []string) error {
 			continue
 		}
 		ctx, cancel := context.WithCancel(context.Background())
-		go func() {
-			select {
-			case <-sigs:
-				cancel()
-			case <-ctx.Done():
-			}
-		}()
+		answering.Store(&cancel)
 		var answer, reasoning strings.Builder
 		inReasoning := false
 		st, err := a.answer(ctx, &turn{messages: s.messages(line), think: s.think}, func(text, r string) {
@@ -168,6 +174,7 @@ func chatLoop(args []string) error {
 				answer.WriteString(text)
 			}
 		})
+		answering.Store(nil)
 		cancel()
 		if inReasoning {
 			fmt.Print(reset)
