@@ -129,8 +129,10 @@ func New(opts Options) (*Backend, error) {
 	if os.Getenv("KILN_CUDA_PROFILE") == "1" {
 		b.prof = &profiler{total: map[string]float64{}, count: map[string]int{}}
 	}
-	b.splitMax = envInt("KILN_CUDA_SPLITS", 128, 1, 512)
-	b.splitBlocks = envInt("KILN_CUDA_SPLIT_BLOCKS", 4, 1, 64)
+	b.splitMax = envInt("KILN_CUDA_SPLITS", 512, 1, 512)
+	// Three decode-attention blocks fit on a multiprocessor at once: a grid
+	// of three per multiprocessor runs in one wave.
+	b.splitBlocks = envInt("KILN_CUDA_SPLIT_BLOCKS", 3, 1, 64)
 	lt, err := newBlasLt(b.stream)
 	if err != nil {
 		return nil, err

@@ -269,7 +269,7 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 	}
 	qbuf := b.scratchBuf("attnq", T*H*hd*4)
 	kvdt := int(c.spec.DType)
-	b.run("qk_norm_rope", [3]int{T, H + 2*KH, 1}, 128, 0,
+	b.run("qk_norm_rope", g1(T), 256, 0,
 		qt.ptr, qbuf, c.k(layer), c.v(layer), kvdt, qn.ptr, kn.ptr, int(qn.dt), boolInt(spec.UnitOffsetNorm),
 		m.dev[mTokPos], m.dev[mTokSeq], m.dev[mSeqBlk], m.dev[mBlocks],
 		H, KH, hd, rd, boolInt(spec.Gated), spec.NormEps, spec.Rope.AttnFactor, bs, rf[:])
@@ -288,7 +288,7 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 		b.run(fmt.Sprintf("attn_decode_%s_%d_%d", kn2, hd, G), [3]int{T, KH, S}, 128, 0,
 			qbuf, c.k(layer), c.v(layer), m.dev[mTokPos], m.dev[mTokSeq], m.dev[mSeqBlk], m.dev[mBlocks],
 			pm, pl, pacc, H, KH, bs, spec.Scale)
-		b.run("attn_combine", [3]int{T, H, 1}, hd, 0, ot.ptr, pm, pl, pacc, qt.ptr, H, KH, hd, S, boolInt(spec.Gated))
+		b.run("attn_combine", [3]int{T, H, 1}, hd, 0, ot.ptr, pm, pl, pacc, qt.ptr, m.dev[mTokPos], H, KH, hd, S, boolInt(spec.Gated))
 		return
 	}
 	if c.spec.DType == backend.BF16 && (hd == 64 || hd == 128) && !b.noFlash {

@@ -20,7 +20,7 @@ type sampleArgs struct {
 	Temperature, TopP, MinP, Uniform         float32
 	Presence, Frequency, Repetition          float32
 	TopK, CntOff, CntN, BiasOff, BiasN, NTop int32
-	_                                        int32
+	WantLp                                   int32
 }
 
 // Sample draws one token per row of logits on the device; only the tokens and
@@ -62,6 +62,7 @@ func (b *Backend) Sample(logits backend.Tensor, params []backend.SampleParams) (
 			bias = append(bias, math.Float32frombits(uint32(x.Token)), x.Bias)
 		}
 		a.NTop = int32(min(p.TopLogprobs, V))
+		a.WantLp = int32(boolInt(p.Logprob))
 		maxTop = max(maxTop, int(a.NTop))
 	}
 	// One upload: args, counts, bias; one download: tokens, logprobs, tops.

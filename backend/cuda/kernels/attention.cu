@@ -8,61 +8,77 @@ struct RopeFreq {
 	float f[128];  // RotaryDim/2 inverse frequencies
 };
 
-// qk_norm_rope: grid (T, H + 2*KH), block 128. Query heads go normed and
-// rotated to qbuf [T, H, hd]; key heads (normed, rotated) and value heads
-// are stored in the paged cache at each token's position.
-extern "C" __global__ void qk_norm_rope(const float *qkv, float *qbuf, void *kc, void *vc, int kvdt,
+// qk_norm_rope: grid (T), block 256. The token's cos/sin table is made once
+// (angles rounded to float32 as transformers computes them, then cos and sin
+// in double); each warp then takes heads in turn. Query heads go normed and
+// rotated to qbuf [T, H, hd]; key heads (normed, rotated) and value heads are
+// stored in the paged cache at the token's position.
+extern "C" __global__ void __launch_bounds__(256) qk_norm_rope(const float *qkv, float *qbuf, void *kc, void *vc, int kvdt,
 		const void *qn, const void *kn, int wdt, int unitOffset,
 		const int *tokpos, const int *tokseq, const int *seqblk, const int *blocks,
 		int H, int KH, int hd, int rd, int gated, float eps, float attnFactor, int bs, RopeFreq rf) {
-	__shared__ float buf[512];
-	__shared__ float red[32];
-	int t = blockIdx.x, h = blockIdx.y;
+	__shared__ float cs[128], sn[128];
+	__shared__ float buf[8][256];
+	int t = blockIdx.x;
+	int pos = tokpos[t];
+	int half = rd / 2;
+	for (int i = threadIdx.x; i < half; i += blockDim.x) {
+		float a = (float)pos * rf.f[i];
+		double s, c;
+		sincos((double)a, &s, &c);
+		cs[i] = (float)c * attnFactor;
+		sn[i] = (float)s * attnFactor;
+	}
+	__syncthreads();
 	int qstride = gated ? 2 * hd : hd;
 	long width = (long)H * qstride + 2L * KH * hd;
 	const float *row = qkv + t * width;
-	int pos = tokpos[t];
-	const float *src;
-	int kind, kh = 0;
-	if (h < H) { src = row + h * qstride; kind = 0; }
-	else if (h < H + KH) { kh = h - H; src = row + (long)H * qstride + kh * hd; kind = 1; }
-	else { kh = h - H - KH; src = row + (long)H * qstride + (long)(KH + kh) * hd; kind = 2; }
-	long off = 0;
-	if (kind != 0) {
-		int s = tokseq[t];
-		long slot = (long)blocks[seqblk[s] + pos / bs] * bs + pos % bs;
-		off = (slot * KH + kh) * hd;
-	}
-	if (kind == 2) {
-		for (int i = threadIdx.x; i < hd; i += blockDim.x) st(vc, off + i, kvdt, src[i]);
-		return;
-	}
-	float ss = 0.f;
-	for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += src[i] * src[i];
-	float sc = rsqrtf(block_sum(ss, red) / hd + eps);
-	const void *w = kind == 0 ? qn : kn;
-	for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-		float g = ld(w, i, wdt);
-		if (unitOffset) g += 1.f;
-		buf[i] = src[i] * sc * g;
-	}
-	__syncthreads();
-	int half = rd / 2;
-	for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-		float v = buf[i];
-		if (i < rd) {
-			int j = i < half ? i : i - half;
-			// The angle is rounded to float32 as transformers computes it.
-			float a = (float)pos * rf.f[j];
-			double sn, cs;
-			sincos((double)a, &sn, &cs);
-			float c = (float)cs * attnFactor, s = (float)sn * attnFactor;
-			v = i < half ? buf[i] * c - buf[i + half] * s : buf[i] * c + buf[j] * s;
+	long slot = (long)blocks[seqblk[tokseq[t]] + pos / bs] * bs + pos % bs;
+	int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+	float *hb = buf[warp];
+	for (int h = warp; h < H + 2 * KH; h += nw) {
+		const float *src;
+		int kind, kh = 0;
+		if (h < H) { src = row + h * qstride; kind = 0; }
+		else if (h < H + KH) { kh = h - H; src = row + (long)H * qstride + kh * hd; kind = 1; }
+		else { kh = h - H - KH; src = row + (long)H * qstride + (long)(KH + kh) * hd; kind = 2; }
+		long off = (slot * KH + kh) * hd;
+		if (kind == 2) {
+			for (int i = lane; i < hd; i += 32) st(vc, off + i, kvdt, src[i]);
+			continue;
 		}
-		if (kind == 0) qbuf[((long)t * H + h) * hd + i] = v;
-		else st(kc, off + i, kvdt, v);
+		float ss = 0.f;
+		for (int i = lane; i < hd; i += 32) {
+			float v = src[i];
+			hb[i] = v;
+			ss += v * v;
+		}
+		float sc = rsqrtf(warp_sum(ss) / hd + eps);
+		const void *w = kind == 0 ? qn : kn;
+		for (int i = lane; i < hd; i += 32) {
+			float g = ld(w, i, wdt);
+			if (unitOffset) g += 1.f;
+			hb[i] *= sc * g;
+		}
+		__syncwarp();
+		for (int i = lane; i < hd; i += 32) {
+			float v = hb[i];
+			if (i < rd) {
+				int j = i < half ? i : i - half;
+				v = i < half ? hb[i] * cs[j] - hb[i + half] * sn[j] : hb[i] * cs[j] + hb[j] * sn[j];
+			}
+			if (kind == 0) qbuf[((long)t * H + h) * hd + i] = v;
+			else st(kc, off + i, kvdt, v);
+		}
+		__syncwarp();
 	}
 }
+
+// decode_chunk is the number of keys per split: the grid has S splits
+// whatever the context (a captured graph replays it as contexts grow), and
+// short contexts use only the first few, keeping each split's work worth a
+// block.
+__device__ __forceinline__ int decode_chunk(int n, int S) { return max((n + S - 1) / S, 256); }
 
 // attn_decode: grid (T, KH, S), block 128 (4 warps). Block (t, kh, split)
 // attends the G query heads of kv head kh of token t over its split of the
@@ -81,8 +97,9 @@ __device__ __forceinline__ void attn_decode(const float *qbuf, const KT *kc, con
 	int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane / LANES, sub = lane % LANES;
 	int pos = tokpos[t];
 	int n = pos + 1;
-	int chunk = (n + S - 1) / S;
+	int chunk = decode_chunk(n, S);
 	int k0 = split * chunk, k1 = min(n, k0 + chunk);
+	if (k0 >= n) return;  // an idle split: attn_combine reads only the active ones
 	const int *bt = blocks + seqblk[tokseq[t]];
 
 	float q[G][8], acc[G][8], m[G], l[G];
@@ -208,20 +225,29 @@ DECODE_G(float, f32, 64)
 DECODE_G(float, f32, 128)
 DECODE_G(float, f32, 256)
 
-// attn_combine: grid (T, H), block HD. Merges the S partials of each head,
-// applies the sigmoid gate when gated and writes out [T, H*HD].
+// attn_combine: grid (T, H), block HD. Merges the active partials of each
+// head, applies the sigmoid gate when gated and writes out [T, H*HD].
 extern "C" __global__ void attn_combine(float *out, const float *pm, const float *pl, const float *pacc,
-		const float *qkv, int H, int KH, int HD, int S, int gated) {
+		const float *qkv, const int *tokpos, int H, int KH, int HD, int S, int gated) {
+	__shared__ float wt[512];
+	__shared__ float red[32];
 	int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+	int n = tokpos[t] + 1;
+	int act = min(S, (n + decode_chunk(n, S) - 1) / decode_chunk(n, S));
 	long pi = ((long)t * H + h) * S;
 	float M = -INF;
-	for (int s = 0; s < S; s++) M = fmaxf(M, pm[pi + s]);
-	float L = 0.f, A = 0.f;
-	for (int s = 0; s < S; s++) {
+	for (int s = d; s < act; s += blockDim.x) M = fmaxf(M, pm[pi + s]);
+	M = block_max(M, red);
+	float L = 0.f;
+	for (int s = d; s < act; s += blockDim.x) {
 		float c = pm[pi + s] == -INF ? 0.f : exp2f(pm[pi + s] - M);
+		wt[s] = c;
 		L += pl[pi + s] * c;
-		A += pacc[(pi + s) * HD + d] * c;
 	}
+	L = block_sum(L, red);  // its barriers also publish wt
+	float A = 0.f;
+#pragma unroll 4
+	for (int s = 0; s < act; s++) A += pacc[(pi + s) * HD + d] * wt[s];
 	float o = A / L;
 	if (gated) {
 		long width = 2L * H * HD + 2L * KH * HD;

@@ -5,7 +5,7 @@
 struct SampleArgs {
 	float temperature, topP, minP, uniform;
 	float presence, frequency, repetition;
-	int topK, cntOff, cntN, biasOff, biasN, nTop, pad;
+	int topK, cntOff, cntN, biasOff, biasN, nTop, wantLp;
 };
 
 // key orders (value desc, index asc) as a descending unsigned 64-bit key.
@@ -65,39 +65,63 @@ extern "C" __global__ void __launch_bounds__(1024) sample_rows(const float *logi
 	__shared__ unsigned long long skey;
 	__shared__ float srem;
 	__shared__ int sidx;
+	__shared__ float bestv[32];
+	__shared__ int besti[32];
 	int r = blockIdx.x;
 	SampleArgs a = args[r];
 	const float *lg = logits + (long)r * V;
-	float *z = work + (long)r * V;
-	for (int i = threadIdx.x; i < V; i += blockDim.x) z[i] = lg[i];
-	__syncthreads();
-	// Penalties (OpenAI / vLLM convention), then the bias.
-	for (int e = threadIdx.x; e < a.cntN; e += blockDim.x) {
-		int tok = cnt[2 * (a.cntOff + e)], c = cnt[2 * (a.cntOff + e) + 1];
-		if (tok < 0 || tok >= V || c <= 0) continue;
-		float v = z[tok];
-		if (a.repetition > 0.f && a.repetition != 1.f) v = v > 0.f ? v / a.repetition : v * a.repetition;
-		v -= a.frequency * c + a.presence;
-		z[tok] = v;
+	// Penalties and bias work on a copy; without them the logits are read in place.
+	bool pen = a.cntN > 0 || a.biasN > 0;
+	const float *z = lg;
+	if (pen) {
+		float *zw = work + (long)r * V;
+		for (int i = threadIdx.x; i < V; i += blockDim.x) zw[i] = lg[i];
+		__syncthreads();
+		// Penalties (OpenAI / vLLM convention), then the bias.
+		for (int e = threadIdx.x; e < a.cntN; e += blockDim.x) {
+			int tok = cnt[2 * (a.cntOff + e)], c = cnt[2 * (a.cntOff + e) + 1];
+			if (tok < 0 || tok >= V || c <= 0) continue;
+			float v = zw[tok];
+			if (a.repetition > 0.f && a.repetition != 1.f) v = v > 0.f ? v / a.repetition : v * a.repetition;
+			v -= a.frequency * c + a.presence;
+			zw[tok] = v;
+		}
+		__syncthreads();
+		for (int e = threadIdx.x; e < a.biasN; e += blockDim.x) {
+			int tok = __float_as_int(bias[2 * (a.biasOff + e)]);
+			if (tok >= 0 && tok < V) zw[tok] += bias[2 * (a.biasOff + e) + 1];
+		}
+		__syncthreads();
+		z = zw;
 	}
-	__syncthreads();
-	for (int e = threadIdx.x; e < a.biasN; e += blockDim.x) {
-		int tok = __float_as_int(bias[2 * (a.biasOff + e)]);
-		if (tok >= 0 && tok < V) z[tok] += bias[2 * (a.biasOff + e) + 1];
-	}
-	__syncthreads();
-	// Max, its first index, and log Z of the penalised distribution.
-	float mx = -INF;
-	for (int i = threadIdx.x; i < V; i += blockDim.x) mx = fmaxf(mx, z[i]);
-	mx = block_max(mx, red);
-	if (threadIdx.x == 0) sidx = V;
-	__syncthreads();
+	// The largest logit and its first index, in one pass.
+	float bv = -INF;
+	int bi = V;
 	for (int i = threadIdx.x; i < V; i += blockDim.x)
-		if (z[i] == mx) atomicMin(&sidx, i);
-	float se = 0.f;
-	for (int i = threadIdx.x; i < V; i += blockDim.x) se += __expf(z[i] - mx);
-	float logZ = mx + __logf(block_sum(se, red));
+		if (z[i] > bv || bi == V) { bv = z[i]; bi = i; }
+	for (int o = 16; o > 0; o >>= 1) {
+		float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+		int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+		if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+	}
+	if ((threadIdx.x & 31) == 0) { bestv[threadIdx.x >> 5] = bv; besti[threadIdx.x >> 5] = bi; }
+	__syncthreads();
+	if (threadIdx.x == 0) {
+		for (int w = 1; w < (int)(blockDim.x >> 5); w++)
+			if (bestv[w] > bv || (bestv[w] == bv && besti[w] < bi)) { bv = bestv[w]; bi = besti[w]; }
+		sidx = bi;
+		bestv[0] = bv;
+	}
+	__syncthreads();
+	float mx = bestv[0];
 	int tok = sidx;
+	// log Z of the penalised distribution, when anything needs it.
+	float logZ = 0.f;
+	if (a.temperature > 0.f || a.wantLp || a.nTop > 0) {
+		float se = 0.f;
+		for (int i = threadIdx.x; i < V; i += blockDim.x) se += __expf(z[i] - mx);
+		logZ = mx + __logf(block_sum(se, red));
+	}
 
 	if (a.temperature > 0.f) {
 		float it = 1.f / a.temperature;
