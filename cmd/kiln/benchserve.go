@@ -77,7 +77,7 @@ func parseBenchFlags(args []string) (*benchConfig, error) {
 	fs.Int64Var(&seed, "seed", 0, "random seed of the workload")
 	fs.StringVar(&c.outputJSON, "output-json", "", "also write the results, with per-request numbers, to this JSON file")
 	fs.BoolVar(&c.verbose, "v", false, "log the in-process server's requests")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return nil, err
 	}
 	if fs.NArg() > 0 {

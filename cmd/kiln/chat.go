@@ -96,7 +96,7 @@ func chatLoop(args []string) error {
 	var c clientFlags
 	fs := flag.NewFlagSet("kiln chat", flag.ContinueOnError)
 	c.register(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {

@@ -81,7 +81,7 @@ func daemonSocket(name string, args []string, extra func(*flag.FlagSet)) (string
 	if fs.Lookup("socket") == nil {
 		fs.String("socket", "", "daemon socket (default $XDG_RUNTIME_DIR/kiln/kiln.sock or ~/.kiln/kiln.sock)")
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return "", nil, err
 	}
 	if fs.NArg() > 0 {

@@ -27,7 +27,7 @@ func init() {
 			var c serveConfig
 			fs := flag.NewFlagSet("kiln serve", flag.ContinueOnError)
 			c.register(fs)
-			if err := fs.Parse(args); err != nil {
+			if err := parseFlags(fs, args); err != nil {
 				return err
 			}
 			if fs.NArg() > 0 {
@@ -98,6 +98,16 @@ func checkExposure(addr, apiKey string) error {
 		return fmt.Errorf("--addr %s listens beyond this machine: set --api-key (or $KILN_API_KEY)", addr)
 	}
 	return nil
+}
+
+// parseFlags parses args; -h prints the usage and exits 0, as a request for
+// help is no error.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	err := fs.Parse(args)
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	return err
 }
 
 // setupLogging logs to stderr at level, or debug when verbose.
