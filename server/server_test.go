@@ -610,3 +610,21 @@ func TestSamplingParameters(t *testing.T) {
 		t.Errorf("max_completion_tokens 5: %d tokens, %s", r.Usage.CompletionTokens, r.Choices[0].FinishReason)
 	}
 }
+
+// A generation that outlasts the request timeout ends: 504 before the
+// response starts, an error event after, and its sequence is freed.
+func TestRequestTimeout(t *testing.T) {
+	ts := startServer(t, Options{RequestTimeout: 100 * time.Millisecond}, engine.Options{NoCache: true})
+	p := greedy("go on forever", 3500)
+	p.SetExtraFields(map[string]any{"ignore_eos": true})
+	if _, err := ts.client().Chat.Completions.New(context.Background(), p); apiStatus(err) != 504 {
+		t.Errorf("non-streaming: %v", err)
+	}
+	s := ts.client().Chat.Completions.NewStreaming(context.Background(), p)
+	for s.Next() {
+	}
+	if err := s.Err(); err == nil || !strings.Contains(err.Error(), "time limit") {
+		t.Errorf("streaming: %v", err)
+	}
+	waitIdle(t, ts.eng, 0)
+}
