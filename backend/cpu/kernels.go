@@ -7,7 +7,6 @@ package cpu
 var (
 	dotF32    = dotF32Go
 	dotBF16   = dotBF16Go
-	dot4BF16  = dot4BF16Go
 	axpy      = axpyGo
 	axpyBF16  = axpyBF16Go
 	gemm6x16  = gemm6x16Go
@@ -76,20 +75,6 @@ func dotBF16Go(x []float32, w []uint16) float32 {
 		s0 += x[i] * bf16ToF32(w[i])
 	}
 	return s0 + s1
-}
-
-// dot4BF16Go sets out[j] = x[:k] . w[j*k:(j+1)*k] for j < 4.
-func dot4BF16Go(x []float32, w []uint16, k int, out []float32) {
-	x = x[:k]
-	w0, w1, w2, w3 := w[:k], w[k:2*k], w[2*k:3*k], w[3*k:4*k]
-	var s0, s1, s2, s3 float32
-	for i, v := range x {
-		s0 += v * bf16ToF32(w0[i])
-		s1 += v * bf16ToF32(w1[i])
-		s2 += v * bf16ToF32(w2[i])
-		s3 += v * bf16ToF32(w3[i])
-	}
-	out[0], out[1], out[2], out[3] = s0, s1, s2, s3
 }
 
 // axpyGo adds a*x to y (len(x) >= len(y)).

@@ -31,82 +31,6 @@ TEXT ·xgetbv0(SB), NOSPLIT, $0-8
 	VPMOVZXWD addr, R; \
 	VPSLLD    $16, R, R
 
-// func dot4bf16AVX(x *float32, w *uint16, stride uintptr, n int, out *[4]float32)
-// out[j] = sum_{i<n} x[i] * w[j*stride/2 + i] for j < 4; n is a multiple of 8.
-TEXT ·dot4bf16AVX(SB), NOSPLIT, $0-40
-	MOVQ x+0(FP), SI
-	MOVQ w+8(FP), DI
-	MOVQ stride+16(FP), DX
-	MOVQ n+24(FP), CX
-	MOVQ out+32(FP), R8
-	LEAQ (DI)(DX*1), R9
-	LEAQ (R9)(DX*1), R10
-	LEAQ (R10)(DX*1), R11
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS Y6, Y6, Y6
-	VXORPS Y7, Y7, Y7
-	VXORPS Y8, Y8, Y8
-	VXORPS Y9, Y9, Y9
-	XORQ AX, AX
-	MOVQ CX, BX
-	ANDQ $-16, BX
-
-loop16:
-	CMPQ AX, BX
-	JGE  tail8
-	VMOVUPS (SI)(AX*4), Y4
-	VMOVUPS 32(SI)(AX*4), Y10
-	BF16((DI)(AX*2), Y5)
-	BF16(16(DI)(AX*2), Y11)
-	VFMADD231PS Y5, Y4, Y0
-	VFMADD231PS Y11, Y10, Y6
-	BF16((R9)(AX*2), Y5)
-	BF16(16(R9)(AX*2), Y11)
-	VFMADD231PS Y5, Y4, Y1
-	VFMADD231PS Y11, Y10, Y7
-	BF16((R10)(AX*2), Y5)
-	BF16(16(R10)(AX*2), Y11)
-	VFMADD231PS Y5, Y4, Y2
-	VFMADD231PS Y11, Y10, Y8
-	BF16((R11)(AX*2), Y5)
-	BF16(16(R11)(AX*2), Y11)
-	VFMADD231PS Y5, Y4, Y3
-	VFMADD231PS Y11, Y10, Y9
-	ADDQ $16, AX
-	JMP  loop16
-
-tail8:
-	CMPQ AX, CX
-	JGE  done
-	VMOVUPS (SI)(AX*4), Y4
-	BF16((DI)(AX*2), Y5)
-	VFMADD231PS Y5, Y4, Y0
-	BF16((R9)(AX*2), Y5)
-	VFMADD231PS Y5, Y4, Y1
-	BF16((R10)(AX*2), Y5)
-	VFMADD231PS Y5, Y4, Y2
-	BF16((R11)(AX*2), Y5)
-	VFMADD231PS Y5, Y4, Y3
-
-done:
-	VADDPS Y6, Y0, Y0
-	VADDPS Y7, Y1, Y1
-	VADDPS Y8, Y2, Y2
-	VADDPS Y9, Y3, Y3
-	HSUM(Y0, X0, X4)
-	HSUM(Y1, X1, X4)
-	HSUM(Y2, X2, X4)
-	HSUM(Y3, X3, X4)
-	VMOVSS X0, (R8)
-	VMOVSS X1, 4(R8)
-	VMOVSS X2, 8(R8)
-	VMOVSS X3, 12(R8)
-	VZEROUPPER
-	RET
-
 // func gemm6x16AVX(a *float32, lda int, b *float32, k int, c *[96]float32)
 // c[i*16+j] = sum_{p<k} a[i*lda+p] * b[p*16+j] for i < 6, j < 16.
 TEXT ·gemm6x16AVX(SB), NOSPLIT, $0-40
@@ -214,17 +138,42 @@ ddone:
 	RET
 
 // func dotbf16AVX(x *float32, w *uint16, n int) float32
-// sum_{i<n} x[i]*w[i]; n is a multiple of 8.
+// sum_{i<n} x[i]*w[i]; n is a multiple of 8. Four accumulators hide the FMA
+// latency: this is the GEMV kernel, streaming weights from memory (software
+// prefetching made it slower: the hardware prefetcher does better alone).
 TEXT ·dotbf16AVX(SB), NOSPLIT, $0-28
-	MOVQ x+0(FP), SI
-	MOVQ w+8(FP), DI
-	MOVQ n+16(FP), CX
+	MOVQ   x+0(FP), SI
+	MOVQ   w+8(FP), DI
+	MOVQ   n+16(FP), CX
 	VXORPS Y0, Y0, Y0
-	XORQ AX, AX
+	VXORPS Y1, Y1, Y1
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	XORQ   AX, AX
+	MOVQ   CX, BX
+	ANDQ   $-32, BX
+
+bloop32:
+	CMPQ        AX, BX
+	JGE         bloop
+	VMOVUPS     (SI)(AX*4), Y2
+	BF16((DI)(AX*2), Y3)
+	VFMADD231PS Y3, Y2, Y0
+	VMOVUPS     32(SI)(AX*4), Y4
+	BF16(16(DI)(AX*2), Y5)
+	VFMADD231PS Y5, Y4, Y1
+	VMOVUPS     64(SI)(AX*4), Y2
+	BF16(32(DI)(AX*2), Y3)
+	VFMADD231PS Y3, Y2, Y6
+	VMOVUPS     96(SI)(AX*4), Y4
+	BF16(48(DI)(AX*2), Y5)
+	VFMADD231PS Y5, Y4, Y7
+	ADDQ        $32, AX
+	JMP         bloop32
 
 bloop:
-	CMPQ AX, CX
-	JGE  bdone
+	CMPQ        AX, CX
+	JGE         bdone
 	VMOVUPS     (SI)(AX*4), Y2
 	BF16((DI)(AX*2), Y3)
 	VFMADD231PS Y3, Y2, Y0
@@ -232,6 +181,9 @@ bloop:
 	JMP         bloop
 
 bdone:
+	VADDPS Y1, Y0, Y0
+	VADDPS Y7, Y6, Y6
+	VADDPS Y6, Y0, Y0
 	HSUM(Y0, X0, X2)
 	VMOVSS X0, ret+24(FP)
 	VZEROUPPER

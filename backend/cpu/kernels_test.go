@@ -9,7 +9,7 @@ import (
 // kernelSets lists the kernel implementations available on this machine.
 func kernelSets() map[string]func() {
 	sets := map[string]func(){"go": func() {
-		dotF32, dotBF16, dot4BF16, axpy, axpyBF16, gemm6x16 = dotF32Go, dotBF16Go, dot4BF16Go, axpyGo, axpyBF16Go, gemm6x16Go
+		dotF32, dotBF16, axpy, axpyBF16, gemm6x16 = dotF32Go, dotBF16Go, axpyGo, axpyBF16Go, gemm6x16Go
 		dotRowsF32, dotRowsBF16, axpyRowsF32, axpyRowsBF16 = dotRowsGo[float32], dotRowsGo[uint16], axpyRowsGo[float32], axpyRowsGo[uint16]
 		scaleAxpy = scaleAxpyGo
 	}}
@@ -40,9 +40,6 @@ func TestKernels(t *testing.T) {
 			want := refMatMul(x, y, 1, n, 4)
 			compare(t, fmt.Sprintf("%s dotF32 n=%d", name, n), []float32{dotF32(xf, yf)}, want[:1], tol)
 			compare(t, fmt.Sprintf("%s dotBF16 n=%d", name, n), []float32{dotBF16(xf, yb)}, want[:1], tol)
-			got := make([]float32, 4)
-			dot4BF16(xf, yb, n, got)
-			compare(t, fmt.Sprintf("%s dot4BF16 n=%d", name, n), got, want, tol)
 
 			acc := toF32(randVec(r, n, 1))
 			wantAxpy := make([]float64, n)
@@ -113,10 +110,10 @@ func TestKernels(t *testing.T) {
 }
 
 func saveKernels() func() {
-	a, b, c, d, e, f := dotF32, dotBF16, dot4BF16, axpy, axpyBF16, gemm6x16
+	a, b, d, e, f := dotF32, dotBF16, axpy, axpyBF16, gemm6x16
 	g, h, i, j, k := dotRowsF32, dotRowsBF16, axpyRowsF32, axpyRowsBF16, scaleAxpy
 	return func() {
-		dotF32, dotBF16, dot4BF16, axpy, axpyBF16, gemm6x16 = a, b, c, d, e, f
+		dotF32, dotBF16, axpy, axpyBF16, gemm6x16 = a, b, d, e, f
 		dotRowsF32, dotRowsBF16, axpyRowsF32, axpyRowsBF16, scaleAxpy = g, h, i, j, k
 	}
 }

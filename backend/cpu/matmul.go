@@ -118,12 +118,9 @@ func (w weights) dotRows(r0 int, x []float32, out []float32) {
 		}
 	case backend.BF16:
 		all := bytesAs[uint16](w.buf)
-		j := 0
-		for ; j+4 <= len(out); j += 4 {
-			o := (r0 + j) * k
-			dot4BF16(x, all[o:o+4*k], k, out[j:j+4])
-		}
-		for ; j < len(out); j++ {
+		// Row by row, the weights are one sequential stream (which the
+		// kernel prefetches ahead): faster than interleaving rows.
+		for j := range out {
 			out[j] = dotBF16(x, all[(r0+j)*k:(r0+j+1)*k])
 		}
 	case backend.F16:
@@ -147,9 +144,9 @@ func (w weights) dotRows(r0 int, x []float32, out []float32) {
 
 const (
 	// Up to directRows input rows, weights are dotted straight from their
-	// dtype, a few rows at a time that stay in L1 while every input row
-	// passes: decode is bound by reading the weights once.
-	directRows = 4
+	// dtype, a row at a time that stays in L1 while every input row passes:
+	// decode is bound by reading the weights once.
+	directRows = 12
 	// Above, blocks of gemmCols weight rows are decoded and packed k-major
 	// (in L2), and every input row of a tile (sized to stay in L3) runs
 	// through the 6x16 kernel against each block: packing is paid once per
@@ -216,50 +213,62 @@ func (p *pool) matmul(out, x []float32, n int, w weights, accumulate bool) {
 }
 
 // pack decodes rows [r0, r0+nc) into packed[p*16+j] = w[r0+j][p], with zeros
-// for j >= nc.
+// for j >= nc. It walks p outermost so that stores are sequential: the 16
+// rows are read as 16 sequential streams.
 func (w weights) pack(r0, nc int, packed []float32) {
 	k := w.cols
-	for j := range gemmCols {
-		switch {
-		case j >= nc:
-			for p := range k {
-				packed[p*gemmCols+j] = 0
-			}
-		case w.dt == backend.BF16:
-			for p, h := range bytesAs[uint16](w.buf)[(r0+j)*k : (r0+j+1)*k] {
-				packed[p*gemmCols+j] = bf16ToF32(h)
-			}
-		case w.dt == backend.F16:
-			tab := f16Lookup()
-			for p, h := range bytesAs[uint16](w.buf)[(r0+j)*k : (r0+j+1)*k] {
-				packed[p*gemmCols+j] = tab[h]
-			}
-		default:
-			for p, v := range bytesAs[float32](w.buf)[(r0+j)*k : (r0+j+1)*k] {
+	packed = packed[:k*gemmCols]
+	if nc < gemmCols {
+		clear(packed)
+	}
+	if w.dt == backend.F32 {
+		all := bytesAs[float32](w.buf)
+		for j := range nc {
+			row := all[(r0+j)*k : (r0+j+1)*k]
+			for p, v := range row {
 				packed[p*gemmCols+j] = v
 			}
+		}
+		return
+	}
+	all := bytesAs[uint16](w.buf)
+	var rows [gemmCols][]uint16
+	for j := range nc {
+		rows[j] = all[(r0+j)*k : (r0+j+1)*k]
+	}
+	if w.dt == backend.BF16 {
+		for p := range k {
+			dst := packed[p*gemmCols : p*gemmCols+nc]
+			for j := range dst {
+				dst[j] = bf16ToF32(rows[j][p])
+			}
+		}
+		return
+	}
+	tab := f16Lookup()
+	for p := range k {
+		dst := packed[p*gemmCols : p*gemmCols+nc]
+		for j := range dst {
+			dst[j] = tab[rows[j][p]]
 		}
 	}
 }
 
-// matmulDirect is matmul for a few input rows: groups of weight rows are
-// read once from memory and dotted with every input row.
+// matmulDirect is matmul for a few input rows: each weight row is read
+// once from memory, in order, and dotted with every input row while it is
+// in L1.
 func (p *pool) matmulDirect(out, x []float32, n int, w weights, accumulate bool) {
 	k, o := w.cols, w.rows
-	grain := max(64, 1<<16/max(k, 1)) // at least ~64K weights per task
-	p.For((o+3)/4, grain/4, func(lo, hi int) {
-		var res [4]float32
-		for r := 4 * lo; r < min(4*hi, o); r += 4 {
-			nr := min(4, o-r)
+	grain := max(16, 1<<16/max(k, 1)) // at least ~64K weights per task
+	p.For(o, grain, func(lo, hi int) {
+		var res [1]float32
+		for r := lo; r < hi; r++ {
 			for t := range n {
-				w.dotRows(r, x[t*k:(t+1)*k], res[:nr])
-				dst := out[t*o+r : t*o+r+nr]
+				w.dotRows(r, x[t*k:(t+1)*k], res[:])
 				if accumulate {
-					for j, v := range res[:nr] {
-						dst[j] += v
-					}
+					out[t*o+r] += res[0]
 				} else {
-					copy(dst, res[:nr])
+					out[t*o+r] = res[0]
 				}
 			}
 		}
