@@ -65,6 +65,16 @@ func TestOllamaChat(t *testing.T) {
 	if got := whole[0]["message"].(map[string]any)["content"]; got != text.String() || whole[0]["done"] != true {
 		t.Errorf("non-stream %q, stream %q", got, text.String())
 	}
+	// Tools, a tool call with object arguments and the tool's answer reach
+	// the template.
+	tools := `,"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}]`
+	history := `{"role":"assistant","content":"","tool_calls":[{"function":{"name":"get_weather","arguments":{"city":"Paris"}}}]},{"role":"tool","content":"sunny","tool_name":"get_weather"}`
+	_, _, withTools := ollamaPost(t, ts.url, "/api/chat", req+tools+`,"stream":false}`)
+	_, _, withCall := ollamaPost(t, ts.url, "/api/chat", strings.Replace(req, `}]`, `},`+history+`]`, 1)+tools+`,"stream":false}`)
+	n0, n1, n2 := whole[0]["prompt_eval_count"].(float64), withTools[0]["prompt_eval_count"].(float64), withCall[0]["prompt_eval_count"].(float64)
+	if n1 <= n0+20 || n2 <= n1+10 {
+		t.Errorf("prompt tokens: %v plain, %v with tools, %v with the tool call and result", n0, n1, n2)
+	}
 }
 
 func TestOllamaGenerateAndTags(t *testing.T) {
