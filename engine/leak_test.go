@@ -27,7 +27,7 @@ func TestRandomizedNoLeaks(t *testing.T) {
 }
 
 func randomizedRun(t *testing.T, arch string, requests int) {
-	const maxGen = 12
+	const maxGen = 24
 	f := loadFixture(t, arch)
 	ref := newEngine(t, loadFixture(t, arch), Options{NoCache: true})
 	rng := rand.New(rand.NewPCG(11, 12))

@@ -44,9 +44,8 @@ type seq struct {
 	group, resumedGroup, promptSnap uint64
 	prefilled                       bool // the prompt's end has been reached since (re)admission
 
-	admitted   bool
-	cached     int // prompt tokens served from cache at first admission
-	recomputed int // tokens computed again after preemptions
+	admitted bool
+	cached   int // prompt tokens served from cache at first admission
 
 	params  backend.SampleParams
 	counts  map[int32]int32
@@ -209,6 +208,11 @@ func (s *scheduler) start(q *seq) bool {
 		}
 	}
 	copies, err := q.table.Reserve(s.alloc, q.pos, n-q.pos)
+	if err == nil && s.alloc.Free() < len(s.running) {
+		// Leave a block for each running sequence's next one: admitting
+		// into the last free blocks would only preempt the newcomer again.
+		err = kvcache.ErrNoBlocks
+	}
 	if err != nil {
 		q.table.Release(s.alloc)
 		q.table = nil
@@ -242,7 +246,6 @@ func (s *scheduler) start(q *seq) bool {
 		q.cached = q.pos
 		s.hitTokens += int64(q.pos)
 	} else {
-		q.recomputed += n - q.pos
 		s.recomputed += int64(n - q.pos)
 	}
 	return true
