@@ -309,6 +309,51 @@ func TestSampling(t *testing.T) {
 	}
 }
 
+// TestSamplingControls covers logit bias, penalties and log-probabilities.
+func TestSamplingControls(t *testing.T) {
+	f := loadFixture(t, "qwen3")
+	e := newEngine(t, f, Options{})
+	prompt := randomPrompt(rand.New(rand.NewPCG(8, 9)), f, 12)
+
+	biased := generate(t, e, &Request{PromptIDs: prompt, Sampling: Sampling{MaxTokens: 5, IgnoreEOS: true, LogitBias: map[int32]float32{77: 100}}})
+	if !slices.Equal(biased.tokens, []int32{77, 77, 77, 77, 77}) {
+		t.Errorf("logit bias +100 on token 77: %v", biased.tokens)
+	}
+	// A huge frequency penalty forbids repeating a generated token.
+	pen := generate(t, e, &Request{PromptIDs: prompt, Sampling: Sampling{MaxTokens: 30, IgnoreEOS: true, FrequencyPenalty: 1000}})
+	seen := map[int32]bool{}
+	for _, tok := range pen.tokens {
+		if seen[tok] {
+			t.Fatalf("frequency penalty 1000: token %d repeated in %v", tok, pen.tokens)
+		}
+		seen[tok] = true
+	}
+	// The repetition penalty also covers the prompt: a prompt token whose
+	// logit is positive becomes less likely; with a huge penalty, none of
+	// the first tokens repeats a prompt token.
+	rep := generate(t, e, &Request{PromptIDs: prompt, Sampling: Sampling{MaxTokens: 3, IgnoreEOS: true, RepetitionPenalty: 1e6}})
+	for _, tok := range rep.tokens {
+		if slices.Contains(prompt, tok) {
+			t.Errorf("repetition penalty 1e6: generated prompt token %d (%v)", tok, rep.tokens)
+		}
+	}
+
+	st, err := e.Generate(context.Background(), &Request{PromptIDs: prompt, Sampling: Sampling{MaxTokens: 4, Logprobs: true, TopLogprobs: 3}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for ev := range st.Events() {
+		if len(ev.Logprobs) != len(ev.Tokens) {
+			t.Fatalf("%d logprobs for %d tokens", len(ev.Logprobs), len(ev.Tokens))
+		}
+		for i, lp := range ev.Logprobs {
+			if lp.Token != ev.Tokens[i] || lp.Logprob > 0 || len(lp.Top) != 3 || lp.Top[0].Token != lp.Token {
+				t.Errorf("greedy token %d: logprob %+v", ev.Tokens[i], lp)
+			}
+		}
+	}
+}
+
 func randomPromptSeeded(f fixtureModel, i int, p []int32) []int32 {
 	if i == 0 {
 		return p
