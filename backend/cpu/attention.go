@@ -201,13 +201,7 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 			direct = append(direct, int32(st.seqStart[si]+i))
 		}
 	}
-	b.pool.For(len(direct)*KH, 1, func(lo, hi int) {
-		var scores []float32
-		for i := lo; i < hi; i++ {
-			t := int(direct[i/KH])
-			scores = a.attendToken(&st.seqs[st.tokSeq[t]], t, int(st.tokPos[t]), i%KH, scores)
-		}
-	})
+	b.attendDirect(a, direct)
 	if spec.Gated {
 		b.pool.For(T, 1, func(lo, hi int) {
 			for t := lo; t < hi; t++ {
@@ -237,40 +231,109 @@ func (a *attnCall) slot(s *backend.SeqInfo, pos, kh int) int {
 	return ((int(s.Blocks[pos/a.bs])*a.bs+pos%a.bs)*a.KH + kh) * a.hd
 }
 
-// attendToken computes token t (at position pos) for the query heads of kv
-// head kh, a cache block at a time; the group reads each cached key and value
-// once. scores is scratch, returned for reuse.
-func (a *attnCall) attendToken(s *backend.SeqInfo, t, pos, kh int, scores []float32) []float32 {
-	G, H, hd, bs := a.G, a.H, a.hd, a.bs
-	n := pos + 1
-	if cap(scores) < G*n {
-		scores = make([]float32, G*n)
-	}
-	sc := scores[:G*n]
-	stride := a.KH * hd
-	for j0 := 0; j0 < n; j0 += bs {
-		rows, off := min(bs, n-j0), a.slot(s, j0, kh)
-		for g := range G {
-			h := kh*G + g
-			a.kp.dotRows(a.q[(t*H+h)*hd:(t*H+h+1)*hd], off, stride, sc[g*n+j0:g*n+j0+rows])
+// decodeSpan is the number of positions one task of attendDirect covers
+// (rounded to whole cache blocks); a variable for tests.
+var decodeSpan = 256
+
+// attendDirect computes the given tokens of the step one at a time, split
+// into spans of positions (flash-decoding): each task computes, for every
+// query head, the span's softmax statistics and weighted values from the
+// cache blocks it reads in order, and the spans of a token are then merged.
+// Long contexts thus use every thread even for a single token, and each
+// block is read once, all heads together, as one sequential stretch.
+func (b *Backend) attendDirect(a *attnCall, tokens []int32) {
+	st := &b.step
+	H, hd := a.H, a.hd
+	span := max(1, decodeSpan/a.bs) * a.bs
+	type part struct{ t, j0, j1 int }
+	var parts []part
+	first := make([]int, len(tokens)+1) // parts of tokens[i]: first[i]..first[i+1]
+	for i, t := range tokens {
+		first[i] = len(parts)
+		n := int(st.tokPos[t]) + 1
+		for j0 := 0; j0 < n; j0 += span {
+			parts = append(parts, part{int(t), j0, min(j0+span, n)})
 		}
 	}
-	for g := range G {
-		row := sc[g*n : (g+1)*n]
+	first[len(tokens)] = len(parts)
+	// Per part and head: the max score, the sum of exp(score - max), and
+	// the values weighted by exp(score - max).
+	stats := make([]float32, len(parts)*H*2)
+	acc := make([]float32, len(parts)*H*hd)
+	b.pool.For(len(parts), 1, func(lo, hi int) {
+		scores := make([]float32, H*span)
+		for i := lo; i < hi; i++ {
+			p := parts[i]
+			a.attendSpan(&st.seqs[st.tokSeq[p.t]], p.t, p.j0, p.j1, scores, stats[i*2*H:(i+1)*2*H], acc[i*H*hd:(i+1)*H*hd])
+		}
+	})
+	b.pool.For(len(tokens), 1, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			t := int(tokens[i])
+			for h := range H {
+				m := float32(math.Inf(-1))
+				for pi := first[i]; pi < first[i+1]; pi++ {
+					m = max(m, stats[(pi*H+h)*2])
+				}
+				o := a.o[(t*H+h)*hd : (t*H+h+1)*hd]
+				clear(o)
+				var l float32
+				for pi := first[i]; pi < first[i+1]; pi++ {
+					w := expf(stats[(pi*H+h)*2] - m)
+					l += w * stats[(pi*H+h)*2+1]
+					axpy(o, w, acc[(pi*H+h)*hd:(pi*H+h+1)*hd])
+				}
+				for d := range o {
+					o[d] /= l
+				}
+			}
+		}
+	})
+}
+
+// attendSpan computes, for token t and positions [j0, j1) of its sequence,
+// each query head h's max score stats[2h], sum of exp(score - max)
+// stats[2h+1], and acc[h] = sum of exp(score - max) * value. scores is
+// scratch of H*(j1-j0) floats.
+func (a *attnCall) attendSpan(s *backend.SeqInfo, t, j0, j1 int, scores, stats, acc []float32) {
+	G, H, KH, hd, bs := a.G, a.H, a.KH, a.hd, a.bs
+	n := j1 - j0
+	stride := KH * hd
+	for b0 := j0; b0 < j1; b0 += bs { // j0 is block-aligned
+		rows := min(bs, j1-b0)
+		for kh := range KH {
+			off := a.slot(s, b0, kh)
+			for g := range G {
+				h := kh*G + g
+				a.kp.dotRows(a.q[(t*H+h)*hd:(t*H+h+1)*hd], off, stride, scores[h*n+b0-j0:h*n+b0-j0+rows])
+			}
+		}
+	}
+	for h := range H {
+		row := scores[h*n : (h+1)*n]
+		m := float32(math.Inf(-1))
 		for j := range row {
 			row[j] *= a.scale
+			m = max(m, row[j])
 		}
-		softmaxInPlace(row)
-		clear(a.o[(t*H+kh*G+g)*hd : (t*H+kh*G+g+1)*hd])
+		var l float32
+		for j, v := range row {
+			row[j] = expf(v - m)
+			l += row[j]
+		}
+		stats[2*h], stats[2*h+1] = m, l
 	}
-	for j0 := 0; j0 < n; j0 += bs {
-		rows, off := min(bs, n-j0), a.slot(s, j0, kh)
-		for g := range G {
-			h := kh*G + g
-			a.vp.axpyRows(a.o[(t*H+h)*hd:(t*H+h+1)*hd], sc[g*n+j0:g*n+j0+rows], off, stride)
+	clear(acc)
+	for b0 := j0; b0 < j1; b0 += bs {
+		rows := min(bs, j1-b0)
+		for kh := range KH {
+			off := a.slot(s, b0, kh)
+			for g := range G {
+				h := kh*G + g
+				a.vp.axpyRows(acc[h*hd:(h+1)*hd], scores[h*n+b0-j0:h*n+b0-j0+rows], off, stride)
+			}
 		}
 	}
-	return scores
 }
 
 const (

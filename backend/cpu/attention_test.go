@@ -251,6 +251,19 @@ func TestAttentionLongPrefill(t *testing.T) {
 	}
 }
 
+// TestAttentionSpans splits decoding tokens into spans of one or two cache
+// blocks, whose partial softmaxes are merged.
+func TestAttentionSpans(t *testing.T) {
+	defer func(v int) { decodeSpan = v }(decodeSpan)
+	for _, span := range []int{1, 8} {
+		decodeSpan = span
+		t.Run(fmt.Sprint(span), func(t *testing.T) {
+			TestAttention(t)
+			TestAttentionLongPrefill(t)
+		})
+	}
+}
+
 func TestKVCacheCopyBlock(t *testing.T) {
 	b := New(Options{})
 	kvi, err := b.NewKVCache(backend.KVSpec{Layers: 1, Blocks: 4, BlockSize: 4, KVHeads: 1, HeadDim: 8, DType: backend.BF16})
