@@ -12,6 +12,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/kiln-llm/kiln/backend"
 	"github.com/kiln-llm/kiln/backend/cpu"
 	"github.com/kiln-llm/kiln/chat"
 	"github.com/kiln-llm/kiln/model"
@@ -417,5 +418,42 @@ func TestErrors(t *testing.T) {
 	}
 	if used := e.sched.alloc.Used(); used != 0 {
 		t.Errorf("%d blocks held after Close", used)
+	}
+}
+
+// TestChatOutput feeds a reply's tokens through the output path of a chat
+// request: reasoning, content and tool calls come apart, and a reply that
+// called tools finishes with FinishToolCalls.
+func TestChatOutput(t *testing.T) {
+	f := loadFixture(t, "qwen3")
+	e := &Engine{m: f.m, tok: f.tok, tmpl: f.tmpl, cfg: f.m.Config(), opts: Options{KVBlocks: 4, Logger: slog.New(slog.DiscardHandler)}}
+	if err := e.opts.setDefaults(); err != nil {
+		t.Fatal(err)
+	}
+	s := newScheduler(e)
+	q, err := e.prepare(&Request{Messages: []chat.Message{{Role: "user", Content: "hi"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q.ctx = context.Background()
+	q.out = newStream(q.ctx)
+	q.stopWatch = func() bool { return true }
+	reply := "<think>\nlet me see\n</think>\n\nCalling.<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_call>"
+	for _, tok := range append(f.tok.Encode(reply), f.m.Config().EOS[0]) {
+		s.emit(q, backend.Sampled{Token: tok})
+	}
+	var r result
+	var calls []chat.ToolCall
+	for ev := range q.out.Events() {
+		r.text += ev.Text
+		r.reasoning += ev.Reasoning
+		calls = append(calls, ev.ToolCalls...)
+		if ev.Done {
+			r.finish = ev.Finish
+		}
+	}
+	if strings.TrimSpace(r.reasoning) != "let me see" || r.text != "Calling." || r.finish != FinishToolCalls ||
+		len(calls) != 1 || calls[0].Function.Name != "f" || string(calls[0].Function.Arguments) != `{"x": 1}` {
+		t.Errorf("reasoning %q, content %q, finish %s, calls %+v", r.reasoning, r.text, r.finish, calls)
 	}
 }
