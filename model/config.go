@@ -26,6 +26,10 @@ type Sampling struct {
 	Temperature float32 // 0: greedy
 	TopP        float32 // 1: no limit
 	TopK        int     // 0: no limit
+	MinP        float32 // 0: no limit
+	// RepetitionPenalty divides the logits of tokens already seen (1: none),
+	// as generation_config.json's repetition_penalty does in transformers.
+	RepetitionPenalty float32
 }
 
 // MoEConfig sizes a model's mixture-of-experts layers.
@@ -158,6 +162,9 @@ type rawGeneration struct {
 	Temperature *float64        `json:"temperature"`
 	TopP        *float64        `json:"top_p"`
 	TopK        *int            `json:"top_k"`
+	MinP        *float64        `json:"min_p"`
+	// repetition_penalty as transformers' GenerationConfig spells it.
+	RepetitionPenalty *float64 `json:"repetition_penalty"`
 }
 
 // ReadConfig reads config.json and, when present, generation_config.json
@@ -245,6 +252,12 @@ func (c *Config) fillGeneration(data []byte) error {
 	}
 	if g.TopK != nil {
 		c.Defaults.TopK = *g.TopK
+	}
+	if g.MinP != nil {
+		c.Defaults.MinP = float32(*g.MinP)
+	}
+	if g.RepetitionPenalty != nil {
+		c.Defaults.RepetitionPenalty = float32(*g.RepetitionPenalty)
 	}
 	if g.DoSample != nil && !*g.DoSample {
 		c.Defaults.Temperature = 0

@@ -119,7 +119,8 @@ func (f *modelFlags) load() (*loaded, error) {
 	if dir == "" {
 		name = demoName
 	}
-	defaults := engine.Sampling{Temperature: cfg.Defaults.Temperature, TopP: cfg.Defaults.TopP, TopK: cfg.Defaults.TopK}
+	d := cfg.Defaults
+	defaults := engine.Sampling{Temperature: d.Temperature, TopP: d.TopP, TopK: d.TopK, MinP: d.MinP, RepetitionPenalty: d.RepetitionPenalty}
 	slog.Info("model loaded", "model", name, "backend", b.Name(), "context", cfg.ContextLength, "took", time.Since(start).Round(time.Millisecond))
 	return &loaded{name: name, dir: dir, backend: b.Name(), ctxLen: cfg.ContextLength, defaults: defaults, tok: tok, eng: eng}, nil
 }
