@@ -269,7 +269,7 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 	}
 	qbuf := b.scratchBuf("attnq", T*H*hd*4)
 	kvdt := int(c.spec.DType)
-	b.run("qk_norm_rope", g1(T), 256, 0,
+	b.run("qk_norm_rope", [3]int{T, (H + 2*KH + 7) / 8, 1}, 256, 0,
 		qt.ptr, qbuf, c.k(layer), c.v(layer), kvdt, qn.ptr, kn.ptr, int(qn.dt), boolInt(spec.UnitOffsetNorm),
 		m.dev[mTokPos], m.dev[mTokSeq], m.dev[mSeqBlk], m.dev[mBlocks],
 		H, KH, hd, rd, boolInt(spec.Gated), spec.NormEps, spec.Rope.AttnFactor, bs, rf[:])
@@ -292,7 +292,12 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 		return
 	}
 	if c.spec.DType == backend.BF16 && (hd == 64 || hd == 128) && !b.noFlash {
-		b.run(fmt.Sprintf("flash_prefill_%d", hd), [3]int{(m.maxN + 63) / 64, H, m.S}, 128, 0,
+		name := fmt.Sprintf("flash_prefill_%d", hd)
+		smem := 2 * 2 * 64 * (hd + 8) * 2 // two stages of K and V tiles, bf16
+		if smem > 48<<10 {
+			b.allowSmem(name, smem)
+		}
+		b.run(name, [3]int{(m.maxN + 63) / 64, H, m.S}, 128, smem,
 			ot.ptr, qbuf, c.k(layer), c.v(layer), qt.ptr,
 			m.dev[mSeqPos], m.dev[mSeqN], m.dev[mSeqStart], m.dev[mSeqBlk], m.dev[mBlocks],
 			H, KH, bs, spec.Scale, boolInt(spec.Gated))
@@ -347,8 +352,10 @@ func (b *Backend) MoE(out, x backend.Tensor, e *backend.Experts, spec *backend.M
 	f32 := func(name string, rows, cols int) *tensor {
 		return &tensor{dt: backend.F32, shape: []int{rows, cols}, ptr: b.scratchBuf(name, 4*rows*cols), view: true}
 	}
+	// The router product stays in float32 (not cuBLASLt's bf16 inputs): a
+	// rounding-sized change there can flip the choice of experts.
 	logits := f32("moe.logits", T, E)
-	b.MatMul(logits, xt, router, false)
+	b.run("moe_gemv", [3]int{(E + 7) / 8, T, 1}, 256, 0, logits.ptr, xt.ptr, 1, router.ptr, int(router.dt), devptr(0), E, H)
 	sel := b.scratchBuf("moe.sel", 4*T*K)
 	wts := b.scratchBuf("moe.wts", 4*T*K)
 	b.run("moe_route", g1(T), 256, 0, logits.ptr, E, K, boolInt(spec.NormTopK), sel, wts)

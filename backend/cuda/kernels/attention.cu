@@ -8,9 +8,10 @@ struct RopeFreq {
 	float f[128];  // RotaryDim/2 inverse frequencies
 };
 
-// qk_norm_rope: grid (T), block 256. The token's cos/sin table is made once
-// (angles rounded to float32 as transformers computes them, then cos and sin
-// in double); each warp then takes heads in turn. Query heads go normed and
+// qk_norm_rope: grid (T, ceil((H + 2*KH) / 8)), block 256: eight heads of a
+// token per block, one per warp, after the block made the token's cos/sin
+// table (angles rounded to float32 as transformers computes them, then cos
+// and sin in double). Query heads go normed and
 // rotated to qbuf [T, H, hd]; key heads (normed, rotated) and value heads are
 // stored in the paged cache at the token's position.
 extern "C" __global__ void __launch_bounds__(256) qk_norm_rope(const float *qkv, float *qbuf, void *kc, void *vc, int kvdt,
@@ -36,7 +37,7 @@ extern "C" __global__ void __launch_bounds__(256) qk_norm_rope(const float *qkv,
 	long slot = (long)blocks[seqblk[tokseq[t]] + pos / bs] * bs + pos % bs;
 	int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
 	float *hb = buf[warp];
-	for (int h = warp; h < H + 2 * KH; h += nw) {
+	for (int h = blockIdx.y * nw + warp; h < min(H + 2 * KH, (int)(blockIdx.y + 1) * nw); h += nw) {
 		const float *src;
 		int kind, kh = 0;
 		if (h < H) { src = row + h * qstride; kind = 0; }
@@ -78,7 +79,7 @@ extern "C" __global__ void __launch_bounds__(256) qk_norm_rope(const float *qkv,
 // whatever the context (a captured graph replays it as contexts grow), and
 // short contexts use only the first few, keeping each split's work worth a
 // block.
-__device__ __forceinline__ int decode_chunk(int n, int S) { return max((n + S - 1) / S, 256); }
+__device__ __forceinline__ int decode_chunk(int n, int S) { return max((n + S - 1) / S, 64); }
 
 // attn_decode: grid (T, KH, S), block 128 (4 warps). Block (t, kh, split)
 // attends the G query heads of kv head kh of token t over its split of the
