@@ -316,12 +316,7 @@ func (a *attnCall) attendSpan(s *backend.SeqInfo, t, j0, j1 int, scores, stats, 
 			row[j] *= a.scale
 			m = max(m, row[j])
 		}
-		var l float32
-		for j, v := range row {
-			row[j] = expf(v - m)
-			l += row[j]
-		}
-		stats[2*h], stats[2*h+1] = m, l
+		stats[2*h], stats[2*h+1] = m, expShift(row, m)
 	}
 	clear(acc)
 	for b0 := j0; b0 < j1; b0 += bs {
@@ -441,19 +436,13 @@ func (b *Backend) attendBlocked(a *attnCall, s *backend.SeqInfo, t0 int) {
 	})
 }
 
-// softmaxInPlace replaces x by softmax(x), in float32 with a float64 sum.
+// softmaxInPlace replaces x by softmax(x), in float32.
 func softmaxInPlace(x []float32) {
 	m := float32(math.Inf(-1))
 	for _, v := range x {
 		m = max(m, v)
 	}
-	var sum float64
-	for i, v := range x {
-		e := expf(v - m)
-		x[i] = e
-		sum += float64(e)
-	}
-	inv := float32(1 / sum)
+	inv := 1 / expShift(x, m)
 	for i := range x {
 		x[i] *= inv
 	}

@@ -11,6 +11,7 @@ var (
 	axpyBF16  = axpyBF16Go
 	gemm6x16  = gemm6x16Go
 	scaleAxpy = scaleAxpyGo
+	expShift  = expShiftGo
 
 	dotRowsF32   = dotRowsGo[float32]
 	dotRowsBF16  = dotRowsGo[uint16]
@@ -91,6 +92,17 @@ func scaleAxpyGo(y []float32, b, a float32, x []float32) {
 	for i, v := range x {
 		y[i] = b*y[i] + a*v
 	}
+}
+
+// expShiftGo sets x[i] = exp(x[i] - m) and returns their sum: the
+// exponentials of a softmax whose largest input is m.
+func expShiftGo(x []float32, m float32) float32 {
+	var sum float32
+	for i, v := range x {
+		x[i] = expf(max(v-m, -87.3))
+		sum += x[i]
+	}
+	return sum
 }
 
 // axpyBF16Go adds a*x to y for bf16 x (len(x) >= len(y)).

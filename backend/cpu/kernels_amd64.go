@@ -21,6 +21,9 @@ func axpyAVX(y, x *float32, a float32, n int)
 func axpybf16AVX(y *float32, x *uint16, a float32, n int)
 
 //go:noescape
+func expShiftAVX(x *float32, n int, m float32) float32
+
+//go:noescape
 func scaleAxpyAVX(y, x *float32, b, a float32, n int)
 
 //go:noescape
@@ -116,6 +119,15 @@ func scaleAxpyF32AVX(y []float32, b, a float32, x []float32) {
 	}
 }
 
+func expShiftF32AVX(x []float32, m float32) float32 {
+	n8 := len(x) &^ 7
+	var sum float32
+	if n8 > 0 {
+		sum = expShiftAVX(unsafe.SliceData(x), n8, m)
+	}
+	return sum + expShiftGo(x[n8:], m)
+}
+
 func axpyBF16AVX(y []float32, a float32, x []uint16) {
 	n := len(y)
 	x = x[:n]
@@ -146,7 +158,7 @@ func asmKernels() (func(), bool) {
 		axpy, axpyBF16, gemm6x16 = axpyF32AVX, axpyBF16AVX, gemm6x16Asm
 		dotRowsF32, dotRowsBF16 = dotRowsAsm[float32], dotRowsAsm[uint16]
 		axpyRowsF32, axpyRowsBF16 = axpyRowsAsm[float32], axpyRowsAsm[uint16]
-		scaleAxpy = scaleAxpyF32AVX
+		scaleAxpy, expShift = scaleAxpyF32AVX, expShiftF32AVX
 	}, useAVX
 }
 

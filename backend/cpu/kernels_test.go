@@ -11,7 +11,7 @@ func kernelSets() map[string]func() {
 	sets := map[string]func(){"go": func() {
 		dotF32, dotBF16, axpy, axpyBF16, gemm6x16 = dotF32Go, dotBF16Go, axpyGo, axpyBF16Go, gemm6x16Go
 		dotRowsF32, dotRowsBF16, axpyRowsF32, axpyRowsBF16 = dotRowsGo[float32], dotRowsGo[uint16], axpyRowsGo[float32], axpyRowsGo[uint16]
-		scaleAxpy = scaleAxpyGo
+		scaleAxpy, expShift = scaleAxpyGo, expShiftGo
 	}}
 	if asm, ok := asmKernels(); ok {
 		sets["asm"] = asm
@@ -57,6 +57,21 @@ func TestKernels(t *testing.T) {
 				wantAxpy[i] = -0.5*float64(float32(x[i])) + 0.75*y[i]
 			}
 			compare(t, fmt.Sprintf("%s scaleAxpy n=%d", name, n), acc3, wantAxpy, 1e-6)
+
+			ex := toF32(randVec(r, n, 30))
+			m := float32(0)
+			for _, v := range ex {
+				m = max(m, v)
+			}
+			wantExp := make([]float64, n)
+			var wantSum float64
+			for i, v := range ex {
+				wantExp[i] = math.Exp(float64(v - m))
+				wantSum += wantExp[i]
+			}
+			gotSum := expShift(ex, m)
+			compare(t, fmt.Sprintf("%s expShift n=%d", name, n), ex, wantExp, 1e-6)
+			compare(t, fmt.Sprintf("%s expShift sum n=%d", name, n), []float32{gotSum}, []float64{wantSum}, 1e-6)
 
 			a, b := randVec(r, 6*(n+3), 1), randVec(r, 16*n, 1)
 			var c [96]float32
@@ -111,10 +126,10 @@ func TestKernels(t *testing.T) {
 
 func saveKernels() func() {
 	a, b, d, e, f := dotF32, dotBF16, axpy, axpyBF16, gemm6x16
-	g, h, i, j, k := dotRowsF32, dotRowsBF16, axpyRowsF32, axpyRowsBF16, scaleAxpy
+	g, h, i, j, k, l := dotRowsF32, dotRowsBF16, axpyRowsF32, axpyRowsBF16, scaleAxpy, expShift
 	return func() {
 		dotF32, dotBF16, axpy, axpyBF16, gemm6x16 = a, b, d, e, f
-		dotRowsF32, dotRowsBF16, axpyRowsF32, axpyRowsBF16, scaleAxpy = g, h, i, j, k
+		dotRowsF32, dotRowsBF16, axpyRowsF32, axpyRowsBF16, scaleAxpy, expShift = g, h, i, j, k, l
 	}
 }
 
