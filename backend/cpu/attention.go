@@ -383,7 +383,7 @@ func (b *Backend) attendBlocked(a *attnCall, s *backend.SeqInfo, t0 int) {
 
 	qblocks := (s.N + blockedQueryTokens - 1) / blockedQueryTokens
 	b.pool.For(KH*qblocks, 1, func(lo, hi int) {
-		var qa, sc []float32
+		var qa, sc, inv []float32
 		var c [gemmRows * gemmCols]float32
 		for task := lo; task < hi; task++ {
 			kh, qb := task/qblocks, task%qblocks
@@ -393,11 +393,14 @@ func (b *Backend) attendBlocked(a *attnCall, s *backend.SeqInfo, t0 int) {
 			rpad := (rows + gemmRows - 1) / gemmRows * gemmRows
 			nk := s.Pos + i0 + nt // keys visible to the block's last token
 			nkpad := (nk + gemmCols - 1) / gemmCols * gemmCols
-			// Row r is query head kh*G + r%G of token i0 + r/G.
+			// Row r is query head kh*G + r%G of token i0 + r/G, pre-scaled.
 			qa = grow(&qa, rpad*hd)
 			for r := range rows {
 				t := t0 + i0 + r/G
-				copy(qa[r*hd:(r+1)*hd], a.q[(t*H+kh*G+r%G)*hd:])
+				dst := qa[r*hd : (r+1)*hd]
+				for d, v := range a.q[(t*H+kh*G+r%G)*hd:][:hd] {
+					dst[d] = v * a.scale
+				}
 			}
 			clear(qa[rows*hd:])
 			sc = grow(&sc, rpad*nkpad)
@@ -409,6 +412,8 @@ func (b *Backend) attendBlocked(a *attnCall, s *backend.SeqInfo, t0 int) {
 					}
 				}
 			}
+			// Unnormalised probabilities; the outputs are divided by their sums.
+			inv = grow(&inv, rows)
 			for r := range rpad {
 				row := sc[r*nkpad : (r+1)*nkpad]
 				if r >= rows {
@@ -416,10 +421,11 @@ func (b *Backend) attendBlocked(a *attnCall, s *backend.SeqInfo, t0 int) {
 					continue
 				}
 				vis := s.Pos + i0 + r/G + 1
-				for j := range row[:vis] {
-					row[j] *= a.scale
+				m := float32(math.Inf(-1))
+				for _, v := range row[:vis] {
+					m = max(m, v)
 				}
-				softmaxInPlace(row[:vis])
+				inv[r] = 1 / expShift(row[:vis], m)
 				clear(row[vis:])
 			}
 			for db := 0; db < hd/gemmCols; db++ {
@@ -428,7 +434,10 @@ func (b *Backend) attendBlocked(a *attnCall, s *backend.SeqInfo, t0 int) {
 					for i := range min(gemmRows, rows-rg) {
 						r := rg + i
 						t := t0 + i0 + r/G
-						copy(a.o[(t*H+kh*G+r%G)*hd+db*gemmCols:], c[i*gemmCols:(i+1)*gemmCols])
+						dst := a.o[(t*H+kh*G+r%G)*hd+db*gemmCols:][:gemmCols]
+						for j, v := range c[i*gemmCols : (i+1)*gemmCols] {
+							dst[j] = v * inv[r]
+						}
 					}
 				}
 			}
