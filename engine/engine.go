@@ -3,6 +3,38 @@
 // kvcache), reuses computed prefixes and hybrid models' saved state across
 // requests, samples per request and streams text, reasoning and tool calls.
 //
+// # Scheduling
+//
+// Requests wait in a FCFS queue and join the running batch (at most
+// MaxRunning sequences) as soon as a sequence's whole remaining prompt fits
+// in free KV blocks, leaving one block per running sequence. Each step runs
+// one forward pass of at most MaxBatchTokens tokens: every decoding sequence
+// advances by one token, and prompts being prefilled share the rest in
+// chunks, oldest first, so a long prompt never stalls running streams. When a
+// decoding sequence needs a block and none is left, even after the caches
+// gave theirs back, the youngest running sequence is preempted: its blocks
+// and slot are freed and it goes back to the head of the queue, to be
+// recomputed (prompt and generated tokens, from whatever the caches still
+// hold) when admitted again. A sequence that does not fit alone fails with
+// ErrKVFull.
+//
+// # Reuse
+//
+// Dense and MoE models keep every full KV block in a prefix cache keyed by a
+// hash chain of its tokens; a request starts after the longest cached prefix
+// (its last prompt token is always computed, for its logits; a shared block
+// it writes is copied first). Hybrid models cannot truncate their DeltaNet
+// state, so they resume only from a state snapshot taken at exactly the
+// prefix: snapshots (host memory, LRU within StateMemory, each holding the KV
+// blocks of its prefix) are taken at every SnapshotInterval of a long
+// prompt, one token short of a prompt's end (which serves the same prompt
+// again as well as any longer one) and at the end of an answer (which the
+// next chat turn extends). A conversation holds one turn's snapshots: the
+// first snapshot of a request drops those of the turn it resumed from, and
+// each drops the request's earlier ones, except that the answer's keeps the
+// prompt's as a fallback for templates that re-render the answer otherwise
+// (without its reasoning, say).
+//
 // An Engine is safe for use by many goroutines.
 package engine
 
