@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/kiln-llm/kiln/backend"
 )
@@ -100,6 +101,8 @@ func (c *stateCache) Free() { c.conv, c.rec = nil, nil }
 // GatedDeltaNet runs the recurrent core of a DeltaNet layer; see
 // backend.Backend. Each sequence uses the chunked algorithm when it advances
 // by at least spec.Chunk tokens, the token-by-token recurrence otherwise.
+// Sequences of one step that share a slot (padding rows) each start from
+// the slot's state; the slot keeps the state of the first of them.
 func (b *Backend) GatedDeltaNet(out, mixed, ba backend.Tensor, w backend.DeltaNetWeights, spec *backend.DeltaNetSpec, stc backend.StateCache, layer int) {
 	c, ok := stc.(*stateCache)
 	if !ok {
@@ -126,19 +129,27 @@ func (b *Backend) GatedDeltaNet(out, mixed, ba backend.Tensor, w backend.DeltaNe
 		panic(fmt.Sprintf("cpu: deltanet: weights conv %d, A_log %d, dt_bias %d; want %d, %d, %d", len(convW), len(aLog), len(dtBias), CD*K, HV, HV))
 	}
 	st := &b.step
-	seen := map[int]bool{}
-	for _, s := range st.seqs {
+	// Each sequence's conv history and recurrent state. Sequences of one
+	// step that share a slot (a model's padding rows) each start from the
+	// slot's state, on private copies after the first, whose results the
+	// slot does not keep.
+	conv, rec := make([][]float32, len(st.seqs)), make([][]float32, len(st.seqs))
+	owner := map[int]bool{}
+	for si, s := range st.seqs {
 		if s.N == 0 {
 			continue
 		}
 		c.checkSlot(s.Slot)
-		if seen[s.Slot] {
-			panic(fmt.Sprintf("cpu: deltanet: slot %d used by two sequences of one step", s.Slot))
+		conv[si], rec[si] = c.convOf(layer, s.Slot), c.recOf(layer, s.Slot)
+		if owner[s.Slot] {
+			conv[si], rec[si] = slices.Clone(conv[si]), slices.Clone(rec[si])
 		}
-		seen[s.Slot] = true
-		if s.Pos == 0 {
-			clear(c.convOf(layer, s.Slot))
-			clear(c.recOf(layer, s.Slot))
+		owner[s.Slot] = true
+	}
+	for si, s := range st.seqs {
+		if s.N > 0 && s.Pos == 0 {
+			clear(conv[si])
+			clear(rec[si])
 		}
 	}
 	x, ab, o := mt.f32(), bt.f32(), ot.out32()
@@ -148,9 +159,8 @@ func (b *Backend) GatedDeltaNet(out, mixed, ba backend.Tensor, w backend.DeltaNe
 	b.pool.For(T, max(1, 4096/CD), func(lo, hi int) {
 		for t := lo; t < hi; t++ {
 			si := st.tokSeq[t]
-			s := &st.seqs[si]
 			i := t - st.seqStart[si] // index within the sequence's new tokens
-			hist := c.convOf(layer, s.Slot)
+			hist := conv[si]
 			dst := qkv[t*CD : (t+1)*CD]
 			clear(dst)
 			for j := range K {
@@ -175,7 +185,7 @@ func (b *Backend) GatedDeltaNet(out, mixed, ba backend.Tensor, w backend.DeltaNe
 		if s.N == 0 {
 			continue
 		}
-		hist := c.convOf(layer, s.Slot)
+		hist := conv[si]
 		all := append(append([]float32(nil), hist...), x[st.seqStart[si]*CD:(st.seqStart[si]+s.N)*CD]...)
 		copy(hist, all[len(all)-(K-1)*CD:])
 	}
@@ -231,7 +241,7 @@ func (b *Backend) GatedDeltaNet(out, mixed, ba backend.Tensor, w backend.DeltaNe
 				out: o[st.seqStart[tk.seq]*HV*dv+h*dv:], oStride: HV * dv,
 				dk: dk, dv: dv,
 			}
-			S := c.recOf(layer, s.Slot)[h*dk*dv : (h+1)*dk*dv]
+			S := rec[tk.seq][h*dk*dv : (h+1)*dk*dv]
 			if spec.Chunk > 0 && s.N >= spec.Chunk {
 				for t0 := 0; t0 < s.N; t0 += spec.Chunk {
 					d.chunk(S, t0, min(spec.Chunk, s.N-t0), &ws)

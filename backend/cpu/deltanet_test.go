@@ -275,3 +275,17 @@ func TestDeltaNetRestart(t *testing.T) {
 	r.step(t, []seqStep{{1, 9}})
 	compare(t, "reused slot", flat(r.out[1]), flat64(c.ref(1)), 1e-4)
 }
+
+// TestDeltaNetSharedSlot runs two sequences in one slot in one step (as a
+// model's padding rows do): each computes from the slot's state, and the
+// slot keeps the first one's.
+func TestDeltaNetSharedSlot(t *testing.T) {
+	c := newDNCase(24, dnSpec, []int{30, 7})
+	b := New(Options{Threads: 2})
+	r := newDNRun(t, b, c, 1, 64)
+	r.slots = []int{0, 0}
+	r.step(t, []seqStep{{0, 20}, {1, 7}})
+	r.step(t, []seqStep{{0, 10}})
+	compare(t, "first", flat(r.out[0]), flat64(c.ref(0)), 1e-4)
+	compare(t, "second", flat(r.out[1]), flat64(c.ref(1)), 1e-4)
+}
