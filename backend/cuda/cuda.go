@@ -48,7 +48,7 @@ type Backend struct {
 	// noFlash sends prefill attention to the float32 kernel (tests compare both).
 	noFlash bool
 	// Tuning knobs, fixed at New (see envInt's callers).
-	gemvMax, splitMax, splitBlocks int
+	gemvMax, gemvWarps, splitMax, splitBlocks int
 	gemvKernel                     string
 	prof                           *profiler
 
@@ -122,6 +122,7 @@ func New(opts Options) (*Backend, error) {
 	}
 	b.k = k
 	b.gemvMax = envInt("KILN_CUDA_GEMV_MAX", gemvMaxTokens, 0, 8)
+	b.gemvWarps = envInt("KILN_CUDA_GEMV_WARPS", 8, 1, 8) // rows (warps) per block
 	b.gemvKernel = "gemv2_bf16"
 	if os.Getenv("KILN_CUDA_GEMV") == "1" {
 		b.gemvKernel = "gemv_bf16"

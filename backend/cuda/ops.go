@@ -151,7 +151,8 @@ func (b *Backend) MatMul(out, x, w backend.Tensor, accumulate bool) {
 		return
 	}
 	if wt.dt == backend.BF16 && n <= b.gemvMax && in%8 == 0 {
-		b.run(fmt.Sprintf("%s_%d", b.gemvKernel, n), g1((o+7)/8), 256, 0, ot.ptr, xt.ptr, wt.ptr, o, in, boolInt(accumulate))
+		w := b.gemvWarps
+		b.run(fmt.Sprintf("%s_%d", b.gemvKernel, n), g1((o+w-1)/w), 32*w, 0, ot.ptr, xt.ptr, wt.ptr, o, in, boolInt(accumulate))
 		return
 	}
 	xp := xt.ptr
@@ -288,7 +289,7 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 		b.run(fmt.Sprintf("attn_decode_%s_%d_%d", kn2, hd, G), [3]int{T, KH, S}, 128, 0,
 			qbuf, c.k(layer), c.v(layer), m.dev[mTokPos], m.dev[mTokSeq], m.dev[mSeqBlk], m.dev[mBlocks],
 			pm, pl, pacc, H, KH, bs, spec.Scale)
-		b.run("attn_combine", [3]int{T, H, 1}, hd, 0, ot.ptr, pm, pl, pacc, qt.ptr, m.dev[mTokPos], H, KH, hd, S, boolInt(spec.Gated))
+		b.run("attn_combine", [3]int{T, H, 1}, 4*hd, 0, ot.ptr, pm, pl, pacc, qt.ptr, m.dev[mTokPos], H, KH, hd, S, boolInt(spec.Gated))
 		return
 	}
 	if c.spec.DType == backend.BF16 && (hd == 64 || hd == 128) && !b.noFlash {

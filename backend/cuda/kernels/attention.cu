@@ -87,11 +87,30 @@ __device__ __forceinline__ int decode_chunk(int n, int S) { return max((n + S - 
 // loads: LANES = HD/8 lanes share one key, a warp covers 32/LANES keys per
 // load and U such loads are issued before use. Writes unnormalised partial
 // results (max and sum in log2 units) for attn_combine.
+// Raw holds 8 cache elements as loaded (bf16: one 16-byte vector; f32:
+// two), so that twice as many keys fit in registers while their loads are
+// in flight; they are widened when used.
+template <typename KT> struct Raw;
+template <> struct Raw<u16> {
+	uint4 v;
+	__device__ __forceinline__ void load(const u16 *p) { v = *(const uint4 *)p; }
+	__device__ __forceinline__ void zero() { v = make_uint4(0, 0, 0, 0); }
+	__device__ __forceinline__ void widen(float *f) const { unpack8(v, f); }
+};
+template <> struct Raw<float> {
+	float4 a, b;
+	__device__ __forceinline__ void load(const float *p) { a = ((const float4 *)p)[0]; b = ((const float4 *)p)[1]; }
+	__device__ __forceinline__ void zero() { a = b = make_float4(0.f, 0.f, 0.f, 0.f); }
+	__device__ __forceinline__ void widen(float *f) const {
+		f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w; f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
+	}
+};
+
 template <typename KT, int HD, int G>
 __device__ __forceinline__ void attn_decode(const float *qbuf, const KT *kc, const KT *vc,
 		const int *tokpos, const int *tokseq, const int *seqblk, const int *blocks,
 		float *pm, float *pl, float *pacc, int H, int KH, int bs, float scale) {
-	constexpr int LANES = HD / 8, TPW = 32 / LANES, U = 4, W = 4;
+	constexpr int LANES = HD / 8, TPW = 32 / LANES, U = sizeof(KT) == 2 ? 8 : 4, W = 4;
 	__shared__ float sm_acc[W][G][HD];
 	__shared__ float sm_m[W][G], sm_l[W][G];
 	int t = blockIdx.x, kh = blockIdx.y, split = blockIdx.z, S = gridDim.z;
@@ -114,7 +133,7 @@ __device__ __forceinline__ void attn_decode(const float *qbuf, const KT *kc, con
 		l[g] = 0.f;
 	}
 	for (int base = k0 + warp * TPW * U; base < k1; base += W * TPW * U) {
-		float kf[U][8], vf[U][8];
+		Raw<KT> kr[U], vr[U];
 		bool valid[U];
 #pragma unroll
 		for (int u = 0; u < U; u++) {
@@ -122,11 +141,11 @@ __device__ __forceinline__ void attn_decode(const float *qbuf, const KT *kc, con
 			valid[u] = j < k1;
 			if (valid[u]) {
 				long off = (((long)bt[j / bs] * bs + j % bs) * KH + kh) * HD + sub * 8;
-				load8(kc + off, kf[u]);
-				load8(vc + off, vf[u]);
+				kr[u].load(kc + off);
+				vr[u].load(vc + off);
 			} else {
-#pragma unroll
-				for (int d = 0; d < 8; d++) { kf[u][d] = 0.f; vf[u][d] = 0.f; }
+				kr[u].zero();
+				vr[u].zero();
 			}
 		}
 		// Scores of the tile first, then one rescale per head: independent
@@ -134,11 +153,13 @@ __device__ __forceinline__ void attn_decode(const float *qbuf, const KT *kc, con
 		float sc[U][G];
 #pragma unroll
 		for (int u = 0; u < U; u++) {
+			float kf[8];
+			kr[u].widen(kf);
 #pragma unroll
 			for (int g = 0; g < G; g++) {
 				float s = 0.f;
 #pragma unroll
-				for (int d = 0; d < 8; d++) s += q[g][d] * kf[u][d];
+				for (int d = 0; d < 8; d++) s += q[g][d] * kf[d];
 #pragma unroll
 				for (int o = LANES / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
 				sc[u][g] = valid[u] ? s : -INF;
@@ -158,9 +179,11 @@ __device__ __forceinline__ void attn_decode(const float *qbuf, const KT *kc, con
 #pragma unroll
 			for (int u = 0; u < U; u++) {
 				float p = exp2f(sc[u][g] - mn);
+				float vf[8];
+				vr[u].widen(vf);
 				l[g] += p;
 #pragma unroll
-				for (int d = 0; d < 8; d++) acc[g][d] += p * vf[u][d];
+				for (int d = 0; d < 8; d++) acc[g][d] += p * vf[d];
 			}
 			m[g] = mn;
 		}
@@ -226,21 +249,23 @@ DECODE_G(float, f32, 64)
 DECODE_G(float, f32, 128)
 DECODE_G(float, f32, 256)
 
-// attn_combine: grid (T, H), block HD. Merges the active partials of each
-// head, applies the sigmoid gate when gated and writes out [T, H*HD].
+// attn_combine: grid (T, H), block 4*HD. Merges the active partials of
+// each head (four groups of threads take every fourth split, then add up),
+// applies the sigmoid gate when gated and writes out [T, H*HD].
 extern "C" __global__ void attn_combine(float *out, const float *pm, const float *pl, const float *pacc,
 		const float *qkv, const int *tokpos, int H, int KH, int HD, int S, int gated) {
 	__shared__ float wt[512];
+	__shared__ float part[3][256];
 	__shared__ float red[32];
-	int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+	int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x % HD, sg = threadIdx.x / HD;
 	int n = tokpos[t] + 1;
 	int act = min(S, (n + decode_chunk(n, S) - 1) / decode_chunk(n, S));
 	long pi = ((long)t * H + h) * S;
 	float M = -INF;
-	for (int s = d; s < act; s += blockDim.x) M = fmaxf(M, pm[pi + s]);
+	for (int s = threadIdx.x; s < act; s += blockDim.x) M = fmaxf(M, pm[pi + s]);
 	M = block_max(M, red);
 	float L = 0.f;
-	for (int s = d; s < act; s += blockDim.x) {
+	for (int s = threadIdx.x; s < act; s += blockDim.x) {
 		float c = pm[pi + s] == -INF ? 0.f : exp2f(pm[pi + s] - M);
 		wt[s] = c;
 		L += pl[pi + s] * c;
@@ -248,7 +273,11 @@ extern "C" __global__ void attn_combine(float *out, const float *pm, const float
 	L = block_sum(L, red);  // its barriers also publish wt
 	float A = 0.f;
 #pragma unroll 4
-	for (int s = 0; s < act; s++) A += pacc[(pi + s) * HD + d] * wt[s];
+	for (int s = sg; s < act; s += 4) A += pacc[(pi + s) * HD + d] * wt[s];
+	if (sg > 0) part[sg - 1][d] = A;
+	__syncthreads();
+	if (sg > 0) return;
+	A += part[0][d] + part[1][d] + part[2][d];
 	float o = A / L;
 	if (gated) {
 		long width = 2L * H * HD + 2L * KH * HD;
