@@ -49,8 +49,8 @@ type Backend struct {
 	noFlash bool
 	// Tuning knobs, fixed at New (see envInt's callers).
 	gemvMax, gemvWarps, splitMax, splitBlocks int
-	gemvKernel                     string
-	prof                           *profiler
+	gemvKernel                                string
+	prof                                      *profiler
 
 	pinned     unsafe.Pointer // host staging for reads
 	pinnedSize int
