@@ -7,6 +7,7 @@ package cpu
 var (
 	dotF32    = dotF32Go
 	dotBF16   = dotBF16Go
+	dot4xBF16 = dot4xBF16Go
 	axpy      = axpyGo
 	axpyBF16  = axpyBF16Go
 	gemm6x16  = gemm6x16Go
@@ -76,6 +77,22 @@ func dotBF16Go(x []float32, w []uint16) float32 {
 		s0 += x[i] * bf16ToF32(w[i])
 	}
 	return s0 + s1
+}
+
+// dot4xBF16Go sets out[j] = w . x[j*k:(j+1)*k] for j < 4 and k = len(w):
+// one bf16 weight row against four input rows.
+func dot4xBF16Go(w []uint16, x []float32, out []float32) {
+	k := len(w)
+	x0, x1, x2, x3 := x[:k], x[k:2*k], x[2*k:3*k], x[3*k:4*k]
+	var s0, s1, s2, s3 float32
+	for i, h := range w {
+		v := bf16ToF32(h)
+		s0 += v * x0[i]
+		s1 += v * x1[i]
+		s2 += v * x2[i]
+		s3 += v * x3[i]
+	}
+	out[0], out[1], out[2], out[3] = s0, s1, s2, s3
 }
 
 // axpyGo adds a*x to y (len(x) >= len(y)).

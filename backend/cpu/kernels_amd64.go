@@ -6,6 +6,9 @@ func cpuid(eaxArg, ecxArg uint32) (eax, ebx, ecx, edx uint32)
 func xgetbv0() (eax, edx uint32)
 
 //go:noescape
+func dot4xbf16AVX(w *uint16, x *float32, stride uintptr, n int, out *[4]float32)
+
+//go:noescape
 func gemm6x16AVX(a *float32, lda int, b *float32, k int, c *[96]float32)
 
 //go:noescape
@@ -95,6 +98,23 @@ func dotBF16AVX(x []float32, w []uint16) float32 {
 	return s
 }
 
+func dot4xBF16AVX(w []uint16, x []float32, out []float32) {
+	k := len(w)
+	x, out = x[:4*k], out[:4]
+	k8 := k &^ 7
+	var r [4]float32
+	if k8 > 0 {
+		dot4xbf16AVX(unsafe.SliceData(w), unsafe.SliceData(x), uintptr(4*k), k8, &r)
+	}
+	for i := k8; i < k; i++ {
+		v := bf16ToF32(w[i])
+		for j := range 4 {
+			r[j] += v * x[j*k+i]
+		}
+	}
+	copy(out, r[:])
+}
+
 func axpyF32AVX(y []float32, a float32, x []float32) {
 	n := len(y)
 	x = x[:n]
@@ -154,7 +174,7 @@ func gemm6x16Asm(a []float32, lda int, b []float32, k int, c *[96]float32) {
 // CPU has them.
 func asmKernels() (func(), bool) {
 	return func() {
-		dotF32, dotBF16 = dotF32AVX, dotBF16AVX
+		dotF32, dotBF16, dot4xBF16 = dotF32AVX, dotBF16AVX, dot4xBF16AVX
 		axpy, axpyBF16, gemm6x16 = axpyF32AVX, axpyBF16AVX, gemm6x16Asm
 		dotRowsF32, dotRowsBF16 = dotRowsAsm[float32], dotRowsAsm[uint16]
 		axpyRowsF32, axpyRowsBF16 = axpyRowsAsm[float32], axpyRowsAsm[uint16]

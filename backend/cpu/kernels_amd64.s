@@ -31,6 +31,71 @@ TEXT ·xgetbv0(SB), NOSPLIT, $0-8
 	VPMOVZXWD addr, R; \
 	VPSLLD    $16, R, R
 
+// func dot4xbf16AVX(w *uint16, x *float32, stride uintptr, n int, out *[4]float32)
+// out[j] = sum_{i<n} w[i] * x[j*stride/4 + i] for j < 4: one bf16 weight
+// row, converted once, against four input rows; n is a multiple of 8.
+TEXT ·dot4xbf16AVX(SB), NOSPLIT, $0-40
+	MOVQ   w+0(FP), DI
+	MOVQ   x+8(FP), SI
+	MOVQ   stride+16(FP), DX
+	MOVQ   n+24(FP), CX
+	MOVQ   out+32(FP), R8
+	LEAQ   (SI)(DX*1), R9
+	LEAQ   (R9)(DX*1), R10
+	LEAQ   (R10)(DX*1), R11
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+	XORQ   AX, AX
+	MOVQ   CX, BX
+	ANDQ   $-16, BX
+
+xloop16:
+	CMPQ        AX, BX
+	JGE         xtail8
+	BF16((DI)(AX*2), Y4)
+	BF16(16(DI)(AX*2), Y5)
+	VFMADD231PS (SI)(AX*4), Y4, Y0
+	VFMADD231PS 32(SI)(AX*4), Y5, Y6
+	VFMADD231PS (R9)(AX*4), Y4, Y1
+	VFMADD231PS 32(R9)(AX*4), Y5, Y7
+	VFMADD231PS (R10)(AX*4), Y4, Y2
+	VFMADD231PS 32(R10)(AX*4), Y5, Y8
+	VFMADD231PS (R11)(AX*4), Y4, Y3
+	VFMADD231PS 32(R11)(AX*4), Y5, Y9
+	ADDQ        $16, AX
+	JMP         xloop16
+
+xtail8:
+	CMPQ        AX, CX
+	JGE         xdone
+	BF16((DI)(AX*2), Y4)
+	VFMADD231PS (SI)(AX*4), Y4, Y0
+	VFMADD231PS (R9)(AX*4), Y4, Y1
+	VFMADD231PS (R10)(AX*4), Y4, Y2
+	VFMADD231PS (R11)(AX*4), Y4, Y3
+
+xdone:
+	VADDPS Y6, Y0, Y0
+	VADDPS Y7, Y1, Y1
+	VADDPS Y8, Y2, Y2
+	VADDPS Y9, Y3, Y3
+	HSUM(Y0, X0, X4)
+	HSUM(Y1, X1, X4)
+	HSUM(Y2, X2, X4)
+	HSUM(Y3, X3, X4)
+	VMOVSS X0, (R8)
+	VMOVSS X1, 4(R8)
+	VMOVSS X2, 8(R8)
+	VMOVSS X3, 12(R8)
+	VZEROUPPER
+	RET
+
 // func gemm6x16AVX(a *float32, lda int, b *float32, k int, c *[96]float32)
 // c[i*16+j] = sum_{p<k} a[i*lda+p] * b[p*16+j] for i < 6, j < 16.
 TEXT ·gemm6x16AVX(SB), NOSPLIT, $0-40

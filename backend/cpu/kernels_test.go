@@ -9,7 +9,7 @@ import (
 // kernelSets lists the kernel implementations available on this machine.
 func kernelSets() map[string]func() {
 	sets := map[string]func(){"go": func() {
-		dotF32, dotBF16, axpy, axpyBF16, gemm6x16 = dotF32Go, dotBF16Go, axpyGo, axpyBF16Go, gemm6x16Go
+		dotF32, dotBF16, dot4xBF16, axpy, axpyBF16, gemm6x16 = dotF32Go, dotBF16Go, dot4xBF16Go, axpyGo, axpyBF16Go, gemm6x16Go
 		dotRowsF32, dotRowsBF16, axpyRowsF32, axpyRowsBF16 = dotRowsGo[float32], dotRowsGo[uint16], axpyRowsGo[float32], axpyRowsGo[uint16]
 		scaleAxpy, expShift = scaleAxpyGo, expShiftGo
 	}}
@@ -40,6 +40,16 @@ func TestKernels(t *testing.T) {
 			want := refMatMul(x, y, 1, n, 4)
 			compare(t, fmt.Sprintf("%s dotF32 n=%d", name, n), []float32{dotF32(xf, yf)}, want[:1], tol)
 			compare(t, fmt.Sprintf("%s dotBF16 n=%d", name, n), []float32{dotBF16(xf, yb)}, want[:1], tol)
+			// One bf16 row (x's first n values rounded) against the four rows of y.
+			xb := make([]uint16, n)
+			xr := make([]float64, n)
+			for i := range xb {
+				xb[i] = f32ToBF16(float32(x[i]))
+				xr[i] = float64(bf16ToF32(xb[i]))
+			}
+			got4 := make([]float32, 4)
+			dot4xBF16(xb, yf, got4)
+			compare(t, fmt.Sprintf("%s dot4xBF16 n=%d", name, n), got4, refMatMul(xr, y, 1, n, 4), tol)
 
 			acc := toF32(randVec(r, n, 1))
 			wantAxpy := make([]float64, n)
@@ -125,10 +135,10 @@ func TestKernels(t *testing.T) {
 }
 
 func saveKernels() func() {
-	a, b, d, e, f := dotF32, dotBF16, axpy, axpyBF16, gemm6x16
+	a, b, c, d, e, f := dotF32, dotBF16, dot4xBF16, axpy, axpyBF16, gemm6x16
 	g, h, i, j, k, l := dotRowsF32, dotRowsBF16, axpyRowsF32, axpyRowsBF16, scaleAxpy, expShift
 	return func() {
-		dotF32, dotBF16, axpy, axpyBF16, gemm6x16 = a, b, d, e, f
+		dotF32, dotBF16, dot4xBF16, axpy, axpyBF16, gemm6x16 = a, b, c, d, e, f
 		dotRowsF32, dotRowsBF16, axpyRowsF32, axpyRowsBF16, scaleAxpy, expShift = g, h, i, j, k, l
 	}
 }

@@ -261,15 +261,29 @@ func (p *pool) matmulDirect(out, x []float32, n int, w weights, accumulate bool)
 	k, o := w.cols, w.rows
 	grain := max(16, 1<<16/max(k, 1)) // at least ~64K weights per task
 	p.For(o, grain, func(lo, hi int) {
-		var res [1]float32
+		var res [4]float32
+		put := func(t, r int, v float32) {
+			if accumulate {
+				out[t*o+r] += v
+			} else {
+				out[t*o+r] = v
+			}
+		}
 		for r := lo; r < hi; r++ {
-			for t := range n {
-				w.dotRows(r, x[t*k:(t+1)*k], res[:])
-				if accumulate {
-					out[t*o+r] += res[0]
-				} else {
-					out[t*o+r] = res[0]
+			t := 0
+			if w.dt == backend.BF16 {
+				// Four input rows at a time share each converted weight.
+				row := bytesAs[uint16](w.buf)[r*k : (r+1)*k]
+				for ; t+4 <= n; t += 4 {
+					dot4xBF16(row, x[t*k:(t+4)*k], res[:])
+					for j, v := range res {
+						put(t+j, r, v)
+					}
 				}
+			}
+			for ; t < n; t++ {
+				w.dotRows(r, x[t*k:(t+1)*k], res[:1])
+				put(t, r, res[0])
 			}
 		}
 	})
