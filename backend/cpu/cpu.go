@@ -4,6 +4,21 @@
 // worker goroutines; every sum is accumulated in float32 (or wider). Weights
 // given to Load are used in place (they are typically memory-mapped and
 // read-only): bf16, f16 and f32 weights are decoded as they are read.
+//
+// Speed comes from a few small kernels (kernels.go, with AVX2+FMA assembly
+// chosen at run time by CPUID on amd64 and portable Go elsewhere):
+//   - MatMul with up to 12 input rows (decode) streams each weight row once,
+//     in order, and dots it with every input row while it is in L1; this is
+//     bound by memory bandwidth. More rows (prefill) decode blocks of 16
+//     weight rows into a k-major panel and run a 6x16 register-tiled kernel.
+//   - Attention for prefills of 16 or more tokens packs the sequence's keys
+//     and values once and uses the same 6x16 kernel for Q K^T and P V; other
+//     tokens are split into spans of positions whose partial softmaxes are
+//     merged (flash-decoding), so one long decode uses every thread.
+//   - The chunked Gated DeltaNet and the recurrence run on row kernels (a
+//     dot or axpy over many rows per call).
+//
+// SampleRow is the reference sampler that other backends are tested against.
 package cpu
 
 import (
