@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -173,7 +174,7 @@ func (s *scheduler) admit() {
 		}
 		s.waiting = s.waiting[1:]
 		s.running = append(s.running, q)
-		slices.SortFunc(s.running, func(a, b *seq) int { return int(a.id - b.id) })
+		slices.SortFunc(s.running, func(a, b *seq) int { return cmp.Compare(a.id, b.id) })
 		if !q.admitted {
 			q.admitted = true
 			s.e.mu.Lock()
