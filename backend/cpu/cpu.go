@@ -121,13 +121,8 @@ func (t *Tensor) out32() []float32 {
 	return t.f32()
 }
 
-func (t *Tensor) i32() []int32 {
-	if t.dt != backend.I32 {
-		panic(fmt.Sprintf("cpu: want i32 tensor, have %v", t))
-	}
-	return bytesAs[int32](t.buf)
-}
-
+// bytesAs views b as elements of E without copying (the host is
+// little-endian, like the formats; E must not hold pointers).
 func bytesAs[E any](b []byte) []E {
 	var z E
 	if len(b) == 0 {
@@ -136,6 +131,7 @@ func bytesAs[E any](b []byte) []E {
 	return unsafe.Slice((*E)(unsafe.Pointer(&b[0])), len(b)/int(unsafe.Sizeof(z)))
 }
 
+// asBytes views s as its bytes without copying.
 func asBytes[E any](s []E) []byte {
 	var z E
 	if len(s) == 0 {
