@@ -457,3 +457,28 @@ func TestChatOutput(t *testing.T) {
 		t.Errorf("reasoning %q, content %q, finish %s, calls %+v", r.reasoning, r.text, r.finish, calls)
 	}
 }
+
+// TestTooBigForTheCache: a sequence that cannot fit in the KV cache even
+// alone fails with ErrKVFull, at admission or when it outgrows the cache,
+// and the engine goes on serving.
+func TestTooBigForTheCache(t *testing.T) {
+	f := loadFixture(t, "qwen3")
+	e := newEngine(t, f, Options{BlockSize: 4, KVBlocks: 2})
+	st, err := e.Generate(context.Background(), &Request{PromptIDs: make([]int32, 10)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := collect(st); r.finish != FinishError || !errors.Is(r.err, ErrKVFull) {
+		t.Errorf("10-token prompt in 8 tokens of cache: finish %s, err %v", r.finish, r.err)
+	}
+	st, err = e.Generate(context.Background(), &Request{PromptIDs: make([]int32, 6), Sampling: Sampling{MaxTokens: 10, IgnoreEOS: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := collect(st); r.finish != FinishError || !errors.Is(r.err, ErrKVFull) || len(r.tokens) != 3 {
+		t.Errorf("growing past 8 tokens of cache: finish %s, err %v, %d tokens", r.finish, r.err, len(r.tokens))
+	}
+	if r := generate(t, e, &Request{PromptIDs: make([]int32, 3), Sampling: Sampling{MaxTokens: 4, IgnoreEOS: true}}); len(r.tokens) != 4 {
+		t.Errorf("then a request that fits: %d tokens", len(r.tokens))
+	}
+}
