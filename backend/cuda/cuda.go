@@ -49,7 +49,6 @@ type Backend struct {
 	noFlash bool
 	// Tuning knobs, fixed at New (see envInt's callers).
 	gemvMax, gemvWarps, splitMax, splitBlocks int
-	gemvKernel                                string
 	prof                                      *profiler
 
 	pinned     unsafe.Pointer // host staging for reads
@@ -123,10 +122,6 @@ func New(opts Options) (*Backend, error) {
 	b.k = k
 	b.gemvMax = envInt("KILN_CUDA_GEMV_MAX", gemvMaxTokens, 0, 8)
 	b.gemvWarps = envInt("KILN_CUDA_GEMV_WARPS", 8, 1, 8) // rows (warps) per block
-	b.gemvKernel = "gemv2_bf16"
-	if os.Getenv("KILN_CUDA_GEMV") == "1" {
-		b.gemvKernel = "gemv_bf16"
-	}
 	if os.Getenv("KILN_CUDA_PROFILE") == "1" {
 		b.prof = &profiler{total: map[string]float64{}, count: map[string]int{}}
 	}

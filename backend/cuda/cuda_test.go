@@ -159,8 +159,14 @@ func (p *pair) begin(b *backend.Batch) {
 }
 
 func TestRowOps(t *testing.T) {
+	for _, H := range []int{1000, 1002, 4096, 5120} { // the register kernel at 1, 4 and 8 float4 per thread, and the general one
+		t.Run(fmt.Sprint(H), func(t *testing.T) { testRowOps(t, H) })
+	}
+}
+
+func testRowOps(t *testing.T, H int) {
 	p := newPair(t, 1)
-	const T, H, V = 7, 1000, 300
+	const T, V = 7, 300
 	toks := make([]int32, T)
 	for i := range toks {
 		toks[i] = int32(p.r.IntN(V))
@@ -191,7 +197,7 @@ func TestRowOps(t *testing.T) {
 	p.compare("silumul", co, gout, 1e-6)
 
 	cz, gz := p.load(backend.F32, p.randn(T*H, 2), T, H)
-	cw, gw := p.load(backend.BF16, p.randn(100, 1), 100)
+	cw, gw := p.load(backend.BF16, p.randn(H/2, 1), H/2)
 	cg, gg := p.out(T, H)
 	p.c.GatedRMSNorm(cg, co, cz, cw, 1e-6)
 	p.g.GatedRMSNorm(gg, gout, gz, gw, 1e-6)
@@ -220,13 +226,13 @@ func TestMatMul(t *testing.T) {
 		{16, 100, 64, backend.F32, false},
 		{7, 128, 96, backend.F16, true},
 	}
-	defer func(k string, m int) { p.g.gemvKernel, p.g.gemvMax = k, m }(p.g.gemvKernel, p.g.gemvMax)
-	// Every GEMV variant at every token count it serves, and cuBLASLt.
+	defer func(m int) { p.g.gemvMax = m }(p.g.gemvMax)
+	// The GEMV at every token count it serves, and cuBLASLt.
 	for _, mode := range []struct {
 		kernel string
 		max    int
-	}{{"gemv_bf16", 8}, {"gemv2_bf16", 8}, {"gemv2_bf16", 0}} {
-		p.g.gemvKernel, p.g.gemvMax = mode.kernel, mode.max
+	}{{"gemv", 8}, {"cublasLt", 0}} {
+		p.g.gemvMax = mode.max
 		for _, c := range cases {
 			tol := 1e-5
 			if c.dt != backend.F32 && (c.dt != backend.BF16 || c.n > mode.max || c.i%8 != 0) {

@@ -4,7 +4,6 @@ package cuda
 
 import (
 	"fmt"
-	"math"
 	"os"
 	"strconv"
 
@@ -73,6 +72,15 @@ func (b *Backend) RMSNorm(out, x, w backend.Tensor, eps float32, unitOffset bool
 	if wt.numel() != h {
 		panic(fmt.Sprintf("cuda: rmsnorm weight %v for rows of %d", wt, h))
 	}
+	// Rows of up to 8192 floats, 16-byte aligned: one read into registers.
+	if h%4 == 0 && h <= 8*1024 && ot.ptr%16 == 0 && xt.ptr%16 == 0 {
+		v4 := 1
+		for 256*4*v4 < h {
+			v4 *= 2
+		}
+		b.run(fmt.Sprintf("rmsnorm_v4_%d", v4), g1(n), 256, 0, ot.ptr, xt.ptr, wt.ptr, int(wt.dt), h, eps, boolInt(unitOffset))
+		return
+	}
 	b.run("rmsnorm", g1(n), normBlock(h), 0, ot.ptr, xt.ptr, wt.ptr, int(wt.dt), h, eps, boolInt(unitOffset))
 }
 
@@ -127,7 +135,7 @@ func (b *Backend) GatherRows(out, x backend.Tensor) {
 // default; larger batches go to cuBLASLt, whose tensor-core tiles win once
 // the weights are reused by a few rows (each extra row costs the CUDA-core
 // kernel another pass over the activations). KILN_CUDA_GEMV_MAX overrides
-// it (0 to 8) and KILN_CUDA_GEMV=1 selects the first GEMV variant.
+// it (0 to 8).
 const gemvMaxTokens = 2
 
 func envInt(name string, def, lo, hi int) int {
@@ -152,7 +160,7 @@ func (b *Backend) MatMul(out, x, w backend.Tensor, accumulate bool) {
 	}
 	if wt.dt == backend.BF16 && n <= b.gemvMax && in%8 == 0 {
 		w := b.gemvWarps
-		b.run(fmt.Sprintf("%s_%d", b.gemvKernel, n), g1((o+w-1)/w), 32*w, 0, ot.ptr, xt.ptr, wt.ptr, o, in, boolInt(accumulate))
+		b.run(fmt.Sprintf("gemv_bf16_%d", n), g1((o+w-1)/w), 32*w, 0, ot.ptr, xt.ptr, wt.ptr, o, in, boolInt(accumulate))
 		return
 	}
 	xp := xt.ptr
@@ -386,5 +394,3 @@ func (b *Backend) MoE(out, x backend.Tensor, e *backend.Experts, spec *backend.M
 	}
 	b.run("moe_combine", g1(T), 256, 0, ot.ptr, y.ptr, wts, K, H, ys, gate)
 }
-
-var _ = math.Inf

@@ -72,7 +72,10 @@ func (b *Backend) Sample(logits backend.Tensor, params []backend.SampleParams) (
 	dIn := b.scratchBuf("samplein", in)
 	dOut := b.scratchBuf("sampleout", 4*outN)
 	work := b.scratchBuf("samplework", 4*R*V)
-	host := b.staging(max(in, 4*outN))
+	// Arguments go up from the front of the staging buffer, results come
+	// back behind them: one synchronisation per call.
+	inPad := (in + 15) &^ 15
+	host := b.staging(inPad + 4*outN)
 	hb := unsafe.Slice((*byte)(host), in)
 	copy(hb, unsafe.Slice((*byte)(unsafe.Pointer(&hargs[0])), argBytes))
 	if len(cnt) > 0 {
@@ -87,16 +90,13 @@ func (b *Backend) Sample(logits backend.Tensor, params []backend.SampleParams) (
 	topTok, topLp := dOut+devptr(8*R), dOut+devptr(8*R+4*R*mt)
 	b.run("sample_rows", g1(R), 1024, 0, lt.ptr, V, dIn, dIn+devptr(argBytes), dIn+devptr(argBytes+4*len(cnt)),
 		work, outTok, outLp, topTok, topLp, mt)
-	// The staging buffer is reused for the results once the upload is done.
+	resP := unsafe.Add(host, inPad)
+	b.fail(check("cuMemcpyDtoHAsync", C.k_cuMemcpyDtoHAsync_v2(resP, dOut, C.size_t(4*outN), b.stream)))
 	if err := b.Sync(); err != nil {
 		return nil, err
 	}
-	b.fail(check("cuMemcpyDtoHAsync", C.k_cuMemcpyDtoHAsync_v2(host, dOut, C.size_t(4*outN), b.stream)))
-	if err := b.Sync(); err != nil {
-		return nil, err
-	}
-	res := unsafe.Slice((*int32)(host), outN)
-	resF := unsafe.Slice((*float32)(host), outN)
+	res := unsafe.Slice((*int32)(resP), outN)
+	resF := unsafe.Slice((*float32)(resP), outN)
 	out := make([]backend.Sampled, R)
 	for i, p := range params {
 		out[i].Token = res[i]

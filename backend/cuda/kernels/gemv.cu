@@ -1,6 +1,6 @@
 // Decode GEMV / skinny GEMM: out[t, o] (+)= sum_i x[t, i] * w[o, i] for a few
 // tokens t, with bf16 weights streamed once with 16-byte loads. Each warp owns
-// one output row; four loads per lane are issued before they are used so
+// one output row; eight loads per lane are issued before they are used so
 // enough bytes are in flight to saturate HBM. Requires I % 8 == 0.
 
 template <int NT>
@@ -15,35 +15,6 @@ __device__ __forceinline__ void dot8(float (&acc)[NT], uint4 v, const float *x, 
 	}
 }
 
-template <int NT>
-__device__ __forceinline__ void gemv_bf16(float *out, const float *x, const u16 *w, int O, int I, int accumulate) {
-	int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-	int row = blockIdx.x * (blockDim.x >> 5) + warp;
-	if (row >= O) return;
-	const uint4 *wr = (const uint4 *)(w + (long)row * I);
-	int n8 = I >> 3;
-	float acc[NT];
-#pragma unroll
-	for (int t = 0; t < NT; t++) acc[t] = 0.f;
-	int k = lane;
-	for (; k + 96 < n8; k += 128) {
-		uint4 a = __ldg(wr + k), b = __ldg(wr + k + 32), c = __ldg(wr + k + 64), d = __ldg(wr + k + 96);
-		dot8<NT>(acc, a, x, I, k);
-		dot8<NT>(acc, b, x, I, k + 32);
-		dot8<NT>(acc, c, x, I, k + 64);
-		dot8<NT>(acc, d, x, I, k + 96);
-	}
-	for (; k < n8; k += 32) dot8<NT>(acc, __ldg(wr + k), x, I, k);
-#pragma unroll
-	for (int t = 0; t < NT; t++) {
-		float s = warp_sum(acc[t]);
-		if (lane == 0) {
-			float *o = out + (long)t * O + row;
-			*o = accumulate ? *o + s : s;
-		}
-	}
-}
-
 // ldw streams a weight vector past L1 (the weights are read once; L1 keeps
 // the activations that every warp of the SM re-reads).
 __device__ __forceinline__ uint4 ldw(const uint4 *p) {
@@ -52,9 +23,8 @@ __device__ __forceinline__ uint4 ldw(const uint4 *p) {
 	return v;
 }
 
-// gemv2_bf16: eight loads per lane in flight, streamed past L1.
 template <int NT>
-__device__ __forceinline__ void gemv2_bf16(float *out, const float *x, const u16 *w, int O, int I, int accumulate) {
+__device__ __forceinline__ void gemv_bf16(float *out, const float *x, const u16 *w, int O, int I, int accumulate) {
 	int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 	int row = blockIdx.x * (blockDim.x >> 5) + warp;
 	if (row >= O) return;
@@ -85,9 +55,6 @@ __device__ __forceinline__ void gemv2_bf16(float *out, const float *x, const u16
 #define GEMV(NT) \
 	extern "C" __global__ void __launch_bounds__(256) gemv_bf16_##NT(float *out, const float *x, const u16 *w, int O, int I, int acc) { \
 		gemv_bf16<NT>(out, x, w, O, I, acc); \
-	} \
-	extern "C" __global__ void __launch_bounds__(256) gemv2_bf16_##NT(float *out, const float *x, const u16 *w, int O, int I, int acc) { \
-		gemv2_bf16<NT>(out, x, w, O, I, acc); \
 	}
 GEMV(1)
 GEMV(2)
