@@ -339,7 +339,8 @@ func (e *Engine) prepare(req *Request) (*seq, error) {
 	return s, nil
 }
 
-// Stats returns the engine's counters as of its last scheduling step.
+// Stats returns the engine's counters as of its last scheduling step or
+// finished request.
 func (e *Engine) Stats() Stats {
 	e.mu.Lock()
 	defer e.mu.Unlock()

@@ -482,3 +482,23 @@ func TestTooBigForTheCache(t *testing.T) {
 		t.Errorf("then a request that fits: %d tokens", len(r.tokens))
 	}
 }
+
+// TestParentEviction: a hybrid conversation of many turns holds the
+// snapshots of its last turn only (its prompt's and its answer's), and
+// every turn resumes from the previous one.
+func TestParentEviction(t *testing.T) {
+	f := loadFixture(t, "qwen3next")
+	e := newEngine(t, f, Options{SnapshotInterval: 16})
+	rng := rand.New(rand.NewPCG(21, 22))
+	conv := randomPrompt(rng, f, 40)
+	for turn := range 6 {
+		r := generate(t, e, &Request{PromptIDs: conv, Sampling: Sampling{MaxTokens: 6, IgnoreEOS: true}})
+		if turn > 0 && r.usage.CachedTokens != len(conv)-20 {
+			t.Errorf("turn %d: %d of %d prompt tokens cached, want all but the new 20 and the last answer token", turn, r.usage.CachedTokens, len(conv))
+		}
+		if st := e.Stats(); st.StateSnapshots != 2 {
+			t.Errorf("turn %d: %d snapshots held, want 2", turn, st.StateSnapshots)
+		}
+		conv = append(append(conv, r.tokens...), randomPrompt(rng, f, 19)...)
+	}
+}

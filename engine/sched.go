@@ -496,8 +496,10 @@ func (s *scheduler) finishWith(q *seq, reason FinishReason, err error, ev Event)
 		}
 	}
 	ev.Done, ev.Finish, ev.Usage, ev.Err = true, reason, u, err
-	q.out.push(ev)
 	s.completed++
+	// A caller that has seen the final event sees its effect in Stats.
+	s.publish()
+	q.out.push(ev)
 }
 
 // shutdown ends every request when the engine closes.
