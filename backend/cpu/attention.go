@@ -166,15 +166,13 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 	kp, vp := c.k[layer], c.v[layer]
 	// Queries (normed, rotated) go to a scratch buffer; keys and values into the cache.
 	q := make([]float32, T*H*hd)
+	k := make([]float32, T*KH*hd)
 	a := &attnCall{H: H, KH: KH, G: H / KH, hd: hd, bs: bs, scale: spec.Scale, q: q, o: o, kp: kp, vp: vp}
 	b.pool.For(T, 1, func(lo, hi int) {
 		half := rd / 2
 		cos, sin := make([]float32, half), make([]float32, half)
-		kr := make([]float32, hd)
 		for t := lo; t < hi; t++ {
-			s := &st.seqs[st.tokSeq[t]]
-			pos := int(st.tokPos[t])
-			ropeTables(&spec.Rope, pos, cos, sin)
+			ropeTables(&spec.Rope, int(st.tokPos[t]), cos, sin)
 			row := x[t*width : (t+1)*width]
 			for h := range H {
 				qh := q[(t*H+h)*hd : (t*H+h+1)*hd]
@@ -182,13 +180,24 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 				ropeRow(qh, cos, sin)
 			}
 			for h := range KH {
-				rmsNormRow(kr, row[kOff+h*hd:kOff+(h+1)*hd], kn, spec.NormEps)
-				ropeRow(kr, cos, sin)
-				kp.store(a.slot(s, pos, h), kr)
-				vp.store(a.slot(s, pos, h), row[vOff+h*hd:vOff+(h+1)*hd])
+				kh := k[(t*KH+h)*hd : (t*KH+h+1)*hd]
+				rmsNormRow(kh, row[kOff+h*hd:kOff+(h+1)*hd], kn, spec.NormEps)
+				ropeRow(kh, cos, sin)
 			}
 		}
 	})
+	// The cache writes run serially: the padding rows of a decode bucket all
+	// write the model's one spare block, so parallel stores would race. They
+	// are a small copy next to the attention itself.
+	for t := range T {
+		s := &st.seqs[st.tokSeq[t]]
+		pos := int(st.tokPos[t])
+		row := x[t*width : (t+1)*width]
+		for h := range KH {
+			kp.store(a.slot(s, pos, h), k[(t*KH+h)*hd:(t*KH+h+1)*hd])
+			vp.store(a.slot(s, pos, h), row[vOff+h*hd:vOff+(h+1)*hd])
+		}
+	}
 
 	// Long prefills go through the blocked kernel, other tokens one by one.
 	var direct []int32
