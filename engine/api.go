@@ -100,4 +100,7 @@ var (
 	ErrQueueFull = errors.New("request queue is full")
 	// ErrClosed: the engine is shutting down.
 	ErrClosed = errors.New("engine is closed")
+	// ErrKVFull (a stream's Err): the sequence needs more KV blocks than
+	// the whole cache has, even running alone.
+	ErrKVFull = errors.New("the sequence does not fit in the KV cache")
 )

@@ -3,7 +3,6 @@ package engine
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -15,10 +14,6 @@ import (
 	"github.com/kiln-llm/kiln/model"
 	"github.com/kiln-llm/kiln/tokenizer"
 )
-
-// ErrKVFull: a sequence running alone needs more KV blocks than the cache
-// has.
-var ErrKVFull = errors.New("engine: the sequence does not fit in the KV cache")
 
 // seq is one request inside the scheduler.
 type seq struct {
