@@ -91,9 +91,9 @@ func syntheticModel(t *testing.T, name string, layers int) *model.Model {
 		t.Fatal(err)
 	}
 	// The tiny shapes declare 4096 positions; their plain RoPE runs past
-	// that, and the measurement needs 8K of history.
-	if c := m.Config(); c.ContextLength < 16384 {
-		c.ContextLength = 16384
+	// that, and the measurement needs up to 20K of history (the seed's case).
+	if c := m.Config(); c.ContextLength < 32768 {
+		c.ContextLength = 32768
 	}
 	return m
 }
