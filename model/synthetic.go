@@ -81,22 +81,43 @@ func SyntheticNames() []string {
 	return names
 }
 
+// SyntheticConfig returns the config of the named synthetic model with its
+// published number of layers.
+func SyntheticConfig(name string) (*Config, error) {
+	return syntheticConfig(name, 0)
+}
+
 // Synthetic builds the named model (see SyntheticNames) with random weights
 // and no files, for benchmarks; o.Layers > 0 keeps only the first layers.
 func Synthetic(name string, b backend.Backend, o SyntheticOptions) (*Model, error) {
+	cfg, err := syntheticConfig(name, o.Layers)
+	if err != nil {
+		return nil, err
+	}
+	switch o.DType {
+	case backend.BF16, backend.F16, backend.F32:
+	default:
+		return nil, fmt.Errorf("model: synthetic weights cannot be %v", o.DType)
+	}
+	return build(cfg, b, &binder{b: b, dtype: o.DType, seed: o.Seed}, o.KVDType)
+}
+
+// syntheticConfig parses the named synthetic config; layers > 0 keeps only
+// the first layers.
+func syntheticConfig(name string, layers int) (*Config, error) {
 	raw, ok := syntheticConfigs[name]
 	if !ok {
 		return nil, fmt.Errorf("model: no synthetic model %q; there are %s", name, strings.Join(SyntheticNames(), ", "))
 	}
-	if o.Layers > 0 {
+	if layers > 0 {
 		var m map[string]any
 		if err := json.Unmarshal([]byte(raw), &m); err != nil {
 			return nil, err
 		}
-		if types, ok := m["layer_types"].([]any); ok && len(types) > o.Layers {
-			m["layer_types"] = types[:o.Layers]
+		if types, ok := m["layer_types"].([]any); ok && len(types) > layers {
+			m["layer_types"] = types[:layers]
 		}
-		m["num_hidden_layers"] = o.Layers
+		m["num_hidden_layers"] = layers
 		data, _ := json.Marshal(m)
 		raw = string(data)
 	}
@@ -105,10 +126,5 @@ func Synthetic(name string, b backend.Backend, o SyntheticOptions) (*Model, erro
 		return nil, fmt.Errorf("model %s: %w", name, err)
 	}
 	cfg.Name = name
-	switch o.DType {
-	case backend.BF16, backend.F16, backend.F32:
-	default:
-		return nil, fmt.Errorf("model: synthetic weights cannot be %v", o.DType)
-	}
-	return build(cfg, b, &binder{b: b, dtype: o.DType, seed: o.Seed}, o.KVDType)
+	return cfg, nil
 }

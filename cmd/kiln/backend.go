@@ -2,18 +2,33 @@ package main
 
 import (
 	"fmt"
+	"log/slog"
+	"os"
 
 	"github.com/kiln-llm/kiln/backend"
 	"github.com/kiln-llm/kiln/backend/cpu"
 	"github.com/kiln-llm/kiln/backend/cuda"
+	"github.com/kiln-llm/kiln/demo"
+	"github.com/kiln-llm/kiln/model"
 )
 
-// openBackend returns the named compute backend: "cpu", or "auto" (also
-// "") for the best one available on this machine.
-func openBackend(name string) (backend.Backend, error) {
+// openBackend returns the named compute backend for a model with config
+// cfg: "cpu", "cuda", or "auto" (also "") for the best one available here.
+// Auto takes CUDA when a GPU and its libraries are there and the backend runs
+// the architecture, else the CPU, and says why in one log line.
+func openBackend(name string, cfg *model.Config) (backend.Backend, error) {
 	switch name {
 	case "auto", "":
-		return cpu.New(cpu.Options{}), nil
+		if cfg.Hybrid() {
+			slog.Info("using the CPU backend: the CUDA backend does not run Gated DeltaNet (hybrid) models yet", "arch", cfg.Arch)
+			return cpu.New(cpu.Options{}), nil
+		}
+		b, err := cuda.New(cuda.Options{})
+		if err != nil {
+			slog.Info("using the CPU backend", "cuda", err)
+			return cpu.New(cpu.Options{}), nil
+		}
+		return b, nil
 	case "cpu":
 		return cpu.New(cpu.Options{}), nil
 	case "cuda":
@@ -23,5 +38,17 @@ func openBackend(name string) (backend.Backend, error) {
 		}
 		return b, nil
 	}
-	return nil, fmt.Errorf("unknown backend %q (want auto or cpu)", name)
+	return nil, fmt.Errorf("unknown backend %q (want auto, cpu or cuda)", name)
+}
+
+// modelConfig reads the config of the model a command names: a directory,
+// a synthetic model, or (neither) the embedded demo model.
+func modelConfig(dir, synthetic string) (*model.Config, error) {
+	switch {
+	case synthetic != "":
+		return model.SyntheticConfig(synthetic)
+	case dir != "":
+		return model.ReadConfig(os.DirFS(dir), dir)
+	}
+	return model.ReadConfig(demo.FS(), demoName)
 }

@@ -79,7 +79,11 @@ func benchMicro(args []string) error {
 	if err != nil {
 		return err
 	}
-	b, err := openBackend(*backendName)
+	cfg, err := modelConfig(*dir, *synth)
+	if err != nil {
+		return err
+	}
+	b, err := openBackend(*backendName, cfg)
 	if err != nil {
 		return err
 	}
@@ -101,7 +105,7 @@ func benchMicro(args []string) error {
 		}
 	}
 	defer m.Close()
-	cfg := m.Config()
+	cfg = m.Config()
 	fmt.Fprintf(os.Stderr, "loaded %s in %.1fs\n", cfg.Name, time.Since(start).Seconds())
 	onGPU := strings.HasPrefix(b.Name(), "cuda")
 	if *bw == 0 {

@@ -64,7 +64,11 @@ func runGenerate(args []string) error {
 	if *maxTokens < 1 {
 		return errors.New("--max-tokens must be at least 1")
 	}
-	b, err := openBackend(*backendName)
+	cfg, err := modelConfig(*dir, *synth)
+	if err != nil {
+		return err
+	}
+	b, err := openBackend(*backendName, cfg)
 	if err != nil {
 		return err
 	}

@@ -30,7 +30,7 @@ func (f *modelFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.dir, "model", "", "model directory (config.json, *.safetensors, tokenizer.json); default: the embedded demo model")
 	fs.StringVar(&f.backend, "backend", "auto", "compute backend: auto, cpu or cuda")
 	fs.IntVar(&f.maxRunning, "max-running", 0, "most sequences decoded together (default: the engine's, 16)")
-	fs.Int64Var(&f.kvMiB, "kv-memory", 0, "MiB of KV cache (default: the engine's, 1024)")
+	fs.Int64Var(&f.kvMiB, "kv-memory", 0, "MiB of KV cache (default: 1024 on the CPU; on a GPU, what the weights leave free)")
 }
 
 // loaded is a model ready to serve.
@@ -71,7 +71,11 @@ func (f *modelFlags) load() (*loaded, error) {
 	if f.maxRunning > 256 {
 		opts.MaxBatchTokens = f.maxRunning // every running sequence needs a token per step
 	}
-	b, err := openBackend(f.backend)
+	cfg, err := modelConfig(f.dir, "")
+	if err != nil {
+		return nil, err
+	}
+	b, err := openBackend(f.backend, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -110,11 +114,22 @@ func (f *modelFlags) load() (*loaded, error) {
 		}
 	}
 	bar.finish()
+	if gpu, ok := b.(interface{ FreeMemory() int64 }); ok {
+		// On a GPU the KV pool takes the memory the weights left, less
+		// room for the step's workspace, and prompts prefill in larger
+		// chunks: the tensor cores need them to be busy.
+		if f.kvMiB == 0 {
+			opts.KVMemory = max(gpu.FreeMemory()*9/10-2<<30, 256<<20)
+		}
+		if opts.MaxBatchTokens == 0 {
+			opts.MaxBatchTokens = 2048
+		}
+	}
 	eng, err := engine.New(m, tok, tmpl, opts)
 	if err != nil {
 		return nil, fmt.Errorf("starting the engine: %w", err)
 	}
-	cfg := m.Config()
+	cfg = m.Config()
 	name := cfg.Name
 	if dir == "" {
 		name = demoName
