@@ -308,6 +308,12 @@ func (c *Config) fill(r *rawConfig) error {
 	if c.KVHeads < 0 || c.Heads%c.KVHeads != 0 {
 		return fmt.Errorf("num_attention_heads %d is not a multiple of num_key_value_heads %d", c.Heads, c.KVHeads)
 	}
+	if err := checkSizes(
+		size{"vocab_size", c.VocabSize, maxVocab}, size{"hidden_size", c.Hidden, maxDim},
+		size{"num_hidden_layers", c.Layers, maxLayers}, size{"num_attention_heads", c.Heads, maxHeads},
+		size{"head_dim", c.HeadDim, maxDim}, size{"intermediate_size", c.Intermediate, maxDim}); err != nil {
+		return err
+	}
 	c.NormEps = 1e-6
 	if r.RMSNormEps != nil {
 		c.NormEps = float32(*r.RMSNormEps)
@@ -320,6 +326,33 @@ func (c *Config) fill(r *rawConfig) error {
 	}
 	if err := c.fillLayers(r); err != nil {
 		return err
+	}
+	return nil
+}
+
+// Upper bounds on a config's sizes, far above any published model: a corrupt
+// or hostile config.json fails with a message instead of making the loader
+// allocate per-layer and per-expert tables that exhaust memory before the
+// checkpoint's tensors are ever compared with the config.
+const (
+	maxLayers  = 1024
+	maxHeads   = 1024
+	maxExperts = 4096
+	maxDim     = 1 << 17 // hidden, intermediate and head sizes
+	maxVocab   = 1 << 23
+)
+
+// size is one config value and its upper bound.
+type size struct {
+	name     string
+	v, limit int
+}
+
+func checkSizes(sizes ...size) error {
+	for _, s := range sizes {
+		if s.v > s.limit {
+			return fmt.Errorf("%s %d is implausibly large (kiln accepts at most %d): is config.json corrupt?", s.name, s.v, s.limit)
+		}
 	}
 	return nil
 }
@@ -363,6 +396,10 @@ func (c *Config) fillLayers(r *rawConfig) error {
 		if d.KeyHeads <= 0 || d.ValueHeads <= 0 || d.KeyDim <= 0 || d.ValueDim <= 0 || d.ValueHeads%d.KeyHeads != 0 {
 			return fmt.Errorf("linear attention heads %d/%d (key/value) of dims %d/%d are invalid", d.KeyHeads, d.ValueHeads, d.KeyDim, d.ValueDim)
 		}
+		if err := checkSizes(size{"linear_num_value_heads", d.ValueHeads, maxHeads}, size{"linear_key_head_dim", d.KeyDim, maxDim},
+			size{"linear_value_head_dim", d.ValueDim, maxDim}, size{"linear_conv_kernel_dim", d.ConvKernel, maxDim}); err != nil {
+			return err
+		}
 	}
 	c.Sparse = make([]bool, c.Layers)
 	if c.arch.moe != noMoE {
@@ -378,6 +415,10 @@ func (c *Config) fillLayers(r *rawConfig) error {
 		}
 		if m.Experts > 0 && (m.TopK <= 0 || m.TopK > m.Experts || m.Intermediate <= 0) {
 			return fmt.Errorf("experts: %d of %d per token, intermediate size %d: invalid", m.TopK, m.Experts, m.Intermediate)
+		}
+		if err := checkSizes(size{"num_experts", m.Experts, maxExperts}, size{"moe_intermediate_size", m.Intermediate, maxDim},
+			size{"shared_expert_intermediate_size", m.SharedIntermediate, maxDim}); err != nil {
+			return err
 		}
 		step := r.DecoderSparseStep
 		if step <= 0 {

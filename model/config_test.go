@@ -147,6 +147,10 @@ func TestConfigErrors(t *testing.T) {
 		{`{"architectures":["Qwen3_5ForCausalLM"],` + base + `,"layer_types":["full_attention"],"linear_num_key_heads":1,"linear_num_value_heads":1,"linear_key_head_dim":8,"linear_value_head_dim":8}`, "layer_types has 1 entries for 2 layers"},
 		{`{"architectures":["Qwen3ForCausalLM"],"vocab_size":0}`, "vocab_size must be positive"},
 		{`{"architectures":["Qwen3ForCausalLM"],` + base + `,"partial_rotary_factor":0.1}`, "rotary dimension"},
+		// Sizes no model has: refused before the loader allocates tables by them.
+		{`{"architectures":["Qwen3ForCausalLM"],` + base + `,"num_hidden_layers":1000000000}`, "num_hidden_layers 1000000000 is implausibly large"},
+		{`{"architectures":["Qwen3ForCausalLM"],` + base + `,"head_dim":1073741824}`, "head_dim 1073741824 is implausibly large"},
+		{`{"architectures":["Qwen3MoeForCausalLM"],` + base + `,"num_experts":100000000,"num_experts_per_tok":2,"moe_intermediate_size":8}`, "num_experts 100000000 is implausibly large"},
 	}
 	for _, c := range cases {
 		_, err := parse(t, c.config, "")
