@@ -60,7 +60,7 @@ func benchMicro(args []string) error {
 	prefills := fs.String("prefill", "512,4096,16384", "prefill prompt lengths")
 	steps := fs.Int("steps", 32, "timed decode steps per configuration")
 	asJSON := fs.Bool("json", false, "print the results as JSON")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	bs, err1 := intList(*batches)

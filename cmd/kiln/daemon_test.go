@@ -44,6 +44,19 @@ func TestCLI(t *testing.T) {
 		err := cmd.Run()
 		return out.String(), errb.String(), err
 	}
+	t.Run("help", func(t *testing.T) {
+		// Asking for help is no error: every command prints its flags and exits 0.
+		names := [][]string{{"bench", "serve"}}
+		for name := range commands {
+			names = append(names, []string{name})
+		}
+		for _, name := range names {
+			_, errOut, err := kiln("", append(name, "-h")...)
+			if err != nil || !strings.Contains(errOut, "-") || strings.Contains(errOut, "help requested") {
+				t.Errorf("kiln %s -h: %v\n%s", strings.Join(name, " "), err, errOut)
+			}
+		}
+	})
 	t.Run("serve drains on SIGTERM", func(t *testing.T) { testServeDrain(t, bin, env, runtimeDir) })
 	t.Run("daemon", func(t *testing.T) {
 		out, errOut, err := kiln("", "start", "--addr", "none")

@@ -51,7 +51,7 @@ func runGenerate(args []string) error {
 	ignoreEOS := fs.Bool("ignore-eos", false, "keep generating after an end-of-sequence token")
 	asJSON := fs.Bool("json", false, "print a JSON object")
 	dumpLogits := fs.String("dump-logits", "", "write the logits of the last prompt position to this file (little-endian float32)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if (*dir == "") == (*synth == "") {

@@ -40,7 +40,7 @@ func render(args []string) error {
 			"\"messages\", \"tools\", \"add_generation_prompt\" (default true) and \"chat_template_kwargs\".\n\n")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if *dir == "" || fs.NArg() > 0 {

@@ -25,7 +25,7 @@ func init() {
 func tokenize(args []string, in io.Reader, out io.Writer) error {
 	fs := flag.NewFlagSet("tokenize", flag.ContinueOnError)
 	model := fs.String("model", "", "directory holding tokenizer.json")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if *model == "" {
