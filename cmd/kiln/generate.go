@@ -41,7 +41,7 @@ func runGenerate(args []string) error {
 	dir := fs.String("model", "", "model directory (config.json, *.safetensors)")
 	synth := fs.String("synthetic", "", "a synthetic model with random weights instead: "+strings.Join(model.SyntheticNames(), ", "))
 	layers := fs.Int("layers", 0, "with --synthetic: keep only this many layers (0: all)")
-	backendName := fs.String("backend", "auto", "compute backend: auto or cpu")
+	backendName := fs.String("backend", "auto", "compute backend: auto, cpu or cuda")
 	promptIDs := fs.String("prompt-ids", "", "comma-separated prompt token ids")
 	maxTokens := fs.Int("max-tokens", 32, "tokens to generate at most")
 	temperature := fs.Float64("temperature", 0, "sampling temperature; 0 is greedy")
@@ -85,6 +85,11 @@ func runGenerate(args []string) error {
 
 	const blockSize = 16
 	total := len(prompt) + *maxTokens
+	// Past the context the model is off its training distribution, and a
+	// mistyped --max-tokens would size the cache by it.
+	if ctx := m.Config().ContextLength; ctx > 0 && total > ctx {
+		return fmt.Errorf("%d prompt tokens plus --max-tokens %d exceed the model's context of %d tokens", len(prompt), *maxTokens, ctx)
+	}
 	if err := m.AllocCache(model.CacheSpec{Blocks: (total + blockSize - 1) / blockSize, BlockSize: blockSize, Slots: 1}); err != nil {
 		return err
 	}

@@ -96,4 +96,8 @@ func TestGenerateCommand(t *testing.T) {
 	if out, err := bad.CombinedOutput(); err == nil || !strings.Contains(string(out), `"x" is not a token id`) {
 		t.Fatalf("bad prompt ids: %v %s", err, out)
 	}
+	long := exec.Command(bin, "generate", "--model", dir, "--prompt-ids", "1,2,3", "--max-tokens", "4094", "--ignore-eos", "--backend", "cpu") // 4097 > 4096
+	if out, err := long.CombinedOutput(); err == nil || !strings.Contains(string(out), "exceed the model's context") {
+		t.Fatalf("generating past the context: %v %s", err, out)
+	}
 }
