@@ -272,6 +272,9 @@ type completionRequest struct {
 func parsePrompt(raw json.RawMessage) (string, []int32, error) {
 	var text string
 	if json.Unmarshal(raw, &text) == nil {
+		if text == "" { // also null, which leaves text as it was
+			return "", nil, badRequest("prompt", "prompt must not be empty")
+		}
 		return text, nil, nil
 	}
 	var ids []int32
@@ -335,7 +338,12 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) error {
 	}
 	g, err := s.start(r, &engine.Request{Prompt: text, PromptIDs: ids, Sampling: sp})
 	if err != nil {
-		return err
+		ae := asAPIError(err)
+		if ae.Code != nil && *ae.Code == "context_length_exceeded" {
+			param := "prompt" // not the chat route's messages
+			ae.Param = &param
+		}
+		return ae
 	}
 	defer g.close()
 	c := completionMeta{ID: "cmpl-" + randomID(), Created: time.Now().Unix(), Model: s.opts.ModelName}

@@ -335,6 +335,9 @@ func TestBadRequests(t *testing.T) {
 		{"context overflow", "/v1/chat/completions", long, 400, "messages"},
 		{"prompt ids out of vocabulary", "/v1/completions", `{"prompt":[1,2,99999]}`, 400, ""},
 		{"two prompts", "/v1/completions", `{"prompt":["a","b"]}`, 400, "prompt"},
+		{"empty prompt", "/v1/completions", `{"prompt":""}`, 400, "prompt"},
+		{"null prompt", "/v1/completions", `{"prompt":null}`, 400, "prompt"},
+		{"prompt overflow", "/v1/completions", `{"prompt":"` + strings.Repeat("go func ", 3000) + `"}`, 400, "prompt"},
 		{"unknown route", "/v1/embeddings", `{}`, 404, ""},
 	}
 	for _, tc := range cases {
