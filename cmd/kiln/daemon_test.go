@@ -118,6 +118,7 @@ func TestCLI(t *testing.T) {
 			t.Errorf("public address without a key: %v %q", err, errOut)
 		}
 	})
+	t.Run("run interrupted", func(t *testing.T) { testRunInterrupted(t, bin, env) })
 	t.Run("chat", func(t *testing.T) {
 		in := "/system You write Go.\nfunc main() {\n/stats\n/think off\nand then?\n/reset\n/bogus\n/exit\nnever sent\n"
 		out, errOut, err := kiln(in, "chat", "--no-daemon", "--max-tokens", "8")
@@ -217,5 +218,58 @@ func testServeDrain(t *testing.T, bin string, env []string, dir string) {
 	}
 	if _, err := os.Stat(sock); err == nil {
 		t.Error("socket left behind")
+	}
+}
+
+// testRunInterrupted sends Ctrl-C to "kiln run" while it loads a model (its
+// config.json is a FIFO nobody writes, so loading blocks) and while it
+// answers: both times the process must end promptly, non-zero, saying why.
+func testRunInterrupted(t *testing.T, bin string, env []string) {
+	fixture, err := filepath.Abs(filepath.Join("..", "..", "testdata", "fixtures", "qwen3"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stuck := t.TempDir()
+	if err := syscall.Mkfifo(filepath.Join(stuck, "config.json"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	interrupt := func(cmd *exec.Cmd) error {
+		cmd.Process.Signal(os.Interrupt)
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			t.Fatal("kiln run ignored Ctrl-C")
+			return nil
+		}
+	}
+
+	cmd := exec.Command(bin, "run", "--no-daemon", "--model", stuck, "hi")
+	cmd.Env, cmd.Stdin = env, strings.NewReader("")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if err := interrupt(cmd); err == nil {
+		t.Error("interrupted while loading, kiln run exited 0")
+	}
+
+	// Greedy on the fixture runs to --max-tokens: seconds of output.
+	cmd = exec.Command(bin, "run", "--no-daemon", "--model", fixture, "--temperature", "0", "--max-tokens", "4000", "hello")
+	var errb bytes.Buffer
+	cmd.Env, cmd.Stdin, cmd.Stderr = env, strings.NewReader(""), &errb
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bufio.NewReader(stdout).ReadByte(); err != nil {
+		t.Fatalf("no answer: %v", err)
+	}
+	go io.Copy(io.Discard, stdout)
+	if err := interrupt(cmd); err == nil || strings.TrimSpace(errb.String()) != "kiln run: interrupted" {
+		t.Errorf("interrupted mid-answer: %v, stderr %q", err, errb.String())
 	}
 }

@@ -358,13 +358,15 @@ func runOnce(args []string) error {
 	if err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	// Signals are caught only once the model is there: loading cannot be
+	// cancelled, and Ctrl-C while weights load must still end the process.
 	a, err := c.connect()
 	if err != nil {
 		return err
 	}
 	defer a.close()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
 	var msgs []chat.Message
 	if c.system != "" {
 		msgs = append(msgs, chat.Message{Role: "system", Content: c.system})
@@ -387,5 +389,8 @@ func runOnce(args []string) error {
 		stdout.WriteByte('\n')
 	}
 	stdout.Flush()
+	if err != nil && ctx.Err() != nil {
+		return errors.New("interrupted")
+	}
 	return err
 }
