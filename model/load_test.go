@@ -244,6 +244,18 @@ func TestLoadErrors(t *testing.T) {
 	}
 }
 
+// TestLoadBadPath: a model path that is missing or a file says so.
+func TestLoadBadPath(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "Qwen3-8B")
+	if _, err := Load(missing, cpu.New(cpu.Options{}), Options{}); err == nil || err.Error() != "model directory "+missing+" does not exist" {
+		t.Errorf("missing directory: %v", err)
+	}
+	file := filepath.Join("..", "testdata", "fixtures", "qwen3", "config.json")
+	if _, err := Load(file, cpu.New(cpu.Options{}), Options{}); err == nil || !strings.Contains(err.Error(), "is a file, not a directory") {
+		t.Errorf("a file: %v", err)
+	}
+}
+
 // TestLoadFS loads a fixture through fs.FS (the embedded-model path) and
 // reports progress.
 func TestLoadFS(t *testing.T) {
