@@ -9,6 +9,7 @@ import (
 	"math"
 	"sort"
 	"strings"
+	"syscall"
 
 	"github.com/kiln-llm/kiln/backend"
 )
@@ -172,6 +173,14 @@ type rawGeneration struct {
 func ReadConfig(fsys fs.FS, name string) (*Config, error) {
 	data, err := fs.ReadFile(fsys, "config.json")
 	if err != nil {
+		// A mistyped path reads as such, not as a config.json missing inside it.
+		fi, serr := fs.Stat(fsys, ".")
+		switch {
+		case errors.Is(serr, fs.ErrNotExist):
+			return nil, fmt.Errorf("model %s: no such directory", name)
+		case errors.Is(serr, syscall.ENOTDIR) || serr == nil && !fi.IsDir():
+			return nil, fmt.Errorf("model %s is a file, not a directory: give the directory that holds config.json", name)
+		}
 		return nil, fmt.Errorf("model %s: %w", name, err)
 	}
 	gen, err := fs.ReadFile(fsys, "generation_config.json")

@@ -247,12 +247,18 @@ func TestLoadErrors(t *testing.T) {
 // TestLoadBadPath: a model path that is missing or a file says so.
 func TestLoadBadPath(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "Qwen3-8B")
-	if _, err := Load(missing, cpu.New(cpu.Options{}), Options{}); err == nil || err.Error() != "model directory "+missing+" does not exist" {
+	if _, err := Load(missing, cpu.New(cpu.Options{}), Options{}); err == nil || err.Error() != "model Qwen3-8B: no such directory" {
+		t.Errorf("missing directory: %v", err)
+	}
+	if _, err := ReadConfig(os.DirFS(missing), missing); err == nil || err.Error() != "model "+missing+": no such directory" {
 		t.Errorf("missing directory: %v", err)
 	}
 	file := filepath.Join("..", "testdata", "fixtures", "qwen3", "config.json")
 	if _, err := Load(file, cpu.New(cpu.Options{}), Options{}); err == nil || !strings.Contains(err.Error(), "is a file, not a directory") {
 		t.Errorf("a file: %v", err)
+	}
+	if _, err := Load(t.TempDir(), cpu.New(cpu.Options{}), Options{}); err == nil || !strings.Contains(err.Error(), "open config.json") {
+		t.Errorf("no config.json: %v", err)
 	}
 }
 

@@ -57,12 +57,6 @@ type Model struct {
 // Load reads the model in dir; its weights are memory-mapped and stay mapped
 // until Close.
 func Load(dir string, b backend.Backend, opts Options) (*Model, error) {
-	// A mistyped path reads as such, not as a config.json missing inside it.
-	if fi, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("model directory %s does not exist", dir)
-	} else if err == nil && !fi.IsDir() {
-		return nil, fmt.Errorf("model %s is a file, not a directory: give the directory that holds config.json", dir)
-	}
 	return load(os.DirFS(dir), filepath.Base(filepath.Clean(dir)), dir, func() (*safetensors.Set, error) {
 		return safetensors.OpenDir(dir)
 	}, b, opts)
