@@ -177,16 +177,21 @@ func TestChatTemplate(t *testing.T) {
 		t.Fatal(err)
 	}
 	q := "write a Go function that reverses a string"
-	got, err := tmpl.Render(&chat.RenderInput{
-		Messages:            []chat.Message{{Role: "user", Content: q}},
-		AddGenerationPrompt: true,
-		Kwargs:              map[string]any{"enable_thinking": false},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	want := "<|im_start|>user\n" + q + "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
-	if got != want {
-		t.Errorf("rendered %q, training used %q", got, want)
+	// The model was trained on non-thinking turns only: a request that does
+	// not ask for thinking (every plain OpenAI or Ollama client) must get the
+	// prompt training used, or the model answers with <|endoftext|> at once.
+	for _, kwargs := range []map[string]any{{"enable_thinking": false}, nil} {
+		got, err := tmpl.Render(&chat.RenderInput{
+			Messages:            []chat.Message{{Role: "user", Content: q}},
+			AddGenerationPrompt: true,
+			Kwargs:              kwargs,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != want {
+			t.Errorf("kwargs %v: rendered %q, training used %q", kwargs, got, want)
+		}
 	}
 }
