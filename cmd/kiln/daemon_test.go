@@ -55,6 +55,11 @@ func TestCLI(t *testing.T) {
 			if err != nil || !strings.Contains(errOut, "-") || strings.Contains(errOut, "help requested") {
 				t.Errorf("kiln %s -h: %v\n%s", strings.Join(name, " "), err, errOut)
 			}
+			for _, line := range strings.Split(errOut, "\n") {
+				if strings.Count(line, "(default") > 1 {
+					t.Errorf("kiln %s -h states a default twice: %s", strings.Join(name, " "), strings.TrimSpace(line))
+				}
+			}
 		}
 	})
 	t.Run("serve drains on SIGTERM", func(t *testing.T) { testServeDrain(t, bin, env, runtimeDir) })

@@ -51,8 +51,8 @@ func (c *clientFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&c.think, "think", false, "let the model think first (its reasoning goes to stderr when that is a terminal)")
 	fs.StringVar(&c.system, "system", "", "system prompt")
 	fs.IntVar(&c.maxTokens, "max-tokens", 0, "most tokens to generate (default: until the model stops)")
-	fs.Float64Var(&c.temperature, "temperature", -1, "sampling temperature (default: the model's)")
-	fs.Int64Var(&c.seed, "seed", -1, "random seed (default: random)")
+	fs.Float64Var(&c.temperature, "temperature", -1, "sampling temperature; -1 is the model's default")
+	fs.Int64Var(&c.seed, "seed", -1, "random seed; -1 picks one at random")
 	fs.BoolVar(&c.verbose, "v", false, "debug logging")
 }
 
