@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -121,6 +122,14 @@ func TestCLI(t *testing.T) {
 		}
 		if _, errOut, err := kiln("", "serve", "--addr", "0.0.0.0:0", "--socket", "none"); err == nil || !strings.Contains(errOut, "--api-key") {
 			t.Errorf("public address without a key: %v %q", err, errOut)
+		}
+		busy, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer busy.Close()
+		if _, errOut, err := kiln("", "serve", "--addr", busy.Addr().String(), "--socket", "none"); err == nil || !strings.Contains(errOut, "is in use") {
+			t.Errorf("busy port: %v %q", err, errOut)
 		}
 	})
 	t.Run("run interrupted", func(t *testing.T) { testRunInterrupted(t, bin, env) })

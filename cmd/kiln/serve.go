@@ -145,6 +145,9 @@ func (c *serveConfig) serve() error {
 	}()
 	if c.addr != "" {
 		l, err := net.Listen("tcp", c.addr)
+		if errors.Is(err, syscall.EADDRINUSE) {
+			return fmt.Errorf("%s is in use (by a kiln daemon? 'kiln status' says): choose another with --addr, or --addr none", c.addr)
+		}
 		if err != nil {
 			return err
 		}
