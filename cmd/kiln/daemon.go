@@ -187,6 +187,24 @@ func readPID(path string) (int, error) {
 
 func alive(pid int) bool { return syscall.Kill(pid, 0) == nil }
 
+// isDaemon reports whether the live process pid is the daemon of sock, whose
+// pid file is pidFile: it answers on the socket with that pid or, when it
+// does not answer (hung), its command line names the pid file. A pid file
+// outlives a daemon killed with SIGKILL, and by the time of "kiln stop" its
+// pid may belong to an unrelated process, which must not be signalled.
+// Without /proc (not Linux) a silent process is taken at its word.
+func isDaemon(pid int, sock, pidFile string) bool {
+	if st, err := daemonStatusOf(sock); err == nil {
+		return st.PID == pid
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		_, serr := os.Stat("/proc/self/cmdline")
+		return serr != nil
+	}
+	return bytes.Contains(cmdline, []byte("\x00"+pidFile+"\x00"))
+}
+
 func stopDaemon(args []string) error {
 	var timeout time.Duration
 	sock, _, err := daemonSocket("stop", args, func(fs *flag.FlagSet) {
@@ -205,7 +223,7 @@ func stopDaemon(args []string) error {
 		}
 		pid = st.PID
 	}
-	if !alive(pid) {
+	if !alive(pid) || !isDaemon(pid, sock, f.pid) {
 		os.Remove(f.pid)
 		return errors.New("no daemon is running (removed a stale pid file)")
 	}

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -130,6 +131,27 @@ func TestCLI(t *testing.T) {
 		defer busy.Close()
 		if _, errOut, err := kiln("", "serve", "--addr", busy.Addr().String(), "--socket", "none"); err == nil || !strings.Contains(errOut, "is in use") {
 			t.Errorf("busy port: %v %q", err, errOut)
+		}
+	})
+	t.Run("stop with a stale pid file", func(t *testing.T) {
+		// The daemon died by SIGKILL; its pid now names an unrelated process.
+		other := exec.Command("sleep", "30")
+		if err := other.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer other.Process.Kill()
+		sock := filepath.Join(runtimeDir, "kiln", "stale.sock")
+		if err := os.MkdirAll(filepath.Dir(sock), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(runtimeDir, "kiln", "stale.pid"), []byte(strconv.Itoa(other.Process.Pid)+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, errOut, err := kiln("", "stop", "--socket", sock); err == nil || !strings.Contains(errOut, "no daemon is running") {
+			t.Errorf("stop: %v %q", err, errOut)
+		}
+		if err := other.Process.Signal(syscall.Signal(0)); err != nil {
+			t.Errorf("kiln stop signalled an unrelated process: %v", err)
 		}
 	})
 	t.Run("run interrupted", func(t *testing.T) { testRunInterrupted(t, bin, env) })
