@@ -102,6 +102,9 @@ func chatLoop(args []string) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q (kiln chat reads messages from the terminal)", fs.Args())
 	}
+	if err := c.check(); err != nil {
+		return err
+	}
 	setupLogging(c.verbose, slog.LevelWarn)
 	a, err := c.connect()
 	if err != nil {

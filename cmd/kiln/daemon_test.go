@@ -124,6 +124,17 @@ func TestCLI(t *testing.T) {
 		if _, errOut, err := kiln("", "serve", "--addr", "0.0.0.0:0", "--socket", "none"); err == nil || !strings.Contains(errOut, "--api-key") {
 			t.Errorf("public address without a key: %v %q", err, errOut)
 		}
+		// Out-of-range flags are named; none is silently taken (a negative
+		// --max-tokens was "unlimited") or answered with the engine's structs.
+		for _, bad := range [][]string{
+			{"run", "hi", "--max-tokens", "-3"}, {"run", "hi", "--temperature", "5"}, {"chat", "--seed", "-2"},
+			{"run", "hi", "--no-daemon", "--kv-memory", "-5"}, {"serve", "--addr", "none", "--max-running", "-1"},
+		} {
+			flag := bad[len(bad)-2]
+			if _, errOut, err := kiln("", bad...); err == nil || !strings.Contains(errOut, flag+" ") || strings.Contains(errOut, "{") {
+				t.Errorf("kiln %s: %v %q", strings.Join(bad, " "), err, errOut)
+			}
+		}
 		busy, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)

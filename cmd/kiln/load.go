@@ -67,6 +67,15 @@ func (l *loaded) regularVocab() int {
 // chat template, and starts an engine on the chosen backend. A progress bar
 // shows on stderr while weights load, when stderr is a terminal.
 func (f *modelFlags) load() (*loaded, error) {
+	// The engine refuses these too, but by printing its whole Options.
+	for _, v := range []struct {
+		flag string
+		n    int64
+	}{{"--max-running", int64(f.maxRunning)}, {"--kv-memory", f.kvMiB}} {
+		if v.n < 0 {
+			return nil, fmt.Errorf("%s must be positive, not %d (0: the engine's default)", v.flag, v.n)
+		}
+	}
 	opts := engine.Options{MaxRunning: f.maxRunning, KVMemory: f.kvMiB << 20}
 	if f.maxRunning > 256 {
 		opts.MaxBatchTokens = f.maxRunning // every running sequence needs a token per step

@@ -56,6 +56,20 @@ func (c *clientFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&c.verbose, "v", false, "debug logging")
 }
 
+// check refuses sampling flags the server would refuse too, so that a
+// request means the same in-process and through the daemon.
+func (c *clientFlags) check() error {
+	switch {
+	case c.maxTokens < 0:
+		return fmt.Errorf("--max-tokens must be positive, not %d (0: until the model stops)", c.maxTokens)
+	case c.temperature != -1 && (c.temperature < 0 || c.temperature > 2):
+		return fmt.Errorf("--temperature must be between 0 and 2, not %g (-1: the model's default)", c.temperature)
+	case c.seed < -1:
+		return fmt.Errorf("--seed must be at least 0, not %d (-1: random)", c.seed)
+	}
+	return nil
+}
+
 // parseInterspersed parses flags that may come before or after the
 // positional arguments ("kiln run 'prompt' --model x") and returns the
 // positional ones.
@@ -351,6 +365,9 @@ func runOnce(args []string) error {
 	}
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
+		return err
+	}
+	if err := c.check(); err != nil {
 		return err
 	}
 	setupLogging(c.verbose, slog.LevelWarn)
