@@ -10,15 +10,18 @@ package server
 import (
 	"context"
 	"crypto/subtle"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
+	"reflect"
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode"
 
 	"github.com/kiln-llm/kiln/engine"
 )
@@ -312,8 +315,55 @@ type Status struct {
 	UptimeS  float64           `json:"uptime_s"`
 	InFlight int64             `json:"in_flight"`
 	Draining bool              `json:"draining"`
-	Stats    engine.Stats      `json:"stats"`
+	Stats    EngineStats       `json:"stats"`
 	Info     map[string]string `json:"info,omitempty"`
+}
+
+// EngineStats is engine.Stats as /status reports it: with snake_case keys
+// (kv_blocks_used), as everywhere else in the API; engine.Stats has no JSON
+// tags, and its Go field names leaked onto the wire.
+type EngineStats engine.Stats
+
+// MarshalJSON writes every field under its snake_case name.
+func (s EngineStats) MarshalJSON() ([]byte, error) {
+	v := reflect.ValueOf(s)
+	m := make(map[string]any, v.NumField())
+	for i := range v.NumField() {
+		m[snakeCase(v.Type().Field(i).Name)] = v.Field(i).Interface()
+	}
+	return json.Marshal(m)
+}
+
+// UnmarshalJSON reads what MarshalJSON writes.
+func (s *EngineStats) UnmarshalJSON(b []byte) error {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(b, &m); err != nil {
+		return err
+	}
+	v := reflect.ValueOf(s).Elem()
+	for i := range v.NumField() {
+		name := snakeCase(v.Type().Field(i).Name)
+		if raw, ok := m[name]; ok {
+			if err := json.Unmarshal(raw, v.Field(i).Addr().Interface()); err != nil {
+				return fmt.Errorf("stats.%s: %w", name, err)
+			}
+		}
+	}
+	return nil
+}
+
+// snakeCase turns a Go field name into its JSON key: KVBlocksUsed is
+// kv_blocks_used (an initialism is one word).
+func snakeCase(name string) string {
+	r := []rune(name)
+	var b strings.Builder
+	for i, c := range r {
+		if i > 0 && unicode.IsUpper(c) && (unicode.IsLower(r[i-1]) || i+1 < len(r) && unicode.IsLower(r[i+1])) {
+			b.WriteByte('_')
+		}
+		b.WriteRune(unicode.ToLower(c))
+	}
+	return b.String()
 }
 
 func (s *Server) status(w http.ResponseWriter, r *http.Request) {
@@ -323,7 +373,7 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request) {
 		UptimeS:  time.Since(s.started).Seconds(),
 		InFlight: s.inFlight.Load(),
 		Draining: s.draining.Load(),
-		Stats:    s.eng.Stats(),
+		Stats:    EngineStats(s.eng.Stats()),
 		Info:     s.opts.Info,
 	})
 }

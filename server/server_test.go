@@ -559,11 +559,24 @@ func TestModelsAndHealth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var st Status
-	json.NewDecoder(resp.Body).Decode(&st)
+	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
+	var st Status
+	if err := json.Unmarshal(body, &st); err != nil {
+		t.Fatal(err)
+	}
 	if st.Model != testModel || st.PID != os.Getpid() || st.Stats.KVBlocksTotal == 0 {
 		t.Errorf("status %+v", st)
+	}
+	// The wire keys are snake_case like the rest of the API.
+	var raw struct {
+		Stats map[string]any `json:"stats"`
+	}
+	json.Unmarshal(body, &raw)
+	for _, key := range []string{"running", "waiting", "kv_blocks_used", "kv_blocks_total", "cache_hit_tokens", "requests_completed", "state_bytes"} {
+		if _, ok := raw.Stats[key]; !ok {
+			t.Errorf("status stats lack %q: %s", key, body)
+		}
 	}
 }
 
