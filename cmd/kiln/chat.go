@@ -133,19 +133,24 @@ func chatLoop(args []string) error {
 			os.Exit(130)
 		}
 	}()
-	in := bufio.NewScanner(os.Stdin)
-	in.Buffer(make([]byte, 1<<20), 1<<20)
+	// A reader, not a Scanner: a pasted line of any length is one message
+	// (too long for the context, it gets that error and the chat goes on).
+	in := bufio.NewReader(os.Stdin)
 	for {
 		if tty {
 			fmt.Print(">>> ")
 		}
-		if !in.Scan() {
+		text, err := in.ReadString('\n')
+		if err != nil && text == "" {
 			if tty {
 				fmt.Println()
 			}
-			return in.Err()
+			if err == io.EOF {
+				return nil
+			}
+			return err
 		}
-		line := strings.TrimSpace(in.Text())
+		line := strings.TrimSpace(text)
 		if line == "" {
 			continue
 		}

@@ -165,6 +165,13 @@ func TestCLI(t *testing.T) {
 			t.Errorf("kiln stop signalled an unrelated process: %v", err)
 		}
 	})
+	t.Run("chat with a very long line", func(t *testing.T) {
+		in := strings.Repeat("func main() { ", 200_000) + "\nhi\n"
+		out, errOut, err := kiln(in, "chat", "--no-daemon", "--max-tokens", "4")
+		if err != nil || !strings.Contains(errOut, "exceeds the context") || strings.TrimSpace(out) == "" {
+			t.Errorf("chat: %v\nstdout %q\nstderr %q", err, out, errOut)
+		}
+	})
 	t.Run("run interrupted", func(t *testing.T) { testRunInterrupted(t, bin, env) })
 	t.Run("chat", func(t *testing.T) {
 		in := "/system You write Go.\nfunc main() {\n/stats\n/think off\nand then?\n/reset\n/bogus\n/exit\nnever sent\n"
