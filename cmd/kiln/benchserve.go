@@ -127,6 +127,21 @@ func benchServe(args []string) error {
 	if err != nil {
 		return err
 	}
+	// The report file is created first: a bad path fails now, not after
+	// loading the model and running.
+	var report *os.File
+	written := false
+	if c.outputJSON != "" {
+		if report, err = os.Create(c.outputJSON); err != nil {
+			return fmt.Errorf("--output-json: %w", err)
+		}
+		defer func() {
+			report.Close()
+			if !written { // no empty file left by a run that never ran
+				os.Remove(c.outputJSON)
+			}
+		}()
+	}
 	level := slog.LevelWarn
 	if c.verbose {
 		level = slog.LevelInfo
@@ -159,11 +174,16 @@ func benchServe(args []string) error {
 		return err
 	}
 	res.print(os.Stdout, c)
-	if c.outputJSON != "" {
+	if report != nil {
 		b, _ := json.MarshalIndent(res.jsonReport(c), "", "  ")
-		if err := os.WriteFile(c.outputJSON, append(b, '\n'), 0o644); err != nil {
-			return err
+		if _, err := report.Write(append(b, '\n')); err != nil {
+			return fmt.Errorf("--output-json: %w", err)
 		}
+		written = true
+	}
+	// A run that measured nothing fails, so that scripts notice.
+	if m := res.metrics(c); m.completed == 0 {
+		return fmt.Errorf("all %d requests failed (the errors are above)", m.failed)
 	}
 	return nil
 }

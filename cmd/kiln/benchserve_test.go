@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -87,6 +88,24 @@ func runBench(t *testing.T, args ...string) map[string]any {
 		t.Fatal(err)
 	}
 	return rep
+}
+
+// A run whose every request fails (prompts longer than the demo model's
+// context) is an error, and a report path that cannot be written fails
+// before the run.
+func TestBenchServeFailures(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "bench.json")
+	err := benchServe([]string{"--num-prompts", "2", "--input-len", "4000", "--output-len", "2", "--output-json", out})
+	if err == nil || !strings.Contains(err.Error(), "all 2 requests failed") {
+		t.Errorf("all failed: %v", err)
+	}
+	if _, serr := os.Stat(out); serr != nil {
+		t.Errorf("no report of the failed run: %v", serr)
+	}
+	err = benchServe([]string{"--num-prompts", "2", "--output-json", filepath.Join(t.TempDir(), "missing", "bench.json")})
+	if err == nil || !strings.Contains(err.Error(), "--output-json") {
+		t.Errorf("unwritable report: %v", err)
+	}
 }
 
 // The random workload sends prompts of exactly --input-len tokens and gets
