@@ -71,5 +71,9 @@ func TestShutdownTimeoutCancels(t *testing.T) {
 	}
 	for s.Next() {
 	}
+	// The client is told why its answer stopped.
+	if err := s.Err(); err == nil || !strings.Contains(err.Error(), "shutting down") {
+		t.Errorf("the cancelled stream ended with %v", err)
+	}
 	waitIdle(t, ts.eng, 0)
 }

@@ -185,8 +185,9 @@ func (g *generation) next() engine.Event {
 func (g *generation) failure(ev engine.Event) error {
 	switch ev.Finish {
 	case engine.FinishCancelled:
-		if err := g.ctx.Err(); err != nil {
-			return err
+		if g.ctx.Err() != nil {
+			// The client left, the time limit passed, or the drain ran out.
+			return context.Cause(g.ctx)
 		}
 		return context.Canceled
 	case engine.FinishError:

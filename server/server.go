@@ -67,7 +67,7 @@ type Server struct {
 	draining  atomic.Bool
 	inFlight  atomic.Int64
 	baseCtx   context.Context
-	cancelAll context.CancelFunc
+	cancelAll context.CancelCauseFunc
 }
 
 // New returns a server for e.
@@ -85,7 +85,7 @@ func New(e *engine.Engine, opts Options) *Server {
 		opts.Logger = slog.Default()
 	}
 	s := &Server{eng: e, opts: opts, log: opts.Logger, started: time.Now()}
-	s.baseCtx, s.cancelAll = context.WithCancel(context.Background())
+	s.baseCtx, s.cancelAll = context.WithCancelCause(context.Background())
 	s.handler = s.routes()
 	s.hs = &http.Server{
 		Handler: s.handler,
@@ -138,7 +138,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		return nil
 	}
 	n := s.inFlight.Load()
-	s.cancelAll()
+	s.cancelAll(errDraining) // what the cancelled clients are told
 	// Cancelled handlers finish within a decode step or two.
 	grace, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
