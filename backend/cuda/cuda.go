@@ -49,12 +49,7 @@ type Backend struct {
 	noFlash bool
 	// Tuning knobs, fixed at New (see envInt's callers).
 	gemvMax, gemvWarps, splitMax, splitBlocks int
-	// fuseDecode (KILN_CUDA_FUSED_DECODE, default 1) lets the decode
-	// attention kernel merge its own splits and, at one new token per
-	// sequence, do the q/k norms, RoPE and cache write too; 0 keeps the
-	// three-kernel path (qk_norm_rope, attn_decode, attn_combine).
-	fuseDecode bool
-	prof       *profiler
+	prof                                      *profiler
 
 	pinned     unsafe.Pointer // host staging for reads
 	pinnedSize int
@@ -130,11 +125,10 @@ func New(opts Options) (*Backend, error) {
 	if os.Getenv("KILN_CUDA_PROFILE") == "1" {
 		b.prof = &profiler{total: map[string]float64{}, count: map[string]int{}}
 	}
-	b.splitMax = envInt("KILN_CUDA_SPLITS", decodeSplitsMax, 1, decodeSplitsMax)
+	b.splitMax = envInt("KILN_CUDA_SPLITS", 512, 1, 512)
 	// Six decode-attention blocks per multiprocessor measured best on an
 	// H100 (2, 3, 4, 6 and 8 tried at batch 1 and 64, contexts 1K and 32K).
 	b.splitBlocks = envInt("KILN_CUDA_SPLIT_BLOCKS", 6, 1, 64)
-	b.fuseDecode = envInt("KILN_CUDA_FUSED_DECODE", 1, 0, 1) == 1
 	lt, err := newBlasLt(b.stream)
 	if err != nil {
 		return nil, err
@@ -369,18 +363,6 @@ func (b *Backend) scratchBuf(name string, n int) devptr {
 		panic(err)
 	}
 	b.scratch[name] = &tensor{dt: backend.I32, shape: []int{sz / 4}, ptr: p}
-	return p
-}
-
-// counters returns n int32 counters that are zero between launches: the
-// decode attention kernel counts its finished splits in them and the last
-// one resets its counter. They are zeroed once, when allocated.
-func (b *Backend) counters(n int) devptr {
-	if s := b.scratch["attncnt"]; s != nil && s.bytes() >= 4*n {
-		return s.ptr
-	}
-	p := b.scratchBuf("attncnt", 4*n)
-	b.fail(check("cuMemsetD32Async", C.k_cuMemsetD32Async(p, 0, C.size_t(b.scratch["attncnt"].bytes()/4), b.stream)))
 	return p
 }
 

@@ -350,13 +350,6 @@ func TestAttention(t *testing.T) {
 	for _, c := range append(cases, attnCase{8, 8, 64, 64, true, false, backend.BF16}) {
 		attnSteps(p, c, steps, func(_ string, f func()) { f() })
 	}
-	// A long context: the fused decode kernel merges 47 active splits.
-	attnSteps(p, cases[0], [][]int{{3000}, {1}, {1}}, func(_ string, f func()) { f() })
-	// The three-kernel decode path (qk_norm_rope, attn_decode, attn_combine).
-	p.g.fuseDecode = false
-	attnSteps(p, cases[0], steps, func(_ string, f func()) { f() })
-	attnSteps(p, cases[3], steps, func(_ string, f func()) { f() })
-	p.g.fuseDecode = true
 	// The float32 prefill kernel on the shapes the tensor-core one takes.
 	p.g.noFlash = true
 	defer func() { p.g.noFlash = false }()

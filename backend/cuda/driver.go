@@ -125,10 +125,6 @@ func (a *args) put(p unsafe.Pointer, size int) {
 	if al > 8 {
 		al = 4
 	}
-	a.putAligned(p, size, al)
-}
-
-func (a *args) putAligned(p unsafe.Pointer, size, al int) {
 	a.size = (a.size + al - 1) / al * al
 	if a.size+size > len(a.buf) || a.n == len(a.offs) {
 		panic("cuda: too many kernel arguments")
@@ -155,17 +151,11 @@ func (a *args) add(vs ...any) {
 			a.put(unsafe.Pointer(&x), 4)
 		case []float32: // a fixed-size float array passed by value
 			a.put(unsafe.Pointer(&x[0]), 4*len(x))
-		case ptrStruct: // a struct of pointers passed by value
-			a.putAligned(unsafe.Pointer(&x[0]), 8*len(x), 8)
 		default:
 			panic(fmt.Sprintf("cuda: unsupported kernel argument %T", v))
 		}
 	}
 }
-
-// ptrStruct is a kernel argument that is a struct of device pointers (in
-// declaration order), passed by value as one parameter.
-type ptrStruct []devptr
 
 func launch(f kfunc, grid [3]int, block, smem int, s stream, a *args) error {
 	r := C.k_launch(f, C.uint(grid[0]), C.uint(grid[1]), C.uint(grid[2]), C.uint(block), C.uint(smem), s,

@@ -232,10 +232,6 @@ func (b *Backend) decodeSplits(T, KH int) int {
 	return max(1, min(b.splitMax, (b.splitBlocks*b.sms+T*KH-1)/(T*KH)))
 }
 
-// decodeSplitsMax is DECODE_SPLITS_MAX of kernels/attention.cu: the
-// decode kernel's merge keeps a weight per split in shared memory.
-const decodeSplitsMax = 512
-
 // Attention runs one attention layer; see backend.Backend.
 func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec *backend.AttnSpec, kvc backend.KVCache, layer int) {
 	ot, qt := asT(out), asT(qkv)
@@ -280,44 +276,28 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 	if qn.numel() != hd || kn.numel() != hd || qn.dt != kn.dt {
 		panic(fmt.Sprintf("cuda: attention: q/k norms %v %v for head dim %d", qn, kn, hd))
 	}
+	qbuf := b.scratchBuf("attnq", T*H*hd*4)
+	kvdt := int(c.spec.DType)
+	b.run("qk_norm_rope", [3]int{T, (H + 2*KH + 7) / 8, 1}, 256, 0,
+		qt.ptr, qbuf, c.k(layer), c.v(layer), kvdt, qn.ptr, kn.ptr, int(qn.dt), boolInt(spec.UnitOffsetNorm),
+		m.dev[mTokPos], m.dev[mTokSeq], m.dev[mSeqBlk], m.dev[mBlocks],
+		H, KH, hd, rd, boolInt(spec.Gated), spec.NormEps, spec.Rope.AttnFactor, bs, rf[:])
+
 	kn2 := "bf16"
 	if c.spec.DType == backend.F32 {
 		kn2 = "f32"
 	}
-	kvdt := int(c.spec.DType)
 	G := H / KH
-	decode := (hd == 64 || hd == 128 || hd == 256) && (G == 1 || G == 2 || G == 4 || G == 8) && m.maxN <= 4
-	// One new token per sequence: the decode kernel norms, rotates and
-	// caches q, k and v itself (no block needs another block's new key).
-	fused := decode && b.fuseDecode && m.maxN == 1
-	qbuf := b.scratchBuf("attnq", T*H*hd*4)
-	if !fused {
-		b.run("qk_norm_rope", [3]int{T, (H + 2*KH + 7) / 8, 1}, 256, 0,
-			qt.ptr, qbuf, c.k(layer), c.v(layer), kvdt, qn.ptr, kn.ptr, int(qn.dt), boolInt(spec.UnitOffsetNorm),
-			m.dev[mTokPos], m.dev[mTokSeq], m.dev[mSeqBlk], m.dev[mBlocks],
-			H, KH, hd, rd, boolInt(spec.Gated), spec.NormEps, spec.Rope.AttnFactor, bs, rf[:])
-	}
-	if decode {
+	decodeOK := (hd == 64 || hd == 128 || hd == 256) && (G == 1 || G == 2 || G == 4 || G == 8)
+	if decodeOK && m.maxN <= 4 {
 		S := b.decodeSplits(T, KH)
 		pm := b.scratchBuf("attnm", T*H*S*4)
 		pl := b.scratchBuf("attnl", T*H*S*4)
 		pacc := b.scratchBuf("attnacc", T*H*S*hd*4)
-		q, cnt := qbuf, devptr(0)
-		if fused {
-			q = qt.ptr
-		}
-		if b.fuseDecode {
-			cnt = b.counters(T * KH)
-		}
-		// Field order of DecodeArgs in kernels/attention.cu.
-		da := ptrStruct{q, qt.ptr, c.k(layer), c.v(layer), m.dev[mTokPos], m.dev[mTokSeq], m.dev[mSeqBlk], m.dev[mBlocks],
-			pm, pl, pacc, cnt, ot.ptr, qn.ptr, kn.ptr}
 		b.run(fmt.Sprintf("attn_decode_%s_%d_%d", kn2, hd, G), [3]int{T, KH, S}, 128, 0,
-			da, H, KH, bs, spec.Scale, boolInt(spec.Gated),
-			boolInt(fused), int(qn.dt), boolInt(spec.UnitOffsetNorm), rd, spec.NormEps, spec.Rope.AttnFactor, rf[:])
-		if cnt == 0 {
-			b.run("attn_combine", [3]int{T, H, 1}, 4*hd, 0, ot.ptr, pm, pl, pacc, qt.ptr, m.dev[mTokPos], H, KH, hd, S, boolInt(spec.Gated))
-		}
+			qbuf, c.k(layer), c.v(layer), m.dev[mTokPos], m.dev[mTokSeq], m.dev[mSeqBlk], m.dev[mBlocks],
+			pm, pl, pacc, H, KH, bs, spec.Scale)
+		b.run("attn_combine", [3]int{T, H, 1}, 4*hd, 0, ot.ptr, pm, pl, pacc, qt.ptr, m.dev[mTokPos], H, KH, hd, S, boolInt(spec.Gated))
 		return
 	}
 	if c.spec.DType == backend.BF16 && (hd == 64 || hd == 128) && !b.noFlash {

@@ -1,7 +1,5 @@
 // Attention: q/k RMSNorm + RoPE + paged KV write, split-K decode attention
-// (which can do the norms, RoPE and cache write itself and merges its own
-// splits, or leave the merge to a combine pass), and a causal flash-style
-// kernel for prefill.
+// with a combine pass, and a causal flash-style kernel for prefill.
 //
 // Caches are [Blocks, BlockSize, KVHeads, HeadDim] per layer, bf16 or f32;
 // block tables are concatenated per sequence (seqblk gives each one's start).
@@ -83,6 +81,12 @@ extern "C" __global__ void __launch_bounds__(256) qk_norm_rope(const float *qkv,
 // block.
 __device__ __forceinline__ int decode_chunk(int n, int S) { return max((n + S - 1) / S, 64); }
 
+// attn_decode: grid (T, KH, S), block 128 (4 warps). Block (t, kh, split)
+// attends the G query heads of kv head kh of token t over its split of the
+// keys [0, pos]; each key row is read once for the G heads, with 16-byte
+// loads: LANES = HD/8 lanes share one key, a warp covers 32/LANES keys per
+// load and U such loads are issued before use. Writes unnormalised partial
+// results (max and sum in log2 units) for attn_combine.
 // Raw holds 8 cache elements as loaded (bf16: one 16-byte vector; f32:
 // two), so that twice as many keys fit in registers while their loads are
 // in flight; they are widened when used.
@@ -102,147 +106,32 @@ template <> struct Raw<float> {
 	}
 };
 
-__device__ __forceinline__ void stk(u16 *p, long i, float v) { p[i] = f2bf(v); }
-__device__ __forceinline__ void stk(float *p, long i, float v) { p[i] = v; }
-
-// Loads that bypass L1: partial results written by other blocks of the
-// same launch (after their fence) are read from L2.
-__device__ __forceinline__ float ldcg(const float *p) {
-	float v;
-	asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
-	return v;
-}
-__device__ __forceinline__ float4 ldcg4(const float *p) {
-	float4 v;
-	asm volatile("ld.global.cg.v4.f32 {%0,%1,%2,%3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p) : "memory");
-	return v;
-}
-
-// DecodeArgs are attn_decode's inputs. q is qbuf [T, H, HD] (normed and
-// rotated by qk_norm_rope, the new keys and values already cached) unless
-// fuse is set: then q is the raw qkv row and each block norms and rotates
-// its own query heads, and the block whose split holds the token's own
-// position also norms, rotates and caches the new key and value (valid when
-// every sequence has one new token: no block reads another's new entry).
-// cnt, when not null, holds T*KH zeroed counters: the last active split of
-// each (token, kv head) to finish merges the partials and writes out (and
-// zeroes its counter again); otherwise attn_combine does.
-struct DecodeArgs {
-	const float *q, *qkv;
-	void *kc, *vc;
-	const int *tokpos, *tokseq, *seqblk, *blocks;
-	float *pm, *pl, *pacc;
-	int *cnt;
-	float *out;
-	const void *qn, *kn;
-};
-
-// DECODE_SPLITS_MAX bounds S (the host's KILN_CUDA_SPLITS range): the merge
-// keeps G*S weights in shared memory.
-#define DECODE_SPLITS_MAX 512
-
-// attn_decode: grid (T, KH, S), block 128 (4 warps). Block (t, kh, split)
-// attends the G query heads of kv head kh of token t over its split of the
-// keys [0, pos]; each key row is read once for the G heads, with 16-byte
-// loads: LANES = HD/8 lanes share one key, a warp covers 32/LANES keys per
-// load and U such loads are issued before use. Partial results keep max and
-// sum in log2 units.
 template <typename KT, int HD, int G>
-__device__ __forceinline__ void attn_decode(const DecodeArgs &a, int H, int KH, int bs, float scale, int gated,
-		int fuse, int wdt, int unitOffset, int rd, float eps, float attnFactor, const RopeFreq &rf) {
+__device__ __forceinline__ void attn_decode(const float *qbuf, const KT *kc, const KT *vc,
+		const int *tokpos, const int *tokseq, const int *seqblk, const int *blocks,
+		float *pm, float *pl, float *pacc, int H, int KH, int bs, float scale) {
 	constexpr int LANES = HD / 8, TPW = 32 / LANES, U = sizeof(KT) == 2 ? 8 : 4, W = 4;
-	constexpr int SB = G * (4 * HD > DECODE_SPLITS_MAX ? 4 * HD : DECODE_SPLITS_MAX);
-	// One buffer, three lives: the fused prologue's query and key rows
-	// [G+1][HD], then the warps' partials [W][G][HD], then the merge's
-	// split weights [G][DECODE_SPLITS_MAX].
-	__shared__ float sbuf[SB];
-	__shared__ float sm_m[W][G], sm_l[W][G], sm_L[G];
-	__shared__ float cs[HD / 2], sn[HD / 2];
-	__shared__ int last;
-	KT *kc = (KT *)a.kc, *vc = (KT *)a.vc;
+	__shared__ float sm_acc[W][G][HD];
+	__shared__ float sm_m[W][G], sm_l[W][G];
 	int t = blockIdx.x, kh = blockIdx.y, split = blockIdx.z, S = gridDim.z;
 	int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane / LANES, sub = lane % LANES;
-	int pos = a.tokpos[t];
+	int pos = tokpos[t];
 	int n = pos + 1;
 	int chunk = decode_chunk(n, S);
 	int k0 = split * chunk, k1 = min(n, k0 + chunk);
-	if (k0 >= n) return;  // an idle split: the merge reads only the active ones
-	int act = (n + chunk - 1) / chunk;
-	const int *bt = a.blocks + a.seqblk[a.tokseq[t]];
-	int qstride = gated ? 2 * HD : HD;
-	long width = (long)H * qstride + 2L * KH * HD;
+	if (k0 >= n) return;  // an idle split: attn_combine reads only the active ones
+	const int *bt = blocks + seqblk[tokseq[t]];
 
 	float q[G][8], acc[G][8], m[G], l[G];
 	float qs = scale * LOG2E;
-	if (fuse) {
-		// As qk_norm_rope: angles rounded to float32, cos and sin in double.
-		int half = rd / 2;
-		for (int i = threadIdx.x; i < half; i += blockDim.x) {
-			float ang = (float)pos * rf.f[i];
-			double s, c;
-			sincos((double)ang, &s, &c);
-			cs[i] = (float)c * attnFactor;
-			sn[i] = (float)s * attnFactor;
-		}
-		__syncthreads();
-		const float *row = a.qkv + t * width;
-		long off = (((long)bt[pos / bs] * bs + pos % bs) * KH + kh) * HD;
-		int jobs = k1 == n ? G + 2 : G;  // the split holding pos also caches k and v
-		for (int job = warp; job < jobs; job += W) {
-			if (job == G + 1) {
-				const float *src = row + (long)H * qstride + (long)(KH + kh) * HD;
-				for (int i = lane; i < HD; i += 32) stk(vc, off + i, src[i]);
-				continue;
-			}
-			const float *src = job < G ? row + (long)(kh * G + job) * qstride : row + (long)H * qstride + (long)kh * HD;
-			float *hb = sbuf + job * HD;
-			float ss = 0.f;
-#pragma unroll
-			for (int i = lane; i < HD; i += 32) {
-				float v = src[i];
-				hb[i] = v;
-				ss += v * v;
-			}
-			float sc = rsqrtf(warp_sum(ss) / HD + eps);
-			const void *w = job < G ? a.qn : a.kn;
-#pragma unroll
-			for (int i = lane; i < HD; i += 32) {
-				float g = ld(w, i, wdt);
-				if (unitOffset) g += 1.f;
-				hb[i] *= sc * g;
-			}
-			__syncwarp();
-			float r[HD / 32];
-#pragma unroll
-			for (int e = 0; e < HD / 32; e++) {
-				int i = lane + 32 * e;
-				float v = hb[i];
-				if (i < rd) {
-					int j = i < half ? i : i - half;
-					v = i < half ? hb[i] * cs[j] - hb[i + half] * sn[j] : hb[i] * cs[j] + hb[j] * sn[j];
-				}
-				r[e] = v;
-			}
-			__syncwarp();
-#pragma unroll
-			for (int e = 0; e < HD / 32; e++) {
-				if (job < G) hb[lane + 32 * e] = r[e];
-				else stk(kc, off + lane + 32 * e, r[e]);
-			}
-		}
-		// The new key and value (global stores) and the query rows are
-		// visible to the whole block after this barrier.
-		__syncthreads();
-	}
 #pragma unroll
 	for (int g = 0; g < G; g++) {
-		const float *qp = fuse ? sbuf + g * HD + sub * 8 : a.q + ((long)t * H + kh * G + g) * HD + sub * 8;
+		const float *qp = qbuf + ((long)t * H + kh * G + g) * HD + sub * 8;
 #pragma unroll
 		for (int j = 0; j < 8; j++) { q[g][j] = qp[j] * qs; acc[g][j] = 0.f; }
 		m[g] = -INF;
 		l[g] = 0.f;
 	}
-	if (fuse) __syncthreads();  // sbuf is reused for the partials below
 	for (int base = k0 + warp * TPW * U; base < k1; base += W * TPW * U) {
 		Raw<KT> kr[U], vr[U];
 		bool valid[U];
@@ -317,17 +206,15 @@ __device__ __forceinline__ void attn_decode(const DecodeArgs &a, int H, int KH, 
 			m[g] = mn;
 		}
 	}
-	float *sm_acc = sbuf;  // [W][G][HD]
 	if (grp == 0) {
 #pragma unroll
 		for (int g = 0; g < G; g++) {
 #pragma unroll
-			for (int d = 0; d < 8; d++) sm_acc[(warp * G + g) * HD + sub * 8 + d] = acc[g][d];
+			for (int d = 0; d < 8; d++) sm_acc[warp][g][sub * 8 + d] = acc[g][d];
 			if (sub == 0) { sm_m[warp][g] = m[g]; sm_l[warp][g] = l[g]; }
 		}
 	}
 	__syncthreads();
-	bool direct = a.cnt != nullptr && act == 1;  // the only active split: no merge
 	for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
 		int g = i / HD, d = i % HD;
 		float M = -INF;
@@ -339,77 +226,20 @@ __device__ __forceinline__ void attn_decode(const DecodeArgs &a, int H, int KH, 
 			for (int w = 0; w < W; w++) {
 				float c = exp2f(sm_m[w][g] - M);
 				L += sm_l[w][g] * c;
-				A += sm_acc[(w * G + g) * HD + d] * c;
+				A += sm_acc[w][g][d] * c;
 			}
 		}
-		int h = kh * G + g;
-		if (direct) {
-			float o = A / L;
-			if (gated) o *= 1.f / (1.f + __expf(-a.qkv[t * width + (long)h * 2 * HD + HD + d]));
-			a.out[((long)t * H + h) * HD + d] = o;
-			continue;
-		}
-		long pi = ((long)t * H + h) * S + split;
-		a.pacc[pi * HD + d] = A;
-		if (d == 0) { a.pm[pi] = M; a.pl[pi] = L; }
-	}
-	if (a.cnt == nullptr || direct) return;
-
-	// Publish the partials; the last active split to arrive merges them.
-	__threadfence();
-	__syncthreads();
-	if (threadIdx.x == 0) {
-		int *c = a.cnt + t * KH + kh;
-		int seen = atomicAdd(c, 1);
-		last = seen == act - 1;
-		if (last) *c = 0;  // every active split has counted: ready for the next launch
-	}
-	__syncthreads();
-	if (!last) return;
-	__threadfence();
-	float *wts = sbuf;  // [G][DECODE_SPLITS_MAX]
-	for (int g = warp; g < G; g += W) {
-		long pb = ((long)t * H + kh * G + g) * S;
-		float M = -INF;
-		for (int s = lane; s < act; s += 32) M = fmaxf(M, ldcg(a.pm + pb + s));
-		M = warp_max(M);
-		float L = 0.f;
-		for (int s = lane; s < act; s += 32) {
-			float ms = ldcg(a.pm + pb + s);
-			float c = ms == -INF ? 0.f : exp2f(ms - M);
-			wts[g * DECODE_SPLITS_MAX + s] = c;
-			L += ldcg(a.pl + pb + s) * c;
-		}
-		L = warp_sum(L);
-		if (lane == 0) sm_L[g] = L;
-	}
-	__syncthreads();
-	for (int i = threadIdx.x; i < G * HD / 4; i += blockDim.x) {
-		int g = 4 * i / HD, d = 4 * i % HD;
-		const float *pa = a.pacc + ((long)t * H + kh * G + g) * S * HD + d;
-		const float *wg = wts + g * DECODE_SPLITS_MAX;
-		float o[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 8
-		for (int s = 0; s < act; s++) {
-			float4 v = ldcg4(pa + (long)s * HD);
-			float c = wg[s];
-			o[0] += v.x * c; o[1] += v.y * c; o[2] += v.z * c; o[3] += v.w * c;
-		}
-		int h = kh * G + g;
-		float inv = 1.f / sm_L[g];
-#pragma unroll
-		for (int e = 0; e < 4; e++) {
-			float v = o[e] * inv;
-			if (gated) v *= 1.f / (1.f + __expf(-a.qkv[t * width + (long)h * 2 * HD + HD + d + e]));
-			a.out[((long)t * H + h) * HD + d + e] = v;
-		}
+		long pi = ((long)t * H + kh * G + g) * S + split;
+		pacc[pi * HD + d] = A;
+		if (d == 0) { pm[pi] = M; pl[pi] = L; }
 	}
 }
 
 #define DECODE(KT, KN, HD, G) \
-	extern "C" __global__ void __launch_bounds__(128) attn_decode_##KN##_##HD##_##G(DecodeArgs a, int H, int KH, int bs, float scale, int gated, \
-			int fuse, int wdt, int unitOffset, int rd, float eps, float attnFactor, RopeFreq rf) { \
-		attn_decode<KT, HD, G>(a, H, KH, bs, scale, gated, fuse, wdt, unitOffset, rd, eps, attnFactor, rf); \
+	extern "C" __global__ void __launch_bounds__(128) attn_decode_##KN##_##HD##_##G(const float *qbuf, const KT *kc, const KT *vc, \
+			const int *tokpos, const int *tokseq, const int *seqblk, const int *blocks, \
+			float *pm, float *pl, float *pacc, int H, int KH, int bs, float scale) { \
+		attn_decode<KT, HD, G>(qbuf, kc, vc, tokpos, tokseq, seqblk, blocks, pm, pl, pacc, H, KH, bs, scale); \
 	}
 #define DECODE_G(KT, KN, HD) DECODE(KT, KN, HD, 1) DECODE(KT, KN, HD, 2) DECODE(KT, KN, HD, 4) DECODE(KT, KN, HD, 8)
 DECODE_G(u16, bf16, 64)
