@@ -81,7 +81,8 @@ type Usage struct {
 // Stats is an engine-wide snapshot.
 type Stats struct {
 	Running, Waiting  int
-	KVBlocksUsed      int
+	KVBlocksUsed      int // blocks referenced by running sequences or by the prefix cache
+	KVBlocksCached    int // blocks the prefix cache or the state snapshots hold for reuse (evicted when blocks run out; some may also be in use)
 	KVBlocksTotal     int
 	CacheHitTokens    int64 // prompt tokens served from cache, all time
 	PromptTokens      int64 // prompt tokens submitted, all time

@@ -222,6 +222,11 @@ func TestCacheCorrectness(t *testing.T) {
 			if !slices.Equal(c2.tokens, cref.tokens) || c2.usage.CachedTokens == 0 {
 				t.Errorf("chat turn 2: cached %d tokens, %v; from scratch %v", c2.usage.CachedTokens, c2.tokens, cref.tokens)
 			}
+			// With nothing running, every block in use is one the prefix
+			// cache or a snapshot keeps for reuse: none is leaked.
+			if st := cached.Stats(); st.KVBlocksCached == 0 || st.KVBlocksCached != st.KVBlocksUsed {
+				t.Errorf("idle engine: %d blocks used, %d kept by the cache", st.KVBlocksUsed, st.KVBlocksCached)
+			}
 			if f.m.Hybrid() {
 				// Parent eviction: the conversations above hold one turn each
 				// (its prompt's and its answer's snapshots).

@@ -522,12 +522,16 @@ func (s *scheduler) publish() {
 	st := &e.stats
 	st.Running, st.Waiting = len(s.running), len(s.waiting)+len(e.incoming)
 	st.KVBlocksUsed = s.alloc.Used()
+	if s.prefix != nil {
+		st.KVBlocksCached = s.prefix.Len()
+	}
 	st.CacheHitTokens = s.hitTokens
 	st.Preemptions = s.preemptions
 	st.RecomputedTokens = s.recomputed
 	st.RequestsCompleted = s.completed
 	if s.snaps != nil {
 		st.StateSnapshots, st.StateBytes = s.snaps.Len(), s.snaps.Bytes()
+		st.KVBlocksCached = s.snaps.Blocks()
 	}
 	e.mu.Unlock()
 }

@@ -152,5 +152,17 @@ func (s *Snapshots) Len() int { return s.lru.Len() }
 // Bytes returns the state bytes held.
 func (s *Snapshots) Bytes() int64 { return s.bytes }
 
+// Blocks returns how many distinct KV blocks the snapshots hold (a
+// conversation's snapshots share most of theirs).
+func (s *Snapshots) Blocks() int {
+	seen := map[int32]bool{}
+	for el := s.lru.Front(); el != nil; el = el.Next() {
+		for _, b := range el.Value.(*Snapshot).Blocks {
+			seen[b] = true
+		}
+	}
+	return len(seen)
+}
+
 // Budget returns the byte budget.
 func (s *Snapshots) Budget() int64 { return s.budget }

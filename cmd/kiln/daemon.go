@@ -265,7 +265,7 @@ func daemonStatus(args []string) error {
 	}
 	s := st.Stats
 	fmt.Printf("  requests  %d running, %d waiting, %d in flight, %d completed\n", s.Running, s.Waiting, st.InFlight, s.RequestsCompleted)
-	fmt.Printf("  kv cache  %d / %d blocks\n", s.KVBlocksUsed, s.KVBlocksTotal)
+	fmt.Printf("  kv cache  %d / %d blocks in use, %d of them kept by the cache for reuse\n", s.KVBlocksUsed, s.KVBlocksTotal, s.KVBlocksCached)
 	hit := 0.0
 	if s.PromptTokens > 0 {
 		hit = 100 * float64(s.CacheHitTokens) / float64(s.PromptTokens)
