@@ -9,6 +9,7 @@ import (
 	"os"
 
 	"github.com/kiln-llm/kiln/chat"
+	"github.com/kiln-llm/kiln/demo"
 )
 
 func init() {
@@ -33,9 +34,9 @@ type renderRequest struct {
 // the tokenizer files (chat_template.jinja or tokenizer_config.json).
 func render(args []string) error {
 	fs := flag.NewFlagSet("kiln render", flag.ContinueOnError)
-	dir := fs.String("model", "", "model directory holding chat_template.jinja or tokenizer_config.json")
+	dir := fs.String("model", "", "model directory holding chat_template.jinja or tokenizer_config.json; default: the embedded demo model")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: kiln render --model DIR < request.json\n\n"+
+		fmt.Fprintf(fs.Output(), "usage: kiln render [--model DIR] < request.json\n\n"+
 			"Prints the prompt the model's chat template makes of the request: a JSON object with\n"+
 			"\"messages\", \"tools\", \"add_generation_prompt\" (default true) and \"chat_template_kwargs\".\n\n")
 		fs.PrintDefaults()
@@ -43,11 +44,15 @@ func render(args []string) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if *dir == "" || fs.NArg() > 0 {
+	if fs.NArg() > 0 {
 		fs.Usage()
-		return errors.New("--model DIR is required and no arguments are taken")
+		return errors.New("no arguments are taken: the request comes on stdin")
 	}
-	tpl, err := chat.LoadTemplate(os.DirFS(*dir))
+	templates := demo.FS()
+	if *dir != "" {
+		templates = os.DirFS(*dir)
+	}
+	tpl, err := chat.LoadTemplate(templates)
 	if err != nil {
 		return err
 	}

@@ -8,7 +8,8 @@ import (
 	"testing"
 )
 
-// runRender runs "kiln render" with stdin from a string, returning stdout.
+// runRender runs "kiln render" (on the embedded demo model when dir is "")
+// with stdin from a string, returning stdout.
 func runRender(t *testing.T, dir, request string) (string, error) {
 	t.Helper()
 	in := filepath.Join(t.TempDir(), "in.json")
@@ -20,7 +21,11 @@ func runRender(t *testing.T, dir, request string) (string, error) {
 	stdout, _ := os.Create(out)
 	oldIn, oldOut := os.Stdin, os.Stdout
 	os.Stdin, os.Stdout = stdin, stdout
-	err := render([]string{"--model", dir})
+	var args []string
+	if dir != "" {
+		args = []string{"--model", dir}
+	}
+	err := render(args)
 	os.Stdin, os.Stdout = oldIn, oldOut
 	stdin.Close()
 	stdout.Close()
@@ -54,5 +59,17 @@ func TestRender(t *testing.T) {
 	}
 	if _, err := runRender(t, dir, `{"messages": [`); err == nil {
 		t.Fatal("bad JSON: want an error")
+	}
+}
+
+// TestRenderDemo: with no --model, kiln render uses the embedded model's
+// template, whose thinking is off unless a request turns it on.
+func TestRenderDemo(t *testing.T) {
+	got, err := runRender(t, "", `{"messages":[{"role":"user","content":"hi"}]}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"; got != want {
+		t.Errorf("rendered %q, want %q", got, want)
 	}
 }

@@ -2,20 +2,20 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"unicode/utf8"
 
+	"github.com/kiln-llm/kiln/demo"
 	"github.com/kiln-llm/kiln/tokenizer"
 )
 
 func init() {
 	register(&command{
 		name:    "tokenize",
-		summary: "print the token ids of stdin as a JSON array (kiln tokenize --model DIR)",
+		summary: "print the token ids of stdin as a JSON array (kiln tokenize [--model DIR])",
 		run:     func(args []string) error { return tokenize(args, os.Stdin, os.Stdout) },
 	})
 }
@@ -24,14 +24,17 @@ func init() {
 // encode(text, add_special_tokens=False) would, and writes the ids to out.
 func tokenize(args []string, in io.Reader, out io.Writer) error {
 	fs := flag.NewFlagSet("tokenize", flag.ContinueOnError)
-	model := fs.String("model", "", "directory holding tokenizer.json")
+	model := fs.String("model", "", "directory holding tokenizer.json; default: the embedded demo model")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	var tok *tokenizer.Tokenizer
+	var err error
 	if *model == "" {
-		return errors.New("--model DIR is required")
+		tok, err = tokenizer.LoadFS(demo.FS())
+	} else {
+		tok, err = tokenizer.Load(*model)
 	}
-	tok, err := tokenizer.Load(*model)
 	if err != nil {
 		return err
 	}

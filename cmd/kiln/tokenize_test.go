@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kiln-llm/kiln/demo"
 	"github.com/kiln-llm/kiln/tokenizer"
 )
 
@@ -31,6 +32,24 @@ func TestTokenizeCommand(t *testing.T) {
 	}
 }
 
+// TestTokenizeDemo: with no --model, kiln tokenize uses the embedded model's
+// tokenizer, as every other command does.
+func TestTokenizeDemo(t *testing.T) {
+	tok, err := tokenizer.LoadFS(demo.FS())
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := "func main() {\n\tfmt.Println(\"hi\")\n}\n"
+	var out strings.Builder
+	if err := tokenize(nil, strings.NewReader(text), &out); err != nil {
+		t.Fatal(err)
+	}
+	want, _ := json.Marshal(tok.Encode(text))
+	if strings.TrimSpace(out.String()) != string(want) {
+		t.Errorf("printed %s, want %s", out.String(), want)
+	}
+}
+
 func TestTokenizeCommandErrors(t *testing.T) {
 	for _, c := range []struct {
 		args       []string
@@ -38,7 +57,6 @@ func TestTokenizeCommandErrors(t *testing.T) {
 	}{
 		{[]string{"--model", tokenizeTestModel}, "ab\xffc", "offset 2"},
 		{[]string{"--model", tokenizeTestModel}, "x\xe2\x82", "offset 1"},
-		{nil, "x", "--model"},
 		{[]string{"--model", "/nonexistent"}, "x", "/nonexistent/tokenizer.json"},
 	} {
 		var out strings.Builder
