@@ -1,67 +1,24 @@
 package model
 
 import (
-	"encoding/binary"
-	"encoding/json"
 	"math"
-	"os"
 	"path/filepath"
 	"testing"
 
 	"github.com/kiln-llm/kiln/backend"
 	"github.com/kiln-llm/kiln/backend/cpu"
+	"github.com/kiln-llm/kiln/model/reference"
 )
-
-// The fixtures of testdata/fixtures, made by scripts/make_fixtures.py with
-// transformers.
-var fixtureNames = []string{"qwen3", "qwen3moe", "qwen3next", "qwen35", "qwen35moe", "qwen35vl"}
 
 func fixtureDir(name string) string { return filepath.Join("..", "testdata", "fixtures", name) }
 
-type reference struct {
-	Architecture string `json:"architecture"`
-	VocabSize    int    `json:"vocab_size"`
-	Prompts      []struct {
-		IDs           []int32   `json:"ids"`
-		Argmax        []int32   `json:"argmax"`
-		Margins       []float64 `json:"margins"`
-		Greedy        []int32   `json:"greedy"`
-		GreedyMargins []float64 `json:"greedy_margins"`
-		MaxAbsLogit   float64   `json:"max_abs_logit"`
-	} `json:"prompts"`
-	logits [][]float32 // last-position logits per prompt
-}
-
-func readReference(t *testing.T, dir string) *reference {
+func readReference(t *testing.T, dir string) *reference.Reference {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join(dir, "reference.json"))
+	r, err := reference.Read(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var r reference
-	if err := json.Unmarshal(data, &r); err != nil {
-		t.Fatal(err)
-	}
-	raw, err := os.ReadFile(filepath.Join(dir, "ref_logits.f32"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	all := decodeF32(raw)
-	if len(all) != len(r.Prompts)*r.VocabSize {
-		t.Fatalf("ref_logits.f32 holds %d floats, want %d", len(all), len(r.Prompts)*r.VocabSize)
-	}
-	for i := range r.Prompts {
-		r.logits = append(r.logits, all[i*r.VocabSize:(i+1)*r.VocabSize])
-	}
-	return &r
-}
-
-func decodeF32(raw []byte) []float32 {
-	out := make([]float32, len(raw)/4)
-	for i := range out {
-		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:]))
-	}
-	return out
+	return r
 }
 
 // readRows copies logits [R, V] to the host.
@@ -72,7 +29,7 @@ func readRows(t *testing.T, b backend.Backend, logits backend.Tensor) [][]float3
 	if err := b.Read(logits, raw); err != nil {
 		t.Fatal(err)
 	}
-	all := decodeF32(raw)
+	all := reference.DecodeF32(raw)
 	rows := make([][]float32, shape[0])
 	for i := range rows {
 		rows[i] = all[i*shape[1] : (i+1)*shape[1]]
@@ -110,7 +67,7 @@ const (
 // every prompt position, and identical greedy continuations up to the first
 // step whose reference top-2 margin is within marginFloor.
 func TestFixtures(t *testing.T) {
-	for _, name := range fixtureNames {
+	for _, name := range reference.Fixtures {
 		t.Run(name, func(t *testing.T) {
 			dir := fixtureDir(name)
 			ref := readReference(t, dir)
@@ -143,15 +100,11 @@ func TestFixtures(t *testing.T) {
 						t.Errorf("prompt %d position %d: argmax %d, reference %d (reference margin %.3g)", pi, pos, got, p.Argmax[pos], p.Margins[pos])
 					}
 				}
-				last, want := rows[len(rows)-1], ref.logits[pi]
-				var maxErr, maxRef float64
-				for v := range want {
-					maxErr = math.Max(maxErr, math.Abs(float64(last[v]-want[v])))
-					maxRef = math.Max(maxRef, math.Abs(float64(want[v])))
-				}
-				worst = math.Max(worst, maxErr/math.Max(1, maxRef))
-				if maxErr > 1e-3*math.Max(1, maxRef) {
-					t.Errorf("prompt %d (%d tokens): max |logit - ref| = %.3g, allowed %.3g", pi, len(p.IDs), maxErr, 1e-3*math.Max(1, maxRef))
+				last := rows[len(rows)-1]
+				e := reference.MaxError(last, p.Logits)
+				worst = math.Max(worst, e)
+				if e > 1e-3 {
+					t.Errorf("prompt %d (%d tokens): max |logit - ref| / max(1, max|ref|) = %.3g, allowed 1e-3", pi, len(p.IDs), e)
 				}
 
 				tok := argmax(last)

@@ -3,26 +3,21 @@
 package cuda
 
 import (
-	"encoding/binary"
 	"encoding/json"
-	"math"
 	"os"
 	"path/filepath"
 	"testing"
 
 	"github.com/kiln-llm/kiln/backend"
 	"github.com/kiln-llm/kiln/model"
+	"github.com/kiln-llm/kiln/model/reference"
 )
 
 func readF32File(t *testing.T, path string) []float32 {
 	t.Helper()
-	raw, err := os.ReadFile(path)
+	out, err := reference.ReadF32(path)
 	if err != nil {
 		t.Fatal(err)
-	}
-	out := make([]float32, len(raw)/4)
-	for i := range out {
-		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:]))
 	}
 	return out
 }
@@ -63,20 +58,10 @@ func TestFixturesEndToEnd(t *testing.T) {
 	for _, name := range []string{"qwen3", "qwen3moe", "qwen3next", "qwen35"} {
 		t.Run(name, func(t *testing.T) {
 			fdir := filepath.Join(dir, name)
-			var ref struct {
-				VocabSize int `json:"vocab_size"`
-				Prompts   []struct {
-					IDs []int32 `json:"ids"`
-				} `json:"prompts"`
-			}
-			data, err := os.ReadFile(filepath.Join(fdir, "reference.json"))
+			ref, err := reference.Read(fdir)
 			if err != nil {
 				t.Skip(err)
 			}
-			if err := json.Unmarshal(data, &ref); err != nil {
-				t.Fatal(err)
-			}
-			refLogits := readF32File(t, filepath.Join(fdir, "ref_logits.f32"))
 			const extra = 24 // greedy steps after each prompt
 			var tables [][]int32
 			nblocks := 0
@@ -114,7 +99,6 @@ func TestFixturesEndToEnd(t *testing.T) {
 			if err := cm.AllocCache(cache); err != nil {
 				t.Fatal(err)
 			}
-			V := ref.VocabSize
 			for pi, pr := range ref.Prompts {
 				blocks := tables[pi]
 				seq := model.Seq{Tokens: pr.IDs, Blocks: blocks, Logits: model.AllLogits}
@@ -123,8 +107,7 @@ func TestFixturesEndToEnd(t *testing.T) {
 					t.Fatal(err)
 				}
 				grows := readLogits(t, p.g, gl)
-				want := refLogits[pi*V : (pi+1)*V]
-				if e := relL2(grows[len(grows)-1], want); !(e <= 1e-2) {
+				if e := relL2(grows[len(grows)-1], pr.Logits); !(e <= 1e-2) {
 					t.Errorf("prompt %d: last logits relative L2 %.3g vs transformers fp32", pi, e)
 				} else {
 					t.Logf("prompt %d: last logits relative L2 %.3g vs transformers fp32", pi, e)

@@ -1,15 +1,14 @@
 package main
 
 import (
-	"encoding/binary"
 	"encoding/json"
-	"math"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/kiln-llm/kiln/model/reference"
 )
 
 // TestGenerateCommand builds kiln and runs "kiln generate" on a fixture:
@@ -24,18 +23,8 @@ func TestGenerateCommand(t *testing.T) {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	dir := filepath.Join("..", "..", "testdata", "fixtures", "qwen3next")
-	data, err := os.ReadFile(filepath.Join(dir, "reference.json"))
+	ref, err := reference.Read(dir)
 	if err != nil {
-		t.Fatal(err)
-	}
-	var ref struct {
-		Prompts []struct {
-			IDs           []int32   `json:"ids"`
-			Greedy        []int32   `json:"greedy"`
-			GreedyMargins []float64 `json:"greedy_margins"`
-		} `json:"prompts"`
-	}
-	if err := json.Unmarshal(data, &ref); err != nil {
 		t.Fatal(err)
 	}
 	p := ref.Prompts[1]
@@ -69,27 +58,15 @@ func TestGenerateCommand(t *testing.T) {
 		}
 	}
 
-	raw, err := os.ReadFile(dump)
+	got, err := reference.ReadF32(dump)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want, err := os.ReadFile(filepath.Join(dir, "ref_logits.f32"))
-	if err != nil {
-		t.Fatal(err)
+	if len(got) != len(p.Logits) {
+		t.Fatalf("dumped %d logits, want %d", len(got), len(p.Logits))
 	}
-	if len(raw) != 512*4 {
-		t.Fatalf("dumped %d bytes, want %d", len(raw), 512*4)
-	}
-	want = want[512*4 : 2*512*4] // prompt 1
-	var maxErr, maxRef float64
-	for i := 0; i < len(raw); i += 4 {
-		g := math.Float32frombits(binary.LittleEndian.Uint32(raw[i:]))
-		w := math.Float32frombits(binary.LittleEndian.Uint32(want[i:]))
-		maxErr = math.Max(maxErr, math.Abs(float64(g-w)))
-		maxRef = math.Max(maxRef, math.Abs(float64(w)))
-	}
-	if maxErr > 1e-3*math.Max(1, maxRef) {
-		t.Fatalf("dumped logits differ from the reference by %.3g", maxErr)
+	if e := reference.MaxError(got, p.Logits); e > 1e-3 {
+		t.Fatalf("dumped logits differ from the reference by %.3g (relative to max(1, max|ref|))", e)
 	}
 
 	bad := exec.Command(bin, "generate", "--model", dir, "--prompt-ids", "1,x")
