@@ -23,13 +23,7 @@ import (
 // serve with a SIGTERM drain, start/status/run/stop through the daemon, run
 // in-process with piped stdin, chat, and the error paths.
 func TestCLI(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the kiln binary")
-	}
-	bin := filepath.Join(t.TempDir(), "kiln")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := kilnBinary(t)
 	// Unix socket paths must stay under 108 bytes.
 	runtimeDir, err := os.MkdirTemp("", "kiln")
 	if err != nil {

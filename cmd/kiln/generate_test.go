@@ -15,13 +15,7 @@ import (
 // the greedy tokens must be transformers' and the dumped logits must match
 // the reference logits.
 func TestGenerateCommand(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the kiln binary")
-	}
-	bin := filepath.Join(t.TempDir(), "kiln")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := kilnBinary(t)
 	dir := filepath.Join("..", "..", "testdata", "fixtures", "qwen3next")
 	ref, err := reference.Read(dir)
 	if err != nil {
