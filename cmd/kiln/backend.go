@@ -52,3 +52,35 @@ func modelConfig(dir, synthetic string) (*model.Config, error) {
 	}
 	return model.ReadConfig(demo.FS(), demoName)
 }
+
+// modelSource is the model of the commands that take --model DIR or
+// --synthetic NAME (generate, bench).
+type modelSource struct {
+	dir, synthetic string
+	layers         int           // synthetic: keep only the first layers (0: all)
+	dtype          backend.DType // synthetic: weight dtype
+	kvDType        backend.DType // KV cache dtype (0: the model's default)
+}
+
+// openModel opens the backend the name and the model call for, then loads
+// the model on it (or builds the synthetic one).
+func openModel(backendName string, src modelSource) (*model.Model, backend.Backend, error) {
+	cfg, err := modelConfig(src.dir, src.synthetic)
+	if err != nil {
+		return nil, nil, err
+	}
+	b, err := openBackend(backendName, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	var m *model.Model
+	if src.synthetic != "" {
+		m, err = model.Synthetic(src.synthetic, b, model.SyntheticOptions{Layers: src.layers, Seed: 1, DType: src.dtype, KVDType: src.kvDType})
+	} else {
+		m, err = model.Load(src.dir, b, model.Options{KVDType: src.kvDType})
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	return m, b, nil
+}

@@ -79,33 +79,17 @@ func benchMicro(args []string) error {
 	if err != nil {
 		return err
 	}
-	cfg, err := modelConfig(*dir, *synth)
+	wdt, err := parseDType(*dtype)
 	if err != nil {
 		return err
 	}
-	b, err := openBackend(*backendName, cfg)
-	if err != nil {
-		return err
-	}
-	var m *model.Model
 	start := time.Now()
-	if *synth != "" {
-		wdt, err := parseDType(*dtype)
-		if err != nil {
-			return err
-		}
-		m, err = model.Synthetic(*synth, b, model.SyntheticOptions{Layers: *layers, Seed: 1, DType: wdt, KVDType: kvdt})
-		if err != nil {
-			return err
-		}
-	} else {
-		m, err = model.Load(*dir, b, model.Options{KVDType: kvdt})
-		if err != nil {
-			return err
-		}
+	m, b, err := openModel(*backendName, modelSource{dir: *dir, synthetic: *synth, layers: *layers, dtype: wdt, kvDType: kvdt})
+	if err != nil {
+		return err
 	}
 	defer m.Close()
-	cfg = m.Config()
+	cfg := m.Config()
 	fmt.Fprintf(os.Stderr, "loaded %s in %.1fs\n", cfg.Name, time.Since(start).Seconds())
 	onGPU := strings.HasPrefix(b.Name(), "cuda")
 	if *bw == 0 {

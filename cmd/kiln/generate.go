@@ -64,20 +64,7 @@ func runGenerate(args []string) error {
 	if *maxTokens < 1 {
 		return errors.New("--max-tokens must be at least 1")
 	}
-	cfg, err := modelConfig(*dir, *synth)
-	if err != nil {
-		return err
-	}
-	b, err := openBackend(*backendName, cfg)
-	if err != nil {
-		return err
-	}
-	var m *model.Model
-	if *synth != "" {
-		m, err = model.Synthetic(*synth, b, model.SyntheticOptions{Layers: *layers, Seed: 1, DType: backend.BF16})
-	} else {
-		m, err = model.Load(*dir, b, model.Options{})
-	}
+	m, b, err := openModel(*backendName, modelSource{dir: *dir, synthetic: *synth, layers: *layers, dtype: backend.BF16})
 	if err != nil {
 		return err
 	}
