@@ -118,7 +118,12 @@ func benchMicro(args []string) error {
 	for _, P := range ps {
 		need = max(need, blocksFor(P, blockSize))
 	}
-	if err := m.AllocCache(model.CacheSpec{Blocks: need, BlockSize: blockSize}); err != nil {
+	// Hybrid models keep one recurrent-state slot per decoding sequence.
+	slots := 1
+	for _, B := range bs {
+		slots = max(slots, B)
+	}
+	if err := m.AllocCache(model.CacheSpec{Blocks: need, BlockSize: blockSize, Slots: slots}); err != nil {
 		return err
 	}
 	w := weightBytes(cfg, *dtype)
@@ -275,7 +280,7 @@ func benchDecode(m *model.Model, B, C, steps, bs int) (benchResult, error) {
 	nb := blocksFor(C+steps+warm, bs)
 	seqs := make([]model.Seq, B)
 	for i := range seqs {
-		seqs[i] = model.Seq{Tokens: []int32{int32(i % cfg.VocabSize)}, Pos: C, Blocks: blockRange(i*nb, nb), Logits: model.LastLogits}
+		seqs[i] = model.Seq{Tokens: []int32{int32(i % cfg.VocabSize)}, Pos: C, Blocks: blockRange(i*nb, nb), Slot: i, Logits: model.LastLogits}
 	}
 	params := make([]backend.SampleParams, B)
 	var start time.Time

@@ -1,0 +1,40 @@
+package main
+
+import (
+	"encoding/json"
+	"os/exec"
+	"testing"
+)
+
+// TestBenchMicro runs "kiln bench" on a dense and a hybrid synthetic model:
+// every configuration gives a positive rate and a floor (hybrid models need a
+// state slot per decoding sequence).
+func TestBenchMicro(t *testing.T) {
+	bin := kilnBinary(t)
+	for _, name := range []string{"tiny-qwen3", "tiny-qwen3next"} {
+		out, err := exec.Command(bin, "bench", "--synthetic", name, "--backend", "cpu", "--batches", "1,3",
+			"--contexts", "64", "--prefill", "32", "--steps", "2", "--json").Output()
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", name, err, out)
+		}
+		var rep struct {
+			Results []struct {
+				Kind  string  `json:"kind"`
+				Batch int     `json:"batch"`
+				TokS  float64 `json:"tok_s"`
+				Floor float64 `json:"floor_tok_s"`
+			} `json:"results"`
+		}
+		if err := json.Unmarshal(out, &rep); err != nil {
+			t.Fatalf("%s: %v\n%s", name, err, out)
+		}
+		if len(rep.Results) != 3 {
+			t.Fatalf("%s: %d results, want prefill + decode at batch 1 and 3", name, len(rep.Results))
+		}
+		for _, r := range rep.Results {
+			if !(r.TokS > 0) || !(r.Floor > 0) {
+				t.Errorf("%s %s batch %d: %v tok/s, floor %v", name, r.Kind, r.Batch, r.TokS, r.Floor)
+			}
+		}
+	}
+}
