@@ -346,39 +346,8 @@ func putFloat(dst []byte, dt backend.DType, v float32) {
 	case backend.F32:
 		binary.LittleEndian.PutUint32(dst, math.Float32bits(v))
 	case backend.BF16:
-		b := math.Float32bits(v)
-		b += 0x7fff + (b>>16)&1 // round to nearest even
-		binary.LittleEndian.PutUint16(dst, uint16(b>>16))
+		binary.LittleEndian.PutUint16(dst, backend.BF16Bits(v))
 	case backend.F16:
-		binary.LittleEndian.PutUint16(dst, f16bits(v))
+		binary.LittleEndian.PutUint16(dst, backend.F16Bits(v))
 	}
-}
-
-// f16bits converts to IEEE half precision (round to nearest even; values
-// here are small, so overflow handling is saturation).
-func f16bits(v float32) uint16 {
-	b := math.Float32bits(v)
-	sign := uint16(b>>16) & 0x8000
-	exp := int(b>>23&0xff) - 127 + 15
-	mant := b & 0x7fffff
-	switch {
-	case exp >= 31:
-		return sign | 0x7bff
-	case exp <= 0:
-		if exp < -10 {
-			return sign
-		}
-		mant |= 0x800000
-		shift := uint(14 - exp)
-		h := mant >> shift
-		if rem := mant & (1<<shift - 1); rem > 1<<(shift-1) || (rem == 1<<(shift-1) && h&1 == 1) {
-			h++
-		}
-		return sign | uint16(h)
-	}
-	h := uint32(exp)<<10 | mant>>13
-	if rem := mant & 0x1fff; rem > 0x1000 || (rem == 0x1000 && h&1 == 1) {
-		h++
-	}
-	return sign | uint16(h)
 }

@@ -71,7 +71,7 @@ func (p kvPool) store(off int, src []float32) {
 	}
 	dst := p.b16[off : off+len(src)]
 	for i, v := range src {
-		dst[i] = f32ToBF16(v)
+		dst[i] = backend.BF16Bits(v)
 	}
 }
 
@@ -100,7 +100,7 @@ func (p kvPool) load(dst []float32, off int) {
 		return
 	}
 	for i, h := range p.b16[off : off+len(dst)] {
-		dst[i] = bf16ToF32(h)
+		dst[i] = backend.BF16ToF32(h)
 	}
 }
 

@@ -50,7 +50,7 @@ func benchMatMul(b *testing.B, dt backend.DType, o, k, n int) {
 		wb := make([]byte, size)
 		h := bytesAs[uint16](wb)
 		for j := range h {
-			h[j] = f32ToBF16(float32(r.NormFloat64()))
+			h[j] = backend.BF16Bits(float32(r.NormFloat64()))
 		}
 		w, err := be.Load(dt, []int{o, k}, wb)
 		if err != nil {

@@ -63,9 +63,9 @@ func loadWeight(t *testing.T, b *Backend, dt backend.DType, v []float64, shape .
 		}
 		data = asBytes(f)
 	case backend.BF16, backend.F16:
-		enc, dec := f32ToBF16, bf16ToF32
+		enc, dec := backend.BF16Bits, backend.BF16ToF32
 		if dt == backend.F16 {
-			enc, dec = f32ToF16, f16ToF32
+			enc, dec = backend.F16Bits, backend.F16ToF32
 		}
 		h := make([]uint16, len(v))
 		for i := range v {
@@ -79,21 +79,6 @@ func loadWeight(t *testing.T, b *Backend, dt backend.DType, v []float64, shape .
 		t.Fatal(err)
 	}
 	return w
-}
-
-// f32ToF16 converts by truncation; tests only need some f16 value near x.
-func f32ToF16(x float32) uint16 {
-	u := math.Float32bits(x)
-	sign := uint16(u>>16) & 0x8000
-	exp := int(u>>23&0xff) - 127 + 15
-	mant := u & 0x7fffff
-	switch {
-	case exp <= 0:
-		return sign // flush tiny values to zero
-	case exp >= 0x1f:
-		return sign | 0x7c00
-	}
-	return sign | uint16(exp)<<10 | uint16(mant>>13)
 }
 
 // compare fails unless |got-want| <= tol * max(1, max|want|) everywhere.

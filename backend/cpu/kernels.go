@@ -1,5 +1,7 @@
 package cpu
 
+import "github.com/kiln-llm/kiln/backend"
+
 // The inner loops of the backend, in portable Go. On amd64 with AVX2 and
 // FMA, kernels_amd64.go replaces them with assembly at init; the test
 // TestKernels checks that both agree.
@@ -70,11 +72,11 @@ func dotBF16Go(x []float32, w []uint16) float32 {
 	var s0, s1 float32
 	i := 0
 	for ; i+2 <= len(x); i += 2 {
-		s0 += x[i] * bf16ToF32(w[i])
-		s1 += x[i+1] * bf16ToF32(w[i+1])
+		s0 += x[i] * backend.BF16ToF32(w[i])
+		s1 += x[i+1] * backend.BF16ToF32(w[i+1])
 	}
 	for ; i < len(x); i++ {
-		s0 += x[i] * bf16ToF32(w[i])
+		s0 += x[i] * backend.BF16ToF32(w[i])
 	}
 	return s0 + s1
 }
@@ -86,7 +88,7 @@ func dot4xBF16Go(w []uint16, x []float32, out []float32) {
 	x0, x1, x2, x3 := x[:k], x[k:2*k], x[2*k:3*k], x[3*k:4*k]
 	var s0, s1, s2, s3 float32
 	for i, h := range w {
-		v := bf16ToF32(h)
+		v := backend.BF16ToF32(h)
 		s0 += v * x0[i]
 		s1 += v * x1[i]
 		s2 += v * x2[i]
@@ -126,7 +128,7 @@ func expShiftGo(x []float32, m float32) float32 {
 func axpyBF16Go(y []float32, a float32, x []uint16) {
 	x = x[:len(y)]
 	for i, v := range x {
-		y[i] += a * bf16ToF32(v)
+		y[i] += a * backend.BF16ToF32(v)
 	}
 }
 

@@ -1,6 +1,10 @@
 package cpu
 
-import "unsafe"
+import (
+	"unsafe"
+
+	"github.com/kiln-llm/kiln/backend"
+)
 
 func cpuid(eaxArg, ecxArg uint32) (eax, ebx, ecx, edx uint32)
 func xgetbv0() (eax, edx uint32)
@@ -93,7 +97,7 @@ func dotBF16AVX(x []float32, w []uint16) float32 {
 		s = dotbf16AVX(unsafe.SliceData(x), unsafe.SliceData(w), n8)
 	}
 	for i := n8; i < n; i++ {
-		s += x[i] * bf16ToF32(w[i])
+		s += x[i] * backend.BF16ToF32(w[i])
 	}
 	return s
 }
@@ -107,7 +111,7 @@ func dot4xBF16AVX(w []uint16, x []float32, out []float32) {
 		dot4xbf16AVX(unsafe.SliceData(w), unsafe.SliceData(x), uintptr(4*k), k8, &r)
 	}
 	for i := k8; i < k; i++ {
-		v := bf16ToF32(w[i])
+		v := backend.BF16ToF32(w[i])
 		for j := range 4 {
 			r[j] += v * x[j*k+i]
 		}
@@ -156,7 +160,7 @@ func axpyBF16AVX(y []float32, a float32, x []uint16) {
 		axpybf16AVX(unsafe.SliceData(y), unsafe.SliceData(x), a, n8)
 	}
 	for i := n8; i < n; i++ {
-		y[i] += a * bf16ToF32(x[i])
+		y[i] += a * backend.BF16ToF32(x[i])
 	}
 }
 

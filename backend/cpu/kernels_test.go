@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"testing"
+
+	"github.com/kiln-llm/kiln/backend"
 )
 
 // kernelSets lists the kernel implementations available on this machine.
@@ -32,8 +34,8 @@ func TestKernels(t *testing.T) {
 			x, y := randVec(r, n, 1), randVec(r, 4*n, 1)
 			yb := make([]uint16, 4*n)
 			for i := range y {
-				yb[i] = f32ToBF16(float32(y[i]))
-				y[i] = float64(bf16ToF32(yb[i]))
+				yb[i] = backend.BF16Bits(float32(y[i]))
+				y[i] = float64(backend.BF16ToF32(yb[i]))
 			}
 			xf, yf := toF32(x), toF32(y)
 			tol := 1e-5 * math.Sqrt(float64(n+1))
@@ -44,8 +46,8 @@ func TestKernels(t *testing.T) {
 			xb := make([]uint16, n)
 			xr := make([]float64, n)
 			for i := range xb {
-				xb[i] = f32ToBF16(float32(x[i]))
-				xr[i] = float64(bf16ToF32(xb[i]))
+				xb[i] = backend.BF16Bits(float32(x[i]))
+				xr[i] = float64(backend.BF16ToF32(xb[i]))
 			}
 			got4 := make([]float32, 4)
 			dot4xBF16(xb, yf, got4)
@@ -102,8 +104,8 @@ func TestKernels(t *testing.T) {
 				q, kv := randVec(r, hd, 1), randVec(r, (rows-1)*stride+hd, 1)
 				kb := make([]uint16, len(kv))
 				for i := range kv {
-					kb[i] = f32ToBF16(float32(kv[i]))
-					kv[i] = float64(bf16ToF32(kb[i]))
+					kb[i] = backend.BF16Bits(float32(kv[i]))
+					kv[i] = float64(backend.BF16ToF32(kb[i]))
 				}
 				p := randVec(r, rows, 1)
 				wantDot, wantAxpy := make([]float64, rows), make([]float64, hd)

@@ -2,23 +2,10 @@ package cpu
 
 import (
 	"fmt"
-	"math"
 	"sync"
 
 	"github.com/kiln-llm/kiln/backend"
 )
-
-func bf16ToF32(h uint16) float32 { return math.Float32frombits(uint32(h) << 16) }
-
-// f32ToBF16 rounds to nearest, ties to even (NaN stays NaN).
-func f32ToBF16(f float32) uint16 {
-	u := math.Float32bits(f)
-	if u&0x7fffffff > 0x7f800000 {
-		return uint16(u>>16) | 0x40
-	}
-	u += 0x7fff + (u>>16)&1
-	return uint16(u >> 16)
-}
 
 var (
 	f16Once  sync.Once
@@ -30,24 +17,10 @@ func f16Lookup() []float32 {
 	f16Once.Do(func() {
 		f16Table = make([]float32, 1<<16)
 		for i := range f16Table {
-			f16Table[i] = f16ToF32(uint16(i))
+			f16Table[i] = backend.F16ToF32(uint16(i))
 		}
 	})
 	return f16Table
-}
-
-func f16ToF32(h uint16) float32 {
-	sign := uint32(h>>15) << 31
-	exp := uint32(h>>10) & 0x1f
-	mant := uint32(h) & 0x3ff
-	switch exp {
-	case 0:
-		f := float32(mant) * (1.0 / (1 << 24)) // subnormal (or zero): mant * 2^-24
-		return math.Float32frombits(math.Float32bits(f) | sign)
-	case 0x1f:
-		return math.Float32frombits(sign | 0x7f800000 | mant<<13)
-	}
-	return math.Float32frombits(sign | (exp+112)<<23 | mant<<13)
 }
 
 // weights is a row-major [rows, cols] matrix of any float dtype, read in place.
@@ -82,7 +55,7 @@ func (w weights) decode(r0 int, dst []float32) {
 	case backend.BF16:
 		src := bytesAs[uint16](w.buf)[off : off+len(dst)]
 		for i, h := range src {
-			dst[i] = bf16ToF32(h)
+			dst[i] = backend.BF16ToF32(h)
 		}
 	case backend.F16:
 		tab := f16Lookup()
@@ -240,7 +213,7 @@ func (w weights) pack(r0, nc int, packed []float32) {
 		for p := range k {
 			dst := packed[p*gemmCols : p*gemmCols+nc]
 			for j := range dst {
-				dst[j] = bf16ToF32(rows[j][p])
+				dst[j] = backend.BF16ToF32(rows[j][p])
 			}
 		}
 		return

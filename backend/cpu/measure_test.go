@@ -30,7 +30,7 @@ func TestMeasureBandwidth(t *testing.T) {
 	var weightBytes int
 	pattern := make([]uint16, 4099) // random bf16 values, tiled (generating 1 GB of normals is slow)
 	for i := range pattern {
-		pattern[i] = f32ToBF16(float32(r.NormFloat64()))
+		pattern[i] = backend.BF16Bits(float32(r.NormFloat64()))
 	}
 	add := func(o, k int) {
 		data := make([]byte, o*k*2)

@@ -84,8 +84,8 @@ func TestLoadInPlace(t *testing.T) {
 	wv := randVec(r, V*H, 1)
 	h := make([]uint16, V*H)
 	for i := range h {
-		h[i] = f32ToBF16(float32(wv[i]))
-		wv[i] = float64(bf16ToF32(h[i]))
+		h[i] = backend.BF16Bits(float32(wv[i]))
+		wv[i] = float64(backend.BF16ToF32(h[i]))
 	}
 	data := readOnlyBytes(t, len(h)*2, func(m []byte) { copy(m, asBytes(h)) })
 	w, err := b.Load(backend.BF16, []int{V, H}, data[:V*H*2])
@@ -240,18 +240,18 @@ func TestF16(t *testing.T) {
 		h uint16
 		f float32
 	}{{0x3c00, 1}, {0xc000, -2}, {0x0001, 5.960464477539063e-08}, {0x7bff, 65504}, {0x8000, float32(math.Copysign(0, -1))}} {
-		if got := f16ToF32(c.h); math.Float32bits(got) != math.Float32bits(c.f) {
+		if got := backend.F16ToF32(c.h); math.Float32bits(got) != math.Float32bits(c.f) {
 			t.Errorf("f16 %#04x = %v, want %v", c.h, got, c.f)
 		}
 	}
-	if !math.IsInf(float64(f16ToF32(0x7c00)), 1) || !math.IsNaN(float64(f16ToF32(0x7e00))) {
+	if !math.IsInf(float64(backend.F16ToF32(0x7c00)), 1) || !math.IsNaN(float64(backend.F16ToF32(0x7e00))) {
 		t.Error("f16 inf/nan")
 	}
 	for _, c := range []struct {
 		f float32
 		h uint16
 	}{{1, 0x3f80}, {1.00390625, 0x3f80}, {1.01171875, 0x3f82}, {-3.5, 0xc060}} {
-		if got := f32ToBF16(c.f); got != c.h {
+		if got := backend.BF16Bits(c.f); got != c.h {
 			t.Errorf("bf16(%v) = %#04x, want %#04x", c.f, got, c.h)
 		}
 	}

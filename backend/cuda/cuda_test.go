@@ -61,28 +61,10 @@ func encode(dt backend.DType, v []float32) []byte {
 			u += 0x7fff + (u>>16)&1
 			binary.LittleEndian.PutUint16(out[2*i:], uint16(u>>16))
 		case backend.F16:
-			binary.LittleEndian.PutUint16(out[2*i:], f32ToF16(x))
+			binary.LittleEndian.PutUint16(out[2*i:], backend.F16Bits(x))
 		}
 	}
 	return out
-}
-
-func f32ToF16(f float32) uint16 {
-	b := math.Float32bits(f)
-	sign := uint16(b>>16) & 0x8000
-	exp := int((b>>23)&0xff) - 127 + 15
-	man := b & 0x7fffff
-	switch {
-	case exp >= 31:
-		return sign | 0x7c00
-	case exp <= 0:
-		return sign
-	}
-	h := sign | uint16(exp)<<10 | uint16(man>>13)
-	if man&0x1fff > 0x1000 || (man&0x1fff == 0x1000 && h&1 == 1) {
-		h++
-	}
-	return h
 }
 
 // load puts the same data on both backends.
