@@ -223,6 +223,9 @@ func TestSnapshotsFindBudgetAndGroups(t *testing.T) {
 	if len(p.Blocks) != 2 || len(q.Blocks) != 3 {
 		t.Fatalf("blocks held: %d and %d, want 2 and 3", len(p.Blocks), len(q.Blocks))
 	}
+	if s.Blocks() != 3 {
+		t.Fatalf("two snapshots sharing two blocks hold %d distinct blocks, want 3", s.Blocks())
+	}
 	if got := s.Find(toks, 12); got != q {
 		t.Fatalf("longest prefix: got %v", got)
 	}
@@ -244,6 +247,9 @@ func TestSnapshotsFindBudgetAndGroups(t *testing.T) {
 	if s.Len() != 1 || s.Find([]int32{7, 7, 1}, 3) != r {
 		t.Fatal("DropGroup dropped the wrong snapshots")
 	}
+	if s.Blocks() != 1 {
+		t.Fatalf("one 2-token snapshot holds %d blocks, want 1", s.Blocks())
+	}
 	checkRefs(t, a, tab.Blocks(), r.Blocks)
 	tab.Release(a)
 	// The table is gone: the snapshot's block is the only reference, and
@@ -254,4 +260,7 @@ func TestSnapshotsFindBudgetAndGroups(t *testing.T) {
 	}
 	other.Release(a)
 	checkRefs(t, a)
+	if s.Blocks() != 0 {
+		t.Fatalf("an empty store holds %d blocks", s.Blocks())
+	}
 }

@@ -29,13 +29,14 @@ type Snapshots struct {
 	budget    int64
 	bytes     int64
 	nextID    uint64
-	lru       list.List // *Snapshot, most recently used first
+	lru       list.List     // *Snapshot, most recently used first
+	held      map[int32]int // references the snapshots hold, per block
 }
 
 // NewSnapshots returns an empty store of at most budget bytes of state over
 // a's blocks, and registers it as a reclaimer of a.
 func NewSnapshots(a *Allocator, blockSize int, budget int64) *Snapshots {
-	s := &Snapshots{a: a, blockSize: blockSize, budget: budget}
+	s := &Snapshots{a: a, blockSize: blockSize, budget: budget, held: map[int32]int{}}
 	a.AddReclaimer(s)
 	return s
 }
@@ -86,6 +87,7 @@ func (s *Snapshots) Save(tokens []int32, state []byte, blocks []int32, group uin
 	sn := &Snapshot{ID: s.nextID, Group: group, Tokens: slices.Clone(tokens), State: state, Blocks: slices.Clone(blocks[:nb])}
 	for _, b := range sn.Blocks {
 		s.a.Retain(b)
+		s.held[b]++
 	}
 	s.bytes += int64(len(state))
 	sn.elem = s.lru.PushFront(sn)
@@ -125,6 +127,9 @@ func (s *Snapshots) drop(sn *Snapshot) {
 	s.bytes -= int64(len(sn.State))
 	for _, b := range sn.Blocks {
 		s.a.Release(b)
+		if s.held[b]--; s.held[b] == 0 {
+			delete(s.held, b)
+		}
 	}
 	sn.Blocks = nil
 }
@@ -154,15 +159,7 @@ func (s *Snapshots) Bytes() int64 { return s.bytes }
 
 // Blocks returns how many distinct KV blocks the snapshots hold (a
 // conversation's snapshots share most of theirs).
-func (s *Snapshots) Blocks() int {
-	seen := map[int32]bool{}
-	for el := s.lru.Front(); el != nil; el = el.Next() {
-		for _, b := range el.Value.(*Snapshot).Blocks {
-			seen[b] = true
-		}
-	}
-	return len(seen)
-}
+func (s *Snapshots) Blocks() int { return len(s.held) }
 
 // Budget returns the byte budget.
 func (s *Snapshots) Budget() int64 { return s.budget }
