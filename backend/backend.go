@@ -85,6 +85,13 @@ type SeqInfo struct {
 	Slot   int     // recurrent-state slot (hybrid models); Pos == 0 means the slot's state is treated as empty
 }
 
+// Padding rows: a model pads decode batches to bucket sizes on a backend that
+// captures graphs, with sequences that all name one spare block and one spare
+// slot and whose results it discards. A backend must accept such sequences
+// sharing a block or slot within one step; which one's writes persist is
+// unspecified. No two real sequences of a step share a slot or write one
+// block.
+
 // Rope holds the rotary embedding of an attention layer, computed once on the
 // host from the model config (YaRN and other scalings already applied).
 type Rope struct {
@@ -278,6 +285,10 @@ type Backend interface {
 	// and replay the capture for later calls with the same key (record is
 	// then not called); the CPU backend always calls record.
 	Graph(key string, record func())
+	// CapturesGraphs reports whether Graph replays captures. Only then is
+	// it worth padding decode batches to a few bucket sizes: each size is
+	// one capture, and padding rows are computed for nothing.
+	CapturesGraphs() bool
 
 	// Operations. Tensors named out are written, T is the step's token count.
 

@@ -74,8 +74,9 @@ func bucket(n int) int {
 // [R, V] of the positions asked for: one row per LastLogits sequence, one
 // per new token of an AllLogits sequence, none for NoLogits, in order. The
 // logits live in the model's workspace and stay valid until the next
-// Forward. Decode steps (every sequence one token, each wanting logits) are
-// padded to a batch-size bucket and run through backend.Graph.
+// Forward. On a backend that captures graphs, decode steps (every sequence
+// one token, each wanting logits) are padded to a batch-size bucket and run
+// through backend.Graph.
 func (m *Model) Forward(seqs []Seq) (backend.Tensor, error) {
 	if m.kv == nil {
 		return nil, errors.New("model: Forward before AllocCache")
@@ -106,6 +107,9 @@ func (m *Model) Forward(seqs []Seq) (backend.Tensor, error) {
 		}
 	}
 	R := len(bt.LogitRows)
+	// Decode steps go through captured graphs, one per batch-size bucket,
+	// when the backend replays captures; elsewhere every step runs as it is.
+	decode = decode && m.b.CapturesGraphs()
 	var ws *workspace
 	if decode {
 		n := bucket(len(seqs))

@@ -13,7 +13,18 @@ import (
 // and the given state slots.
 func loadFixture(t *testing.T, name string, slots int) *Model {
 	t.Helper()
-	m, err := Load(fixtureDir(name), cpu.New(cpu.Options{}), Options{})
+	return loadFixtureOn(t, cpu.New(cpu.Options{}), name, slots)
+}
+
+// capturing is the CPU backend saying that it replays graphs, so that the
+// model pads decode batches to buckets as it does for the GPU.
+type capturing struct{ backend.Backend }
+
+func (capturing) CapturesGraphs() bool { return true }
+
+func loadFixtureOn(t *testing.T, b backend.Backend, name string, slots int) *Model {
+	t.Helper()
+	m, err := Load(fixtureDir(name), b, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,13 +54,25 @@ const stepTol = 2e-4
 
 // TestMixedBatch runs a sequence alone, then the same sequence inside a
 // batch that also prefills and decodes other sequences, and checks that its
-// logits do not change. It covers the decode bucket padding (3 decoding
-// sequences padded to 4) and a prefill chunk continued from a cached prefix.
+// logits do not change. It covers a prefill chunk continued from a cached
+// prefix, and, on a backend that captures graphs, the decode bucket padding
+// (3 decoding sequences padded to 4, the padding rows sharing a spare block
+// and slot).
 func TestMixedBatch(t *testing.T) {
-	for _, name := range []string{"qwen3", "qwen3next", "qwen35moe"} {
+	for _, name := range []string{"qwen3", "qwen3next", "qwen35moe", "qwen3/padded", "qwen3next/padded"} {
 		t.Run(name, func(t *testing.T) {
-			m := loadFixture(t, name, 8)
+			var be backend.Backend = cpu.New(cpu.Options{})
+			name, padded := strings.CutSuffix(name, "/padded")
+			if padded {
+				be = capturing{be}
+			}
+			m := loadFixtureOn(t, be, name, 8)
 			defer m.Close()
+			defer func() {
+				if padded != (len(m.decode) > 0) {
+					t.Errorf("padded %v, but %d decode buckets were used", padded, len(m.decode))
+				}
+			}()
 			b := m.Backend()
 			ref := readReference(t, fixtureDir(name))
 			long := ref.Prompts[2].IDs // > 200 tokens

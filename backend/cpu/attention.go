@@ -186,9 +186,9 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 			}
 		}
 	})
-	// The cache writes run serially: the padding rows of a decode bucket all
-	// write the model's one spare block, so parallel stores would race. They
-	// are a small copy next to the attention itself.
+	// The cache writes run serially: padding rows (see backend.SeqInfo) may
+	// all write one spare block, so parallel stores would race. They are a
+	// small copy next to the attention itself.
 	for t := range T {
 		s := &st.seqs[st.tokSeq[t]]
 		pos := int(st.tokPos[t])

@@ -263,6 +263,9 @@ func (b *Backend) Sync() error { return nil }
 // Graph calls record: the CPU backend captures nothing.
 func (b *Backend) Graph(key string, record func()) { record() }
 
+// CapturesGraphs is false: the CPU backend runs every step as it comes.
+func (b *Backend) CapturesGraphs() bool { return false }
+
 // step is the metadata of the current forward step, copied by Begin.
 type step struct {
 	tokens    []int32

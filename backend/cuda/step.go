@@ -152,14 +152,19 @@ type graph struct {
 	gen  int
 }
 
+// CapturesGraphs is true unless KILN_CUDA_GRAPHS=0 or the per-kernel
+// profile (which times launches one by one) is on.
+func (b *Backend) CapturesGraphs() bool {
+	return os.Getenv("KILN_CUDA_GRAPHS") != "0" && b.prof == nil
+}
+
 // Graph captures the launches of record as a CUDA graph the first time a key
 // is seen (and again after the metadata buffers moved) and replays it after.
-// KILN_CUDA_GRAPHS=0 disables capture.
 func (b *Backend) Graph(key string, record func()) {
 	if b.capture {
 		panic("cuda: nested Graph")
 	}
-	if os.Getenv("KILN_CUDA_GRAPHS") == "0" || b.err != nil || b.prof != nil {
+	if !b.CapturesGraphs() || b.err != nil {
 		record()
 		return
 	}
