@@ -49,7 +49,10 @@ type Backend struct {
 	noFlash bool
 	// Tuning knobs, fixed at New (see envInt's callers).
 	gemvMax, gemvWarps, splitMax, splitBlocks int
-	prof                                      *profiler
+	// pdl lets the decode GEMV start while the kernel before it finishes
+	// (sm_90 on; KILN_CUDA_PDL=0 turns it off).
+	pdl  bool
+	prof *profiler
 
 	pinned     unsafe.Pointer // host staging for reads
 	pinnedSize int
@@ -129,6 +132,7 @@ func New(opts Options) (*Backend, error) {
 	// Six decode-attention blocks per multiprocessor measured best on an
 	// H100 (2, 3, 4, 6 and 8 tried at batch 1 and 64, contexts 1K and 32K).
 	b.splitBlocks = envInt("KILN_CUDA_SPLIT_BLOCKS", 6, 1, 64)
+	b.pdl = major >= 9 && envInt("KILN_CUDA_PDL", 1, 0, 1) == 1
 	lt, err := newBlasLt(b.stream)
 	if err != nil {
 		return nil, err

@@ -157,9 +157,15 @@ func (a *args) add(vs ...any) {
 	}
 }
 
-func launch(f kfunc, grid [3]int, block, smem int, s stream, a *args) error {
+// launch starts a kernel; with pdl it may overlap the previous kernel of
+// the stream (see k_launch), which only kernels that call pdl_wait allow.
+func launch(f kfunc, grid [3]int, block, smem int, s stream, a *args, pdl bool) error {
+	p := C.int(0)
+	if pdl {
+		p = 1
+	}
 	r := C.k_launch(f, C.uint(grid[0]), C.uint(grid[1]), C.uint(grid[2]), C.uint(block), C.uint(smem), s,
-		(*C.char)(unsafe.Pointer(&a.buf[0])), &a.offs[0], C.int(a.n))
+		(*C.char)(unsafe.Pointer(&a.buf[0])), &a.offs[0], C.int(a.n), p)
 	runtime.KeepAlive(a)
 	return check("cuLaunchKernel", r)
 }

@@ -12,12 +12,23 @@ import (
 
 // run launches kernel name on the stream; a launch error is kept for Sync.
 func (b *Backend) run(name string, grid [3]int, block, smem int, vs ...any) {
+	b.launchKernel(name, false, grid, block, smem, vs...)
+}
+
+// runOverlapped launches a kernel that calls pdl_wait before it touches
+// memory that other kernels write or read: with b.pdl it may start while
+// the previous kernel finishes (programmatic dependent launch).
+func (b *Backend) runOverlapped(name string, grid [3]int, block, smem int, vs ...any) {
+	b.launchKernel(name, b.pdl, grid, block, smem, vs...)
+}
+
+func (b *Backend) launchKernel(name string, pdl bool, grid [3]int, block, smem int, vs ...any) {
 	if grid[0] == 0 || grid[1] == 0 || grid[2] == 0 {
 		return
 	}
 	var a args
 	a.add(vs...)
-	b.around(name, func() { b.fail(launch(b.k.get(name), grid, block, smem, b.stream, &a)) })
+	b.around(name, func() { b.fail(launch(b.k.get(name), grid, block, smem, b.stream, &a, pdl)) })
 }
 
 func g1(n int) [3]int { return [3]int{n, 1, 1} }
@@ -160,7 +171,7 @@ func (b *Backend) MatMul(out, x, w backend.Tensor, accumulate bool) {
 	}
 	if wt.dt == backend.BF16 && n <= b.gemvMax && in%8 == 0 {
 		w := b.gemvWarps
-		b.run(fmt.Sprintf("gemv_bf16_%d", n), g1((o+w-1)/w), 32*w, 0, ot.ptr, xt.ptr, wt.ptr, o, in, boolInt(accumulate))
+		b.runOverlapped(fmt.Sprintf("gemv_bf16_%d", n), g1((o+w-1)/w), 32*w, 0, ot.ptr, xt.ptr, wt.ptr, o, in, boolInt(accumulate))
 		return
 	}
 	xp := xt.ptr

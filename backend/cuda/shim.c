@@ -64,11 +64,20 @@ int load_lt(char *err, int errn) {
 }
 
 // launch builds the kernel parameter array from a packed argument buffer.
+// With pdl set the kernel may start before the previous kernel in the
+// stream has finished (programmatic dependent launch): it must wait
+// (griddepcontrol.wait) before touching anything that kernel writes or reads.
 int k_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned smem,
-		CUstream s, char *buf, int *offs, int n) {
+		CUstream s, char *buf, int *offs, int n, int pdl) {
 	void *params[32];
 	for (int i = 0; i < n && i < 32; i++) params[i] = buf + offs[i];
-	return k_cuLaunchKernel(f, gx, gy, gz, bx, 1, 1, smem, s, params, NULL);
+	if (!pdl) return k_cuLaunchKernel(f, gx, gy, gz, bx, 1, 1, smem, s, params, NULL);
+	CUlaunchAttribute at;
+	memset(&at, 0, sizeof at);
+	at.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+	at.value.value = 1;
+	CUlaunchConfig cfg = {gx, gy, gz, bx, 1, 1, smem, s, &at, 1};
+	return k_cuLaunchKernelEx(&cfg, f, params, NULL);
 }
 
 int k_lt_matmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, float alpha, CUdeviceptr A, cublasLtMatrixLayout_t la,

@@ -15,6 +15,27 @@ typedef int CUdevice;
 typedef unsigned long long CUdeviceptr;
 typedef void *CUcontext, *CUmodule, *CUfunction, *CUstream, *CUevent, *CUgraph, *CUgraphExec;
 
+// cuLaunchKernelEx's configuration (cuda.h layout): one attribute is enough
+// for kiln, programmatic stream serialization.
+typedef struct {
+	int id;
+	int pad;
+	union {
+		char raw[64];
+		int value;
+		void *align;
+	} value;
+} CUlaunchAttribute;
+typedef struct {
+	unsigned gridDimX, gridDimY, gridDimZ;
+	unsigned blockDimX, blockDimY, blockDimZ;
+	unsigned sharedMemBytes;
+	CUstream hStream;
+	CUlaunchAttribute *attrs;
+	unsigned numAttrs;
+} CUlaunchConfig;
+#define CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION 6
+
 typedef int nvrtcResult;
 typedef void *nvrtcProgram;
 
@@ -61,7 +82,8 @@ typedef struct {
 	X(cuModuleLoadData, (CUmodule *m, const void *img), (m, img)) \
 	X(cuModuleGetFunction, (CUfunction *f, CUmodule m, const char *name), (f, m, name)) \
 	X(cuFuncSetAttribute, (CUfunction f, int a, int v), (f, a, v)) \
-	X(cuLaunchKernel, (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned smem, CUstream s, void **params, void **extra), (f, gx, gy, gz, bx, by, bz, smem, s, params, extra))
+	X(cuLaunchKernel, (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned smem, CUstream s, void **params, void **extra), (f, gx, gy, gz, bx, by, bz, smem, s, params, extra)) \
+	X(cuLaunchKernelEx, (const CUlaunchConfig *c, CUfunction f, void **params, void **extra), (c, f, params, extra))
 
 #define NVRTC_FUNCS(X) \
 	X(nvrtcVersion, (int *maj, int *min), (maj, min)) \
@@ -96,7 +118,7 @@ int load_cuda(char *err, int errn);
 int load_nvrtc(char *err, int errn);
 int load_lt(char *err, int errn);
 int k_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned smem,
-		CUstream s, char *buf, int *offs, int n);
+		CUstream s, char *buf, int *offs, int n, int pdl);
 int k_lt_matmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, float alpha, CUdeviceptr A, cublasLtMatrixLayout_t la,
 		CUdeviceptr B, cublasLtMatrixLayout_t lb, float beta, CUdeviceptr C, cublasLtMatrixLayout_t lc,
 		cublasLtMatmulHeuristicResult_t *r, CUdeviceptr ws, size_t wsn, CUstream s);

@@ -254,6 +254,7 @@ DECODE_G(float, f32, 256)
 // applies the sigmoid gate when gated and writes out [T, H*HD].
 extern "C" __global__ void attn_combine(float *out, const float *pm, const float *pl, const float *pacc,
 		const float *qkv, const int *tokpos, int H, int KH, int HD, int S, int gated) {
+	pdl_trigger();  // the output projection follows
 	__shared__ float wt[512];
 	__shared__ float part[3][256];
 	__shared__ float red[32];

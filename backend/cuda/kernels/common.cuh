@@ -97,3 +97,20 @@ __device__ __forceinline__ void load8(const float *p, float *f) {
 
 __device__ __forceinline__ float ldk(const u16 *p, long i) { return bf2f(p[i]); }
 __device__ __forceinline__ float ldk(const float *p, long i) { return p[i]; }
+
+// Programmatic dependent launch (sm_90 on). A kernel launched with it
+// (runOverlapped) may start while the previous kernel still runs: it calls
+// pdl_wait, which returns once that kernel has finished and its writes are
+// visible, before touching any memory other kernels write or read. Kernels
+// that such a launch follows call pdl_trigger early to let it start; both
+// are no-ops otherwise.
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+	asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if __CUDA_ARCH__ >= 900
+	asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}

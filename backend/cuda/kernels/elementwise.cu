@@ -8,6 +8,7 @@ extern "C" __global__ void embed(float *out, const void *table, int dt, const in
 
 // rmsnorm normalises each row of x (one block per row); out may alias x.
 extern "C" __global__ void rmsnorm(float *out, const float *x, const void *w, int wdt, int n, float eps, int unitOffset) {
+	pdl_trigger();  // a matrix product usually follows
 	__shared__ float red[32];
 	const float *xr = x + (long)blockIdx.x * n;
 	float *orow = out + (long)blockIdx.x * n;
@@ -25,6 +26,7 @@ extern "C" __global__ void rmsnorm(float *out, const float *x, const void *w, in
 // read once into registers: V4 float4 per thread, 256 threads.
 template <int V4>
 __device__ __forceinline__ void rmsnorm_v4(float *out, const float *x, const void *w, int wdt, int n, float eps, int unitOffset) {
+	pdl_trigger();  // a matrix product usually follows
 	__shared__ float red[32];
 	const float4 *xr = (const float4 *)(x + (long)blockIdx.x * n);
 	float4 *orow = (float4 *)(out + (long)blockIdx.x * n);
@@ -77,6 +79,7 @@ extern "C" __global__ void gated_rmsnorm(float *out, const float *x, const float
 
 // silu_mul: out[r, i] = silu(gu[r, i]) * gu[r, I + i].
 extern "C" __global__ void silu_mul(float *out, const float *gu, int rows, int I) {
+	pdl_trigger();  // a matrix product usually follows
 	long n = (long)rows * I;
 	for (long k = blockIdx.x * (long)blockDim.x + threadIdx.x; k < n; k += (long)gridDim.x * blockDim.x) {
 		long r = k / I, i = k - r * I;

@@ -23,8 +23,13 @@ __device__ __forceinline__ uint4 ldw(const uint4 *p) {
 	return v;
 }
 
+// Launched overlapped (programmatic dependent launch): the first eight
+// weight vectors of each lane are requested before pdl_wait, so the weight
+// stream is already under way when the previous kernel (which writes x)
+// finishes.
 template <int NT>
 __device__ __forceinline__ void gemv_bf16(float *out, const float *x, const u16 *w, int O, int I, int accumulate) {
+	pdl_trigger();
 	int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 	int row = blockIdx.x * (blockDim.x >> 5) + warp;
 	if (row >= O) return;
@@ -34,6 +39,17 @@ __device__ __forceinline__ void gemv_bf16(float *out, const float *x, const u16 
 #pragma unroll
 	for (int t = 0; t < NT; t++) acc[t] = 0.f;
 	int k = lane;
+	if (k + 224 < n8) {
+		uint4 v[8];
+#pragma unroll
+		for (int u = 0; u < 8; u++) v[u] = ldw(wr + k + 32 * u);
+		pdl_wait();
+#pragma unroll
+		for (int u = 0; u < 8; u++) dot8<NT>(acc, v[u], x, I, k + 32 * u);
+		k += 256;
+	} else {
+		pdl_wait();
+	}
 	for (; k + 224 < n8; k += 256) {
 		uint4 v[8];
 #pragma unroll
