@@ -313,11 +313,12 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 	}
 	if c.spec.DType == backend.BF16 && (hd == 64 || hd == 128) && !b.noFlash {
 		name := fmt.Sprintf("flash_prefill_%d", hd)
-		smem := 2 * 2 * 64 * (hd + 8) * 2 // two stages of K and V tiles, bf16
+		// Two stages of K and V tiles, then the query tile, bf16.
+		smem := (2*2*64 + 128) * (hd + 8) * 2
 		if smem > 48<<10 {
 			b.allowSmem(name, smem)
 		}
-		b.run(name, [3]int{(m.maxN + 63) / 64, H, m.S}, 128, smem,
+		b.run(name, [3]int{H, (m.maxN + 127) / 128, m.S}, 256, smem,
 			ot.ptr, qbuf, c.k(layer), c.v(layer), qt.ptr,
 			m.dev[mSeqPos], m.dev[mSeqN], m.dev[mSeqStart], m.dev[mSeqBlk], m.dev[mBlocks],
 			H, KH, bs, spec.Scale, boolInt(spec.Gated))

@@ -1,72 +1,49 @@
 // Tensor-core prefill attention (FlashAttention-2 style) for bf16 caches:
-// mma.sync m16n8k16 bf16 with f32 accumulation. A block is 4 warps and 64
-// queries of one sequence and head; each warp owns 16 queries. Key and
+// mma.sync m16n8k16 bf16 with f32 accumulation. A block is 8 warps and 128
+// queries of one sequence and head (fewer would re-read each key and value
+// tile from L2 too often); each warp owns 16 queries. Key and
 // value tiles of 64 tokens are staged in shared memory by cp.async, two
 // stages deep so the next tile loads while this one is used; the scores stay
 // in registers, the probabilities are fed back to the second product
 // straight from the accumulator layout, and V's fragments come from
 // transposing ldmatrix loads.
 
-__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
-	unsigned r;
-	asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-	return r;
-}
-
-__device__ __forceinline__ void mma_bf16(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
-	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-		: "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-		: "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ void ldmatrix_x4_trans(const u16 *p, unsigned &r0, unsigned &r1, unsigned &r2, unsigned &r3) {
-	unsigned a;
-	asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-	asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-		: "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a));
-}
-
-__device__ __forceinline__ unsigned smem_addr(const void *p) {
-	unsigned a;
-	asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-	return a;
-}
-
-__device__ __forceinline__ void cp_async16(void *dst, const void *src) {
-	asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src));
-}
-
 template <int HD>
 __device__ __forceinline__ void flash_prefill(float *out, const float *qbuf, const u16 *kc, const u16 *vc, const float *qkv,
 		const int *seqpos, const int *seqn, const int *seqstart, const int *seqblk, const int *blocks,
 		int H, int KH, int bs, float scale, int gated) {
-	constexpr int BQ = 64, BK = 64, KS = HD / 16, NT = HD / 8, KP = HD + 8;
-	// Dynamic shared memory: 2 stages x (K + V) x 64 rows of HD + 8 bf16.
-	extern __shared__ __align__(16) u16 fsm[];  // two stages of [K tile | V tile]
-	int s = blockIdx.z, h = blockIdx.y, qi0 = blockIdx.x * BQ;
+	constexpr int NW = 8, BQ = 16 * NW, BK = 64, KS = HD / 16, NT = HD / 8, KP = HD + 8;
+	// Dynamic shared memory: 2 stages x (K + V) x 64 rows of HD + 8 bf16,
+	// then the query tile, BQ rows of HD + 8 bf16.
+	extern __shared__ __align__(16) u16 fsm[];
+	// Heads vary fastest and query tiles run last to first, so the longest
+	// (latest) tiles of every head start first and the short ones fill the tail.
+	int s = blockIdx.z, h = blockIdx.x, qi0 = (gridDim.y - 1 - blockIdx.y) * BQ;
 	int nN = seqn[s];
 	if (qi0 >= nN) return;
 	int kh = h / (H / KH);
 	int p0 = seqpos[s], start = seqstart[s];
 	const int *bt = blocks + seqblk[s];
 	int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, quad = lane >> 2, qc = (lane & 3) * 2;
+	int mi = lane >> 3, mr = lane & 7;
 
-	// Query fragments (pre-scaled into log2 units), rows r0 and r0+8 of the warp's 16.
+	// The query tile (pre-scaled into log2 units) goes to shared memory as
+	// bf16; warps read their A fragments from it by ldmatrix where used,
+	// which keeps registers under 128 so that two blocks fit a multiprocessor.
 	int r0 = qi0 + warp * 16 + quad, r1 = r0 + 8;
 	float qs = scale * LOG2E;
-	unsigned qa[KS][4];
-	{
-		const float *q0 = qbuf + ((long)(start + min(r0, nN - 1)) * H + h) * HD;
-		const float *q1 = qbuf + ((long)(start + min(r1, nN - 1)) * H + h) * HD;
-#pragma unroll
-		for (int k = 0; k < KS; k++) {
-			int c = k * 16 + qc;
-			qa[k][0] = pack_bf16(q0[c] * qs, q0[c + 1] * qs);
-			qa[k][1] = pack_bf16(q1[c] * qs, q1[c + 1] * qs);
-			qa[k][2] = pack_bf16(q0[c + 8] * qs, q0[c + 9] * qs);
-			qa[k][3] = pack_bf16(q1[c + 8] * qs, q1[c + 9] * qs);
-		}
+	u16 *sQ = fsm + 2 * 2 * BK * KP;
+	for (int idx = threadIdx.x; idx < BQ * HD / 4; idx += blockDim.x) {
+		int r = idx / (HD / 4), d = (idx % (HD / 4)) * 4;
+		float4 v = *(const float4 *)(qbuf + ((long)(start + min(qi0 + r, nN - 1)) * H + h) * HD + d);
+		uint2 u;
+		u.x = pack_bf16(v.x * qs, v.y * qs);
+		u.y = pack_bf16(v.z * qs, v.w * qs);
+		*(uint2 *)(sQ + r * KP + d) = u;
 	}
+	// Lane l's ldmatrix row of the warp's query tile: matrices are (rows
+	// +0/+8) x (dims +0/+8) in the order of an A fragment.
+	const u16 *qrow = sQ + (warp * 16 + mr + (mi & 1) * 8) * KP + (mi >> 1) * 8;
 	float o[NT][4];
 #pragma unroll
 	for (int n = 0; n < NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
@@ -100,23 +77,36 @@ __device__ __forceinline__ void flash_prefill(float *out, const float *qbuf, con
 		if (kt <= p0 + min(qi0 + warp * 16 + 15, nN - 1)) {
 			float sc[BK / 8][4];
 #pragma unroll
-			for (int n = 0; n < BK / 8; n++) {
-				sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
-				const u16 *kr = sK + (n * 8 + quad) * KP + qc;
+			for (int n = 0; n < BK / 8; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
+			// K fragments by ldmatrix: lane l addresses key row l%8 of the
+			// n-tile, dims +8*(l/8) of a pair of k steps.
 #pragma unroll
-				for (int k = 0; k < KS; k++) {
-					unsigned b0 = *(const unsigned *)(kr + k * 16), b1 = *(const unsigned *)(kr + k * 16 + 8);
-					mma_bf16(sc[n], qa[k][0], qa[k][1], qa[k][2], qa[k][3], b0, b1);
+			for (int k = 0; k < KS; k += 2) {
+				unsigned a[2][4];
+				ldmatrix_x4(qrow + k * 16, a[0][0], a[0][1], a[0][2], a[0][3]);
+				ldmatrix_x4(qrow + (k + 1) * 16, a[1][0], a[1][1], a[1][2], a[1][3]);
+#pragma unroll
+				for (int n = 0; n < BK / 8; n++) {
+					unsigned b0, b1, b2, b3;
+					ldmatrix_x4(sK + (n * 8 + mr) * KP + mi * 8 + k * 16, b0, b1, b2, b3);
+					mma_bf16(sc[n], a[0][0], a[0][1], a[0][2], a[0][3], b0, b1);
+					mma_bf16(sc[n], a[1][0], a[1][1], a[1][2], a[1][3], b2, b3);
 				}
 			}
 			float mx0 = -INF, mx1 = -INF;
+			// Only tiles crossing the diagonal or the end of the keys are masked.
+			if (kt + BK - 1 > p0 + qi0 + warp * 16 || kt + BK > kend) {
+#pragma unroll
+				for (int n = 0; n < BK / 8; n++) {
+					int key = kt + n * 8 + qc;
+					if (key > pos0 || key >= kend) sc[n][0] = -INF;
+					if (key + 1 > pos0 || key + 1 >= kend) sc[n][1] = -INF;
+					if (key > pos1 || key >= kend) sc[n][2] = -INF;
+					if (key + 1 > pos1 || key + 1 >= kend) sc[n][3] = -INF;
+				}
+			}
 #pragma unroll
 			for (int n = 0; n < BK / 8; n++) {
-				int key = kt + n * 8 + qc;
-				if (key > pos0 || key >= kend) sc[n][0] = -INF;
-				if (key + 1 > pos0 || key + 1 >= kend) sc[n][1] = -INF;
-				if (key > pos1 || key >= kend) sc[n][2] = -INF;
-				if (key + 1 > pos1 || key + 1 >= kend) sc[n][3] = -INF;
 				mx0 = fmaxf(mx0, fmaxf(sc[n][0], sc[n][1]));
 				mx1 = fmaxf(mx1, fmaxf(sc[n][2], sc[n][3]));
 			}
@@ -148,7 +138,6 @@ __device__ __forceinline__ void flash_prefill(float *out, const float *qbuf, con
 			for (int n = 0; n < NT; n++) { o[n][0] *= c0; o[n][1] *= c0; o[n][2] *= c1; o[n][3] *= c1; }
 			// V fragments by transposing loads: lane l addresses row l%8 of matrix
 			// l/8 = (keys +0/+8) x (dims of n-tile n / n+1).
-			int mi = lane >> 3, mr = lane & 7;
 #pragma unroll
 			for (int k = 0; k < BK / 16; k++) {
 #pragma unroll
@@ -188,9 +177,9 @@ __device__ __forceinline__ void flash_prefill(float *out, const float *qbuf, con
 }
 
 #define FLASH(HD) \
-	extern "C" __global__ void __launch_bounds__(128) flash_prefill_##HD(float *out, const float *qbuf, const u16 *kc, const u16 *vc, \
-			const float *qkv, const int *seqpos, const int *seqn, const int *seqstart, const int *seqblk, const int *blocks, \
-			int H, int KH, int bs, float scale, int gated) { \
+	extern "C" __global__ void __launch_bounds__(256, 2) flash_prefill_##HD(float *out, const float *qbuf, const u16 *kc, \
+			const u16 *vc, const float *qkv, const int *seqpos, const int *seqn, const int *seqstart, const int *seqblk, \
+			const int *blocks, int H, int KH, int bs, float scale, int gated) { \
 		flash_prefill<HD>(out, qbuf, kc, vc, qkv, seqpos, seqn, seqstart, seqblk, blocks, H, KH, bs, scale, gated); \
 	}
 FLASH(64)
