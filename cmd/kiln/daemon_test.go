@@ -122,7 +122,8 @@ func TestCLI(t *testing.T) {
 		// --max-tokens was "unlimited") or answered with the engine's structs.
 		for _, bad := range [][]string{
 			{"run", "hi", "--max-tokens", "-3"}, {"run", "hi", "--temperature", "5"}, {"chat", "--seed", "-2"},
-			{"run", "hi", "--no-daemon", "--kv-memory", "-5"}, {"serve", "--addr", "none", "--max-running", "-1"},
+			{"run", "hi", "--no-daemon", "--kv-memory", "-5"}, {"serve", "--addr", "none", "--max-running", "-1"}, {"serve", "--addr", "none", "--max-batch-tokens", "-1"},
+			{"serve", "--addr", "none", "--max-running", "32", "--max-batch-tokens", "16"},
 		} {
 			flag := bad[len(bad)-2]
 			if _, errOut, err := kiln("", bad...); err == nil || !strings.Contains(errOut, flag+" ") || strings.Contains(errOut, "{") {

@@ -23,6 +23,7 @@ type modelFlags struct {
 	dir        string
 	backend    string
 	maxRunning int
+	maxTokens  int
 	kvMiB      int64
 }
 
@@ -30,6 +31,7 @@ func (f *modelFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.dir, "model", "", "model directory (config.json, *.safetensors, tokenizer.json); default: the embedded demo model")
 	fs.StringVar(&f.backend, "backend", "auto", "compute backend: auto, cpu or cuda")
 	fs.IntVar(&f.maxRunning, "max-running", 0, "most sequences decoded together (default: the engine's, 16)")
+	fs.IntVar(&f.maxTokens, "max-batch-tokens", 0, "most tokens in one forward step, prompt chunks and decoding sequences together (default: 256 on the CPU, 2048 on a GPU)")
 	fs.Int64Var(&f.kvMiB, "kv-memory", 0, "MiB of KV cache (default: 1024 on the CPU; on a GPU, what the weights leave free)")
 }
 
@@ -71,13 +73,19 @@ func (f *modelFlags) load() (*loaded, error) {
 	for _, v := range []struct {
 		flag string
 		n    int64
-	}{{"--max-running", int64(f.maxRunning)}, {"--kv-memory", f.kvMiB}} {
+	}{{"--max-running", int64(f.maxRunning)}, {"--max-batch-tokens", int64(f.maxTokens)}, {"--kv-memory", f.kvMiB}} {
 		if v.n < 0 {
 			return nil, fmt.Errorf("%s must be positive, not %d (0: the engine's default)", v.flag, v.n)
 		}
 	}
-	opts := engine.Options{MaxRunning: f.maxRunning, KVMemory: f.kvMiB << 20}
-	if f.maxRunning > 256 {
+	if f.maxTokens > 0 && f.maxRunning > f.maxTokens {
+		return nil, fmt.Errorf("--max-running %d exceeds --max-batch-tokens %d: every running sequence needs a token per step", f.maxRunning, f.maxTokens)
+	}
+	opts := engine.Options{MaxRunning: f.maxRunning, MaxBatchTokens: f.maxTokens, KVMemory: f.kvMiB << 20}
+	if f.maxRunning == 0 && f.maxTokens > 0 {
+		opts.MaxRunning = min(f.maxTokens, 16) // the engine's default, within the budget
+	}
+	if opts.MaxBatchTokens == 0 && f.maxRunning > 256 {
 		opts.MaxBatchTokens = f.maxRunning // every running sequence needs a token per step
 	}
 	cfg, err := modelConfig(f.dir, "")
