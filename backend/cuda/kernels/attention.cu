@@ -85,7 +85,7 @@ __device__ __forceinline__ int decode_chunk(int n, int S) { return max((n + S - 
 // attends the G query heads of kv head kh of token t over its split of the
 // keys [0, pos]; each key row is read once for the G heads, with 16-byte
 // loads: LANES = HD/8 lanes share one key, a warp covers 32/LANES keys per
-// load and U such loads are issued before use. Writes unnormalised partial
+// load and keeps U such loads of keys and of values in flight. Writes unnormalised partial
 // results (max and sum in log2 units) for attn_combine.
 // Raw holds 8 cache elements as loaded (bf16: one 16-byte vector; f32:
 // two), so that twice as many keys fit in registers while their loads are
@@ -110,7 +110,7 @@ template <typename KT, int HD, int G>
 __device__ __forceinline__ void attn_decode(const float *qbuf, const KT *kc, const KT *vc,
 		const int *tokpos, const int *tokseq, const int *seqblk, const int *blocks,
 		float *pm, float *pl, float *pacc, int H, int KH, int bs, float scale) {
-	constexpr int LANES = HD / 8, TPW = 32 / LANES, U = sizeof(KT) == 2 ? 8 : 4, W = 4;
+	constexpr int LANES = HD / 8, TPW = 32 / LANES, U = sizeof(KT) == 2 ? 4 : 2, W = 4;
 	__shared__ float sm_acc[W][G][HD];
 	__shared__ float sm_m[W][G], sm_l[W][G];
 	int t = blockIdx.x, kh = blockIdx.y, split = blockIdx.z, S = gridDim.z;
@@ -132,22 +132,32 @@ __device__ __forceinline__ void attn_decode(const float *qbuf, const KT *kc, con
 		m[g] = -INF;
 		l[g] = 0.f;
 	}
-	for (int base = k0 + warp * TPW * U; base < k1; base += W * TPW * U) {
-		Raw<KT> kr[U], vr[U];
-		bool valid[U];
+	// Software pipelined: the keys and values of the warp's next tile are
+	// requested before this tile is used, so each lane always has U of each
+	// in flight (keys past the split's end load as zeros, scored -inf).
+	constexpr int STEP = W * TPW * U;
+	Raw<KT> kr[U], vr[U];
+	auto load = [&](int base, Raw<KT> (&kd)[U], Raw<KT> (&vd)[U]) {
 #pragma unroll
 		for (int u = 0; u < U; u++) {
 			int j = base + u * TPW + grp;
-			valid[u] = j < k1;
-			if (valid[u]) {
+			if (j < k1) {
 				long off = (((long)bt[j / bs] * bs + j % bs) * KH + kh) * HD + sub * 8;
-				kr[u].load(kc + off);
-				vr[u].load(vc + off);
+				kd[u].load(kc + off);
+				vd[u].load(vc + off);
 			} else {
-				kr[u].zero();
-				vr[u].zero();
+				kd[u].zero();
+				vd[u].zero();
 			}
 		}
+	};
+	load(k0 + warp * TPW * U, kr, vr);
+	for (int base = k0 + warp * TPW * U; base < k1; base += STEP) {
+		Raw<KT> nk[U], nv[U];
+		if (base + STEP < k1) load(base + STEP, nk, nv);
+		bool valid[U];
+#pragma unroll
+		for (int u = 0; u < U; u++) valid[u] = base + u * TPW + grp < k1;
 		// Scores of the tile first, then one rescale per head: independent
 		// exponentials instead of a per-key dependency chain.
 		float sc[U][G];
@@ -187,6 +197,8 @@ __device__ __forceinline__ void attn_decode(const float *qbuf, const KT *kc, con
 			}
 			m[g] = mn;
 		}
+#pragma unroll
+		for (int u = 0; u < U; u++) kr[u] = nk[u], vr[u] = nv[u];
 	}
 	// Merge the key groups of the warp, then the warps.
 #pragma unroll
