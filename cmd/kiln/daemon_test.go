@@ -118,6 +118,16 @@ func TestCLI(t *testing.T) {
 		if _, errOut, err := kiln("", "serve", "--addr", "0.0.0.0:0", "--socket", "none"); err == nil || !strings.Contains(errOut, "--api-key") {
 			t.Errorf("public address without a key: %v %q", err, errOut)
 		}
+		// A flag the flag package refuses is reported once, with the usage.
+		for _, bad := range []struct {
+			args []string
+			msg  string
+		}{{[]string{"run", "--bogus", "hi"}, "flag provided but not defined: -bogus"}, {[]string{"bench", "--steps", "abc"}, `invalid value "abc" for flag -steps`}} {
+			_, errOut, err := kiln("", bad.args...)
+			if err == nil || strings.Count(errOut, bad.msg) != 1 || !strings.Contains(errOut, "-backend string") {
+				t.Errorf("kiln %s: %v %q", strings.Join(bad.args, " "), err, errOut)
+			}
+		}
 		// Out-of-range flags are named; none is silently taken (a negative
 		// --max-tokens was "unlimited") or answered with the engine's structs.
 		for _, bad := range [][]string{

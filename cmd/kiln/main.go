@@ -4,6 +4,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"sort"
@@ -48,6 +49,9 @@ func main() {
 		os.Exit(2)
 	}
 	if err := c.run(os.Args[2:]); err != nil {
+		if errors.As(err, new(errBadFlags)) {
+			os.Exit(2)
+		}
 		fmt.Fprintf(os.Stderr, "kiln %s: %v\n", c.name, err)
 		os.Exit(1)
 	}

@@ -107,8 +107,15 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	if errors.Is(err, flag.ErrHelp) {
 		os.Exit(0)
 	}
-	return err
+	if err != nil {
+		return errBadFlags{err}
+	}
+	return nil
 }
+
+// errBadFlags is a flag the flag package refused; it has printed the error
+// and the command's usage already.
+type errBadFlags struct{ error }
 
 // setupLogging logs to stderr at level, or debug when verbose.
 func setupLogging(verbose bool, level slog.Level) {
