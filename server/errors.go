@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 
 	"github.com/kiln-llm/kiln/engine"
 )
@@ -65,7 +66,9 @@ func asAPIError(err error) *apiError {
 		// The client is gone; nobody reads this.
 		return newAPIError(499, "cancelled", "", "", "request cancelled")
 	}
-	return newAPIError(http.StatusBadRequest, "invalid_request_error", "", "", "%v", err)
+	// The engine's errors name their package, as Go errors do; a client
+	// gets the sentence without it.
+	return newAPIError(http.StatusBadRequest, "invalid_request_error", "", "", "%s", strings.TrimPrefix(err.Error(), "engine: "))
 }
 
 var errDraining = errors.New("server is draining")

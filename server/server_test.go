@@ -347,6 +347,9 @@ func TestBadRequests(t *testing.T) {
 			t.Errorf("%s: status %d, body %v; want %d", tc.name, status, v, tc.status)
 			continue
 		}
+		if msg := fmt.Sprint(e["message"]); strings.HasPrefix(msg, "engine:") || strings.HasPrefix(msg, "server:") {
+			t.Errorf("%s: message names a Go package: %q", tc.name, msg)
+		}
 		if tc.param != "" && e["param"] != tc.param {
 			t.Errorf("%s: param %v, want %s (%v)", tc.name, e["param"], tc.param, e["message"])
 		}
