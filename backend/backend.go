@@ -212,16 +212,20 @@ type SampleParams struct {
 	PresencePenalty   float32
 	FrequencyPenalty  float32
 	RepetitionPenalty float32      // 1 or 0: none
-	Counts            []TokenCount // tokens seen so far, for the penalties
+	Counts            []TokenCount // tokens seen so far, for the penalties (each token once)
 	Bias              []TokenBias
 	TopLogprobs       int // >0: also return this many most likely tokens
 	Logprob           bool
 }
 
-// TokenCount is how often a token occurred (for penalties).
+// TokenCount is where a token occurred, for the penalties: the presence
+// and frequency penalties look at the generated tokens only (Count, as in
+// OpenAI's API and vLLM), the repetition penalty at the prompt too (as in
+// vLLM and Hugging Face).
 type TokenCount struct {
-	Token int32
-	Count int32
+	Token  int32
+	Count  int32 // occurrences among the generated tokens
+	Prompt bool  // the token occurs in the prompt
 }
 
 // TokenBias adds Bias to a token's logit.

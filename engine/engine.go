@@ -321,11 +321,10 @@ func (e *Engine) prepare(req *Request) (*seq, error) {
 	}
 	if rp := sp.RepetitionPenalty; rp != 0 && rp != 1 {
 		// The repetition penalty covers the prompt as well (as in vLLM and
-		// Hugging Face); backend.SampleParams has one token count list, so
-		// the presence and frequency penalties, when also set, see the
-		// prompt's tokens too.
+		// Hugging Face); presence and frequency only what is generated.
+		s.inPrompt = map[int32]bool{}
 		for _, t := range ids {
-			s.counts[t]++
+			s.inPrompt[t] = true
 		}
 	}
 	seed := rand.Uint64()

@@ -344,6 +344,28 @@ func TestSamplingControls(t *testing.T) {
 		}
 	}
 
+	// The presence penalty looks at generated tokens only, whether or not a
+	// repetition penalty puts the prompt's tokens in the sampler's list: a
+	// repetition penalty of almost 1 leaves a greedy answer that repeats a
+	// prompt token unchanged.
+	found := false
+	for i := range 20 {
+		p := randomPrompt(rand.New(rand.NewPCG(uint64(i), 17)), f, 12)
+		a := generate(t, e, &Request{PromptIDs: p, Sampling: Sampling{MaxTokens: 16, IgnoreEOS: true, PresencePenalty: 1000}})
+		if !slices.ContainsFunc(a.tokens, func(tok int32) bool { return slices.Contains(p, tok) }) {
+			continue
+		}
+		found = true
+		b := generate(t, e, &Request{PromptIDs: p, Sampling: Sampling{MaxTokens: 16, IgnoreEOS: true, PresencePenalty: 1000, RepetitionPenalty: 1.0001}})
+		if !slices.Equal(a.tokens, b.tokens) {
+			t.Errorf("presence penalty with a repetition penalty of 1.0001 changed %v to %v (prompt %v)", a.tokens, b.tokens, p)
+		}
+		break
+	}
+	if !found {
+		t.Error("no greedy answer under a presence penalty repeated a prompt token in 20 prompts")
+	}
+
 	st, err := e.Generate(context.Background(), &Request{PromptIDs: prompt, Sampling: Sampling{MaxTokens: 4, Logprobs: true, TopLogprobs: 3}})
 	if err != nil {
 		t.Fatal(err)

@@ -43,10 +43,12 @@ type seq struct {
 	admitted bool
 	cached   int // prompt tokens served from cache at first admission
 
-	params  backend.SampleParams
-	counts  map[int32]int32
-	stopIDs map[int32]bool
-	rng     *rand.Rand
+	params backend.SampleParams
+	counts map[int32]int32 // generated tokens, for the penalties
+	// inPrompt is the prompt's tokens when a repetition penalty is set.
+	inPrompt map[int32]bool
+	stopIDs  map[int32]bool
+	rng      *rand.Rand
 
 	dec       *tokenizer.Decoder
 	parser    *chat.Parser
@@ -411,7 +413,12 @@ func (s *scheduler) forward(seqs []model.Seq, rows []*seq) ([]backend.Sampled, e
 		// same seed gives the same tokens.
 		p.Uniform = q.rng.Float32()
 		for t, c := range q.counts {
-			p.Counts = append(p.Counts, backend.TokenCount{Token: t, Count: c})
+			p.Counts = append(p.Counts, backend.TokenCount{Token: t, Count: c, Prompt: q.inPrompt[t]})
+		}
+		for t := range q.inPrompt {
+			if q.counts[t] == 0 {
+				p.Counts = append(p.Counts, backend.TokenCount{Token: t, Prompt: true})
+			}
 		}
 		params[i] = p
 	}

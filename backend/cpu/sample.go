@@ -51,9 +51,10 @@ func checkSampleParams(p *backend.SampleParams, V int) error {
 // SampleRow is the reference sampler: it draws one token from a row of
 // logits following backend.SampleParams exactly, in this order:
 //
-//  1. penalties, for every token in Counts with a positive count: a
-//     repetition penalty r (unless 0 or 1) divides a positive logit by r and
-//     multiplies a non-positive one by r; the presence penalty is subtracted
+//  1. penalties: for every token in Counts that occurs in the prompt or
+//     with a positive count, a repetition penalty r (unless 0 or 1) divides
+//     a positive logit by r and multiplies a non-positive one by r; for
+//     every token with a positive count the presence penalty is subtracted
 //     once and the frequency penalty count times; then Bias is added. The
 //     log-probabilities reported are log_softmax of these logits.
 //  2. Temperature 0 picks the largest logit (the lowest index among equals).
@@ -93,7 +94,7 @@ func penalise(logits []float32, p *backend.SampleParams) []float32 {
 	l := slices.Clone(logits)
 	rp := p.RepetitionPenalty
 	for _, c := range p.Counts {
-		if c.Count <= 0 {
+		if c.Count <= 0 && !c.Prompt {
 			continue
 		}
 		v := l[c.Token]
@@ -104,8 +105,10 @@ func penalise(logits []float32, p *backend.SampleParams) []float32 {
 				v *= rp
 			}
 		}
-		v -= p.PresencePenalty
-		v -= p.FrequencyPenalty * float32(c.Count)
+		if c.Count > 0 {
+			v -= p.PresencePenalty
+			v -= p.FrequencyPenalty * float32(c.Count)
+		}
 		l[c.Token] = v
 	}
 	for _, b := range p.Bias {

@@ -28,6 +28,10 @@ func TestSampleRules(t *testing.T) {
 		{"greedy ties take the lower index", logits32(1, 3, 3, 2), backend.SampleParams{}, 1},
 		{"repetition divides positive, multiplies negative", logits32(2, -2, 1.5),
 			backend.SampleParams{RepetitionPenalty: 2, Counts: []backend.TokenCount{{Token: 0, Count: 1}, {Token: 1, Count: 4}}}, 2},
+		{"repetition covers the prompt", logits32(2, 1.5, -1),
+			backend.SampleParams{RepetitionPenalty: 2, Counts: []backend.TokenCount{{Token: 0, Prompt: true}}}, 1},
+		{"presence and frequency do not", logits32(2, 1.5, -1),
+			backend.SampleParams{PresencePenalty: 1, FrequencyPenalty: 1, Counts: []backend.TokenCount{{Token: 0, Prompt: true}}}, 0},
 		{"frequency counts, presence once", logits32(5, 4.5, 0),
 			backend.SampleParams{FrequencyPenalty: 0.2, PresencePenalty: 0.1, Counts: []backend.TokenCount{{Token: 0, Count: 3}}}, 1},
 		{"frequency below the margin", logits32(5, 4.5, 0),
@@ -84,7 +88,10 @@ func refDist(logits []float32, p *backend.SampleParams) []float64 {
 		} else {
 			v *= p.RepetitionPenalty
 		}
-		l[c.Token] = v - p.PresencePenalty - p.FrequencyPenalty*float32(c.Count)
+		if c.Count > 0 {
+			v -= p.PresencePenalty + p.FrequencyPenalty*float32(c.Count)
+		}
+		l[c.Token] = v
 	}
 	for _, bb := range p.Bias {
 		l[bb.Token] += bb.Bias
@@ -140,12 +147,12 @@ func TestSampleDistribution(t *testing.T) {
 		{Temperature: 1.3, TopP: 0.8},
 		{Temperature: 1, MinP: 0.05},
 		{Temperature: 0.9, TopK: 50, TopP: 0.9, MinP: 0.02, RepetitionPenalty: 1.3, PresencePenalty: 0.4, FrequencyPenalty: 0.2,
-			Counts: []backend.TokenCount{{Token: 3, Count: 2}, {Token: 7, Count: 1}, {Token: 100, Count: 5}},
+			Counts: []backend.TokenCount{{Token: 3, Count: 2}, {Token: 7, Count: 1, Prompt: true}, {Token: 100, Count: 5}, {Token: 12, Prompt: true}},
 			Bias:   []backend.TokenBias{{Token: 9, Bias: 2}, {Token: 11, Bias: -50}}},
 	} {
 		t.Run(fmt.Sprint(i), func(t *testing.T) {
 			l := toF32(randVec(r, V, 2))
-			l[3], l[7], l[100] = 4, -3, 5
+			l[3], l[7], l[100], l[12] = 4, -3, 5, 4.5
 			want := refDist(l, &p)
 			counts := make([]float64, V)
 			for k := range N {

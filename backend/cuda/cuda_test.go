@@ -366,14 +366,16 @@ func TestSample(t *testing.T) {
 		{Temperature: 1.2, MinP: 0.05, Uniform: 0.99},
 		{Temperature: 0.6, TopK: 20, TopP: 0.8, MinP: 0.02, Uniform: 0.12},
 		{Temperature: 1, Uniform: 0.6, RepetitionPenalty: 1.3, PresencePenalty: 0.5, FrequencyPenalty: 0.2,
-			Counts: []backend.TokenCount{{Token: 3, Count: 2}, {Token: 10, Count: 1}}, Bias: []backend.TokenBias{{Token: 7, Bias: 5}}},
-		{Temperature: 0, RepetitionPenalty: 2, Counts: []backend.TokenCount{{Token: 0, Count: 1}}, TopLogprobs: 3},
+			Counts: []backend.TokenCount{{Token: 3, Count: 2}, {Token: 10, Count: 1, Prompt: true}, {Token: 12, Prompt: true}}, Bias: []backend.TokenBias{{Token: 7, Bias: 5}}},
+		{Temperature: 0, RepetitionPenalty: 2, Counts: []backend.TokenCount{{Token: 0, Count: 1}, {Token: 5, Prompt: true}}, TopLogprobs: 3},
 	}
 	R := len(params)
 	logits := p.randn(R*V, 3)
 	// Make the penalised tokens matter: put them on top.
-	logits[7*V+3], logits[7*V+10], logits[7*V+7] = 14, 13, 9
-	logits[8*V] = 20
+	logits[7*V+3], logits[7*V+10], logits[7*V+7], logits[7*V+12] = 14, 13, 9, 12
+	// Row 8 (greedy): 20 / 2 for token 0 leaves 12 (prompt-only, 18 / 2 = 9)
+	// and 11 (untouched) to decide.
+	logits[8*V], logits[8*V+5], logits[8*V+6] = 20, 18, 11
 	cl, gl := p.load(backend.F32, logits, R, V)
 	want, err := p.c.Sample(cl, params)
 	if err != nil {

@@ -55,7 +55,8 @@ func (b *Backend) Sample(logits backend.Tensor, params []backend.SampleParams) (
 		a.TopK = int32(p.TopK)
 		a.CntOff, a.CntN = int32(len(cnt)/2), int32(len(p.Counts))
 		for _, c := range p.Counts {
-			cnt = append(cnt, c.Token, c.Count)
+			// The count and the prompt flag share an int: 2*count + prompt.
+			cnt = append(cnt, c.Token, 2*max(c.Count, 0)+int32(boolInt(c.Prompt)))
 		}
 		a.BiasOff, a.BiasN = int32(len(bias)/2), int32(len(p.Bias))
 		for _, x := range p.Bias {

@@ -79,11 +79,12 @@ extern "C" __global__ void __launch_bounds__(1024) sample_rows(const float *logi
 		__syncthreads();
 		// Penalties (OpenAI / vLLM convention), then the bias.
 		for (int e = threadIdx.x; e < a.cntN; e += blockDim.x) {
-			int tok = cnt[2 * (a.cntOff + e)], c = cnt[2 * (a.cntOff + e) + 1];
-			if (tok < 0 || tok >= V || c <= 0) continue;
+			// 2 * (count among the generated tokens) + (1 if in the prompt).
+			int tok = cnt[2 * (a.cntOff + e)], cp = cnt[2 * (a.cntOff + e) + 1], c = cp >> 1;
+			if (tok < 0 || tok >= V || cp <= 0) continue;
 			float v = zw[tok];
 			if (a.repetition > 0.f && a.repetition != 1.f) v = v > 0.f ? v / a.repetition : v * a.repetition;
-			v -= a.frequency * c + a.presence;
+			if (c > 0) v -= a.frequency * c + a.presence;
 			zw[tok] = v;
 		}
 		__syncthreads();
