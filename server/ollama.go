@@ -294,6 +294,21 @@ func (s *Server) ollamaTags(w http.ResponseWriter, r *http.Request) {
 	}}})
 }
 
+// ollamaPs lists the loaded model, as Ollama's /api/ps does. kiln keeps it
+// loaded for the server's life, so it never expires; sizes are not tracked
+// (0, as in /api/tags).
+func (s *Server) ollamaPs(w http.ResponseWriter, r *http.Request) {
+	m := map[string]any{
+		"name": s.opts.ModelName + ":latest", "model": s.opts.ModelName + ":latest",
+		"size": 0, "size_vram": 0, "digest": "", "details": s.ollamaDetails(),
+		"expires_at": "9999-12-31T23:59:59Z",
+	}
+	if s.opts.ContextLength > 0 {
+		m["context_length"] = s.opts.ContextLength
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"models": []any{m}})
+}
+
 func (s *Server) ollamaVersion(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"version": "0.12.0"})
 }

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kiln-llm/kiln/engine"
 )
@@ -108,5 +109,22 @@ func TestOllamaGenerateAndTags(t *testing.T) {
 	resp.Body.Close()
 	if len(tags.Models) != 1 || tags.Models[0].Name != testModel+":latest" {
 		t.Errorf("tags %+v", tags)
+	}
+	resp, err = http.Get(ts.url + "/api/ps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ps struct {
+		Models []struct {
+			Name      string    `json:"name"`
+			ExpiresAt time.Time `json:"expires_at"`
+		} `json:"models"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&ps); err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if len(ps.Models) != 1 || ps.Models[0].Name != testModel+":latest" || ps.Models[0].ExpiresAt.Before(time.Now().AddDate(100, 0, 0)) {
+		t.Errorf("ps %+v", ps)
 	}
 }

@@ -1,6 +1,6 @@
 // Package server serves an engine over HTTP: the OpenAI API
 // (/v1/chat/completions, /v1/completions, /v1/models), Ollama's API
-// (/api/chat, /api/generate, /api/tags, /api/show, /api/version), /health
+// (/api/chat, /api/generate, /api/tags, /api/ps, /api/show, /api/version), /health
 // and /status, on TCP listeners and on owner-only Unix sockets.
 //
 // No request ever reaches the filesystem: the model is loaded before the
@@ -168,6 +168,7 @@ func (s *Server) routes() http.Handler {
 	route("POST", "/v1/chat/completions", s.openAI(s.chatCompletions))
 	route("POST", "/v1/completions", s.openAI(s.completions))
 	route("GET", "/api/tags", s.ollamaTags)
+	route("GET", "/api/ps", s.ollamaPs)
 	route("GET", "/api/version", s.ollamaVersion)
 	route("POST", "/api/show", s.ollama(s.ollamaShow))
 	route("POST", "/api/chat", s.ollama(s.ollamaChat))
