@@ -19,6 +19,12 @@ type Request struct {
 	Prompt              string
 	PromptIDs           []int32
 
+	// PrefillOnly computes the prompt into the caches and ends (FinishLength,
+	// no tokens), for a prompt that a later request will start with. While
+	// it waits for admission, the arrival of a request that starts with its
+	// prompt ends it (FinishCancelled).
+	PrefillOnly bool
+
 	Sampling Sampling
 }
 

@@ -54,6 +54,10 @@ func (s *scheduler) emit(q *seq, smp backend.Sampled) {
 			d.ToolCalls = append(d.ToolCalls, f.ToolCalls...)
 		}
 		ev.Text, ev.Reasoning, ev.ToolCalls = d.Content, d.Reasoning, d.ToolCalls
+		if q.turn != nil {
+			q.turn.content.WriteString(d.Content)
+			q.turn.toolCalls = append(q.turn.toolCalls, d.ToolCalls...)
+		}
 		if len(d.ToolCalls) > 0 {
 			q.toolCalls = true
 		}

@@ -44,6 +44,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -75,7 +77,12 @@ type Options struct {
 	// NoCache turns prefix and state reuse off: every request computes its
 	// whole prompt (for measurements and debugging).
 	NoCache bool
-	Logger  *slog.Logger // nil: slog.Default()
+	// PrepareNextTurn: when a chat request ends, the conversation is
+	// rendered as its next turn will render it (templates drop an earlier
+	// answer's reasoning, so the answer's own tokens do not match) and
+	// prefilled at low priority, so that the next turn finds it cached.
+	PrepareNextTurn bool
+	Logger          *slog.Logger // nil: slog.Default()
 
 	checkAccounting bool // tests: verify block accounting after every step
 }
@@ -133,6 +140,8 @@ type Engine struct {
 	wake chan struct{}
 	quit chan struct{}
 	done chan struct{}
+	// nextTurns counts the goroutines preparing a conversation's next turn.
+	nextTurns sync.WaitGroup
 
 	// Owned by the scheduler goroutine.
 	sched *scheduler
@@ -202,7 +211,9 @@ func (e *Engine) Generate(ctx context.Context, req *Request) (*Stream, error) {
 	e.nextID++
 	s.id = e.nextID
 	e.queued++
-	e.stats.PromptTokens += int64(s.nPrompt)
+	if !s.prefillOnly {
+		e.stats.PromptTokens += int64(s.nPrompt)
+	}
 	s.out = newStream(ctx)
 	e.incoming = append(e.incoming, s)
 	e.mu.Unlock()
@@ -223,6 +234,7 @@ func (e *Engine) poke() {
 func (e *Engine) prepare(req *Request) (*seq, error) {
 	var ids []int32
 	var parser *chat.Parser
+	var turn *chatTurn
 	set := 0
 	if len(req.Messages) > 0 {
 		set++
@@ -279,14 +291,19 @@ func (e *Engine) prepare(req *Request) (*seq, error) {
 		sp.RepetitionPenalty < 0 || sp.MaxTokens < 0 || sp.TopLogprobs < 0 || sp.TopLogprobs > 20 {
 		return nil, fmt.Errorf("engine: invalid sampling parameters %+v", *sp)
 	}
+	if e.opts.PrepareNextTurn && !e.opts.NoCache && len(req.Messages) > 0 {
+		turn = &chatTurn{messages: slices.Clone(req.Messages), tools: req.Tools, kwargs: req.TemplateKwargs}
+	}
 	s := &seq{
-		tokens:  append(make([]int32, 0, len(ids)+64), ids...),
-		nPrompt: len(ids),
-		parser:  parser,
-		slot:    -1,
-		stopIDs: map[int32]bool{},
-		counts:  map[int32]int32{},
-		stop:    stopMatcher{stops: sp.Stop},
+		turn:        turn,
+		prefillOnly: req.PrefillOnly,
+		tokens:      append(make([]int32, 0, len(ids)+64), ids...),
+		nPrompt:     len(ids),
+		parser:      parser,
+		slot:        -1,
+		stopIDs:     map[int32]bool{},
+		counts:      map[int32]int32{},
+		stop:        stopMatcher{stops: sp.Stop},
 	}
 	for _, st := range sp.Stop {
 		if st == "" {
@@ -357,5 +374,53 @@ func (e *Engine) Close() error {
 	}
 	e.mu.Unlock()
 	<-e.done
+	e.nextTurns.Wait()
 	return nil
+}
+
+// chatTurn is what a chat request's next turn is rendered from.
+type chatTurn struct {
+	messages []chat.Message
+	tools    []chat.Tool
+	kwargs   map[string]any
+	// The answer as the client will send it back: its content and tool
+	// calls, collected as they stream.
+	content   strings.Builder
+	toolCalls []chat.ToolCall
+}
+
+// prepareNextTurn prefills the conversation of a finished chat request as
+// its next turn will start: the template is rendered with two different
+// user messages after the answer, and the text they share is what any next
+// turn begins with.
+func (e *Engine) prepareNextTurn(c *chatTurn) {
+	defer e.nextTurns.Done()
+	var texts [2]string
+	for i, probe := range []string{"a", "b"} {
+		reply := chat.Message{Role: "assistant", Content: c.content.String(), ToolCalls: c.toolCalls}
+		msgs := append(slices.Clone(c.messages), reply, chat.Message{Role: "user", Content: probe})
+		t, err := e.tmpl.Render(&chat.RenderInput{Messages: msgs, Tools: c.tools, AddGenerationPrompt: true, Kwargs: c.kwargs})
+		if err != nil {
+			e.log.Debug("next turn not prepared", "err", err)
+			return
+		}
+		texts[i] = t
+	}
+	n := 0
+	for n < len(texts[0]) && n < len(texts[1]) && texts[0][n] == texts[1][n] {
+		n++
+	}
+	ids := e.tok.Encode(texts[0][:n])
+	e.mu.Lock()
+	busy := e.queued > 0
+	e.mu.Unlock()
+	if len(ids) < e.opts.BlockSize || busy {
+		return // too short to cache, or requests are waiting: they come first
+	}
+	st, err := e.Generate(context.Background(), &Request{PromptIDs: ids, PrefillOnly: true})
+	if err != nil {
+		return // a full queue, a closed engine, a conversation at the context's end
+	}
+	for range st.Events() {
+	}
 }

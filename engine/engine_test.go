@@ -529,3 +529,90 @@ func TestParentEviction(t *testing.T) {
 		conv = append(append(conv, r.tokens...), randomPrompt(rng, f, 19)...)
 	}
 }
+
+// With PrepareNextTurn, a chat's next turn finds the whole conversation
+// cached, the previous answer included (the template renders it differently
+// from the tokens generated), and answers as a cold engine does.
+func TestPrepareNextTurn(t *testing.T) {
+	for _, arch := range []string{"qwen3", "qwen3next"} {
+		t.Run(arch, func(t *testing.T) {
+			f := loadFixture(t, arch)
+			// One engine per model: an engine owns its model's cache.
+			prepared := newEngine(t, f, Options{PrepareNextTurn: true})
+			plain := newEngine(t, loadFixture(t, arch), Options{})
+			scratch := newEngine(t, loadFixture(t, arch), Options{NoCache: true})
+			msgs := []chat.Message{{Role: "system", Content: "You are a helpful assistant who answers at length."},
+				{Role: "user", Content: "Tell me about the sea, the waves, the tides and the fish that live there."}}
+			var cached [2]int
+			total2 := 0
+			for i, e := range []*Engine{prepared, plain} {
+				c1 := generate(t, e, &Request{Messages: msgs, Sampling: Sampling{MaxTokens: 40}})
+				e.nextTurns.Wait()
+				next := append(slices.Clone(msgs), chat.Message{Role: "assistant", Content: c1.text}, chat.Message{Role: "user", Content: "And the mountains?"})
+				c2 := generate(t, e, &Request{Messages: next, Sampling: Sampling{MaxTokens: 10}})
+				ref := generate(t, scratch, &Request{Messages: next, Sampling: Sampling{MaxTokens: 10}})
+				if !slices.Equal(c2.tokens, ref.tokens) {
+					t.Errorf("turn 2 %v, from scratch %v", c2.tokens, ref.tokens)
+				}
+				cached[i] = c2.usage.CachedTokens
+				if i == 0 {
+					// All but the new user message and the generation
+					// prompt, less a partial block.
+					text, err := f.tmpl.Render(&chat.RenderInput{Messages: next, AddGenerationPrompt: true})
+					if err != nil {
+						t.Fatal(err)
+					}
+					total := len(f.tok.Encode(text))
+					total2 = total
+					if want := total - len(f.tok.Encode("And the mountains?<|im_end|>\n<|im_start|>assistant\n")) - 16; c2.usage.CachedTokens < want {
+						t.Errorf("turn 2 cached %d of %d prompt tokens, want at least %d", c2.usage.CachedTokens, total, want)
+					}
+				}
+			}
+			if cached[0] <= cached[1] {
+				t.Errorf("turn 2 cached %d tokens with the next turn prepared, %d without", cached[0], cached[1])
+			}
+			t.Logf("turn 2 cached %d tokens prepared, %d not (total %d)", cached[0], cached[1], total2)
+		})
+	}
+}
+
+// A prefill-only request leaves its prompt cached and ends without tokens;
+// waiting, it is dropped when the request it prepares arrives.
+func TestPrefillOnly(t *testing.T) {
+	f := loadFixture(t, "qwen3")
+	e := newEngine(t, f, Options{MaxRunning: 1})
+	rng := rand.New(rand.NewPCG(5, 6))
+	p := randomPrompt(rng, f, 40)
+	r := generate(t, e, &Request{PromptIDs: p, PrefillOnly: true})
+	if r.finish != FinishLength || len(r.tokens) != 0 {
+		t.Errorf("prefill-only: finish %s, tokens %v", r.finish, r.tokens)
+	}
+	next := generate(t, e, &Request{PromptIDs: append(slices.Clone(p), randomPrompt(rng, f, 5)...), Sampling: Sampling{MaxTokens: 2}})
+	if next.usage.CachedTokens != 32 {
+		t.Errorf("after a prefill-only request of 40 tokens, %d cached (want 32, whole blocks)", next.usage.CachedTokens)
+	}
+
+	// One running request holds the only slot; the prefill-only request
+	// waits, and its successor's arrival ends it.
+	long, err := e.Generate(context.Background(), &Request{PromptIDs: randomPrompt(rng, f, 8), Sampling: Sampling{MaxTokens: 400, IgnoreEOS: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := randomPrompt(rng, f, 24)
+	warm, err := e.Generate(context.Background(), &Request{PromptIDs: q, PrefillOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	succ, err := e.Generate(context.Background(), &Request{PromptIDs: append(slices.Clone(q), 7, 8), Sampling: Sampling{MaxTokens: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := collect(warm); w.finish != FinishCancelled {
+		t.Errorf("waiting prefill-only request: finish %s, want cancelled", w.finish)
+	}
+	if s := collect(succ); s.err != nil || len(s.tokens) != 2 {
+		t.Errorf("its successor: %v, %v", s.err, s.tokens)
+	}
+	collect(long)
+}

@@ -54,6 +54,9 @@ type seq struct {
 	parser    *chat.Parser
 	stop      stopMatcher
 	toolCalls bool
+
+	prefillOnly bool      // Request.PrefillOnly
+	turn        *chatTurn // a chat request's conversation, with Options.PrepareNextTurn
 }
 
 func (s *seq) pending() int { return len(s.tokens) - s.pos }
@@ -138,6 +141,18 @@ func (s *scheduler) intake() {
 	e.incoming = nil
 	e.mu.Unlock()
 	s.waiting = append(s.waiting, in...)
+	for _, r := range in {
+		if r.prefillOnly {
+			continue
+		}
+		// A waiting prefill-only request is of no use once the request it
+		// prepares arrives: that one computes the same tokens itself.
+		for _, w := range slices.Clone(s.waiting) {
+			if w.prefillOnly && len(w.tokens) <= len(r.tokens) && slices.Equal(w.tokens, r.tokens[:len(w.tokens)]) {
+				s.finish(w, FinishCancelled, nil)
+			}
+		}
+	}
 }
 
 // reap ends cancelled requests.
@@ -159,17 +174,18 @@ func (s *scheduler) reap() {
 // remaining prompt (so a prefill never waits for blocks midway).
 func (s *scheduler) admit() {
 	for len(s.waiting) > 0 && len(s.running) < s.e.opts.MaxRunning {
-		q := s.waiting[0]
+		i := 0
+		q := s.waiting[i]
 		if !s.start(q) {
 			if len(s.running) == 0 {
-				s.waiting = s.waiting[1:]
+				s.waiting = slices.Delete(s.waiting, i, i+1)
 				s.finish(q, FinishError, fmt.Errorf("%w: %d tokens need %d blocks of %d tokens, the cache has %d",
 					ErrKVFull, len(q.tokens), (len(q.tokens)+s.e.opts.BlockSize-1)/s.e.opts.BlockSize, s.e.opts.BlockSize, s.alloc.Blocks()))
 				continue
 			}
 			return
 		}
-		s.waiting = s.waiting[1:]
+		s.waiting = slices.Delete(s.waiting, i, i+1)
 		s.running = append(s.running, q)
 		slices.SortFunc(s.running, func(a, b *seq) int { return cmp.Compare(a.id, b.id) })
 		if !q.admitted {
@@ -242,7 +258,9 @@ func (s *scheduler) start(q *seq) bool {
 	q.prefilled = false
 	if !q.admitted {
 		q.cached = q.pos
-		s.hitTokens += int64(q.pos)
+		if !q.prefillOnly {
+			s.hitTokens += int64(q.pos)
+		}
 	} else {
 		s.recomputed += int64(n - q.pos)
 	}
@@ -336,7 +354,7 @@ func (s *scheduler) step() {
 		q := p.q
 		nb := (q.pos + p.n + opts.BlockSize - 1) / opts.BlockSize
 		seqs[i] = model.Seq{Tokens: q.tokens[q.pos : q.pos+p.n], Pos: q.pos, Blocks: q.table.Blocks()[:nb], Slot: q.slot, Logits: model.NoLogits}
-		if q.pos+p.n == len(q.tokens) {
+		if q.pos+p.n == len(q.tokens) && !q.prefillOnly {
 			seqs[i].Logits = model.LastLogits
 			rows = append(rows, q)
 		}
@@ -371,6 +389,11 @@ func (s *scheduler) step() {
 	}
 	for i, q := range rows {
 		s.emit(q, sampled[i])
+	}
+	for _, p := range plan {
+		if q := p.q; q.prefillOnly && q.pos == len(q.tokens) {
+			s.finish(q, FinishLength, nil)
+		}
 	}
 }
 
@@ -498,7 +521,13 @@ func (s *scheduler) finishWith(q *seq, reason FinishReason, err error, ev Event)
 		}
 	}
 	ev.Done, ev.Finish, ev.Usage, ev.Err = true, reason, u, err
-	s.completed++
+	if q.turn != nil && (reason == FinishStop || reason == FinishToolCalls || reason == FinishLength) {
+		s.e.nextTurns.Add(1)
+		go s.e.prepareNextTurn(q.turn)
+	}
+	if !q.prefillOnly {
+		s.completed++
+	}
 	// A caller that has seen the final event sees its effect in Stats.
 	s.publish()
 	q.out.push(ev)

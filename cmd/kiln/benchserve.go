@@ -42,6 +42,7 @@ type benchConfig struct {
 	ignoreEOS      bool
 	rangeRatio     float64
 	turns          int
+	thinkTime      time.Duration
 	requestRate    float64
 	burstiness     float64
 	maxConcurrency int
@@ -67,6 +68,7 @@ func parseBenchFlags(args []string) (*benchConfig, error) {
 	fs.BoolVar(&c.ignoreEOS, "ignore-eos", true, "keep generating past end-of-sequence so that every answer has --output-len tokens (vLLM's ignore_eos)")
 	fs.Float64Var(&c.rangeRatio, "range-ratio", 0, "lengths are drawn uniformly from [len*(1-r), len*(1+r)]")
 	fs.IntVar(&c.turns, "turns", 4, "turns per conversation (multiturn)")
+	fs.DurationVar(&c.thinkTime, "think-time", 0, "pause between a conversation's answer and its next turn, as a user reading and typing (multiturn)")
 	rate := fs.String("request-rate", "inf", "requests per second: inf sends them all at once, a number draws gamma-distributed gaps (Poisson when --burstiness is 1)")
 	fs.Float64Var(&c.burstiness, "burstiness", 1, "shape of the gamma arrival process: below 1 is burstier, above 1 more regular")
 	fs.IntVar(&c.maxConcurrency, "max-concurrency", 0, "most requests (conversations) in flight at once; 0 is no limit")
@@ -112,6 +114,8 @@ func parseBenchFlags(args []string) (*benchConfig, error) {
 	switch {
 	case c.dataset != "random" && c.dataset != "multiturn":
 		return nil, fmt.Errorf("--dataset must be random or multiturn, not %q", c.dataset)
+	case c.thinkTime < 0:
+		return nil, fmt.Errorf("--think-time must not be negative, not %v", c.thinkTime)
 	case c.numPrompts < 1, c.inputLen < 1, c.outputLen < 1, c.turns < 1:
 		return nil, errors.New("--num-prompts, --input-len, --output-len and --turns must be at least 1")
 	case c.rangeRatio < 0 || c.rangeRatio >= 1:
@@ -190,6 +194,7 @@ func benchServe(args []string) error {
 
 // startInProcess loads the model and serves it on a loopback port.
 func (c *benchConfig) startInProcess() (stop func(), err error) {
+	c.model.conversations = true
 	lm, err := c.model.load()
 	if err != nil {
 		return nil, err
@@ -440,6 +445,9 @@ func (cl *benchClient) run() (*benchResults, error) {
 			}
 			var history []map[string]string
 			for t := range j.turnLens {
+				if t > 0 {
+					time.Sleep(c.thinkTime)
+				}
 				words := make([]string, j.turnLens[t])
 				for k := range words {
 					words[k] = benchWords[wrng.IntN(len(benchWords))]

@@ -106,6 +106,7 @@ func chatLoop(args []string) error {
 		return err
 	}
 	setupLogging(c.verbose, slog.LevelWarn)
+	c.model.conversations = true
 	a, err := c.connect()
 	if err != nil {
 		return err

@@ -25,6 +25,10 @@ type modelFlags struct {
 	maxRunning int
 	maxTokens  int
 	kvMiB      int64
+	// conversations: the command serves multi-turn chats, so the engine
+	// prepares each chat's next turn (engine.Options.PrepareNextTurn); not
+	// for a one-shot kiln run, which would wait for it before exiting.
+	conversations bool
 }
 
 func (f *modelFlags) register(fs *flag.FlagSet) {
@@ -81,7 +85,7 @@ func (f *modelFlags) load() (*loaded, error) {
 	if f.maxTokens > 0 && f.maxRunning > f.maxTokens {
 		return nil, fmt.Errorf("--max-running %d exceeds --max-batch-tokens %d: every running sequence needs a token per step", f.maxRunning, f.maxTokens)
 	}
-	opts := engine.Options{MaxRunning: f.maxRunning, MaxBatchTokens: f.maxTokens, KVMemory: f.kvMiB << 20}
+	opts := engine.Options{MaxRunning: f.maxRunning, MaxBatchTokens: f.maxTokens, KVMemory: f.kvMiB << 20, PrepareNextTurn: f.conversations}
 	if f.maxRunning == 0 && f.maxTokens > 0 {
 		opts.MaxRunning = min(f.maxTokens, 16) // the engine's default, within the budget
 	}

@@ -169,6 +169,7 @@ func (c *serveConfig) serve() error {
 		listeners = append(listeners, l)
 	}
 
+	c.model.conversations = true
 	lm, err := c.model.load()
 	if err != nil {
 		return err
