@@ -80,7 +80,8 @@ type Options struct {
 	// PrepareNextTurn: when a chat request ends, the conversation is
 	// rendered as its next turn will render it (templates drop an earlier
 	// answer's reasoning, so the answer's own tokens do not match) and
-	// prefilled at low priority, so that the next turn finds it cached.
+	// prefilled, unless requests are waiting, so that the next turn finds
+	// it cached.
 	PrepareNextTurn bool
 	Logger          *slog.Logger // nil: slog.Default()
 
