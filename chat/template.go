@@ -272,3 +272,29 @@ var environment = &exec.Environment{
 	ControlStructures: builtins.ControlStructures,
 	Methods:           methods,
 }
+
+// ToolCallStart returns the text that begins a tool call in this template's
+// format, for making an answer start with one: through the function's name
+// and up to its arguments when name is set, up to the name when it is
+// empty. The format is the template's own (Qwen3's JSON object, or the
+// <function=...> form of Qwen3-Coder and Qwen3.5), found by rendering a
+// call; a template that renders no <tool_call> is an error.
+func (t *Template) ToolCallStart(name string) (string, error) {
+	const probe = "kiln_probe_function"
+	out, err := t.Render(&RenderInput{Messages: []Message{{Role: "user", Content: "x"},
+		{Role: "assistant", ToolCalls: []ToolCall{{Type: "function", Function: FunctionCall{Name: probe, Arguments: json.RawMessage(`{}`)}}}}}})
+	switch {
+	case err != nil:
+		return "", err
+	case !strings.Contains(out, "<tool_call>") || !strings.Contains(out, probe):
+		return "", errors.New("the chat template writes no tool calls")
+	case strings.Contains(out, "<function="+probe):
+		if name == "" {
+			return "<tool_call>\n<function=", nil
+		}
+		return "<tool_call>\n<function=" + name + ">\n", nil
+	case name == "":
+		return "<tool_call>\n{\"name\": \"", nil
+	}
+	return "<tool_call>\n{\"name\": \"" + name + "\", \"arguments\": ", nil
+}

@@ -370,3 +370,39 @@ func TestJinjaWithMessages(t *testing.T) {
 		}
 	}
 }
+
+// ToolCallStart follows each template's format, and what it starts the
+// output parser reads back as a call once the model completes it.
+func TestToolCallStart(t *testing.T) {
+	for _, c := range []struct {
+		name, any, named, rest string
+	}{
+		{"qwen3.jinja", "<tool_call>\n{\"name\": \"", "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": ", "{\"city\": \"Paris\"}}\n</tool_call>"},
+		{"qwen3.8.jinja", "<tool_call>\n<function=", "<tool_call>\n<function=get_weather>\n", "<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>"},
+	} {
+		tpl, err := LoadTemplate(modelDir(t, c.name, nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		anyStart, err1 := tpl.ToolCallStart("")
+		named, err2 := tpl.ToolCallStart("get_weather")
+		if err1 != nil || err2 != nil || anyStart != c.any || named != c.named {
+			t.Errorf("%s: %q (%v), %q (%v)", c.name, anyStart, err1, named, err2)
+			continue
+		}
+		p := NewParser(ParserOptions{Tools: []Tool{weatherTool}})
+		d := p.Push(named + c.rest)
+		f := p.Finish()
+		calls := append(d.ToolCalls, f.ToolCalls...)
+		if len(calls) != 1 || calls[0].Function.Name != "get_weather" || !json.Valid(calls[0].Function.Arguments) || !strings.Contains(string(calls[0].Function.Arguments), "Paris") || d.Content+f.Content != "" {
+			t.Errorf("%s: parsed %+v, content %q", c.name, calls, d.Content+f.Content)
+		}
+	}
+	plain, err := ParseTemplate("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := plain.ToolCallStart("f"); err == nil {
+		t.Error("a template without tool calls gave a tool call start")
+	}
+}

@@ -19,6 +19,13 @@ type Request struct {
 	Prompt              string
 	PromptIDs           []int32
 
+	// ForceToolCall makes a Messages request's answer a tool call (OpenAI's
+	// tool_choice "required" or a named function): "*" for any of Tools,
+	// else the function's name. The prompt is extended with the start of a
+	// call in the template's format (after closing an opened <think>), which
+	// the output parser reads as if generated.
+	ForceToolCall string
+
 	// PrefillOnly computes the prompt into the caches and ends (FinishLength,
 	// no tokens), for a prompt that a later request will start with. While
 	// it waits for admission, the arrival of a request that starts with its

@@ -263,8 +263,26 @@ func (e *Engine) prepare(req *Request) (*seq, error) {
 		if err != nil {
 			return nil, fmt.Errorf("engine: render chat template: %w", err)
 		}
-		ids = e.tok.Encode(text)
-		parser = chat.NewParser(chat.ParserOptions{Tools: req.Tools, InThinking: agp && chat.OpensThinking(text)})
+		thinking := agp && chat.OpensThinking(text)
+		var start string
+		if req.ForceToolCall != "" {
+			if !agp || len(req.Tools) == 0 {
+				return nil, errors.New("engine: ForceToolCall needs tools and the generation prompt")
+			}
+			name := req.ForceToolCall
+			if name == "*" {
+				name = ""
+			}
+			if start, err = e.tmpl.ToolCallStart(name); err != nil {
+				return nil, fmt.Errorf("engine: %w", err)
+			}
+			if thinking {
+				start = "\n</think>\n\n" + start // an empty reasoning, as Qwen writes one
+			}
+		}
+		ids = e.tok.Encode(text + start)
+		parser = chat.NewParser(chat.ParserOptions{Tools: req.Tools, InThinking: thinking})
+		parser.Push(start) // the parser reads the forced start as generated: an open call
 	case req.Prompt != "":
 		ids = e.tok.Encode(req.Prompt)
 	default:

@@ -207,7 +207,7 @@ func (s *Server) ollamaChat(w http.ResponseWriter, r *http.Request) error {
 		}
 		msgs[i] = msg
 	}
-	tools, err := selectTools(req.Tools, nil)
+	tools, _, err := selectTools(req.Tools, nil)
 	if err != nil {
 		return err
 	}

@@ -72,11 +72,12 @@ func convertMessages(in []wireMessage) ([]chat.Message, error) {
 	return out, nil
 }
 
-// selectTools applies tool_choice. "none" drops the tools; "auto" and
-// "required" keep them all; a named function keeps only that tool. kiln does
-// not constrain decoding, so "required" and a named tool make a tool call
-// likely (the model sees only the allowed tools) but do not force it.
-func selectTools(tools []json.RawMessage, choice json.RawMessage) ([]chat.Tool, error) {
+// selectTools applies tool_choice. "none" drops the tools; "auto" keeps them
+// all; "required" keeps them and forces a call ("*"); a named function keeps
+// only that tool and forces a call of it (engine.Request.ForceToolCall). The
+// answer then begins with a call; its arguments are the model's, not checked
+// against the schema.
+func selectTools(tools []json.RawMessage, choice json.RawMessage) ([]chat.Tool, string, error) {
 	for i, t := range tools {
 		var def struct {
 			Type     string `json:"type"`
@@ -85,24 +86,26 @@ func selectTools(tools []json.RawMessage, choice json.RawMessage) ([]chat.Tool, 
 			} `json:"function"`
 		}
 		if err := json.Unmarshal(t, &def); err != nil || def.Function == nil || def.Function.Name == "" {
-			return nil, badRequest("tools", "tools[%d] must be {\"type\": \"function\", \"function\": {\"name\": ...}}", i)
+			return nil, "", badRequest("tools", "tools[%d] must be {\"type\": \"function\", \"function\": {\"name\": ...}}", i)
 		}
 	}
 	if len(choice) == 0 || string(choice) == "null" {
-		return tools, nil
+		return tools, "", nil
 	}
 	var mode string
 	if json.Unmarshal(choice, &mode) == nil {
 		switch mode {
 		case "none":
-			return nil, nil
-		case "auto", "required":
-			if mode == "required" && len(tools) == 0 {
-				return nil, badRequest("tool_choice", "tool_choice is \"required\" but no tools were given")
+			return nil, "", nil
+		case "auto":
+			return tools, "", nil
+		case "required":
+			if len(tools) == 0 {
+				return nil, "", badRequest("tool_choice", "tool_choice is \"required\" but no tools were given")
 			}
-			return tools, nil
+			return tools, "*", nil
 		}
-		return nil, badRequest("tool_choice", "tool_choice must be \"none\", \"auto\", \"required\" or a function, not %q", mode)
+		return nil, "", badRequest("tool_choice", "tool_choice must be \"none\", \"auto\", \"required\" or a function, not %q", mode)
 	}
 	var named struct {
 		Function struct {
@@ -110,7 +113,7 @@ func selectTools(tools []json.RawMessage, choice json.RawMessage) ([]chat.Tool, 
 		} `json:"function"`
 	}
 	if err := json.Unmarshal(choice, &named); err != nil || named.Function.Name == "" {
-		return nil, badRequest("tool_choice", "tool_choice must be a string or {\"type\": \"function\", \"function\": {\"name\": ...}}")
+		return nil, "", badRequest("tool_choice", "tool_choice must be a string or {\"type\": \"function\", \"function\": {\"name\": ...}}")
 	}
 	for _, t := range tools {
 		var def struct {
@@ -120,10 +123,10 @@ func selectTools(tools []json.RawMessage, choice json.RawMessage) ([]chat.Tool, 
 		}
 		json.Unmarshal(t, &def)
 		if def.Function.Name == named.Function.Name {
-			return []chat.Tool{t}, nil
+			return []chat.Tool{t}, named.Function.Name, nil
 		}
 	}
-	return nil, badRequest("tool_choice", "tool_choice names %q, which is not among the tools", named.Function.Name)
+	return nil, "", badRequest("tool_choice", "tool_choice names %q, which is not among the tools", named.Function.Name)
 }
 
 func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) error {
@@ -141,7 +144,7 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	tools, err := selectTools(req.Tools, req.ToolChoice)
+	tools, force, err := selectTools(req.Tools, req.ToolChoice)
 	if err != nil {
 		return err
 	}
@@ -160,7 +163,7 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) error {
 	if err := s.setLogprobs(&sp, req.Logprobs, top); err != nil {
 		return err
 	}
-	g, err := s.start(r, &engine.Request{Messages: msgs, Tools: tools, TemplateKwargs: req.ChatTemplateKwargs, Sampling: sp})
+	g, err := s.start(r, &engine.Request{Messages: msgs, Tools: tools, ForceToolCall: force, TemplateKwargs: req.ChatTemplateKwargs, Sampling: sp})
 	if err != nil {
 		return err
 	}

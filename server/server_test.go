@@ -437,6 +437,31 @@ func TestToolCallRoundTrip(t *testing.T) {
 	if none.Usage.PromptTokens != plain.Usage.PromptTokens {
 		t.Errorf("tool_choice none: %d prompt tokens, want %d", none.Usage.PromptTokens, plain.Usage.PromptTokens)
 	}
+	// tool_choice required or a named function: the answer begins with a
+	// call (the test model's arguments are noise, so it may come back as
+	// content that starts with the call), and the start is in the prompt.
+	for _, choice := range []openai.ChatCompletionToolChoiceOptionUnionParam{
+		{OfAuto: openai.String("required")},
+		openai.ToolChoiceOptionFunctionToolChoice(openai.ChatCompletionNamedToolChoiceFunctionParam{Name: "get_weather"}),
+	} {
+		forced, err := c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: testModel, MaxTokens: openai.Int(12),
+			Messages: []openai.ChatCompletionMessageParamUnion{ask}, Tools: []openai.ChatCompletionToolUnionParam{tool}, ToolChoice: choice})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := forced.Choices[0].Message
+		called := len(m.ToolCalls) > 0 && (choice.OfAuto.Value == "required" || m.ToolCalls[0].Function.Name == "get_weather")
+		start := "<tool_call>\n{\"name\": \""
+		if choice.OfAuto.Value != "required" {
+			start += "get_weather\", \"arguments\": "
+		}
+		if !called && !strings.HasPrefix(m.Content, start) {
+			t.Errorf("tool_choice %v: answer %q, calls %+v", choice, m.Content, m.ToolCalls)
+		}
+		if forced.Usage.PromptTokens <= withTools.Usage.PromptTokens {
+			t.Errorf("tool_choice %v: %d prompt tokens, %d without forcing", choice, forced.Usage.PromptTokens, withTools.Usage.PromptTokens)
+		}
+	}
 	// The client sends back the call and its result.
 	call := openai.ChatCompletionMessageParamUnion{OfAssistant: &openai.ChatCompletionAssistantMessageParam{
 		ToolCalls: []openai.ChatCompletionMessageToolCallUnionParam{{OfFunction: &openai.ChatCompletionMessageFunctionToolCallParam{
