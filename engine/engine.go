@@ -64,7 +64,7 @@ type Options struct {
 	// take one token each, prompts being prefilled share the rest in chunks.
 	// 256.
 	MaxBatchTokens int
-	MaxRunning     int // sequences in the running batch; 16 (at most MaxBatchTokens)
+	MaxRunning     int // sequences in the running batch; 16, or MaxBatchTokens when smaller
 	MaxQueue       int // requests waiting for admission before Generate fails with ErrQueueFull; 1024
 	// StateMemory bounds the host memory of hybrid models' state snapshots;
 	// 1 GiB.
@@ -96,7 +96,7 @@ func (o *Options) setDefaults() error {
 	}
 	def(&o.BlockSize, 16)
 	def(&o.MaxBatchTokens, 256)
-	def(&o.MaxRunning, 16)
+	def(&o.MaxRunning, min(16, o.MaxBatchTokens)) // every running sequence needs a token per step
 	def(&o.MaxQueue, 1024)
 	def(&o.SnapshotInterval, 1024)
 	if o.SnapshotInterval > 0 {

@@ -616,3 +616,17 @@ func TestPrefillOnly(t *testing.T) {
 	}
 	collect(long)
 }
+
+// A token budget below the default running batch lowers the batch to it,
+// rather than refusing the options.
+func TestSmallTokenBudget(t *testing.T) {
+	f := loadFixture(t, "qwen3")
+	e := newEngine(t, f, Options{MaxBatchTokens: 8})
+	if got := e.Options().MaxRunning; got != 8 {
+		t.Errorf("MaxBatchTokens 8: MaxRunning %d, want 8", got)
+	}
+	r := generate(t, e, &Request{PromptIDs: randomPrompt(rand.New(rand.NewPCG(1, 2)), f, 20), Sampling: Sampling{MaxTokens: 4, IgnoreEOS: true}})
+	if len(r.tokens) != 4 {
+		t.Errorf("%d tokens, want 4", len(r.tokens))
+	}
+}

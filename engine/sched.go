@@ -174,18 +174,17 @@ func (s *scheduler) reap() {
 // remaining prompt (so a prefill never waits for blocks midway).
 func (s *scheduler) admit() {
 	for len(s.waiting) > 0 && len(s.running) < s.e.opts.MaxRunning {
-		i := 0
-		q := s.waiting[i]
+		q := s.waiting[0]
 		if !s.start(q) {
 			if len(s.running) == 0 {
-				s.waiting = slices.Delete(s.waiting, i, i+1)
+				s.waiting = s.waiting[1:]
 				s.finish(q, FinishError, fmt.Errorf("%w: %d tokens need %d blocks of %d tokens, the cache has %d",
 					ErrKVFull, len(q.tokens), (len(q.tokens)+s.e.opts.BlockSize-1)/s.e.opts.BlockSize, s.e.opts.BlockSize, s.alloc.Blocks()))
 				continue
 			}
 			return
 		}
-		s.waiting = slices.Delete(s.waiting, i, i+1)
+		s.waiting = s.waiting[1:]
 		s.running = append(s.running, q)
 		slices.SortFunc(s.running, func(a, b *seq) int { return cmp.Compare(a.id, b.id) })
 		if !q.admitted {

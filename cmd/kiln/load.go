@@ -86,9 +86,6 @@ func (f *modelFlags) load() (*loaded, error) {
 		return nil, fmt.Errorf("--max-running %d exceeds --max-batch-tokens %d: every running sequence needs a token per step", f.maxRunning, f.maxTokens)
 	}
 	opts := engine.Options{MaxRunning: f.maxRunning, MaxBatchTokens: f.maxTokens, KVMemory: f.kvMiB << 20, PrepareNextTurn: f.conversations}
-	if f.maxRunning == 0 && f.maxTokens > 0 {
-		opts.MaxRunning = min(f.maxTokens, 16) // the engine's default, within the budget
-	}
 	if opts.MaxBatchTokens == 0 && f.maxRunning > 256 {
 		opts.MaxBatchTokens = f.maxRunning // every running sequence needs a token per step
 	}
