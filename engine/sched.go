@@ -141,17 +141,22 @@ func (s *scheduler) intake() {
 	e.incoming = nil
 	e.mu.Unlock()
 	s.waiting = append(s.waiting, in...)
-	for _, r := range in {
-		if r.prefillOnly {
+	// A waiting prefill-only request is of no use once the request it
+	// prepares arrives: that one computes the same tokens itself.
+	var drop []*seq
+	for _, w := range s.waiting {
+		if !w.prefillOnly {
 			continue
 		}
-		// A waiting prefill-only request is of no use once the request it
-		// prepares arrives: that one computes the same tokens itself.
-		for _, w := range slices.Clone(s.waiting) {
-			if w.prefillOnly && len(w.tokens) <= len(r.tokens) && slices.Equal(w.tokens, r.tokens[:len(w.tokens)]) {
-				s.finish(w, FinishCancelled, nil)
+		for _, r := range in {
+			if !r.prefillOnly && len(w.tokens) <= len(r.tokens) && slices.Equal(w.tokens, r.tokens[:len(w.tokens)]) {
+				drop = append(drop, w)
+				break
 			}
 		}
+	}
+	for _, w := range drop {
+		s.finish(w, FinishCancelled, nil)
 	}
 }
 
