@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"strings"
+	"sync"
 
 	"github.com/nikolalohinski/gonja/v2/builtins"
 	"github.com/nikolalohinski/gonja/v2/config"
@@ -20,6 +21,11 @@ import (
 type Template struct {
 	tpl  *exec.Template
 	vars map[string]any // the tokenizer's special tokens
+
+	// The template's tool call form, found once (see ToolCallStart).
+	callOnce sync.Once
+	callXML  bool
+	callErr  error
 }
 
 // RenderInput is one rendering: the conversation, the tools offered,
@@ -280,18 +286,24 @@ var environment = &exec.Environment{
 // <function=...> form of Qwen3-Coder and Qwen3.5), found by rendering a
 // call; a template that renders no <tool_call> is an error.
 func (t *Template) ToolCallStart(name string) (string, error) {
-	const probe = "kiln_probe_function"
-	out, err := t.Render(&RenderInput{Messages: []Message{{Role: "user", Content: "x"},
-		{Role: "assistant", ToolCalls: []ToolCall{{Type: "function", Function: FunctionCall{Name: probe, Arguments: json.RawMessage(`{}`)}}}}}})
-	switch {
-	case err != nil:
-		return "", err
-	case !strings.Contains(out, "<tool_call>") || !strings.Contains(out, probe):
-		return "", errors.New("the chat template writes no tool calls")
-	case strings.Contains(out, "<function="+probe):
-		if name == "" {
-			return "<tool_call>\n<function=", nil
+	t.callOnce.Do(func() {
+		const probe = "kiln_probe_function"
+		out, err := t.Render(&RenderInput{Messages: []Message{{Role: "user", Content: "x"},
+			{Role: "assistant", ToolCalls: []ToolCall{{Type: "function", Function: FunctionCall{Name: probe, Arguments: json.RawMessage(`{}`)}}}}}})
+		switch {
+		case err != nil:
+			t.callErr = err
+		case !strings.Contains(out, "<tool_call>") || !strings.Contains(out, probe):
+			t.callErr = errors.New("the chat template writes no tool calls")
 		}
+		t.callXML = strings.Contains(out, "<function="+probe)
+	})
+	switch {
+	case t.callErr != nil:
+		return "", t.callErr
+	case t.callXML && name == "":
+		return "<tool_call>\n<function=", nil
+	case t.callXML:
 		return "<tool_call>\n<function=" + name + ">\n", nil
 	case name == "":
 		return "<tool_call>\n{\"name\": \"", nil
