@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Compiles every CUDA kernel file the way the backend does at run time
+# (header in front, fast math, sm_90 by default) with a local nvcc, and
+# prints each kernel's registers and any spills: a compile check for machines
+# without a GPU (Debian: apt install nvidia-cuda-toolkit). Skips without nvcc.
+#
+#   scripts/check-kernels.sh [arch]     # e.g. sm_90 (default), sm_80
+set -euo pipefail
+cd "$(dirname "$0")/../backend/cuda/kernels"
+if ! command -v nvcc >/dev/null; then
+	echo "check-kernels: no nvcc, skipped"
+	exit 0
+fi
+arch=${1:-sm_90}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+status=0
+for f in *.cu; do
+	{ echo '#line 1 "common.cuh"'; cat common.cuh; echo "#line 1 \"$f\""; cat "$f"; } >"$tmp/$f"
+	if ! nvcc -arch="$arch" -std=c++17 --use_fast_math -cubin -Xptxas -v "$tmp/$f" -o "$tmp/${f%.cu}.cubin" >"$tmp/$f.log" 2>&1; then
+		grep -v '^ptxas info' "$tmp/$f.log" >&2
+		status=1
+		continue
+	fi
+	# One line per kernel: name, registers, and spilled bytes if any.
+	awk '/Compiling entry function/ { name = $7; gsub(/\047/, "", name) }
+		/spill stores/ { spill = $5 }
+		/Used [0-9]+ registers/ { printf "%-36s %4d regs%s\n", name, $5, (spill > 0 ? ", " spill " bytes spilled" : "") }' "$tmp/$f.log"
+done
+exit $status
