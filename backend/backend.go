@@ -304,8 +304,12 @@ type Backend interface {
 	// MatMul computes out[n,o] = sum_i x[n,i] * w[o,i], adding to out when
 	// accumulate. x and out are f32, w any float dtype.
 	MatMul(out, x, w Tensor, accumulate bool)
-	// SiluMul computes out = silu(gate) * up for gateUp [N, 2I] = [gate | up].
-	SiluMul(out, gateUp Tensor)
+	// MLP adds to out [T, H] the SwiGLU feed-forward of x [T, H]:
+	// down(silu(x . gate^T) * (x . up^T)) with gateUp [2I, H] = [gate | up]
+	// and down [H, I]. One operation rather than three so that a backend can
+	// fuse the activation into either product and keep the [T, I]
+	// intermediate in its own precision.
+	MLP(out, x, gateUp, down Tensor)
 	// Attention runs one attention layer on the fused projection qkv [T,
 	// spec.QKVWidth()]: per-head q/k RMSNorm, RoPE at each token's position,
 	// storing k and v in the layer's paged cache, causal attention over the

@@ -107,11 +107,7 @@ func (m *mlp) weights(c *Config, p string) []param {
 }
 
 func (m *mlp) forward(s *workspace, h, x backend.Tensor) {
-	gateUp := s.get("gateUp", 2*m.inter)
-	act := s.get("act", m.inter)
-	s.b.MatMul(gateUp, h, m.gateUp, false)
-	s.b.SiluMul(act, gateUp)
-	s.b.MatMul(x, act, m.down, true)
+	s.b.MLP(x, h, m.gateUp, m.down)
 }
 
 // sparseMLP is a mixture of SwiGLU experts: a router picks the top-k

@@ -44,6 +44,8 @@ type Backend struct {
 	// kpack and vpack are Attention's packed keys and values, kept to be
 	// reused by the next call.
 	kpack, vpack []float32
+	// mlpBuf holds the products and activations of a SwiGLU block.
+	mlpBuf []float32
 }
 
 var _ backend.Backend = (*Backend)(nil)

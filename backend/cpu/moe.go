@@ -85,19 +85,14 @@ func (b *Backend) MoE(out, x backend.Tensor, e *backend.Experts, spec *backend.M
 // expert adds wts[i] * down(silu(gate(x)) * up(x)) for x = xs[tokens[i]] to
 // out[tokens[i]].
 func (b *Backend) expert(out, xs []float32, H int, tokens []int32, wts []float32, gateUp, down weights) {
-	n, I := len(tokens), down.cols
+	n := len(tokens)
 	xe := make([]float32, n*H)
 	for i, t := range tokens {
 		copy(xe[i*H:(i+1)*H], xs[int(t)*H:(int(t)+1)*H])
 	}
-	h := make([]float32, n*2*I)
-	b.pool.matmul(h, xe, n, gateUp, false)
-	act := make([]float32, n*I)
-	siluMul(b.pool, act, h, n, I)
-	y := xe // reuse: same size
-	b.pool.matmul(y, act, n, down, false)
+	b.swiglu(xe, xe, n, gateUp, down, false) // x is read only before out is written
 	for i, t := range tokens {
-		axpy(out[int(t)*H:(int(t)+1)*H], wts[i], y[i*H:(i+1)*H])
+		axpy(out[int(t)*H:(int(t)+1)*H], wts[i], xe[i*H:(i+1)*H])
 	}
 }
 

@@ -79,18 +79,29 @@ func sigmoid(x float32) float32 { return 1 / (1 + expf(-x)) }
 
 func silu(x float32) float32 { return x * sigmoid(x) }
 
-// SiluMul computes out = silu(gate) * up for gateUp [N, 2I] = [gate | up].
-func (b *Backend) SiluMul(out, gateUp backend.Tensor) {
-	ot, gt := asT(out), asT(gateUp)
-	n, w2 := matrix(gt)
-	if w2%2 != 0 {
-		panic(fmt.Sprintf("cpu: silumul gateUp %v has an odd width", gt))
+// MLP adds to out the SwiGLU feed-forward of x; see backend.Backend.
+func (b *Backend) MLP(out, x, gateUp, down backend.Tensor) {
+	ot, xt := asT(out), asT(x)
+	n, h := matrix(xt)
+	gu, dn := weightsOf(asT(gateUp)), weightsOf(asT(down))
+	if on, oh := matrix(ot); on != n || oh != h || gu.cols != h || gu.rows != 2*dn.cols || dn.rows != h {
+		panic(fmt.Sprintf("cpu: mlp out %v, x %v, gate_up %v, down %v", ot, xt, asT(gateUp), asT(down)))
 	}
-	in := w2 / 2
-	if on, oi := matrix(ot); on != n || oi != in {
-		panic(fmt.Sprintf("cpu: silumul out %v, gateUp %v", ot, gt))
+	b.swiglu(ot.out32(), xt.f32(), n, gu, dn, true)
+}
+
+// swiglu writes (or adds, when accumulate) down(silu(gate(x)) * up(x)) for
+// the n rows of xs to out. Its intermediates live in b.mlpBuf, kept for the
+// next call.
+func (b *Backend) swiglu(out, xs []float32, n int, gateUp, down weights, accumulate bool) {
+	I := down.cols
+	if need := 3 * n * I; len(b.mlpBuf) < need {
+		b.mlpBuf = make([]float32, need)
 	}
-	siluMul(b.pool, ot.out32(), gt.f32(), n, in)
+	h, act := b.mlpBuf[:2*n*I], b.mlpBuf[2*n*I:3*n*I]
+	b.pool.matmul(h, xs, n, gateUp, false)
+	siluMul(b.pool, act, h, n, I)
+	b.pool.matmul(out, act, n, down, accumulate)
 }
 
 func siluMul(p *pool, out, gu []float32, n, in int) {

@@ -180,20 +180,25 @@ func TestRMSNorm(t *testing.T) {
 func sig64(x float64) float64  { return 1 / (1 + math.Exp(-x)) }
 func silu64(x float64) float64 { return x * sig64(x) }
 
-func TestSiluMul(t *testing.T) {
-	b := New(Options{})
+func TestMLP(t *testing.T) {
+	b := New(Options{Threads: 3})
 	r := newRand(4)
-	const N, I = 7, 33
-	gu := randVec(r, N*2*I, 3)
-	out := b.Alloc(backend.F32, N, I)
-	b.SiluMul(out, tensorF32(b, gu, N, 2*I))
-	want := make([]float64, N*I)
+	const N, H, I = 7, 24, 33
+	xv, guv, dv, init := randVec(r, N*H, 1), randVec(r, 2*I*H, 0.3), randVec(r, H*I, 0.3), randVec(r, N*H, 1)
+	out := tensorF32(b, init, N, H)
+	b.MLP(out, tensorF32(b, xv, N, H), loadWeight(t, b, backend.F32, guv, 2*I, H), loadWeight(t, b, backend.F32, dv, H, I))
+	gu := refMatMul(xv, guv, N, H, 2*I)
+	act := make([]float64, N*I)
 	for n := range N {
 		for i := range I {
-			want[n*I+i] = silu64(float64(float32(gu[n*2*I+i]))) * float64(float32(gu[n*2*I+I+i]))
+			act[n*I+i] = silu64(gu[n*2*I+i]) * gu[n*2*I+I+i]
 		}
 	}
-	compare(t, "silumul", readF32(t, b, out), want, 1e-6)
+	want := refMatMul(act, dv, N, I, H)
+	for i := range want {
+		want[i] += float64(float32(init[i]))
+	}
+	compare(t, "mlp", readF32(t, b, out), want, 1e-5)
 }
 
 func TestGatedRMSNorm(t *testing.T) {

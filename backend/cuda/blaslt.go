@@ -37,6 +37,7 @@ type blasLt struct {
 type ltKey struct {
 	m, n, k int
 	wt      backend.DType // A (the weight) and B share this type
+	ot      backend.DType // C and D: f32, or wt's type
 }
 
 type ltPlan struct {
@@ -97,7 +98,7 @@ func (l *blasLt) plan(key ltKey) (*ltPlan, error) {
 	if err := ltErr("cublasLtMatrixLayoutCreate", C.k_cublasLtMatrixLayoutCreate(&p.lb, wt, C.ulonglong(key.k), C.ulonglong(key.n), C.longlong(key.k))); err != nil {
 		return nil, err
 	}
-	if err := ltErr("cublasLtMatrixLayoutCreate", C.k_cublasLtMatrixLayoutCreate(&p.lc, cudaR32F, C.ulonglong(key.m), C.ulonglong(key.n), C.longlong(key.m))); err != nil {
+	if err := ltErr("cublasLtMatrixLayoutCreate", C.k_cublasLtMatrixLayoutCreate(&p.lc, ltType(key.ot), C.ulonglong(key.m), C.ulonglong(key.n), C.longlong(key.m))); err != nil {
 		return nil, err
 	}
 	var pref C.cublasLtMatmulPreference_t
@@ -120,9 +121,10 @@ func (l *blasLt) plan(key ltKey) (*ltPlan, error) {
 	return p, nil
 }
 
-// matmul computes out[n,m] (+)= x[n,k] . w[m,k]^T with x already in w's type.
-func (l *blasLt) matmul(s stream, out, x, w devptr, n, m, k int, wt backend.DType, accumulate bool) error {
-	p, err := l.plan(ltKey{m, n, k, wt})
+// matmul computes out[n,m] (+)= x[n,k] . w[m,k]^T with x already in w's
+// type and out of type ot.
+func (l *blasLt) matmul(s stream, out, x, w devptr, n, m, k int, wt, ot backend.DType, accumulate bool) error {
+	p, err := l.plan(ltKey{m, n, k, wt, ot})
 	if err != nil {
 		return err
 	}

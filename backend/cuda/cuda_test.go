@@ -172,12 +172,7 @@ func testRowOps(t *testing.T, H int) {
 			p.compare("rmsnorm in place", cn, gn, 1e-6)
 		}
 	}
-	cx, gx := p.load(backend.F32, p.randn(T*2*H, 2), T, 2*H)
-	co, gout := p.out(T, H)
-	p.c.SiluMul(co, cx)
-	p.g.SiluMul(gout, gx)
-	p.compare("silumul", co, gout, 1e-6)
-
+	co, gout := p.load(backend.F32, p.randn(T*H, 2), T, H)
 	cz, gz := p.load(backend.F32, p.randn(T*H, 2), T, H)
 	cw, gw := p.load(backend.BF16, p.randn(H/2, 1), H/2)
 	cg, gg := p.out(T, H)
@@ -232,6 +227,46 @@ func TestMatMul(t *testing.T) {
 			p.c.MatMul(co, cx, cw, c.acc)
 			p.g.MatMul(gout, gx, gw, c.acc)
 			p.compare(fmt.Sprintf("%s: matmul %d x %d x %d %v acc=%v", mode.kernel, c.n, c.o, c.i, c.dt, c.acc), co, gout, tol)
+		}
+	}
+}
+
+func TestMLP(t *testing.T) {
+	p := newPair(t, 9)
+	cases := []struct {
+		n, h, i int
+		dt      backend.DType
+	}{
+		{1, 512, 1024, backend.BF16},
+		{2, 1000, 264, backend.BF16},
+		{3, 512, 1024, backend.BF16},
+		{64, 256, 512, backend.BF16},
+		{5, 100, 60, backend.BF16}, // widths not multiples of 8: the general path
+		{4, 96, 64, backend.F16},
+		{3, 64, 48, backend.F32},
+	}
+	defer func(m int) { p.g.gemvMax = m }(p.g.gemvMax)
+	// The fused GEMV at every token count it serves, and cuBLASLt.
+	for _, mode := range []struct {
+		kernel string
+		gemv   int
+	}{{"gemv", 8}, {"cublasLt", 0}} {
+		p.g.gemvMax = mode.gemv
+		for _, c := range cases {
+			tol := 1e-5
+			if c.dt != backend.F32 && (c.dt != backend.BF16 || c.n > mode.gemv || c.h%8 != 0) {
+				tol = 1.5e-2 // activations and products rounded to bf16 / f16
+			}
+			cgu, ggu := p.load(c.dt, p.randn(2*c.i*c.h, 0.05), 2*c.i, c.h)
+			cd, gd := p.load(c.dt, p.randn(c.h*c.i, 0.05), c.h, c.i)
+			cx, gx := p.load(backend.F32, p.randn(c.n*c.h, 1), c.n, c.h)
+			init := encode(backend.F32, p.randn(c.n*c.h, 0.1))
+			co, gout := p.out(c.n, c.h)
+			p.c.Write(co, init)
+			p.g.Write(gout, init)
+			p.c.MLP(co, cx, cgu, cd)
+			p.g.MLP(gout, gx, ggu, gd)
+			p.compare(fmt.Sprintf("%s: mlp %d x %d x %d %v", mode.kernel, c.n, c.h, c.i, c.dt), co, gout, tol)
 		}
 	}
 }

@@ -116,16 +116,55 @@ func (b *Backend) GatedRMSNorm(out, x, z, w backend.Tensor, eps float32) {
 	b.run("gated_rmsnorm", g1(n*width/dim), normBlock(dim), 0, ot.ptr, xt.ptr, zt.ptr, wt.ptr, int(wt.dt), dim, eps)
 }
 
-// SiluMul computes out = silu(gate) * up for gateUp [N, 2I] = [gate | up].
-func (b *Backend) SiluMul(out, gateUp backend.Tensor) {
-	ot, gt := asT(out), asT(gateUp)
-	n, w2 := gt.rows(), gt.cols()
-	if w2%2 != 0 {
-		panic(fmt.Sprintf("cuda: silumul gateUp %v has an odd width", gt))
+// siluMul computes out = silu(gate) * up for gateUp [N, 2I] = [gate | up].
+func (b *Backend) siluMul(out, gateUp *tensor) {
+	n, I := gateUp.rows(), gateUp.cols()/2
+	b.run("silu_mul", g1(b.blocksFor(n*I)), 256, 0, out.ptr, gateUp.ptr, n, I)
+}
+
+// MLP adds to out the SwiGLU feed-forward of x; see backend.Backend.
+func (b *Backend) MLP(out, x, gateUp, down backend.Tensor) {
+	b.mlp(asT(out), asT(x), asT(gateUp), asT(down), true)
+}
+
+// mlp writes (or adds, when accumulate) down(silu(gate(x)) * up(x)) to out.
+// A few tokens take the GEMV with the activation fused in; more take
+// cuBLASLt with bf16 in and out around a bf16 activation, the precision
+// the weights were trained in.
+func (b *Backend) mlp(ot, xt, gu, dn *tensor, accumulate bool) {
+	n, H := xt.rows(), xt.cols()
+	I := dn.cols()
+	if gu.rows() != 2*I || gu.cols() != H || dn.rows() != H {
+		panic(fmt.Sprintf("cuda: mlp x %v, gate_up %v, down %v", xt, gu, dn))
 	}
-	checkRows("silumul out", ot, n, w2/2)
-	checkF32("silumul", ot, gt)
-	b.run("silu_mul", g1(b.blocksFor(n*w2/2)), 256, 0, ot.ptr, gt.ptr, n, w2/2)
+	checkRows("mlp out", ot, n, H)
+	checkF32("mlp", ot, xt)
+	if n == 0 {
+		return
+	}
+	if gu.dt == backend.BF16 && n <= b.gemvMax && H%8 == 0 {
+		act := &tensor{dt: backend.F32, shape: []int{n, I}, ptr: b.scratchBuf("mlp.act", 4*n*I), view: true}
+		w := b.gemvWarps
+		b.runOverlapped(fmt.Sprintf("gemv_swiglu_bf16_%d", n), g1((I+w-1)/w), 32*w, 0, act.ptr, xt.ptr, gu.ptr, I, H)
+		b.MatMul(ot, act, dn, accumulate)
+		return
+	}
+	if gu.dt == backend.BF16 && dn.dt == backend.BF16 && I%8 == 0 {
+		xp := b.toHalf(xt, gu.dt)
+		h := b.scratchBuf("mlp.gu", 2*n*2*I)
+		act := b.scratchBuf("mlp.act", 2*n*I)
+		b.around("cublasLt", func() { b.fail(b.lt.matmul(b.stream, h, xp, gu.ptr, n, 2*I, H, gu.dt, gu.dt, false)) })
+		b.run("silu_mul_bf16", g1(b.blocksFor(n*I/8)), 256, 0, act, h, n, I)
+		b.around("cublasLt", func() { b.fail(b.lt.matmul(b.stream, ot.ptr, act, dn.ptr, n, H, I, dn.dt, backend.F32, accumulate)) })
+		return
+	}
+	f32 := func(name string, cols int) *tensor {
+		return &tensor{dt: backend.F32, shape: []int{n, cols}, ptr: b.scratchBuf(name, 4*n*cols), view: true}
+	}
+	h, act := f32("mlp.gu", 2*I), f32("mlp.act", I)
+	b.MatMul(h, xt, gu, false)
+	b.siluMul(act, h)
+	b.MatMul(ot, act, dn, accumulate)
 }
 
 // GatherRows writes out[r] = x[LogitRows[r]] for the current batch.
@@ -174,12 +213,20 @@ func (b *Backend) MatMul(out, x, w backend.Tensor, accumulate bool) {
 		b.runOverlapped(fmt.Sprintf("gemv_bf16_%d", n), g1((o+w-1)/w), 32*w, 0, ot.ptr, xt.ptr, wt.ptr, o, in, boolInt(accumulate))
 		return
 	}
-	xp := xt.ptr
-	if wt.dt != backend.F32 {
-		xp = b.scratchBuf("halfx", n*in*2)
-		b.run("to_half", g1(b.blocksFor(n*in)), 256, 0, xp, xt.ptr, int64Arg(n*in), int(wt.dt))
+	xp := b.toHalf(xt, wt.dt)
+	b.around("cublasLt", func() { b.fail(b.lt.matmul(b.stream, ot.ptr, xp, wt.ptr, n, o, in, wt.dt, backend.F32, accumulate)) })
+}
+
+// toHalf returns x in the type dt of the weights it meets: x itself for f32,
+// else a bf16 or f16 copy in scratch memory.
+func (b *Backend) toHalf(xt *tensor, dt backend.DType) devptr {
+	if dt == backend.F32 {
+		return xt.ptr
 	}
-	b.around("cublasLt", func() { b.fail(b.lt.matmul(b.stream, ot.ptr, xp, wt.ptr, n, o, in, wt.dt, accumulate)) })
+	n := xt.numel()
+	xp := b.scratchBuf("halfx", n*2)
+	b.run("to_half", g1(b.blocksFor(n)), 256, 0, xp, xt.ptr, int64Arg(n), int(dt))
+	return xp
 }
 
 // int64Arg passes a 64-bit count to a kernel (a long parameter).
@@ -384,7 +431,7 @@ func (b *Backend) MoE(out, x backend.Tensor, e *backend.Experts, spec *backend.M
 	h := f32("moe.h", R, 2*I)
 	b.run("moe_gemv", [3]int{(2*I + 7) / 8, R, 1}, 256, 0, h.ptr, xt.ptr, K, gu.ptr, int(gu.dt), sel, 2*I, H)
 	act := f32("moe.act", R, I)
-	b.SiluMul(act, h)
+	b.siluMul(act, h)
 	y := f32("moe.y", R, H)
 	b.run("moe_gemv", [3]int{(H + 7) / 8, R, 1}, 256, 0, y.ptr, act.ptr, 1, down.ptr, int(down.dt), sel, H, I)
 	var ys, gate devptr
@@ -396,12 +443,8 @@ func (b *Backend) MoE(out, x backend.Tensor, e *backend.Experts, spec *backend.M
 		}
 		g := f32("moe.gate", T, 1)
 		b.MatMul(g, xt, b.Reshape(sg, 1, H), false)
-		sh := f32("moe.sh", T, 2*Is)
-		b.MatMul(sh, xt, sgu, false)
-		sact := f32("moe.sact", T, Is)
-		b.SiluMul(sact, sh)
 		so := f32("moe.so", T, H)
-		b.MatMul(so, sact, sdown, false)
+		b.mlp(so, xt, sgu, sdown, false)
 		ys, gate = so.ptr, g.ptr
 	}
 	b.run("moe_combine", g1(T), 256, 0, ot.ptr, y.ptr, wts, K, H, ys, gate)

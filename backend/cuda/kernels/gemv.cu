@@ -22,55 +22,102 @@ __device__ __forceinline__ uint4 ldw(const uint4 *p) {
 	return v;
 }
 
-// Each lane keeps U weight vectors in flight and requests the next U before
-// using these, so its stream has no gaps (four pipelined measured 2% faster
-// at batch 1 than eight unpipelined, and than sixteen in one go; see
-// NOTES.md). Launched overlapped (programmatic dependent launch): the first
-// vectors are requested before pdl_wait, so the weight stream is under way
-// when the previous kernel (which writes x) finishes.
-template <int NT, int U>
+// warp_dots sets acc[r][t] = x[t] . w_r for the R weight rows a warp
+// streams together (wr[r] points at row r's vector for this lane). Each lane
+// keeps U vectors of each row in flight and requests the next U before using
+// these, so its stream has no gaps (four pipelined measured 2% faster at
+// batch 1 than eight unpipelined, and than sixteen in one go; see NOTES.md).
+// Kernels using it are launched overlapped (programmatic dependent launch):
+// the first vectors are requested before pdl_wait, so the weight stream is
+// under way when the previous kernel (which writes x) finishes.
+template <int NT, int U, int R>
+__device__ __forceinline__ void warp_dots(float (&acc)[R][NT], const uint4 *const (&wr)[R], const float *x, int I, int lane) {
+	int rounds = (I >> 3) / (32 * U);
+#pragma unroll
+	for (int r = 0; r < R; r++)
+#pragma unroll
+		for (int t = 0; t < NT; t++) acc[r][t] = 0.f;
+	uint4 v[R][U];
+	if (rounds > 0) {
+#pragma unroll
+		for (int r = 0; r < R; r++)
+#pragma unroll
+			for (int u = 0; u < U; u++) v[r][u] = ldw(wr[r] + 32 * u);
+	}
+	pdl_wait();
+	for (int i = 0; i < rounds; i++) {
+		int k = lane + i * 32 * U;
+		uint4 nv[R][U];
+		if (i + 1 < rounds) {
+#pragma unroll
+			for (int r = 0; r < R; r++)
+#pragma unroll
+				for (int u = 0; u < U; u++) nv[r][u] = ldw(wr[r] + 32 * (U * (i + 1) + u));
+		}
+#pragma unroll
+		for (int r = 0; r < R; r++)
+#pragma unroll
+			for (int u = 0; u < U; u++) dot8<NT>(acc[r], v[r][u], x, I, k + 32 * u);
+#pragma unroll
+		for (int r = 0; r < R; r++)
+#pragma unroll
+			for (int u = 0; u < U; u++) v[r][u] = nv[r][u];
+	}
+	for (int k = lane + rounds * 32 * U; k < (I >> 3); k += 32) {
+#pragma unroll
+		for (int r = 0; r < R; r++) dot8<NT>(acc[r], ldw(wr[r] + k - lane), x, I, k);
+	}
+#pragma unroll
+	for (int r = 0; r < R; r++)
+#pragma unroll
+		for (int t = 0; t < NT; t++) acc[r][t] = warp_sum(acc[r][t]);
+}
+
+// gemv_bf16: each warp owns one output row.
+template <int NT>
 __device__ __forceinline__ void gemv_bf16(float *out, const float *x, const u16 *w, int O, int I, int accumulate) {
 	pdl_trigger();
 	int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 	int row = blockIdx.x * (blockDim.x >> 5) + warp;
 	if (row >= O) return;
-	const uint4 *wr = (const uint4 *)(w + (long)row * I) + lane;
-	int rounds = (I >> 3) / (32 * U);
-	float acc[NT];
+	const uint4 *const wr[1] = {(const uint4 *)(w + (long)row * I) + lane};
+	float acc[1][NT];
+	warp_dots<NT, 4, 1>(acc, wr, x, I, lane);
+	if (lane == 0) {
 #pragma unroll
-	for (int t = 0; t < NT; t++) acc[t] = 0.f;
-	uint4 v[U];
-	if (rounds > 0) {
-#pragma unroll
-		for (int u = 0; u < U; u++) v[u] = ldw(wr + 32 * u);
-	}
-	pdl_wait();
-	for (int r = 0; r < rounds; r++) {
-		int k = lane + r * 32 * U;
-		uint4 nv[U];
-		if (r + 1 < rounds) {
-#pragma unroll
-			for (int u = 0; u < U; u++) nv[u] = ldw(wr + 32 * (U * (r + 1) + u));
-		}
-#pragma unroll
-		for (int u = 0; u < U; u++) dot8<NT>(acc, v[u], x, I, k + 32 * u);
-#pragma unroll
-		for (int u = 0; u < U; u++) v[u] = nv[u];
-	}
-	for (int k = lane + rounds * 32 * U; k < (I >> 3); k += 32) dot8<NT>(acc, ldw(wr + k - lane), x, I, k);
-#pragma unroll
-	for (int t = 0; t < NT; t++) {
-		float s = warp_sum(acc[t]);
-		if (lane == 0) {
+		for (int t = 0; t < NT; t++) {
 			float *o = out + (long)t * O + row;
-			*o = accumulate ? *o + s : s;
+			*o = accumulate ? *o + acc[0][t] : acc[0][t];
+		}
+	}
+}
+
+// gemv_swiglu_bf16: out[t, o] = silu(x[t] . w_o) * (x[t] . w_{O+o}) for w
+// [2O, I] = [gate | up]: each warp streams a gate row and its up row, so the
+// activation needs no kernel (or round trip through memory) of its own. U =
+// 2 vectors per row keeps the bytes in flight of the one-row kernel (four
+// measured the same at batch 1).
+template <int NT, int U>
+__device__ __forceinline__ void gemv_swiglu_bf16(float *out, const float *x, const u16 *w, int O, int I) {
+	pdl_trigger();
+	int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+	int row = blockIdx.x * (blockDim.x >> 5) + warp;
+	if (row >= O) return;
+	const uint4 *const wr[2] = {(const uint4 *)(w + (long)row * I) + lane, (const uint4 *)(w + (long)(O + row) * I) + lane};
+	float acc[2][NT];
+	warp_dots<NT, U, 2>(acc, wr, x, I, lane);
+	if (lane == 0) {
+#pragma unroll
+		for (int t = 0; t < NT; t++) {
+			float g = acc[0][t];
+			out[(long)t * O + row] = g / (1.f + __expf(-g)) * acc[1][t];
 		}
 	}
 }
 
 #define GEMV(NT) \
 	extern "C" __global__ void __launch_bounds__(256) gemv_bf16_##NT(float *out, const float *x, const u16 *w, int O, int I, int acc) { \
-		gemv_bf16<NT, 4>(out, x, w, O, I, acc); \
+		gemv_bf16<NT>(out, x, w, O, I, acc); \
 	}
 GEMV(1)
 GEMV(2)
@@ -80,3 +127,16 @@ GEMV(5)
 GEMV(6)
 GEMV(7)
 GEMV(8)
+
+#define GEMV_SWIGLU(NT) \
+	extern "C" __global__ void __launch_bounds__(256) gemv_swiglu_bf16_##NT(float *out, const float *x, const u16 *w, int O, int I) { \
+		gemv_swiglu_bf16<NT, 2>(out, x, w, O, I); \
+	}
+GEMV_SWIGLU(1)
+GEMV_SWIGLU(2)
+GEMV_SWIGLU(3)
+GEMV_SWIGLU(4)
+GEMV_SWIGLU(5)
+GEMV_SWIGLU(6)
+GEMV_SWIGLU(7)
+GEMV_SWIGLU(8)
