@@ -45,10 +45,12 @@ type Backend struct {
 	scratch map[string]*tensor
 	retired []devptr // scratch replaced while graphs may still use it
 
-	// noFlash sends prefill attention to the float32 kernel (tests compare both).
-	noFlash bool
+	// noFlash sends prefill attention to the float32 kernel, noDecodeMMA
+	// decode attention on bf16 caches to the scalar one (tests compare both).
+	noFlash, noDecodeMMA bool
 	// Tuning knobs, fixed at New (see envInt's callers).
 	gemvMax, gemvWarps, splitMax, splitBlocks int
+	mmaSplitBlocks                            int
 	// pdl lets the decode GEMV start while the kernel before it finishes
 	// (sm_90 on; KILN_CUDA_PDL=0 turns it off).
 	pdl  bool
@@ -132,6 +134,10 @@ func New(opts Options) (*Backend, error) {
 	// Six decode-attention blocks per multiprocessor measured best on an
 	// H100 (2, 3, 4, 6 and 8 tried at batch 1 and 64, contexts 1K and 32K).
 	b.splitBlocks = envInt("KILN_CUDA_SPLIT_BLOCKS", 6, 1, 64)
+	// The tensor-core kernel (bf16 caches) holds two blocks per
+	// multiprocessor (shared memory); two splits per multiprocessor measured
+	// best (2, 3, 4, 6 and 8 tried at batch 1 and 16, contexts 1K to 32K).
+	b.mmaSplitBlocks = envInt("KILN_CUDA_MMA_SPLIT_BLOCKS", 2, 1, 64)
 	b.pdl = major >= 9 && envInt("KILN_CUDA_PDL", 1, 0, 1) == 1
 	lt, err := newBlasLt(b.stream)
 	if err != nil {

@@ -364,13 +364,15 @@ func TestAttention(t *testing.T) {
 		{16, 2, 256, 64, true, false, backend.BF16},
 		{8, 1, 128, 128, false, false, backend.F32},
 	}
-	steps := [][]int{{40, 300, 1, 77}, {1, 1, 1, 1}, {1, 1, 1, 1}, {5, 1, 33, 1}, {1, 1, 1, 1}}
+	// {3, 1, 4, 2}: the decode kernel with tokens of one sequence that
+	// attend each other's keys, stored in the same step.
+	steps := [][]int{{40, 300, 1, 77}, {1, 1, 1, 1}, {1, 1, 1, 1}, {5, 1, 33, 1}, {1, 1, 1, 1}, {3, 1, 4, 2}}
 	for _, c := range append(cases, attnCase{8, 8, 64, 64, true, false, backend.BF16}) {
 		attnSteps(p, c, steps, func(_ string, f func()) { f() })
 	}
-	// The float32 prefill kernel on the shapes the tensor-core one takes.
-	p.g.noFlash = true
-	defer func() { p.g.noFlash = false }()
+	// The scalar kernels on the shapes the tensor-core ones take.
+	p.g.noFlash, p.g.noDecodeMMA = true, true
+	defer func() { p.g.noFlash, p.g.noDecodeMMA = false, false }()
 	attnSteps(p, cases[0], steps, func(_ string, f func()) { f() })
 }
 

@@ -282,14 +282,6 @@ func (c *kvCache) Free() {
 	}
 }
 
-// decodeSplits is how many parts the keys of one (token, kv head) are split
-// into so that the decode attention grid fills the GPU (about four blocks per
-// multiprocessor) whatever the batch. The grid must not depend on the
-// context length, which grows between replays of a captured step.
-func (b *Backend) decodeSplits(T, KH int) int {
-	return max(1, min(b.splitMax, (b.splitBlocks*b.sms+T*KH-1)/(T*KH)))
-}
-
 // Attention runs one attention layer; see backend.Backend.
 func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec *backend.AttnSpec, kvc backend.KVCache, layer int) {
 	ot, qt := asT(out), asT(qkv)
@@ -348,24 +340,30 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 	G := H / KH
 	decodeOK := (hd == 64 || hd == 128 || hd == 256) && (G == 1 || G == 2 || G == 4 || G == 8)
 	if decodeOK && m.maxN <= 4 {
-		S := b.decodeSplits(T, KH)
+		name, perSM, smem := fmt.Sprintf("attn_decode_%s_%d_%d", kn2, hd, G), b.splitBlocks, 0
+		if c.spec.DType == backend.BF16 && (hd == 64 || hd == 128) && !b.noDecodeMMA {
+			// Three stages of 64 keys and values, bf16.
+			name, perSM, smem = fmt.Sprintf("attn_decode_mma_%d_%d", hd, G), b.mmaSplitBlocks, 3*2*64*(hd+8)*2
+			b.allowSmem(name, smem)
+		}
+		S := max(1, min(b.splitMax, (perSM*b.sms+T*KH-1)/(T*KH)))
 		pm := b.scratchBuf("attnm", T*H*S*4)
 		pl := b.scratchBuf("attnl", T*H*S*4)
 		pacc := b.scratchBuf("attnacc", T*H*S*hd*4)
-		b.run(fmt.Sprintf("attn_decode_%s_%d_%d", kn2, hd, G), [3]int{T, KH, S}, 128, 0,
-			qbuf, c.k(layer), c.v(layer), m.dev[mTokPos], m.dev[mTokSeq], m.dev[mSeqBlk], m.dev[mBlocks],
+		b.launchKernel(name, b.pdl, [3]int{T, KH, S}, 128, smem,
+			qbuf, c.k(layer), c.v(layer), m.dev[mTokPos], m.dev[mTokSeq], m.dev[mSeqPos], m.dev[mSeqBlk], m.dev[mBlocks],
 			pm, pl, pacc, H, KH, bs, spec.Scale)
 		b.run("attn_combine", [3]int{T, H, 1}, 4*hd, 0, ot.ptr, pm, pl, pacc, qt.ptr, m.dev[mTokPos], H, KH, hd, S, boolInt(spec.Gated))
 		return
 	}
 	if c.spec.DType == backend.BF16 && (hd == 64 || hd == 128) && !b.noFlash {
 		name := fmt.Sprintf("flash_prefill_%d", hd)
-		// Two stages of K and V tiles, then the query tile, bf16.
-		smem := (2*2*64 + 128) * (hd + 8) * 2
+		// Two stages of 32 keys and values, then the 128 queries, bf16.
+		smem := (2*2*32 + 128) * (hd + 8) * 2
 		if smem > 48<<10 {
 			b.allowSmem(name, smem)
 		}
-		b.run(name, [3]int{H, (m.maxN + 127) / 128, m.S}, 256, smem,
+		b.run(name, [3]int{H, (m.maxN + 127) / 128, m.S}, 128, smem,
 			ot.ptr, qbuf, c.k(layer), c.v(layer), qt.ptr,
 			m.dev[mSeqPos], m.dev[mSeqN], m.dev[mSeqStart], m.dev[mSeqBlk], m.dev[mBlocks],
 			H, KH, bs, spec.Scale, boolInt(spec.Gated))

@@ -18,6 +18,7 @@ extern "C" __global__ void __launch_bounds__(256) qk_norm_rope(const float *qkv,
 		const void *qn, const void *kn, int wdt, int unitOffset,
 		const int *tokpos, const int *tokseq, const int *seqblk, const int *blocks,
 		int H, int KH, int hd, int rd, int gated, float eps, float attnFactor, int bs, RopeFreq rf) {
+	pdl_trigger();  // decode attention starts streaming the cached keys
 	__shared__ float cs[128], sn[128];
 	__shared__ float buf[8][256];
 	int t = blockIdx.x;
@@ -75,12 +76,6 @@ extern "C" __global__ void __launch_bounds__(256) qk_norm_rope(const float *qkv,
 	}
 }
 
-// decode_chunk is the number of keys per split: the grid has S splits
-// whatever the context (a captured graph replays it as contexts grow), and
-// short contexts use only the first few, keeping each split's work worth a
-// block.
-__device__ __forceinline__ int decode_chunk(int n, int S) { return max((n + S - 1) / S, 64); }
-
 // attn_decode: grid (T, KH, S), block 128 (4 warps). Block (t, kh, split)
 // attends the G query heads of kv head kh of token t over its split of the
 // keys [0, pos]; each key row is read once for the G heads, with 16-byte
@@ -106,9 +101,15 @@ template <> struct Raw<float> {
 	}
 };
 
+//
+// Launched overlapped (programmatic dependent launch) after qk_norm_rope: the
+// first tile of keys cached by earlier steps (before seqpos, this step's
+// first position of the sequence) is requested before pdl_wait, so the
+// stream is under way when qk_norm_rope finishes; keys of this step and the
+// queries are read after it.
 template <typename KT, int HD, int G>
 __device__ __forceinline__ void attn_decode(const float *qbuf, const KT *kc, const KT *vc,
-		const int *tokpos, const int *tokseq, const int *seqblk, const int *blocks,
+		const int *tokpos, const int *tokseq, const int *seqpos, const int *seqblk, const int *blocks,
 		float *pm, float *pl, float *pacc, int H, int KH, int bs, float scale) {
 	constexpr int LANES = HD / 8, TPW = 32 / LANES, U = sizeof(KT) == 2 ? 4 : 2, W = 4;
 	__shared__ float sm_acc[W][G][HD];
@@ -121,6 +122,38 @@ __device__ __forceinline__ void attn_decode(const float *qbuf, const KT *kc, con
 	int k0 = split * chunk, k1 = min(n, k0 + chunk);
 	if (k0 >= n) return;  // an idle split: attn_combine reads only the active ones
 	const int *bt = blocks + seqblk[tokseq[t]];
+	int cached = seqpos[tokseq[t]];
+
+	// Software pipelined: the keys and values of the warp's next tile are
+	// requested before this tile is used, so each lane always has U of each
+	// in flight (keys past the split's end load as zeros, scored -inf).
+	constexpr int STEP = W * TPW * U;
+	Raw<KT> kr[U], vr[U];
+	auto fetch = [&](int j, Raw<KT> &kd, Raw<KT> &vd) {
+		long off = (((long)bt[j / bs] * bs + j % bs) * KH + kh) * HD + sub * 8;
+		kd.load(kc + off);
+		vd.load(vc + off);
+	};
+	auto load = [&](int base, Raw<KT> (&kd)[U], Raw<KT> (&vd)[U], int end) {
+#pragma unroll
+		for (int u = 0; u < U; u++) {
+			int j = base + u * TPW + grp;
+			if (j < end) {
+				fetch(j, kd[u], vd[u]);
+			} else {
+				kd[u].zero();
+				vd[u].zero();
+			}
+		}
+	};
+	int first = k0 + warp * TPW * U;
+	load(first, kr, vr, min(k1, cached));
+	pdl_wait();
+#pragma unroll
+	for (int u = 0; u < U; u++) {
+		int j = first + u * TPW + grp;
+		if (j >= cached && j < k1) fetch(j, kr[u], vr[u]);
+	}
 
 	float q[G][8], acc[G][8], m[G], l[G];
 	float qs = scale * LOG2E;
@@ -132,29 +165,9 @@ __device__ __forceinline__ void attn_decode(const float *qbuf, const KT *kc, con
 		m[g] = -INF;
 		l[g] = 0.f;
 	}
-	// Software pipelined: the keys and values of the warp's next tile are
-	// requested before this tile is used, so each lane always has U of each
-	// in flight (keys past the split's end load as zeros, scored -inf).
-	constexpr int STEP = W * TPW * U;
-	Raw<KT> kr[U], vr[U];
-	auto load = [&](int base, Raw<KT> (&kd)[U], Raw<KT> (&vd)[U]) {
-#pragma unroll
-		for (int u = 0; u < U; u++) {
-			int j = base + u * TPW + grp;
-			if (j < k1) {
-				long off = (((long)bt[j / bs] * bs + j % bs) * KH + kh) * HD + sub * 8;
-				kd[u].load(kc + off);
-				vd[u].load(vc + off);
-			} else {
-				kd[u].zero();
-				vd[u].zero();
-			}
-		}
-	};
-	load(k0 + warp * TPW * U, kr, vr);
 	for (int base = k0 + warp * TPW * U; base < k1; base += STEP) {
 		Raw<KT> nk[U], nv[U];
-		if (base + STEP < k1) load(base + STEP, nk, nv);
+		if (base + STEP < k1) load(base + STEP, nk, nv, k1);
 		bool valid[U];
 #pragma unroll
 		for (int u = 0; u < U; u++) valid[u] = base + u * TPW + grp < k1;
@@ -249,9 +262,9 @@ __device__ __forceinline__ void attn_decode(const float *qbuf, const KT *kc, con
 
 #define DECODE(KT, KN, HD, G) \
 	extern "C" __global__ void __launch_bounds__(128) attn_decode_##KN##_##HD##_##G(const float *qbuf, const KT *kc, const KT *vc, \
-			const int *tokpos, const int *tokseq, const int *seqblk, const int *blocks, \
+			const int *tokpos, const int *tokseq, const int *seqpos, const int *seqblk, const int *blocks, \
 			float *pm, float *pl, float *pacc, int H, int KH, int bs, float scale) { \
-		attn_decode<KT, HD, G>(qbuf, kc, vc, tokpos, tokseq, seqblk, blocks, pm, pl, pacc, H, KH, bs, scale); \
+		attn_decode<KT, HD, G>(qbuf, kc, vc, tokpos, tokseq, seqpos, seqblk, blocks, pm, pl, pacc, H, KH, bs, scale); \
 	}
 #define DECODE_G(KT, KN, HD) DECODE(KT, KN, HD, 1) DECODE(KT, KN, HD, 2) DECODE(KT, KN, HD, 4) DECODE(KT, KN, HD, 8)
 DECODE_G(u16, bf16, 64)

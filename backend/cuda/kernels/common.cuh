@@ -115,6 +115,12 @@ __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
+// decode_chunk is the number of keys per split: the grid has S splits
+// whatever the context (a captured graph replays it as contexts grow), and
+// short contexts use only the first few, keeping each split's work worth a
+// block.
+__device__ __forceinline__ int decode_chunk(int n, int S) { return max((n + S - 1) / S, 64); }
+
 // Tensor-core helpers (mma.sync, ldmatrix, cp.async), sm_80 on.
 
 __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
