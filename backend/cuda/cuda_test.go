@@ -204,16 +204,10 @@ func TestMatMul(t *testing.T) {
 		{7, 128, 96, backend.F16, true},
 		{3, 64, 33, backend.BF16, false}, // an odd element count for to_half
 	}
-	defer func(m int) { p.g.gemvMax = m }(p.g.gemvMax)
-	// The GEMV at every token count it serves, and cuBLASLt.
-	for _, mode := range []struct {
-		kernel string
-		gemv   int
-	}{{"gemv", 8}, {"cublasLt", 0}} {
-		p.g.gemvMax = mode.gemv
+	p.productPaths(func(kernel string, gemv int) {
 		for _, c := range cases {
 			tol := 1e-5
-			if c.dt != backend.F32 && (c.dt != backend.BF16 || c.n > mode.gemv || c.i%8 != 0) {
+			if c.dt != backend.F32 && (c.dt != backend.BF16 || c.n > gemv || c.i%8 != 0) {
 				tol = 8e-3 // activations rounded to bf16 / f16
 			}
 			cw, gw := p.load(c.dt, p.randn(c.o*c.i, 0.05), c.o, c.i)
@@ -226,8 +220,21 @@ func TestMatMul(t *testing.T) {
 			}
 			p.c.MatMul(co, cx, cw, c.acc)
 			p.g.MatMul(gout, gx, gw, c.acc)
-			p.compare(fmt.Sprintf("%s: matmul %d x %d x %d %v acc=%v", mode.kernel, c.n, c.o, c.i, c.dt, c.acc), co, gout, tol)
+			p.compare(fmt.Sprintf("%s: matmul %d x %d x %d %v acc=%v", kernel, c.n, c.o, c.i, c.dt, c.acc), co, gout, tol)
 		}
+	})
+}
+
+// productPaths runs f with the GEMV serving every token count it can, then
+// with cuBLASLt for all.
+func (p *pair) productPaths(f func(kernel string, gemvMax int)) {
+	defer func(m int) { p.g.gemvMax = m }(p.g.gemvMax)
+	for _, mode := range []struct {
+		kernel string
+		gemv   int
+	}{{"gemv", 8}, {"cublasLt", 0}} {
+		p.g.gemvMax = mode.gemv
+		f(mode.kernel, mode.gemv)
 	}
 }
 
@@ -245,16 +252,10 @@ func TestMLP(t *testing.T) {
 		{4, 96, 64, backend.F16},
 		{3, 64, 48, backend.F32},
 	}
-	defer func(m int) { p.g.gemvMax = m }(p.g.gemvMax)
-	// The fused GEMV at every token count it serves, and cuBLASLt.
-	for _, mode := range []struct {
-		kernel string
-		gemv   int
-	}{{"gemv", 8}, {"cublasLt", 0}} {
-		p.g.gemvMax = mode.gemv
+	p.productPaths(func(kernel string, gemv int) {
 		for _, c := range cases {
 			tol := 1e-5
-			if c.dt != backend.F32 && (c.dt != backend.BF16 || c.n > mode.gemv || c.h%8 != 0) {
+			if c.dt != backend.F32 && (c.dt != backend.BF16 || c.n > gemv || c.h%8 != 0) {
 				tol = 1.5e-2 // activations and products rounded to bf16 / f16
 			}
 			cgu, ggu := p.load(c.dt, p.randn(2*c.i*c.h, 0.05), 2*c.i, c.h)
@@ -266,9 +267,9 @@ func TestMLP(t *testing.T) {
 			p.g.Write(gout, init)
 			p.c.MLP(co, cx, cgu, cd)
 			p.g.MLP(gout, gx, ggu, gd)
-			p.compare(fmt.Sprintf("%s: mlp %d x %d x %d %v", mode.kernel, c.n, c.h, c.i, c.dt), co, gout, tol)
+			p.compare(fmt.Sprintf("%s: mlp %d x %d x %d %v", kernel, c.n, c.h, c.i, c.dt), co, gout, tol)
 		}
-	}
+	})
 }
 
 type attnCase struct {

@@ -114,15 +114,11 @@ __device__ __forceinline__ void attn_decode(const float *qbuf, const KT *kc, con
 	constexpr int LANES = HD / 8, TPW = 32 / LANES, U = sizeof(KT) == 2 ? 4 : 2, W = 4;
 	__shared__ float sm_acc[W][G][HD];
 	__shared__ float sm_m[W][G], sm_l[W][G];
-	int t = blockIdx.x, kh = blockIdx.y, split = blockIdx.z, S = gridDim.z;
 	int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane / LANES, sub = lane % LANES;
-	int pos = tokpos[t];
-	int n = pos + 1;
-	int chunk = decode_chunk(n, S);
-	int k0 = split * chunk, k1 = min(n, k0 + chunk);
-	if (k0 >= n) return;  // an idle split: attn_combine reads only the active ones
-	const int *bt = blocks + seqblk[tokseq[t]];
-	int cached = seqpos[tokseq[t]];
+	DecodeSplit sp;
+	if (!sp.init(tokpos, tokseq, seqpos, seqblk, blocks)) return;
+	int t = sp.t, kh = sp.kh, k0 = sp.k0, k1 = sp.k1, cached = sp.cached;
+	const int *bt = sp.bt;
 
 	// Software pipelined: the keys and values of the warp's next tile are
 	// requested before this tile is used, so each lane always has U of each
@@ -240,24 +236,7 @@ __device__ __forceinline__ void attn_decode(const float *qbuf, const KT *kc, con
 		}
 	}
 	__syncthreads();
-	for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
-		int g = i / HD, d = i % HD;
-		float M = -INF;
-#pragma unroll
-		for (int w = 0; w < W; w++) M = fmaxf(M, sm_m[w][g]);
-		float L = 0.f, A = 0.f;
-		if (M != -INF) {
-#pragma unroll
-			for (int w = 0; w < W; w++) {
-				float c = exp2f(sm_m[w][g] - M);
-				L += sm_l[w][g] * c;
-				A += sm_acc[w][g][d] * c;
-			}
-		}
-		long pi = ((long)t * H + kh * G + g) * S + split;
-		pacc[pi * HD + d] = A;
-		if (d == 0) { pm[pi] = M; pl[pi] = L; }
-	}
+	sp.merge<W, G, HD>(sm_acc, sm_m, sm_l, pm, pl, pacc, H);
 }
 
 #define DECODE(KT, KN, HD, G) \

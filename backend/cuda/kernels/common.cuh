@@ -121,6 +121,48 @@ __device__ __forceinline__ void pdl_trigger() {
 // block.
 __device__ __forceinline__ int decode_chunk(int n, int S) { return max((n + S - 1) / S, 64); }
 
+// DecodeSplit is what block (t, kh, split) of a split-K decode attention
+// grid (T, KH, S) attends: keys [k0, k1) of token t's sequence, through its
+// block table bt; keys before cached were stored by earlier steps.
+struct DecodeSplit {
+	int t, kh, split, S, k0, k1, cached;
+	const int *bt;
+	// init returns false for an idle split (attn_combine reads only the
+	// active ones).
+	__device__ __forceinline__ bool init(const int *tokpos, const int *tokseq, const int *seqpos, const int *seqblk, const int *blocks) {
+		t = blockIdx.x, kh = blockIdx.y, split = blockIdx.z, S = gridDim.z;
+		int n = tokpos[t] + 1, chunk = decode_chunk(n, S);
+		k0 = split * chunk, k1 = min(n, k0 + chunk);
+		bt = blocks + seqblk[tokseq[t]];
+		cached = seqpos[tokseq[t]];
+		return k0 < n;
+	}
+	// merge writes the block's partial result for attn_combine from the W
+	// warps' maxima, sums and unnormalised outputs (all in log2 units).
+	template <int W, int G, int HD>
+	__device__ __forceinline__ void merge(const float (*acc)[G][HD], const float (*m)[G], const float (*l)[G],
+			float *pm, float *pl, float *pacc, int H) const {
+		for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
+			int g = i / HD, d = i % HD;
+			float M = -INF;
+#pragma unroll
+			for (int w = 0; w < W; w++) M = fmaxf(M, m[w][g]);
+			float L = 0.f, A = 0.f;
+			if (M != -INF) {
+#pragma unroll
+				for (int w = 0; w < W; w++) {
+					float c = exp2f(m[w][g] - M);
+					L += l[w][g] * c;
+					A += acc[w][g][d] * c;
+				}
+			}
+			long pi = ((long)t * H + kh * G + g) * S + split;
+			pacc[pi * HD + d] = A;
+			if (d == 0) { pm[pi] = M; pl[pi] = L; }
+		}
+	}
+};
+
 // Tensor-core helpers (mma.sync, ldmatrix, cp.async), sm_80 on.
 
 __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {

@@ -235,16 +235,12 @@ __device__ __forceinline__ void attn_decode_mma(const float *qbuf, const u16 *kc
 	constexpr int W = 4, BK = 64, KS = HD / 16, NT = HD / 8, KP = HD + 8, ST = 3, CPT = BK * HD / 8 / (32 * W);
 	extern __shared__ __align__(16) u16 dsm[];  // ST stages x (K + V) x BK rows of KP bf16
 	__shared__ float sm_m[W][G], sm_l[W][G];
-	int t = blockIdx.x, kh = blockIdx.y, split = blockIdx.z, S = gridDim.z;
 	int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, quad = lane >> 2, qc = (lane & 3) * 2;
 	int mi = lane >> 3, mr = lane & 7;
-	int pos = tokpos[t];
-	int n = pos + 1;
-	int chunk = decode_chunk(n, S);
-	int k0 = split * chunk, k1 = min(n, k0 + chunk);
-	if (k0 >= n) return;  // an idle split: attn_combine reads only the active ones
-	const int *bt = blocks + seqblk[tokseq[t]];
-	int cached = seqpos[tokseq[t]];
+	DecodeSplit sp;
+	if (!sp.init(tokpos, tokseq, seqpos, seqblk, blocks)) return;
+	int t = sp.t, kh = sp.kh, k0 = sp.k0, k1 = sp.k1, cached = sp.cached;
+	const int *bt = sp.bt;
 
 	// copy moves the tile at kt into buffer st, consecutive threads taking
 	// consecutive 16 bytes of a key's row; keys past k1 repeat the last key
@@ -389,22 +385,7 @@ __device__ __forceinline__ void attn_decode_mma(const float *qbuf, const u16 *kc
 		}
 	}
 	__syncthreads();
-	for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
-		int g = i / HD, d = i % HD;
-		float M = -INF;
-#pragma unroll
-		for (int w = 0; w < W; w++) M = fmaxf(M, sm_m[w][g]);
-		float L = 0.f, A = 0.f;
-#pragma unroll
-		for (int w = 0; w < W; w++) {
-			float c = sm_m[w][g] == -INF ? 0.f : exp2f(sm_m[w][g] - M);
-			L += sm_l[w][g] * c;
-			A += sm_acc[w][g][d] * c;
-		}
-		long pi = ((long)t * H + kh * G + g) * S + split;
-		pacc[pi * HD + d] = A;
-		if (d == 0) { pm[pi] = M; pl[pi] = L; }
-	}
+	sp.merge<W, G, HD>(sm_acc, sm_m, sm_l, pm, pl, pacc, H);
 }
 
 #define DECODE_MMA(HD, G) \
