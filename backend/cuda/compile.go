@@ -13,11 +13,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
+	"time"
 	"unsafe"
 )
 
@@ -114,6 +116,8 @@ func compileKernels(arch, dir string) (*kernels, error) {
 	cubins := make([][]byte, len(names))
 	errs := make([]error, len(names))
 	var wg sync.WaitGroup
+	var compiling []string
+	start := time.Now()
 	for i, n := range names {
 		h := sha256.New()
 		fmt.Fprintf(h, "%s\x00%d.%d\x00%s\x00", arch, maj, min, strings.Join(opts, " "))
@@ -123,6 +127,11 @@ func compileKernels(arch, dir string) (*kernels, error) {
 			cubins[i] = data
 			continue
 		}
+		if len(compiling) == 0 {
+			// Tens of seconds on a first run: say so rather than look stuck.
+			slog.Info("compiling CUDA kernels with NVRTC (once per GPU, driver and kiln version)", "arch", arch, "cache", dir)
+		}
+		compiling = append(compiling, n)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -142,6 +151,9 @@ func compileKernels(arch, dir string) (*kernels, error) {
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
+	}
+	if len(compiling) > 0 {
+		slog.Info("compiled CUDA kernels", "files", strings.Join(compiling, " "), "seconds", fmt.Sprintf("%.1f", time.Since(start).Seconds()))
 	}
 	k := &kernels{funcs: map[string]kfunc{}}
 	for i, cubin := range cubins {

@@ -45,9 +45,6 @@ type Backend struct {
 	scratch map[string]*tensor
 	retired []devptr // scratch replaced while graphs may still use it
 
-	// noFlash sends prefill attention to the float32 kernel, noDecodeMMA
-	// decode attention on bf16 caches to the scalar one (tests compare both).
-	noFlash, noDecodeMMA bool
 	// Tuning knobs, fixed at New (see envInt's callers).
 	gemvMax, gemvWarps, splitMax, splitBlocks int
 	mmaSplitBlocks                            int

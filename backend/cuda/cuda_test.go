@@ -364,17 +364,17 @@ func TestAttention(t *testing.T) {
 		{6, 2, 32, 32, false, false, backend.BF16}, // decode through the general kernel
 		{16, 2, 256, 64, true, false, backend.BF16},
 		{8, 1, 128, 128, false, false, backend.F32},
+		{10, 2, 128, 128, false, false, backend.BF16}, // groups of 5 (Qwen3-14B) and 16 (Qwen3-235B): tensor-core decode only
+		{16, 1, 64, 64, true, false, backend.BF16},
+		{8, 8, 64, 64, true, false, backend.BF16},
 	}
 	// {3, 1, 4, 2}: the decode kernel with tokens of one sequence that
-	// attend each other's keys, stored in the same step.
-	steps := [][]int{{40, 300, 1, 77}, {1, 1, 1, 1}, {1, 1, 1, 1}, {5, 1, 33, 1}, {1, 1, 1, 1}, {3, 1, 4, 2}}
-	for _, c := range append(cases, attnCase{8, 8, 64, 64, true, false, backend.BF16}) {
+	// attend each other's keys, stored in the same step; {600, 2, 1, 1}:
+	// enough tokens for q/k norm + RoPE to take a block per token.
+	steps := [][]int{{40, 300, 1, 77}, {1, 1, 1, 1}, {1, 1, 1, 1}, {5, 1, 33, 1}, {1, 1, 1, 1}, {3, 1, 4, 2}, {600, 2, 1, 1}}
+	for _, c := range cases {
 		attnSteps(p, c, steps, func(_ string, f func()) { f() })
 	}
-	// The scalar kernels on the shapes the tensor-core ones take.
-	p.g.noFlash, p.g.noDecodeMMA = true, true
-	defer func() { p.g.noFlash, p.g.noDecodeMMA = false, false }()
-	attnSteps(p, cases[0], steps, func(_ string, f func()) { f() })
 }
 
 // TestGraphReplay captures decode steps and replays them as positions and

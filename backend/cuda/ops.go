@@ -328,22 +328,33 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 	}
 	qbuf := b.scratchBuf("attnq", T*H*hd*4)
 	kvdt := int(c.spec.DType)
-	b.run("qk_norm_rope", [3]int{T, (H + 2*KH + 7) / 8, 1}, 256, 0,
+	// Eight heads a block (one per warp) while that leaves blocks to fill
+	// the GPU; a long prompt has enough tokens for a block per token, which
+	// makes the token's cos/sin table once instead of once per eight heads.
+	hpb := 8
+	if T >= 4*b.sms {
+		hpb = H + 2*KH
+	}
+	b.run("qk_norm_rope", [3]int{T, (H + 2*KH + hpb - 1) / hpb, 1}, 256, 0,
 		qt.ptr, qbuf, c.k(layer), c.v(layer), kvdt, qn.ptr, kn.ptr, int(qn.dt), boolInt(spec.UnitOffsetNorm),
 		m.dev[mTokPos], m.dev[mTokSeq], m.dev[mSeqBlk], m.dev[mBlocks],
-		H, KH, hd, rd, boolInt(spec.Gated), spec.NormEps, spec.Rope.AttnFactor, bs, rf[:])
+		H, KH, hd, rd, boolInt(spec.Gated), spec.NormEps, spec.Rope.AttnFactor, bs, hpb, rf[:])
 
 	kn2 := "bf16"
 	if c.spec.DType == backend.F32 {
 		kn2 = "f32"
 	}
 	G := H / KH
-	decodeOK := (hd == 64 || hd == 128 || hd == 256) && (G == 1 || G == 2 || G == 4 || G == 8)
-	if decodeOK && m.maxN <= 4 {
+	// Decode: tensor cores on bf16 caches of head dim 64 or 128 (any group
+	// of up to 16 query heads per kv head), else the scalar kernel (f32
+	// caches, head dim 256; groups of 1, 2, 4 or 8).
+	mma := c.spec.DType == backend.BF16 && (hd == 64 || hd == 128) && G <= 16
+	scalar := (hd == 64 || hd == 128 || hd == 256) && (G == 1 || G == 2 || G == 4 || G == 8)
+	if (mma || scalar) && m.maxN <= 4 {
 		name, perSM, smem := fmt.Sprintf("attn_decode_%s_%d_%d", kn2, hd, G), b.splitBlocks, 0
-		if c.spec.DType == backend.BF16 && (hd == 64 || hd == 128) && !b.noDecodeMMA {
+		if mma {
 			// Three stages of 64 keys and values, bf16.
-			name, perSM, smem = fmt.Sprintf("attn_decode_mma_%d_%d", hd, G), b.mmaSplitBlocks, 3*2*64*(hd+8)*2
+			name, perSM, smem = fmt.Sprintf("attn_decode_mma_%d", hd), b.mmaSplitBlocks, 3*2*64*(hd+8)*2
 			b.allowSmem(name, smem)
 		}
 		S := max(1, min(b.splitMax, (perSM*b.sms+T*KH-1)/(T*KH)))
@@ -356,7 +367,7 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 		b.run("attn_combine", [3]int{T, H, 1}, 4*hd, 0, ot.ptr, pm, pl, pacc, qt.ptr, m.dev[mTokPos], H, KH, hd, S, boolInt(spec.Gated))
 		return
 	}
-	if c.spec.DType == backend.BF16 && (hd == 64 || hd == 128) && !b.noFlash {
+	if c.spec.DType == backend.BF16 && (hd == 64 || hd == 128) {
 		name := fmt.Sprintf("flash_prefill_%d", hd)
 		// Two stages of 32 keys and values, then the 128 queries, bf16.
 		smem := (2*2*32 + 128) * (hd + 8) * 2

@@ -8,16 +8,16 @@ struct RopeFreq {
 	float f[128];  // RotaryDim/2 inverse frequencies
 };
 
-// qk_norm_rope: grid (T, ceil((H + 2*KH) / 8)), block 256: eight heads of a
-// token per block, one per warp, after the block made the token's cos/sin
-// table (angles rounded to float32 as transformers computes them, then cos
+// qk_norm_rope: grid (T, ceil((H + 2*KH) / hpb)), block 256: hpb heads of a
+// token per block, one per warp at a time, after the block made the token's
+// cos/sin table (angles rounded to float32 as transformers computes them, then cos
 // and sin in double). Query heads go normed and
 // rotated to qbuf [T, H, hd]; key heads (normed, rotated) and value heads are
 // stored in the paged cache at the token's position.
 extern "C" __global__ void __launch_bounds__(256) qk_norm_rope(const float *qkv, float *qbuf, void *kc, void *vc, int kvdt,
 		const void *qn, const void *kn, int wdt, int unitOffset,
 		const int *tokpos, const int *tokseq, const int *seqblk, const int *blocks,
-		int H, int KH, int hd, int rd, int gated, float eps, float attnFactor, int bs, RopeFreq rf) {
+		int H, int KH, int hd, int rd, int gated, float eps, float attnFactor, int bs, int hpb, RopeFreq rf) {
 	pdl_trigger();  // decode attention starts streaming the cached keys
 	__shared__ float cs[128], sn[128];
 	__shared__ float buf[8][256];
@@ -38,7 +38,7 @@ extern "C" __global__ void __launch_bounds__(256) qk_norm_rope(const float *qkv,
 	long slot = (long)blocks[seqblk[tokseq[t]] + pos / bs] * bs + pos % bs;
 	int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
 	float *hb = buf[warp];
-	for (int h = blockIdx.y * nw + warp; h < min(H + 2 * KH, (int)(blockIdx.y + 1) * nw); h += nw) {
+	for (int h = blockIdx.y * hpb + warp; h < min(H + 2 * KH, (int)(blockIdx.y + 1) * hpb); h += nw) {
 		const float *src;
 		int kind, kh = 0;
 		if (h < H) { src = row + h * qstride; kind = 0; }
@@ -236,7 +236,7 @@ __device__ __forceinline__ void attn_decode(const float *qbuf, const KT *kc, con
 		}
 	}
 	__syncthreads();
-	sp.merge<W, G, HD>(sm_acc, sm_m, sm_l, pm, pl, pacc, H);
+	sp.merge<W, G, HD>(sm_acc, sm_m, sm_l, pm, pl, pacc, H, G);
 }
 
 #define DECODE(KT, KN, HD, G) \
@@ -246,8 +246,6 @@ __device__ __forceinline__ void attn_decode(const float *qbuf, const KT *kc, con
 		attn_decode<KT, HD, G>(qbuf, kc, vc, tokpos, tokseq, seqpos, seqblk, blocks, pm, pl, pacc, H, KH, bs, scale); \
 	}
 #define DECODE_G(KT, KN, HD) DECODE(KT, KN, HD, 1) DECODE(KT, KN, HD, 2) DECODE(KT, KN, HD, 4) DECODE(KT, KN, HD, 8)
-DECODE_G(u16, bf16, 64)
-DECODE_G(u16, bf16, 128)
 DECODE_G(u16, bf16, 256)
 DECODE_G(float, f32, 64)
 DECODE_G(float, f32, 128)
@@ -388,8 +386,6 @@ __device__ __forceinline__ void attn_prefill(float *out, const float *qbuf, cons
 	}
 PREFILL(u16, bf16, 16)
 PREFILL(u16, bf16, 32)
-PREFILL(u16, bf16, 64)
-PREFILL(u16, bf16, 128)
 PREFILL(u16, bf16, 256)
 PREFILL(float, f32, 16)
 PREFILL(float, f32, 32)

@@ -138,10 +138,11 @@ struct DecodeSplit {
 		return k0 < n;
 	}
 	// merge writes the block's partial result for attn_combine from the W
-	// warps' maxima, sums and unnormalised outputs (all in log2 units).
-	template <int W, int G, int HD>
-	__device__ __forceinline__ void merge(const float (*acc)[G][HD], const float (*m)[G], const float (*l)[G],
-			float *pm, float *pl, float *pacc, int H) const {
+	// warps' maxima, sums and unnormalised outputs (all in log2 units) of
+	// its G query heads (arrays sized for GM).
+	template <int W, int GM, int HD>
+	__device__ __forceinline__ void merge(const float (*acc)[GM][HD], const float (*m)[GM], const float (*l)[GM],
+			float *pm, float *pl, float *pacc, int H, int G) const {
 		for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
 			int g = i / HD, d = i % HD;
 			float M = -INF;

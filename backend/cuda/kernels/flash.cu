@@ -217,8 +217,8 @@ FLASH(128)
 
 // attn_decode_mma: the split-K decode attention of attn_decode (same grid
 // (T, KH, S), same partial results for attn_combine) on tensor cores, for
-// bf16 caches. The G query heads of kv head kh are the rows of one m16 tile
-// (rows past G are zero); 128 threads stage tiles of 64 keys and values in
+// bf16 caches. The G = H / KH <= 16 query heads of kv head kh are the rows
+// of one m16 tile (rows past G are zero); 128 threads stage tiles of 64 keys and values in
 // shared memory by cp.async, three stages deep, and each warp takes 16 keys
 // of a tile: scores, online softmax and P.V by mma.sync, then the four warps
 // merge. The scalar kernel spends ~60 instructions per key and lane on bf16
@@ -228,13 +228,14 @@ FLASH(128)
 // Launched overlapped like attn_decode: the first two tiles' keys cached by
 // earlier steps are requested before pdl_wait, this step's keys (at and past
 // seqpos) and the queries are read after it.
-template <int HD, int G>
+template <int HD>
 __device__ __forceinline__ void attn_decode_mma(const float *qbuf, const u16 *kc, const u16 *vc,
 		const int *tokpos, const int *tokseq, const int *seqpos, const int *seqblk, const int *blocks,
 		float *pm, float *pl, float *pacc, int H, int KH, int bs, float scale) {
 	constexpr int W = 4, BK = 64, KS = HD / 16, NT = HD / 8, KP = HD + 8, ST = 3, CPT = BK * HD / 8 / (32 * W);
 	extern __shared__ __align__(16) u16 dsm[];  // ST stages x (K + V) x BK rows of KP bf16
-	__shared__ float sm_m[W][G], sm_l[W][G];
+	__shared__ float sm_m[W][16], sm_l[W][16];
+	int G = H / KH;
 	int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, quad = lane >> 2, qc = (lane & 3) * 2;
 	int mi = lane >> 3, mr = lane & 7;
 	DecodeSplit sp;
@@ -364,7 +365,7 @@ __device__ __forceinline__ void attn_decode_mma(const float *qbuf, const u16 *kc
 
 	// Row sums are spread over the quad; then the warps merge as in
 	// attn_decode, their partial outputs in the stages' memory.
-	float (*sm_acc)[G][HD] = (float (*)[G][HD])dsm;
+	float (*sm_acc)[16][HD] = (float (*)[16][HD])dsm;
 	l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
 	l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
 	l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
@@ -385,20 +386,14 @@ __device__ __forceinline__ void attn_decode_mma(const float *qbuf, const u16 *kc
 		}
 	}
 	__syncthreads();
-	sp.merge<W, G, HD>(sm_acc, sm_m, sm_l, pm, pl, pacc, H);
+	sp.merge<W, 16, HD>(sm_acc, sm_m, sm_l, pm, pl, pacc, H, G);
 }
 
-#define DECODE_MMA(HD, G) \
-	extern "C" __global__ void __launch_bounds__(128) attn_decode_mma_##HD##_##G(const float *qbuf, const u16 *kc, const u16 *vc, \
+#define DECODE_MMA(HD) \
+	extern "C" __global__ void __launch_bounds__(128) attn_decode_mma_##HD(const float *qbuf, const u16 *kc, const u16 *vc, \
 			const int *tokpos, const int *tokseq, const int *seqpos, const int *seqblk, const int *blocks, \
 			float *pm, float *pl, float *pacc, int H, int KH, int bs, float scale) { \
-		attn_decode_mma<HD, G>(qbuf, kc, vc, tokpos, tokseq, seqpos, seqblk, blocks, pm, pl, pacc, H, KH, bs, scale); \
+		attn_decode_mma<HD>(qbuf, kc, vc, tokpos, tokseq, seqpos, seqblk, blocks, pm, pl, pacc, H, KH, bs, scale); \
 	}
-DECODE_MMA(64, 1)
-DECODE_MMA(64, 2)
-DECODE_MMA(64, 4)
-DECODE_MMA(64, 8)
-DECODE_MMA(128, 1)
-DECODE_MMA(128, 2)
-DECODE_MMA(128, 4)
-DECODE_MMA(128, 8)
+DECODE_MMA(64)
+DECODE_MMA(128)
