@@ -107,6 +107,8 @@ func compileKernels(arch, dir string) (*kernels, error) {
 		return nil, err
 	}
 	opts := []string{"--gpu-architecture=" + arch, "--std=c++17", "-default-device", "--use_fast_math", "-lineinfo"}
+	// Extra options, for A/B experiments with -D switches in the kernels.
+	opts = append(opts, strings.Fields(os.Getenv("KILN_CUDA_NVRTC_FLAGS"))...)
 	dir = cacheDir(dir)
 	names := make([]string, 0, len(srcs))
 	for n := range srcs {
