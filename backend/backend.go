@@ -293,20 +293,27 @@ type Backend interface {
 	// it worth padding decode batches to a few bucket sizes: each size is
 	// one capture, and padding rows are computed for nothing.
 	CapturesGraphs() bool
+	// ActivationType is the dtype of activations that only feed matrix
+	// products (a dense layer's normalised hidden states, attention
+	// outputs): F32, or BF16 where the backend's products read bf16 anyway
+	// (the precision the reference computes them in), so that RMSNorm and
+	// Attention write them once in the form MatMul and MLP read.
+	ActivationType() DType
 
 	// Operations. Tensors named out are written, T is the step's token count.
 
 	// Embed writes out[t] = table[Tokens[t]]; out [T, H] f32, table [V, H].
 	Embed(out, table Tensor)
 	// RMSNorm normalises each row of x: out = x * rsqrt(mean(x^2) + eps) * w,
-	// or * (1 + w) when unitOffset. out may alias x.
+	// or * (1 + w) when unitOffset. out is f32 (and may alias x) or of
+	// ActivationType.
 	RMSNorm(out, x, w Tensor, eps float32, unitOffset bool)
 	// MatMul computes out[n,o] = sum_i x[n,i] * w[o,i], adding to out when
-	// accumulate. x and out are f32, w any float dtype.
+	// accumulate. out is f32, x f32 or of ActivationType, w any float dtype.
 	MatMul(out, x, w Tensor, accumulate bool)
 	// MLP adds to out [T, H] the SwiGLU feed-forward of x [T, H]:
 	// down(silu(x . gate^T) * (x . up^T)) with gateUp [2I, H] = [gate | up]
-	// and down [H, I]. One operation rather than three so that a backend can
+	// and down [H, I]; x f32 or of ActivationType. One operation rather than three so that a backend can
 	// fuse the activation into either product and keep the [T, I]
 	// intermediate in its own precision.
 	MLP(out, x, gateUp, down Tensor)
@@ -314,7 +321,7 @@ type Backend interface {
 	// spec.QKVWidth()]: per-head q/k RMSNorm, RoPE at each token's position,
 	// storing k and v in the layer's paged cache, causal attention over the
 	// sequence's cached and new tokens (GQA), and the sigmoid gate when
-	// spec.Gated. out is [T, Heads*HeadDim].
+	// spec.Gated. out is [T, Heads*HeadDim], f32 or of ActivationType.
 	Attention(out, qkv Tensor, w AttnWeights, spec *AttnSpec, kv KVCache, layer int)
 	// GatedDeltaNet runs the recurrent core of a DeltaNet layer on mixed
 	// [T, ConvDim] = [q | k | v] (before the conv) and ba [T, 2*HV] = [b | a]:

@@ -28,10 +28,10 @@ func newWorkspace(b backend.Backend, rows int) *workspace {
 	return &workspace{b: b, rows: rows, bufs: map[string]backend.Tensor{}}
 }
 
-// buffer returns the [rows, width] buffer named name, allocating it (or
-// reallocating it larger) on first use.
-func (w *workspace) buffer(name string, rows, width int) backend.Tensor {
-	key := fmt.Sprintf("%s/%d", name, width)
+// buffer returns the [rows, width] buffer of type dt named name, allocating
+// it (or reallocating it larger) on first use.
+func (w *workspace) buffer(name string, dt backend.DType, rows, width int) backend.Tensor {
+	key := fmt.Sprintf("%s/%d/%v", name, width, dt)
 	t, ok := w.bufs[key]
 	if ok && t.Shape()[0] >= rows {
 		return t
@@ -44,14 +44,20 @@ func (w *workspace) buffer(name string, rows, width int) backend.Tensor {
 		// steps do not reallocate every time.
 		rows = bucket(rows)
 	}
-	t = w.b.Alloc(backend.F32, max(rows, w.rows), width)
+	t = w.b.Alloc(dt, max(rows, w.rows), width)
 	w.bufs[key] = t
 	return t
 }
 
-// get returns a [T, width] activation buffer for this step.
+// get returns a [T, width] f32 activation buffer for this step.
 func (w *workspace) get(name string, width int) backend.Tensor {
-	return w.b.Rows(w.buffer(name, w.T, width), 0, w.T)
+	return w.b.Rows(w.buffer(name, backend.F32, w.T, width), 0, w.T)
+}
+
+// act returns a [T, width] buffer for activations that only feed matrix
+// products, in the backend's ActivationType.
+func (w *workspace) act(name string, width int) backend.Tensor {
+	return w.b.Rows(w.buffer(name, w.b.ActivationType(), w.T, width), 0, w.T)
 }
 
 func (w *workspace) free() {
@@ -133,8 +139,8 @@ func (m *Model) Forward(seqs []Seq) (backend.Tensor, error) {
 		ws = m.prefill
 	}
 	ws.T, ws.R, ws.kv, ws.state = len(bt.Tokens), len(bt.LogitRows), m.kv, m.state
-	ws.logits = m.b.Rows(ws.buffer("logits", max(ws.R, 1), m.cfg.VocabSize), 0, ws.R)
-	ws.gathered = m.b.Rows(ws.buffer("gathered", max(ws.R, 1), m.cfg.Hidden), 0, ws.R)
+	ws.logits = m.b.Rows(ws.buffer("logits", backend.F32, max(ws.R, 1), m.cfg.VocabSize), 0, ws.R)
+	ws.gathered = m.b.Rows(ws.buffer("gathered", backend.F32, max(ws.R, 1), m.cfg.Hidden), 0, ws.R)
 	m.b.Begin(bt)
 	if decode && ws.warm {
 		m.b.Graph(fmt.Sprintf("%s/decode/%d/g%d", m.cfg.Name, ws.T, m.generation), func() { m.record(ws) })

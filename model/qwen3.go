@@ -33,9 +33,15 @@ type block interface {
 }
 
 func (l *decoderLayer) forward(s *workspace, x backend.Tensor) {
-	h := s.get("h", x.Shape()[1])
+	H := x.Shape()[1]
+	h := s.act("h", H)
 	s.b.RMSNorm(h, x, l.inputNorm, l.eps, l.unitOffset)
 	l.mixer.forward(s, h, x)
+	if _, sparse := l.mlp.(*sparseMLP); sparse {
+		// The router product reads f32: a rounding-sized change there can
+		// flip the choice of experts.
+		h = s.get("h", H)
+	}
 	s.b.RMSNorm(h, x, l.postNorm, l.eps, l.unitOffset)
 	l.mlp.forward(s, h, x)
 }
@@ -86,7 +92,7 @@ func (a *attention) weights(c *Config, p string) []param {
 
 func (a *attention) forward(s *workspace, h, x backend.Tensor) {
 	qkv := s.get("qkv", a.spec.QKVWidth())
-	out := s.get("attn", a.spec.Heads*a.spec.HeadDim)
+	out := s.act("attn", a.spec.Heads*a.spec.HeadDim)
 	s.b.MatMul(qkv, h, a.qkv, false)
 	s.b.Attention(out, qkv, a.norms, a.spec, s.kv, a.layer)
 	s.b.MatMul(x, out, a.o, true)

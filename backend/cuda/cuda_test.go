@@ -86,26 +86,34 @@ func (p *pair) load(dt backend.DType, v []float32, shape ...int) (backend.Tensor
 // unwritten elements show.
 func (p *pair) out(shape ...int) (backend.Tensor, backend.Tensor) {
 	ct := p.c.Alloc(backend.F32, shape...)
-	gt := p.g.Alloc(backend.F32, shape...)
-	n := shapeSize(shape)
-	nan := make([]float32, n)
+	p.c.Write(ct, make([]byte, 4*shapeSize(shape)))
+	return ct, p.poisoned(backend.F32, shape...)
+}
+
+// poisoned allocates a GPU tensor of type dt filled with NaN.
+func (p *pair) poisoned(dt backend.DType, shape ...int) backend.Tensor {
+	gt := p.g.Alloc(dt, shape...)
+	nan := make([]float32, shapeSize(shape))
 	for i := range nan {
 		nan[i] = float32(math.NaN())
 	}
-	p.g.Write(gt, encode(backend.F32, nan))
-	p.c.Write(ct, make([]byte, 4*n))
-	return ct, gt
+	p.g.Write(gt, encode(dt, nan))
+	return gt
 }
 
 func read(t *testing.T, b backend.Backend, x backend.Tensor) []float32 {
 	t.Helper()
-	buf := make([]byte, 4*backend.Numel(x))
+	buf := make([]byte, x.DType().Size()*backend.Numel(x))
 	if err := b.Read(x, buf); err != nil {
 		t.Fatal(err)
 	}
 	out := make([]float32, backend.Numel(x))
 	for i := range out {
-		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(buf[4*i:]))
+		if x.DType() == backend.BF16 {
+			out[i] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(buf[2*i:])) << 16)
+		} else {
+			out[i] = math.Float32frombits(binary.LittleEndian.Uint32(buf[4*i:]))
+		}
 	}
 	return out
 }
@@ -167,6 +175,9 @@ func testRowOps(t *testing.T, H int) {
 			p.c.RMSNorm(cn, co, cw, 1e-6, unit)
 			p.g.RMSNorm(gn, gout, gw, 1e-6, unit)
 			p.compare(fmt.Sprintf("rmsnorm %v unit=%v", dt, unit), cn, gn, 1e-6)
+			gh := p.poisoned(backend.BF16, T, H) // an activation for the products
+			p.g.RMSNorm(gh, gout, gw, 1e-6, unit)
+			p.compare(fmt.Sprintf("rmsnorm %v unit=%v to bf16", dt, unit), cn, gh, 4e-3)
 			p.c.RMSNorm(cn, cn, cw, 1e-6, unit) // in place
 			p.g.RMSNorm(gn, gn, gw, 1e-6, unit)
 			p.compare("rmsnorm in place", cn, gn, 1e-6)
@@ -206,23 +217,43 @@ func TestMatMul(t *testing.T) {
 	}
 	p.productPaths(func(kernel string, gemv int) {
 		for _, c := range cases {
-			tol := 1e-5
-			if c.dt != backend.F32 && (c.dt != backend.BF16 || c.n > gemv || c.i%8 != 0) {
-				tol = 8e-3 // activations rounded to bf16 / f16
+			for _, xdt := range []backend.DType{backend.F32, backend.BF16} {
+				tol := 1e-5
+				if xdt == backend.F32 && c.dt != backend.F32 && (c.dt != backend.BF16 || c.n > gemv || c.i%8 != 0) {
+					tol = 8e-3 // activations rounded to bf16 / f16
+				}
+				cw, gw := p.load(c.dt, p.randn(c.o*c.i, 0.05), c.o, c.i)
+				cx, gx := p.activation(xdt, p.randn(c.n*c.i, 1), c.n, c.i)
+				co, gout := p.out(c.n, c.o)
+				if c.acc {
+					init := encode(backend.F32, p.randn(c.n*c.o, 1))
+					p.c.Write(co, init)
+					p.g.Write(gout, init)
+				}
+				p.c.MatMul(co, cx, cw, c.acc)
+				p.g.MatMul(gout, gx, gw, c.acc)
+				p.compare(fmt.Sprintf("%s: matmul %d x %d x %d %v, x %v, acc=%v", kernel, c.n, c.o, c.i, c.dt, xdt, c.acc), co, gout, tol)
 			}
-			cw, gw := p.load(c.dt, p.randn(c.o*c.i, 0.05), c.o, c.i)
-			cx, gx := p.load(backend.F32, p.randn(c.n*c.i, 1), c.n, c.i)
-			co, gout := p.out(c.n, c.o)
-			if c.acc {
-				init := encode(backend.F32, p.randn(c.n*c.o, 1))
-				p.c.Write(co, init)
-				p.g.Write(gout, init)
-			}
-			p.c.MatMul(co, cx, cw, c.acc)
-			p.g.MatMul(gout, gx, gw, c.acc)
-			p.compare(fmt.Sprintf("%s: matmul %d x %d x %d %v acc=%v", kernel, c.n, c.o, c.i, c.dt, c.acc), co, gout, tol)
 		}
 	})
+}
+
+// activation loads x on both backends, on the GPU as dt (f32 or bf16), on
+// the CPU as f32 holding the same values.
+func (p *pair) activation(dt backend.DType, x []float32, shape ...int) (backend.Tensor, backend.Tensor) {
+	p.t.Helper()
+	if dt == backend.BF16 {
+		for i, v := range x {
+			u := math.Float32bits(v)
+			x[i] = math.Float32frombits((u + 0x7fff + (u>>16)&1) &^ 0xffff)
+		}
+	}
+	ct, _ := p.load(backend.F32, x, shape...)
+	gt, err := p.g.Load(dt, shape, encode(dt, x))
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	return ct, gt
 }
 
 // productPaths runs f with the GEMV serving every token count it can, then
@@ -254,20 +285,22 @@ func TestMLP(t *testing.T) {
 	}
 	p.productPaths(func(kernel string, gemv int) {
 		for _, c := range cases {
-			tol := 1e-5
-			if c.dt != backend.F32 && (c.dt != backend.BF16 || c.n > gemv || c.h%8 != 0) {
-				tol = 1.5e-2 // activations and products rounded to bf16 / f16
+			for _, xdt := range []backend.DType{backend.F32, backend.BF16} {
+				tol := 1e-5
+				if c.dt != backend.F32 && (c.dt != backend.BF16 || c.n > gemv || c.h%8 != 0) {
+					tol = 1.5e-2 // activations and products rounded to bf16 / f16
+				}
+				cgu, ggu := p.load(c.dt, p.randn(2*c.i*c.h, 0.05), 2*c.i, c.h)
+				cd, gd := p.load(c.dt, p.randn(c.h*c.i, 0.05), c.h, c.i)
+				cx, gx := p.activation(xdt, p.randn(c.n*c.h, 1), c.n, c.h)
+				init := encode(backend.F32, p.randn(c.n*c.h, 0.1))
+				co, gout := p.out(c.n, c.h)
+				p.c.Write(co, init)
+				p.g.Write(gout, init)
+				p.c.MLP(co, cx, cgu, cd)
+				p.g.MLP(gout, gx, ggu, gd)
+				p.compare(fmt.Sprintf("%s: mlp %d x %d x %d %v, x %v", kernel, c.n, c.h, c.i, c.dt, xdt), co, gout, tol)
 			}
-			cgu, ggu := p.load(c.dt, p.randn(2*c.i*c.h, 0.05), 2*c.i, c.h)
-			cd, gd := p.load(c.dt, p.randn(c.h*c.i, 0.05), c.h, c.i)
-			cx, gx := p.load(backend.F32, p.randn(c.n*c.h, 1), c.n, c.h)
-			init := encode(backend.F32, p.randn(c.n*c.h, 0.1))
-			co, gout := p.out(c.n, c.h)
-			p.c.Write(co, init)
-			p.g.Write(gout, init)
-			p.c.MLP(co, cx, cgu, cd)
-			p.g.MLP(gout, gx, ggu, gd)
-			p.compare(fmt.Sprintf("%s: mlp %d x %d x %d %v", kernel, c.n, c.h, c.i, c.dt), co, gout, tol)
 		}
 	})
 }
@@ -291,7 +324,7 @@ func (c attnCase) spec() *backend.AttnSpec {
 // attnSteps runs prefill, decode and chunk steps on a few sequences through
 // both backends and compares each step's output; step wraps the GPU's
 // operation (a Graph in TestGraphReplay).
-func attnSteps(p *pair, c attnCase, steps [][]int, step func(key string, f func())) {
+func attnSteps(p *pair, c attnCase, outDT backend.DType, steps [][]int, step func(key string, f func())) {
 	spec := c.spec()
 	const bs, blocks = 16, 512
 	kvs := backend.KVSpec{Layers: 2, Blocks: blocks, BlockSize: bs, KVHeads: c.KH, HeadDim: c.hd, DType: c.kv}
@@ -334,7 +367,7 @@ func attnSteps(p *pair, c attnCase, steps [][]int, step func(key string, f func(
 		g, ok := bufs[key]
 		if !ok {
 			g = io{p.g.Alloc(backend.F32, T, spec.QKVWidth()), nil}
-			_, g.out = p.out(T, c.H*c.hd)
+			g.out = p.poisoned(outDT, T, c.H*c.hd)
 			bufs[key] = g
 		}
 		x := p.randn(T*spec.QKVWidth(), 1)
@@ -346,10 +379,13 @@ func attnSteps(p *pair, c attnCase, steps [][]int, step func(key string, f func(
 			p.g.Attention(g.out, g.x, backend.AttnWeights{QNorm: gqn, KNorm: gkn}, spec, gkv, 1)
 		})
 		tol := 2e-5
+		if outDT == backend.BF16 {
+			tol = 4e-3 // the output rounded to bf16
+		}
 		if c.kv == backend.BF16 {
 			tol = 1e-2 // bf16 keys and values; the tensor-core kernel also rounds q and p to bf16
 		}
-		p.compare(fmt.Sprintf("%+v step %d %v", c, si, ns), co, g.out, tol)
+		p.compare(fmt.Sprintf("%+v out %v step %d %v", c, outDT, si, ns), co, g.out, tol)
 		for s, n := range ns {
 			pos[s] += n
 		}
@@ -373,7 +409,9 @@ func TestAttention(t *testing.T) {
 	// enough tokens for q/k norm + RoPE to take a block per token.
 	steps := [][]int{{40, 300, 1, 77}, {1, 1, 1, 1}, {1, 1, 1, 1}, {5, 1, 33, 1}, {1, 1, 1, 1}, {3, 1, 4, 2}, {600, 2, 1, 1}}
 	for _, c := range cases {
-		attnSteps(p, c, steps, func(_ string, f func()) { f() })
+		for _, out := range []backend.DType{backend.F32, backend.BF16} {
+			attnSteps(p, c, out, steps, func(_ string, f func()) { f() })
+		}
 	}
 }
 
@@ -386,7 +424,7 @@ func TestGraphReplay(t *testing.T) {
 		steps = append(steps, []int{1, 1})
 	}
 	before := len(p.g.graphs)
-	attnSteps(p, attnCase{8, 2, 128, 128, false, false, backend.BF16}, steps, p.g.Graph)
+	attnSteps(p, attnCase{8, 2, 128, 128, false, false, backend.BF16}, backend.BF16, steps, p.g.Graph)
 	if len(p.g.graphs) == before {
 		t.Errorf("no graph was captured")
 	}

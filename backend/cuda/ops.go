@@ -50,6 +50,23 @@ func checkF32(what string, ts ...*tensor) {
 	}
 }
 
+// checkAct panics unless each tensor is f32 or bf16 (ActivationType).
+func checkAct(what string, ts ...*tensor) {
+	for _, t := range ts {
+		if t.dt != backend.F32 && t.dt != backend.BF16 {
+			panic(fmt.Sprintf("cuda: %s: %v must be f32 or bf16", what, t))
+		}
+	}
+}
+
+// hx is the suffix of the GEMV kernels that read bf16 activations.
+func hx(x *tensor) string {
+	if x.dt == backend.BF16 {
+		return "_hx"
+	}
+	return ""
+}
+
 // Embed writes out[t] = table[Tokens[t]].
 func (b *Backend) Embed(out, table backend.Tensor) {
 	ot, tt := asT(out), asT(table)
@@ -79,7 +96,8 @@ func (b *Backend) RMSNorm(out, x, w backend.Tensor, eps float32, unitOffset bool
 	ot, xt, wt := asT(out), asT(x), asT(w)
 	n, h := xt.rows(), xt.cols()
 	checkRows("rmsnorm out", ot, n, h)
-	checkF32("rmsnorm", ot, xt)
+	checkF32("rmsnorm", xt)
+	checkAct("rmsnorm", ot)
 	if wt.numel() != h {
 		panic(fmt.Sprintf("cuda: rmsnorm weight %v for rows of %d", wt, h))
 	}
@@ -89,10 +107,10 @@ func (b *Backend) RMSNorm(out, x, w backend.Tensor, eps float32, unitOffset bool
 		for 256*4*v4 < h {
 			v4 *= 2
 		}
-		b.run(fmt.Sprintf("rmsnorm_v4_%d", v4), g1(n), 256, 0, ot.ptr, xt.ptr, wt.ptr, int(wt.dt), h, eps, boolInt(unitOffset))
+		b.run(fmt.Sprintf("rmsnorm_v4_%d", v4), g1(n), 256, 0, ot.ptr, int(ot.dt), xt.ptr, wt.ptr, int(wt.dt), h, eps, boolInt(unitOffset))
 		return
 	}
-	b.run("rmsnorm", g1(n), normBlock(h), 0, ot.ptr, xt.ptr, wt.ptr, int(wt.dt), h, eps, boolInt(unitOffset))
+	b.run("rmsnorm", g1(n), normBlock(h), 0, ot.ptr, int(ot.dt), xt.ptr, wt.ptr, int(wt.dt), h, eps, boolInt(unitOffset))
 }
 
 func boolInt(v bool) int {
@@ -138,19 +156,20 @@ func (b *Backend) mlp(ot, xt, gu, dn *tensor, accumulate bool) {
 		panic(fmt.Sprintf("cuda: mlp x %v, gate_up %v, down %v", xt, gu, dn))
 	}
 	checkRows("mlp out", ot, n, H)
-	checkF32("mlp", ot, xt)
+	checkF32("mlp", ot)
+	checkAct("mlp", xt)
 	if n == 0 {
 		return
 	}
 	if gu.dt == backend.BF16 && n <= b.gemvMax && H%8 == 0 {
 		act := &tensor{dt: backend.F32, shape: []int{n, I}, ptr: b.scratchBuf("mlp.act", 4*n*I), view: true}
 		w := b.gemvWarps
-		b.runOverlapped(fmt.Sprintf("gemv_swiglu_bf16_%d", n), g1((I+w-1)/w), 32*w, 0, act.ptr, xt.ptr, gu.ptr, I, H)
+		b.runOverlapped(fmt.Sprintf("gemv_swiglu_bf16_%d%s", n, hx(xt)), g1((I+w-1)/w), 32*w, 0, act.ptr, xt.ptr, gu.ptr, I, H)
 		b.MatMul(ot, act, dn, accumulate)
 		return
 	}
 	if gu.dt == backend.BF16 && dn.dt == backend.BF16 && I%8 == 0 {
-		xp := b.toHalf(xt, gu.dt)
+		xp := b.productInput(xt, gu.dt)
 		h := b.scratchBuf("mlp.gu", 2*n*2*I)
 		act := b.scratchBuf("mlp.act", 2*n*I)
 		b.around("cublasLt", func() { b.fail(b.lt.matmul(b.stream, h, xp, gu.ptr, n, 2*I, H, gu.dt, gu.dt, false)) })
@@ -204,28 +223,33 @@ func (b *Backend) MatMul(out, x, w backend.Tensor, accumulate bool) {
 		panic(fmt.Sprintf("cuda: matmul x %v, w %v", xt, wt))
 	}
 	checkRows("matmul out", ot, n, o)
-	checkF32("matmul", ot, xt)
+	checkF32("matmul", ot)
+	checkAct("matmul", xt)
 	if n == 0 {
 		return
 	}
 	if wt.dt == backend.BF16 && n <= b.gemvMax && in%8 == 0 {
 		w := b.gemvWarps
-		b.runOverlapped(fmt.Sprintf("gemv_bf16_%d", n), g1((o+w-1)/w), 32*w, 0, ot.ptr, xt.ptr, wt.ptr, o, in, boolInt(accumulate))
+		b.runOverlapped(fmt.Sprintf("gemv_bf16_%d%s", n, hx(xt)), g1((o+w-1)/w), 32*w, 0, ot.ptr, xt.ptr, wt.ptr, o, in, boolInt(accumulate))
 		return
 	}
-	xp := b.toHalf(xt, wt.dt)
+	xp := b.productInput(xt, wt.dt)
 	b.around("cublasLt", func() { b.fail(b.lt.matmul(b.stream, ot.ptr, xp, wt.ptr, n, o, in, wt.dt, backend.F32, accumulate)) })
 }
 
-// toHalf returns x in the type dt of the weights it meets: x itself for f32,
-// else a bf16 or f16 copy in scratch memory.
-func (b *Backend) toHalf(xt *tensor, dt backend.DType) devptr {
-	if dt == backend.F32 {
+// productInput returns x in the type dt of the weights it meets: x itself
+// when it has that type, else a converted copy in scratch memory.
+func (b *Backend) productInput(xt *tensor, dt backend.DType) devptr {
+	if xt.dt == dt {
 		return xt.ptr
 	}
 	n := xt.numel()
-	xp := b.scratchBuf("halfx", n*2)
-	b.run("to_half", g1(b.blocksFor(n)), 256, 0, xp, xt.ptr, int64Arg(n), int(dt))
+	xp := b.scratchBuf("productx", n*dt.Size())
+	if xt.dt == backend.F32 {
+		b.run("to_half", g1(b.blocksFor(n)), 256, 0, xp, xt.ptr, int64Arg(n), int(dt))
+	} else {
+		b.run("cast", g1(b.blocksFor(n)), 256, 0, xp, int(dt), xt.ptr, int(xt.dt), int64Arg(n))
+	}
 	return xp
 }
 
@@ -300,7 +324,8 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 	}
 	checkRows("attention qkv", qt, T, spec.QKVWidth())
 	checkRows("attention out", ot, T, H*hd)
-	checkF32("attention", ot, qt)
+	checkF32("attention", qt)
+	checkAct("attention", ot)
 	bs := c.spec.BlockSize
 	seqN, seqPos := m.host[mSeqN], m.host[mSeqPos]
 	for i := range seqN {
@@ -364,7 +389,7 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 		b.launchKernel(name, b.pdl, [3]int{T, KH, S}, 128, smem,
 			qbuf, c.k(layer), c.v(layer), m.dev[mTokPos], m.dev[mTokSeq], m.dev[mSeqPos], m.dev[mSeqBlk], m.dev[mBlocks],
 			pm, pl, pacc, H, KH, bs, spec.Scale)
-		b.run("attn_combine", [3]int{T, H, 1}, 4*hd, 0, ot.ptr, pm, pl, pacc, qt.ptr, m.dev[mTokPos], H, KH, hd, S, boolInt(spec.Gated))
+		b.run("attn_combine", [3]int{T, H, 1}, 4*hd, 0, ot.ptr, int(ot.dt), pm, pl, pacc, qt.ptr, m.dev[mTokPos], H, KH, hd, S, boolInt(spec.Gated))
 		return
 	}
 	if c.spec.DType == backend.BF16 && (hd == 64 || hd == 128) {
@@ -375,7 +400,7 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 			b.allowSmem(name, smem)
 		}
 		b.run(name, [3]int{H, (m.maxN + 127) / 128, m.S}, 128, smem,
-			ot.ptr, qbuf, c.k(layer), c.v(layer), qt.ptr,
+			ot.ptr, int(ot.dt), qbuf, c.k(layer), c.v(layer), qt.ptr,
 			m.dev[mSeqPos], m.dev[mSeqN], m.dev[mSeqStart], m.dev[mSeqBlk], m.dev[mBlocks],
 			H, KH, bs, spec.Scale, boolInt(spec.Gated))
 		return
@@ -391,7 +416,7 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 		b.allowSmem(name, smem)
 	}
 	b.run(name, [3]int{(m.maxN + 31) / 32, H, m.S}, 128, smem,
-		ot.ptr, qbuf, c.k(layer), c.v(layer), qt.ptr,
+		ot.ptr, int(ot.dt), qbuf, c.k(layer), c.v(layer), qt.ptr,
 		m.dev[mSeqPos], m.dev[mSeqN], m.dev[mSeqStart], m.dev[mSeqBlk], m.dev[mBlocks],
 		H, KH, bs, spec.Scale, boolInt(spec.Gated))
 }

@@ -158,6 +158,10 @@ func (b *Backend) CapturesGraphs() bool {
 	return os.Getenv("KILN_CUDA_GRAPHS") != "0" && b.prof == nil
 }
 
+// ActivationType is BF16: cuBLASLt multiplies bf16 inputs, and the GEMV
+// reads half the bytes of f32 activations.
+func (b *Backend) ActivationType() backend.DType { return backend.BF16 }
+
 // Graph captures the launches of record as a CUDA graph the first time a key
 // is seen (and again after the metadata buffers moved) and replays it after.
 func (b *Backend) Graph(key string, record func()) {

@@ -254,7 +254,7 @@ DECODE_G(float, f32, 256)
 // attn_combine: grid (T, H), block 4*HD. Merges the active partials of
 // each head (four groups of threads take every fourth split, then add up),
 // applies the sigmoid gate when gated and writes out [T, H*HD].
-extern "C" __global__ void attn_combine(float *out, const float *pm, const float *pl, const float *pacc,
+extern "C" __global__ void attn_combine(void *out, int odt, const float *pm, const float *pl, const float *pacc,
 		const float *qkv, const int *tokpos, int H, int KH, int HD, int S, int gated) {
 	pdl_trigger();  // the output projection follows
 	__shared__ float wt[512];
@@ -287,7 +287,7 @@ extern "C" __global__ void attn_combine(float *out, const float *pm, const float
 		float g = qkv[t * width + (long)h * 2 * HD + HD + d];
 		o *= 1.f / (1.f + __expf(-g));
 	}
-	out[((long)t * H + h) * HD + d] = o;
+	st(out, ((long)t * H + h) * HD + d, odt, o);
 }
 
 // attn_prefill: grid (ceil(maxN/32), H, S), block 128, dynamic shared memory
@@ -295,7 +295,7 @@ extern "C" __global__ void attn_combine(float *out, const float *pm, const float
 // 32 queries of one sequence and head per block walk the causal key range in
 // tiles of 32 keys staged in shared memory, with an online softmax.
 template <typename KT, int HD>
-__device__ __forceinline__ void attn_prefill(float *out, const float *qbuf, const KT *kc, const KT *vc, const float *qkv,
+__device__ __forceinline__ void attn_prefill(void *out, int odt, const float *qbuf, const KT *kc, const KT *vc, const float *qkv,
 		const int *seqpos, const int *seqn, const int *seqstart, const int *seqblk, const int *blocks,
 		int H, int KH, int bs, float scale, int gated) {
 	constexpr int DPT = HD / 4, BQ = 32, BK = 32;
@@ -374,15 +374,15 @@ __device__ __forceinline__ void attn_prefill(float *out, const float *qbuf, cons
 			float g = qkv[t * width + (long)h * 2 * HD + HD + d];
 			o *= 1.f / (1.f + __expf(-g));
 		}
-		out[(t * H + h) * HD + d] = o;
+		st(out, (t * H + h) * HD + d, odt, o);
 	}
 }
 
 #define PREFILL(KT, KN, HD) \
-	extern "C" __global__ void __launch_bounds__(128) attn_prefill_##KN##_##HD(float *out, const float *qbuf, const KT *kc, const KT *vc, \
+	extern "C" __global__ void __launch_bounds__(128) attn_prefill_##KN##_##HD(void *out, int odt, const float *qbuf, const KT *kc, const KT *vc, \
 			const float *qkv, const int *seqpos, const int *seqn, const int *seqstart, const int *seqblk, const int *blocks, \
 			int H, int KH, int bs, float scale, int gated) { \
-		attn_prefill<KT, HD>(out, qbuf, kc, vc, qkv, seqpos, seqn, seqstart, seqblk, blocks, H, KH, bs, scale, gated); \
+		attn_prefill<KT, HD>(out, odt, qbuf, kc, vc, qkv, seqpos, seqn, seqstart, seqblk, blocks, H, KH, bs, scale, gated); \
 	}
 PREFILL(u16, bf16, 16)
 PREFILL(u16, bf16, 32)

@@ -6,30 +6,31 @@ extern "C" __global__ void embed(float *out, const void *table, int dt, const in
 	for (int i = threadIdx.x; i < H; i += blockDim.x) out[(long)t * H + i] = ld(table, base + i, dt);
 }
 
-// rmsnorm normalises each row of x (one block per row); out may alias x.
-extern "C" __global__ void rmsnorm(float *out, const float *x, const void *w, int wdt, int n, float eps, int unitOffset) {
+// rmsnorm normalises each row of x (one block per row) into out of type odt
+// (f32 or bf16); an f32 out may alias x.
+extern "C" __global__ void rmsnorm(void *out, int odt, const float *x, const void *w, int wdt, int n, float eps, int unitOffset) {
 	pdl_trigger();  // a matrix product usually follows
 	__shared__ float red[32];
 	const float *xr = x + (long)blockIdx.x * n;
-	float *orow = out + (long)blockIdx.x * n;
+	long base = (long)blockIdx.x * n;
 	float ss = 0.f;
 	for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
 	float s = rsqrtf(block_sum(ss, red) / n + eps);
 	for (int i = threadIdx.x; i < n; i += blockDim.x) {
 		float g = ld(w, i, wdt);
 		if (unitOffset) g += 1.f;
-		orow[i] = xr[i] * s * g;
+		st(out, base + i, odt, xr[i] * s * g);
 	}
 }
 
 // rmsnorm_v4: the same for rows of n = 4k floats (16-byte aligned), each row
 // read once into registers: V4 float4 per thread, 256 threads.
 template <int V4>
-__device__ __forceinline__ void rmsnorm_v4(float *out, const float *x, const void *w, int wdt, int n, float eps, int unitOffset) {
+__device__ __forceinline__ void rmsnorm_v4(void *out, int odt, const float *x, const void *w, int wdt, int n, float eps, int unitOffset) {
 	pdl_trigger();  // a matrix product usually follows
 	__shared__ float red[32];
 	const float4 *xr = (const float4 *)(x + (long)blockIdx.x * n);
-	float4 *orow = (float4 *)(out + (long)blockIdx.x * n);
+	long row = (long)blockIdx.x * (n >> 2);  // in units of four elements
 	int n4 = n >> 2;
 	float4 v[V4];
 	float ss = 0.f;
@@ -50,14 +51,15 @@ __device__ __forceinline__ void rmsnorm_v4(float *out, const float *x, const voi
 			o.y = v[j].y * s * (ld(w, 4 * i + 1, wdt) + u);
 			o.z = v[j].z * s * (ld(w, 4 * i + 2, wdt) + u);
 			o.w = v[j].w * s * (ld(w, 4 * i + 3, wdt) + u);
-			orow[i] = o;
+			if (odt == DT_BF16) ((uint2 *)out)[row + i] = make_uint2(pack_bf16(o.x, o.y), pack_bf16(o.z, o.w));
+			else ((float4 *)out)[row + i] = o;
 		}
 	}
 }
 
 #define RMSNORM_V4(V4) \
-	extern "C" __global__ void __launch_bounds__(256) rmsnorm_v4_##V4(float *out, const float *x, const void *w, int wdt, int n, float eps, int unitOffset) { \
-		rmsnorm_v4<V4>(out, x, w, wdt, n, eps, unitOffset); \
+	extern "C" __global__ void __launch_bounds__(256) rmsnorm_v4_##V4(void *out, int odt, const float *x, const void *w, int wdt, int n, float eps, int unitOffset) { \
+		rmsnorm_v4<V4>(out, odt, x, w, wdt, n, eps, unitOffset); \
 	}
 RMSNORM_V4(1)
 RMSNORM_V4(2)
@@ -109,6 +111,12 @@ extern "C" __global__ void silu_mul_bf16(u16 *out, const u16 *gu, int rows, int 
 extern "C" __global__ void gather_rows(float *out, const float *x, const int *rows, int H) {
 	const float *src = x + (long)rows[blockIdx.x] * H;
 	for (int i = threadIdx.x; i < H; i += blockDim.x) out[(long)blockIdx.x * H + i] = src[i];
+}
+
+// cast converts n elements of type idt to type odt (the rare conversions
+// to_half does not cover).
+extern "C" __global__ void cast(void *out, int odt, const void *in, int idt, long n) {
+	for (long k = blockIdx.x * (long)blockDim.x + threadIdx.x; k < n; k += (long)gridDim.x * blockDim.x) st(out, k, odt, ld(in, k, idt));
 }
 
 // to_half converts n floats to bf16 (dt 1) or f16 (dt 2) for cuBLASLt,

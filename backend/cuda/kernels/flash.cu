@@ -10,7 +10,7 @@
 // the second product straight from the accumulator layout, and V's fragments
 // come from transposing ldmatrix loads.
 template <int HD, int BK, int NW, int MT>
-__device__ __forceinline__ void flash_prefill(float *out, const float *qbuf, const u16 *kc, const u16 *vc, const float *qkv,
+__device__ __forceinline__ void flash_prefill(void *out, int odt, const float *qbuf, const u16 *kc, const u16 *vc, const float *qkv,
 		const int *seqpos, const int *seqn, const int *seqstart, const int *seqblk, const int *blocks,
 		int H, int KH, int bs, float scale, int gated) {
 	constexpr int WQ = 16 * MT, BQ = WQ * NW, KS = HD / 16, NT = HD / 8, KP = HD + 8;
@@ -196,7 +196,7 @@ __device__ __forceinline__ void flash_prefill(float *out, const float *qbuf, con
 					int d = n * 8 + qc + e;
 					float v = o[t][n][half * 2 + e] * inv;
 					if (gated) v *= 1.f / (1.f + __expf(-qkv[tok * width + (long)h * 2 * HD + HD + d]));
-					out[(tok * H + h) * HD + d] = v;
+					st(out, (tok * H + h) * HD + d, odt, v);
 				}
 			}
 		}
@@ -207,10 +207,10 @@ __device__ __forceinline__ void flash_prefill(float *out, const float *qbuf, con
 // (4K prompt: 34.0K tok/s against 33.0K with eight warps of one row tile,
 // 16K: 22.8K against 20.9K; tiles of 64 keys spill registers).
 #define FLASH(HD) \
-	extern "C" __global__ void __launch_bounds__(128, 2) flash_prefill_##HD(float *out, const float *qbuf, const u16 *kc, \
+	extern "C" __global__ void __launch_bounds__(128, 2) flash_prefill_##HD(void *out, int odt, const float *qbuf, const u16 *kc, \
 			const u16 *vc, const float *qkv, const int *seqpos, const int *seqn, const int *seqstart, const int *seqblk, \
 			const int *blocks, int H, int KH, int bs, float scale, int gated) { \
-		flash_prefill<HD, 32, 4, 2>(out, qbuf, kc, vc, qkv, seqpos, seqn, seqstart, seqblk, blocks, H, KH, bs, scale, gated); \
+		flash_prefill<HD, 32, 4, 2>(out, odt, qbuf, kc, vc, qkv, seqpos, seqn, seqstart, seqblk, blocks, H, KH, bs, scale, gated); \
 	}
 FLASH(64)
 FLASH(128)

@@ -2,15 +2,19 @@
 // tokens t, with bf16 weights streamed once with 16-byte loads. Each warp owns
 // one output row. Requires I % 8 == 0.
 
-template <int NT>
-__device__ __forceinline__ void dot8(float (&acc)[NT], uint4 v, const float *x, int I, int k) {
+// x8 reads 8 activations of an f32 or bf16 row.
+__device__ __forceinline__ void x8(const float *x, float *f) { load8(x, f); }
+__device__ __forceinline__ void x8(const u16 *x, float *f) { load8(x, f); }
+
+template <int NT, typename XT>
+__device__ __forceinline__ void dot8(float (&acc)[NT], uint4 v, const XT *x, int I, int k) {
 	float w[8];
 	unpack8(v, w);
 #pragma unroll
 	for (int t = 0; t < NT; t++) {
-		const float4 *xr = (const float4 *)(x + (long)t * I + k * 8);
-		float4 a = xr[0], b = xr[1];
-		acc[t] += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y + w[6] * b.z + w[7] * b.w;
+		float a[8];
+		x8(x + (long)t * I + k * 8, a);
+		acc[t] += w[0] * a[0] + w[1] * a[1] + w[2] * a[2] + w[3] * a[3] + w[4] * a[4] + w[5] * a[5] + w[6] * a[6] + w[7] * a[7];
 	}
 }
 
@@ -30,8 +34,8 @@ __device__ __forceinline__ uint4 ldw(const uint4 *p) {
 // Kernels using it are launched overlapped (programmatic dependent launch):
 // the first vectors are requested before pdl_wait, so the weight stream is
 // under way when the previous kernel (which writes x) finishes.
-template <int NT, int U, int R>
-__device__ __forceinline__ void warp_dots(float (&acc)[R][NT], const uint4 *const (&wr)[R], const float *x, int I, int lane) {
+template <int NT, int U, int R, typename XT>
+__device__ __forceinline__ void warp_dots(float (&acc)[R][NT], const uint4 *const (&wr)[R], const XT *x, int I, int lane) {
 	int rounds = (I >> 3) / (32 * U);
 #pragma unroll
 	for (int r = 0; r < R; r++)
@@ -74,8 +78,8 @@ __device__ __forceinline__ void warp_dots(float (&acc)[R][NT], const uint4 *cons
 }
 
 // gemv_bf16: each warp owns one output row.
-template <int NT>
-__device__ __forceinline__ void gemv_bf16(float *out, const float *x, const u16 *w, int O, int I, int accumulate) {
+template <int NT, typename XT>
+__device__ __forceinline__ void gemv_bf16(float *out, const XT *x, const u16 *w, int O, int I, int accumulate) {
 	pdl_trigger();
 	int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 	int row = blockIdx.x * (blockDim.x >> 5) + warp;
@@ -97,8 +101,8 @@ __device__ __forceinline__ void gemv_bf16(float *out, const float *x, const u16 
 // activation needs no kernel (or round trip through memory) of its own. U =
 // 2 vectors per row keeps the bytes in flight of the one-row kernel (four
 // measured the same at batch 1).
-template <int NT, int U>
-__device__ __forceinline__ void gemv_swiglu_bf16(float *out, const float *x, const u16 *w, int O, int I) {
+template <int NT, int U, typename XT>
+__device__ __forceinline__ void gemv_swiglu_bf16(float *out, const XT *x, const u16 *w, int O, int I) {
 	pdl_trigger();
 	int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 	int row = blockIdx.x * (blockDim.x >> 5) + warp;
@@ -115,9 +119,20 @@ __device__ __forceinline__ void gemv_swiglu_bf16(float *out, const float *x, con
 	}
 }
 
+// Kernels: gemv_bf16_NT and gemv_swiglu_bf16_NT read f32 activations,
+// the _hx variants bf16 ones.
 #define GEMV(NT) \
 	extern "C" __global__ void __launch_bounds__(256) gemv_bf16_##NT(float *out, const float *x, const u16 *w, int O, int I, int acc) { \
 		gemv_bf16<NT>(out, x, w, O, I, acc); \
+	} \
+	extern "C" __global__ void __launch_bounds__(256) gemv_bf16_##NT##_hx(float *out, const u16 *x, const u16 *w, int O, int I, int acc) { \
+		gemv_bf16<NT>(out, x, w, O, I, acc); \
+	} \
+	extern "C" __global__ void __launch_bounds__(256) gemv_swiglu_bf16_##NT(float *out, const float *x, const u16 *w, int O, int I) { \
+		gemv_swiglu_bf16<NT, 2>(out, x, w, O, I); \
+	} \
+	extern "C" __global__ void __launch_bounds__(256) gemv_swiglu_bf16_##NT##_hx(float *out, const u16 *x, const u16 *w, int O, int I) { \
+		gemv_swiglu_bf16<NT, 2>(out, x, w, O, I); \
 	}
 GEMV(1)
 GEMV(2)
@@ -127,16 +142,3 @@ GEMV(5)
 GEMV(6)
 GEMV(7)
 GEMV(8)
-
-#define GEMV_SWIGLU(NT) \
-	extern "C" __global__ void __launch_bounds__(256) gemv_swiglu_bf16_##NT(float *out, const float *x, const u16 *w, int O, int I) { \
-		gemv_swiglu_bf16<NT, 2>(out, x, w, O, I); \
-	}
-GEMV_SWIGLU(1)
-GEMV_SWIGLU(2)
-GEMV_SWIGLU(3)
-GEMV_SWIGLU(4)
-GEMV_SWIGLU(5)
-GEMV_SWIGLU(6)
-GEMV_SWIGLU(7)
-GEMV_SWIGLU(8)
