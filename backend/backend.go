@@ -293,11 +293,12 @@ type Backend interface {
 	// it worth padding decode batches to a few bucket sizes: each size is
 	// one capture, and padding rows are computed for nothing.
 	CapturesGraphs() bool
-	// ActivationType is the dtype of activations that only feed matrix
-	// products (a dense layer's normalised hidden states, attention
-	// outputs): F32, or BF16 where the backend's products read bf16 anyway
-	// (the precision the reference computes them in), so that RMSNorm and
-	// Attention write them once in the form MatMul and MLP read.
+	// ActivationType is the dtype of the activations around a layer's
+	// matrix products (a dense layer's normalised hidden states, the fused
+	// q/k/v projection, attention outputs): F32, or BF16 where the
+	// backend's products read bf16 anyway (the precision the reference
+	// computes them in), so that each is written once in the form its
+	// reader takes.
 	ActivationType() DType
 
 	// Operations. Tensors named out are written, T is the step's token count.
@@ -309,7 +310,8 @@ type Backend interface {
 	// ActivationType.
 	RMSNorm(out, x, w Tensor, eps float32, unitOffset bool)
 	// MatMul computes out[n,o] = sum_i x[n,i] * w[o,i], adding to out when
-	// accumulate. out is f32, x f32 or of ActivationType, w any float dtype.
+	// accumulate. x is f32 or of ActivationType, w any float dtype; out is
+	// f32, or of ActivationType when not accumulating.
 	MatMul(out, x, w Tensor, accumulate bool)
 	// MLP adds to out [T, H] the SwiGLU feed-forward of x [T, H]:
 	// down(silu(x . gate^T) * (x . up^T)) with gateUp [2I, H] = [gate | up]
@@ -321,7 +323,8 @@ type Backend interface {
 	// spec.QKVWidth()]: per-head q/k RMSNorm, RoPE at each token's position,
 	// storing k and v in the layer's paged cache, causal attention over the
 	// sequence's cached and new tokens (GQA), and the sigmoid gate when
-	// spec.Gated. out is [T, Heads*HeadDim], f32 or of ActivationType.
+	// spec.Gated. out is [T, Heads*HeadDim]; qkv and out are f32 or of
+	// ActivationType.
 	Attention(out, qkv Tensor, w AttnWeights, spec *AttnSpec, kv KVCache, layer int)
 	// GatedDeltaNet runs the recurrent core of a DeltaNet layer on mixed
 	// [T, ConvDim] = [q | k | v] (before the conv) and ba [T, 2*HV] = [b | a]:

@@ -91,7 +91,7 @@ func (a *attention) weights(c *Config, p string) []param {
 }
 
 func (a *attention) forward(s *workspace, h, x backend.Tensor) {
-	qkv := s.get("qkv", a.spec.QKVWidth())
+	qkv := s.act("qkv", a.spec.QKVWidth())
 	out := s.act("attn", a.spec.Heads*a.spec.HeadDim)
 	s.b.MatMul(qkv, h, a.qkv, false)
 	s.b.Attention(out, qkv, a.norms, a.spec, s.kv, a.layer)

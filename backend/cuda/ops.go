@@ -223,18 +223,27 @@ func (b *Backend) MatMul(out, x, w backend.Tensor, accumulate bool) {
 		panic(fmt.Sprintf("cuda: matmul x %v, w %v", xt, wt))
 	}
 	checkRows("matmul out", ot, n, o)
-	checkF32("matmul", ot)
-	checkAct("matmul", xt)
+	checkAct("matmul", ot, xt)
+	if accumulate && ot.dt != backend.F32 {
+		panic(fmt.Sprintf("cuda: matmul: accumulating into %v", ot))
+	}
 	if n == 0 {
 		return
 	}
 	if wt.dt == backend.BF16 && n <= b.gemvMax && in%8 == 0 {
 		w := b.gemvWarps
-		b.runOverlapped(fmt.Sprintf("gemv_bf16_%d%s", n, hx(xt)), g1((o+w-1)/w), 32*w, 0, ot.ptr, xt.ptr, wt.ptr, o, in, boolInt(accumulate))
+		b.runOverlapped(fmt.Sprintf("gemv_bf16_%d%s", n, hx(xt)), g1((o+w-1)/w), 32*w, 0, ot.ptr, int(ot.dt), xt.ptr, wt.ptr, o, in, boolInt(accumulate))
 		return
 	}
 	xp := b.productInput(xt, wt.dt)
-	b.around("cublasLt", func() { b.fail(b.lt.matmul(b.stream, ot.ptr, xp, wt.ptr, n, o, in, wt.dt, backend.F32, accumulate)) })
+	if ot.dt == backend.F32 || ot.dt == wt.dt {
+		b.around("cublasLt", func() { b.fail(b.lt.matmul(b.stream, ot.ptr, xp, wt.ptr, n, o, in, wt.dt, ot.dt, accumulate)) })
+		return
+	}
+	// cuBLASLt writes a bf16 product only from bf16 inputs: f32 first.
+	f := b.scratchBuf("productout", 4*n*o)
+	b.around("cublasLt", func() { b.fail(b.lt.matmul(b.stream, f, xp, wt.ptr, n, o, in, wt.dt, backend.F32, false)) })
+	b.run("cast", g1(b.blocksFor(n*o)), 256, 0, ot.ptr, int(ot.dt), f, int(backend.F32), int64Arg(n*o))
 }
 
 // productInput returns x in the type dt of the weights it meets: x itself
@@ -324,8 +333,7 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 	}
 	checkRows("attention qkv", qt, T, spec.QKVWidth())
 	checkRows("attention out", ot, T, H*hd)
-	checkF32("attention", qt)
-	checkAct("attention", ot)
+	checkAct("attention", ot, qt)
 	bs := c.spec.BlockSize
 	seqN, seqPos := m.host[mSeqN], m.host[mSeqPos]
 	for i := range seqN {
@@ -351,7 +359,9 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 	if qn.numel() != hd || kn.numel() != hd || qn.dt != kn.dt {
 		panic(fmt.Sprintf("cuda: attention: q/k norms %v %v for head dim %d", qn, kn, hd))
 	}
-	qbuf := b.scratchBuf("attnq", T*H*hd*4)
+	// The rotated queries, in the cache's type (what the kernels multiply the
+	// keys in).
+	qbuf := b.scratchBuf("attnq", T*H*hd*c.spec.DType.Size())
 	kvdt := int(c.spec.DType)
 	// Eight heads a block (one per warp) while that leaves blocks to fill
 	// the GPU; a long prompt has enough tokens for a block per token, which
@@ -361,7 +371,7 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 		hpb = H + 2*KH
 	}
 	b.run("qk_norm_rope", [3]int{T, (H + 2*KH + hpb - 1) / hpb, 1}, 256, 0,
-		qt.ptr, qbuf, c.k(layer), c.v(layer), kvdt, qn.ptr, kn.ptr, int(qn.dt), boolInt(spec.UnitOffsetNorm),
+		qt.ptr, int(qt.dt), qbuf, c.k(layer), c.v(layer), kvdt, qn.ptr, kn.ptr, int(qn.dt), boolInt(spec.UnitOffsetNorm),
 		m.dev[mTokPos], m.dev[mTokSeq], m.dev[mSeqBlk], m.dev[mBlocks],
 		H, KH, hd, rd, boolInt(spec.Gated), spec.NormEps, spec.Rope.AttnFactor, bs, hpb, rf[:])
 
@@ -389,7 +399,7 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 		b.launchKernel(name, b.pdl, [3]int{T, KH, S}, 128, smem,
 			qbuf, c.k(layer), c.v(layer), m.dev[mTokPos], m.dev[mTokSeq], m.dev[mSeqPos], m.dev[mSeqBlk], m.dev[mBlocks],
 			pm, pl, pacc, H, KH, bs, spec.Scale)
-		b.run("attn_combine", [3]int{T, H, 1}, 4*hd, 0, ot.ptr, int(ot.dt), pm, pl, pacc, qt.ptr, m.dev[mTokPos], H, KH, hd, S, boolInt(spec.Gated))
+		b.run("attn_combine", [3]int{T, H, 1}, 4*hd, 0, ot.ptr, int(ot.dt), pm, pl, pacc, qt.ptr, int(qt.dt), m.dev[mTokPos], H, KH, hd, S, boolInt(spec.Gated))
 		return
 	}
 	if c.spec.DType == backend.BF16 && (hd == 64 || hd == 128) {
@@ -400,7 +410,7 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 			b.allowSmem(name, smem)
 		}
 		b.run(name, [3]int{H, (m.maxN + 127) / 128, m.S}, 128, smem,
-			ot.ptr, int(ot.dt), qbuf, c.k(layer), c.v(layer), qt.ptr,
+			ot.ptr, int(ot.dt), qbuf, c.k(layer), c.v(layer), qt.ptr, int(qt.dt),
 			m.dev[mSeqPos], m.dev[mSeqN], m.dev[mSeqStart], m.dev[mSeqBlk], m.dev[mBlocks],
 			H, KH, bs, spec.Scale, boolInt(spec.Gated))
 		return
@@ -416,7 +426,7 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 		b.allowSmem(name, smem)
 	}
 	b.run(name, [3]int{(m.maxN + 31) / 32, H, m.S}, 128, smem,
-		ot.ptr, int(ot.dt), qbuf, c.k(layer), c.v(layer), qt.ptr,
+		ot.ptr, int(ot.dt), qbuf, c.k(layer), c.v(layer), qt.ptr, int(qt.dt),
 		m.dev[mSeqPos], m.dev[mSeqN], m.dev[mSeqStart], m.dev[mSeqBlk], m.dev[mBlocks],
 		H, KH, bs, spec.Scale, boolInt(spec.Gated))
 }

@@ -12,9 +12,9 @@ struct RopeFreq {
 // token per block, one per warp at a time, after the block made the token's
 // cos/sin table (angles rounded to float32 as transformers computes them, then cos
 // and sin in double). Query heads go normed and
-// rotated to qbuf [T, H, hd]; key heads (normed, rotated) and value heads are
+// rotated to qbuf [T, H, hd] (of the cache's type); key heads (normed, rotated) and value heads are
 // stored in the paged cache at the token's position.
-extern "C" __global__ void __launch_bounds__(256) qk_norm_rope(const float *qkv, float *qbuf, void *kc, void *vc, int kvdt,
+extern "C" __global__ void __launch_bounds__(256) qk_norm_rope(const void *qkv, int qdt, void *qbuf, void *kc, void *vc, int kvdt,
 		const void *qn, const void *kn, int wdt, int unitOffset,
 		const int *tokpos, const int *tokseq, const int *seqblk, const int *blocks,
 		int H, int KH, int hd, int rd, int gated, float eps, float attnFactor, int bs, int hpb, RopeFreq rf) {
@@ -34,24 +34,24 @@ extern "C" __global__ void __launch_bounds__(256) qk_norm_rope(const float *qkv,
 	__syncthreads();
 	int qstride = gated ? 2 * hd : hd;
 	long width = (long)H * qstride + 2L * KH * hd;
-	const float *row = qkv + t * width;
+	long row = t * width;
 	long slot = (long)blocks[seqblk[tokseq[t]] + pos / bs] * bs + pos % bs;
 	int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
 	float *hb = buf[warp];
 	for (int h = blockIdx.y * hpb + warp; h < min(H + 2 * KH, (int)(blockIdx.y + 1) * hpb); h += nw) {
-		const float *src;
+		long src;  // the head's first element in qkv
 		int kind, kh = 0;
 		if (h < H) { src = row + h * qstride; kind = 0; }
 		else if (h < H + KH) { kh = h - H; src = row + (long)H * qstride + kh * hd; kind = 1; }
 		else { kh = h - H - KH; src = row + (long)H * qstride + (long)(KH + kh) * hd; kind = 2; }
 		long off = (slot * KH + kh) * hd;
 		if (kind == 2) {
-			for (int i = lane; i < hd; i += 32) st(vc, off + i, kvdt, src[i]);
+			for (int i = lane; i < hd; i += 32) st(vc, off + i, kvdt, ld(qkv, src + i, qdt));
 			continue;
 		}
 		float ss = 0.f;
 		for (int i = lane; i < hd; i += 32) {
-			float v = src[i];
+			float v = ld(qkv, src + i, qdt);
 			hb[i] = v;
 			ss += v * v;
 		}
@@ -69,7 +69,7 @@ extern "C" __global__ void __launch_bounds__(256) qk_norm_rope(const float *qkv,
 				int j = i < half ? i : i - half;
 				v = i < half ? hb[i] * cs[j] - hb[i + half] * sn[j] : hb[i] * cs[j] + hb[j] * sn[j];
 			}
-			if (kind == 0) qbuf[((long)t * H + h) * hd + i] = v;
+			if (kind == 0) st(qbuf, ((long)t * H + h) * hd + i, kvdt, v);
 			else st(kc, off + i, kvdt, v);
 		}
 		__syncwarp();
@@ -108,7 +108,7 @@ template <> struct Raw<float> {
 // stream is under way when qk_norm_rope finishes; keys of this step and the
 // queries are read after it.
 template <typename KT, int HD, int G>
-__device__ __forceinline__ void attn_decode(const float *qbuf, const KT *kc, const KT *vc,
+__device__ __forceinline__ void attn_decode(const KT *qbuf, const KT *kc, const KT *vc,
 		const int *tokpos, const int *tokseq, const int *seqpos, const int *seqblk, const int *blocks,
 		float *pm, float *pl, float *pacc, int H, int KH, int bs, float scale) {
 	constexpr int LANES = HD / 8, TPW = 32 / LANES, U = sizeof(KT) == 2 ? 4 : 2, W = 4;
@@ -155,9 +155,9 @@ __device__ __forceinline__ void attn_decode(const float *qbuf, const KT *kc, con
 	float qs = scale * LOG2E;
 #pragma unroll
 	for (int g = 0; g < G; g++) {
-		const float *qp = qbuf + ((long)t * H + kh * G + g) * HD + sub * 8;
+		const KT *qp = qbuf + ((long)t * H + kh * G + g) * HD + sub * 8;
 #pragma unroll
-		for (int j = 0; j < 8; j++) { q[g][j] = qp[j] * qs; acc[g][j] = 0.f; }
+		for (int j = 0; j < 8; j++) { q[g][j] = ldk(qp, j) * qs; acc[g][j] = 0.f; }
 		m[g] = -INF;
 		l[g] = 0.f;
 	}
@@ -240,7 +240,7 @@ __device__ __forceinline__ void attn_decode(const float *qbuf, const KT *kc, con
 }
 
 #define DECODE(KT, KN, HD, G) \
-	extern "C" __global__ void __launch_bounds__(128) attn_decode_##KN##_##HD##_##G(const float *qbuf, const KT *kc, const KT *vc, \
+	extern "C" __global__ void __launch_bounds__(128) attn_decode_##KN##_##HD##_##G(const KT *qbuf, const KT *kc, const KT *vc, \
 			const int *tokpos, const int *tokseq, const int *seqpos, const int *seqblk, const int *blocks, \
 			float *pm, float *pl, float *pacc, int H, int KH, int bs, float scale) { \
 		attn_decode<KT, HD, G>(qbuf, kc, vc, tokpos, tokseq, seqpos, seqblk, blocks, pm, pl, pacc, H, KH, bs, scale); \
@@ -255,7 +255,7 @@ DECODE_G(float, f32, 256)
 // each head (four groups of threads take every fourth split, then add up),
 // applies the sigmoid gate when gated and writes out [T, H*HD].
 extern "C" __global__ void attn_combine(void *out, int odt, const float *pm, const float *pl, const float *pacc,
-		const float *qkv, const int *tokpos, int H, int KH, int HD, int S, int gated) {
+		const void *qkv, int qdt, const int *tokpos, int H, int KH, int HD, int S, int gated) {
 	pdl_trigger();  // the output projection follows
 	__shared__ float wt[512];
 	__shared__ float part[3][256];
@@ -284,7 +284,7 @@ extern "C" __global__ void attn_combine(void *out, int odt, const float *pm, con
 	float o = A / L;
 	if (gated) {
 		long width = 2L * H * HD + 2L * KH * HD;
-		float g = qkv[t * width + (long)h * 2 * HD + HD + d];
+		float g = ld(qkv, t * width + (long)h * 2 * HD + HD + d, qdt);
 		o *= 1.f / (1.f + __expf(-g));
 	}
 	st(out, ((long)t * H + h) * HD + d, odt, o);
@@ -295,7 +295,7 @@ extern "C" __global__ void attn_combine(void *out, int odt, const float *pm, con
 // 32 queries of one sequence and head per block walk the causal key range in
 // tiles of 32 keys staged in shared memory, with an online softmax.
 template <typename KT, int HD>
-__device__ __forceinline__ void attn_prefill(void *out, int odt, const float *qbuf, const KT *kc, const KT *vc, const float *qkv,
+__device__ __forceinline__ void attn_prefill(void *out, int odt, const KT *qbuf, const KT *kc, const KT *vc, const void *qkv, int qdt,
 		const int *seqpos, const int *seqn, const int *seqstart, const int *seqblk, const int *blocks,
 		int H, int KH, int bs, float scale, int gated) {
 	constexpr int DPT = HD / 4, BQ = 32, BK = 32;
@@ -316,7 +316,7 @@ __device__ __forceinline__ void attn_prefill(void *out, int odt, const float *qb
 	float qs = scale * LOG2E;
 #pragma unroll
 	for (int i = 0; i < DPT; i++) {
-		q[i] = vq ? qbuf[(t * H + h) * HD + i * 4 + c] * qs : 0.f;
+		q[i] = vq ? ldk(qbuf, (t * H + h) * HD + i * 4 + c) * qs : 0.f;
 		acc[i] = 0.f;
 	}
 	float m = -INF, l = 0.f;
@@ -371,7 +371,7 @@ __device__ __forceinline__ void attn_prefill(void *out, int odt, const float *qb
 		int d = i * 4 + c;
 		float o = acc[i] * inv;
 		if (gated) {
-			float g = qkv[t * width + (long)h * 2 * HD + HD + d];
+			float g = ld(qkv, t * width + (long)h * 2 * HD + HD + d, qdt);
 			o *= 1.f / (1.f + __expf(-g));
 		}
 		st(out, (t * H + h) * HD + d, odt, o);
@@ -379,10 +379,10 @@ __device__ __forceinline__ void attn_prefill(void *out, int odt, const float *qb
 }
 
 #define PREFILL(KT, KN, HD) \
-	extern "C" __global__ void __launch_bounds__(128) attn_prefill_##KN##_##HD(void *out, int odt, const float *qbuf, const KT *kc, const KT *vc, \
-			const float *qkv, const int *seqpos, const int *seqn, const int *seqstart, const int *seqblk, const int *blocks, \
+	extern "C" __global__ void __launch_bounds__(128) attn_prefill_##KN##_##HD(void *out, int odt, const KT *qbuf, const KT *kc, const KT *vc, \
+			const void *qkv, int qdt, const int *seqpos, const int *seqn, const int *seqstart, const int *seqblk, const int *blocks, \
 			int H, int KH, int bs, float scale, int gated) { \
-		attn_prefill<KT, HD>(out, odt, qbuf, kc, vc, qkv, seqpos, seqn, seqstart, seqblk, blocks, H, KH, bs, scale, gated); \
+		attn_prefill<KT, HD>(out, odt, qbuf, kc, vc, qkv, qdt, seqpos, seqn, seqstart, seqblk, blocks, H, KH, bs, scale, gated); \
 	}
 PREFILL(u16, bf16, 16)
 PREFILL(u16, bf16, 32)

@@ -10,7 +10,7 @@
 // the second product straight from the accumulator layout, and V's fragments
 // come from transposing ldmatrix loads.
 template <int HD, int BK, int NW, int MT>
-__device__ __forceinline__ void flash_prefill(void *out, int odt, const float *qbuf, const u16 *kc, const u16 *vc, const float *qkv,
+__device__ __forceinline__ void flash_prefill(void *out, int odt, const u16 *qbuf, const u16 *kc, const u16 *vc, const void *qkv, int qdt,
 		const int *seqpos, const int *seqn, const int *seqstart, const int *seqblk, const int *blocks,
 		int H, int KH, int bs, float scale, int gated) {
 	constexpr int WQ = 16 * MT, BQ = WQ * NW, KS = HD / 16, NT = HD / 8, KP = HD + 8;
@@ -35,10 +35,10 @@ __device__ __forceinline__ void flash_prefill(void *out, int odt, const float *q
 	u16 *sQ = fsm + 2 * 2 * BK * KP;
 	for (int idx = threadIdx.x; idx < BQ * HD / 4; idx += blockDim.x) {
 		int r = idx / (HD / 4), d = (idx % (HD / 4)) * 4;
-		float4 v = *(const float4 *)(qbuf + ((long)(start + min(qi0 + r, nN - 1)) * H + h) * HD + d);
+		uint2 v = *(const uint2 *)(qbuf + ((long)(start + min(qi0 + r, nN - 1)) * H + h) * HD + d);
 		uint2 u;
-		u.x = pack_bf16(v.x * qs, v.y * qs);
-		u.y = pack_bf16(v.z * qs, v.w * qs);
+		u.x = pack_bf16(__uint_as_float(v.x << 16) * qs, __uint_as_float(v.x & 0xffff0000u) * qs);
+		u.y = pack_bf16(__uint_as_float(v.y << 16) * qs, __uint_as_float(v.y & 0xffff0000u) * qs);
 		*(uint2 *)(sQ + r * KP + d) = u;
 	}
 	// Lane l's ldmatrix row of the warp's first query tile: matrices are
@@ -195,7 +195,7 @@ __device__ __forceinline__ void flash_prefill(void *out, int odt, const float *q
 				for (int e = 0; e < 2; e++) {
 					int d = n * 8 + qc + e;
 					float v = o[t][n][half * 2 + e] * inv;
-					if (gated) v *= 1.f / (1.f + __expf(-qkv[tok * width + (long)h * 2 * HD + HD + d]));
+					if (gated) v *= 1.f / (1.f + __expf(-ld(qkv, tok * width + (long)h * 2 * HD + HD + d, qdt)));
 					st(out, (tok * H + h) * HD + d, odt, v);
 				}
 			}
@@ -207,10 +207,10 @@ __device__ __forceinline__ void flash_prefill(void *out, int odt, const float *q
 // (4K prompt: 34.0K tok/s against 33.0K with eight warps of one row tile,
 // 16K: 22.8K against 20.9K; tiles of 64 keys spill registers).
 #define FLASH(HD) \
-	extern "C" __global__ void __launch_bounds__(128, 2) flash_prefill_##HD(void *out, int odt, const float *qbuf, const u16 *kc, \
-			const u16 *vc, const float *qkv, const int *seqpos, const int *seqn, const int *seqstart, const int *seqblk, \
+	extern "C" __global__ void __launch_bounds__(128, 2) flash_prefill_##HD(void *out, int odt, const u16 *qbuf, const u16 *kc, \
+			const u16 *vc, const void *qkv, int qdt, const int *seqpos, const int *seqn, const int *seqstart, const int *seqblk, \
 			const int *blocks, int H, int KH, int bs, float scale, int gated) { \
-		flash_prefill<HD, 32, 4, 2>(out, odt, qbuf, kc, vc, qkv, seqpos, seqn, seqstart, seqblk, blocks, H, KH, bs, scale, gated); \
+		flash_prefill<HD, 32, 4, 2>(out, odt, qbuf, kc, vc, qkv, qdt, seqpos, seqn, seqstart, seqblk, blocks, H, KH, bs, scale, gated); \
 	}
 FLASH(64)
 FLASH(128)
@@ -229,7 +229,7 @@ FLASH(128)
 // earlier steps are requested before pdl_wait, this step's keys (at and past
 // seqpos) and the queries are read after it.
 template <int HD>
-__device__ __forceinline__ void attn_decode_mma(const float *qbuf, const u16 *kc, const u16 *vc,
+__device__ __forceinline__ void attn_decode_mma(const u16 *qbuf, const u16 *kc, const u16 *vc,
 		const int *tokpos, const int *tokseq, const int *seqpos, const int *seqblk, const int *blocks,
 		float *pm, float *pl, float *pacc, int H, int KH, int bs, float scale) {
 	constexpr int W = 4, BK = 64, KS = HD / 16, NT = HD / 8, KP = HD + 8, ST = 3, CPT = BK * HD / 8 / (32 * W);
@@ -282,14 +282,14 @@ __device__ __forceinline__ void attn_decode_mma(const float *qbuf, const u16 *kc
 	// registers for all tiles.
 	float qs = scale * LOG2E;
 	unsigned qa[KS][4];
-	const float *q0 = qbuf + ((long)t * H + kh * G + quad) * HD, *q1 = q0 + 8L * HD;
+	const u16 *q0 = qbuf + ((long)t * H + kh * G + quad) * HD, *q1 = q0 + 8L * HD;
 #pragma unroll
 	for (int k = 0; k < KS; k++) {
 		int d = k * 16 + qc;
-		qa[k][0] = quad < G ? pack_bf16(q0[d] * qs, q0[d + 1] * qs) : 0u;
-		qa[k][1] = quad + 8 < G ? pack_bf16(q1[d] * qs, q1[d + 1] * qs) : 0u;
-		qa[k][2] = quad < G ? pack_bf16(q0[d + 8] * qs, q0[d + 9] * qs) : 0u;
-		qa[k][3] = quad + 8 < G ? pack_bf16(q1[d + 8] * qs, q1[d + 9] * qs) : 0u;
+		qa[k][0] = quad < G ? pack_bf16(bf2f(q0[d]) * qs, bf2f(q0[d + 1]) * qs) : 0u;
+		qa[k][1] = quad + 8 < G ? pack_bf16(bf2f(q1[d]) * qs, bf2f(q1[d + 1]) * qs) : 0u;
+		qa[k][2] = quad < G ? pack_bf16(bf2f(q0[d + 8]) * qs, bf2f(q0[d + 9]) * qs) : 0u;
+		qa[k][3] = quad + 8 < G ? pack_bf16(bf2f(q1[d + 8]) * qs, bf2f(q1[d + 9]) * qs) : 0u;
 	}
 	float o[NT][4];
 #pragma unroll
@@ -390,7 +390,7 @@ __device__ __forceinline__ void attn_decode_mma(const float *qbuf, const u16 *kc
 }
 
 #define DECODE_MMA(HD) \
-	extern "C" __global__ void __launch_bounds__(128) attn_decode_mma_##HD(const float *qbuf, const u16 *kc, const u16 *vc, \
+	extern "C" __global__ void __launch_bounds__(128) attn_decode_mma_##HD(const u16 *qbuf, const u16 *kc, const u16 *vc, \
 			const int *tokpos, const int *tokseq, const int *seqpos, const int *seqblk, const int *blocks, \
 			float *pm, float *pl, float *pacc, int H, int KH, int bs, float scale) { \
 		attn_decode_mma<HD>(qbuf, kc, vc, tokpos, tokseq, seqpos, seqblk, blocks, pm, pl, pacc, H, KH, bs, scale); \

@@ -77,9 +77,10 @@ __device__ __forceinline__ void warp_dots(float (&acc)[R][NT], const uint4 *cons
 		for (int t = 0; t < NT; t++) acc[r][t] = warp_sum(acc[r][t]);
 }
 
-// gemv_bf16: each warp owns one output row.
+// gemv_bf16: each warp owns one output row; out is f32 (written or added
+// to) or bf16 (written).
 template <int NT, typename XT>
-__device__ __forceinline__ void gemv_bf16(float *out, const XT *x, const u16 *w, int O, int I, int accumulate) {
+__device__ __forceinline__ void gemv_bf16(void *out, int odt, const XT *x, const u16 *w, int O, int I, int accumulate) {
 	pdl_trigger();
 	int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 	int row = blockIdx.x * (blockDim.x >> 5) + warp;
@@ -90,8 +91,13 @@ __device__ __forceinline__ void gemv_bf16(float *out, const XT *x, const u16 *w,
 	if (lane == 0) {
 #pragma unroll
 		for (int t = 0; t < NT; t++) {
-			float *o = out + (long)t * O + row;
-			*o = accumulate ? *o + acc[0][t] : acc[0][t];
+			long i = (long)t * O + row;
+			if (odt == DT_BF16) {
+				((u16 *)out)[i] = f2bf(acc[0][t]);
+			} else {
+				float *o = (float *)out + i;
+				*o = accumulate ? *o + acc[0][t] : acc[0][t];
+			}
 		}
 	}
 }
@@ -122,11 +128,11 @@ __device__ __forceinline__ void gemv_swiglu_bf16(float *out, const XT *x, const 
 // Kernels: gemv_bf16_NT and gemv_swiglu_bf16_NT read f32 activations,
 // the _hx variants bf16 ones.
 #define GEMV(NT) \
-	extern "C" __global__ void __launch_bounds__(256) gemv_bf16_##NT(float *out, const float *x, const u16 *w, int O, int I, int acc) { \
-		gemv_bf16<NT>(out, x, w, O, I, acc); \
+	extern "C" __global__ void __launch_bounds__(256) gemv_bf16_##NT(void *out, int odt, const float *x, const u16 *w, int O, int I, int acc) { \
+		gemv_bf16<NT>(out, odt, x, w, O, I, acc); \
 	} \
-	extern "C" __global__ void __launch_bounds__(256) gemv_bf16_##NT##_hx(float *out, const u16 *x, const u16 *w, int O, int I, int acc) { \
-		gemv_bf16<NT>(out, x, w, O, I, acc); \
+	extern "C" __global__ void __launch_bounds__(256) gemv_bf16_##NT##_hx(void *out, int odt, const u16 *x, const u16 *w, int O, int I, int acc) { \
+		gemv_bf16<NT>(out, odt, x, w, O, I, acc); \
 	} \
 	extern "C" __global__ void __launch_bounds__(256) gemv_swiglu_bf16_##NT(float *out, const float *x, const u16 *w, int O, int I) { \
 		gemv_swiglu_bf16<NT, 2>(out, x, w, O, I); \
