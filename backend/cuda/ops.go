@@ -325,7 +325,7 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 	m := &b.meta
 	T := m.T
 	H, KH, hd, rd := spec.Heads, spec.KVHeads, spec.HeadDim, spec.RotaryDim
-	if H <= 0 || KH <= 0 || H%KH != 0 || hd <= 0 || hd > 256 || rd < 0 || rd > hd || rd%2 != 0 || len(spec.Rope.InvFreq) != rd/2 {
+	if H <= 0 || KH <= 0 || H%KH != 0 || hd <= 0 || hd > 256 || hd%4 != 0 || rd < 0 || rd > hd || rd%2 != 0 || len(spec.Rope.InvFreq) != rd/2 {
 		panic(fmt.Sprintf("cuda: attention: invalid or unsupported spec %+v", *spec))
 	}
 	if c.spec.KVHeads != KH || c.spec.HeadDim != hd || layer < 0 || layer >= c.spec.Layers {

@@ -8,19 +8,38 @@ struct RopeFreq {
 	float f[128];  // RotaryDim/2 inverse frequencies
 };
 
+// ld4 and st4 move four consecutive elements (from an index that is a
+// multiple of four) of an f32, bf16 or f16 array.
+__device__ __forceinline__ float4 ld4(const void *p, long i, int dt) {
+	if (dt == DT_BF16) {
+		uint2 u = *(const uint2 *)((const u16 *)p + i);
+		return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+	}
+	if (dt == DT_F32) return *(const float4 *)((const float *)p + i);
+	return make_float4(ld(p, i, dt), ld(p, i + 1, dt), ld(p, i + 2, dt), ld(p, i + 3, dt));
+}
+
+__device__ __forceinline__ void st4(void *p, long i, int dt, float4 v) {
+	if (dt == DT_BF16) *(uint2 *)((u16 *)p + i) = make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
+	else if (dt == DT_F32) *(float4 *)((float *)p + i) = v;
+	else { st(p, i, dt, v.x); st(p, i + 1, dt, v.y); st(p, i + 2, dt, v.z); st(p, i + 3, dt, v.w); }
+}
+
 // qk_norm_rope: grid (T, ceil((H + 2*KH) / hpb)), block 256: hpb heads of a
-// token per block, one per warp at a time, after the block made the token's
-// cos/sin table (angles rounded to float32 as transformers computes them, then cos
-// and sin in double). Query heads go normed and
-// rotated to qbuf [T, H, hd] (of the cache's type); key heads (normed, rotated) and value heads are
-// stored in the paged cache at the token's position.
+// token per block, one per warp at a time, each lane on four consecutive
+// elements (hd % 4 == 0), after the block made the token's cos/sin table
+// (angles rounded to float32 as transformers computes them, then cos and
+// sin in double) and loaded the norm weights. Query heads go normed and
+// rotated to qbuf [T, H, hd] (of the cache's type); key heads (normed,
+// rotated) and value heads are stored in the paged cache at the token's
+// position.
 extern "C" __global__ void __launch_bounds__(256) qk_norm_rope(const void *qkv, int qdt, void *qbuf, void *kc, void *vc, int kvdt,
 		const void *qn, const void *kn, int wdt, int unitOffset,
 		const int *tokpos, const int *tokseq, const int *seqblk, const int *blocks,
 		int H, int KH, int hd, int rd, int gated, float eps, float attnFactor, int bs, int hpb, RopeFreq rf) {
 	pdl_trigger();  // decode attention starts streaming the cached keys
-	__shared__ float cs[128], sn[128];
-	__shared__ float buf[8][256];
+	__shared__ float cs[128], sn[128], wq[256], wk[256];
+	__shared__ __align__(16) float buf[8][256];
 	int t = blockIdx.x;
 	int pos = tokpos[t];
 	int half = rd / 2;
@@ -30,6 +49,11 @@ extern "C" __global__ void __launch_bounds__(256) qk_norm_rope(const void *qkv, 
 		sincos((double)a, &s, &c);
 		cs[i] = (float)c * attnFactor;
 		sn[i] = (float)s * attnFactor;
+	}
+	float u = unitOffset ? 1.f : 0.f;
+	for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+		wq[i] = ld(qn, i, wdt) + u;
+		wk[i] = ld(kn, i, wdt) + u;
 	}
 	__syncthreads();
 	int qstride = gated ? 2 * hd : hd;
@@ -46,31 +70,37 @@ extern "C" __global__ void __launch_bounds__(256) qk_norm_rope(const void *qkv, 
 		else { kh = h - H - KH; src = row + (long)H * qstride + (long)(KH + kh) * hd; kind = 2; }
 		long off = (slot * KH + kh) * hd;
 		if (kind == 2) {
-			for (int i = lane; i < hd; i += 32) st(vc, off + i, kvdt, ld(qkv, src + i, qdt));
+			for (int i = 4 * lane; i < hd; i += 128) st4(vc, off + i, kvdt, ld4(qkv, src + i, qdt));
 			continue;
 		}
+		const float *w = kind == 0 ? wq : wk;
 		float ss = 0.f;
-		for (int i = lane; i < hd; i += 32) {
-			float v = ld(qkv, src + i, qdt);
-			hb[i] = v;
-			ss += v * v;
+		for (int i = 4 * lane; i < hd; i += 128) {
+			float4 v = ld4(qkv, src + i, qdt);
+			*(float4 *)(hb + i) = v;
+			ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
 		}
 		float sc = rsqrtf(warp_sum(ss) / hd + eps);
-		const void *w = kind == 0 ? qn : kn;
-		for (int i = lane; i < hd; i += 32) {
-			float g = ld(w, i, wdt);
-			if (unitOffset) g += 1.f;
-			hb[i] *= sc * g;
+		for (int i = 4 * lane; i < hd; i += 128) {
+			float4 v = *(float4 *)(hb + i);
+			*(float4 *)(hb + i) = make_float4(v.x * sc * w[i], v.y * sc * w[i + 1], v.z * sc * w[i + 2], v.w * sc * w[i + 3]);
 		}
 		__syncwarp();
-		for (int i = lane; i < hd; i += 32) {
-			float v = hb[i];
-			if (i < rd) {
-				int j = i < half ? i : i - half;
-				v = i < half ? hb[i] * cs[j] - hb[i + half] * sn[j] : hb[i] * cs[j] + hb[j] * sn[j];
+		for (int i = 4 * lane; i < hd; i += 128) {
+			float o[4];
+#pragma unroll
+			for (int e = 0; e < 4; e++) {
+				int k = i + e;
+				float v = hb[k];
+				if (k < rd) {
+					int j = k < half ? k : k - half;
+					v = k < half ? v * cs[j] - hb[k + half] * sn[j] : v * cs[j] + hb[j] * sn[j];
+				}
+				o[e] = v;
 			}
-			if (kind == 0) st(qbuf, ((long)t * H + h) * hd + i, kvdt, v);
-			else st(kc, off + i, kvdt, v);
+			float4 v = make_float4(o[0], o[1], o[2], o[3]);
+			if (kind == 0) st4(qbuf, ((long)t * H + h) * hd + i, kvdt, v);
+			else st4(kc, off + i, kvdt, v);
 		}
 		__syncwarp();
 	}
