@@ -147,8 +147,8 @@ func (b *Backend) MLP(out, x, gateUp, down backend.Tensor) {
 
 // mlp writes (or adds, when accumulate) down(silu(gate(x)) * up(x)) to out.
 // A few tokens take the GEMV with the activation fused in; more take
-// cuBLASLt with bf16 in and out around a bf16 activation, the precision
-// the weights were trained in.
+// cuBLASLt with bf16 in and out around a bf16 activation, where
+// transformers rounds too.
 func (b *Backend) mlp(ot, xt, gu, dn *tensor, accumulate bool) {
 	n, H := xt.rows(), xt.cols()
 	I := dn.cols()
