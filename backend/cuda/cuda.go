@@ -350,6 +350,11 @@ func (b *Backend) Sync() error {
 	return b.err
 }
 
+// scratchF32 is a [rows, cols] f32 view of the scratch buffer name.
+func (b *Backend) scratchF32(name string, rows, cols int) *tensor {
+	return &tensor{dt: backend.F32, shape: []int{rows, cols}, ptr: b.scratchBuf(name, 4*rows*cols), view: true}
+}
+
 // scratchBuf returns a device buffer of at least n bytes kept under name.
 // A buffer that must grow is replaced; the old one is kept alive because a
 // captured graph may still point at it.

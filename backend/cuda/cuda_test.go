@@ -539,3 +539,22 @@ func TestMoE(t *testing.T) {
 		}
 	}
 }
+
+// TestKVCacheHeadDim: a head dim without attention kernels is refused when
+// the cache is made, not by the first attention call.
+func TestKVCacheHeadDim(t *testing.T) {
+	p := newPair(t, 11)
+	spec := backend.KVSpec{Layers: 1, Blocks: 4, BlockSize: 16, KVHeads: 2, HeadDim: 96, DType: backend.BF16}
+	if c, err := p.g.NewKVCache(spec); err == nil {
+		c.Free()
+		t.Fatal("head dim 96 accepted")
+	} else {
+		t.Logf("refused as expected: %v", err)
+	}
+	spec.HeadDim = 128
+	c, err := p.g.NewKVCache(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Free()
+}

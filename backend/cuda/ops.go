@@ -162,7 +162,7 @@ func (b *Backend) mlp(ot, xt, gu, dn *tensor, accumulate bool) {
 		return
 	}
 	if gu.dt == backend.BF16 && n <= b.gemvMax && H%8 == 0 {
-		act := &tensor{dt: backend.F32, shape: []int{n, I}, ptr: b.scratchBuf("mlp.act", 4*n*I), view: true}
+		act := b.scratchF32("mlp.act", n, I)
 		w := b.gemvWarps
 		b.runOverlapped(fmt.Sprintf("gemv_swiglu_bf16_%d%s", n, hx(xt)), g1((I+w-1)/w), 32*w, 0, act.ptr, xt.ptr, gu.ptr, I, H)
 		b.MatMul(ot, act, dn, accumulate)
@@ -177,10 +177,7 @@ func (b *Backend) mlp(ot, xt, gu, dn *tensor, accumulate bool) {
 		b.around("cublasLt", func() { b.fail(b.lt.matmul(b.stream, ot.ptr, act, dn.ptr, n, H, I, dn.dt, backend.F32, accumulate)) })
 		return
 	}
-	f32 := func(name string, cols int) *tensor {
-		return &tensor{dt: backend.F32, shape: []int{n, cols}, ptr: b.scratchBuf(name, 4*n*cols), view: true}
-	}
-	h, act := f32("mlp.gu", 2*I), f32("mlp.act", I)
+	h, act := b.scratchF32("mlp.gu", n, 2*I), b.scratchF32("mlp.act", n, I)
 	b.MatMul(h, xt, gu, false)
 	b.siluMul(act, h)
 	b.MatMul(ot, act, dn, accumulate)
@@ -282,6 +279,11 @@ func (b *Backend) NewKVCache(spec backend.KVSpec) (backend.KVCache, error) {
 	if spec.DType != backend.F32 && spec.DType != backend.BF16 {
 		return nil, fmt.Errorf("cuda: kv cache: unsupported dtype %v (want f32 or bf16)", spec.DType)
 	}
+	if !attnHeadDim(spec.HeadDim) {
+		// Refused here, when the model is loaded, rather than by the first
+		// attention call.
+		return nil, fmt.Errorf("cuda: attention head dim %d is not supported (16, 32, 64, 128 or 256); use --backend cpu", spec.HeadDim)
+	}
 	plane := spec.Blocks * spec.BlockSize * spec.KVHeads * spec.HeadDim * spec.DType.Size()
 	p, err := b.malloc(2 * spec.Layers * plane)
 	if err != nil {
@@ -315,6 +317,16 @@ func (c *kvCache) Free() {
 	}
 }
 
+// attnHeadDim reports whether the attention kernels take head dim hd (each
+// is compiled per head dim).
+func attnHeadDim(hd int) bool {
+	switch hd {
+	case 16, 32, 64, 128, 256:
+		return true
+	}
+	return false
+}
+
 // Attention runs one attention layer; see backend.Backend.
 func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec *backend.AttnSpec, kvc backend.KVCache, layer int) {
 	ot, qt := asT(out), asT(qkv)
@@ -325,7 +337,7 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 	m := &b.meta
 	T := m.T
 	H, KH, hd, rd := spec.Heads, spec.KVHeads, spec.HeadDim, spec.RotaryDim
-	if H <= 0 || KH <= 0 || H%KH != 0 || hd <= 0 || hd > 256 || hd%4 != 0 || rd < 0 || rd > hd || rd%2 != 0 || len(spec.Rope.InvFreq) != rd/2 {
+	if H <= 0 || KH <= 0 || H%KH != 0 || !attnHeadDim(hd) || rd < 0 || rd > hd || rd%2 != 0 || len(spec.Rope.InvFreq) != rd/2 {
 		panic(fmt.Sprintf("cuda: attention: invalid or unsupported spec %+v", *spec))
 	}
 	if c.spec.KVHeads != KH || c.spec.HeadDim != hd || layer < 0 || layer >= c.spec.Layers {
@@ -415,11 +427,6 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 			H, KH, bs, spec.Scale, boolInt(spec.Gated))
 		return
 	}
-	switch hd {
-	case 16, 32, 64, 128, 256:
-	default:
-		panic(fmt.Sprintf("cuda: attention: head dim %d not supported (16, 32, 64, 128 or 256)", hd))
-	}
 	name := fmt.Sprintf("attn_prefill_%s_%d", kn2, hd)
 	smem := 2 * 32 * hd * 4
 	if smem > 48<<10 {
@@ -461,22 +468,19 @@ func (b *Backend) MoE(out, x backend.Tensor, e *backend.Experts, spec *backend.M
 	if T == 0 {
 		return
 	}
-	f32 := func(name string, rows, cols int) *tensor {
-		return &tensor{dt: backend.F32, shape: []int{rows, cols}, ptr: b.scratchBuf(name, 4*rows*cols), view: true}
-	}
 	// The router product stays in float32 (not cuBLASLt's bf16 inputs): a
 	// rounding-sized change there can flip the choice of experts.
-	logits := f32("moe.logits", T, E)
+	logits := b.scratchF32("moe.logits", T, E)
 	b.run("moe_gemv", [3]int{(E + 7) / 8, T, 1}, 256, 0, logits.ptr, xt.ptr, 1, router.ptr, int(router.dt), devptr(0), E, H)
 	sel := b.scratchBuf("moe.sel", 4*T*K)
 	wts := b.scratchBuf("moe.wts", 4*T*K)
 	b.run("moe_route", g1(T), 256, 0, logits.ptr, E, K, boolInt(spec.NormTopK), sel, wts)
 	R := T * K
-	h := f32("moe.h", R, 2*I)
+	h := b.scratchF32("moe.h", R, 2*I)
 	b.run("moe_gemv", [3]int{(2*I + 7) / 8, R, 1}, 256, 0, h.ptr, xt.ptr, K, gu.ptr, int(gu.dt), sel, 2*I, H)
-	act := f32("moe.act", R, I)
+	act := b.scratchF32("moe.act", R, I)
 	b.siluMul(act, h)
-	y := f32("moe.y", R, H)
+	y := b.scratchF32("moe.y", R, H)
 	b.run("moe_gemv", [3]int{(H + 7) / 8, R, 1}, 256, 0, y.ptr, act.ptr, 1, down.ptr, int(down.dt), sel, H, I)
 	var ys, gate devptr
 	if e.SharedGateUp != nil {
@@ -485,9 +489,9 @@ func (b *Backend) MoE(out, x backend.Tensor, e *backend.Experts, spec *backend.M
 		if sgu.cols() != H || sgu.rows()%2 != 0 || sdown.rows() != H || sdown.cols() != Is || sg.numel() != H {
 			panic(fmt.Sprintf("cuda: moe: shared expert gate_up %v, down %v, gate %v for width %d", sgu, sdown, sg, H))
 		}
-		g := f32("moe.gate", T, 1)
+		g := b.scratchF32("moe.gate", T, 1)
 		b.MatMul(g, xt, b.Reshape(sg, 1, H), false)
-		so := f32("moe.so", T, H)
+		so := b.scratchF32("moe.so", T, H)
 		b.mlp(so, xt, sgu, sdown, false)
 		ys, gate = so.ptr, g.ptr
 	}
