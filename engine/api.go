@@ -104,6 +104,18 @@ type Stats struct {
 	RequestsCompleted int64
 	StateSnapshots    int // hybrid-model state snapshots held
 	StateBytes        int64
+
+	// Forward passes, all time: how many, the tokens they computed and the
+	// time they took (model and sampling); the same for the passes in
+	// which every sequence advanced by one token (decode-only).
+	Steps, StepTokens         int64
+	StepTime                  time.Duration
+	DecodeSteps, DecodeTokens int64
+	DecodeStepTime            time.Duration
+	// HostTime is the time between consecutive passes while sequences
+	// were running (admission, planning, emitting tokens): the device
+	// waits for it.
+	HostTime time.Duration
 }
 
 var (

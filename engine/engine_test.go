@@ -629,4 +629,13 @@ func TestSmallTokenBudget(t *testing.T) {
 	if len(r.tokens) != 4 {
 		t.Errorf("%d tokens, want 4", len(r.tokens))
 	}
+	// The prompt in chunks of 8, 8 and 4 (which gives the first token),
+	// then a pass for each further token.
+	st := e.Stats()
+	if st.Steps != 6 || st.StepTokens != 23 || st.DecodeSteps != 3 || st.DecodeTokens != 3 {
+		t.Errorf("passes %d of %d tokens, decode-only %d of %d; want 6, 23, 3, 3", st.Steps, st.StepTokens, st.DecodeSteps, st.DecodeTokens)
+	}
+	if st.StepTime <= 0 || st.DecodeStepTime <= 0 || st.DecodeStepTime >= st.StepTime || st.HostTime <= 0 {
+		t.Errorf("times: passes %v, decode-only %v, host %v", st.StepTime, st.DecodeStepTime, st.HostTime)
+	}
 }

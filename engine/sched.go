@@ -82,6 +82,10 @@ type scheduler struct {
 
 	preemptions, completed, hitTokens int64
 	recomputed                        int64
+
+	steps, stepTokens, decodeSteps, decodeTokens int64
+	stepTime, decodeTime, hostTime               time.Duration
+	lastStep                                     time.Time // end of the last pass; zero after the loop idled
 }
 
 func newScheduler(e *Engine) *scheduler {
@@ -113,6 +117,7 @@ func (s *scheduler) loop() {
 		s.intake()
 		s.reap()
 		if len(s.running) == 0 && len(s.waiting) == 0 {
+			s.lastStep = time.Time{}
 			s.publish()
 			select {
 			case <-e.wake:
@@ -363,7 +368,9 @@ func (s *scheduler) step() {
 			rows = append(rows, q)
 		}
 	}
+	start := time.Now()
 	sampled, err := s.forward(seqs, rows)
+	s.account(plan, start)
 	if err != nil {
 		s.e.log.Error("forward step failed", "err", err)
 		for _, p := range plan {
@@ -398,6 +405,27 @@ func (s *scheduler) step() {
 		if q := p.q; q.prefillOnly && q.pos == len(q.tokens) {
 			s.finish(q, FinishLength, nil)
 		}
+	}
+}
+
+// account adds a pass that started at start to the step counters.
+func (s *scheduler) account(plan []planned, start time.Time) {
+	end := time.Now()
+	if !s.lastStep.IsZero() {
+		s.hostTime += start.Sub(s.lastStep)
+	}
+	s.lastStep = end
+	tokens := 0
+	for _, p := range plan {
+		tokens += p.n
+	}
+	s.steps++
+	s.stepTokens += int64(tokens)
+	s.stepTime += end.Sub(start)
+	if tokens == len(plan) {
+		s.decodeSteps++
+		s.decodeTokens += int64(tokens)
+		s.decodeTime += end.Sub(start)
 	}
 }
 
@@ -569,6 +597,9 @@ func (s *scheduler) publish() {
 	st.Preemptions = s.preemptions
 	st.RecomputedTokens = s.recomputed
 	st.RequestsCompleted = s.completed
+	st.Steps, st.StepTokens, st.StepTime = s.steps, s.stepTokens, s.stepTime
+	st.DecodeSteps, st.DecodeTokens, st.DecodeStepTime = s.decodeSteps, s.decodeTokens, s.decodeTime
+	st.HostTime = s.hostTime
 	if s.snaps != nil {
 		st.StateSnapshots, st.StateBytes = s.snaps.Len(), s.snaps.Bytes()
 		st.KVBlocksCached = s.snaps.Blocks()

@@ -20,6 +20,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kiln-llm/kiln/engine"
 	"github.com/kiln-llm/kiln/server"
 )
 
@@ -267,6 +268,23 @@ func (cl *benchClient) firstModel() (string, error) {
 	return list.Data[0].ID, nil
 }
 
+// engineStats reads the engine counters of a kiln server (/status); false
+// for a server that is not kiln.
+func (cl *benchClient) engineStats() (engine.Stats, bool) {
+	req, _ := http.NewRequest("GET", cl.cfg.baseURL+"/status", nil)
+	cl.auth(req)
+	resp, err := cl.http.Do(req)
+	if err != nil {
+		return engine.Stats{}, false
+	}
+	defer resp.Body.Close()
+	var st server.Status
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&st) != nil || st.Model == "" {
+		return engine.Stats{}, false
+	}
+	return engine.Stats(st.Stats), true
+}
+
 func (cl *benchClient) auth(req *http.Request) {
 	if cl.cfg.apiKey != "" {
 		req.Header.Set("Authorization", "Bearer "+cl.cfg.apiKey)
@@ -383,8 +401,15 @@ func (cl *benchClient) run() (*benchResults, error) {
 	c := cl.cfg
 	rng := rand.New(rand.NewPCG(c.seed, 0x6b696c6e))
 	// A first request checks the endpoint and warms it; it is not counted.
-	warm, _ := cl.stream(context.Background(), "/v1/chat/completions", map[string]any{
-		"messages": []map[string]string{{"role": "user", "content": "hello"}}, "max_tokens": 4, "ignore_eos": true})
+	// A random workload's goes to the completions endpoint it uses: a chat
+	// request would have kiln prepare its next turn during the run.
+	var warm requestResult
+	if c.dataset == "random" {
+		warm, _ = cl.stream(context.Background(), "/v1/completions", map[string]any{"prompt": "hello", "max_tokens": 4, "ignore_eos": true})
+	} else {
+		warm, _ = cl.stream(context.Background(), "/v1/chat/completions", map[string]any{
+			"messages": []map[string]string{{"role": "user", "content": "hello"}}, "max_tokens": 4, "ignore_eos": true})
+	}
 	if !warm.ok {
 		return nil, fmt.Errorf("the warm-up request failed: %s", warm.err)
 	}
@@ -424,6 +449,7 @@ func (cl *benchClient) run() (*benchResults, error) {
 		results = append(results, r)
 		mu.Unlock()
 	}
+	before, kiln := cl.engineStats()
 	start := time.Now()
 	for i, j := range jobs {
 		if i > 0 && !math.IsInf(c.requestRate, 1) {
@@ -466,12 +492,60 @@ func (cl *benchClient) run() (*benchResults, error) {
 		}()
 	}
 	wg.Wait()
-	return &benchResults{results: results, duration: time.Since(start)}, nil
+	res := &benchResults{results: results, duration: time.Since(start)}
+	if after, ok := cl.engineStats(); kiln && ok {
+		res.steps = stepsBetween(before, after)
+	}
+	return res, nil
 }
 
 type benchResults struct {
 	results  []requestResult
 	duration time.Duration
+	steps    *engineSteps // kiln servers: the engine's passes during the run
+}
+
+// engineSteps is what a kiln server's forward passes did during the run.
+type engineSteps struct {
+	steps, tokens, decodeSteps, decodeTokens int64
+	time, decodeTime, hostTime               time.Duration
+}
+
+func stepsBetween(a, b engine.Stats) *engineSteps {
+	return &engineSteps{
+		steps: b.Steps - a.Steps, tokens: b.StepTokens - a.StepTokens, time: b.StepTime - a.StepTime,
+		decodeSteps: b.DecodeSteps - a.DecodeSteps, decodeTokens: b.DecodeTokens - a.DecodeTokens,
+		decodeTime: b.DecodeStepTime - a.DecodeStepTime, hostTime: b.HostTime - a.HostTime,
+	}
+}
+
+// stepFigure is one figure of engineSteps: its JSON key, printed label and
+// value.
+type stepFigure struct {
+	key, label string
+	v          any
+}
+
+// summary gives where a serving run's time went on the server.
+func (e *engineSteps) summary(duration time.Duration) []stepFigure {
+	div := func(a, b float64) float64 {
+		if b == 0 {
+			return 0
+		}
+		return a / b
+	}
+	mixed, mixedTokens := e.steps-e.decodeSteps, e.tokens-e.decodeTokens
+	return []stepFigure{
+		{"forward_passes", "Forward passes", e.steps},
+		{"decode_only_passes", "Decode-only passes", e.decodeSteps},
+		{"mean_decode_only_pass_ms", "Mean decode-only pass (ms)", div(ms(e.decodeTime), float64(e.decodeSteps))},
+		{"mean_decode_only_batch", "Mean decode-only batch", div(float64(e.decodeTokens), float64(e.decodeSteps))},
+		{"passes_with_prefill", "Passes with prefill", mixed},
+		{"mean_pass_with_prefill_ms", "Mean pass with prefill (ms)", div(ms(e.time-e.decodeTime), float64(mixed))},
+		{"mean_tokens_per_pass_with_prefill", "Mean tokens, pass with prefill", div(float64(mixedTokens), float64(mixed))},
+		{"mean_host_time_between_passes_ms", "Mean host time between passes (ms)", div(ms(e.hostTime), float64(max(e.steps-1, 0)))},
+		{"time_in_passes_pct", "Time in passes (%)", div(100*float64(e.time), float64(duration))},
+	}
 }
 
 // stat summarises one metric in milliseconds.
@@ -634,6 +708,12 @@ func (b *benchResults) print(w io.Writer, c *benchConfig) {
 		}
 		line("Later-turn prompt tokens from cache (%)", hit)
 	}
+	if b.steps != nil {
+		head("Engine Steps (server)")
+		for _, f := range b.steps.summary(b.duration) {
+			line(f.label, f.v)
+		}
+	}
 	fmt.Fprintln(w, strings.Repeat("=", 50))
 	shown := 0
 	for _, r := range b.results {
@@ -667,6 +747,13 @@ func (b *benchResults) jsonReport(c *benchConfig) map[string]any {
 	if c.dataset == "multiturn" {
 		rep["mean_ttft_first_turn_ms"], rep["mean_ttft_later_turns_ms"] = m.firstTurnTTFT.Mean, m.laterTurnTTFT.Mean
 		rep["later_turn_prompt_tokens"], rep["later_turn_cached_tokens"] = m.laterTurnPrompt, m.laterTurnCached
+	}
+	if b.steps != nil {
+		steps := map[string]any{}
+		for _, f := range b.steps.summary(b.duration) {
+			steps[f.key] = f.v
+		}
+		rep["engine_steps"] = steps
 	}
 	var ttfts, e2els, inLens, outLens, cached []any
 	var itls [][]float64

@@ -130,6 +130,14 @@ func TestBenchServeRandomExactLengths(t *testing.T) {
 	if rep["mean_e2el_ms"].(float64) < rep["mean_ttft_ms"].(float64) {
 		t.Error("E2EL below TTFT")
 	}
+	// The server's passes: each request decodes 19 tokens after its first,
+	// at most 4 at a time.
+	steps, _ := rep["engine_steps"].(map[string]any)
+	num := func(k string) float64 { v, _ := steps[k].(float64); return v }
+	if num("decode_only_passes") < 2*19 || num("passes_with_prefill") < 1 || num("mean_decode_only_batch") < 1 ||
+		num("mean_decode_only_batch") > 4 || num("time_in_passes_pct") <= 0 || num("time_in_passes_pct") > 100 {
+		t.Errorf("engine steps %v", steps)
+	}
 }
 
 // Later turns of a conversation resend the history, which the engine's
