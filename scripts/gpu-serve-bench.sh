@@ -10,7 +10,8 @@
 # test tokenizer, its vocabulary padded with tokens "t<id>" to the model's
 # 151936 so that every generated id streams as text), and runs
 # kiln bench serve: 256 requests of 512 in / 128 out at max concurrency 16
-# and 64. Results go to $OUT (or /tmp/kiln-serve).
+# and 64 (SERVE_CONCURRENCY="16" for one). Results go to $OUT (or
+# /tmp/kiln-serve).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/kiln-serve}
@@ -41,7 +42,7 @@ json.dump(t, open(sys.argv[2], "w"))
 PY
 cp testdata/fixtures/qwen3/tokenizer_config.json testdata/fixtures/qwen3/chat_template.jinja "$MODEL/"
 
-for c in 16 64; do
+for c in ${SERVE_CONCURRENCY:-16 64}; do
 	echo "== kiln bench serve, max concurrency $c"
 	timeout 300 $KILN bench serve --model "$MODEL" --backend cuda --num-prompts 256 --input-len 512 \
 		--output-len 128 --max-concurrency $c --max-running $c --percentiles 50,90,99 \

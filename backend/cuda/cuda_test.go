@@ -270,16 +270,14 @@ func roundTo(dt backend.DType, x []float32) []float32 {
 	return x
 }
 
-// activation loads x on both backends, on the GPU as dt (f32 or bf16), on
-// the CPU as f32 holding the same values.
+// activation puts x on both backends in writable tensors, on the GPU as dt
+// (f32 or bf16), on the CPU as f32 holding the same values.
 func (p *pair) activation(dt backend.DType, x []float32, shape ...int) (backend.Tensor, backend.Tensor) {
 	p.t.Helper()
 	x = roundTo(dt, x)
-	ct, _ := p.load(backend.F32, x, shape...)
-	gt, err := p.g.Load(dt, shape, encode(dt, x))
-	if err != nil {
-		p.t.Fatal(err)
-	}
+	ct, gt := p.c.Alloc(backend.F32, shape...), p.g.Alloc(dt, shape...)
+	p.c.Write(ct, encode(backend.F32, x))
+	p.g.Write(gt, encode(dt, x))
 	return ct, gt
 }
 

@@ -23,9 +23,9 @@ func init() { benchModes[""] = benchMicro }
 
 // benchResult is one measured configuration.
 type benchResult struct {
-	Kind    string  `json:"kind"` // "decode" or "prefill"
-	Batch   int     `json:"batch"`
-	Context int     `json:"context"` // decode: tokens already cached per sequence; prefill: prompt length
+	Kind    string  `json:"kind"`    // "decode", "prefill" or "mixed"
+	Batch   int     `json:"batch"`   // decoding sequences
+	Context int     `json:"context"` // decode: tokens already cached per sequence; prefill and mixed: prompt length
 	TokS    float64 `json:"tok_s"`
 	FloorS  float64 `json:"floor_tok_s"` // tok/s at the floor
 	Ratio   float64 `json:"ratio"`       // TokS / FloorS
@@ -58,6 +58,7 @@ func benchMicro(args []string) error {
 	batches := fs.String("batches", "1,8,32,64", "decode batch sizes, at the first --contexts value")
 	contexts := fs.String("contexts", "1024,8192,32768", "decode contexts, at batch 1")
 	prefills := fs.String("prefill", "512,4096,16384", "prefill prompt lengths")
+	mixed := fs.String("mixed", "", "mixed passes, as serving runs them: BxP is B sequences decoding at the first --contexts value beside a P-token prompt (e.g. 15x512,12x2036)")
 	steps := fs.Int("steps", 32, "timed decode steps per configuration")
 	asJSON := fs.Bool("json", false, "print the results as JSON")
 	if err := parseFlags(fs, args); err != nil {
@@ -66,7 +67,8 @@ func benchMicro(args []string) error {
 	bs, err1 := intList(*batches)
 	cs, err2 := intList(*contexts)
 	ps, err3 := intList(*prefills)
-	if err := errors.Join(err1, err2, err3); err != nil {
+	ms, err4 := mixList(*mixed)
+	if err := errors.Join(err1, err2, err3, err4); err != nil {
 		return err
 	}
 	if *steps < 1 {
@@ -118,10 +120,16 @@ func benchMicro(args []string) error {
 	for _, P := range ps {
 		need = max(need, blocksFor(P, blockSize))
 	}
+	for _, x := range ms {
+		need = max(need, x.B*blocksFor(cs[0]+4, blockSize)+blocksFor(x.P, blockSize))
+	}
 	// Hybrid models keep one recurrent-state slot per decoding sequence.
 	slots := 1
 	for _, B := range bs {
 		slots = max(slots, B)
+	}
+	for _, x := range ms {
+		slots = max(slots, x.B+1)
 	}
 	if err := m.AllocCache(model.CacheSpec{Blocks: need, BlockSize: blockSize, Slots: slots}); err != nil {
 		return err
@@ -161,6 +169,20 @@ func benchMicro(args []string) error {
 		ctx := float64(d.C) + float64(*steps)/2
 		r.Bytes = w.decode(d.B) + float64(d.B)*ctx*float64(m.KVBytesPerToken())
 		r.FloorS = float64(d.B) / (r.Bytes / *bw)
+		r.Ratio = r.TokS / r.FloorS
+		rep.Results = append(rep.Results, r)
+		progress(*asJSON, r)
+		profile(b, r)
+	}
+	for _, x := range ms {
+		r, err := benchMixed(m, x.B, cs[0], x.P, blockSize)
+		if err != nil {
+			return fmt.Errorf("mixed %dx%d: %w", x.B, x.P, err)
+		}
+		// Compute-bound: the prompt's FLOPs and one token's products per
+		// decoding sequence (their attention over the cache is left out).
+		r.FLOPs = prefillFLOPs(cfg, x.P) + float64(x.B)*prefillFLOPs(cfg, 1)
+		r.FloorS = float64(x.B+x.P) / (r.FLOPs / *peak)
 		r.Ratio = r.TokS / r.FloorS
 		rep.Results = append(rep.Results, r)
 		progress(*asJSON, r)
@@ -212,6 +234,26 @@ func intList(s string) ([]int, error) {
 	}
 	if len(out) == 0 {
 		return nil, fmt.Errorf("empty list %q", s)
+	}
+	return out, nil
+}
+
+// mixCfg is a mixed pass: B decoding sequences beside a P-token prompt.
+type mixCfg struct{ B, P int }
+
+func mixList(s string) ([]mixCfg, error) {
+	var out []mixCfg
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		b, p, ok := strings.Cut(f, "x")
+		B, err1 := strconv.Atoi(b)
+		P, err2 := strconv.Atoi(p)
+		if !ok || err1 != nil || err2 != nil || B < 0 || P <= 0 {
+			return nil, fmt.Errorf("bad mixed pass %q in %q (want BxP, e.g. 15x512)", f, s)
+		}
+		out = append(out, mixCfg{B, P})
 	}
 	return out, nil
 }
@@ -303,6 +345,43 @@ func benchDecode(m *model.Model, B, C, steps, bs int) (benchResult, error) {
 	}
 	t := time.Since(start).Seconds()
 	return benchResult{Kind: "decode", Batch: B, Context: C, TokS: float64(B*steps) / t, Seconds: t, Steps: steps}, nil
+}
+
+// benchMixed times passes of B sequences decoding at context C beside one
+// P-token prompt (median of three after a warm-up), each pass sampling a
+// token for every sequence as the scheduler does.
+func benchMixed(m *model.Model, B, C, P, bs int) (benchResult, error) {
+	cfg := m.Config()
+	const passes = 4
+	nb := blocksFor(C+passes, bs)
+	seqs := make([]model.Seq, B+1)
+	seqs[0] = model.Seq{Tokens: seqTokens(P, cfg.VocabSize, P), Blocks: blockRange(B*nb, blocksFor(P, bs)), Slot: B, Logits: model.LastLogits}
+	for i := 1; i <= B; i++ {
+		seqs[i] = model.Seq{Tokens: []int32{int32(i % cfg.VocabSize)}, Pos: C, Blocks: blockRange((i-1)*nb, nb), Slot: i - 1, Logits: model.LastLogits}
+	}
+	params := make([]backend.SampleParams, B+1)
+	var times []float64
+	for s := 0; s < passes; s++ {
+		start := time.Now()
+		logits, err := m.Forward(seqs)
+		if err != nil {
+			return benchResult{}, err
+		}
+		out, err := m.Sample(logits, params)
+		if err != nil {
+			return benchResult{}, err
+		}
+		if s > 0 {
+			times = append(times, time.Since(start).Seconds())
+		}
+		for i := 1; i <= B; i++ {
+			seqs[i].Tokens[0] = out[i].Token
+			seqs[i].Pos++
+		}
+	}
+	sort.Float64s(times)
+	t := times[len(times)/2]
+	return benchResult{Kind: "mixed", Batch: B, Context: P, TokS: float64(B+P) / t, Seconds: t, Steps: 1}, nil
 }
 
 // modelBytes counts a model's weights: dense, the per-expert size of MoE

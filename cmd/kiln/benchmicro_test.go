@@ -8,12 +8,12 @@ import (
 
 // TestBenchMicro runs "kiln bench" on a dense and a hybrid synthetic model:
 // every configuration gives a positive rate and a floor (hybrid models need a
-// state slot per decoding sequence).
+// state slot per decoding sequence, and one for a mixed pass's prompt).
 func TestBenchMicro(t *testing.T) {
 	bin := kilnBinary(t)
 	for _, name := range []string{"tiny-qwen3", "tiny-qwen3next"} {
 		out, err := exec.Command(bin, "bench", "--synthetic", name, "--backend", "cpu", "--batches", "1,3",
-			"--contexts", "64", "--prefill", "32", "--steps", "2", "--json").Output()
+			"--contexts", "64", "--prefill", "32", "--mixed", "2x16", "--steps", "2", "--json").Output()
 		if err != nil {
 			t.Fatalf("%s: %v\n%s", name, err, out)
 		}
@@ -28,8 +28,8 @@ func TestBenchMicro(t *testing.T) {
 		if err := json.Unmarshal(out, &rep); err != nil {
 			t.Fatalf("%s: %v\n%s", name, err, out)
 		}
-		if len(rep.Results) != 3 {
-			t.Fatalf("%s: %d results, want prefill + decode at batch 1 and 3", name, len(rep.Results))
+		if len(rep.Results) != 4 || rep.Results[3].Kind != "mixed" || rep.Results[3].Batch != 2 {
+			t.Fatalf("%s: %+v, want prefill, decode at batch 1 and 3, mixed with 2 decoding", name, rep.Results)
 		}
 		for _, r := range rep.Results {
 			if !(r.TokS > 0) || !(r.Floor > 0) {
