@@ -293,33 +293,31 @@ type Backend interface {
 	// it worth padding decode batches to a few bucket sizes: each size is
 	// one capture, and padding rows are computed for nothing.
 	CapturesGraphs() bool
-	// ActivationType is the dtype of the residual stream and of the
-	// activations around a layer's matrix products (a dense layer's
-	// normalised hidden states, the fused q/k/v projection, attention
-	// outputs): F32, or BF16 where the backend's products read bf16 anyway
-	// (the precision the reference computes them in, and the residual
-	// stream's type in transformers), so that each is written once in the
-	// form its reader takes and the stream moves half the bytes.
+	// ActivationType is the dtype of the activations around a layer's
+	// matrix products (a dense layer's normalised hidden states, the fused
+	// q/k/v projection, attention outputs): F32, or BF16 where the
+	// backend's products read bf16 anyway (the precision the reference
+	// computes them in), so that each is written once in the form its
+	// reader takes.
 	ActivationType() DType
 
 	// Operations. Tensors named out are written, T is the step's token count.
 
-	// Embed writes out[t] = table[Tokens[t]]; out [T, H] f32 or of
-	// ActivationType, table [V, H].
+	// Embed writes out[t] = table[Tokens[t]]; out [T, H] f32, table [V, H].
 	Embed(out, table Tensor)
 	// RMSNorm normalises each row of x: out = x * rsqrt(mean(x^2) + eps) * w,
-	// or * (1 + w) when unitOffset. x and out are f32 or of ActivationType;
-	// out may alias x of its own type.
+	// or * (1 + w) when unitOffset. out is f32 (and may alias x) or of
+	// ActivationType.
 	RMSNorm(out, x, w Tensor, eps float32, unitOffset bool)
 	// MatMul computes out[n,o] = sum_i x[n,i] * w[o,i], adding to out when
-	// accumulate. x and out are f32 or of ActivationType, w any float
-	// dtype.
+	// accumulate. x is f32 or of ActivationType, w any float dtype; out is
+	// f32, or of ActivationType when not accumulating.
 	MatMul(out, x, w Tensor, accumulate bool)
 	// MLP adds to out [T, H] the SwiGLU feed-forward of x [T, H]:
 	// down(silu(x . gate^T) * (x . up^T)) with gateUp [2I, H] = [gate | up]
-	// and down [H, I]; out and x f32 or of ActivationType. One operation
-	// rather than three so that a backend can fuse the activation into
-	// either product and keep the [T, I] intermediate in its own precision.
+	// and down [H, I]; x f32 or of ActivationType. One operation rather than three so that a backend can
+	// fuse the activation into either product and keep the [T, I]
+	// intermediate in its own precision.
 	MLP(out, x, gateUp, down Tensor)
 	// Attention runs one attention layer on the fused projection qkv [T,
 	// spec.QKVWidth()]: per-head q/k RMSNorm, RoPE at each token's position,
@@ -339,13 +337,11 @@ type Backend interface {
 	// GatedRMSNorm computes out = w * rmsnorm(x) * silu(z) per head, x and z
 	// [T, heads*dim], w [dim].
 	GatedRMSNorm(out, x, z, w Tensor, eps float32)
-	// MoE adds to out [T, H] (f32 or of ActivationType) the mixture of
-	// experts applied to x [T, H] (f32):
+	// MoE adds to out [T, H] the mixture of experts applied to x [T, H]:
 	// router softmax in f32 over all experts, top-k, optional renormalisation,
 	// SwiGLU experts, plus the gated shared expert when present.
 	MoE(out, x Tensor, e *Experts, spec *MoESpec)
-	// GatherRows writes out[r] = x[LogitRows[r]] for the current batch; out
-	// is f32, x f32 or of ActivationType.
+	// GatherRows writes out[r] = x[LogitRows[r]] for the current batch.
 	GatherRows(out, x Tensor)
 	// Sample draws one token from each row of logits [R, V] (len(params) ==
 	// R) and returns them to the host; only the tokens (and requested

@@ -54,8 +54,8 @@ func (w *workspace) get(name string, width int) backend.Tensor {
 	return w.b.Rows(w.buffer(name, backend.F32, w.T, width), 0, w.T)
 }
 
-// act returns a [T, width] buffer in the backend's ActivationType, for the
-// residual stream and the activations around matrix products.
+// act returns a [T, width] buffer for activations that only feed matrix
+// products, in the backend's ActivationType.
 func (w *workspace) act(name string, width int) backend.Tensor {
 	return w.b.Rows(w.buffer(name, w.b.ActivationType(), w.T, width), 0, w.T)
 }
@@ -187,7 +187,7 @@ func (m *Model) check(i int, s *Seq) error {
 // the final norm and LM head on the rows that need logits.
 func (m *Model) record(ws *workspace) {
 	b, c := m.b, m.cfg
-	x := ws.act("x", c.Hidden)
+	x := ws.get("x", c.Hidden)
 	b.Embed(x, m.embed)
 	for _, l := range m.layers {
 		l.forward(ws, x)

@@ -72,13 +72,13 @@ func (b *Backend) Embed(out, table backend.Tensor) {
 	ot, tt := asT(out), asT(table)
 	T, V, H := b.meta.T, tt.rows(), tt.cols()
 	checkRows("embed out", ot, T, H)
-	checkAct("embed", ot)
+	checkF32("embed", ot)
 	for _, tok := range b.meta.host[mTokens] {
 		if tok < 0 || int(tok) >= V {
 			panic(fmt.Sprintf("cuda: embed: token %d outside vocabulary of %d", tok, V))
 		}
 	}
-	b.run("embed", g1(T), 256, 0, ot.ptr, int(ot.dt), tt.ptr, int(tt.dt), b.meta.dev[mTokens], H)
+	b.run("embed", g1(T), 256, 0, ot.ptr, tt.ptr, int(tt.dt), b.meta.dev[mTokens], H)
 }
 
 func normBlock(n int) int {
@@ -96,23 +96,21 @@ func (b *Backend) RMSNorm(out, x, w backend.Tensor, eps float32, unitOffset bool
 	ot, xt, wt := asT(out), asT(x), asT(w)
 	n, h := xt.rows(), xt.cols()
 	checkRows("rmsnorm out", ot, n, h)
-	checkAct("rmsnorm", ot, xt)
-	if ot.ptr == xt.ptr && ot.dt != xt.dt {
-		panic(fmt.Sprintf("cuda: rmsnorm in place from %v to %v", xt, ot))
-	}
+	checkF32("rmsnorm", xt)
+	checkAct("rmsnorm", ot)
 	if wt.numel() != h {
 		panic(fmt.Sprintf("cuda: rmsnorm weight %v for rows of %d", wt, h))
 	}
-	// Rows of up to 8192 elements, aligned to four: one read into registers.
+	// Rows of up to 8192 floats, 16-byte aligned: one read into registers.
 	if h%4 == 0 && h <= 8*1024 && ot.ptr%16 == 0 && xt.ptr%16 == 0 {
 		v4 := 1
 		for 256*4*v4 < h {
 			v4 *= 2
 		}
-		b.run(fmt.Sprintf("rmsnorm_v4_%d%s", v4, hx(xt)), g1(n), 256, 0, ot.ptr, int(ot.dt), xt.ptr, wt.ptr, int(wt.dt), h, eps, boolInt(unitOffset))
+		b.run(fmt.Sprintf("rmsnorm_v4_%d", v4), g1(n), 256, 0, ot.ptr, int(ot.dt), xt.ptr, wt.ptr, int(wt.dt), h, eps, boolInt(unitOffset))
 		return
 	}
-	b.run("rmsnorm", g1(n), normBlock(h), 0, ot.ptr, int(ot.dt), xt.ptr, int(xt.dt), wt.ptr, int(wt.dt), h, eps, boolInt(unitOffset))
+	b.run("rmsnorm", g1(n), normBlock(h), 0, ot.ptr, int(ot.dt), xt.ptr, wt.ptr, int(wt.dt), h, eps, boolInt(unitOffset))
 }
 
 func boolInt(v bool) int {
@@ -158,7 +156,8 @@ func (b *Backend) mlp(ot, xt, gu, dn *tensor, accumulate bool) {
 		panic(fmt.Sprintf("cuda: mlp x %v, gate_up %v, down %v", xt, gu, dn))
 	}
 	checkRows("mlp out", ot, n, H)
-	checkAct("mlp", ot, xt)
+	checkF32("mlp", ot)
+	checkAct("mlp", xt)
 	if n == 0 {
 		return
 	}
@@ -175,7 +174,7 @@ func (b *Backend) mlp(ot, xt, gu, dn *tensor, accumulate bool) {
 		act := b.scratchBuf("mlp.act", 2*n*I)
 		b.around("cublasLt", func() { b.fail(b.lt.matmul(b.stream, h, xp, gu.ptr, n, 2*I, H, gu.dt, gu.dt, false)) })
 		b.run("silu_mul_bf16", g1(b.blocksFor(n*I/8)), 256, 0, act, h, n, I)
-		b.around("cublasLt", func() { b.fail(b.lt.matmul(b.stream, ot.ptr, act, dn.ptr, n, H, I, dn.dt, ot.dt, accumulate)) })
+		b.around("cublasLt", func() { b.fail(b.lt.matmul(b.stream, ot.ptr, act, dn.ptr, n, H, I, dn.dt, backend.F32, accumulate)) })
 		return
 	}
 	h, act := b.scratchF32("mlp.gu", n, 2*I), b.scratchF32("mlp.act", n, I)
@@ -189,14 +188,13 @@ func (b *Backend) GatherRows(out, x backend.Tensor) {
 	ot, xt := asT(out), asT(x)
 	R, h := b.meta.R, xt.cols()
 	checkRows("gather rows out", ot, R, h)
-	checkF32("gather rows", ot)
-	checkAct("gather rows", xt)
+	checkF32("gather rows", ot, xt)
 	for _, r := range b.meta.host[mRows] {
 		if int(r) >= xt.rows() {
 			panic(fmt.Sprintf("cuda: gather rows: row %d of %v", r, xt))
 		}
 	}
-	b.run("gather_rows", g1(R), 256, 0, ot.ptr, xt.ptr, int(xt.dt), b.meta.dev[mRows], h)
+	b.run("gather_rows", g1(R), 256, 0, ot.ptr, xt.ptr, b.meta.dev[mRows], h)
 }
 
 // gemvMaxTokens is the largest token count served by the GEMV kernel by
@@ -223,6 +221,9 @@ func (b *Backend) MatMul(out, x, w backend.Tensor, accumulate bool) {
 	}
 	checkRows("matmul out", ot, n, o)
 	checkAct("matmul", ot, xt)
+	if accumulate && ot.dt != backend.F32 {
+		panic(fmt.Sprintf("cuda: matmul: accumulating into %v", ot))
+	}
 	if n == 0 {
 		return
 	}
@@ -239,7 +240,7 @@ func (b *Backend) MatMul(out, x, w backend.Tensor, accumulate bool) {
 	// cuBLASLt writes a bf16 product only from bf16 inputs: f32 first.
 	f := b.scratchBuf("productout", 4*n*o)
 	b.around("cublasLt", func() { b.fail(b.lt.matmul(b.stream, f, xp, wt.ptr, n, o, in, wt.dt, backend.F32, false)) })
-	b.run("cast", g1(b.blocksFor(n*o)), 256, 0, ot.ptr, int(ot.dt), f, int(backend.F32), int64Arg(n*o), boolInt(accumulate))
+	b.run("cast", g1(b.blocksFor(n*o)), 256, 0, ot.ptr, int(ot.dt), f, int(backend.F32), int64Arg(n*o))
 }
 
 // productInput returns x in the type dt of the weights it meets: x itself
@@ -253,7 +254,7 @@ func (b *Backend) productInput(xt *tensor, dt backend.DType) devptr {
 	if xt.dt == backend.F32 {
 		b.run("to_half", g1(b.blocksFor(n)), 256, 0, xp, xt.ptr, int64Arg(n), int(dt))
 	} else {
-		b.run("cast", g1(b.blocksFor(n)), 256, 0, xp, int(dt), xt.ptr, int(xt.dt), int64Arg(n), 0)
+		b.run("cast", g1(b.blocksFor(n)), 256, 0, xp, int(dt), xt.ptr, int(xt.dt), int64Arg(n))
 	}
 	return xp
 }
@@ -454,8 +455,7 @@ func (b *Backend) MoE(out, x backend.Tensor, e *backend.Experts, spec *backend.M
 	ot, xt := asT(out), asT(x)
 	T, H := xt.rows(), xt.cols()
 	checkRows("moe out", ot, T, H)
-	checkAct("moe", ot)
-	checkF32("moe", xt)
+	checkF32("moe", ot, xt)
 	E, K := spec.Experts, spec.TopK
 	router, gu, down := asT(e.Router), asT(e.GateUp), asT(e.Down)
 	if E <= 0 || E > 1024 || K <= 0 || K > E || router.rows() != E || router.cols() != H || len(gu.shape) != 3 || len(down.shape) != 3 {
@@ -495,5 +495,5 @@ func (b *Backend) MoE(out, x backend.Tensor, e *backend.Experts, spec *backend.M
 		b.mlp(so, xt, sgu, sdown, false)
 		ys, gate = so.ptr, g.ptr
 	}
-	b.run("moe_combine", g1(T), 256, 0, ot.ptr, int(ot.dt), y.ptr, wts, K, H, ys, gate)
+	b.run("moe_combine", g1(T), 256, 0, ot.ptr, y.ptr, wts, K, H, ys, gate)
 }

@@ -1,43 +1,35 @@
 // Row-wise and element-wise operations.
 
-extern "C" __global__ void embed(void *out, int odt, const void *table, int dt, const int *tokens, int H) {
+extern "C" __global__ void embed(float *out, const void *table, int dt, const int *tokens, int H) {
 	int t = blockIdx.x;
 	long base = (long)tokens[t] * H;
-	for (int i = threadIdx.x; i < H; i += blockDim.x) st(out, (long)t * H + i, odt, ld(table, base + i, dt));
+	for (int i = threadIdx.x; i < H; i += blockDim.x) out[(long)t * H + i] = ld(table, base + i, dt);
 }
 
-// rmsnorm normalises each row of x (type xdt, one block per row) into out of
-// type odt (f32 or bf16); out may alias x when both have one type.
-extern "C" __global__ void rmsnorm(void *out, int odt, const void *x, int xdt, const void *w, int wdt, int n, float eps, int unitOffset) {
+// rmsnorm normalises each row of x (one block per row) into out of type odt
+// (f32 or bf16); an f32 out may alias x.
+extern "C" __global__ void rmsnorm(void *out, int odt, const float *x, const void *w, int wdt, int n, float eps, int unitOffset) {
 	pdl_trigger();  // a matrix product usually follows
 	__shared__ float red[32];
+	const float *xr = x + (long)blockIdx.x * n;
 	long base = (long)blockIdx.x * n;
 	float ss = 0.f;
-	for (int i = threadIdx.x; i < n; i += blockDim.x) {
-		float v = ld(x, base + i, xdt);
-		ss += v * v;
-	}
+	for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
 	float s = rsqrtf(block_sum(ss, red) / n + eps);
 	for (int i = threadIdx.x; i < n; i += blockDim.x) {
 		float g = ld(w, i, wdt);
 		if (unitOffset) g += 1.f;
-		st(out, base + i, odt, ld(x, base + i, xdt) * s * g);
+		st(out, base + i, odt, xr[i] * s * g);
 	}
 }
 
-// load4 reads four consecutive elements of an f32 or bf16 row.
-__device__ __forceinline__ float4 load4(const float *x, long i) { return ((const float4 *)x)[i]; }
-__device__ __forceinline__ float4 load4(const u16 *x, long i) {
-	uint2 u = ((const uint2 *)x)[i];
-	return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
-}
-
-// rmsnorm_v4: the same for rows of n = 4k elements (aligned to four), each
-// row read once into registers: V4 groups of four per thread, 256 threads.
-template <int V4, typename XT>
-__device__ __forceinline__ void rmsnorm_v4(void *out, int odt, const XT *x, const void *w, int wdt, int n, float eps, int unitOffset) {
+// rmsnorm_v4: the same for rows of n = 4k floats (16-byte aligned), each row
+// read once into registers: V4 float4 per thread, 256 threads.
+template <int V4>
+__device__ __forceinline__ void rmsnorm_v4(void *out, int odt, const float *x, const void *w, int wdt, int n, float eps, int unitOffset) {
 	pdl_trigger();  // a matrix product usually follows
 	__shared__ float red[32];
+	const float4 *xr = (const float4 *)(x + (long)blockIdx.x * n);
 	long row = (long)blockIdx.x * (n >> 2);  // in units of four elements
 	int n4 = n >> 2;
 	float4 v[V4];
@@ -45,7 +37,7 @@ __device__ __forceinline__ void rmsnorm_v4(void *out, int odt, const XT *x, cons
 #pragma unroll
 	for (int j = 0; j < V4; j++) {
 		int i = threadIdx.x + j * blockDim.x;
-		v[j] = i < n4 ? load4(x, row + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+		v[j] = i < n4 ? xr[i] : make_float4(0.f, 0.f, 0.f, 0.f);
 		ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
 	}
 	float s = rsqrtf(block_sum(ss, red) / n + eps);
@@ -65,12 +57,8 @@ __device__ __forceinline__ void rmsnorm_v4(void *out, int odt, const XT *x, cons
 	}
 }
 
-// Kernels rmsnorm_v4_V4 read f32 rows, the _hx variants bf16 ones.
 #define RMSNORM_V4(V4) \
 	extern "C" __global__ void __launch_bounds__(256) rmsnorm_v4_##V4(void *out, int odt, const float *x, const void *w, int wdt, int n, float eps, int unitOffset) { \
-		rmsnorm_v4<V4>(out, odt, x, w, wdt, n, eps, unitOffset); \
-	} \
-	extern "C" __global__ void __launch_bounds__(256) rmsnorm_v4_##V4##_hx(void *out, int odt, const u16 *x, const void *w, int wdt, int n, float eps, int unitOffset) { \
 		rmsnorm_v4<V4>(out, odt, x, w, wdt, n, eps, unitOffset); \
 	}
 RMSNORM_V4(1)
@@ -119,18 +107,16 @@ extern "C" __global__ void silu_mul_bf16(u16 *out, const u16 *gu, int rows, int 
 	}
 }
 
-// gather_rows: out[r] = x[rows[r]] for rows of H elements of type xdt, out
-// f32 (one block per row).
-extern "C" __global__ void gather_rows(float *out, const void *x, int xdt, const int *rows, int H) {
-	long src = (long)rows[blockIdx.x] * H;
-	for (int i = threadIdx.x; i < H; i += blockDim.x) out[(long)blockIdx.x * H + i] = ld(x, src + i, xdt);
+// gather_rows: out[r] = x[rows[r]] for rows of H floats (one block per row).
+extern "C" __global__ void gather_rows(float *out, const float *x, const int *rows, int H) {
+	const float *src = x + (long)rows[blockIdx.x] * H;
+	for (int i = threadIdx.x; i < H; i += blockDim.x) out[(long)blockIdx.x * H + i] = src[i];
 }
 
-// cast converts n elements of type idt to type odt, or adds them to out when
-// acc (the rare conversions to_half does not cover).
-extern "C" __global__ void cast(void *out, int odt, const void *in, int idt, long n, int acc) {
-	for (long k = blockIdx.x * (long)blockDim.x + threadIdx.x; k < n; k += (long)gridDim.x * blockDim.x)
-		st(out, k, odt, acc ? ld(out, k, odt) + ld(in, k, idt) : ld(in, k, idt));
+// cast converts n elements of type idt to type odt (the rare conversions
+// to_half does not cover).
+extern "C" __global__ void cast(void *out, int odt, const void *in, int idt, long n) {
+	for (long k = blockIdx.x * (long)blockDim.x + threadIdx.x; k < n; k += (long)gridDim.x * blockDim.x) st(out, k, odt, ld(in, k, idt));
 }
 
 // to_half converts n floats to bf16 (dt 1) or f16 (dt 2) for cuBLASLt,

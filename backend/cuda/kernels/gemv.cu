@@ -77,8 +77,8 @@ __device__ __forceinline__ void warp_dots(float (&acc)[R][NT], const uint4 *cons
 		for (int t = 0; t < NT; t++) acc[r][t] = warp_sum(acc[r][t]);
 }
 
-// gemv_bf16: each warp owns one output row; out is f32 or bf16, written or
-// added to.
+// gemv_bf16: each warp owns one output row; out is f32 (written or added
+// to) or bf16 (written).
 template <int NT, typename XT>
 __device__ __forceinline__ void gemv_bf16(void *out, int odt, const XT *x, const u16 *w, int O, int I, int accumulate) {
 	pdl_trigger();
@@ -93,8 +93,7 @@ __device__ __forceinline__ void gemv_bf16(void *out, int odt, const XT *x, const
 		for (int t = 0; t < NT; t++) {
 			long i = (long)t * O + row;
 			if (odt == DT_BF16) {
-				u16 *o = (u16 *)out + i;
-				*o = f2bf(accumulate ? bf2f(*o) + acc[0][t] : acc[0][t]);
+				((u16 *)out)[i] = f2bf(acc[0][t]);
 			} else {
 				float *o = (float *)out + i;
 				*o = accumulate ? *o + acc[0][t] : acc[0][t];

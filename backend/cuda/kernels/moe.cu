@@ -52,15 +52,14 @@ extern "C" __global__ void moe_gemv(float *y, const float *x, int xdiv, const vo
 
 // moe_combine: out[t, j] += sum_k wts[t, k] * y[t * K + k, j], and, with a
 // shared expert, + sigmoid(gate[t]) * ys[t, j].
-extern "C" __global__ void moe_combine(void *out, int odt, const float *y, const float *wts, int K, int H,
+extern "C" __global__ void moe_combine(float *out, const float *y, const float *wts, int K, int H,
 		const float *ys, const float *gate) {
 	int t = blockIdx.x;
 	float g = ys ? 1.f / (1.f + __expf(-gate[t])) : 0.f;
 	for (int j = threadIdx.x; j < H; j += blockDim.x) {
-		long i = (long)t * H + j;
-		float a = ld(out, i, odt);
+		float a = out[(long)t * H + j];
 		for (int k = 0; k < K; k++) a += wts[t * K + k] * y[((long)t * K + k) * H + j];
-		if (ys) a += g * ys[i];
-		st(out, i, odt, a);
+		if (ys) a += g * ys[(long)t * H + j];
+		out[(long)t * H + j] = a;
 	}
 }
