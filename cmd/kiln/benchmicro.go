@@ -23,9 +23,10 @@ func init() { benchModes[""] = benchMicro }
 
 // benchResult is one measured configuration.
 type benchResult struct {
-	Kind    string  `json:"kind"`    // "decode", "prefill" or "mixed"
-	Batch   int     `json:"batch"`   // decoding sequences
-	Context int     `json:"context"` // decode: tokens already cached per sequence; prefill and mixed: prompt length
+	Kind    string  `json:"kind"`              // "decode", "prefill" or "mixed"
+	Batch   int     `json:"batch"`             // decoding sequences
+	Context int     `json:"context"`           // decode: tokens already cached per sequence; prefill and mixed: prompt length
+	Prompts int     `json:"prompts,omitempty"` // mixed: prompts of that length in the pass
 	TokS    float64 `json:"tok_s"`
 	FloorS  float64 `json:"floor_tok_s"` // tok/s at the floor
 	Ratio   float64 `json:"ratio"`       // TokS / FloorS
@@ -58,7 +59,7 @@ func benchMicro(args []string) error {
 	batches := fs.String("batches", "1,8,32,64", "decode batch sizes, at the first --contexts value")
 	contexts := fs.String("contexts", "1024,8192,32768", "decode contexts, at batch 1")
 	prefills := fs.String("prefill", "512,4096,16384", "prefill prompt lengths")
-	mixed := fs.String("mixed", "", "mixed passes, as serving runs them: BxP is B sequences decoding at the first --contexts value beside a P-token prompt (e.g. 15x512,12x2036)")
+	mixed := fs.String("mixed", "", "mixed passes, as serving runs them: BxP[xN] is B sequences decoding at the first --contexts value beside N (default 1) prompts of P tokens (e.g. 15x512,12x512x4)")
 	steps := fs.Int("steps", 32, "timed decode steps per configuration")
 	asJSON := fs.Bool("json", false, "print the results as JSON")
 	if err := parseFlags(fs, args); err != nil {
@@ -121,7 +122,7 @@ func benchMicro(args []string) error {
 		need = max(need, blocksFor(P, blockSize))
 	}
 	for _, x := range ms {
-		need = max(need, x.B*blocksFor(cs[0]+4, blockSize)+blocksFor(x.P, blockSize))
+		need = max(need, x.B*blocksFor(cs[0]+4, blockSize)+x.N*blocksFor(x.P, blockSize))
 	}
 	// Hybrid models keep one recurrent-state slot per decoding sequence.
 	slots := 1
@@ -129,7 +130,7 @@ func benchMicro(args []string) error {
 		slots = max(slots, B)
 	}
 	for _, x := range ms {
-		slots = max(slots, x.B+1)
+		slots = max(slots, x.B+x.N)
 	}
 	if err := m.AllocCache(model.CacheSpec{Blocks: need, BlockSize: blockSize, Slots: slots}); err != nil {
 		return err
@@ -175,14 +176,14 @@ func benchMicro(args []string) error {
 		profile(b, r)
 	}
 	for _, x := range ms {
-		r, err := benchMixed(m, x.B, cs[0], x.P, blockSize)
+		r, err := benchMixed(m, x, cs[0], blockSize)
 		if err != nil {
-			return fmt.Errorf("mixed %dx%d: %w", x.B, x.P, err)
+			return fmt.Errorf("mixed %dx%dx%d: %w", x.B, x.P, x.N, err)
 		}
-		// Compute-bound: the prompt's FLOPs and one token's products per
+		// Compute-bound: the prompts' FLOPs and one token's products per
 		// decoding sequence (their attention over the cache is left out).
-		r.FLOPs = prefillFLOPs(cfg, x.P) + float64(x.B)*prefillFLOPs(cfg, 1)
-		r.FloorS = float64(x.B+x.P) / (r.FLOPs / *peak)
+		r.FLOPs = float64(x.N)*prefillFLOPs(cfg, x.P) + float64(x.B)*prefillFLOPs(cfg, 1)
+		r.FloorS = float64(x.B+x.N*x.P) / (r.FLOPs / *peak)
 		r.Ratio = r.TokS / r.FloorS
 		rep.Results = append(rep.Results, r)
 		progress(*asJSON, r)
@@ -197,7 +198,11 @@ func benchMicro(args []string) error {
 		rep.Model, rep.Backend, rep.Layers, rep.Date, *bw, *peak)
 	fmt.Printf("%-8s %6s %8s %12s %12s %7s\n", "", "batch", "context", "tok/s", "floor tok/s", "ratio")
 	for _, r := range rep.Results {
-		fmt.Printf("%-8s %6d %8d %12.1f %12.1f %7.3f\n", r.Kind, r.Batch, r.Context, r.TokS, r.FloorS, r.Ratio)
+		kind := r.Kind
+		if r.Prompts > 1 {
+			kind = fmt.Sprintf("%s/%d", kind, r.Prompts)
+		}
+		fmt.Printf("%-8s %6d %8d %12.1f %12.1f %7.3f\n", kind, r.Batch, r.Context, r.TokS, r.FloorS, r.Ratio)
 	}
 	return nil
 }
@@ -238,8 +243,9 @@ func intList(s string) ([]int, error) {
 	return out, nil
 }
 
-// mixCfg is a mixed pass: B decoding sequences beside a P-token prompt.
-type mixCfg struct{ B, P int }
+// mixCfg is a mixed pass: B decoding sequences beside N prompts of P
+// tokens.
+type mixCfg struct{ B, P, N int }
 
 func mixList(s string) ([]mixCfg, error) {
 	var out []mixCfg
@@ -247,13 +253,21 @@ func mixList(s string) ([]mixCfg, error) {
 		if f = strings.TrimSpace(f); f == "" {
 			continue
 		}
-		b, p, ok := strings.Cut(f, "x")
-		B, err1 := strconv.Atoi(b)
-		P, err2 := strconv.Atoi(p)
-		if !ok || err1 != nil || err2 != nil || B < 0 || P <= 0 {
-			return nil, fmt.Errorf("bad mixed pass %q in %q (want BxP, e.g. 15x512)", f, s)
+		parts := strings.Split(f, "x")
+		if len(parts) == 2 {
+			parts = append(parts, "1")
 		}
-		out = append(out, mixCfg{B, P})
+		var v [3]int
+		ok := len(parts) == 3
+		for i := 0; ok && i < 3; i++ {
+			var err error
+			v[i], err = strconv.Atoi(parts[i])
+			ok = err == nil && v[i] >= 0 && (i == 0 || v[i] > 0)
+		}
+		if !ok {
+			return nil, fmt.Errorf("bad mixed pass %q in %q (want BxP or BxPxN, e.g. 15x512)", f, s)
+		}
+		out = append(out, mixCfg{v[0], v[1], v[2]})
 	}
 	return out, nil
 }
@@ -347,19 +361,22 @@ func benchDecode(m *model.Model, B, C, steps, bs int) (benchResult, error) {
 	return benchResult{Kind: "decode", Batch: B, Context: C, TokS: float64(B*steps) / t, Seconds: t, Steps: steps}, nil
 }
 
-// benchMixed times passes of B sequences decoding at context C beside one
-// P-token prompt (median of three after a warm-up), each pass sampling a
-// token for every sequence as the scheduler does.
-func benchMixed(m *model.Model, B, C, P, bs int) (benchResult, error) {
+// benchMixed times passes of x.B sequences decoding at context C beside
+// x.N prompts of x.P tokens (median of three after a warm-up), each pass
+// sampling a token for every sequence as the scheduler does.
+func benchMixed(m *model.Model, x mixCfg, C, bs int) (benchResult, error) {
 	cfg := m.Config()
 	const passes = 4
-	nb := blocksFor(C+passes, bs)
-	seqs := make([]model.Seq, B+1)
-	seqs[0] = model.Seq{Tokens: seqTokens(P, cfg.VocabSize, P), Blocks: blockRange(B*nb, blocksFor(P, bs)), Slot: B, Logits: model.LastLogits}
-	for i := 1; i <= B; i++ {
-		seqs[i] = model.Seq{Tokens: []int32{int32(i % cfg.VocabSize)}, Pos: C, Blocks: blockRange((i-1)*nb, nb), Slot: i - 1, Logits: model.LastLogits}
+	B, P, N := x.B, x.P, x.N
+	nb, pb := blocksFor(C+passes, bs), blocksFor(P, bs)
+	seqs := make([]model.Seq, N+B)
+	for i := range N {
+		seqs[i] = model.Seq{Tokens: seqTokens(P, cfg.VocabSize, P+i), Blocks: blockRange(B*nb+i*pb, pb), Slot: B + i, Logits: model.LastLogits}
 	}
-	params := make([]backend.SampleParams, B+1)
+	for i := N; i < N+B; i++ {
+		seqs[i] = model.Seq{Tokens: []int32{int32(i % cfg.VocabSize)}, Pos: C, Blocks: blockRange((i-N)*nb, nb), Slot: i - N, Logits: model.LastLogits}
+	}
+	params := make([]backend.SampleParams, N+B)
 	var times []float64
 	for s := 0; s < passes; s++ {
 		start := time.Now()
@@ -374,14 +391,14 @@ func benchMixed(m *model.Model, B, C, P, bs int) (benchResult, error) {
 		if s > 0 {
 			times = append(times, time.Since(start).Seconds())
 		}
-		for i := 1; i <= B; i++ {
+		for i := N; i < N+B; i++ {
 			seqs[i].Tokens[0] = out[i].Token
 			seqs[i].Pos++
 		}
 	}
 	sort.Float64s(times)
 	t := times[len(times)/2]
-	return benchResult{Kind: "mixed", Batch: B, Context: P, TokS: float64(B+P) / t, Seconds: t, Steps: 1}, nil
+	return benchResult{Kind: "mixed", Batch: B, Context: P, Prompts: N, TokS: float64(B+N*P) / t, Seconds: t, Steps: 1}, nil
 }
 
 // modelBytes counts a model's weights: dense, the per-expert size of MoE

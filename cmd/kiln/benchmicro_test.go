@@ -13,7 +13,7 @@ func TestBenchMicro(t *testing.T) {
 	bin := kilnBinary(t)
 	for _, name := range []string{"tiny-qwen3", "tiny-qwen3next"} {
 		out, err := exec.Command(bin, "bench", "--synthetic", name, "--backend", "cpu", "--batches", "1,3",
-			"--contexts", "64", "--prefill", "32", "--mixed", "2x16", "--steps", "2", "--json").Output()
+			"--contexts", "64", "--prefill", "32", "--mixed", "2x16x2", "--steps", "2", "--json").Output()
 		if err != nil {
 			t.Fatalf("%s: %v\n%s", name, err, out)
 		}
