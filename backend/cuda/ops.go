@@ -416,8 +416,8 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 	}
 	if c.spec.DType == backend.BF16 && (hd == 64 || hd == 128) {
 		name := fmt.Sprintf("flash_prefill_%d", hd)
-		// Two stages of 32 keys and values, then the 128 queries, bf16.
-		smem := (2*2*32 + 128) * (hd + 8) * 2
+		// Two stages of 64 keys and values, then the 128 queries, bf16.
+		smem := (2*2*64 + 128) * (hd + 8) * 2
 		if smem > 48<<10 {
 			b.allowSmem(name, smem)
 		}

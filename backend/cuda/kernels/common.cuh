@@ -178,26 +178,25 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], unsigned a0, unsigned a1
 		: "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ void ldmatrix_x4_trans(const u16 *p, unsigned &r0, unsigned &r1, unsigned &r2, unsigned &r3) {
-	unsigned a;
-	asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-	asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-		: "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(const u16 *p, unsigned &r0, unsigned &r1, unsigned &r2, unsigned &r3) {
-	unsigned a;
-	asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-	asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-		: "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a));
-}
-
 __device__ __forceinline__ unsigned smem_addr(const void *p) {
 	unsigned a;
 	asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
 	return a;
 }
 
-__device__ __forceinline__ void cp_async16(void *dst, const void *src) {
-	asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src));
+// The shared-memory operations take 32-bit shared addresses (smem_addr):
+// kernels that keep their tiles' addresses in that form spend half the
+// registers and no conversions on them.
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned a, unsigned &r0, unsigned &r1, unsigned &r2, unsigned &r3) {
+	asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+		: "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(unsigned a, unsigned &r0, unsigned &r1, unsigned &r2, unsigned &r3) {
+	asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+		: "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a));
+}
+
+__device__ __forceinline__ void cp_async16(unsigned dst, const void *src) {
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
 }

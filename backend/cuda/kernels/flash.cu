@@ -33,6 +33,7 @@ __device__ __forceinline__ void flash_prefill(void *out, int odt, const u16 *qbu
 	// which keeps the registers for the accumulators.
 	float qs = scale * LOG2E;
 	u16 *sQ = fsm + 2 * 2 * BK * KP;
+	unsigned sbase = smem_addr(fsm);  // byte addresses below: 2 per element
 	for (int idx = threadIdx.x; idx < BQ * HD / 4; idx += blockDim.x) {
 		int r = idx / (HD / 4), d = (idx % (HD / 4)) * 4;
 		uint2 v = *(const uint2 *)(qbuf + ((long)(start + min(qi0 + r, nN - 1)) * H + h) * HD + d);
@@ -44,7 +45,7 @@ __device__ __forceinline__ void flash_prefill(void *out, int odt, const u16 *qbu
 	// Lane l's ldmatrix row of the warp's first query tile: matrices are
 	// (rows +0/+8) x (dims +0/+8) in the order of an A fragment.
 	int w0 = qi0 + warp * WQ;  // the warp's first query
-	const u16 *qrow = sQ + (warp * WQ + mr + (mi & 1) * 8) * KP + (mi >> 1) * 8;
+	unsigned qrow = smem_addr(sQ + (warp * WQ + mr + (mi & 1) * 8) * KP + (mi >> 1) * 8);
 	float o[MT][NT][4], m[MT][2], l[MT][2];
 	int pos[MT][2];  // positions of the lane's rows (keys <= pos are visible)
 #pragma unroll
@@ -61,12 +62,12 @@ __device__ __forceinline__ void flash_prefill(void *out, int odt, const u16 *qbu
 	// taking consecutive 16 bytes of a key's row (keys past the end repeat
 	// the last key: finite values that the mask zeroes).
 	auto stage = [&](int st, int kt) {
-		u16 *dK = fsm + st * 2 * BK * KP, *dV = dK + BK * KP;
+		unsigned dK = sbase + 2 * st * 2 * BK * KP, dV = dK + 2 * BK * KP;
 		for (int idx = threadIdx.x; idx < BK * HD / 8; idx += blockDim.x) {
 			int j = idx / (HD / 8), d = idx % (HD / 8) * 8, key = min(kt + j, kend - 1);
 			long off = (((long)bt[key / bs] * bs + key % bs) * KH + kh) * HD + d;
-			cp_async16(dK + j * KP + d, kc + off);
-			cp_async16(dV + j * KP + d, vc + off);
+			cp_async16(dK + 2 * (j * KP + d), kc + off);
+			cp_async16(dV + 2 * (j * KP + d), vc + off);
 		}
 		asm volatile("cp.async.commit_group;");
 	};
@@ -80,9 +81,11 @@ __device__ __forceinline__ void flash_prefill(void *out, int odt, const u16 *qbu
 			asm volatile("cp.async.wait_group 0;");
 		}
 		__syncthreads();
-		const u16 *sK = fsm + (it & 1) * 2 * BK * KP, *sV = sK + BK * KP;
-		// Tiles entirely above the diagonal for this warp are skipped.
-		if (kt <= p0 + min(w0 + WQ - 1, nN - 1)) {
+		unsigned sK = sbase + 2 * (it & 1) * 2 * BK * KP, sV = sK + 2 * BK * KP;
+		// Tiles entirely above the diagonal for this warp are skipped, and
+		// all tiles by a warp whose rows are past the sequence's end (a
+		// decoding sequence in a serving step has one).
+		if (w0 < nN && kt <= p0 + min(w0 + WQ - 1, nN - 1)) {
 			float sc[MT][BK / 8][4];
 #pragma unroll
 			for (int t = 0; t < MT; t++)
@@ -95,13 +98,13 @@ __device__ __forceinline__ void flash_prefill(void *out, int odt, const u16 *qbu
 				unsigned a[MT][2][4];
 #pragma unroll
 				for (int t = 0; t < MT; t++) {
-					ldmatrix_x4(qrow + t * 16 * KP + k * 16, a[t][0][0], a[t][0][1], a[t][0][2], a[t][0][3]);
-					ldmatrix_x4(qrow + t * 16 * KP + (k + 1) * 16, a[t][1][0], a[t][1][1], a[t][1][2], a[t][1][3]);
+					ldmatrix_x4(qrow + 2 * (t * 16 * KP + k * 16), a[t][0][0], a[t][0][1], a[t][0][2], a[t][0][3]);
+					ldmatrix_x4(qrow + 2 * (t * 16 * KP + (k + 1) * 16), a[t][1][0], a[t][1][1], a[t][1][2], a[t][1][3]);
 				}
 #pragma unroll
 				for (int n = 0; n < BK / 8; n++) {
 					unsigned b0, b1, b2, b3;
-					ldmatrix_x4(sK + (n * 8 + mr) * KP + mi * 8 + k * 16, b0, b1, b2, b3);
+					ldmatrix_x4(sK + 2 * ((n * 8 + mr) * KP + mi * 8 + k * 16), b0, b1, b2, b3);
 #pragma unroll
 					for (int t = 0; t < MT; t++) {
 						mma_bf16(sc[t][n], a[t][0][0], a[t][0][1], a[t][0][2], a[t][0][3], b0, b1);
@@ -165,7 +168,7 @@ __device__ __forceinline__ void flash_prefill(void *out, int odt, const u16 *qbu
 #pragma unroll
 				for (int n = 0; n < NT; n += 2) {
 					unsigned v0, v1, v2, v3;
-					ldmatrix_x4_trans(sV + (k * 16 + (mi & 1) * 8 + mr) * KP + (n + (mi >> 1)) * 8, v0, v1, v2, v3);
+					ldmatrix_x4_trans(sV + 2 * ((k * 16 + (mi & 1) * 8 + mr) * KP + (n + (mi >> 1)) * 8), v0, v1, v2, v3);
 #pragma unroll
 					for (int t = 0; t < MT; t++) {
 						mma_bf16(o[t][n], pa[t][k][0], pa[t][k][1], pa[t][k][2], pa[t][k][3], v0, v1);
@@ -203,14 +206,15 @@ __device__ __forceinline__ void flash_prefill(void *out, int odt, const u16 *qbu
 	}
 }
 
-// Four warps of two row tiles and tiles of 32 keys measured best on an H100
-// (4K prompt: 34.0K tok/s against 33.0K with eight warps of one row tile,
-// 16K: 22.8K against 20.9K; tiles of 64 keys spill registers).
+// Four warps of two row tiles measured best on an H100 (4K prompt: 34.0K
+// tok/s against 33.0K with eight warps of one row tile, 16K: 22.8K against
+// 20.9K); with shared-memory addresses held as 32-bit values, tiles of 64 keys
+// beat 48 and 32 (4K: 36.1K / 36.0K / 35.9K, 16K: 24.1K / 24.2K / 23.7K).
 #define FLASH(HD) \
 	extern "C" __global__ void __launch_bounds__(128, 2) flash_prefill_##HD(void *out, int odt, const u16 *qbuf, const u16 *kc, \
 			const u16 *vc, const void *qkv, int qdt, const int *seqpos, const int *seqn, const int *seqstart, const int *seqblk, \
 			const int *blocks, int H, int KH, int bs, float scale, int gated) { \
-		flash_prefill<HD, 32, 4, 2>(out, odt, qbuf, kc, vc, qkv, qdt, seqpos, seqn, seqstart, seqblk, blocks, H, KH, bs, scale, gated); \
+		flash_prefill<HD, 64, 4, 2>(out, odt, qbuf, kc, vc, qkv, qdt, seqpos, seqn, seqstart, seqblk, blocks, H, KH, bs, scale, gated); \
 	}
 FLASH(64)
 FLASH(128)
@@ -261,8 +265,8 @@ __device__ __forceinline__ void attn_decode_mma(const u16 *qbuf, const u16 *kc, 
 				*(uint4 *)(dK + j * KP + d) = *(const uint4 *)(kc + off);
 				*(uint4 *)(dV + j * KP + d) = *(const uint4 *)(vc + off);
 			} else {
-				cp_async16(dK + j * KP + d, kc + off);
-				cp_async16(dV + j * KP + d, vc + off);
+				cp_async16(smem_addr(dK + j * KP + d), kc + off);
+				cp_async16(smem_addr(dV + j * KP + d), vc + off);
 			}
 		}
 	};
@@ -312,7 +316,7 @@ __device__ __forceinline__ void attn_decode_mma(const u16 *qbuf, const u16 *kc, 
 #pragma unroll
 				for (int j = 0; j < 2; j++) {
 					unsigned b0, b1, b2, b3;
-					ldmatrix_x4(sK + (j * 8 + mr) * KP + mi * 8 + k * 16, b0, b1, b2, b3);
+					ldmatrix_x4(smem_addr(sK + (j * 8 + mr) * KP + mi * 8 + k * 16), b0, b1, b2, b3);
 					mma_bf16(sc[j], qa[k][0], qa[k][1], qa[k][2], qa[k][3], b0, b1);
 					mma_bf16(sc[j], qa[k + 1][0], qa[k + 1][1], qa[k + 1][2], qa[k + 1][3], b2, b3);
 				}
@@ -354,7 +358,7 @@ __device__ __forceinline__ void attn_decode_mma(const u16 *qbuf, const u16 *kc, 
 				o[j][0] *= c0; o[j][1] *= c0; o[j][2] *= c1; o[j][3] *= c1;
 				o[j + 1][0] *= c0; o[j + 1][1] *= c0; o[j + 1][2] *= c1; o[j + 1][3] *= c1;
 				unsigned v0, v1, v2, v3;
-				ldmatrix_x4_trans(sV + ((mi & 1) * 8 + mr) * KP + (j + (mi >> 1)) * 8, v0, v1, v2, v3);
+				ldmatrix_x4_trans(smem_addr(sV + ((mi & 1) * 8 + mr) * KP + (j + (mi >> 1)) * 8), v0, v1, v2, v3);
 				mma_bf16(o[j], pa0, pa1, pa2, pa3, v0, v1);
 				mma_bf16(o[j + 1], pa0, pa1, pa2, pa3, v2, v3);
 			}
