@@ -59,7 +59,25 @@ type modelSource struct {
 	dir, synthetic string
 	layers         int           // synthetic: keep only the first layers (0: all)
 	dtype          backend.DType // synthetic: weight dtype
-	kvDType        backend.DType // KV cache dtype (0: the model's default)
+	kv             string        // --kv: KV cache dtype ("": kvDType's default)
+}
+
+// kvFlagHelp is the help of every command's --kv flag.
+const kvFlagHelp = "KV cache dtype: bf16 or f32 (default: bf16 on a GPU, f32 on the CPU)"
+
+// kvDType resolves a --kv flag on backend b: "" is b's ActivationType, bf16
+// on a GPU (its attention kernels run on tensor cores from bf16 caches, at
+// half the memory) and f32 on the CPU.
+func kvDType(flag string, b backend.Backend) (backend.DType, error) {
+	switch flag {
+	case "":
+		return b.ActivationType(), nil
+	case "bf16":
+		return backend.BF16, nil
+	case "f32":
+		return backend.F32, nil
+	}
+	return 0, fmt.Errorf("--kv %q: want bf16 or f32", flag)
 }
 
 // openModel opens the backend the name and the model call for, then loads
@@ -73,11 +91,15 @@ func openModel(backendName string, src modelSource) (*model.Model, backend.Backe
 	if err != nil {
 		return nil, nil, err
 	}
+	kv, err := kvDType(src.kv, b)
+	if err != nil {
+		return nil, nil, err
+	}
 	var m *model.Model
 	if src.synthetic != "" {
-		m, err = model.Synthetic(src.synthetic, b, model.SyntheticOptions{Layers: src.layers, Seed: 1, DType: src.dtype, KVDType: src.kvDType})
+		m, err = model.Synthetic(src.synthetic, b, model.SyntheticOptions{Layers: src.layers, Seed: 1, DType: src.dtype, KVDType: kv})
 	} else {
-		m, err = model.Load(src.dir, b, model.Options{KVDType: src.kvDType})
+		m, err = model.Load(src.dir, b, model.Options{KVDType: kv})
 	}
 	if err != nil {
 		return nil, nil, err

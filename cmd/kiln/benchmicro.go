@@ -53,7 +53,7 @@ func benchMicro(args []string) error {
 	synth := fs.String("synthetic", "", "benchmark a synthetic model with random weights instead of --model (e.g. qwen3-8b)")
 	layers := fs.Int("layers", 0, "synthetic model: keep only the first N layers (0: all)")
 	dtype := fs.String("dtype", "bf16", "synthetic model: weight dtype (bf16, f16, f32)")
-	kvType := fs.String("kv", "bf16", "KV cache dtype (bf16 or f32)")
+	kvType := fs.String("kv", "", kvFlagHelp)
 	bw := fs.Float64("bandwidth", 0, "memory bandwidth for the decode floor, bytes/s (default: 3.0e12 on CUDA, a measured copy on CPU)")
 	peak := fs.Float64("peak", 0, "matrix FLOP/s for the prefill floor (default: 7.9e14 on CUDA, a rough 2-core estimate on CPU)")
 	batches := fs.String("batches", "1,8,32,64", "decode batch sizes, at the first --contexts value")
@@ -78,16 +78,12 @@ func benchMicro(args []string) error {
 	if (*synth == "") == (*dir == "") {
 		return fmt.Errorf("give exactly one of --model and --synthetic")
 	}
-	kvdt, err := parseDType(*kvType)
-	if err != nil {
-		return err
-	}
 	wdt, err := parseDType(*dtype)
 	if err != nil {
 		return err
 	}
 	start := time.Now()
-	m, b, err := openModel(*backendName, modelSource{dir: *dir, synthetic: *synth, layers: *layers, dtype: wdt, kvDType: kvdt})
+	m, b, err := openModel(*backendName, modelSource{dir: *dir, synthetic: *synth, layers: *layers, dtype: wdt, kv: *kvType})
 	if err != nil {
 		return err
 	}

@@ -25,6 +25,7 @@ type modelFlags struct {
 	maxRunning int
 	maxTokens  int
 	kvMiB      int64
+	kv         string
 	// conversations: the command serves multi-turn chats, so the engine
 	// prepares each chat's next turn (engine.Options.PrepareNextTurn); not
 	// for a one-shot kiln run, which would wait for it before exiting.
@@ -37,6 +38,7 @@ func (f *modelFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.maxRunning, "max-running", 0, "most sequences decoded together (default: the engine's, 16)")
 	fs.IntVar(&f.maxTokens, "max-batch-tokens", 0, "most tokens in one forward step, prompt chunks and decoding sequences together (default: 256 on the CPU, 2048 on a GPU)")
 	fs.Int64Var(&f.kvMiB, "kv-memory", 0, "MiB of KV cache (default: 1024 on the CPU; on a GPU, what the weights leave free)")
+	fs.StringVar(&f.kv, "kv", "", kvFlagHelp)
 }
 
 // loaded is a model ready to serve.
@@ -97,8 +99,12 @@ func (f *modelFlags) load() (*loaded, error) {
 	if err != nil {
 		return nil, err
 	}
+	kv, err := kvDType(f.kv, b)
+	if err != nil {
+		return nil, err
+	}
 	bar := newProgressBar(os.Stderr, "loading")
-	mopts := model.Options{Progress: bar.update}
+	mopts := model.Options{Progress: bar.update, KVDType: kv}
 	start := time.Now()
 	var (
 		m    *model.Model
@@ -154,7 +160,7 @@ func (f *modelFlags) load() (*loaded, error) {
 	}
 	d := cfg.Defaults
 	defaults := engine.Sampling{Temperature: d.Temperature, TopP: d.TopP, TopK: d.TopK, MinP: d.MinP, RepetitionPenalty: d.RepetitionPenalty}
-	slog.Info("model loaded", "model", name, "backend", b.Name(), "context", cfg.ContextLength, "took", time.Since(start).Round(time.Millisecond))
+	slog.Info("model loaded", "model", name, "backend", b.Name(), "kv", kv, "context", cfg.ContextLength, "took", time.Since(start).Round(time.Millisecond))
 	return &loaded{name: name, dir: dir, backend: b.Name(), ctxLen: cfg.ContextLength, defaults: defaults, tok: tok, eng: eng}, nil
 }
 
