@@ -446,11 +446,14 @@ func weightBytes(c *model.Config, dtype string) modelBytes {
 	return modelBytes{dense: dense * size, expert: expert * size, experts: c.MoE.Experts, topK: c.MoE.TopK, moeLayers: moe}
 }
 
-// prefillFLOPs counts the matrix FLOPs of one P-token prompt: 2 per weight
-// per token, plus causal attention (QK^T and PV over P^2/2 pairs per head).
+// prefillFLOPs counts the matrix FLOPs of one P-token prompt whose last
+// position gets logits: 2 per weight per token (the LM head's for the last
+// token only), plus causal attention (QK^T and PV over P^2/2 pairs per
+// head).
 func prefillFLOPs(c *model.Config, P int) float64 {
 	dense, expert, moe := linearParams(c)
-	perTok := dense + float64(moe)*float64(c.MoE.TopK)*expert
+	head := float64(c.VocabSize) * float64(c.Hidden)
+	perTok := dense - head + float64(moe)*float64(c.MoE.TopK)*expert
 	attnLayers := 0
 	for _, k := range c.Kinds {
 		if k == model.FullAttention {
@@ -458,7 +461,7 @@ func prefillFLOPs(c *model.Config, P int) float64 {
 		}
 	}
 	p := float64(P)
-	return 2*perTok*p + float64(attnLayers)*4*p*p/2*float64(c.Heads*c.HeadDim)
+	return 2*perTok*p + 2*head + float64(attnLayers)*4*p*p/2*float64(c.Heads*c.HeadDim)
 }
 
 // measureCopyBandwidth times copying a 256 MiB buffer (bytes read plus
