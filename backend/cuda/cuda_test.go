@@ -508,6 +508,28 @@ func TestSample(t *testing.T) {
 	}
 }
 
+// Greedy sampling takes the first of tied maxima, in the four-at-a-time
+// scan (a vocabulary that is a multiple of four) and the scalar one.
+func TestArgmaxTies(t *testing.T) {
+	p := newPair(t, 11)
+	for _, V := range []int{151936, 1001} {
+		rows := make([]float32, 4*V)                   // row 0: all tied
+		rows[V+6], rows[V+5] = 1, 1                    // one group of four
+		rows[2*V+min(4097, V-100)], rows[2*V+9] = 2, 2 // two threads
+		rows[3*V+V-1] = 3                              // the last element
+		_, gl := p.load(backend.F32, rows, 4, V)
+		got, err := p.g.Sample(gl, make([]backend.SampleParams, 4))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, want := range []int32{0, 5, 9, int32(V - 1)} {
+			if got[i].Token != want {
+				t.Errorf("V %d row %d: token %d, want %d", V, i, got[i].Token, want)
+			}
+		}
+	}
+}
+
 func TestMoE(t *testing.T) {
 	p := newPair(t, 8)
 	// Two tokens: the router product stays on the float32 GEMV path, so no
