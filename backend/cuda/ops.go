@@ -414,7 +414,7 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 		b.launchKernel(name, b.pdl, [3]int{T, KH, S}, 128, smem,
 			qbuf, c.k(layer), c.v(layer), m.dev[mTokPos], m.dev[mTokSeq], m.dev[mSeqPos], m.dev[mSeqBlk], m.dev[mBlocks],
 			pm, pl, pacc, H, KH, bs, spec.Scale)
-		b.run("attn_combine", [3]int{T, H, 1}, 4*hd, 0, ot.ptr, int(ot.dt), pm, pl, pacc, qt.ptr, int(qt.dt), m.dev[mTokPos], H, KH, hd, S, boolInt(spec.Gated))
+		b.runOverlapped("attn_combine", [3]int{T, H, 1}, 4*hd, 0, ot.ptr, int(ot.dt), pm, pl, pacc, qt.ptr, int(qt.dt), m.dev[mTokPos], H, KH, hd, S, boolInt(spec.Gated))
 		return
 	}
 	if c.spec.DType == backend.BF16 && (hd == 64 || hd == 128) {

@@ -175,6 +175,7 @@ __device__ __forceinline__ void attn_decode(const KT *qbuf, const KT *kc, const 
 	int first = k0 + warp * TPW * U;
 	load(first, kr, vr, min(k1, cached));
 	pdl_wait();
+	pdl_trigger();  // attn_combine may launch and wait for this grid
 #pragma unroll
 	for (int u = 0; u < U; u++) {
 		int j = first + u * TPW + grp;
@@ -283,7 +284,9 @@ DECODE_G(float, f32, 256)
 
 // attn_combine: grid (T, H), block 4*HD. Merges the active partials of
 // each head (four groups of threads take every fourth split, then add up),
-// applies the sigmoid gate when gated and writes out [T, H*HD].
+// applies the sigmoid gate when gated and writes out [T, H*HD]. Launched
+// overlapped: its blocks are placed while the attention grid finishes and
+// wait for it in pdl_wait.
 extern "C" __global__ void attn_combine(void *out, int odt, const float *pm, const float *pl, const float *pacc,
 		const void *qkv, int qdt, const int *tokpos, int H, int KH, int HD, int S, int gated) {
 	pdl_trigger();  // the output projection follows
@@ -291,8 +294,9 @@ extern "C" __global__ void attn_combine(void *out, int odt, const float *pm, con
 	__shared__ float part[3][256];
 	__shared__ float red[32];
 	int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x % HD, sg = threadIdx.x / HD;
-	int n = tokpos[t] + 1;
+	int n = tokpos[t] + 1;  // step metadata, uploaded before the step
 	int act = min(S, (n + decode_chunk(n, S) - 1) / decode_chunk(n, S));
+	pdl_wait();
 	long pi = ((long)t * H + h) * S;
 	float M = -INF;
 	for (int s = threadIdx.x; s < act; s += blockDim.x) M = fmaxf(M, pm[pi + s]);

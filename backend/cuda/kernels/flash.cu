@@ -277,6 +277,7 @@ __device__ __forceinline__ void attn_decode_mma(const u16 *qbuf, const u16 *kc, 
 	stage(0, k0, early);
 	stage(1, k0 + BK, early);
 	pdl_wait();
+	pdl_trigger();  // attn_combine may launch and wait for this grid
 	// This step's keys in the first two tiles, now that qk_norm_rope has
 	// stored them (plain loads: the barrier before their use publishes them).
 	copy(0, k0, fixup);
