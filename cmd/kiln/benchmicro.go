@@ -307,11 +307,7 @@ func benchPrefill(m *model.Model, P, bs int) (benchResult, error) {
 	var times []float64
 	for i := 0; i < 4; i++ {
 		start := time.Now()
-		logits, err := m.Forward([]model.Seq{seq})
-		if err != nil {
-			return benchResult{}, err
-		}
-		if _, err := m.Sample(logits, []backend.SampleParams{{}}); err != nil {
+		if err := benchPass(m, []model.Seq{seq}, []backend.SampleParams{{}}, 1); err != nil {
 			return benchResult{}, err
 		}
 		if i > 0 {
@@ -321,6 +317,24 @@ func benchPrefill(m *model.Model, P, bs int) (benchResult, error) {
 	sort.Float64s(times)
 	t := times[len(times)/2]
 	return benchResult{Kind: "prefill", Batch: 1, Context: P, TokS: float64(P) / t, Seconds: t, Steps: 1}, nil
+}
+
+// benchPass runs one forward pass and samples a token for each sequence, as
+// the scheduler does; the decoding sequences seqs[from:] advance by theirs.
+func benchPass(m *model.Model, seqs []model.Seq, params []backend.SampleParams, from int) error {
+	logits, err := m.Forward(seqs)
+	if err != nil {
+		return err
+	}
+	out, err := m.Sample(logits, params)
+	if err != nil {
+		return err
+	}
+	for i := from; i < len(seqs); i++ {
+		seqs[i].Tokens[0] = out[i].Token
+		seqs[i].Pos++
+	}
+	return nil
 }
 
 // benchDecode times steps greedy decode steps of B sequences that each
@@ -340,17 +354,8 @@ func benchDecode(m *model.Model, B, C, steps, bs int) (benchResult, error) {
 		if s == warm {
 			start = time.Now()
 		}
-		logits, err := m.Forward(seqs)
-		if err != nil {
+		if err := benchPass(m, seqs, params, 0); err != nil {
 			return benchResult{}, err
-		}
-		out, err := m.Sample(logits, params)
-		if err != nil {
-			return benchResult{}, err
-		}
-		for i := range seqs {
-			seqs[i].Tokens[0] = out[i].Token
-			seqs[i].Pos++
 		}
 	}
 	t := time.Since(start).Seconds()
@@ -376,20 +381,11 @@ func benchMixed(m *model.Model, x mixCfg, C, bs int) (benchResult, error) {
 	var times []float64
 	for s := 0; s < passes; s++ {
 		start := time.Now()
-		logits, err := m.Forward(seqs)
-		if err != nil {
-			return benchResult{}, err
-		}
-		out, err := m.Sample(logits, params)
-		if err != nil {
+		if err := benchPass(m, seqs, params, N); err != nil {
 			return benchResult{}, err
 		}
 		if s > 0 {
 			times = append(times, time.Since(start).Seconds())
-		}
-		for i := N; i < N+B; i++ {
-			seqs[i].Tokens[0] = out[i].Token
-			seqs[i].Pos++
 		}
 	}
 	sort.Float64s(times)
