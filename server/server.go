@@ -321,16 +321,32 @@ type Status struct {
 }
 
 // EngineStats is engine.Stats as /status reports it: with snake_case keys
-// (kv_blocks_used), as everywhere else in the API; engine.Stats has no JSON
-// tags, and its Go field names leaked onto the wire.
+// (kv_blocks_used), as everywhere else in the API, and durations in seconds
+// under a key ending in _s (step_time_s), as uptime_s; engine.Stats has no
+// JSON tags, and its Go field names leaked onto the wire.
 type EngineStats engine.Stats
 
-// MarshalJSON writes every field under its snake_case name.
+var durationType = reflect.TypeFor[time.Duration]()
+
+// statsKey is the wire key of field f.
+func statsKey(f reflect.StructField) string {
+	if f.Type == durationType {
+		return snakeCase(f.Name) + "_s"
+	}
+	return snakeCase(f.Name)
+}
+
+// MarshalJSON writes every field under its wire key.
 func (s EngineStats) MarshalJSON() ([]byte, error) {
 	v := reflect.ValueOf(s)
 	m := make(map[string]any, v.NumField())
 	for i := range v.NumField() {
-		m[snakeCase(v.Type().Field(i).Name)] = v.Field(i).Interface()
+		f := v.Type().Field(i)
+		if f.Type == durationType {
+			m[statsKey(f)] = time.Duration(v.Field(i).Int()).Seconds()
+		} else {
+			m[statsKey(f)] = v.Field(i).Interface()
+		}
 	}
 	return json.Marshal(m)
 }
@@ -343,11 +359,20 @@ func (s *EngineStats) UnmarshalJSON(b []byte) error {
 	}
 	v := reflect.ValueOf(s).Elem()
 	for i := range v.NumField() {
-		name := snakeCase(v.Type().Field(i).Name)
-		if raw, ok := m[name]; ok {
-			if err := json.Unmarshal(raw, v.Field(i).Addr().Interface()); err != nil {
+		f := v.Type().Field(i)
+		name := statsKey(f)
+		raw, ok := m[name]
+		if !ok {
+			continue
+		}
+		if f.Type == durationType {
+			var sec float64
+			if err := json.Unmarshal(raw, &sec); err != nil {
 				return fmt.Errorf("stats.%s: %w", name, err)
 			}
+			v.Field(i).SetInt(int64(sec * float64(time.Second)))
+		} else if err := json.Unmarshal(raw, v.Field(i).Addr().Interface()); err != nil {
+			return fmt.Errorf("stats.%s: %w", name, err)
 		}
 	}
 	return nil

@@ -601,10 +601,17 @@ func TestModelsAndHealth(t *testing.T) {
 		Stats map[string]any `json:"stats"`
 	}
 	json.Unmarshal(body, &raw)
-	for _, key := range []string{"running", "waiting", "kv_blocks_used", "kv_blocks_total", "cache_hit_tokens", "requests_completed", "state_bytes"} {
+	for _, key := range []string{"running", "waiting", "kv_blocks_used", "kv_blocks_total", "cache_hit_tokens", "requests_completed", "state_bytes", "steps", "step_time_s", "host_time_s"} {
 		if _, ok := raw.Stats[key]; !ok {
 			t.Errorf("status stats lack %q: %s", key, body)
 		}
+	}
+	// Durations go in seconds and come back whole.
+	in := EngineStats{StepTime: 1500 * time.Millisecond, Steps: 3}
+	b, _ := json.Marshal(in)
+	var out EngineStats
+	if err := json.Unmarshal(b, &out); err != nil || out != in || !strings.Contains(string(b), `"step_time_s":1.5`) {
+		t.Errorf("%s read back as %+v (%v)", b, out, err)
 	}
 }
 

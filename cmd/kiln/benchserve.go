@@ -543,7 +543,7 @@ func (e *engineSteps) summary(duration time.Duration) []stepFigure {
 		{"passes_with_prefill", "Passes with prefill", mixed},
 		{"mean_pass_with_prefill_ms", "Mean pass with prefill (ms)", div(ms(e.time-e.decodeTime), float64(mixed))},
 		{"mean_tokens_per_pass_with_prefill", "Mean tokens, pass with prefill", div(float64(mixedTokens), float64(mixed))},
-		{"mean_host_time_between_passes_ms", "Mean host time between passes (ms)", div(ms(e.hostTime), float64(max(e.steps-1, 0)))},
+		{"host_time_per_pass_ms", "Host time between passes, per pass (ms)", div(ms(e.hostTime), float64(e.steps))},
 		{"time_in_passes_pct", "Time in passes (%)", div(100*float64(e.time), float64(duration))},
 	}
 }
