@@ -405,8 +405,9 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 			b.allowSmem(name, smem)
 		}
 		// As many splits as fill one wave of blocks: a partial second
-		// wave of short splits measured slower (batch 16 at 640 tokens:
-		// three splits 2146 tok/s, two 2181-2187).
+		// wave of short splits measured slower (tensor-core kernel, batch
+		// 16 at 640 tokens: three splits 2146 tok/s, two 2181-2187; the
+		// scalar kernel of f32 caches follows the rule unmeasured).
 		S := max(1, min(b.splitMax, perSM*b.sms/(T*KH)))
 		pm := b.scratchBuf("attnm", T*H*S*4)
 		pl := b.scratchBuf("attnl", T*H*S*4)
