@@ -32,6 +32,7 @@ type Backend struct {
 	arch   string // e.g. "sm_90a"
 	sms    int
 	smemOp int // opt-in shared memory per block
+	smemSM int // shared memory per multiprocessor
 	stream stream
 	k      *kernels
 	lt     *blasLt
@@ -47,7 +48,10 @@ type Backend struct {
 
 	// Tuning knobs, fixed at New (see envInt's callers).
 	gemvMax, gemvWarps, splitMax, splitBlocks int
-	mmaSplitBlocks                            int
+	mmaSplitBlocks, skinnyMax                 int
+	// skinnyCnt holds the skinny GEMM's split-K counters, one per tile,
+	// zeroed once; each call's last block resets the ones it used.
+	skinnyCnt devptr
 	// pdl lets the decode GEMV start while the kernel before it finishes
 	// (sm_90 on; KILN_CUDA_PDL=0 turns it off).
 	pdl  bool
@@ -98,10 +102,11 @@ func New(opts Options) (*Backend, error) {
 	minor, err2 := attr(attrCCMinor)
 	sms, err3 := attr(attrMultiprocessors)
 	smem, err4 := attr(attrSharedOptin)
-	if err := errors.Join(err1, err2, err3, err4); err != nil {
+	smemSM, err5 := attr(attrSharedPerSM)
+	if err := errors.Join(err1, err2, err3, err4, err5); err != nil {
 		return nil, err
 	}
-	b.sms, b.smemOp = sms, smem
+	b.sms, b.smemOp, b.smemSM = sms, smem, smemSM
 	b.arch = fmt.Sprintf("sm_%d%d", major, minor)
 	if major >= 9 {
 		b.arch += "a" // the architecture-specific target: wgmma, setmaxnreg
@@ -136,6 +141,15 @@ func New(opts Options) (*Backend, error) {
 	// best (2, 3, 4, 6 and 8 tried at batch 1 and 16, contexts 1K to 32K).
 	b.mmaSplitBlocks = envInt("KILN_CUDA_MMA_SPLIT_BLOCKS", 2, 1, 64)
 	b.pdl = major >= 9 && envInt("KILN_CUDA_PDL", 1, 0, 1) == 1
+	b.skinnyMax = envInt("KILN_CUDA_SKINNY_MAX", skinnyMaxTokens, 0, skinnyMaxTokens)
+	// Split tiles are at most half a wave of blocks.
+	ncnt := b.skinnyWave()
+	if b.skinnyCnt, err = b.malloc(4 * ncnt); err != nil {
+		return nil, err
+	}
+	if err := check("cuMemsetD32Async", C.k_cuMemsetD32Async(b.skinnyCnt, 0, C.size_t(ncnt), b.stream)); err != nil {
+		return nil, err
+	}
 	lt, err := newBlasLt(b.stream)
 	if err != nil {
 		return nil, err

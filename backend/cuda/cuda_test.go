@@ -214,9 +214,18 @@ func TestMatMul(t *testing.T) {
 		{16, 100, 64, backend.F32, false},
 		{7, 128, 96, backend.F16, true},
 		{3, 64, 33, backend.BF16, false}, // an odd element count for to_half
+		// Skinny GEMM shapes: the inner dimension split over 12 and 3
+		// blocks (partial last tiles), and not split.
+		{8, 1000, 4096, backend.BF16, true},
+		{7, 4100, 1024, backend.BF16, false},
+		{5, 20000, 256, backend.BF16, false},
 	}
+	split := map[bool]bool{} // the skinny GEMM ran split (true) and whole (false)
 	p.productPaths(func(kernel string, gemv int) {
 		for _, c := range cases {
+			if S := p.g.skinnySplits(c.n, c.o, c.i, c.dt, false); kernel == "skinny" && S > 0 {
+				split[S > 1] = true
+			}
 			for _, xdt := range []backend.DType{backend.F32, backend.BF16} {
 				tol := 1e-5
 				if xdt == backend.F32 && c.dt != backend.F32 && (c.dt != backend.BF16 || c.n > gemv || c.i%8 != 0) {
@@ -240,6 +249,9 @@ func TestMatMul(t *testing.T) {
 			}
 		}
 	})
+	if !split[true] || !split[false] {
+		t.Errorf("the cases ran the skinny GEMM split: %v, whole: %v; want both", split[true], split[false])
+	}
 }
 
 // roundTo rounds x in place to the values of dt (f32 or bf16) and returns it.
@@ -265,14 +277,14 @@ func (p *pair) activation(dt backend.DType, x []float32, shape ...int) (backend.
 }
 
 // productPaths runs f with the GEMV serving every token count it can, then
-// with cuBLASLt for all.
+// with the skinny GEMM above two tokens, then with cuBLASLt for all.
 func (p *pair) productPaths(f func(kernel string, gemvMax int)) {
-	defer func(m int) { p.g.gemvMax = m }(p.g.gemvMax)
+	defer func(m, s int) { p.g.gemvMax, p.g.skinnyMax = m, s }(p.g.gemvMax, p.g.skinnyMax)
 	for _, mode := range []struct {
-		kernel string
-		gemv   int
-	}{{"gemv", 8}, {"cublasLt", 0}} {
-		p.g.gemvMax = mode.gemv
+		kernel         string
+		gemv, skinnyTo int
+	}{{"gemv", 8, 0}, {"skinny", 2, skinnyMaxTokens}, {"cublasLt", 0, 0}} {
+		p.g.gemvMax, p.g.skinnyMax = mode.gemv, mode.skinnyTo
 		f(mode.kernel, mode.gemv)
 	}
 }
@@ -287,12 +299,18 @@ func TestMLP(t *testing.T) {
 		{2, 1000, 264, backend.BF16},
 		{3, 512, 1024, backend.BF16},
 		{64, 256, 512, backend.BF16},
-		{5, 100, 60, backend.BF16}, // widths not multiples of 8: the general path
+		{8, 1024, 3072, backend.BF16}, // skinny: both products split
+		{6, 256, 12800, backend.BF16}, // skinny: gate/up whole, down split 49 ways
+		{5, 100, 60, backend.BF16},    // widths not multiples of 8: the general path
 		{4, 96, 64, backend.F16},
 		{3, 64, 48, backend.F32},
 	}
+	split := map[bool]bool{} // the skinny gate/up product ran split (true) and whole (false)
 	p.productPaths(func(kernel string, gemv int) {
 		for _, c := range cases {
+			if S := p.g.skinnySplits(c.n, c.i, c.h, c.dt, true); kernel == "skinny" && S > 0 {
+				split[S > 1] = true
+			}
 			for _, xdt := range []backend.DType{backend.F32, backend.BF16} {
 				tol := 1e-5
 				if c.dt != backend.F32 && (c.dt != backend.BF16 || c.n > gemv || c.h%8 != 0) {
@@ -311,6 +329,9 @@ func TestMLP(t *testing.T) {
 			}
 		}
 	})
+	if !split[true] || !split[false] {
+		t.Errorf("the cases ran the skinny gate/up product split: %v, whole: %v; want both", split[true], split[false])
+	}
 }
 
 type attnCase struct {

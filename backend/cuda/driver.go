@@ -21,6 +21,7 @@ const (
 	attrCCMajor         = 75
 	attrCCMinor         = 76
 	attrSharedOptin     = 97
+	attrSharedPerSM     = 81
 	funcMaxDynamicSmem  = 8
 	captureRelaxed      = 2
 )

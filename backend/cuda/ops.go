@@ -28,7 +28,21 @@ func (b *Backend) launchKernel(name string, pdl bool, grid [3]int, block, smem i
 	}
 	var a args
 	a.add(vs...)
-	b.around(name, func() { b.fail(launch(b.k.get(name), grid, block, smem, b.stream, &a, pdl)) })
+	label := name
+	if b.prof != nil {
+		label = fmt.Sprintf("%s %v", name, grid) // the grid tells the calls of a kernel apart
+	}
+	b.around(label, func() { b.fail(launch(b.k.get(name), grid, block, smem, b.stream, &a, pdl)) })
+}
+
+// gemm runs out[n,m] (+)= x[n,k] . w[m,k]^T through cuBLASLt (x in w's
+// type, out of type ot).
+func (b *Backend) gemm(out, x, w devptr, n, m, k int, wt, ot backend.DType, accumulate bool) {
+	label := "cublasLt"
+	if b.prof != nil {
+		label = fmt.Sprintf("cublasLt %dx%d", m, k)
+	}
+	b.around(label, func() { b.fail(b.lt.matmul(b.stream, out, x, w, n, m, k, wt, ot, accumulate)) })
 }
 
 func g1(n int) [3]int { return [3]int{n, 1, 1} }
@@ -168,13 +182,23 @@ func (b *Backend) mlp(ot, xt, gu, dn *tensor, accumulate bool) {
 		b.MatMul(ot, act, dn, accumulate)
 		return
 	}
+	if S := b.skinnySplits(n, I, H, gu.dt, true); S > 0 && dn.dt == backend.BF16 {
+		act := b.scratchBuf("mlp.act", 2*n*I)
+		b.skinny(true, S, act, backend.BF16, b.productInput(xt, gu.dt), gu.ptr, n, I, H, false)
+		if S := b.skinnySplits(n, H, I, dn.dt, false); S > 0 {
+			b.skinny(false, S, ot.ptr, backend.F32, act, dn.ptr, n, H, I, accumulate)
+		} else {
+			b.gemm(ot.ptr, act, dn.ptr, n, H, I, dn.dt, backend.F32, accumulate)
+		}
+		return
+	}
 	if gu.dt == backend.BF16 && dn.dt == backend.BF16 && I%8 == 0 {
 		xp := b.productInput(xt, gu.dt)
 		h := b.scratchBuf("mlp.gu", 2*n*2*I)
 		act := b.scratchBuf("mlp.act", 2*n*I)
-		b.around("cublasLt", func() { b.fail(b.lt.matmul(b.stream, h, xp, gu.ptr, n, 2*I, H, gu.dt, gu.dt, false)) })
+		b.gemm(h, xp, gu.ptr, n, 2*I, H, gu.dt, gu.dt, false)
 		b.run("silu_mul_bf16", g1(b.blocksFor(n*I/8)), 256, 0, act, h, n, I)
-		b.around("cublasLt", func() { b.fail(b.lt.matmul(b.stream, ot.ptr, act, dn.ptr, n, H, I, dn.dt, backend.F32, accumulate)) })
+		b.gemm(ot.ptr, act, dn.ptr, n, H, I, dn.dt, backend.F32, accumulate)
 		return
 	}
 	h, act := b.scratchF32("mlp.gu", n, 2*I), b.scratchF32("mlp.act", n, I)
@@ -204,6 +228,66 @@ func (b *Backend) GatherRows(out, x backend.Tensor) {
 // it (0 to 8).
 const gemvMaxTokens = 2
 
+// skinnyMaxTokens is the largest token count of the tensor-core skinny
+// GEMM (kernels/skinny.cu): above the GEMV's count and up to this one, bf16
+// products whose inner width is a multiple of skinnyCols take it instead of
+// cuBLASLt (4 tokens +3%, 8 tokens +1.8% a decode step; at 16 it lost).
+// KILN_CUDA_SKINNY_MAX lowers it (0: off).
+const skinnyMaxTokens = 8
+
+// The skinny GEMM's tile (kernels/skinny.cu): SK_BM rows by SK_BK columns,
+// and its shared memory, SK_STAGES stages of SK_BM + SK_TOK rows of SK_BK +
+// 8 bf16.
+const (
+	skinnyRows = 32
+	skinnyCols = 256
+	skinnySmem = 3 * (skinnyRows + 8) * (skinnyCols + 8) * 2
+)
+
+// skinnySplits returns how many blocks split the inner dimension of a
+// skinny GEMM of n tokens by o outputs (o gate and o up rows with swiglu)
+// by in, or 0 when the product is not one for it. A tile is skinnyRows
+// weight rows (half as many outputs with swiglu); when the tiles leave a
+// wave of blocks unfilled, the inner dimension is split over as many
+// blocks as fill it.
+func (b *Backend) skinnySplits(n, o, in int, wdt backend.DType, swiglu bool) int {
+	if wdt != backend.BF16 || n <= b.gemvMax || n > b.skinnyMax || in%skinnyCols != 0 {
+		return 0
+	}
+	rows := skinnyRows
+	if swiglu {
+		rows /= 2
+	}
+	return max(1, min(in/skinnyCols, b.skinnyWave()/((o+rows-1)/rows)))
+}
+
+// skinnyWave is the number of skinny GEMM blocks the device runs at once
+// (1 KB of shared memory a block is the system's).
+func (b *Backend) skinnyWave() int { return max(1, b.smemSM/(skinnySmem+1024)) * b.sms }
+
+// skinny computes out[n, o] (+)= x[n, in] . w[o, in]^T (out f32 or bf16),
+// or with swiglu out[n, o] = silu(x . gate_o) * (x . up_o) in bf16 for w =
+// [gate | up] of 2o rows; x is bf16, the inner dimension split S ways
+// (skinnySplits).
+func (b *Backend) skinny(swiglu bool, S int, out devptr, odt backend.DType, x, w devptr, n, o, in int, accumulate bool) {
+	rows, wrows := skinnyRows, o
+	if swiglu {
+		rows, wrows = rows/2, 2*o
+	}
+	var part devptr
+	if S > 1 {
+		part = b.scratchBuf("skinny.part", 4*S*n*wrows)
+	}
+	grid := [3]int{(o + rows - 1) / rows, S, 1}
+	if swiglu {
+		b.allowSmem("skinny_swiglu_bf16", skinnySmem)
+		b.runOverlapped("skinny_swiglu_bf16", grid, 128, skinnySmem, out, x, w, n, o, in, part, b.skinnyCnt)
+		return
+	}
+	b.allowSmem("skinny_bf16", skinnySmem)
+	b.runOverlapped("skinny_bf16", grid, 128, skinnySmem, out, int(odt), x, w, n, o, in, boolInt(accumulate), part, b.skinnyCnt)
+}
+
 func envInt(name string, def, lo, hi int) int {
 	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v >= lo && v <= hi {
 		return v
@@ -232,14 +316,18 @@ func (b *Backend) MatMul(out, x, w backend.Tensor, accumulate bool) {
 		b.runOverlapped(fmt.Sprintf("gemv_bf16_%d%s", n, hx(xt)), g1((o+w-1)/w), 32*w, 0, ot.ptr, int(ot.dt), xt.ptr, wt.ptr, o, in, boolInt(accumulate))
 		return
 	}
+	if S := b.skinnySplits(n, o, in, wt.dt, false); S > 0 {
+		b.skinny(false, S, ot.ptr, ot.dt, b.productInput(xt, wt.dt), wt.ptr, n, o, in, accumulate)
+		return
+	}
 	xp := b.productInput(xt, wt.dt)
 	if ot.dt == backend.F32 || ot.dt == wt.dt {
-		b.around("cublasLt", func() { b.fail(b.lt.matmul(b.stream, ot.ptr, xp, wt.ptr, n, o, in, wt.dt, ot.dt, accumulate)) })
+		b.gemm(ot.ptr, xp, wt.ptr, n, o, in, wt.dt, ot.dt, accumulate)
 		return
 	}
 	// cuBLASLt writes a bf16 product only from bf16 inputs: f32 first.
 	f := b.scratchBuf("productout", 4*n*o)
-	b.around("cublasLt", func() { b.fail(b.lt.matmul(b.stream, f, xp, wt.ptr, n, o, in, wt.dt, backend.F32, false)) })
+	b.gemm(f, xp, wt.ptr, n, o, in, wt.dt, backend.F32, false)
 	b.run("cast", g1(b.blocksFor(n*o)), 256, 0, ot.ptr, int(ot.dt), f, int(backend.F32), int64Arg(n*o))
 }
 
