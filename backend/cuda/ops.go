@@ -182,7 +182,7 @@ func (b *Backend) mlp(ot, xt, gu, dn *tensor, accumulate bool) {
 		b.MatMul(ot, act, dn, accumulate)
 		return
 	}
-	if S := b.skinnySplits(n, I, H, gu.dt, true); S > 0 && dn.dt == backend.BF16 {
+	if S := b.skinnySplits(n, I, H, gu.dt, true); S > 0 && dn.dt == backend.BF16 && xt.ptr%16 == 0 && gu.ptr%16 == 0 && dn.ptr%16 == 0 {
 		act := b.scratchBuf("mlp.act", 2*n*I)
 		b.skinny(true, S, act, backend.BF16, b.productInput(xt, gu.dt), gu.ptr, n, I, H, false)
 		if S := b.skinnySplits(n, H, I, dn.dt, false); S > 0 {
@@ -316,7 +316,8 @@ func (b *Backend) MatMul(out, x, w backend.Tensor, accumulate bool) {
 		b.runOverlapped(fmt.Sprintf("gemv_bf16_%d%s", n, hx(xt)), g1((o+w-1)/w), 32*w, 0, ot.ptr, int(ot.dt), xt.ptr, wt.ptr, o, in, boolInt(accumulate))
 		return
 	}
-	if S := b.skinnySplits(n, o, in, wt.dt, false); S > 0 {
+	// The skinny GEMM copies rows in 16-byte pieces.
+	if S := b.skinnySplits(n, o, in, wt.dt, false); S > 0 && xt.ptr%16 == 0 && wt.ptr%16 == 0 {
 		b.skinny(false, S, ot.ptr, ot.dt, b.productInput(xt, wt.dt), wt.ptr, n, o, in, accumulate)
 		return
 	}

@@ -63,6 +63,15 @@ func TestGenerateCommand(t *testing.T) {
 		t.Fatalf("dumped logits differ from the reference by %.3g (relative to max(1, max|ref|))", e)
 	}
 
+	// A bf16 cache generates too; an unknown cache type is refused.
+	bf16 := exec.Command(bin, "generate", "--model", dir, "--prompt-ids", "1,2,3", "--max-tokens", "2", "--ignore-eos", "--kv", "bf16", "--backend", "cpu")
+	if out, err := bf16.CombinedOutput(); err != nil {
+		t.Fatalf("--kv bf16: %v %s", err, out)
+	}
+	f16 := exec.Command(bin, "generate", "--model", dir, "--prompt-ids", "1,2,3", "--kv", "f16", "--backend", "cpu")
+	if out, err := f16.CombinedOutput(); err == nil || !strings.Contains(string(out), "want bf16 or f32") {
+		t.Fatalf("--kv f16: %v %s", err, out)
+	}
 	bad := exec.Command(bin, "generate", "--model", dir, "--prompt-ids", "1,x")
 	if out, err := bad.CombinedOutput(); err == nil || !strings.Contains(string(out), `"x" is not a token id`) {
 		t.Fatalf("bad prompt ids: %v %s", err, out)
