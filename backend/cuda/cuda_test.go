@@ -220,12 +220,10 @@ func TestMatMul(t *testing.T) {
 		{7, 4100, 1024, backend.BF16, false},
 		{5, 20000, 256, backend.BF16, false},
 	}
-	split := map[bool]bool{} // the skinny GEMM ran split (true) and whole (false)
+	var cover skinnyCover
 	p.productPaths(func(kernel string, gemv int) {
 		for _, c := range cases {
-			if S := p.g.skinnySplits(c.n, c.o, c.i, c.dt, false); kernel == "skinny" && S > 0 {
-				split[S > 1] = true
-			}
+			cover.add(kernel, p.g.skinnySplits(c.n, c.o, c.i, c.dt, false))
 			for _, xdt := range []backend.DType{backend.F32, backend.BF16} {
 				tol := 1e-5
 				if xdt == backend.F32 && c.dt != backend.F32 && (c.dt != backend.BF16 || c.n > gemv || c.i%8 != 0) {
@@ -249,9 +247,7 @@ func TestMatMul(t *testing.T) {
 			}
 		}
 	})
-	if !split[true] || !split[false] {
-		t.Errorf("the cases ran the skinny GEMM split: %v, whole: %v; want both", split[true], split[false])
-	}
+	cover.check(t, "product")
 }
 
 // roundTo rounds x in place to the values of dt (f32 or bf16) and returns it.
@@ -274,6 +270,23 @@ func (p *pair) activation(dt backend.DType, x []float32, shape ...int) (backend.
 	p.c.Write(ct, encode(backend.F32, x))
 	p.g.Write(gt, encode(dt, x))
 	return ct, gt
+}
+
+// skinnyCover records whether a test's cases ran the skinny GEMM with its
+// inner dimension split and whole: both reductions must be exercised.
+type skinnyCover struct{ split, whole bool }
+
+// add notes a case that kernel ran with S splits (0: not the skinny GEMM).
+func (c *skinnyCover) add(kernel string, S int) {
+	if kernel == "skinny" && S > 0 {
+		c.split, c.whole = c.split || S > 1, c.whole || S == 1
+	}
+}
+
+func (c *skinnyCover) check(t *testing.T, what string) {
+	if !c.split || !c.whole {
+		t.Errorf("the cases ran the skinny %s split: %v, whole: %v; want both", what, c.split, c.whole)
+	}
 }
 
 // productPaths runs f with the GEMV serving every token count it can, then
@@ -305,12 +318,10 @@ func TestMLP(t *testing.T) {
 		{4, 96, 64, backend.F16},
 		{3, 64, 48, backend.F32},
 	}
-	split := map[bool]bool{} // the skinny gate/up product ran split (true) and whole (false)
+	var cover skinnyCover
 	p.productPaths(func(kernel string, gemv int) {
 		for _, c := range cases {
-			if S := p.g.skinnySplits(c.n, c.i, c.h, c.dt, true); kernel == "skinny" && S > 0 {
-				split[S > 1] = true
-			}
+			cover.add(kernel, p.g.skinnySplits(c.n, c.i, c.h, c.dt, true))
 			for _, xdt := range []backend.DType{backend.F32, backend.BF16} {
 				tol := 1e-5
 				if c.dt != backend.F32 && (c.dt != backend.BF16 || c.n > gemv || c.h%8 != 0) {
@@ -329,9 +340,7 @@ func TestMLP(t *testing.T) {
 			}
 		}
 	})
-	if !split[true] || !split[false] {
-		t.Errorf("the cases ran the skinny gate/up product split: %v, whole: %v; want both", split[true], split[false])
-	}
+	cover.check(t, "gate/up product")
 }
 
 type attnCase struct {
@@ -598,4 +607,38 @@ func TestKVCacheHeadDim(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Free()
+}
+
+// TestSkinnySplits pins the skinny GEMM's choice on an H100's figures (no
+// GPU needed): which products it takes and how far it splits them.
+func TestSkinnySplits(t *testing.T) {
+	b := &Backend{sms: 132, smemSM: 228 << 10, gemvMax: gemvMaxTokens, skinnyMax: skinnyMaxTokens}
+	for _, c := range []struct {
+		n, o, in int
+		dt       backend.DType
+		swiglu   bool
+		want     int
+	}{
+		{8, 6144, 4096, backend.BF16, false, 2},   // Qwen3-8B q/k/v: 192 tiles, 396 blocks a wave
+		{8, 4096, 4096, backend.BF16, false, 3},   // o
+		{8, 12288, 4096, backend.BF16, true, 1},   // gate/up: 768 tiles
+		{8, 4096, 12288, backend.BF16, false, 3},  // down
+		{4, 151936, 4096, backend.BF16, false, 1}, // LM head
+		{8, 64, 512, backend.BF16, false, 2},      // at most one split per 256 columns
+		{2, 4096, 4096, backend.BF16, false, 0},   // the GEMV's
+		{9, 4096, 4096, backend.BF16, false, 0},   // cuBLASLt's
+		{8, 4096, 4000, backend.BF16, false, 0},   // columns not whole tiles
+		{8, 4096, 4096, backend.F16, false, 0},    // not bf16
+	} {
+		if got := b.skinnySplits(c.n, c.o, c.in, c.dt, c.swiglu); got != c.want {
+			t.Errorf("skinnySplits(%d, %d, %d, %v, swiglu=%v) = %d, want %d", c.n, c.o, c.in, c.dt, c.swiglu, got, c.want)
+		}
+	}
+	var cover skinnyCover
+	cover.add("cublasLt", 3)
+	cover.add("skinny", 0)
+	cover.add("skinny", 1)
+	if cover.split || !cover.whole {
+		t.Errorf("cover %+v after one whole skinny case", cover)
+	}
 }
