@@ -31,16 +31,20 @@ const (
 	mCount
 )
 
-// stepMeta is the current step: host copies and the device buffers.
+// stepMeta is the current step: host copies and the device buffers. The
+// regions lie at fixed offsets of one device buffer, mirrored by a pinned
+// staging buffer, so that a step's metadata goes up in one copy (each copy
+// is a few microseconds of the device waiting between passes).
 type stepMeta struct {
 	host [mCount][]int32
-	dev  [mCount]devptr
+	dev  [mCount]devptr // region i: buf + 4 * off[i]
 	cap  [mCount]int
-	// gen changes whenever a device buffer moves: captured graphs then hold
-	// stale pointers and are captured again.
+	off  [mCount]int
+	buf  devptr
+	// gen changes whenever the device buffer moves: captured graphs then
+	// hold stale pointers and are captured again.
 	gen     int
 	staging unsafe.Pointer
-	stSize  int
 	copied  C.CUevent // recorded after the last upload from staging
 
 	T, S, R  int
@@ -55,13 +59,37 @@ func (m *stepMeta) init(b *Backend) error {
 		if i == mBlocks {
 			m.cap[i] = 4096
 		}
-		p, err := b.malloc(4 * m.cap[i])
-		if err != nil {
-			return err
-		}
-		m.dev[i] = p
 	}
-	return check("cuEventCreate", C.k_cuEventCreate(&m.copied, 2))
+	if err := check("cuEventCreate", C.k_cuEventCreate(&m.copied, 2)); err != nil {
+		return err
+	}
+	return m.layout(b)
+}
+
+// layout allocates the device and staging buffers for the capacities in
+// cap, retiring the old device buffer (graphs may still use it).
+func (m *stepMeta) layout(b *Backend) error {
+	total := 0
+	for i, c := range m.cap {
+		m.off[i] = total
+		total += c
+	}
+	p, err := b.malloc(4 * total)
+	if err != nil {
+		return err
+	}
+	if m.buf != 0 {
+		b.retired = append(b.retired, m.buf)
+	}
+	m.buf = p
+	for i := range m.dev {
+		m.dev[i] = p + devptr(4*m.off[i])
+	}
+	m.gen++
+	if m.staging != nil {
+		C.k_cuMemFreeHost(m.staging)
+	}
+	return check("cuMemAllocHost", C.k_cuMemAllocHost_v2(&m.staging, C.size_t(4*total)))
 }
 
 // Begin uploads the metadata of a forward step; it panics on an inconsistent
@@ -106,42 +134,29 @@ func (b *Backend) Begin(bt *backend.Batch) {
 	m.host[mRows] = append(m.host[mRows], bt.LogitRows...)
 	m.T, m.S, m.R = start, len(bt.Seqs), len(bt.LogitRows)
 
-	// The staging buffer may still feed the previous step's uploads.
+	// The staging buffer may still feed the previous step's upload.
 	b.fail(check("cuEventSynchronize", C.k_cuEventSynchronize(m.copied)))
-	total := 0
+	grow := false
 	for i := range m.host {
-		total += len(m.host[i])
 		if n := len(m.host[i]); n > m.cap[i] {
-			c := max(n, 2*m.cap[i])
-			p, err := b.malloc(4 * c)
-			if err != nil {
-				panic(err)
-			}
-			b.retired = append(b.retired, m.dev[i])
-			m.dev[i], m.cap[i] = p, c
-			m.gen++
+			m.cap[i] = max(n, 2*m.cap[i])
+			grow = true
 		}
 	}
-	if 4*total > m.stSize {
-		if m.staging != nil {
-			C.k_cuMemFreeHost(m.staging)
-		}
-		m.stSize = max(4*total, 1<<16, 2*m.stSize)
-		if err := check("cuMemAllocHost", C.k_cuMemAllocHost_v2(&m.staging, C.size_t(m.stSize))); err != nil {
+	if grow {
+		if err := m.layout(b); err != nil {
 			panic(err)
 		}
 	}
-	st := unsafe.Slice((*int32)(m.staging), m.stSize/4)
-	off := 0
-	for i := range m.host {
-		n := len(m.host[i])
-		if n == 0 {
-			continue
+	st := unsafe.Slice((*int32)(m.staging), m.off[mCount-1]+m.cap[mCount-1])
+	end := 0
+	for i, h := range m.host {
+		copy(st[m.off[i]:], h)
+		if len(h) > 0 {
+			end = m.off[i] + len(h)
 		}
-		copy(st[off:off+n], m.host[i])
-		b.fail(check("cuMemcpyHtoDAsync", C.k_cuMemcpyHtoDAsync_v2(m.dev[i], unsafe.Pointer(&st[off]), C.size_t(4*n), b.stream)))
-		off += n
 	}
+	b.fail(check("cuMemcpyHtoDAsync", C.k_cuMemcpyHtoDAsync_v2(m.buf, m.staging, C.size_t(4*end), b.stream)))
 	b.fail(check("cuEventRecord", C.k_cuEventRecord(m.copied, b.stream)))
 }
 
@@ -157,6 +172,9 @@ type graph struct {
 func (b *Backend) CapturesGraphs() bool {
 	return os.Getenv("KILN_CUDA_GRAPHS") != "0" && b.prof == nil
 }
+
+// Asynchronous is true: operations are queued on the backend's stream.
+func (b *Backend) Asynchronous() bool { return true }
 
 // ActivationType is BF16: cuBLASLt multiplies bf16 inputs, and the GEMV
 // reads half the bytes of f32 activations.
