@@ -293,6 +293,11 @@ type Backend interface {
 	// it worth padding decode batches to a few bucket sizes: each size is
 	// one capture, and padding rows are computed for nothing.
 	CapturesGraphs() bool
+	// Asynchronous reports whether operations are queued on the device and
+	// run while the host goes on (until Read, Sync or Sample waits for
+	// them). The engine then does a pass's host work while the next one
+	// runs.
+	Asynchronous() bool
 	// ActivationType is the dtype of the activations around a layer's
 	// matrix products (a dense layer's normalised hidden states, the fused
 	// q/k/v projection, attention outputs): F32, or BF16 where the

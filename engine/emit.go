@@ -6,9 +6,18 @@ import (
 	"github.com/kiln-llm/kiln/backend"
 )
 
-// emit takes a sampled token: it extends the sequence, turns the token into
-// text (held back while it could be the start of a stop string), splits the
-// text into reasoning, content and tool calls for chat requests, and ends the
+// accept extends a sequence by its sampled token and tells whether the
+// sequence ends there (a stop token or its length limit), so that it takes
+// no part in the next pass.
+func (q *seq) accept(t int32) (ends bool) {
+	q.tokens = append(q.tokens, t)
+	q.counts[t]++
+	return q.stopIDs[t] || len(q.tokens) >= q.maxLen
+}
+
+// emit sends the token that accept added: it turns the token into text
+// (held back while it could be the start of a stop string), splits the text
+// into reasoning, content and tool calls for chat requests, and ends the
 // sequence on a stop token, a stop string or its length limit.
 func (s *scheduler) emit(q *seq, smp backend.Sampled) {
 	now := time.Now()
@@ -17,8 +26,6 @@ func (s *scheduler) emit(q *seq, smp backend.Sampled) {
 	}
 	q.lastTok = now
 	t := smp.Token
-	q.tokens = append(q.tokens, t)
-	q.counts[t]++
 	ev := Event{Tokens: []int32{t}}
 	if q.params.Logprob || q.params.TopLogprobs > 0 {
 		ev.Logprobs = []backend.Sampled{smp}

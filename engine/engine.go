@@ -86,6 +86,7 @@ type Options struct {
 	Logger          *slog.Logger // nil: slog.Default()
 
 	checkAccounting bool // tests: verify block accounting after every step
+	overlap         bool // tests: hold tokens over the next pass on any backend
 }
 
 func (o *Options) setDefaults() error {

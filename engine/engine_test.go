@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"os"
@@ -238,10 +239,19 @@ func TestCacheCorrectness(t *testing.T) {
 	}
 }
 
-// TestSampling covers seeds, max tokens, stop tokens and stop strings.
+// TestSampling covers seeds, max tokens, stop tokens and stop strings, with
+// tokens emitted after their pass and while the next one runs (as on a GPU).
 func TestSampling(t *testing.T) {
+	for _, overlap := range []bool{false, true} {
+		t.Run(fmt.Sprintf("overlap=%v", overlap), func(t *testing.T) {
+			testSampling(t, overlap)
+		})
+	}
+}
+
+func testSampling(t *testing.T, overlap bool) {
 	f := loadFixture(t, "qwen3")
-	e := newEngine(t, f, Options{MaxBatchTokens: 32})
+	e := newEngine(t, f, Options{MaxBatchTokens: 32, overlap: overlap})
 	rng := rand.New(rand.NewPCG(5, 6))
 	prompt := randomPrompt(rng, f, 20)
 	seed := uint64(42)
@@ -310,8 +320,9 @@ func TestSampling(t *testing.T) {
 		before = before[:k] // the stop string occurs earlier
 	}
 	ss := generate(t, e, &Request{PromptIDs: prompt, Sampling: Sampling{MaxTokens: 12, IgnoreEOS: true, Stop: []string{stop}}})
-	if ss.finish != FinishStop || ss.text != before {
-		t.Errorf("stop %q: text %q finish %s, want %q (greedy text %q)", stop, ss.text, ss.finish, before, greedy.text)
+	if ss.finish != FinishStop || ss.text != before || !slices.Equal(ss.tokens, greedy.tokens[:len(ss.tokens)]) || ss.usage.CompletionTokens != len(ss.tokens) {
+		t.Errorf("stop %q: text %q tokens %v (usage %d) finish %s, want %q (greedy text %q, tokens %v)",
+			stop, ss.text, ss.tokens, ss.usage.CompletionTokens, ss.finish, before, greedy.text, greedy.tokens)
 	}
 }
 

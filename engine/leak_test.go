@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"runtime"
 	"slices"
@@ -19,14 +20,15 @@ func TestRandomizedNoLeaks(t *testing.T) {
 	for _, tc := range []struct {
 		arch     string
 		requests int
-	}{{"qwen3", 2000}, {"qwen3next", 1000}} {
-		t.Run(tc.arch, func(t *testing.T) {
-			randomizedRun(t, tc.arch, tc.requests)
+		overlap  bool
+	}{{"qwen3", 2000, false}, {"qwen3", 1000, true}, {"qwen3next", 1000, false}} {
+		t.Run(fmt.Sprintf("%s/overlap=%v", tc.arch, tc.overlap), func(t *testing.T) {
+			randomizedRun(t, tc.arch, tc.requests, tc.overlap)
 		})
 	}
 }
 
-func randomizedRun(t *testing.T, arch string, requests int) {
+func randomizedRun(t *testing.T, arch string, requests int, overlap bool) {
 	const maxGen = 24
 	f := loadFixture(t, arch)
 	ref := newEngine(t, loadFixture(t, arch), Options{NoCache: true})
@@ -46,7 +48,7 @@ func randomizedRun(t *testing.T, arch string, requests int) {
 	ref.Close()
 
 	before := runtime.NumGoroutine()
-	e := newEngine(t, f, Options{BlockSize: 4, KVBlocks: 14, MaxRunning: 8, MaxBatchTokens: 24, SnapshotInterval: 8, StateMemory: int64(6 * max(f.m.SlotBytes(), 1))})
+	e := newEngine(t, f, Options{BlockSize: 4, KVBlocks: 14, MaxRunning: 8, MaxBatchTokens: 24, SnapshotInterval: 8, StateMemory: int64(6 * max(f.m.SlotBytes(), 1)), overlap: overlap})
 	type job struct {
 		prompt, maxTokens int
 		cancelAfter       int // events read before cancelling; -1: never

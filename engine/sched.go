@@ -41,7 +41,8 @@ type seq struct {
 	prefilled                       bool // the prompt's end has been reached since (re)admission
 
 	admitted bool
-	cached   int // prompt tokens served from cache at first admission
+	done     bool // finished: its final event is sent
+	cached   int  // prompt tokens served from cache at first admission
 
 	params backend.SampleParams
 	counts map[int32]int32 // generated tokens, for the penalties
@@ -80,6 +81,15 @@ type scheduler struct {
 	running []*seq // oldest first
 	groups  uint64
 
+	// overlap: the tokens of a pass that do not end their sequence are
+	// emitted (detokenized, matched against stop strings, streamed) while
+	// the next pass runs on the device. held keeps them until then. A stop
+	// string then ends its sequence one pass late, whose extra token is
+	// dropped. Hybrid models do not overlap: a sequence's state snapshot
+	// when it ends must not include the next pass.
+	overlap bool
+	held    []heldToken
+
 	preemptions, completed, hitTokens int64
 	recomputed                        int64
 
@@ -88,8 +98,15 @@ type scheduler struct {
 	lastStep                                     time.Time // end of the last pass; zero after the loop idled
 }
 
+// heldToken is a sampled token accepted into its sequence but not emitted.
+type heldToken struct {
+	q   *seq
+	smp backend.Sampled
+}
+
 func newScheduler(e *Engine) *scheduler {
 	s := &scheduler{e: e, m: e.m, hybrid: e.m.Hybrid(), alloc: kvcache.NewAllocator(e.opts.KVBlocks)}
+	s.overlap = (e.m.Backend().Asynchronous() || e.opts.overlap) && !s.hybrid
 	// Hybrid models resume only where a state snapshot exists: their
 	// snapshots hold the KV blocks they need, and full blocks alone (the
 	// prefix cache) are of no use to them.
@@ -117,6 +134,7 @@ func (s *scheduler) loop() {
 		s.intake()
 		s.reap()
 		if len(s.running) == 0 && len(s.waiting) == 0 {
+			s.flush()
 			s.lastStep = time.Time{}
 			s.publish()
 			select {
@@ -128,6 +146,8 @@ func (s *scheduler) loop() {
 		s.admit()
 		if len(s.running) > 0 {
 			s.step()
+		} else {
+			s.flush()
 		}
 		if s.e.opts.checkAccounting {
 			if err := s.checkAccounting(); err != nil {
@@ -355,6 +375,7 @@ func (s *scheduler) step() {
 	// A prefill's reservation may have preempted a younger decoding sequence.
 	plan = slices.DeleteFunc(plan, func(p planned) bool { return p.q.table == nil })
 	if len(plan) == 0 {
+		s.flush()
 		return
 	}
 	seqs := make([]model.Seq, len(plan))
@@ -380,6 +401,9 @@ func (s *scheduler) step() {
 	}
 	for _, p := range plan {
 		q := p.q
+		if q.done {
+			continue // ended by a stop string while this pass ran
+		}
 		q.pos += p.n
 		if s.e.opts.NoCache {
 			continue
@@ -399,10 +423,18 @@ func (s *scheduler) step() {
 		}
 	}
 	for i, q := range rows {
-		s.emit(q, sampled[i])
+		switch {
+		case q.done:
+		case q.accept(sampled[i].Token) || !s.overlap:
+			// Emitted now: an ending sequence's slot and blocks are free for
+			// the next pass, and its client hears of it at once.
+			s.emit(q, sampled[i])
+		default:
+			s.held = append(s.held, heldToken{q, sampled[i]})
+		}
 	}
 	for _, p := range plan {
-		if q := p.q; q.prefillOnly && q.pos == len(q.tokens) {
+		if q := p.q; q.prefillOnly && q.pos == len(q.tokens) && !q.done {
 			s.finish(q, FinishLength, nil)
 		}
 	}
@@ -455,6 +487,7 @@ func (s *scheduler) ensure(q *seq, n int) bool {
 // forward runs the model and samples a token for each sequence of rows.
 func (s *scheduler) forward(seqs []model.Seq, rows []*seq) ([]backend.Sampled, error) {
 	logits, err := s.m.Forward(seqs)
+	s.flush() // while the device runs this pass
 	if err != nil {
 		return nil, err
 	}
@@ -478,6 +511,17 @@ func (s *scheduler) forward(seqs []model.Seq, rows []*seq) ([]backend.Sampled, e
 		params[i] = p
 	}
 	return s.m.Sample(logits, params)
+}
+
+// flush emits the held tokens of the last pass.
+func (s *scheduler) flush() {
+	for _, h := range s.held {
+		if !h.q.done {
+			s.emit(h.q, h.smp)
+		}
+	}
+	clear(s.held)
+	s.held = s.held[:0]
 }
 
 // snapshot saves a hybrid sequence's state after its computed tokens.
@@ -517,6 +561,10 @@ func (s *scheduler) finish(q *seq, reason FinishReason, err error) {
 }
 
 func (s *scheduler) finishWith(q *seq, reason FinishReason, err error, ev Event) {
+	if q.done {
+		return
+	}
+	q.done = true
 	s.running = slices.DeleteFunc(s.running, func(x *seq) bool { return x == q })
 	if i := slices.Index(s.waiting, q); i >= 0 {
 		s.waiting = slices.Delete(s.waiting, i, i+1)
@@ -567,6 +615,7 @@ func (s *scheduler) finishWith(q *seq, reason FinishReason, err error, ev Event)
 
 // shutdown ends every request when the engine closes.
 func (s *scheduler) shutdown() {
+	s.flush()
 	s.intake()
 	for len(s.running) > 0 {
 		s.finish(s.running[0], FinishCancelled, ErrClosed)

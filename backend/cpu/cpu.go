@@ -268,6 +268,9 @@ func (b *Backend) Graph(key string, record func()) { record() }
 // CapturesGraphs is false: the CPU backend runs every step as it comes.
 func (b *Backend) CapturesGraphs() bool { return false }
 
+// Asynchronous is false: every operation is done when its call returns.
+func (b *Backend) Asynchronous() bool { return false }
+
 // ActivationType is F32: the CPU computes every product in f32.
 func (b *Backend) ActivationType() backend.DType { return backend.F32 }
 
