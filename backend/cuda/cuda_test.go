@@ -8,6 +8,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"sync"
 	"testing"
 
@@ -444,8 +445,17 @@ func TestAttention(t *testing.T) {
 	}
 	// {3, 1, 4, 2}: the decode kernel with tokens of one sequence that
 	// attend each other's keys, stored in the same step; {600, 2, 1, 1}:
-	// enough tokens for q/k norm + RoPE to take a block per token.
-	steps := [][]int{{40, 300, 1, 77}, {1, 1, 1, 1}, {1, 1, 1, 1}, {5, 1, 33, 1}, {1, 1, 1, 1}, {3, 1, 4, 2}, {600, 2, 1, 1}}
+	// enough tokens for q/k norm + RoPE to take a block per token; 300, 600
+	// and 1100 new tokens: each of the flash kernel's tiles.
+	steps := [][]int{{40, 300, 1, 77}, {1, 1, 1, 1}, {1, 1, 1, 1}, {5, 1, 33, 1}, {1, 1, 1, 1}, {3, 1, 4, 2}, {600, 2, 1, 1}, {1100, 1, 1, 1}}
+	tiles := map[[2]int]bool{}
+	for _, s := range steps {
+		bq, bk := flashTile(slices.Max(s))
+		tiles[[2]int{bq, bk}] = true
+	}
+	if len(tiles) != 3 {
+		t.Fatalf("the steps take flash tiles %v, want all three", tiles)
+	}
 	for _, c := range cases {
 		for _, out := range []backend.DType{backend.F32, backend.BF16} {
 			attnSteps(p, c, out, steps, func(_ string, f func()) { f() })

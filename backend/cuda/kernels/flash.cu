@@ -206,18 +206,28 @@ __device__ __forceinline__ void flash_prefill(void *out, int odt, const u16 *qbu
 	}
 }
 
-// Four warps of two row tiles measured best on an H100 (4K prompt: 34.0K
-// tok/s against 33.0K with eight warps of one row tile, 16K: 22.8K against
-// 20.9K); with shared-memory addresses held as 32-bit values, tiles of 64 keys
-// beat 48 and 32 (4K: 36.1K / 36.0K / 35.9K, 16K: 24.1K / 24.2K / 23.7K).
-#define FLASH(HD) \
-	extern "C" __global__ void __launch_bounds__(128, 2) flash_prefill_##HD(void *out, int odt, const u16 *qbuf, const u16 *kc, \
-			const u16 *vc, const void *qkv, int qdt, const int *seqpos, const int *seqn, const int *seqstart, const int *seqblk, \
-			const int *blocks, int H, int KH, int bs, float scale, int gated) { \
-		flash_prefill<HD, 64, 4, 2>(out, odt, qbuf, kc, vc, qkv, qdt, seqpos, seqn, seqstart, seqblk, blocks, H, KH, bs, scale, gated); \
+// flash_prefill_BQ_BK_HD: blocks of four warps, BQ queries, key tiles of
+// BK. Long prompts: four warps of two row tiles measured best on an H100 (4K
+// prompt: 34.0K tok/s against 33.0K with eight warps of one row tile, 16K:
+// 22.8K against 20.9K); with shared-memory addresses held as 32-bit values,
+// tiles of 64 keys beat 48 and 32 (4K: 36.1K / 36.0K / 35.9K, 16K: 24.1K /
+// 24.2K / 23.7K). Prompts of up to 1K tokens make too few 128-query blocks
+// to fill the GPU, and the longest one sets the time: 64 queries a block
+// (one row tile a warp) there, with 32-key tiles (four blocks a
+// multiprocessor) up to 512 tokens. Which is used: flashTile in ops.go.
+#define FLASH(BQ, BK, MINB, HD) \
+	extern "C" __global__ void __launch_bounds__(128, MINB) flash_prefill_##BQ##_##BK##_##HD(void *out, int odt, \
+			const u16 *qbuf, const u16 *kc, const u16 *vc, const void *qkv, int qdt, const int *seqpos, const int *seqn, \
+			const int *seqstart, const int *seqblk, const int *blocks, int H, int KH, int bs, float scale, int gated) { \
+		flash_prefill<HD, BK, 4, BQ / 64>(out, odt, qbuf, kc, vc, qkv, qdt, seqpos, seqn, seqstart, seqblk, blocks, H, KH, bs, \
+				scale, gated); \
 	}
-FLASH(64)
-FLASH(128)
+FLASH(128, 64, 2, 64)
+FLASH(128, 64, 2, 128)
+FLASH(64, 64, 2, 64)
+FLASH(64, 64, 2, 128)
+FLASH(64, 32, 4, 64)
+FLASH(64, 32, 4, 128)
 
 // attn_decode_mma: the split-K decode attention of attn_decode (same grid
 // (T, KH, S), same partial results for attn_combine) on tensor cores, for
