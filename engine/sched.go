@@ -423,13 +423,14 @@ func (s *scheduler) step() {
 		}
 	}
 	for i, q := range rows {
-		switch {
-		case q.done:
-		case q.accept(sampled[i].Token) || !s.overlap:
+		if q.done {
+			continue
+		}
+		if ends := q.accept(sampled[i].Token); ends || !s.overlap {
 			// Emitted now: an ending sequence's slot and blocks are free for
 			// the next pass, and its client hears of it at once.
 			s.emit(q, sampled[i])
-		default:
+		} else {
 			s.held = append(s.held, heldToken{q, sampled[i]})
 		}
 	}
