@@ -573,29 +573,33 @@ func TestArgmaxTies(t *testing.T) {
 func TestMoE(t *testing.T) {
 	p := newPair(t, 8)
 	// Two tokens: the router product stays on the float32 GEMV path, so no
-	// near tie between experts can flip the selection.
-	const T, H, E, K, I, Is = 2, 64, 8, 2, 32, 48
-	for _, shared := range []bool{false, true} {
-		for _, norm := range []bool{false, true} {
-			var ce, ge backend.Experts
-			ce.Router, ge.Router = p.load(backend.BF16, p.randn(E*H, 0.3), E, H)
-			ce.GateUp, ge.GateUp = p.load(backend.BF16, p.randn(E*2*I*H, 0.1), E, 2*I, H)
-			ce.Down, ge.Down = p.load(backend.BF16, p.randn(E*H*I, 0.1), E, H, I)
-			if shared {
-				ce.SharedGateUp, ge.SharedGateUp = p.load(backend.BF16, p.randn(2*Is*H, 0.1), 2*Is, H)
-				ce.SharedDown, ge.SharedDown = p.load(backend.BF16, p.randn(H*Is, 0.1), H, Is)
-				ce.SharedGate, ge.SharedGate = p.load(backend.BF16, p.randn(H, 0.3), 1, H)
+	// near tie between experts can flip the selection. 512 experts, top 10:
+	// Qwen3-Next's routing.
+	const T, H, I, Is = 2, 64, 32, 48
+	for _, c := range []struct{ E, K int }{{8, 2}, {512, 10}} {
+		E, K := c.E, c.K
+		for _, shared := range []bool{false, true} {
+			for _, norm := range []bool{false, true} {
+				var ce, ge backend.Experts
+				ce.Router, ge.Router = p.load(backend.BF16, p.randn(E*H, 0.3), E, H)
+				ce.GateUp, ge.GateUp = p.load(backend.BF16, p.randn(E*2*I*H, 0.1), E, 2*I, H)
+				ce.Down, ge.Down = p.load(backend.BF16, p.randn(E*H*I, 0.1), E, H, I)
+				if shared {
+					ce.SharedGateUp, ge.SharedGateUp = p.load(backend.BF16, p.randn(2*Is*H, 0.1), 2*Is, H)
+					ce.SharedDown, ge.SharedDown = p.load(backend.BF16, p.randn(H*Is, 0.1), H, Is)
+					ce.SharedGate, ge.SharedGate = p.load(backend.BF16, p.randn(H, 0.3), 1, H)
+				}
+				p.begin(&backend.Batch{Tokens: make([]int32, T), Seqs: []backend.SeqInfo{{N: T}}})
+				cx, gx := p.load(backend.F32, p.randn(T*H, 1), T, H)
+				init := encode(backend.F32, p.randn(T*H, 1))
+				co, gout := p.out(T, H)
+				p.c.Write(co, init)
+				p.g.Write(gout, init)
+				spec := &backend.MoESpec{Experts: E, TopK: K, NormTopK: norm}
+				p.c.MoE(co, cx, &ce, spec)
+				p.g.MoE(gout, gx, &ge, spec)
+				p.compare(fmt.Sprintf("moe %d experts top %d shared=%v norm=%v", E, K, shared, norm), co, gout, 1e-5)
 			}
-			p.begin(&backend.Batch{Tokens: make([]int32, T), Seqs: []backend.SeqInfo{{N: T}}})
-			cx, gx := p.load(backend.F32, p.randn(T*H, 1), T, H)
-			init := encode(backend.F32, p.randn(T*H, 1))
-			co, gout := p.out(T, H)
-			p.c.Write(co, init)
-			p.g.Write(gout, init)
-			spec := &backend.MoESpec{Experts: E, TopK: K, NormTopK: norm}
-			p.c.MoE(co, cx, &ce, spec)
-			p.g.MoE(gout, gx, &ge, spec)
-			p.compare(fmt.Sprintf("moe shared=%v norm=%v", shared, norm), co, gout, 1e-5)
 		}
 	}
 }
@@ -652,3 +656,4 @@ func TestSkinnySplits(t *testing.T) {
 		t.Errorf("cover %+v after one whole skinny case", cover)
 	}
 }
+

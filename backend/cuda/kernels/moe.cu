@@ -4,10 +4,13 @@
 
 // moe_route: one block per token. Softmax over the E router logits (f32),
 // top-k (ties: lower index first, as torch.topk), optional renormalisation.
+// Each of the k picks is a block-wide argmax: one thread walking all E
+// experts k times took 215 us a token at 512 experts and top 10.
 extern "C" __global__ void moe_route(const float *logits, int E, int K, int norm, int *sel, float *wts) {
 	__shared__ float p[1024];
-	__shared__ float red[32];
-	int t = blockIdx.x;
+	__shared__ float red[32], wv[32];
+	__shared__ int wi[32];
+	int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
 	const float *l = logits + (long)t * E;
 	float mx = -INF;
 	for (int i = threadIdx.x; i < E; i += blockDim.x) mx = fmaxf(mx, l[i]);
@@ -17,21 +20,40 @@ extern "C" __global__ void moe_route(const float *logits, int E, int K, int norm
 		p[i] = expf(l[i] - mx);
 		s += p[i];
 	}
-	s = block_sum(s, red);
-	if (threadIdx.x == 0) {
-		float tot = 0.f;
-		for (int k = 0; k < K; k++) {
-			int best = -1;
-			for (int i = 0; i < E; i++)
-				if (p[i] >= 0.f && (best < 0 || p[i] > p[best])) best = i;
-			sel[t * K + k] = best;
-			wts[t * K + k] = p[best] / s;
-			tot += p[best] / s;
-			p[best] = -1.f;  // taken
+	s = block_sum(s, red);  // also orders the writes of p before the picks
+	float tot = 0.f;
+	for (int k = 0; k < K; k++) {
+		// Taken experts hold -1, below every probability.
+		float bv = -1.f;
+		int bi = E;
+		for (int i = threadIdx.x; i < E; i += blockDim.x)
+			if (p[i] > bv) { bv = p[i]; bi = i; }
+		for (int o = 16; o > 0; o >>= 1) {
+			float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+			int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+			if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
 		}
-		if (norm)
-			for (int k = 0; k < K; k++) wts[t * K + k] /= tot;
+		if (lane == 0) { wv[warp] = bv; wi[warp] = bi; }
+		__syncthreads();
+		if (warp == 0) {
+			bv = lane < nw ? wv[lane] : -1.f;
+			bi = lane < nw ? wi[lane] : E;
+			for (int o = 16; o > 0; o >>= 1) {
+				float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+				int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+				if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+			}
+			if (lane == 0) {
+				sel[t * K + k] = bi;
+				wts[t * K + k] = bv / s;
+				tot += bv / s;
+				p[bi] = -1.f;
+			}
+		}
+		__syncthreads();
 	}
+	if (norm && threadIdx.x == 0)
+		for (int k = 0; k < K; k++) wts[t * K + k] /= tot;
 }
 
 // moe_gemv: y[r, o] = sum_i x[r / xdiv, i] * w[sel[r], o, i] for rows r of
