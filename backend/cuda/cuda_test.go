@@ -14,6 +14,7 @@ import (
 
 	"github.com/kiln-llm/kiln/backend"
 	"github.com/kiln-llm/kiln/backend/cpu"
+	"github.com/kiln-llm/kiln/model/reference"
 )
 
 var (
@@ -657,3 +658,88 @@ func TestSkinnySplits(t *testing.T) {
 	}
 }
 
+// TestDeltaNet runs Gated DeltaNet steps on both backends: sequences that
+// start, continue across steps, prefill long enough for the CPU's chunked
+// form, and decode, at Qwen3-Next's head shape and a small one. Outputs and
+// the saved state must match.
+func TestDeltaNet(t *testing.T) {
+	p := newPair(t, 9)
+	for _, sp := range []backend.DeltaNetSpec{
+		{KeyHeads: 2, ValueHeads: 4, KeyDim: 16, ValueDim: 16, ConvKernel: 4, Chunk: 8},
+		{KeyHeads: 2, ValueHeads: 4, KeyDim: 128, ValueDim: 128, ConvKernel: 4, Chunk: 64},
+	} {
+		const layers, slots = 2, 4
+		ss := backend.StateSpec{Layers: layers, Slots: slots, DeltaNet: sp}
+		cst, err := p.c.NewStateCache(ss)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gst, err := p.g.NewStateCache(ss)
+		if err != nil {
+			t.Fatal(err)
+		}
+		CD, HV := sp.ConvDim(), sp.ValueHeads
+		var w [layers]struct{ c, g backend.DeltaNetWeights }
+		for l := range w {
+			w[l].c.ConvW, w[l].g.ConvW = p.load(backend.BF16, p.randn(CD*sp.ConvKernel, 0.5), CD, sp.ConvKernel)
+			w[l].c.ALog, w[l].g.ALog = p.load(backend.F32, p.randn(HV, 0.5), HV)
+			w[l].c.DtBias, w[l].g.DtBias = p.load(backend.BF16, p.randn(HV, 0.5), HV)
+		}
+		// Each step: new tokens per slot (0: the slot sits the step out),
+		// and whether that slot starts over at position 0.
+		pos := make([]int, slots)
+		for _, step := range [][]int{{100, 3, 1, 0}, {1, 70, 1, 5}, {1, 1, 1, 1}, {2, 1, 130, 1}, {1, 1, 1, 1}} {
+			var b backend.Batch
+			for s, n := range step {
+				if n == 0 {
+					continue
+				}
+				b.Seqs = append(b.Seqs, backend.SeqInfo{Pos: pos[s], N: n, Blocks: []int32{0}, Slot: s})
+				for range n {
+					b.Tokens = append(b.Tokens, 0)
+				}
+			}
+			T := len(b.Tokens)
+			p.begin(&b)
+			for l := range layers {
+				cm, gm := p.load(backend.F32, p.randn(T*CD, 1), T, CD)
+				cb, gb := p.load(backend.F32, p.randn(T*2*HV, 1), T, 2*HV)
+				co, gout := p.out(T, HV*sp.ValueDim)
+				p.c.GatedDeltaNet(co, cm, cb, w[l].c, &sp, cst, l)
+				p.g.GatedDeltaNet(gout, gm, gb, w[l].g, &sp, gst, l)
+				p.compare(fmt.Sprintf("deltanet %+v step %v layer %d", sp, step, l), co, gout, 1e-4)
+			}
+			for s, n := range step {
+				pos[s] += n
+			}
+		}
+		for s := range slots {
+			cb, gb := make([]byte, cst.SlotBytes()), make([]byte, gst.SlotBytes())
+			if err := cst.Save(s, cb); err != nil {
+				t.Fatal(err)
+			}
+			if err := gst.Save(s, gb); err != nil {
+				t.Fatal(err)
+			}
+			if e := relL2(reference.DecodeF32(gb), reference.DecodeF32(cb)); !(e <= 1e-4) {
+				t.Errorf("%+v slot %d: saved state relative L2 %.3g", sp, s, e)
+			}
+		}
+		// A restored slot continues as the original would.
+		state := make([]byte, gst.SlotBytes())
+		if err := gst.Save(1, state); err != nil {
+			t.Fatal(err)
+		}
+		gst.Restore(3, state)
+		gst.CopySlot(2, 3)
+		got := make([]byte, gst.SlotBytes())
+		if err := gst.Save(2, got); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got, state) {
+			t.Errorf("%+v: slot 1 restored into 3 and copied to 2 differs", sp)
+		}
+		cst.Free()
+		gst.Free()
+	}
+}

@@ -550,16 +550,6 @@ func flashTile(maxN int) (bq, bk int) {
 	return 128, 64
 }
 
-// GatedDeltaNet is not implemented on CUDA yet.
-func (b *Backend) GatedDeltaNet(out, mixed, ba backend.Tensor, w backend.DeltaNetWeights, spec *backend.DeltaNetSpec, st backend.StateCache, layer int) {
-	panic("cuda: GatedDeltaNet is not supported by the CUDA backend (Qwen3-Next / Qwen3.5 run on the CPU backend)")
-}
-
-// NewStateCache reports that hybrid (DeltaNet) models are not supported.
-func (b *Backend) NewStateCache(spec backend.StateSpec) (backend.StateCache, error) {
-	return nil, fmt.Errorf("cuda: Gated DeltaNet layers (Qwen3-Next, Qwen3.5) are not supported by the CUDA backend; use --backend cpu")
-}
-
 // MoE adds to out [T, H] the mixture of experts applied to x [T, H]: router
 // products and the shared expert through MatMul, routing and the chosen
 // experts' products in kernels that read expert indices from device memory.

@@ -26,6 +26,7 @@ const (
 	mSeqN            // [S] new tokens
 	mSeqStart        // [S] first token of the sequence in the step
 	mSeqBlk          // [S] offset of the sequence's block table in mBlocks
+	mSeqSlot         // [S] state slot (hybrid models)
 	mRows            // [R] logit rows
 	mBlocks          // concatenated block tables
 	mCount
@@ -112,6 +113,7 @@ func (b *Backend) Begin(bt *backend.Batch) {
 		m.host[mSeqN] = append(m.host[mSeqN], int32(q.N))
 		m.host[mSeqStart] = append(m.host[mSeqStart], int32(start))
 		m.host[mSeqBlk] = append(m.host[mSeqBlk], int32(len(m.host[mBlocks])))
+		m.host[mSeqSlot] = append(m.host[mSeqSlot], int32(q.Slot))
 		m.host[mBlocks] = append(m.host[mBlocks], q.Blocks...)
 		for j := 0; j < q.N; j++ {
 			m.host[mTokSeq] = append(m.host[mTokSeq], int32(i))

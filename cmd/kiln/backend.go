@@ -12,17 +12,12 @@ import (
 	"github.com/kiln-llm/kiln/model"
 )
 
-// openBackend returns the named compute backend for a model with config
-// cfg: "cpu", "cuda", or "auto" (also "") for the best one available here.
-// Auto takes CUDA when a GPU and its libraries are there and the backend runs
-// the architecture, else the CPU, and says why in one log line.
-func openBackend(name string, cfg *model.Config) (backend.Backend, error) {
+// openBackend returns the named compute backend: "cpu", "cuda", or "auto"
+// (also "") for the best one available here. Auto takes CUDA when a GPU and
+// its libraries are there, else the CPU, and says why in one log line.
+func openBackend(name string) (backend.Backend, error) {
 	switch name {
 	case "auto", "":
-		if cfg.Hybrid() {
-			slog.Info("using the CPU backend: the CUDA backend does not run Gated DeltaNet (hybrid) models yet", "arch", cfg.Arch)
-			return cpu.New(cpu.Options{}), nil
-		}
 		b, err := cuda.New(cuda.Options{})
 		if err != nil {
 			slog.Info("using the CPU backend", "cuda", err)
@@ -83,11 +78,11 @@ func kvDType(flag string, b backend.Backend) (backend.DType, error) {
 // openModel opens the backend the name and the model call for, then loads
 // the model on it (or builds the synthetic one).
 func openModel(backendName string, src modelSource) (*model.Model, backend.Backend, error) {
-	cfg, err := modelConfig(src.dir, src.synthetic)
-	if err != nil {
+	// The config first: a bad model directory fails before a GPU starts.
+	if _, err := modelConfig(src.dir, src.synthetic); err != nil {
 		return nil, nil, err
 	}
-	b, err := openBackend(backendName, cfg)
+	b, err := openBackend(backendName)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -91,11 +91,11 @@ func (f *modelFlags) load() (*loaded, error) {
 	if opts.MaxBatchTokens == 0 && f.maxRunning > 256 {
 		opts.MaxBatchTokens = f.maxRunning // every running sequence needs a token per step
 	}
-	cfg, err := modelConfig(f.dir, "")
-	if err != nil {
+	// The config first: a bad model directory fails before a GPU starts.
+	if _, err := modelConfig(f.dir, ""); err != nil {
 		return nil, err
 	}
-	b, err := openBackend(f.backend, cfg)
+	b, err := openBackend(f.backend)
 	if err != nil {
 		return nil, err
 	}
@@ -153,7 +153,7 @@ func (f *modelFlags) load() (*loaded, error) {
 	if err != nil {
 		return nil, fmt.Errorf("starting the engine: %w", err)
 	}
-	cfg = m.Config()
+	cfg := m.Config()
 	name := cfg.Name
 	if dir == "" {
 		name = demoName
