@@ -186,6 +186,31 @@ type StateSpec struct {
 	DeltaNet      DeltaNetSpec
 }
 
+// Check reports a spec that no state cache can hold.
+func (s StateSpec) Check() error {
+	d := s.DeltaNet
+	if s.Layers < 0 || s.Slots <= 0 || d.KeyHeads <= 0 || d.ValueHeads <= 0 || d.ValueHeads%d.KeyHeads != 0 ||
+		d.KeyDim <= 0 || d.ValueDim <= 0 || d.ConvKernel <= 0 || d.Chunk < 0 {
+		return fmt.Errorf("invalid state cache spec %+v", s)
+	}
+	return nil
+}
+
+// SlotFloats returns the floats of one slot in one layer: its conv history
+// and its recurrent state.
+func (s StateSpec) SlotFloats() (conv, rec int) {
+	d := s.DeltaNet
+	return (d.ConvKernel - 1) * d.ConvDim(), d.ValueHeads * d.KeyDim * d.ValueDim
+}
+
+// SlotBytes is the size of one slot across layers as StateCache.Save
+// writes it: per layer the conv history then the recurrent state,
+// little-endian float32.
+func (s StateSpec) SlotBytes() int {
+	conv, rec := s.SlotFloats()
+	return s.Layers * (conv + rec) * 4
+}
+
 // StateCache holds per-slot DeltaNet state for every DeltaNet layer: the conv
 // history [ConvKernel-1, ConvDim] and the recurrent matrix [HV, dk, dv], f32.
 type StateCache interface {

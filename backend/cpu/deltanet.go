@@ -19,12 +19,11 @@ type stateCache struct {
 
 // NewStateCache allocates zeroed recurrent state for spec.Slots sequences.
 func (b *Backend) NewStateCache(spec backend.StateSpec) (backend.StateCache, error) {
-	d := spec.DeltaNet
-	if spec.Layers < 0 || spec.Slots <= 0 || d.KeyHeads <= 0 || d.ValueHeads <= 0 || d.ValueHeads%d.KeyHeads != 0 ||
-		d.KeyDim <= 0 || d.ValueDim <= 0 || d.ConvKernel <= 0 || d.Chunk < 0 {
-		return nil, fmt.Errorf("cpu: state cache: invalid spec %+v", spec)
+	if err := spec.Check(); err != nil {
+		return nil, fmt.Errorf("cpu: %w", err)
 	}
-	c := &stateCache{spec: spec, convN: (d.ConvKernel - 1) * d.ConvDim(), recN: d.ValueHeads * d.KeyDim * d.ValueDim}
+	c := &stateCache{spec: spec}
+	c.convN, c.recN = spec.SlotFloats()
 	for range spec.Layers {
 		c.conv = append(c.conv, make([]float32, spec.Slots*c.convN))
 		c.rec = append(c.rec, make([]float32, spec.Slots*c.recN))
@@ -34,9 +33,7 @@ func (b *Backend) NewStateCache(spec backend.StateSpec) (backend.StateCache, err
 
 func (c *stateCache) Spec() backend.StateSpec { return c.spec }
 
-// SlotBytes is the size of one slot across layers: per layer the conv
-// history then the recurrent state, little-endian float32.
-func (c *stateCache) SlotBytes() int { return c.spec.Layers * (c.convN + c.recN) * 4 }
+func (c *stateCache) SlotBytes() int { return c.spec.SlotBytes() }
 
 func (c *stateCache) checkSlot(s int) {
 	if s < 0 || s >= c.spec.Slots {

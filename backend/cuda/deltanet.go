@@ -25,17 +25,17 @@ type stateCache struct {
 
 // NewStateCache allocates zeroed recurrent state for spec.Slots sequences.
 func (b *Backend) NewStateCache(spec backend.StateSpec) (backend.StateCache, error) {
-	d := spec.DeltaNet
-	if spec.Layers < 0 || spec.Slots <= 0 || d.KeyHeads <= 0 || d.ValueHeads <= 0 || d.ValueHeads%d.KeyHeads != 0 ||
-		d.KeyDim <= 0 || d.ValueDim <= 0 || d.ConvKernel <= 0 || d.Chunk < 0 {
-		return nil, fmt.Errorf("cuda: state cache: invalid spec %+v", spec)
+	if err := spec.Check(); err != nil {
+		return nil, fmt.Errorf("cuda: %w", err)
 	}
+	d := spec.DeltaNet
 	// dn_recur runs a thread per column of a head's state, which sits in
 	// shared memory, and a thread per key element for the norms.
 	if d.KeyDim > d.ValueDim || d.ValueDim > 1024 || 4*(d.KeyDim*d.ValueDim+2*d.KeyDim) > b.smemOp {
 		return nil, fmt.Errorf("cuda: Gated DeltaNet heads of key dim %d, value dim %d are not supported; use --backend cpu", d.KeyDim, d.ValueDim)
 	}
-	c := &stateCache{b: b, spec: spec, convN: (d.ConvKernel - 1) * d.ConvDim(), recN: d.ValueHeads * d.KeyDim * d.ValueDim}
+	c := &stateCache{b: b, spec: spec}
+	c.convN, c.recN = spec.SlotFloats()
 	for range spec.Layers {
 		for _, n := range []int{c.convN, c.recN} {
 			p, err := b.malloc(4 * spec.Slots * n)
@@ -60,9 +60,7 @@ func (b *Backend) NewStateCache(spec backend.StateSpec) (backend.StateCache, err
 
 func (c *stateCache) Spec() backend.StateSpec { return c.spec }
 
-// SlotBytes is the size of one slot across layers: per layer the conv
-// history then the recurrent state, little-endian float32 (as on the CPU).
-func (c *stateCache) SlotBytes() int { return c.spec.Layers * (c.convN + c.recN) * 4 }
+func (c *stateCache) SlotBytes() int { return c.spec.SlotBytes() }
 
 func (c *stateCache) checkSlot(s int) {
 	if s < 0 || s >= c.spec.Slots {
