@@ -573,13 +573,24 @@ func TestArgmaxTies(t *testing.T) {
 
 func TestMoE(t *testing.T) {
 	p := newPair(t, 8)
-	// Two tokens: the router product stays on the float32 GEMV path, so no
-	// near tie between experts can flip the selection. 512 experts, top 10:
-	// Qwen3-Next's routing.
-	const T, H, I, Is = 2, 64, 32, 48
-	for _, c := range []struct{ E, K int }{{8, 2}, {512, 10}} {
-		E, K := c.E, c.K
+	// The router product stays on the float32 GEMV path, so no near tie
+	// between experts flips the selection. 512 experts, top 10: Qwen3-Next's
+	// routing. Enough tokens for two (token, choice) rows an expert go
+	// through the grouped tensor-core products; the shared expert's
+	// products then round their inputs to bf16.
+	const H, I, Is = 64, 32, 48
+	paths := map[bool]bool{}
+	for _, c := range []struct{ T, E, K int }{{2, 8, 2}, {2, 512, 10}, {64, 8, 2}, {128, 512, 10}, {300, 8, 2}} {
+		T, E, K := c.T, c.E, c.K
+		paths[moeGrouped(T*K, E)] = true
 		for _, shared := range []bool{false, true} {
+			tol := 1e-5
+			if moeGrouped(T*K, E) {
+				tol = 1e-4 // rows as hi + lo bf16 parts: ~16 bits
+			}
+			if shared && T > 8 {
+				tol = 5e-3 // cuBLASLt's bf16 inputs
+			}
 			for _, norm := range []bool{false, true} {
 				var ce, ge backend.Experts
 				ce.Router, ge.Router = p.load(backend.BF16, p.randn(E*H, 0.3), E, H)
@@ -599,9 +610,12 @@ func TestMoE(t *testing.T) {
 				spec := &backend.MoESpec{Experts: E, TopK: K, NormTopK: norm}
 				p.c.MoE(co, cx, &ce, spec)
 				p.g.MoE(gout, gx, &ge, spec)
-				p.compare(fmt.Sprintf("moe %d experts top %d shared=%v norm=%v", E, K, shared, norm), co, gout, 1e-5)
+				p.compare(fmt.Sprintf("moe %d tokens, %d experts top %d shared=%v norm=%v", T, E, K, shared, norm), co, gout, tol)
 			}
 		}
+	}
+	if !paths[true] || !paths[false] {
+		t.Errorf("the cases took the grouped products %v and the per-row ones %v; want both", paths[true], paths[false])
 	}
 }
 

@@ -72,6 +72,164 @@ extern "C" __global__ void moe_gemv(float *y, const float *x, int xdiv, const vo
 	if (lane == 0) y[(long)r * O + o] = acc;
 }
 
+// Grouped expert products on tensor cores: the (token, choice) rows are
+// listed expert by expert (moe_group), gathered in that order (moe_gather),
+// and multiplied by their expert's weights in tiles of MG_BM rows of one
+// expert by MG_BN outputs (moe_group_mm), so that an expert's weights are
+// read once per tile of its rows rather than once per row. The rows go in
+// as two bf16 parts, x = hi + lo, each multiplied by the bf16 weights: the
+// products keep ~16 bits of the float32 rows, as the GEMV path does, where
+// bf16 rows alone moved hidden states enough to flip the router's choice
+// downstream (the hybrid fixtures, 260-token prompt).
+#define MG_BM 64
+#define MG_BN 128
+#define MG_BK 32
+#define MG_P (MG_BK + 8)
+#define MG_STAGES 2
+
+// scan1024 returns the inclusive sum of v over threads 0..threadIdx.x of a
+// block of 1024 threads; buf holds 1024 ints.
+__device__ int scan1024(int v, int *buf) {
+	int e = threadIdx.x;
+	buf[e] = v;
+	__syncthreads();
+	for (int off = 1; off < 1024; off <<= 1) {
+		int add = e >= off ? buf[e - off] : 0;
+		__syncthreads();
+		buf[e] += add;
+		__syncthreads();
+	}
+	int r = buf[e];
+	__syncthreads();
+	return r;
+}
+
+// moe_group: one block of 1024 threads (E <= 1024). Expert e's rows are
+// order[start[e] .. start[e+1]) (in no particular order: each row's product
+// is its own); its tiles of MG_BM rows are tiles[2i] = e, tiles[2i+1] = the
+// tile's first index in order, for i < *ntiles.
+extern "C" __global__ void __launch_bounds__(1024) moe_group(const int *sel, int R, int E, int *start, int *order, int *tiles,
+		int *ntiles) {
+	__shared__ int cnt[1024], cur[1024];
+	int e = threadIdx.x;
+	cnt[e] = 0;
+	__syncthreads();
+	for (int r = threadIdx.x; r < R; r += blockDim.x) atomicAdd(&cnt[sel[r]], 1);
+	__syncthreads();
+	int v = cnt[e];
+	int first = scan1024(v, cur) - v;
+	if (e < E) start[e] = first;
+	if (e == E - 1) start[E] = first + v;
+	int nt = (v + MG_BM - 1) / MG_BM;
+	int t0 = scan1024(nt, cur) - nt;
+	for (int i = 0; i < nt; i++) {
+		tiles[2 * (t0 + i)] = e;
+		tiles[2 * (t0 + i) + 1] = first + i * MG_BM;
+	}
+	if (e == 1023) *ntiles = t0 + nt;
+	cur[e] = first;
+	__syncthreads();
+	for (int r = threadIdx.x; r < R; r += blockDim.x) order[atomicAdd(&cur[sel[r]], 1)] = r;
+}
+
+// moe_gather: row j of xg is x[order[j] / xdiv] as hi then lo (x = hi + lo,
+// both bf16), each of I elements. Grid R, block 256.
+extern "C" __global__ void moe_gather(u16 *xg, const float *x, int xdiv, const int *order, int I) {
+	int j = blockIdx.x;
+	const float *src = x + (long)(order[j] / xdiv) * I;
+	u16 *hi = xg + (long)j * 2 * I, *lo = hi + I;
+	for (int i = threadIdx.x; i < I; i += blockDim.x) {
+		u16 h = f2bf(src[i]);
+		hi[i] = h;
+		lo[i] = f2bf(src[i] - bf2f(h));
+	}
+}
+
+// moe_group_mm: y[order[j], o] = sum_i xg[j, i] * w[e, o, i] for the rows j
+// of each tile. Grid (ceil(O / MG_BN), tiles allowed for), 128 threads:
+// four warps of 32 rows by 64 outputs, mma.sync m16n8k16 with the rows as
+// A and the weight rows as B, stages of MG_BK columns by cp.async.
+// Requires I % MG_BK == 0.
+extern "C" __global__ void __launch_bounds__(128) moe_group_mm(float *y, const u16 *xg, const u16 *w, const int *start,
+		const int *order, const int *tiles, const int *ntiles, int O, int I) {
+	__shared__ __align__(16) u16 sA[MG_STAGES][2 * MG_BM * MG_P];  // hi rows, then lo rows
+	__shared__ __align__(16) u16 sB[MG_STAGES][MG_BN * MG_P];
+	int tile = blockIdx.y;
+	if (tile >= *ntiles) return;
+	int e = tiles[2 * tile], j0 = tiles[2 * tile + 1], j1 = min(j0 + MG_BM, start[e + 1]);
+	int o0 = blockIdx.x * MG_BN;
+	int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wm = warp & 1, wn = warp >> 1;
+	int mi = lane >> 3, mr = lane & 7;
+	const u16 *wb = w + (long)e * O * I;
+	int nk = I / MG_BK;
+	// Rows past the tile's end repeat its last row, outputs past O the last
+	// output: finite values whose results are not stored.
+	auto load = [&](int st, int kt) {
+		int k0 = kt * MG_BK;
+		for (int c = threadIdx.x; c < 2 * MG_BM * (MG_BK / 8); c += 128) {
+			int r = c / (MG_BK / 8), col = c % (MG_BK / 8) * 8, part = r / MG_BM;
+			long row = (long)min(j0 + r % MG_BM, j1 - 1) * 2 * I + part * I;
+			cp_async16(smem_addr(&sA[st][r * MG_P + col]), xg + row + k0 + col);
+		}
+		for (int c = threadIdx.x; c < MG_BN * (MG_BK / 8); c += 128) {
+			int r = c / (MG_BK / 8), col = c % (MG_BK / 8) * 8;
+			cp_async16(smem_addr(&sB[st][r * MG_P + col]), wb + (long)min(o0 + r, O - 1) * I + k0 + col);
+		}
+	};
+	float acc[2][8][4];
+#pragma unroll
+	for (int t = 0; t < 2; t++)
+#pragma unroll
+		for (int n = 0; n < 8; n++) acc[t][n][0] = acc[t][n][1] = acc[t][n][2] = acc[t][n][3] = 0.f;
+#pragma unroll
+	for (int s = 0; s < MG_STAGES - 1; s++) {
+		if (s < nk) load(s, s);
+		asm volatile("cp.async.commit_group;");
+	}
+	for (int kt = 0; kt < nk; kt++) {
+		asm volatile("cp.async.wait_group %0;" ::"n"(MG_STAGES - 2));
+		__syncthreads();  // stage kt is in; every warp is done with the stage about to be refilled
+		if (kt + MG_STAGES - 1 < nk) load((kt + MG_STAGES - 1) % MG_STAGES, kt + MG_STAGES - 1);
+		asm volatile("cp.async.commit_group;");
+		int st = kt % MG_STAGES;
+#pragma unroll
+		for (int part = 0; part < 2; part++) {
+			unsigned a[2][2][4];  // [row tile][k step][fragment]
+#pragma unroll
+			for (int t = 0; t < 2; t++)
+#pragma unroll
+				for (int k = 0; k < 2; k++)
+					ldmatrix_x4(smem_addr(&sA[st][(part * MG_BM + wm * 32 + t * 16 + mr + (mi & 1) * 8) * MG_P + k * 16 + (mi >> 1) * 8]),
+							a[t][k][0], a[t][k][1], a[t][k][2], a[t][k][3]);
+#pragma unroll
+			for (int n = 0; n < 8; n++) {
+				unsigned b0, b1, b2, b3;  // k step 0: b0, b1; k step 1: b2, b3
+				ldmatrix_x4(smem_addr(&sB[st][(wn * 64 + n * 8 + mr) * MG_P + mi * 8]), b0, b1, b2, b3);
+#pragma unroll
+				for (int t = 0; t < 2; t++) {
+					mma_bf16(acc[t][n], a[t][0][0], a[t][0][1], a[t][0][2], a[t][0][3], b0, b1);
+					mma_bf16(acc[t][n], a[t][1][0], a[t][1][1], a[t][1][2], a[t][1][3], b2, b3);
+				}
+			}
+		}
+	}
+	asm volatile("cp.async.wait_group 0;");
+#pragma unroll
+	for (int t = 0; t < 2; t++)
+#pragma unroll
+		for (int h = 0; h < 2; h++) {
+			int j = j0 + wm * 32 + t * 16 + (lane >> 2) + h * 8;
+			if (j >= j1) continue;
+			long row = (long)order[j] * O;
+#pragma unroll
+			for (int n = 0; n < 8; n++) {
+				int o = o0 + wn * 64 + n * 8 + (lane & 3) * 2;
+				if (o < O) y[row + o] = acc[t][n][2 * h];
+				if (o + 1 < O) y[row + o + 1] = acc[t][n][2 * h + 1];
+			}
+		}
+}
+
 // moe_combine: out[t, j] += sum_k wts[t, k] * y[t * K + k, j], and, with a
 // shared expert, + sigmoid(gate[t]) * ys[t, j].
 extern "C" __global__ void moe_combine(float *out, const float *y, const float *wts, int K, int H,
