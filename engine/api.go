@@ -106,15 +106,17 @@ type Stats struct {
 	StateBytes        int64
 
 	// Forward passes, all time: how many, the tokens they computed and the
-	// time they took (model and sampling); the same for the passes in
-	// which every sequence advanced by one token (decode-only).
+	// time they took (model and sampling, and on an asynchronous backend
+	// the previous pass's token emission, done while the device runs); the
+	// same for the passes in which every sequence advanced by one token
+	// (decode-only).
 	Steps, StepTokens         int64
 	StepTime                  time.Duration
 	DecodeSteps, DecodeTokens int64
 	DecodeStepTime            time.Duration
 	// HostTime is the time between consecutive passes while sequences
-	// were running (admission, planning, emitting tokens): the device
-	// waits for it.
+	// were running (admission, planning, and on a synchronous backend
+	// emitting tokens): the device waits for it.
 	HostTime time.Duration
 }
 
