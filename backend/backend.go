@@ -8,7 +8,8 @@
 // buffers the backend owns, so that a step's operations depend only on device
 // memory and can be captured once and replayed (see Graph).
 //
-// Activations at this interface are float32; weights may be bf16, f16 or f32.
+// Activations at this interface are float32 or of the backend's
+// ActivationType; weights may be bf16, f16, f32 or block-quantized.
 // A Backend is used by one goroutine at a time.
 package backend
 
@@ -22,16 +23,25 @@ const (
 	BF16
 	F16
 	I32
+	// Block-quantized weight types (weights only, see quant.go).
+	Q8_0
+	Q4_K
+	Q5_K
+	Q6_K
+	MXFP4
+	FP8
 )
 
-// Size returns the number of bytes of one element.
+// Size returns the number of bytes of one element of a float or integer
+// type; a quantized type has no per-element size (see RowBytes).
 func (d DType) Size() int {
 	switch d {
 	case BF16, F16:
 		return 2
-	default:
+	case F32, I32:
 		return 4
 	}
+	panic(fmt.Sprintf("backend: %v has no element size", d))
 }
 
 func (d DType) String() string {
@@ -44,6 +54,18 @@ func (d DType) String() string {
 		return "f16"
 	case I32:
 		return "i32"
+	case Q8_0:
+		return "q8_0"
+	case Q4_K:
+		return "q4_k"
+	case Q5_K:
+		return "q5_k"
+	case Q6_K:
+		return "q6_k"
+	case MXFP4:
+		return "mxfp4"
+	case FP8:
+		return "fp8"
 	}
 	return fmt.Sprintf("dtype(%d)", uint8(d))
 }
