@@ -3,7 +3,9 @@
 // does: added tokens matched first (with their lstrip, rstrip, single_word
 // and normalized flags), then the normalizer, the split pre-tokenizer, the
 // ByteLevel mapping and the BPE merges; decoding through ByteLevel with
-// invalid UTF-8 replaced as Rust's from_utf8_lossy does.
+// invalid UTF-8 replaced as Rust's from_utf8_lossy does. FromGGUF builds
+// the same tokenizer from the metadata llama.cpp's converter writes into a
+// GGUF file.
 //
 // A Tokenizer is safe for concurrent use.
 package tokenizer
