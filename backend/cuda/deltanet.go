@@ -9,6 +9,7 @@ import "C"
 
 import (
 	"fmt"
+	"math"
 	"unsafe"
 
 	"github.com/kiln-llm/kiln/backend"
@@ -21,6 +22,40 @@ type stateCache struct {
 	spec        backend.StateSpec
 	convN, recN int      // floats per slot per layer
 	conv, rec   []devptr // per layer, Slots * convN / recN floats
+	chunk       *dnChunk // nil: no chunked kernels for these heads
+	// chunked counts the (sequence, layer) pairs the chunked kernels ran,
+	// so that tests can tell that they did.
+	chunked int
+}
+
+// dnChunkLen is DN_C of deltanet_chunk.cu: the tokens of a chunk.
+const dnChunkLen = 64
+
+// dnChunkSlice maps the key dims that deltanet_chunk.cu builds (DN_PREP,
+// DN_RUN) to the value columns of a dn_chunk_run block.
+var dnChunkSlice = map[int]int{16: 16, 128: 32}
+
+// dnChunk is how the chunked kernels take a state cache's heads.
+type dnChunk struct {
+	prep, run         string
+	dvs               int // value columns of a dn_chunk_run block
+	prepSmem, runSmem int
+}
+
+// dnPrepSmem is dn_chunk_prep's dynamic shared memory (its comment gives
+// the layout): K, then Q or V, [2][DN_C][dim+8] bf16; A or the scaled T's
+// (2 x [2][DN_C][72] bf16, the larger); T [DN_C][68] f32; the solve's
+// blocks, 768 f32; G and beta.
+func dnPrepSmem(dk, dv int) int {
+	c := dnChunkLen
+	return 4*c*(dk+8) + 4*c*(max(dk, dv)+8) + 4*c*72 + 4*c*68 + 4*768 + 4*2*c
+}
+
+// dnRunSmem is dn_chunk_run's: W, Q, K [2][DN_C][dk+8] bf16; P
+// [2][DN_C][DN_C+8]; S [2][dk][dvs+8]; Vn [2][DN_C][dvs+8].
+func dnRunSmem(dk, dvs int) int {
+	c := dnChunkLen
+	return 3*4*c*(dk+8) + 4*c*(c+8) + 4*dk*(dvs+8) + 4*c*(dvs+8)
 }
 
 // NewStateCache allocates zeroed recurrent state for spec.Slots sequences.
@@ -36,6 +71,17 @@ func (b *Backend) NewStateCache(spec backend.StateSpec) (backend.StateCache, err
 	}
 	c := &stateCache{b: b, spec: spec}
 	c.convN, c.recN = spec.SlotFloats()
+	if dvs := dnChunkSlice[d.KeyDim]; dvs > 0 && d.ValueDim%dvs == 0 {
+		k := &dnChunk{
+			prep: fmt.Sprintf("dn_chunk_prep_%d", d.KeyDim), run: fmt.Sprintf("dn_chunk_run_%d_%d", d.KeyDim, dvs), dvs: dvs,
+			prepSmem: dnPrepSmem(d.KeyDim, d.ValueDim), runSmem: dnRunSmem(d.KeyDim, dvs),
+		}
+		// dn_chunk_run takes 150 KB at Qwen3-Next's heads: an A100 or H100
+		// gives it, GPUs of 100 KB a block run the recurrence instead.
+		if max(k.prepSmem, k.runSmem) <= b.smemOp {
+			c.chunk = k
+		}
+	}
 	for range spec.Layers {
 		for _, n := range []int{c.convN, c.recN} {
 			p, err := b.malloc(4 * spec.Slots * n)
@@ -140,9 +186,11 @@ func (c *stateCache) Free() {
 }
 
 // GatedDeltaNet runs the recurrent core of a DeltaNet layer; see
-// backend.Backend. The delta rule runs token by token for every sequence
-// (the CPU backend's chunked form for long prompts is not ported yet), a
-// block per (sequence, value head).
+// backend.Backend. As on the CPU, a sequence advancing by spec.Chunk tokens
+// or more takes the chunked form (dn_chunk_prep, then dn_chunk_run, in
+// chunks of dnChunkLen tokens whatever spec.Chunk is: the results do not
+// depend on the chunk length), the others the recurrence token by token
+// (dn_recur, a block per sequence and value head).
 func (b *Backend) GatedDeltaNet(out, mixed, ba backend.Tensor, w backend.DeltaNetWeights, spec *backend.DeltaNetSpec, stc backend.StateCache, layer int) {
 	c, ok := stc.(*stateCache)
 	if !ok {
@@ -180,10 +228,47 @@ func (b *Backend) GatedDeltaNet(out, mixed, ba backend.Tensor, w backend.DeltaNe
 		m.dev[mTokSeq], m.dev[mSeqPos], m.dev[mSeqStart], m.dev[mSeqSlot])
 	b.run("dn_conv_hist", [3]int{S, (CD + 255) / 256, 1}, 256, 0, c.conv[layer], mt.ptr, CD, K, c.convN,
 		m.dev[mSeqPos], m.dev[mSeqN], m.dev[mSeqStart], m.dev[mSeqSlot])
-	smem := 4 * (dk*dv + 2*dk)
-	if smem > 48<<10 {
-		b.allowSmem("dn_recur", smem)
+	chunkMin := math.MaxInt32
+	if c.chunk != nil && spec.Chunk > 0 {
+		chunkMin = spec.Chunk
 	}
-	b.run("dn_recur", [3]int{S, HV, 1}, dv, smem, ot.ptr, qkv, bt.ptr, al.ptr, int(al.dt), db.ptr, int(db.dt), c.rec[layer],
-		HK, HV, dk, dv, c.recN, m.dev[mSeqPos], m.dev[mSeqN], m.dev[mSeqStart], m.dev[mSeqSlot])
+	long, short := 0, false
+	for _, n := range m.host[mSeqN] {
+		if int(n) >= chunkMin {
+			long++
+		} else if n > 0 {
+			short = true
+		}
+	}
+	if long > 0 {
+		k := c.chunk
+		// dn_chunk_prep's results for dn_chunk_run, per (token, value head):
+		// q, k and W rows as bf16 hi and lo, P's row likewise, U's row, G.
+		th := T * HV
+		wB, pB, uB := 4*th*dk, 4*th*dnChunkLen, 4*th*dv
+		qg := b.scratchBuf("deltanet.chunk", 3*wB+pB+uB+4*th)
+		kd, wg := qg+devptr(wB), qg+devptr(2*wB)
+		pg := wg + devptr(wB)
+		ug := pg + devptr(pB)
+		gg := ug + devptr(uB)
+		if k.prepSmem > 48<<10 {
+			b.allowSmem(k.prep, k.prepSmem)
+		}
+		if k.runSmem > 48<<10 {
+			b.allowSmem(k.run, k.runSmem)
+		}
+		b.run(k.prep, [3]int{(m.maxN + dnChunkLen - 1) / dnChunkLen, HV, S}, 128, k.prepSmem, qkv, bt.ptr, al.ptr, int(al.dt),
+			db.ptr, int(db.dt), qg, kd, wg, pg, ug, gg, HK, HV, dv, chunkMin, m.dev[mSeqN], m.dev[mSeqStart])
+		b.run(k.run, [3]int{dv / k.dvs, HV, S}, 128, k.runSmem, ot.ptr, qg, kd, wg, pg, ug, gg, c.rec[layer], HV, dv, c.recN,
+			chunkMin, m.dev[mSeqPos], m.dev[mSeqN], m.dev[mSeqStart], m.dev[mSeqSlot])
+		c.chunked += long
+	}
+	if short {
+		smem := 4 * (dk*dv + 2*dk)
+		if smem > 48<<10 {
+			b.allowSmem("dn_recur", smem)
+		}
+		b.run("dn_recur", [3]int{S, HV, 1}, dv, smem, ot.ptr, qkv, bt.ptr, al.ptr, int(al.dt), db.ptr, int(db.dt), c.rec[layer],
+			HK, HV, dk, dv, c.recN, chunkMin, m.dev[mSeqPos], m.dev[mSeqN], m.dev[mSeqStart], m.dev[mSeqSlot])
+	}
 }

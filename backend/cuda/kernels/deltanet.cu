@@ -1,8 +1,9 @@
 // Gated DeltaNet (Qwen3-Next, Qwen3.5): the causal conv over each
 // sequence's conv history, then the gated delta rule token by token over
-// its recurrent state. The state cache holds, per layer, every slot's conv
-// history [K-1, CD] and then every slot's state [HV, dk, dv], f32; a
-// sequence at position 0 starts from zeros, whatever its slot holds.
+// its recurrent state (long prompts: the chunked form, deltanet_chunk.cu).
+// The state cache holds, per layer, every slot's conv history [K-1, CD] and
+// then every slot's state [HV, dk, dv], f32; a sequence at position 0 starts
+// from zeros, whatever its slot holds.
 
 // dn_conv: grid (T, ceil(CD / 256)), block 256. y[t, ch] = silu(sum_j
 // w[ch, j] * in(i - (K-1) + j)) where in() is the sequence's new input row,
@@ -46,14 +47,15 @@ extern "C" __global__ void dn_conv_hist(float *hist, const float *x, int CD, int
 // sequence s: q and k L2-normalised (q also by 1/sqrt(dk)), beta =
 // sigmoid(b), decay = exp(-exp(A_log) * softplus(a + dt_bias)), then
 // u = S^T k; delta = beta (v - decay u); S = decay S + k delta^T; o = S^T q.
+// Sequences of chunkMin tokens or more are dn_chunk_run's (deltanet_chunk.cu).
 extern "C" __global__ void dn_recur(float *out, const float *qkv, const float *ba, const void *aLog, int adt, const void *dtBias,
-		int bdt, float *state, int HK, int HV, int dk, int dv, int recN, const int *seqpos, const int *seqn, const int *seqstart,
-		const int *slots) {
+		int bdt, float *state, int HK, int HV, int dk, int dv, int recN, int chunkMin, const int *seqpos, const int *seqn,
+		const int *seqstart, const int *slots) {
 	extern __shared__ float dsm[];
 	__shared__ float red[32];
 	float *S = dsm, *q = S + dk * dv, *k = q + dk;
 	int s = blockIdx.x, h = blockIdx.y, c = threadIdx.x, n = seqn[s];
-	if (n == 0) return;
+	if (n == 0 || n >= chunkMin) return;
 	int kh = h / (HV / HK), CD = 2 * HK * dk + HV * dv;
 	float *g = state + (long)slots[s] * recN + (long)h * dk * dv;
 	bool fresh = seqpos[s] == 0;
