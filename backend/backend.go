@@ -395,6 +395,10 @@ type Backend interface {
 	MoE(out, x Tensor, e *Experts, spec *MoESpec)
 	// GatherRows writes out[r] = x[LogitRows[r]] for the current batch.
 	GatherRows(out, x Tensor)
+	// CopyCols writes x [T, w] into columns [col, col+w) of out [T, W]
+	// (same dtype): a projection computed in parts, whose weights a file
+	// stores in different types, joins its fused activation.
+	CopyCols(out, x Tensor, col int)
 	// Sample draws one token from each row of logits [R, V] (len(params) ==
 	// R) and returns them to the host; only the tokens (and requested
 	// log-probabilities) cross from the device.

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/kiln-llm/kiln/backend"
+	"github.com/kiln-llm/kiln/quant"
 )
 
 // BenchmarkCopy measures this machine's memory bandwidth as a large copy
@@ -24,6 +25,29 @@ func BenchmarkCopy(b *testing.B) {
 	}
 }
 
+// BenchmarkRead measures this machine's read bandwidth: a dot product over
+// 512 MB of f32 split over all cores (bytes are those read), the ceiling of
+// a GEMV that reads each weight once.
+func BenchmarkRead(b *testing.B) {
+	const n = 128 << 20
+	x := make([]float32, n)
+	for i := range x {
+		x[i] = float32(i & 7)
+	}
+	p := New(Options{}).pool
+	ones := make([]float32, 1<<20)
+	sink := make([]float32, n>>20)
+	b.SetBytes(4 * n)
+	b.ResetTimer()
+	for range b.N {
+		p.For(n>>20, 1, func(lo, hi int) {
+			for c := lo; c < hi; c++ {
+				sink[c] += dotF32(ones, x[c<<20:(c+1)<<20])
+			}
+		})
+	}
+}
+
 // BenchmarkGEMV is batch-1 decode through a Qwen3-0.6B-sized set of bf16
 // matrices (MLP up/gate, down, and the lm head); bytes are the weights read.
 func BenchmarkGEMV(b *testing.B) {
@@ -39,19 +63,51 @@ func BenchmarkPrefill(b *testing.B) {
 	benchMatMul(b, backend.BF16, 3072, 1024, 256)
 }
 
+// BenchmarkQuantGEMV is decode through quantized weights of Qwen3-0.6B's
+// MLP shapes, bf16 beside them; bytes are the weights read, so MB/s is the
+// bandwidth the product streams them at. Keep it short on a shared machine:
+//
+//	go test -run - -bench QuantGEMV -benchtime 200x ./backend/cpu
+func BenchmarkQuantGEMV(b *testing.B) {
+	for _, dt := range []backend.DType{backend.BF16, backend.Q8_0, backend.Q4_K, backend.Q6_K, backend.FP8, backend.Q5_K, backend.MXFP4} {
+		for _, sz := range [][2]int{{3072, 1024}, {1024, 3072}} {
+			for _, n := range []int{1, 4} {
+				b.Run(fmt.Sprintf("%v/%dx%d/n=%d", dt, sz[0], sz[1], n), func(b *testing.B) { benchMatMul(b, dt, sz[0], sz[1], n) })
+			}
+		}
+	}
+}
+
+// BenchmarkQuantPrefill is a many-row product through quantized weights.
+func BenchmarkQuantPrefill(b *testing.B) {
+	for _, dt := range []backend.DType{backend.Q8_0, backend.Q4_K, backend.Q6_K, backend.FP8} {
+		b.Run(dt.String(), func(b *testing.B) { benchMatMul(b, dt, 3072, 1024, 256) })
+	}
+}
+
 // benchMatMul runs out = x w^T over enough distinct copies of w (together
 // larger than any cache) that every call reads its weights from memory.
 func benchMatMul(b *testing.B, dt backend.DType, o, k, n int) {
 	be := New(Options{})
 	r := newRand(1)
-	size := o * k * dt.Size()
-	ws := make([]backend.Tensor, max(1, (1<<30)/size))
-	for i := range ws {
-		wb := make([]byte, size)
-		h := bytesAs[uint16](wb)
+	size := dt.Bytes(o, k)
+	var first []byte
+	if dt.Quantized() {
+		first = quant.Random(dt, o, k, 1, r.Uint64)
+	} else {
+		first = make([]byte, size)
+		h := bytesAs[uint16](first)
 		for j := range h {
 			h[j] = backend.BF16Bits(float32(r.NormFloat64()))
 		}
+	}
+	total := 1 << 30
+	if dt.Quantized() {
+		total = 512 << 20 // the same bytes in fewer copies: set up faster
+	}
+	ws := make([]backend.Tensor, max(1, total/size))
+	for i := range ws {
+		wb := append([]byte(nil), first...)
 		w, err := be.Load(dt, []int{o, k}, wb)
 		if err != nil {
 			b.Fatal(err)

@@ -3,7 +3,8 @@
 // Operations run synchronously when called, split over a fixed pool of
 // worker goroutines; every sum is accumulated in float32 (or wider). Weights
 // given to Load are used in place (they are typically memory-mapped and
-// read-only): bf16, f16 and f32 weights are decoded as they are read.
+// read-only): bf16, f16 and f32 weights are decoded as they are read, and
+// so are block-quantized ones (quant.go says how).
 //
 // Speed comes from a few small kernels (kernels.go, with AVX2+FMA assembly
 // chosen at run time by CPUID on amd64 and portable Go elsewhere):
@@ -11,6 +12,8 @@
 //     in order, and dots it with every input row while it is in L1; this is
 //     bound by memory bandwidth. More rows (prefill) decode blocks of 16
 //     weight rows into a k-major panel and run a 6x16 register-tiled kernel.
+//     Q8_0, Q4_K and Q6_K weights take int8 dot products with the input
+//     rows quantized to int8 at any row count (quant.go).
 //   - Attention for prefills of 16 or more tokens packs the sequence's keys
 //     and values once and uses the same 6x16 kernel for Q K^T and P V; other
 //     tokens are split into spans of positions whose partial softmaxes are
@@ -80,7 +83,19 @@ func (t *Tensor) DType() backend.DType { return t.dt }
 // Shape returns the dimensions, outermost first.
 func (t *Tensor) Shape() []int { return t.shape }
 
-func (t *Tensor) numel() int { return len(t.buf) / t.dt.Size() }
+func (t *Tensor) numel() int { return shapeSize(t.shape) }
+
+// byteSize returns the bytes of a tensor of dt with shape: elements times
+// their size, or for a quantized type whole blocks of each innermost row.
+func byteSize(dt backend.DType, shape []int) int {
+	if dt.Quantized() {
+		if len(shape) == 0 {
+			panic(fmt.Sprintf("cpu: a %v tensor needs a row dimension", dt))
+		}
+		return dt.Bytes(shape...)
+	}
+	return shapeSize(shape) * dt.Size()
+}
 
 // rowLen is the number of elements per index of the first dimension.
 func (t *Tensor) rowLen() int {
@@ -174,14 +189,14 @@ func matrix(t *Tensor) (rows, cols int) {
 
 // Alloc returns a zeroed tensor (the interface allows any contents).
 func (b *Backend) Alloc(dt backend.DType, shape ...int) backend.Tensor {
-	n := shapeSize(shape)
+	size := byteSize(dt, shape)
 	// Allocate as 4-byte words so that every dtype is naturally aligned.
-	words := (n*dt.Size() + 3) / 4
+	words := (size + 3) / 4
 	buf := asBytes(make([]uint32, words))
 	if buf == nil {
 		buf = []byte{}
 	}
-	return &Tensor{dt: dt, shape: append([]int(nil), shape...), buf: buf[:n*dt.Size()]}
+	return &Tensor{dt: dt, shape: append([]int(nil), shape...), buf: buf[:size]}
 }
 
 // Load wraps data as a weight tensor without copying it. data is never
@@ -190,6 +205,13 @@ func (b *Backend) Alloc(dt backend.DType, shape ...int) backend.Tensor {
 func (b *Backend) Load(dt backend.DType, shape []int, data []byte) (backend.Tensor, error) {
 	switch dt {
 	case backend.F32, backend.BF16, backend.F16:
+	case backend.Q8_0, backend.Q4_K, backend.Q5_K, backend.Q6_K, backend.MXFP4, backend.FP8:
+		if len(shape) == 0 {
+			return nil, fmt.Errorf("cpu: load: a %v weight needs a row dimension", dt)
+		}
+		if err := dt.CheckCols(shape[len(shape)-1]); err != nil {
+			return nil, fmt.Errorf("cpu: load: %w", err)
+		}
 	default:
 		return nil, fmt.Errorf("cpu: load: unsupported weight dtype %v", dt)
 	}
@@ -198,9 +220,8 @@ func (b *Backend) Load(dt backend.DType, shape []int, data []byte) (backend.Tens
 			return nil, fmt.Errorf("cpu: load: negative dimension in shape %v", shape)
 		}
 	}
-	n := shapeSize(shape)
-	if len(data) != n*dt.Size() {
-		return nil, fmt.Errorf("cpu: load: %v%v needs %d bytes, have %d", dt, shape, n*dt.Size(), len(data))
+	if size := byteSize(dt, shape); len(data) != size {
+		return nil, fmt.Errorf("cpu: load: %v%v needs %d bytes, have %d", dt, shape, size, len(data))
 	}
 	if data == nil {
 		data = []byte{}
@@ -236,7 +257,10 @@ func (b *Backend) Rows(t backend.Tensor, start, n int) backend.Tensor {
 	if len(c.shape) == 0 || start < 0 || n < 0 || start+n > c.shape[0] {
 		panic(fmt.Sprintf("cpu: rows [%d, %d) of %v", start, start+n, c))
 	}
-	row := c.rowLen() * c.dt.Size()
+	if c.dt.Quantized() && len(c.shape) == 1 {
+		panic(fmt.Sprintf("cpu: rows of %v: the elements of one quantized row", c))
+	}
+	row := byteSize(c.dt, c.shape[1:])
 	shape := append([]int{n}, c.shape[1:]...)
 	return &Tensor{dt: c.dt, shape: shape, buf: c.buf[start*row : (start+n)*row : (start+n)*row], readOnly: c.readOnly, view: true}
 }
@@ -246,6 +270,10 @@ func (b *Backend) Reshape(t backend.Tensor, shape ...int) backend.Tensor {
 	c := asT(t)
 	if shapeSize(shape) != c.numel() {
 		panic(fmt.Sprintf("cpu: reshape %v to %v", c, shape))
+	}
+	// Quantized rows are whole blocks: only the outer dimensions may change.
+	if c.dt.Quantized() && (len(shape) == 0 || shape[len(shape)-1] != c.shape[len(c.shape)-1]) {
+		panic(fmt.Sprintf("cpu: reshape %v to %v changes the quantized row width", c, shape))
 	}
 	return &Tensor{dt: c.dt, shape: append([]int(nil), shape...), buf: c.buf, readOnly: c.readOnly, view: true}
 }

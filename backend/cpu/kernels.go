@@ -20,6 +20,17 @@ var (
 	dotRowsBF16  = dotRowsGo[uint16]
 	axpyRowsF32  = axpyRowsGo[float32]
 	axpyRowsBF16 = axpyRowsGo[uint16]
+
+	// Quantized weights (quant.go).
+	quantizeRow = quantizeRowGo
+	dotQ8_0     = dotQ8_0Go
+	dotQ4K      = dotQ4KGo
+	dotQ6K      = dotQ6KGo
+	dotFP8      = dotFP8Go
+	dotQ8_0x4   = dotQx4Go(dotQ8_0Go)
+	dotQ4Kx4    = dotQx4Go(dotQ4KGo)
+	dotQ6Kx4    = dotQx4Go(dotQ6KGo)
+	dotFP8x4    = dotFP8x4Go
 )
 
 // dotRowsGo sets out[r] = q . k[r*stride:r*stride+len(q)] for r < len(out):

@@ -1,6 +1,7 @@
 package cpu
 
 import (
+	"fmt"
 	"unsafe"
 
 	"github.com/kiln-llm/kiln/backend"
@@ -45,15 +46,42 @@ func axpyRowsF32AVX(acc *float32, p *float32, v *float32, stride uintptr, rows i
 //go:noescape
 func axpyRowsBF16AVX(acc *float32, p *float32, v *uint16, stride uintptr, rows int, hd int)
 
-// hasAVX2FMA reports whether the CPU and OS support AVX2 and FMA.
+//go:noescape
+func dotQ8_0AVX(w *byte, rows int, x *byte, nb int, out *float32)
+
+//go:noescape
+func dotQ8_0x4AVX(w *byte, rows int, x *byte, xstride int, nb int, out *float32)
+
+//go:noescape
+func dotQ4KAVX(w *byte, rows int, x *byte, nb int, out *float32)
+
+//go:noescape
+func dotQ4Kx4AVX(w *byte, rows int, x *byte, xstride int, nb int, out *float32)
+
+//go:noescape
+func dotQ6KAVX(w *byte, rows int, x *byte, nb int, out *float32)
+
+//go:noescape
+func dotQ6Kx4AVX(w *byte, rows int, x *byte, xstride int, nb int, out *float32)
+
+//go:noescape
+func dotFP8AVX(w *byte, rb int, rows int, x *float32, nb int, out *float32)
+
+//go:noescape
+func dotFP8x4AVX(w *byte, rb int, rows int, x *float32, xstride int, nb int, out *float32)
+
+//go:noescape
+func quantizeAVX(x *float32, nb int, blk int, dst *byte)
+
+// hasAVX2FMA reports whether the CPU and OS support AVX2, FMA and F16C.
 func hasAVX2FMA() bool {
 	maxID, _, _, _ := cpuid(0, 0)
 	if maxID < 7 {
 		return false
 	}
 	_, _, ecx1, _ := cpuid(1, 0)
-	const fma, osxsave, avx = 1 << 12, 1 << 27, 1 << 28
-	if ecx1&(fma|osxsave|avx) != fma|osxsave|avx {
+	const fma, osxsave, avx, f16c = 1 << 12, 1 << 27, 1 << 28, 1 << 29
+	if ecx1&(fma|osxsave|avx|f16c) != fma|osxsave|avx|f16c {
 		return false
 	}
 	if xcr0, _ := xgetbv0(); xcr0&6 != 6 { // the OS saves xmm and ymm state
@@ -183,6 +211,9 @@ func asmKernels() (func(), bool) {
 		dotRowsF32, dotRowsBF16 = dotRowsAsm[float32], dotRowsAsm[uint16]
 		axpyRowsF32, axpyRowsBF16 = axpyRowsAsm[float32], axpyRowsAsm[uint16]
 		scaleAxpy, expShift = scaleAxpyF32AVX, expShiftF32AVX
+		quantizeRow, intDotKernels = quantizeRowAsm, true
+		dotQ8_0, dotQ4K, dotQ6K, dotFP8 = quantKernel(dotQ8_0AVX, backend.Q8_0), quantKernel(dotQ4KAVX, backend.Q4_K), quantKernel(dotQ6KAVX, backend.Q6_K), dotFP8Asm
+		dotQ8_0x4, dotQ4Kx4, dotQ6Kx4, dotFP8x4 = quantKernel4(dotQ8_0x4AVX, backend.Q8_0), quantKernel4(dotQ4Kx4AVX, backend.Q4_K), quantKernel4(dotQ6Kx4AVX, backend.Q6_K), dotFP8x4Asm
 	}, useAVX
 }
 
@@ -218,4 +249,91 @@ func axpyRowsAsm[E float32 | uint16](acc, p []float32, v []E, stride int) {
 	case []uint16:
 		axpyRowsBF16AVX(unsafe.SliceData(acc), unsafe.SliceData(p), unsafe.SliceData(v), uintptr(stride)*es, rows, hd)
 	}
+}
+
+// The quantized kernels' wrappers check that the weight rows (whole blocks
+// of rb bytes, consecutive in w) and the input rows cover what the assembly
+// reads.
+
+// quantKernel wraps a one-input-row integer kernel for dt.
+func quantKernel(kern func(w *byte, rows int, x *byte, nb int, out *float32), dt backend.DType) func(w []byte, rb int, x []byte, out []float32) {
+	_, bs := dt.Block()
+	blk, _ := intDot(dt)
+	return func(w []byte, rb int, x []byte, out []float32) {
+		rows, nb := len(out), rb/bs
+		if rows == 0 {
+			return
+		}
+		if rb != nb*bs || len(w) < rows*rb || len(x) < nb*q8Bytes(blk) {
+			panic(fmt.Sprintf("cpu: %v kernel sizes", dt))
+		}
+		if nb == 0 {
+			clear(out)
+			return
+		}
+		kern(unsafe.SliceData(w), rows, unsafe.SliceData(x), nb, unsafe.SliceData(out))
+	}
+}
+
+// quantKernel4 wraps a four-input-row integer kernel for dt.
+func quantKernel4(kern func(w *byte, rows int, x *byte, xstride int, nb int, out *float32), dt backend.DType) func(w []byte, rb int, x []byte, xstride int, out []float32) {
+	_, bs := dt.Block()
+	blk, _ := intDot(dt)
+	return func(w []byte, rb int, x []byte, xstride int, out []float32) {
+		rows, nb := len(out)/4, rb/bs
+		if rows == 0 {
+			return
+		}
+		if rb != nb*bs || len(w) < rows*rb || xstride < nb*q8Bytes(blk) || len(x) < 3*xstride+nb*q8Bytes(blk) {
+			panic(fmt.Sprintf("cpu: %v kernel sizes", dt))
+		}
+		if nb == 0 {
+			clear(out)
+			return
+		}
+		kern(unsafe.SliceData(w), rows, unsafe.SliceData(x), xstride, nb, unsafe.SliceData(out))
+	}
+}
+
+func quantizeRowAsm(x []float32, blk int, dst []byte) {
+	nb := len(x) / blk
+	if nb == 0 {
+		return
+	}
+	if blk != 32 && blk != 256 || len(dst) < nb*q8Bytes(blk) {
+		panic("cpu: quantize sizes")
+	}
+	quantizeAVX(unsafe.SliceData(x), nb, blk, unsafe.SliceData(dst))
+}
+
+// dotFP8Asm covers the whole blocks of x (fp8Tail adds a partial one).
+func dotFP8Asm(w []byte, rb int, x []float32, out []float32) {
+	rows, nb := len(out), len(x)/128
+	if rows == 0 {
+		return
+	}
+	if rb < nb*132 || len(w) < (rows-1)*rb+nb*132 {
+		panic("cpu: fp8 kernel sizes")
+	}
+	if nb == 0 {
+		clear(out)
+		return
+	}
+	dotFP8AVX(unsafe.SliceData(w), rb, rows, unsafe.SliceData(x), nb, unsafe.SliceData(out))
+}
+
+// dotFP8x4Asm is dotFP8Asm against four input rows xstride floats apart.
+func dotFP8x4Asm(w []byte, rb int, x []float32, xstride int, out []float32) {
+	rows, nb := len(out)/4, xstride/128
+	if rows == 0 {
+		return
+	}
+	if rb < nb*132 || len(w) < (rows-1)*rb+nb*132 || len(x) < 3*xstride+nb*128 {
+		panic("cpu: fp8 kernel sizes")
+	}
+	if nb == 0 {
+		clear(out)
+		return
+	}
+	dotFP8x4AVX(unsafe.SliceData(w), rb, rows, unsafe.SliceData(x), 4*xstride, nb, unsafe.SliceData(out))
 }

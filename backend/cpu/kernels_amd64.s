@@ -567,19 +567,19 @@ TEXT ·expShiftAVX(SB), NOSPLIT, $0-28
 	MOVQ         n+8(FP), CX
 	VBROADCASTSS m+16(FP), Y15
 	MOVL         $0xc2ae999a, AX // -87.3
-	MOVL         AX, X14
+	VMOVD        AX, X14
 	VBROADCASTSS X14, Y14
 	MOVL         $0x3fb8aa3b, AX // log2(e)
-	MOVL         AX, X13
+	VMOVD        AX, X13
 	VBROADCASTSS X13, Y13
 	MOVL         $0x3f318000, AX // 0.693359375
-	MOVL         AX, X12
+	VMOVD        AX, X12
 	VBROADCASTSS X12, Y12
 	MOVL         $0x395e8083, AX // 2.12194440e-4
-	MOVL         AX, X11
+	VMOVD        AX, X11
 	VBROADCASTSS X11, Y11
 	MOVL         $0x3f800000, AX // 1
-	MOVL         AX, X10
+	VMOVD        AX, X10
 	VBROADCASTSS X10, Y10
 	VXORPS       Y9, Y9, Y9      // sum
 	XORQ         AX, AX
@@ -595,26 +595,26 @@ eloop:
 	VFNMADD231PS Y12, Y1, Y0     // r = v - n*C1
 	VFMADD231PS  Y11, Y1, Y0     // r += n*C2
 	MOVL         $0x39506967, DX // 1.9875691500e-4
-	MOVL         DX, X2
+	VMOVD        DX, X2
 	VBROADCASTSS X2, Y2
 	MOVL         $0x3ab743ce, DX // 1.3981999507e-3
-	MOVL         DX, X3
+	VMOVD        DX, X3
 	VBROADCASTSS X3, Y3
 	VFMADD213PS  Y3, Y0, Y2      // p = p*r + c
 	MOVL         $0x3c088908, DX // 8.3334519073e-3
-	MOVL         DX, X3
+	VMOVD        DX, X3
 	VBROADCASTSS X3, Y3
 	VFMADD213PS  Y3, Y0, Y2
 	MOVL         $0x3d2aa9c1, DX // 4.1665795894e-2
-	MOVL         DX, X3
+	VMOVD        DX, X3
 	VBROADCASTSS X3, Y3
 	VFMADD213PS  Y3, Y0, Y2
 	MOVL         $0x3e2aaaaa, DX // 1.6666665459e-1
-	MOVL         DX, X3
+	VMOVD        DX, X3
 	VBROADCASTSS X3, Y3
 	VFMADD213PS  Y3, Y0, Y2
 	MOVL         $0x3f000000, DX // 5.0000001201e-1
-	MOVL         DX, X3
+	VMOVD        DX, X3
 	VBROADCASTSS X3, Y3
 	VFMADD213PS  Y3, Y0, Y2
 	VMULPS       Y0, Y0, Y4      // r*r

@@ -14,6 +14,9 @@ func kernelSets() map[string]func() {
 		dotF32, dotBF16, dot4xBF16, axpy, axpyBF16, gemm6x16 = dotF32Go, dotBF16Go, dot4xBF16Go, axpyGo, axpyBF16Go, gemm6x16Go
 		dotRowsF32, dotRowsBF16, axpyRowsF32, axpyRowsBF16 = dotRowsGo[float32], dotRowsGo[uint16], axpyRowsGo[float32], axpyRowsGo[uint16]
 		scaleAxpy, expShift = scaleAxpyGo, expShiftGo
+		quantizeRow, dotQ8_0, dotQ4K, dotQ6K, dotFP8 = quantizeRowGo, dotQ8_0Go, dotQ4KGo, dotQ6KGo, dotFP8Go
+		dotQ8_0x4, dotQ4Kx4, dotQ6Kx4, dotFP8x4 = dotQx4Go(dotQ8_0Go), dotQx4Go(dotQ4KGo), dotQx4Go(dotQ6KGo), dotFP8x4Go
+		intDotKernels = false
 	}}
 	if asm, ok := asmKernels(); ok {
 		sets["asm"] = asm
@@ -133,15 +136,21 @@ func TestKernels(t *testing.T) {
 		t.Run(name+"/Attention", TestAttention)
 		t.Run(name+"/AttentionLongPrefill", TestAttentionLongPrefill)
 		t.Run(name+"/DeltaNet", TestDeltaNetPaths)
+		t.Run(name+"/QuantMatMul", TestQuantMatMul)
+		t.Run(name+"/QuantOps", TestQuantOps)
 	}
 }
 
 func saveKernels() func() {
 	a, b, c, d, e, f := dotF32, dotBF16, dot4xBF16, axpy, axpyBF16, gemm6x16
 	g, h, i, j, k, l := dotRowsF32, dotRowsBF16, axpyRowsF32, axpyRowsBF16, scaleAxpy, expShift
+	m, n, o, p, q := quantizeRow, dotQ8_0, dotQ4K, dotQ6K, dotFP8
+	r, u, v, x, y := dotQ8_0x4, dotQ4Kx4, dotQ6Kx4, dotFP8x4, intDotKernels
 	return func() {
 		dotF32, dotBF16, dot4xBF16, axpy, axpyBF16, gemm6x16 = a, b, c, d, e, f
 		dotRowsF32, dotRowsBF16, axpyRowsF32, axpyRowsBF16, scaleAxpy, expShift = g, h, i, j, k, l
+		quantizeRow, dotQ8_0, dotQ4K, dotQ6K, dotFP8 = m, n, o, p, q
+		dotQ8_0x4, dotQ4Kx4, dotQ6Kx4, dotFP8x4, intDotKernels = r, u, v, x, y
 	}
 }
 

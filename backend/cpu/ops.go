@@ -142,6 +142,20 @@ func (b *Backend) GatedRMSNorm(out, x, z, w backend.Tensor, eps float32) {
 	})
 }
 
+// CopyCols writes x into columns [col, col+w) of out.
+func (b *Backend) CopyCols(out, x backend.Tensor, col int) {
+	ot, xt := asT(out), asT(x)
+	n, w := matrix(xt)
+	on, ow := matrix(ot)
+	if on != n || xt.dt != ot.dt || col < 0 || col+w > ow || ot.readOnly {
+		panic(fmt.Sprintf("cpu: copy cols: out %v, x %v at column %d", ot, xt, col))
+	}
+	es := xt.dt.Size()
+	for t := range n {
+		copy(ot.buf[(t*ow+col)*es:(t*ow+col+w)*es], xt.buf[t*w*es:(t+1)*w*es])
+	}
+}
+
 // GatherRows writes out[r] = x[LogitRows[r]].
 func (b *Backend) GatherRows(out, x backend.Tensor) {
 	ot, xt := asT(out), asT(x)

@@ -207,6 +207,20 @@ func (b *Backend) mlp(ot, xt, gu, dn *tensor, accumulate bool) {
 	b.MatMul(ot, act, dn, accumulate)
 }
 
+// CopyCols writes x into columns [col, col+w) of out.
+func (b *Backend) CopyCols(out, x backend.Tensor, col int) {
+	ot, xt := asT(out), asT(x)
+	n, w, W := xt.rows(), xt.cols(), ot.cols()
+	if ot.rows() != n || xt.dt != ot.dt || col < 0 || col+w > W {
+		panic(fmt.Sprintf("cuda: copy cols: out %v, x %v at column %d", ot, xt, col))
+	}
+	if n == 0 {
+		return
+	}
+	u := xt.dt.Size() / 2
+	b.run("copy_cols", g1(n), 256, 0, ot.ptr, xt.ptr, W*u, w*u, col*u)
+}
+
 // GatherRows writes out[r] = x[LogitRows[r]] for the current batch.
 func (b *Backend) GatherRows(out, x backend.Tensor) {
 	ot, xt := asT(out), asT(x)
@@ -508,8 +522,13 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 		b.runOverlapped("attn_combine", [3]int{T, H, 1}, 4*hd, 0, ot.ptr, int(ot.dt), pm, pl, pacc, qt.ptr, int(qt.dt), m.dev[mTokPos], H, KH, hd, S, boolInt(spec.Gated))
 		return
 	}
-	if c.spec.DType == backend.BF16 && (hd == 64 || hd == 128) {
+	if c.spec.DType == backend.BF16 && (hd == 64 || hd == 128 || hd == 256) {
 		bq, bk := flashTile(m.maxN)
+		if hd == 256 {
+			// Qwen3-Next's heads: one tile shape, whose 256-wide
+			// accumulators fill the registers (241, no spills).
+			bq, bk = 64, 32
+		}
 		name := fmt.Sprintf("flash_prefill_%d_%d_%d", bq, bk, hd)
 		// Two stages of bk keys and values, then the bq queries, bf16.
 		smem := (2*2*bk + bq) * (hd + 8) * 2

@@ -113,6 +113,14 @@ extern "C" __global__ void gather_rows(float *out, const float *x, const int *ro
 	for (int i = threadIdx.x; i < H; i += blockDim.x) out[(long)blockIdx.x * H + i] = src[i];
 }
 
+// copy_cols: columns [col, col+w) of each row of out (W wide) take the row
+// of x (w wide), in 2-byte units (one block per row).
+extern "C" __global__ void copy_cols(u16 *out, const u16 *x, int W, int w, int col) {
+	const u16 *src = x + (long)blockIdx.x * w;
+	u16 *dst = out + (long)blockIdx.x * W + col;
+	for (int i = threadIdx.x; i < w; i += blockDim.x) dst[i] = src[i];
+}
+
 // cast converts n elements of type idt to type odt (the rare conversions
 // to_half does not cover).
 extern "C" __global__ void cast(void *out, int odt, const void *in, int idt, long n) {

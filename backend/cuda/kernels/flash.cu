@@ -228,6 +228,7 @@ FLASH(64, 64, 2, 64)
 FLASH(64, 64, 2, 128)
 FLASH(64, 32, 4, 64)
 FLASH(64, 32, 4, 128)
+FLASH(64, 32, 2, 256)
 
 // attn_decode_mma: the split-K decode attention of attn_decode (same grid
 // (T, KH, S), same partial results for attn_combine) on tensor cores, for

@@ -1,0 +1,1461 @@
+#include "textflag.h"
+
+// Kernels for block-quantized weights (quant.go). Each sets out[r] for
+// r < rows to the dot product of weight row r (rows consecutive in w) with
+// one input row, or, the x4 forms, out[r*4+j] with input rows j < 4 (xstride
+// bytes apart). The integer kernels read input rows quantized to blocks of
+// [float32 d | int8 quants | int16 sums of 16 (256-blocks)]; VPMADDUBSW
+// multiplies unsigned weight quants by signed input quants into int16 pair
+// sums (at most 2*128*127, no saturation), VPMADDWD widens them to int32 (by
+// the sub-block scales where there are), and each block ends in one float
+// multiply-add per input row. The x4 forms unpack each weight block once.
+//
+// Only VEX-encoded instructions touch vector registers: a legacy SSE MOVD
+// between AVX instructions costs about a hundred cycles on this code's
+// test machine (AMD Zen 3).
+
+// HSUMQ reduces the 8 lanes of ymm register Y to lane 0 of its xmm X, using T.
+#define HSUMQ(Y, X, T) \
+	VEXTRACTF128 $1, Y, T; \
+	VADDPS       T, X, X;  \
+	VHADDPS      X, X, X;  \
+	VHADDPS      X, X, X
+
+// F16S loads the f16 at addr as a float32 into lane 0 of xmm register X.
+#define F16S(addr, X) \
+	MOVWLZX   addr, AX; \
+	VMOVD     AX, X;    \
+	VCVTPH2PS X, X
+
+// BCAST32 broadcasts the 32-bit constant c to ymm register Y.
+#define BCAST32(c, X, Y) \
+	MOVL         c, AX; \
+	VMOVD        AX, X; \
+	VPBROADCASTD X, Y
+
+// func dotQ8_0AVX(w *byte, rows int, x *byte, nb int, out *float32)
+// Q8_0 rows of nb blocks of 34 bytes: per block, the signed quants' dot
+// product (VPSIGNB moves the weights' signs onto the input, so that
+// VPMADDUBSW sees |w| <= 128) times f16 d_w * d_x.
+TEXT ·dotQ8_0AVX(SB), NOSPLIT, $0-40
+	MOVQ rows+8(FP), R8
+	MOVQ out+32(FP), R12
+	MOVQ w+0(FP), SI
+	BCAST32($0x00010001, X15, Y15) // int16 ones
+
+q8row:
+	TESTQ  R8, R8
+	JZ     q8done
+	MOVQ   x+16(FP), DI
+	MOVQ   nb+24(FP), CX
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+
+q8pair:
+	CMPQ CX, $2
+	JLT  q8single
+	F16S(0(SI), X2)
+	VMULSS       0(DI), X2, X2
+	VBROADCASTSS X2, Y2
+	VMOVDQU      2(SI), Y3
+	VMOVDQU      4(DI), Y5
+	VPSIGNB      Y3, Y3, Y4
+	VPSIGNB      Y3, Y5, Y5
+	VPMADDUBSW   Y5, Y4, Y4
+	VPMADDWD     Y15, Y4, Y4
+	VCVTDQ2PS    Y4, Y4
+	VFMADD231PS  Y4, Y2, Y0
+	F16S(34(SI), X6)
+	VMULSS       36(DI), X6, X6
+	VBROADCASTSS X6, Y6
+	VMOVDQU      36(SI), Y7
+	VMOVDQU      40(DI), Y9
+	VPSIGNB      Y7, Y7, Y8
+	VPSIGNB      Y7, Y9, Y9
+	VPMADDUBSW   Y9, Y8, Y8
+	VPMADDWD     Y15, Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VFMADD231PS  Y8, Y6, Y1
+	ADDQ $68, SI
+	ADDQ $72, DI
+	SUBQ $2, CX
+	JMP  q8pair
+
+q8single:
+	TESTQ CX, CX
+	JZ    q8sum
+	F16S(0(SI), X2)
+	VMULSS       0(DI), X2, X2
+	VBROADCASTSS X2, Y2
+	VMOVDQU      2(SI), Y3
+	VMOVDQU      4(DI), Y5
+	VPSIGNB      Y3, Y3, Y4
+	VPSIGNB      Y3, Y5, Y5
+	VPMADDUBSW   Y5, Y4, Y4
+	VPMADDWD     Y15, Y4, Y4
+	VCVTDQ2PS    Y4, Y4
+	VFMADD231PS  Y4, Y2, Y0
+	ADDQ $34, SI
+
+q8sum:
+	VADDPS Y1, Y0, Y0
+	HSUMQ(Y0, X0, X2)
+	VMOVSS X0, (R12)
+	ADDQ   $4, R12
+	DECQ   R8
+	JMP    q8row
+
+q8done:
+	VZEROUPPER
+	RET
+
+// func dotQ8_0x4AVX(w *byte, rows int, x *byte, xstride int, nb int, out *float32)
+// dotQ8_0AVX against four input rows: |w|, d_w loaded once per block.
+TEXT ·dotQ8_0x4AVX(SB), NOSPLIT, $0-48
+	MOVQ rows+8(FP), R8
+	MOVQ out+40(FP), R12
+	MOVQ w+0(FP), SI
+	MOVQ xstride+24(FP), R13
+	BCAST32($0x00010001, X15, Y15) // int16 ones
+
+q8x4row:
+	TESTQ  R8, R8
+	JZ     q8x4done
+	MOVQ   x+16(FP), DI
+	LEAQ   (DI)(R13*2), R9
+	ADDQ   R13, R9
+	MOVQ   nb+32(FP), CX
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+
+q8x4block:
+	TESTQ CX, CX
+	JZ    q8x4sum
+	F16S(0(SI), X4)
+	VBROADCASTSS X4, Y4     // d_w
+	VMOVDQU      2(SI), Y5
+	VPSIGNB      Y5, Y5, Y6 // |w|
+	VMOVDQU      4(DI), Y7
+	VPSIGNB      Y5, Y7, Y7
+	VPMADDUBSW   Y7, Y6, Y7
+	VPMADDWD     Y15, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VBROADCASTSS 0(DI), Y8
+	VMULPS       Y4, Y8, Y8
+	VFMADD231PS  Y7, Y8, Y0
+	VMOVDQU      4(DI)(R13*1), Y7
+	VPSIGNB      Y5, Y7, Y7
+	VPMADDUBSW   Y7, Y6, Y7
+	VPMADDWD     Y15, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VBROADCASTSS 0(DI)(R13*1), Y8
+	VMULPS       Y4, Y8, Y8
+	VFMADD231PS  Y7, Y8, Y1
+	VMOVDQU      4(DI)(R13*2), Y7
+	VPSIGNB      Y5, Y7, Y7
+	VPMADDUBSW   Y7, Y6, Y7
+	VPMADDWD     Y15, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VBROADCASTSS 0(DI)(R13*2), Y8
+	VMULPS       Y4, Y8, Y8
+	VFMADD231PS  Y7, Y8, Y2
+	VMOVDQU      4(R9), Y7
+	VPSIGNB      Y5, Y7, Y7
+	VPMADDUBSW   Y7, Y6, Y7
+	VPMADDWD     Y15, Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VBROADCASTSS 0(R9), Y8
+	VMULPS       Y4, Y8, Y8
+	VFMADD231PS  Y7, Y8, Y3
+	ADDQ $34, SI
+	ADDQ $36, DI
+	ADDQ $36, R9
+	DECQ CX
+	JMP  q8x4block
+
+q8x4sum:
+	HSUMQ(Y0, X0, X8)
+	VMOVSS X0, 0(R12)
+	HSUMQ(Y1, X1, X8)
+	VMOVSS X1, 4(R12)
+	HSUMQ(Y2, X2, X8)
+	VMOVSS X2, 8(R12)
+	HSUMQ(Y3, X3, X8)
+	VMOVSS X3, 12(R12)
+	ADDQ $16, R12
+	DECQ R8
+	JMP  q8x4row
+
+q8x4done:
+	VZEROUPPER
+	RET
+
+// func dotQ4KAVX(w *byte, rows int, x *byte, nb int, out *float32)
+// Q4_K rows of nb blocks of 144 bytes: per block d*d_x times the sum over
+// the eight sub-blocks of scale * (quants . x), minus dmin*d_x times the
+// sum of min * (the sub-block's input sum, from the 16-sums).
+TEXT ·dotQ4KAVX(SB), NOSPLIT, $0-40
+	MOVQ rows+8(FP), R8
+	MOVQ out+32(FP), R12
+	MOVQ w+0(FP), SI
+	BCAST32($0x0f0f0f0f, X15, Y15) // low nibbles
+
+q4row:
+	TESTQ  R8, R8
+	JZ     q4done
+	MOVQ   x+16(FP), DI
+	MOVQ   nb+24(FP), CX
+	VXORPS Y0, Y0, Y0 // sum of the scaled products
+	VXORPS X1, X1, X1 // sum of the mins' products
+
+q4block:
+	TESTQ CX, CX
+	JZ    q4sum
+	// The 6-bit scales and mins of the sub-blocks from bytes 4..15:
+	// sc[0:4] = u0 & 0x3f, m[0:4] = u1 & 0x3f, sc[4:8] = u2 & 0xf | u0 >> 6 << 4,
+	// m[4:8] = u2 >> 4 | u1 >> 6 << 4 (per byte of the words u0, u1, u2).
+	MOVL  4(SI), AX
+	MOVL  8(SI), R9
+	MOVL  12(SI), R10
+	MOVL  AX, R11
+	SHRL  $2, R11
+	ANDL  $0x30303030, R11
+	MOVL  R10, R13
+	ANDL  $0x0f0f0f0f, R13
+	ORL   R11, R13
+	ANDL  $0x3f3f3f3f, AX
+	SHLQ  $32, R13
+	ORQ   R13, AX // the 8 scales
+	MOVL  R9, R11
+	SHRL  $2, R11
+	ANDL  $0x30303030, R11
+	SHRL  $4, R10
+	ANDL  $0x0f0f0f0f, R10
+	ORL   R11, R10
+	ANDL  $0x3f3f3f3f, R9
+	SHLQ  $32, R10
+	ORQ   R10, R9 // the 8 mins
+	VMOVQ       AX, X2
+	VMOVQ       R9, X3
+	VPMOVZXBW   X2, X2
+	VINSERTI128 $1, X2, Y2, Y2 // scales as int16, in both halves
+	VPMOVZXBW   X3, X3         // mins as int16
+
+	// Mins: per sub-block the sum of its two 16-sums.
+	VMOVDQU      260(DI), X4
+	VPHADDW      276(DI), X4, X4
+	VPMADDWD     X4, X3, X3
+	VCVTDQ2PS    X3, X3
+	MOVL         (SI), AX
+	VMOVD        AX, X4
+	VCVTPH2PS    X4, X4     // d, dmin
+	VBROADCASTSS (DI), X5
+	VMULPS       X5, X4, X4 // d*dx, dmin*dx
+	VMOVSHDUP    X4, X5
+	VBROADCASTSS X5, X5
+	VFMADD231PS  X3, X5, X1
+	VBROADCASTSS X4, Y4
+
+	VPXOR Y6, Y6, Y6
+	VMOVDQU    16(SI), Y7
+	VPSRLW     $4, Y7, Y8
+	VPAND      Y15, Y7, Y7
+	VPAND      Y15, Y8, Y8
+	VPMADDUBSW 4(DI), Y7, Y7
+	VPMADDUBSW 36(DI), Y8, Y8
+	VPSHUFB    q4kScale<>+0(SB), Y2, Y9
+	VPSHUFB    q4kScale<>+32(SB), Y2, Y10
+	VPMADDWD   Y9, Y7, Y7
+	VPMADDWD   Y10, Y8, Y8
+	VPADDD     Y7, Y6, Y6
+	VPADDD     Y8, Y6, Y6
+	VMOVDQU    48(SI), Y7
+	VPSRLW     $4, Y7, Y8
+	VPAND      Y15, Y7, Y7
+	VPAND      Y15, Y8, Y8
+	VPMADDUBSW 68(DI), Y7, Y7
+	VPMADDUBSW 100(DI), Y8, Y8
+	VPSHUFB    q4kScale<>+64(SB), Y2, Y9
+	VPSHUFB    q4kScale<>+96(SB), Y2, Y10
+	VPMADDWD   Y9, Y7, Y7
+	VPMADDWD   Y10, Y8, Y8
+	VPADDD     Y7, Y6, Y6
+	VPADDD     Y8, Y6, Y6
+	VMOVDQU    80(SI), Y7
+	VPSRLW     $4, Y7, Y8
+	VPAND      Y15, Y7, Y7
+	VPAND      Y15, Y8, Y8
+	VPMADDUBSW 132(DI), Y7, Y7
+	VPMADDUBSW 164(DI), Y8, Y8
+	VPSHUFB    q4kScale<>+128(SB), Y2, Y9
+	VPSHUFB    q4kScale<>+160(SB), Y2, Y10
+	VPMADDWD   Y9, Y7, Y7
+	VPMADDWD   Y10, Y8, Y8
+	VPADDD     Y7, Y6, Y6
+	VPADDD     Y8, Y6, Y6
+	VMOVDQU    112(SI), Y7
+	VPSRLW     $4, Y7, Y8
+	VPAND      Y15, Y7, Y7
+	VPAND      Y15, Y8, Y8
+	VPMADDUBSW 196(DI), Y7, Y7
+	VPMADDUBSW 228(DI), Y8, Y8
+	VPSHUFB    q4kScale<>+192(SB), Y2, Y9
+	VPSHUFB    q4kScale<>+224(SB), Y2, Y10
+	VPMADDWD   Y9, Y7, Y7
+	VPMADDWD   Y10, Y8, Y8
+	VPADDD     Y7, Y6, Y6
+	VPADDD     Y8, Y6, Y6
+	VCVTDQ2PS   Y6, Y6
+	VFMADD231PS Y6, Y4, Y0
+	ADDQ        $144, SI
+	ADDQ        $292, DI
+	DECQ        CX
+	JMP         q4block
+
+q4sum:
+	HSUMQ(Y0, X0, X2)
+	VHADDPS X1, X1, X1
+	VHADDPS X1, X1, X1
+	VSUBSS  X1, X0, X0
+	VMOVSS  X0, (R12)
+	ADDQ    $4, R12
+	DECQ    R8
+	JMP     q4row
+
+q4done:
+	VZEROUPPER
+	RET
+
+// func dotQ4Kx4AVX(w *byte, rows int, x *byte, xstride int, nb int, out *float32)
+// dotQ4KAVX against four input rows (accumulators Y0-Y3, int32 sums
+// Y4-Y7): scales, mins and nibbles unpacked once per block; the mins'
+// products go straight into the float accumulators.
+TEXT ·dotQ4Kx4AVX(SB), NOSPLIT, $0-48
+	MOVQ rows+8(FP), R8
+	MOVQ out+40(FP), R12
+	MOVQ w+0(FP), SI
+	MOVQ xstride+24(FP), R13
+	BCAST32($0x0f0f0f0f, X15, Y15) // low nibbles
+
+q4x4row:
+	TESTQ  R8, R8
+	JZ     q4x4done
+	MOVQ   x+16(FP), DI
+	LEAQ   (DI)(R13*2), R9
+	ADDQ   R13, R9
+	MOVQ   nb+32(FP), CX
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+
+q4x4block:
+	TESTQ CX, CX
+	JZ    q4x4sum
+	// The 6-bit scales and mins of the sub-blocks from bytes 4..15:
+	// sc[0:4] = u0 & 0x3f, m[0:4] = u1 & 0x3f, sc[4:8] = u2 & 0xf | u0 >> 6 << 4,
+	// m[4:8] = u2 >> 4 | u1 >> 6 << 4 (per byte of the words u0, u1, u2).
+	MOVL  4(SI), AX
+	MOVL  8(SI), BX
+	MOVL  12(SI), DX
+	MOVL  AX, R10
+	SHRL  $2, R10
+	ANDL  $0x30303030, R10
+	MOVL  DX, R11
+	ANDL  $0x0f0f0f0f, R11
+	ORL   R10, R11
+	ANDL  $0x3f3f3f3f, AX
+	SHLQ  $32, R11
+	ORQ   R11, AX // the 8 scales
+	MOVL  BX, R10
+	SHRL  $2, R10
+	ANDL  $0x30303030, R10
+	SHRL  $4, DX
+	ANDL  $0x0f0f0f0f, DX
+	ORL   R10, DX
+	ANDL  $0x3f3f3f3f, BX
+	SHLQ  $32, DX
+	ORQ   DX, BX // the 8 mins
+	VMOVQ       AX, X8
+	VMOVQ       BX, X9
+	VPMOVZXBW   X8, X8
+	VINSERTI128 $1, X8, Y8, Y8 // scales as int16, in both halves
+	VPMOVZXBW   X9, X9         // mins as int16
+	MOVL         (SI), AX
+	VMOVD        AX, X14
+	VCVTPH2PS    X14, X14      // d, dmin
+	VMOVSHDUP    X14, X13
+	VBROADCASTSS X13, Y13      // dmin
+	VBROADCASTSS X14, Y14      // d
+	VMOVDQU      260(DI), X10
+	VPHADDW      276(DI), X10, X10
+	VPMADDWD     X10, X9, X10
+	VCVTDQ2PS    X10, X10      // upper lanes zero
+	VBROADCASTSS 0(DI), Y11
+	VMULPS       Y13, Y11, Y12
+	VFNMADD231PS Y10, Y12, Y0
+	VMOVDQU      260(DI)(R13*1), X10
+	VPHADDW      276(DI)(R13*1), X10, X10
+	VPMADDWD     X10, X9, X10
+	VCVTDQ2PS    X10, X10      // upper lanes zero
+	VBROADCASTSS 0(DI)(R13*1), Y11
+	VMULPS       Y13, Y11, Y12
+	VFNMADD231PS Y10, Y12, Y1
+	VMOVDQU      260(DI)(R13*2), X10
+	VPHADDW      276(DI)(R13*2), X10, X10
+	VPMADDWD     X10, X9, X10
+	VCVTDQ2PS    X10, X10      // upper lanes zero
+	VBROADCASTSS 0(DI)(R13*2), Y11
+	VMULPS       Y13, Y11, Y12
+	VFNMADD231PS Y10, Y12, Y2
+	VMOVDQU      260(R9), X10
+	VPHADDW      276(R9), X10, X10
+	VPMADDWD     X10, X9, X10
+	VCVTDQ2PS    X10, X10      // upper lanes zero
+	VBROADCASTSS 0(R9), Y11
+	VMULPS       Y13, Y11, Y12
+	VFNMADD231PS Y10, Y12, Y3
+	VPXOR Y4, Y4, Y4
+	VPXOR Y5, Y5, Y5
+	VPXOR Y6, Y6, Y6
+	VPXOR Y7, Y7, Y7
+	VMOVDQU    16(SI), Y9
+	VPSRLW     $4, Y9, Y10
+	VPAND      Y15, Y9, Y9
+	VPAND      Y15, Y10, Y10
+	VPSHUFB    q4kScale<>+0(SB), Y8, Y11
+	VPSHUFB    q4kScale<>+32(SB), Y8, Y12
+	VPMADDUBSW 4(DI), Y9, Y13
+	VPMADDWD   Y11, Y13, Y13
+	VPADDD     Y13, Y4, Y4
+	VPMADDUBSW 36(DI), Y10, Y13
+	VPMADDWD   Y12, Y13, Y13
+	VPADDD     Y13, Y4, Y4
+	VPMADDUBSW 4(DI)(R13*1), Y9, Y13
+	VPMADDWD   Y11, Y13, Y13
+	VPADDD     Y13, Y5, Y5
+	VPMADDUBSW 36(DI)(R13*1), Y10, Y13
+	VPMADDWD   Y12, Y13, Y13
+	VPADDD     Y13, Y5, Y5
+	VPMADDUBSW 4(DI)(R13*2), Y9, Y13
+	VPMADDWD   Y11, Y13, Y13
+	VPADDD     Y13, Y6, Y6
+	VPMADDUBSW 36(DI)(R13*2), Y10, Y13
+	VPMADDWD   Y12, Y13, Y13
+	VPADDD     Y13, Y6, Y6
+	VPMADDUBSW 4(R9), Y9, Y13
+	VPMADDWD   Y11, Y13, Y13
+	VPADDD     Y13, Y7, Y7
+	VPMADDUBSW 36(R9), Y10, Y13
+	VPMADDWD   Y12, Y13, Y13
+	VPADDD     Y13, Y7, Y7
+	VMOVDQU    48(SI), Y9
+	VPSRLW     $4, Y9, Y10
+	VPAND      Y15, Y9, Y9
+	VPAND      Y15, Y10, Y10
+	VPSHUFB    q4kScale<>+64(SB), Y8, Y11
+	VPSHUFB    q4kScale<>+96(SB), Y8, Y12
+	VPMADDUBSW 68(DI), Y9, Y13
+	VPMADDWD   Y11, Y13, Y13
+	VPADDD     Y13, Y4, Y4
+	VPMADDUBSW 100(DI), Y10, Y13
+	VPMADDWD   Y12, Y13, Y13
+	VPADDD     Y13, Y4, Y4
+	VPMADDUBSW 68(DI)(R13*1), Y9, Y13
+	VPMADDWD   Y11, Y13, Y13
+	VPADDD     Y13, Y5, Y5
+	VPMADDUBSW 100(DI)(R13*1), Y10, Y13
+	VPMADDWD   Y12, Y13, Y13
+	VPADDD     Y13, Y5, Y5
+	VPMADDUBSW 68(DI)(R13*2), Y9, Y13
+	VPMADDWD   Y11, Y13, Y13
+	VPADDD     Y13, Y6, Y6
+	VPMADDUBSW 100(DI)(R13*2), Y10, Y13
+	VPMADDWD   Y12, Y13, Y13
+	VPADDD     Y13, Y6, Y6
+	VPMADDUBSW 68(R9), Y9, Y13
+	VPMADDWD   Y11, Y13, Y13
+	VPADDD     Y13, Y7, Y7
+	VPMADDUBSW 100(R9), Y10, Y13
+	VPMADDWD   Y12, Y13, Y13
+	VPADDD     Y13, Y7, Y7
+	VMOVDQU    80(SI), Y9
+	VPSRLW     $4, Y9, Y10
+	VPAND      Y15, Y9, Y9
+	VPAND      Y15, Y10, Y10
+	VPSHUFB    q4kScale<>+128(SB), Y8, Y11
+	VPSHUFB    q4kScale<>+160(SB), Y8, Y12
+	VPMADDUBSW 132(DI), Y9, Y13
+	VPMADDWD   Y11, Y13, Y13
+	VPADDD     Y13, Y4, Y4
+	VPMADDUBSW 164(DI), Y10, Y13
+	VPMADDWD   Y12, Y13, Y13
+	VPADDD     Y13, Y4, Y4
+	VPMADDUBSW 132(DI)(R13*1), Y9, Y13
+	VPMADDWD   Y11, Y13, Y13
+	VPADDD     Y13, Y5, Y5
+	VPMADDUBSW 164(DI)(R13*1), Y10, Y13
+	VPMADDWD   Y12, Y13, Y13
+	VPADDD     Y13, Y5, Y5
+	VPMADDUBSW 132(DI)(R13*2), Y9, Y13
+	VPMADDWD   Y11, Y13, Y13
+	VPADDD     Y13, Y6, Y6
+	VPMADDUBSW 164(DI)(R13*2), Y10, Y13
+	VPMADDWD   Y12, Y13, Y13
+	VPADDD     Y13, Y6, Y6
+	VPMADDUBSW 132(R9), Y9, Y13
+	VPMADDWD   Y11, Y13, Y13
+	VPADDD     Y13, Y7, Y7
+	VPMADDUBSW 164(R9), Y10, Y13
+	VPMADDWD   Y12, Y13, Y13
+	VPADDD     Y13, Y7, Y7
+	VMOVDQU    112(SI), Y9
+	VPSRLW     $4, Y9, Y10
+	VPAND      Y15, Y9, Y9
+	VPAND      Y15, Y10, Y10
+	VPSHUFB    q4kScale<>+192(SB), Y8, Y11
+	VPSHUFB    q4kScale<>+224(SB), Y8, Y12
+	VPMADDUBSW 196(DI), Y9, Y13
+	VPMADDWD   Y11, Y13, Y13
+	VPADDD     Y13, Y4, Y4
+	VPMADDUBSW 228(DI), Y10, Y13
+	VPMADDWD   Y12, Y13, Y13
+	VPADDD     Y13, Y4, Y4
+	VPMADDUBSW 196(DI)(R13*1), Y9, Y13
+	VPMADDWD   Y11, Y13, Y13
+	VPADDD     Y13, Y5, Y5
+	VPMADDUBSW 228(DI)(R13*1), Y10, Y13
+	VPMADDWD   Y12, Y13, Y13
+	VPADDD     Y13, Y5, Y5
+	VPMADDUBSW 196(DI)(R13*2), Y9, Y13
+	VPMADDWD   Y11, Y13, Y13
+	VPADDD     Y13, Y6, Y6
+	VPMADDUBSW 228(DI)(R13*2), Y10, Y13
+	VPMADDWD   Y12, Y13, Y13
+	VPADDD     Y13, Y6, Y6
+	VPMADDUBSW 196(R9), Y9, Y13
+	VPMADDWD   Y11, Y13, Y13
+	VPADDD     Y13, Y7, Y7
+	VPMADDUBSW 228(R9), Y10, Y13
+	VPMADDWD   Y12, Y13, Y13
+	VPADDD     Y13, Y7, Y7
+	VCVTDQ2PS    Y4, Y4
+	VBROADCASTSS 0(DI), Y11
+	VMULPS       Y14, Y11, Y11
+	VFMADD231PS  Y4, Y11, Y0
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS 0(DI)(R13*1), Y11
+	VMULPS       Y14, Y11, Y11
+	VFMADD231PS  Y5, Y11, Y1
+	VCVTDQ2PS    Y6, Y6
+	VBROADCASTSS 0(DI)(R13*2), Y11
+	VMULPS       Y14, Y11, Y11
+	VFMADD231PS  Y6, Y11, Y2
+	VCVTDQ2PS    Y7, Y7
+	VBROADCASTSS 0(R9), Y11
+	VMULPS       Y14, Y11, Y11
+	VFMADD231PS  Y7, Y11, Y3
+	ADDQ $144, SI
+	ADDQ $292, DI
+	ADDQ $292, R9
+	DECQ CX
+	JMP  q4x4block
+
+q4x4sum:
+	HSUMQ(Y0, X0, X8)
+	VMOVSS X0, 0(R12)
+	HSUMQ(Y1, X1, X8)
+	VMOVSS X1, 4(R12)
+	HSUMQ(Y2, X2, X8)
+	VMOVSS X2, 8(R12)
+	HSUMQ(Y3, X3, X8)
+	VMOVSS X3, 12(R12)
+	ADDQ $16, R12
+	DECQ R8
+	JMP  q4x4row
+
+q4x4done:
+	VZEROUPPER
+	RET
+
+// func dotQ6KAVX(w *byte, rows int, x *byte, nb int, out *float32)
+// Q6_K rows of nb blocks of 210 bytes: per block d*d_x times the sum over
+// the sixteen groups of 16 of scale * (q . x - 32 * sum x), q the unsigned
+// 6-bit quants (low 4 bits from ql, high 2 from qh).
+TEXT ·dotQ6KAVX(SB), NOSPLIT, $0-40
+	MOVQ rows+8(FP), R8
+	MOVQ out+32(FP), R12
+	MOVQ w+0(FP), SI
+	BCAST32($0x0f0f0f0f, X15, Y15) // low nibbles
+	BCAST32($0x30303030, X14, Y14) // bits 4 and 5
+
+q6row:
+	TESTQ  R8, R8
+	JZ     q6done
+	MOVQ   x+16(FP), DI
+	MOVQ   nb+24(FP), CX
+	VXORPS Y0, Y0, Y0
+
+q6block:
+	TESTQ CX, CX
+	JZ    q6sum
+	VPMOVSXBW 192(SI), Y2 // the 16 scales as int16
+	VPMADDWD  260(DI), Y2, Y3
+	VPSLLD    $5, Y3, Y3  // 32 * sum of scale * 16-sum
+	VMOVDQU   192(SI), X11
+	VPXOR     Y6, Y6, Y6
+	VMOVDQU    0(SI), Y10
+	VPAND      Y15, Y10, Y10
+	VMOVDQU    128(SI), Y12
+	VPSLLW     $4, Y12, Y12
+	VPAND      Y14, Y12, Y12
+	VPOR       Y12, Y10, Y10
+	VPMADDUBSW 4(DI), Y10, Y10
+	VPSHUFB    q6kScale<>+0(SB), X11, X12
+	VPMOVSXBW  X12, Y12
+	VPMADDWD   Y12, Y10, Y10
+	VPADDD     Y10, Y6, Y6
+	VMOVDQU    32(SI), Y10
+	VPAND      Y15, Y10, Y10
+	VMOVDQU    128(SI), Y12
+	VPSLLW     $2, Y12, Y12
+	VPAND      Y14, Y12, Y12
+	VPOR       Y12, Y10, Y10
+	VPMADDUBSW 36(DI), Y10, Y10
+	VPSHUFB    q6kScale<>+16(SB), X11, X12
+	VPMOVSXBW  X12, Y12
+	VPMADDWD   Y12, Y10, Y10
+	VPADDD     Y10, Y6, Y6
+	VMOVDQU    0(SI), Y10
+	VPSRLW     $4, Y10, Y10
+	VPAND      Y15, Y10, Y10
+	VMOVDQU    128(SI), Y12
+	VPAND      Y14, Y12, Y12
+	VPOR       Y12, Y10, Y10
+	VPMADDUBSW 68(DI), Y10, Y10
+	VPSHUFB    q6kScale<>+32(SB), X11, X12
+	VPMOVSXBW  X12, Y12
+	VPMADDWD   Y12, Y10, Y10
+	VPADDD     Y10, Y6, Y6
+	VMOVDQU    32(SI), Y10
+	VPSRLW     $4, Y10, Y10
+	VPAND      Y15, Y10, Y10
+	VMOVDQU    128(SI), Y12
+	VPSRLW     $2, Y12, Y12
+	VPAND      Y14, Y12, Y12
+	VPOR       Y12, Y10, Y10
+	VPMADDUBSW 100(DI), Y10, Y10
+	VPSHUFB    q6kScale<>+48(SB), X11, X12
+	VPMOVSXBW  X12, Y12
+	VPMADDWD   Y12, Y10, Y10
+	VPADDD     Y10, Y6, Y6
+	VMOVDQU    64(SI), Y10
+	VPAND      Y15, Y10, Y10
+	VMOVDQU    160(SI), Y12
+	VPSLLW     $4, Y12, Y12
+	VPAND      Y14, Y12, Y12
+	VPOR       Y12, Y10, Y10
+	VPMADDUBSW 132(DI), Y10, Y10
+	VPSHUFB    q6kScale<>+64(SB), X11, X12
+	VPMOVSXBW  X12, Y12
+	VPMADDWD   Y12, Y10, Y10
+	VPADDD     Y10, Y6, Y6
+	VMOVDQU    96(SI), Y10
+	VPAND      Y15, Y10, Y10
+	VMOVDQU    160(SI), Y12
+	VPSLLW     $2, Y12, Y12
+	VPAND      Y14, Y12, Y12
+	VPOR       Y12, Y10, Y10
+	VPMADDUBSW 164(DI), Y10, Y10
+	VPSHUFB    q6kScale<>+80(SB), X11, X12
+	VPMOVSXBW  X12, Y12
+	VPMADDWD   Y12, Y10, Y10
+	VPADDD     Y10, Y6, Y6
+	VMOVDQU    64(SI), Y10
+	VPSRLW     $4, Y10, Y10
+	VPAND      Y15, Y10, Y10
+	VMOVDQU    160(SI), Y12
+	VPAND      Y14, Y12, Y12
+	VPOR       Y12, Y10, Y10
+	VPMADDUBSW 196(DI), Y10, Y10
+	VPSHUFB    q6kScale<>+96(SB), X11, X12
+	VPMOVSXBW  X12, Y12
+	VPMADDWD   Y12, Y10, Y10
+	VPADDD     Y10, Y6, Y6
+	VMOVDQU    96(SI), Y10
+	VPSRLW     $4, Y10, Y10
+	VPAND      Y15, Y10, Y10
+	VMOVDQU    160(SI), Y12
+	VPSRLW     $2, Y12, Y12
+	VPAND      Y14, Y12, Y12
+	VPOR       Y12, Y10, Y10
+	VPMADDUBSW 228(DI), Y10, Y10
+	VPSHUFB    q6kScale<>+112(SB), X11, X12
+	VPMOVSXBW  X12, Y12
+	VPMADDWD   Y12, Y10, Y10
+	VPADDD     Y10, Y6, Y6
+	VPSUBD       Y3, Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	F16S(208(SI), X4)
+	VMULSS       (DI), X4, X4
+	VBROADCASTSS X4, Y4
+	VFMADD231PS  Y6, Y4, Y0
+	ADDQ         $210, SI
+	ADDQ         $292, DI
+	DECQ         CX
+	JMP          q6block
+
+q6sum:
+	HSUMQ(Y0, X0, X2)
+	VMOVSS X0, (R12)
+	ADDQ   $4, R12
+	DECQ   R8
+	JMP    q6row
+
+q6done:
+	VZEROUPPER
+	RET
+
+// func dotQ6Kx4AVX(w *byte, rows int, x *byte, xstride int, nb int, out *float32)
+// dotQ6KAVX against four input rows (accumulators Y0-Y3, int32 sums
+// Y4-Y7, starting at -32 * sum of scale * 16-sum): each group's quants and
+// scales unpacked once.
+TEXT ·dotQ6Kx4AVX(SB), NOSPLIT, $0-48
+	MOVQ rows+8(FP), R8
+	MOVQ out+40(FP), R12
+	MOVQ w+0(FP), SI
+	MOVQ xstride+24(FP), R13
+	BCAST32($0x0f0f0f0f, X15, Y15) // low nibbles
+	BCAST32($0x30303030, X14, Y14) // bits 4 and 5
+
+q6x4row:
+	TESTQ  R8, R8
+	JZ     q6x4done
+	MOVQ   x+16(FP), DI
+	LEAQ   (DI)(R13*2), R9
+	ADDQ   R13, R9
+	MOVQ   nb+32(FP), CX
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+
+q6x4block:
+	TESTQ CX, CX
+	JZ    q6x4sum
+	VPMOVSXBW 192(SI), Y10 // the 16 scales as int16
+	VMOVDQU   192(SI), X11
+	VPMADDWD  260(DI), Y10, Y12
+	VPSLLD    $5, Y12, Y12
+	VPXOR     Y4, Y4, Y4
+	VPSUBD    Y12, Y4, Y4
+	VPMADDWD  260(DI)(R13*1), Y10, Y12
+	VPSLLD    $5, Y12, Y12
+	VPXOR     Y5, Y5, Y5
+	VPSUBD    Y12, Y5, Y5
+	VPMADDWD  260(DI)(R13*2), Y10, Y12
+	VPSLLD    $5, Y12, Y12
+	VPXOR     Y6, Y6, Y6
+	VPSUBD    Y12, Y6, Y6
+	VPMADDWD  260(R9), Y10, Y12
+	VPSLLD    $5, Y12, Y12
+	VPXOR     Y7, Y7, Y7
+	VPSUBD    Y12, Y7, Y7
+	VMOVDQU    0(SI), Y8
+	VPAND      Y15, Y8, Y8
+	VMOVDQU    128(SI), Y9
+	VPSLLW     $4, Y9, Y9
+	VPAND      Y14, Y9, Y9
+	VPOR       Y9, Y8, Y8
+	VPSHUFB    q6kScale<>+0(SB), X11, X10
+	VPMOVSXBW  X10, Y10
+	VPMADDUBSW 4(DI), Y8, Y12
+	VPMADDWD   Y10, Y12, Y12
+	VPADDD     Y12, Y4, Y4
+	VPMADDUBSW 4(DI)(R13*1), Y8, Y12
+	VPMADDWD   Y10, Y12, Y12
+	VPADDD     Y12, Y5, Y5
+	VPMADDUBSW 4(DI)(R13*2), Y8, Y12
+	VPMADDWD   Y10, Y12, Y12
+	VPADDD     Y12, Y6, Y6
+	VPMADDUBSW 4(R9), Y8, Y12
+	VPMADDWD   Y10, Y12, Y12
+	VPADDD     Y12, Y7, Y7
+	VMOVDQU    32(SI), Y8
+	VPAND      Y15, Y8, Y8
+	VMOVDQU    128(SI), Y9
+	VPSLLW     $2, Y9, Y9
+	VPAND      Y14, Y9, Y9
+	VPOR       Y9, Y8, Y8
+	VPSHUFB    q6kScale<>+16(SB), X11, X10
+	VPMOVSXBW  X10, Y10
+	VPMADDUBSW 36(DI), Y8, Y12
+	VPMADDWD   Y10, Y12, Y12
+	VPADDD     Y12, Y4, Y4
+	VPMADDUBSW 36(DI)(R13*1), Y8, Y12
+	VPMADDWD   Y10, Y12, Y12
+	VPADDD     Y12, Y5, Y5
+	VPMADDUBSW 36(DI)(R13*2), Y8, Y12
+	VPMADDWD   Y10, Y12, Y12
+	VPADDD     Y12, Y6, Y6
+	VPMADDUBSW 36(R9), Y8, Y12
+	VPMADDWD   Y10, Y12, Y12
+	VPADDD     Y12, Y7, Y7
+	VMOVDQU    0(SI), Y8
+	VPSRLW     $4, Y8, Y8
+	VPAND      Y15, Y8, Y8
+	VMOVDQU    128(SI), Y9
+	VPAND      Y14, Y9, Y9
+	VPOR       Y9, Y8, Y8
+	VPSHUFB    q6kScale<>+32(SB), X11, X10
+	VPMOVSXBW  X10, Y10
+	VPMADDUBSW 68(DI), Y8, Y12
+	VPMADDWD   Y10, Y12, Y12
+	VPADDD     Y12, Y4, Y4
+	VPMADDUBSW 68(DI)(R13*1), Y8, Y12
+	VPMADDWD   Y10, Y12, Y12
+	VPADDD     Y12, Y5, Y5
+	VPMADDUBSW 68(DI)(R13*2), Y8, Y12
+	VPMADDWD   Y10, Y12, Y12
+	VPADDD     Y12, Y6, Y6
+	VPMADDUBSW 68(R9), Y8, Y12
+	VPMADDWD   Y10, Y12, Y12
+	VPADDD     Y12, Y7, Y7
+	VMOVDQU    32(SI), Y8
+	VPSRLW     $4, Y8, Y8
+	VPAND      Y15, Y8, Y8
+	VMOVDQU    128(SI), Y9
+	VPSRLW     $2, Y9, Y9
+	VPAND      Y14, Y9, Y9
+	VPOR       Y9, Y8, Y8
+	VPSHUFB    q6kScale<>+48(SB), X11, X10
+	VPMOVSXBW  X10, Y10
+	VPMADDUBSW 100(DI), Y8, Y12
+	VPMADDWD   Y10, Y12, Y12
+	VPADDD     Y12, Y4, Y4
+	VPMADDUBSW 100(DI)(R13*1), Y8, Y12
+	VPMADDWD   Y10, Y12, Y12
+	VPADDD     Y12, Y5, Y5
+	VPMADDUBSW 100(DI)(R13*2), Y8, Y12
+	VPMADDWD   Y10, Y12, Y12
+	VPADDD     Y12, Y6, Y6
+	VPMADDUBSW 100(R9), Y8, Y12
+	VPMADDWD   Y10, Y12, Y12
+	VPADDD     Y12, Y7, Y7
+	VMOVDQU    64(SI), Y8
+	VPAND      Y15, Y8, Y8
+	VMOVDQU    160(SI), Y9
+	VPSLLW     $4, Y9, Y9
+	VPAND      Y14, Y9, Y9
+	VPOR       Y9, Y8, Y8
+	VPSHUFB    q6kScale<>+64(SB), X11, X10
+	VPMOVSXBW  X10, Y10
+	VPMADDUBSW 132(DI), Y8, Y12
+	VPMADDWD   Y10, Y12, Y12
+	VPADDD     Y12, Y4, Y4
+	VPMADDUBSW 132(DI)(R13*1), Y8, Y12
+	VPMADDWD   Y10, Y12, Y12
+	VPADDD     Y12, Y5, Y5
+	VPMADDUBSW 132(DI)(R13*2), Y8, Y12
+	VPMADDWD   Y10, Y12, Y12
+	VPADDD     Y12, Y6, Y6
+	VPMADDUBSW 132(R9), Y8, Y12
+	VPMADDWD   Y10, Y12, Y12
+	VPADDD     Y12, Y7, Y7
+	VMOVDQU    96(SI), Y8
+	VPAND      Y15, Y8, Y8
+	VMOVDQU    160(SI), Y9
+	VPSLLW     $2, Y9, Y9
+	VPAND      Y14, Y9, Y9
+	VPOR       Y9, Y8, Y8
+	VPSHUFB    q6kScale<>+80(SB), X11, X10
+	VPMOVSXBW  X10, Y10
+	VPMADDUBSW 164(DI), Y8, Y12
+	VPMADDWD   Y10, Y12, Y12
+	VPADDD     Y12, Y4, Y4
+	VPMADDUBSW 164(DI)(R13*1), Y8, Y12
+	VPMADDWD   Y10, Y12, Y12
+	VPADDD     Y12, Y5, Y5
+	VPMADDUBSW 164(DI)(R13*2), Y8, Y12
+	VPMADDWD   Y10, Y12, Y12
+	VPADDD     Y12, Y6, Y6
+	VPMADDUBSW 164(R9), Y8, Y12
+	VPMADDWD   Y10, Y12, Y12
+	VPADDD     Y12, Y7, Y7
+	VMOVDQU    64(SI), Y8
+	VPSRLW     $4, Y8, Y8
+	VPAND      Y15, Y8, Y8
+	VMOVDQU    160(SI), Y9
+	VPAND      Y14, Y9, Y9
+	VPOR       Y9, Y8, Y8
+	VPSHUFB    q6kScale<>+96(SB), X11, X10
+	VPMOVSXBW  X10, Y10
+	VPMADDUBSW 196(DI), Y8, Y12
+	VPMADDWD   Y10, Y12, Y12
+	VPADDD     Y12, Y4, Y4
+	VPMADDUBSW 196(DI)(R13*1), Y8, Y12
+	VPMADDWD   Y10, Y12, Y12
+	VPADDD     Y12, Y5, Y5
+	VPMADDUBSW 196(DI)(R13*2), Y8, Y12
+	VPMADDWD   Y10, Y12, Y12
+	VPADDD     Y12, Y6, Y6
+	VPMADDUBSW 196(R9), Y8, Y12
+	VPMADDWD   Y10, Y12, Y12
+	VPADDD     Y12, Y7, Y7
+	VMOVDQU    96(SI), Y8
+	VPSRLW     $4, Y8, Y8
+	VPAND      Y15, Y8, Y8
+	VMOVDQU    160(SI), Y9
+	VPSRLW     $2, Y9, Y9
+	VPAND      Y14, Y9, Y9
+	VPOR       Y9, Y8, Y8
+	VPSHUFB    q6kScale<>+112(SB), X11, X10
+	VPMOVSXBW  X10, Y10
+	VPMADDUBSW 228(DI), Y8, Y12
+	VPMADDWD   Y10, Y12, Y12
+	VPADDD     Y12, Y4, Y4
+	VPMADDUBSW 228(DI)(R13*1), Y8, Y12
+	VPMADDWD   Y10, Y12, Y12
+	VPADDD     Y12, Y5, Y5
+	VPMADDUBSW 228(DI)(R13*2), Y8, Y12
+	VPMADDWD   Y10, Y12, Y12
+	VPADDD     Y12, Y6, Y6
+	VPMADDUBSW 228(R9), Y8, Y12
+	VPMADDWD   Y10, Y12, Y12
+	VPADDD     Y12, Y7, Y7
+	F16S(208(SI), X13)
+	VBROADCASTSS X13, Y13 // d
+	VCVTDQ2PS    Y4, Y4
+	VBROADCASTSS 0(DI), Y12
+	VMULPS       Y13, Y12, Y12
+	VFMADD231PS  Y4, Y12, Y0
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS 0(DI)(R13*1), Y12
+	VMULPS       Y13, Y12, Y12
+	VFMADD231PS  Y5, Y12, Y1
+	VCVTDQ2PS    Y6, Y6
+	VBROADCASTSS 0(DI)(R13*2), Y12
+	VMULPS       Y13, Y12, Y12
+	VFMADD231PS  Y6, Y12, Y2
+	VCVTDQ2PS    Y7, Y7
+	VBROADCASTSS 0(R9), Y12
+	VMULPS       Y13, Y12, Y12
+	VFMADD231PS  Y7, Y12, Y3
+	ADDQ $210, SI
+	ADDQ $292, DI
+	ADDQ $292, R9
+	DECQ CX
+	JMP  q6x4block
+
+q6x4sum:
+	HSUMQ(Y0, X0, X8)
+	VMOVSS X0, 0(R12)
+	HSUMQ(Y1, X1, X8)
+	VMOVSS X1, 4(R12)
+	HSUMQ(Y2, X2, X8)
+	VMOVSS X2, 8(R12)
+	HSUMQ(Y3, X3, X8)
+	VMOVSS X3, 12(R12)
+	ADDQ $16, R12
+	DECQ R8
+	JMP  q6x4row
+
+q6x4done:
+	VZEROUPPER
+	RET
+
+// func dotFP8AVX(w *byte, rb int, rows int, x *float32, nb int, out *float32)
+// FP8 rows of rb bytes, their first nb blocks of 132 bytes: per block the
+// float32 scale times the f32 dot of its 128 e4m3 values with x. An e4m3
+// byte becomes the f16 of its value / 256 by moving its exponent and
+// mantissa into place ((sign-extended byte << 7) & 0xbf80; subnormals land
+// on f16 subnormals, 0x7f/0xff read as ±480 rather than NaN); VCVTPH2PS
+// widens it and each row's sum is scaled by 256 at the end.
+TEXT ·dotFP8AVX(SB), NOSPLIT, $0-48
+	MOVQ    w+0(FP), R9
+	MOVQ    rows+16(FP), R8
+	MOVQ    out+40(FP), R12
+	BCAST32($0xbf80bf80, X15, Y15)
+	MOVL    $0x43800000, AX // 256
+	VMOVD   AX, X14
+
+f8row:
+	TESTQ  R8, R8
+	JZ     f8done
+	MOVQ   R9, SI
+	MOVQ   x+24(FP), DI
+	MOVQ   nb+32(FP), CX
+	VXORPS Y0, Y0, Y0
+
+f8block:
+	TESTQ  CX, CX
+	JZ     f8sum
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VPMOVSXBW    4(SI), Y5
+	VPSLLW       $7, Y5, Y5
+	VPAND        Y15, Y5, Y5
+	VEXTRACTI128 $1, Y5, X6
+	VCVTPH2PS    X5, Y5
+	VCVTPH2PS    X6, Y6
+	VFMADD231PS  0(DI), Y5, Y1
+	VFMADD231PS  32(DI), Y6, Y2
+	VPMOVSXBW    20(SI), Y5
+	VPSLLW       $7, Y5, Y5
+	VPAND        Y15, Y5, Y5
+	VEXTRACTI128 $1, Y5, X6
+	VCVTPH2PS    X5, Y5
+	VCVTPH2PS    X6, Y6
+	VFMADD231PS  64(DI), Y5, Y3
+	VFMADD231PS  96(DI), Y6, Y4
+	VPMOVSXBW    36(SI), Y5
+	VPSLLW       $7, Y5, Y5
+	VPAND        Y15, Y5, Y5
+	VEXTRACTI128 $1, Y5, X6
+	VCVTPH2PS    X5, Y5
+	VCVTPH2PS    X6, Y6
+	VFMADD231PS  128(DI), Y5, Y1
+	VFMADD231PS  160(DI), Y6, Y2
+	VPMOVSXBW    52(SI), Y5
+	VPSLLW       $7, Y5, Y5
+	VPAND        Y15, Y5, Y5
+	VEXTRACTI128 $1, Y5, X6
+	VCVTPH2PS    X5, Y5
+	VCVTPH2PS    X6, Y6
+	VFMADD231PS  192(DI), Y5, Y3
+	VFMADD231PS  224(DI), Y6, Y4
+	VPMOVSXBW    68(SI), Y5
+	VPSLLW       $7, Y5, Y5
+	VPAND        Y15, Y5, Y5
+	VEXTRACTI128 $1, Y5, X6
+	VCVTPH2PS    X5, Y5
+	VCVTPH2PS    X6, Y6
+	VFMADD231PS  256(DI), Y5, Y1
+	VFMADD231PS  288(DI), Y6, Y2
+	VPMOVSXBW    84(SI), Y5
+	VPSLLW       $7, Y5, Y5
+	VPAND        Y15, Y5, Y5
+	VEXTRACTI128 $1, Y5, X6
+	VCVTPH2PS    X5, Y5
+	VCVTPH2PS    X6, Y6
+	VFMADD231PS  320(DI), Y5, Y3
+	VFMADD231PS  352(DI), Y6, Y4
+	VPMOVSXBW    100(SI), Y5
+	VPSLLW       $7, Y5, Y5
+	VPAND        Y15, Y5, Y5
+	VEXTRACTI128 $1, Y5, X6
+	VCVTPH2PS    X5, Y5
+	VCVTPH2PS    X6, Y6
+	VFMADD231PS  384(DI), Y5, Y1
+	VFMADD231PS  416(DI), Y6, Y2
+	VPMOVSXBW    116(SI), Y5
+	VPSLLW       $7, Y5, Y5
+	VPAND        Y15, Y5, Y5
+	VEXTRACTI128 $1, Y5, X6
+	VCVTPH2PS    X5, Y5
+	VCVTPH2PS    X6, Y6
+	VFMADD231PS  448(DI), Y5, Y3
+	VFMADD231PS  480(DI), Y6, Y4
+	VADDPS       Y2, Y1, Y1
+	VADDPS       Y4, Y3, Y3
+	VADDPS       Y3, Y1, Y1
+	VBROADCASTSS (SI), Y7
+	VFMADD231PS  Y1, Y7, Y0
+	ADDQ         $132, SI
+	ADDQ         $512, DI
+	DECQ         CX
+	JMP          f8block
+
+f8sum:
+	HSUMQ(Y0, X0, X2)
+	VMULSS X14, X0, X0
+	VMOVSS X0, (R12)
+	ADDQ   $4, R12
+	ADDQ   rb+8(FP), R9
+	DECQ   R8
+	JMP    f8row
+
+f8done:
+	VZEROUPPER
+	RET
+
+// func dotFP8x4AVX(w *byte, rb int, rows int, x *float32, xstride int, nb int, out *float32)
+// dotFP8AVX against four input rows: each block's values are widened once
+// and multiplied by its scale * 256, then dotted into two accumulators per
+// input row (Y0-Y7).
+TEXT ·dotFP8x4AVX(SB), NOSPLIT, $0-56
+	MOVQ    w+0(FP), R10
+	MOVQ    rows+16(FP), R8
+	MOVQ    out+48(FP), R12
+	MOVQ    xstride+32(FP), R13
+	BCAST32($0xbf80bf80, X15, Y15)
+	BCAST32($0x43800000, X13, Y13) // 256
+
+f8x4row:
+	TESTQ  R8, R8
+	JZ     f8x4done
+	MOVQ   R10, SI
+	MOVQ   x+24(FP), DI
+	LEAQ   (DI)(R13*2), R9
+	ADDQ   R13, R9
+	MOVQ   nb+40(FP), CX
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+
+f8x4block:
+	TESTQ        CX, CX
+	JZ           f8x4sum
+	VBROADCASTSS (SI), Y14
+	VMULPS       Y13, Y14, Y14
+	VPMOVSXBW    4(SI), Y8
+	VPSLLW       $7, Y8, Y8
+	VPAND        Y15, Y8, Y8
+	VEXTRACTI128 $1, Y8, X10
+	VCVTPH2PS    X8, Y9
+	VCVTPH2PS    X10, Y10
+	VMULPS       Y14, Y9, Y9
+	VMULPS       Y14, Y10, Y10
+	VFMADD231PS  0(DI), Y9, Y0
+	VFMADD231PS  32(DI), Y10, Y1
+	VFMADD231PS  0(DI)(R13*1), Y9, Y2
+	VFMADD231PS  32(DI)(R13*1), Y10, Y3
+	VFMADD231PS  0(DI)(R13*2), Y9, Y4
+	VFMADD231PS  32(DI)(R13*2), Y10, Y5
+	VFMADD231PS  0(R9), Y9, Y6
+	VFMADD231PS  32(R9), Y10, Y7
+	VPMOVSXBW    20(SI), Y8
+	VPSLLW       $7, Y8, Y8
+	VPAND        Y15, Y8, Y8
+	VEXTRACTI128 $1, Y8, X10
+	VCVTPH2PS    X8, Y9
+	VCVTPH2PS    X10, Y10
+	VMULPS       Y14, Y9, Y9
+	VMULPS       Y14, Y10, Y10
+	VFMADD231PS  64(DI), Y9, Y0
+	VFMADD231PS  96(DI), Y10, Y1
+	VFMADD231PS  64(DI)(R13*1), Y9, Y2
+	VFMADD231PS  96(DI)(R13*1), Y10, Y3
+	VFMADD231PS  64(DI)(R13*2), Y9, Y4
+	VFMADD231PS  96(DI)(R13*2), Y10, Y5
+	VFMADD231PS  64(R9), Y9, Y6
+	VFMADD231PS  96(R9), Y10, Y7
+	VPMOVSXBW    36(SI), Y8
+	VPSLLW       $7, Y8, Y8
+	VPAND        Y15, Y8, Y8
+	VEXTRACTI128 $1, Y8, X10
+	VCVTPH2PS    X8, Y9
+	VCVTPH2PS    X10, Y10
+	VMULPS       Y14, Y9, Y9
+	VMULPS       Y14, Y10, Y10
+	VFMADD231PS  128(DI), Y9, Y0
+	VFMADD231PS  160(DI), Y10, Y1
+	VFMADD231PS  128(DI)(R13*1), Y9, Y2
+	VFMADD231PS  160(DI)(R13*1), Y10, Y3
+	VFMADD231PS  128(DI)(R13*2), Y9, Y4
+	VFMADD231PS  160(DI)(R13*2), Y10, Y5
+	VFMADD231PS  128(R9), Y9, Y6
+	VFMADD231PS  160(R9), Y10, Y7
+	VPMOVSXBW    52(SI), Y8
+	VPSLLW       $7, Y8, Y8
+	VPAND        Y15, Y8, Y8
+	VEXTRACTI128 $1, Y8, X10
+	VCVTPH2PS    X8, Y9
+	VCVTPH2PS    X10, Y10
+	VMULPS       Y14, Y9, Y9
+	VMULPS       Y14, Y10, Y10
+	VFMADD231PS  192(DI), Y9, Y0
+	VFMADD231PS  224(DI), Y10, Y1
+	VFMADD231PS  192(DI)(R13*1), Y9, Y2
+	VFMADD231PS  224(DI)(R13*1), Y10, Y3
+	VFMADD231PS  192(DI)(R13*2), Y9, Y4
+	VFMADD231PS  224(DI)(R13*2), Y10, Y5
+	VFMADD231PS  192(R9), Y9, Y6
+	VFMADD231PS  224(R9), Y10, Y7
+	VPMOVSXBW    68(SI), Y8
+	VPSLLW       $7, Y8, Y8
+	VPAND        Y15, Y8, Y8
+	VEXTRACTI128 $1, Y8, X10
+	VCVTPH2PS    X8, Y9
+	VCVTPH2PS    X10, Y10
+	VMULPS       Y14, Y9, Y9
+	VMULPS       Y14, Y10, Y10
+	VFMADD231PS  256(DI), Y9, Y0
+	VFMADD231PS  288(DI), Y10, Y1
+	VFMADD231PS  256(DI)(R13*1), Y9, Y2
+	VFMADD231PS  288(DI)(R13*1), Y10, Y3
+	VFMADD231PS  256(DI)(R13*2), Y9, Y4
+	VFMADD231PS  288(DI)(R13*2), Y10, Y5
+	VFMADD231PS  256(R9), Y9, Y6
+	VFMADD231PS  288(R9), Y10, Y7
+	VPMOVSXBW    84(SI), Y8
+	VPSLLW       $7, Y8, Y8
+	VPAND        Y15, Y8, Y8
+	VEXTRACTI128 $1, Y8, X10
+	VCVTPH2PS    X8, Y9
+	VCVTPH2PS    X10, Y10
+	VMULPS       Y14, Y9, Y9
+	VMULPS       Y14, Y10, Y10
+	VFMADD231PS  320(DI), Y9, Y0
+	VFMADD231PS  352(DI), Y10, Y1
+	VFMADD231PS  320(DI)(R13*1), Y9, Y2
+	VFMADD231PS  352(DI)(R13*1), Y10, Y3
+	VFMADD231PS  320(DI)(R13*2), Y9, Y4
+	VFMADD231PS  352(DI)(R13*2), Y10, Y5
+	VFMADD231PS  320(R9), Y9, Y6
+	VFMADD231PS  352(R9), Y10, Y7
+	VPMOVSXBW    100(SI), Y8
+	VPSLLW       $7, Y8, Y8
+	VPAND        Y15, Y8, Y8
+	VEXTRACTI128 $1, Y8, X10
+	VCVTPH2PS    X8, Y9
+	VCVTPH2PS    X10, Y10
+	VMULPS       Y14, Y9, Y9
+	VMULPS       Y14, Y10, Y10
+	VFMADD231PS  384(DI), Y9, Y0
+	VFMADD231PS  416(DI), Y10, Y1
+	VFMADD231PS  384(DI)(R13*1), Y9, Y2
+	VFMADD231PS  416(DI)(R13*1), Y10, Y3
+	VFMADD231PS  384(DI)(R13*2), Y9, Y4
+	VFMADD231PS  416(DI)(R13*2), Y10, Y5
+	VFMADD231PS  384(R9), Y9, Y6
+	VFMADD231PS  416(R9), Y10, Y7
+	VPMOVSXBW    116(SI), Y8
+	VPSLLW       $7, Y8, Y8
+	VPAND        Y15, Y8, Y8
+	VEXTRACTI128 $1, Y8, X10
+	VCVTPH2PS    X8, Y9
+	VCVTPH2PS    X10, Y10
+	VMULPS       Y14, Y9, Y9
+	VMULPS       Y14, Y10, Y10
+	VFMADD231PS  448(DI), Y9, Y0
+	VFMADD231PS  480(DI), Y10, Y1
+	VFMADD231PS  448(DI)(R13*1), Y9, Y2
+	VFMADD231PS  480(DI)(R13*1), Y10, Y3
+	VFMADD231PS  448(DI)(R13*2), Y9, Y4
+	VFMADD231PS  480(DI)(R13*2), Y10, Y5
+	VFMADD231PS  448(R9), Y9, Y6
+	VFMADD231PS  480(R9), Y10, Y7
+	ADDQ $132, SI
+	ADDQ $512, DI
+	ADDQ $512, R9
+	DECQ CX
+	JMP  f8x4block
+
+f8x4sum:
+	VADDPS Y1, Y0, Y0
+	VADDPS Y3, Y2, Y2
+	VADDPS Y5, Y4, Y4
+	VADDPS Y7, Y6, Y6
+	HSUMQ(Y0, X0, X8)
+	VMOVSS X0, 0(R12)
+	HSUMQ(Y2, X2, X8)
+	VMOVSS X2, 4(R12)
+	HSUMQ(Y4, X4, X8)
+	VMOVSS X4, 8(R12)
+	HSUMQ(Y6, X6, X8)
+	VMOVSS X6, 12(R12)
+	ADDQ $16, R12
+	ADDQ rb+8(FP), R10
+	DECQ R8
+	JMP  f8x4row
+
+f8x4done:
+	VZEROUPPER
+	RET
+
+// func quantizeAVX(x *float32, nb int, blk int, dst *byte)
+// quantizeRowGo on AVX2, bit for bit: nb blocks of blk (32 or 256)
+// elements into blocks of [d | blk quants | 16 sums for blk 256]; per
+// block d = amax/127 and q = x * (127/amax) rounded to nearest even
+// (VCVTPS2DQ); a NaN gives d NaN and quants 0.
+TEXT ·quantizeAVX(SB), NOSPLIT, $0-32
+	MOVQ    x+0(FP), SI
+	MOVQ    nb+8(FP), CX
+	MOVQ    blk+16(FP), R8
+	MOVQ    dst+24(FP), DI
+	BCAST32($0x7fffffff, X15, Y15) // |x| mask
+	MOVL    $0x42fe0000, AX        // 127
+	VMOVD   AX, X14
+	VMOVDQU quantPerm<>(SB), Y13
+	BCAST32($0x01010101, X12, Y12) // int8 ones
+	BCAST32($0x00010001, X11, Y11) // int16 ones
+
+qblock:
+	TESTQ  CX, CX
+	JZ     qdone
+	LEAQ   4(DI)(R8*1), BX // the block's sums (blk 256)
+	VXORPS Y0, Y0, Y0
+	VPXOR  Y9, Y9, Y9      // NaN lanes seen
+	XORQ   AX, AX
+
+qmax:
+	VMOVUPS (SI)(AX*4), Y1
+	VCMPPS  $3, Y1, Y1, Y2
+	VPOR    Y2, Y9, Y9
+	VANDPS  Y15, Y1, Y1
+	VMAXPS  Y1, Y0, Y0
+	ADDQ    $8, AX
+	CMPQ    AX, R8
+	JLT     qmax
+	VEXTRACTF128 $1, Y0, X1
+	VMAXPS       X1, X0, X0
+	VMOVHLPS     X0, X0, X1
+	VMAXPS       X1, X0, X0
+	VMOVSHDUP    X0, X1
+	VMAXSS       X1, X0, X0
+	VXORPS       X1, X1, X1
+	VPTEST       Y9, Y9
+	JNZ          qnan
+	VUCOMISS     X1, X0
+	JNE          qscale
+	JMP          qzeros // amax 0: d 0, quants 0
+
+qnan:
+	MOVL  $0x7fc00000, AX
+	VMOVD AX, X1
+
+qzeros:
+	VMOVSS X1, (DI)
+	VXORPS X1, X1, X1
+	XORQ   AX, AX
+
+qzero:
+	VMOVDQU Y1, 4(DI)(AX*1)
+	ADDQ    $32, AX
+	CMPQ    AX, R8
+	JLT     qzero
+	CMPQ    R8, $256
+	JNE     qnext
+	VMOVDQU Y1, (BX)
+	JMP     qnext
+
+qscale:
+	VDIVSS       X14, X0, X1 // d = amax/127
+	VMOVSS       X1, (DI)
+	VDIVSS       X0, X14, X2 // 127/amax
+	VBROADCASTSS X2, Y2
+	XORQ         AX, AX
+
+qchunk:
+	VMULPS     (SI)(AX*4), Y2, Y3
+	VMULPS     32(SI)(AX*4), Y2, Y4
+	VMULPS     64(SI)(AX*4), Y2, Y5
+	VMULPS     96(SI)(AX*4), Y2, Y6
+	VCVTPS2DQ  Y3, Y3
+	VCVTPS2DQ  Y4, Y4
+	VCVTPS2DQ  Y5, Y5
+	VCVTPS2DQ  Y6, Y6
+	VPACKSSDW  Y4, Y3, Y3
+	VPACKSSDW  Y6, Y5, Y5
+	VPACKSSWB  Y5, Y3, Y3
+	VPERMD     Y3, Y13, Y3
+	VMOVDQU    Y3, 4(DI)(AX*1)
+	CMPQ       R8, $256
+	JNE        qchunknext
+	// sums of 16: bytes -> pairs -> fours, then two horizontal adds
+	VPMADDUBSW   Y3, Y12, Y3
+	VPMADDWD     Y11, Y3, Y3
+	VPHADDD      Y3, Y3, Y3
+	VPHADDD      Y3, Y3, Y3
+	VMOVD        X3, R9
+	MOVW         R9, (BX)
+	VEXTRACTI128 $1, Y3, X3
+	VMOVD        X3, R9
+	MOVW         R9, 2(BX)
+	ADDQ         $4, BX
+
+qchunknext:
+	ADDQ $32, AX
+	CMPQ AX, R8
+	JLT  qchunk
+
+qnext:
+	LEAQ (SI)(R8*4), SI
+	LEAQ 4(DI)(R8*1), DI
+	CMPQ R8, $256
+	JNE  qnext2
+	ADDQ $32, DI
+
+qnext2:
+	DECQ CX
+	JMP  qblock
+
+qdone:
+	VZEROUPPER
+	RET
+
+// q4kScale: VPSHUFB masks broadcasting int16 word s (s < 8) of each half.
+DATA q4kScale<>+0(SB)/8, $0x0100010001000100
+DATA q4kScale<>+8(SB)/8, $0x0100010001000100
+DATA q4kScale<>+16(SB)/8, $0x0100010001000100
+DATA q4kScale<>+24(SB)/8, $0x0100010001000100
+DATA q4kScale<>+32(SB)/8, $0x0302030203020302
+DATA q4kScale<>+40(SB)/8, $0x0302030203020302
+DATA q4kScale<>+48(SB)/8, $0x0302030203020302
+DATA q4kScale<>+56(SB)/8, $0x0302030203020302
+DATA q4kScale<>+64(SB)/8, $0x0504050405040504
+DATA q4kScale<>+72(SB)/8, $0x0504050405040504
+DATA q4kScale<>+80(SB)/8, $0x0504050405040504
+DATA q4kScale<>+88(SB)/8, $0x0504050405040504
+DATA q4kScale<>+96(SB)/8, $0x0706070607060706
+DATA q4kScale<>+104(SB)/8, $0x0706070607060706
+DATA q4kScale<>+112(SB)/8, $0x0706070607060706
+DATA q4kScale<>+120(SB)/8, $0x0706070607060706
+DATA q4kScale<>+128(SB)/8, $0x0908090809080908
+DATA q4kScale<>+136(SB)/8, $0x0908090809080908
+DATA q4kScale<>+144(SB)/8, $0x0908090809080908
+DATA q4kScale<>+152(SB)/8, $0x0908090809080908
+DATA q4kScale<>+160(SB)/8, $0x0b0a0b0a0b0a0b0a
+DATA q4kScale<>+168(SB)/8, $0x0b0a0b0a0b0a0b0a
+DATA q4kScale<>+176(SB)/8, $0x0b0a0b0a0b0a0b0a
+DATA q4kScale<>+184(SB)/8, $0x0b0a0b0a0b0a0b0a
+DATA q4kScale<>+192(SB)/8, $0x0d0c0d0c0d0c0d0c
+DATA q4kScale<>+200(SB)/8, $0x0d0c0d0c0d0c0d0c
+DATA q4kScale<>+208(SB)/8, $0x0d0c0d0c0d0c0d0c
+DATA q4kScale<>+216(SB)/8, $0x0d0c0d0c0d0c0d0c
+DATA q4kScale<>+224(SB)/8, $0x0f0e0f0e0f0e0f0e
+DATA q4kScale<>+232(SB)/8, $0x0f0e0f0e0f0e0f0e
+DATA q4kScale<>+240(SB)/8, $0x0f0e0f0e0f0e0f0e
+DATA q4kScale<>+248(SB)/8, $0x0f0e0f0e0f0e0f0e
+GLOBL q4kScale<>(SB), RODATA|NOPTR, $256
+
+// q6kScale: VPSHUFB masks giving bytes 2i (8 times) then 2i+1 (8 times).
+DATA q6kScale<>+0(SB)/8, $0x0000000000000000
+DATA q6kScale<>+8(SB)/8, $0x0101010101010101
+DATA q6kScale<>+16(SB)/8, $0x0202020202020202
+DATA q6kScale<>+24(SB)/8, $0x0303030303030303
+DATA q6kScale<>+32(SB)/8, $0x0404040404040404
+DATA q6kScale<>+40(SB)/8, $0x0505050505050505
+DATA q6kScale<>+48(SB)/8, $0x0606060606060606
+DATA q6kScale<>+56(SB)/8, $0x0707070707070707
+DATA q6kScale<>+64(SB)/8, $0x0808080808080808
+DATA q6kScale<>+72(SB)/8, $0x0909090909090909
+DATA q6kScale<>+80(SB)/8, $0x0a0a0a0a0a0a0a0a
+DATA q6kScale<>+88(SB)/8, $0x0b0b0b0b0b0b0b0b
+DATA q6kScale<>+96(SB)/8, $0x0c0c0c0c0c0c0c0c
+DATA q6kScale<>+104(SB)/8, $0x0d0d0d0d0d0d0d0d
+DATA q6kScale<>+112(SB)/8, $0x0e0e0e0e0e0e0e0e
+DATA q6kScale<>+120(SB)/8, $0x0f0f0f0f0f0f0f0f
+GLOBL q6kScale<>(SB), RODATA|NOPTR, $128
+
+// quantPerm: VPERMD indices undoing the lane interleaving of VPACKSSDW and
+// VPACKSSWB.
+DATA quantPerm<>+0(SB)/4, $0
+DATA quantPerm<>+4(SB)/4, $4
+DATA quantPerm<>+8(SB)/4, $1
+DATA quantPerm<>+12(SB)/4, $5
+DATA quantPerm<>+16(SB)/4, $2
+DATA quantPerm<>+20(SB)/4, $6
+DATA quantPerm<>+24(SB)/4, $3
+DATA quantPerm<>+28(SB)/4, $7
+GLOBL quantPerm<>(SB), RODATA|NOPTR, $32
