@@ -6,8 +6,10 @@ import (
 	"math"
 	"runtime"
 	"sync"
+	"sync/atomic"
 
 	"github.com/kiln-llm/kiln/backend"
+	"github.com/kiln-llm/kiln/quant"
 	"github.com/kiln-llm/kiln/safetensors"
 )
 
@@ -25,6 +27,24 @@ type param struct {
 	// rows, when set, permutes the rows (first-dimension slices) of the
 	// concatenated parts: result row i is source row rows[i].
 	rows []int
+	// lin marks the weights of linear layers (projections, experts): the
+	// ones quantized checkpoints quantize and --quantize may. Embeddings,
+	// the LM head, norms, routers and the DeltaNet's small weights stay in
+	// their float type, as in Qwen's FP8 checkpoints.
+	lin bool
+	// expert marks a stack of MoE experts, of which a step reads only the
+	// chosen ones.
+	expert bool
+	// split, when set, receives the parts of a fused weight one by one
+	// when the file stores them in different types (the model then
+	// multiplies by each and joins the products), so nothing is widened.
+	split []*backend.Tensor
+}
+
+// linear marks p as a linear layer's weight (see param.lin).
+func (p param) linear() param {
+	p.lin = true
+	return p
 }
 
 // part is a checkpoint tensor; a layout's parts are concatenated along the
@@ -81,6 +101,14 @@ type binder struct {
 	b     backend.Backend
 	src   tensorSource // nil: synthetic
 	where string       // the checkpoint, for errors
+	// fp8Block is the FP8 checkpoint's weight_block_size (rows, columns).
+	fp8Block [2]int
+	// quantize, when set, is the type linear weights stored as floats are
+	// quantized to at load (--quantize).
+	quantize backend.DType
+	// dequantize widens quantized weights to f32 exactly (the reference a
+	// quantized model is checked against).
+	dequantize bool
 	// synthetic
 	dtype backend.DType
 	seed  uint64
@@ -89,6 +117,8 @@ type binder struct {
 	done, total int64
 }
 
+// dtypeOf maps a checkpoint's dtype name (safetensors' and GGUF's) to the
+// type kiln holds the weight in.
 func dtypeOf(s string) (backend.DType, bool) {
 	switch s {
 	case "BF16":
@@ -97,9 +127,24 @@ func dtypeOf(s string) (backend.DType, bool) {
 		return backend.F16, true
 	case "F32":
 		return backend.F32, true
+	case "F8_E4M3":
+		return backend.FP8, true
+	case "Q8_0":
+		return backend.Q8_0, true
+	case "Q4_K":
+		return backend.Q4_K, true
+	case "Q5_K":
+		return backend.Q5_K, true
+	case "Q6_K":
+		return backend.Q6_K, true
+	case "MXFP4":
+		return backend.MXFP4, true
 	}
 	return 0, false
 }
+
+// loadable names the dtypes kiln reads, for errors.
+const loadable = "BF16, F16, F32, F8_E4M3 (with weight_scale_inv) and GGUF's Q8_0, Q4_K, Q5_K, Q6_K and MXFP4"
 
 func (bd *binder) bindAll(params []param) error {
 	sizes := make([]int64, len(params))
@@ -128,7 +173,7 @@ func (bd *binder) bindAll(params []param) error {
 // sizeOf returns the bytes p will take, for progress reports.
 func (bd *binder) sizeOf(p *param) int64 {
 	if bd.src == nil {
-		return int64(numel(p.shape) * bd.dtype.Size())
+		return int64(bd.synthType(p).Bytes(p.shape...))
 	}
 	if l := bd.layout(p); l != nil {
 		var n int64
@@ -204,38 +249,63 @@ func sameShape(a, b []int) bool {
 func (bd *binder) load(p *param) error {
 	layout := bd.layout(p)
 	if layout == nil {
-		return fmt.Errorf("model: tensor %q not found in %s (want shape %v)", p.layouts[0][0].name, bd.where, p.layouts[0][0].stored())
+		return bd.missing(p.layouts[0][0])
 	}
-	tensors := make([]*safetensors.Tensor, len(layout))
-	var dt backend.DType
+	parts := make([]stored, len(layout))
+	mixed := false
 	for i, pt := range layout {
 		t, ok := bd.src.Tensor(pt.name)
 		if !ok {
-			return fmt.Errorf("model: tensor %q not found in %s (want shape %v)", pt.name, bd.where, pt.stored())
+			return bd.missing(pt)
 		}
 		if !shapeFits(t.Shape, pt.stored()) {
 			return fmt.Errorf("model: tensor %q in %s has shape %v, want %v", pt.name, t.File, t.Shape, pt.stored())
 		}
-		d, ok := dtypeOf(t.DType)
-		if !ok {
-			return fmt.Errorf("model: tensor %q in %s has dtype %s; kiln loads BF16, F16 and F32", pt.name, t.File, t.DType)
+		st, err := bd.read(pt, t)
+		if err != nil {
+			return err
 		}
-		if i > 0 && d != dt {
-			return fmt.Errorf("model: tensor %q in %s is %s but %q is %s; fused parts must share a dtype", pt.name, t.File, t.DType, layout[0].name, tensors[0].DType)
+		if bd.dequantize && st.dt.Quantized() {
+			st = stored{backend.F32, f32Bytes(floatsOf(st.dt, st.data, pt.shape))}
 		}
-		dt, tensors[i] = d, t
-	}
-	var data []byte
-	if len(layout) == 1 && !layout[0].transposed && p.rows == nil {
-		data = tensors[0].Data // used in place: the mapping stays open while the model lives
-	} else {
-		data = make([]byte, 0, numel(p.shape)*dt.Size())
-		for i, t := range tensors {
-			if layout[i].transposed {
-				data = appendTransposed(data, t.Data, layout[i].shape, dt.Size())
-			} else {
-				data = append(data, t.Data...)
+		if p.lin && bd.quantize.Quantized() && !st.dt.Quantized() {
+			// Part by part, as quantized checkpoints store them: FP8's
+			// tiles never span q and k.
+			q, err := quantizeParallel(bd.quantize, st.dt, st.data, pt.shape)
+			if err != nil {
+				return fmt.Errorf("model: quantizing %q: %w", pt.name, err)
 			}
+			st = stored{bd.quantize, q}
+		}
+		parts[i] = st
+		mixed = mixed || st.dt != parts[0].dt
+	}
+	if mixed && len(p.split) == len(parts) && p.rows == nil {
+		// A fused weight holds one type; a GGUF file may store its parts
+		// in several (Q4_K_M keeps some v projections in Q6_K).
+		for i, st := range parts {
+			t, err := bd.b.Load(st.dt, layout[i].shape, st.data)
+			if err != nil {
+				return fmt.Errorf("model: tensor %q: %w", layout[i].name, err)
+			}
+			*p.split[i] = t
+		}
+		return nil
+	}
+	if mixed {
+		// Elsewhere the parts are widened to f32, which holds each exactly.
+		for i := range parts {
+			parts[i] = parts[i].widened(layout[i].shape)
+		}
+	}
+	dt := parts[0].dt
+	var data []byte
+	if len(parts) == 1 && p.rows == nil {
+		data = parts[0].data // used in place when read in place: the mapping stays open while the model lives
+	} else {
+		data = make([]byte, 0, dt.Bytes(p.shape...))
+		for _, st := range parts {
+			data = append(data, st.data...)
 		}
 		if p.rows != nil {
 			data = permuteRows(data, p.rows)
@@ -247,6 +317,175 @@ func (bd *binder) load(p *param) error {
 	}
 	*p.dst = t
 	return nil
+}
+
+// missing reports a tensor the checkpoint lacks, or (a GGUF file) holds in
+// a form kiln cannot read.
+func (bd *binder) missing(pt part) error {
+	if es, ok := bd.src.(interface{ TensorErr(string) error }); ok {
+		if err := es.TensorErr(pt.name); err != nil {
+			return fmt.Errorf("model: %s: %w", bd.where, err)
+		}
+	}
+	return fmt.Errorf("model: tensor %q not found in %s (want shape %v)", pt.name, bd.where, pt.stored())
+}
+
+// stored is one part of a weight as kiln holds it: its type and bytes.
+type stored struct {
+	dt   backend.DType
+	data []byte
+}
+
+// read returns a checkpoint tensor in kiln's form: float and GGUF types as
+// stored (transposed if the layout says so), FP8 as FP8 rows built from
+// the weight and its tile scales.
+func (bd *binder) read(pt part, t *safetensors.Tensor) (stored, error) {
+	dt, ok := dtypeOf(t.DType)
+	if !ok {
+		return stored{}, fmt.Errorf("model: tensor %q in %s has dtype %s; kiln loads %s", pt.name, t.File, t.DType, loadable)
+	}
+	rows, cols := matrixOf(pt.shape)
+	if err := dt.CheckCols(cols); err != nil {
+		return stored{}, fmt.Errorf("model: tensor %q in %s: %w", pt.name, t.File, err)
+	}
+	switch {
+	case dt == backend.FP8:
+		if pt.transposed {
+			return stored{}, fmt.Errorf("model: tensor %q in %s: FP8 experts stored transposed are not supported", pt.name, t.File)
+		}
+		data, err := bd.fp8Rows(pt.name, t, rows, cols)
+		return stored{dt, data}, err
+	case dt.Quantized():
+		if pt.transposed {
+			return stored{}, fmt.Errorf("model: tensor %q in %s: quantized experts stored transposed are not supported", pt.name, t.File)
+		}
+		return stored{dt, t.Data}, nil
+	case pt.transposed:
+		return stored{dt, appendTransposed(nil, t.Data, pt.shape, dt.Size())}, nil
+	}
+	return stored{dt, t.Data}, nil
+}
+
+// matrixOf returns the rows and columns of a weight (experts stacked by
+// rows; a vector is one row).
+func matrixOf(shape []int) (rows, cols int) {
+	cols = shape[len(shape)-1]
+	return numel(shape) / max(cols, 1), cols
+}
+
+// fp8Rows builds kiln's FP8 rows from an e4m3 weight and its
+// weight_scale_inv (f32 or bf16, one scale per tile of fp8Block).
+func (bd *binder) fp8Rows(name string, t *safetensors.Tensor, rows, cols int) ([]byte, error) {
+	sname := name + "_scale_inv"
+	st, ok := bd.src.Tensor(sname)
+	if !ok {
+		return nil, fmt.Errorf("model: FP8 tensor %q in %s has no %q beside it", name, t.File, sname)
+	}
+	br, bc := bd.fp8Block[0], bd.fp8Block[1]
+	if br == 0 {
+		br, bc = 128, 128
+	}
+	tr, tc := (rows+br-1)/br, (cols+bc-1)/bc
+	sdt, ok := dtypeOf(st.DType)
+	if !ok || sdt.Quantized() || len(st.Data) != tr*tc*sdt.Size() {
+		return nil, fmt.Errorf("model: %q in %s is %s%v; want %d x %d scales in F32 or BF16 for %v in %dx%d tiles", sname, st.File, st.DType, st.Shape, tr, tc, t.Shape, br, bc)
+	}
+	scales := make([]float32, tr*tc)
+	for i := range scales {
+		switch sdt {
+		case backend.F32:
+			scales[i] = math.Float32frombits(binary.LittleEndian.Uint32(st.Data[4*i:]))
+		case backend.BF16:
+			scales[i] = backend.BF16ToF32(binary.LittleEndian.Uint16(st.Data[2*i:]))
+		case backend.F16:
+			scales[i] = backend.F16ToF32(binary.LittleEndian.Uint16(st.Data[2*i:]))
+		}
+	}
+	data, err := quant.FromTiles(t.Data, scales, rows, cols, br, bc)
+	if err != nil {
+		return nil, fmt.Errorf("model: tensor %q in %s: %w", name, t.File, err)
+	}
+	return data, nil
+}
+
+func f32Bytes(f []float32) []byte {
+	out := make([]byte, 4*len(f))
+	for i, v := range f {
+		binary.LittleEndian.PutUint32(out[4*i:], math.Float32bits(v))
+	}
+	return out
+}
+
+// widened returns the part as f32.
+func (st stored) widened(shape []int) stored {
+	if st.dt == backend.F32 {
+		return st
+	}
+	return stored{backend.F32, f32Bytes(floatsOf(st.dt, st.data, shape))}
+}
+
+// floatsOf decodes a weight of any type to float32.
+func floatsOf(dt backend.DType, data []byte, shape []int) []float32 {
+	rows, cols := matrixOf(shape)
+	if dt.Quantized() {
+		return quant.Dequantize(dt, data, rows, cols)
+	}
+	f := make([]float32, rows*cols)
+	for i := range f {
+		switch dt {
+		case backend.F32:
+			f[i] = math.Float32frombits(binary.LittleEndian.Uint32(data[4*i:]))
+		case backend.BF16:
+			f[i] = backend.BF16ToF32(binary.LittleEndian.Uint16(data[2*i:]))
+		case backend.F16:
+			f[i] = backend.F16ToF32(binary.LittleEndian.Uint16(data[2*i:]))
+		}
+	}
+	return f
+}
+
+// quantizeParallel quantizes a float weight to q over all cores, in
+// chunks of whole 128-row tiles (FP8's scales span 128 rows).
+func quantizeParallel(q, dt backend.DType, data []byte, shape []int) ([]byte, error) {
+	rows, cols := matrixOf(shape)
+	if err := q.CheckCols(cols); err != nil {
+		return nil, err
+	}
+	rb, eb := q.RowBytes(cols), dt.Size()*cols
+	out := make([]byte, rows*rb)
+	const chunk = 128
+	var (
+		wg   sync.WaitGroup
+		next atomic.Int64
+		errs = make([]error, runtime.GOMAXPROCS(0))
+	)
+	for w := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				r0 := int(next.Add(chunk)) - chunk
+				if r0 >= rows {
+					return
+				}
+				n := min(chunk, rows-r0)
+				f := floatsOf(dt, data[r0*eb:(r0+n)*eb], []int{n, cols})
+				b, err := quant.Quantize(q, f, n, cols)
+				if err != nil {
+					errs[w] = err
+					return
+				}
+				copy(out[r0*rb:], b)
+			}
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
 
 // appendTransposed appends src, a stack of matrices stored [.., c, r], as
@@ -276,36 +515,71 @@ func permuteRows(data []byte, rows []int) []byte {
 	return out
 }
 
-// synthesize fills p with deterministic pseudo-random values of the
-// binder's dtype, in parallel chunks each seeded from (seed, param, chunk).
+// synthType is the type a synthetic model stores p in: the binder's, but
+// only linear weights are quantized (the rest bf16).
+func (bd *binder) synthType(p *param) backend.DType {
+	if bd.dtype.Quantized() && !p.lin {
+		return backend.BF16
+	}
+	return bd.dtype
+}
+
+// synthesize fills p with deterministic pseudo-random values of its
+// synthetic type, in parallel chunks each seeded from (seed, param, chunk).
 func (bd *binder) synthesize(p *param, index uint64) error {
-	n := numel(p.shape)
-	size := bd.dtype.Size()
-	data := make([]byte, n*size)
-	const chunk = 1 << 16
-	chunks := (n + chunk - 1) / chunk
+	dt := bd.synthType(p)
+	data := make([]byte, dt.Bytes(p.shape...))
+	rows, cols := matrixOf(p.shape)
+	rowsPer := synthChunkRows(dt, cols)
+	if dt.Quantized() {
+		if err := dt.CheckCols(cols); err != nil {
+			return fmt.Errorf("model: synthetic %v weight %v: %w", dt, p.shape, err)
+		}
+	}
+	chunks := (rows + rowsPer - 1) / rowsPer
 	workers := min(runtime.GOMAXPROCS(0), max(chunks, 1))
+	rb := dt.RowBytes(cols)
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for c := w; c < chunks; c += workers {
-				rng := splitmix(bd.seed ^ index<<32 ^ uint64(c)*0x9e3779b97f4a7c15)
-				lo, hi := c*chunk, min((c+1)*chunk, n)
-				for i := lo; i < hi; i++ {
-					putFloat(data[i*size:], bd.dtype, p.init.sample(&rng, p.shape))
+				rng := synthRNG(bd.seed, index, c)
+				r0, r1 := c*rowsPer, min((c+1)*rowsPer, rows)
+				if dt.Quantized() {
+					copy(data[r0*rb:], quant.Random(dt, r1-r0, cols, 0.02, rng.next))
+					continue
+				}
+				size := dt.Size()
+				for i := r0 * cols; i < r1*cols; i++ {
+					putFloat(data[i*size:], dt, p.init.sample(&rng, p.shape))
 				}
 			}
 		}()
 	}
 	wg.Wait()
-	t, err := bd.b.Load(bd.dtype, p.shape, data)
+	t, err := bd.b.Load(dt, p.shape, data)
 	if err != nil {
 		return err
 	}
 	*p.dst = t
 	return nil
+}
+
+// synthChunkRows is the rows of one chunk of a synthetic weight: whole rows
+// of at least 64K elements (and 128 rows of a quantized type, FP8's tile).
+func synthChunkRows(dt backend.DType, cols int) int {
+	rowsPer := max(1, (1<<16)/max(cols, 1))
+	if dt.Quantized() {
+		rowsPer = max(rowsPer, 128)
+	}
+	return rowsPer
+}
+
+// synthRNG seeds chunk c of weight index of a synthetic model.
+func synthRNG(seed, index uint64, c int) splitmix {
+	return splitmix(seed ^ index<<32 ^ uint64(c)*0x9e3779b97f4a7c15)
 }
 
 type splitmix uint64

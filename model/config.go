@@ -63,6 +63,9 @@ type Config struct {
 	Sparse                  []bool      // per layer: MoE MLP instead of the dense one
 	MoE                     MoEConfig
 	DeltaNet                backend.DeltaNetSpec
+	// FP8Block is the tile of a fine-grained FP8 checkpoint's weight
+	// scales (weight_block_size, rows then columns); zero otherwise.
+	FP8Block [2]int
 
 	arch *archInfo
 }
@@ -155,6 +158,15 @@ type rawConfig struct {
 	NormTopKProb                 *bool `json:"norm_topk_prob"`
 	DecoderSparseStep            int   `json:"decoder_sparse_step"`
 	MLPOnlyLayers                []int `json:"mlp_only_layers"`
+
+	QuantizationConfig *rawQuantization `json:"quantization_config"`
+}
+
+// rawQuantization is config.json's quantization_config.
+type rawQuantization struct {
+	QuantMethod     string `json:"quant_method"`
+	Fmt             string `json:"fmt"`
+	WeightBlockSize []int  `json:"weight_block_size"`
 }
 
 type rawGeneration struct {
@@ -227,6 +239,13 @@ func ParseConfig(configJSON, generationJSON []byte) (*Config, error) {
 	if err := c.fill(&r); err != nil {
 		return nil, fmt.Errorf("config.json: %w", err)
 	}
+	q := top.QuantizationConfig
+	if q == nil {
+		q = r.QuantizationConfig
+	}
+	if err := c.fillQuantization(q); err != nil {
+		return nil, fmt.Errorf("config.json: %w", err)
+	}
 	eos, err := parseEOS(r.EOSTokenID)
 	if err != nil {
 		return nil, fmt.Errorf("config.json: %w", err)
@@ -239,6 +258,28 @@ func ParseConfig(configJSON, generationJSON []byte) (*Config, error) {
 		}
 	}
 	return c, nil
+}
+
+// fillQuantization accepts Qwen's fine-grained FP8 (e4m3 weights, one
+// scale per tile); other methods are named in the error.
+func (c *Config) fillQuantization(q *rawQuantization) error {
+	if q == nil {
+		return nil
+	}
+	if q.QuantMethod != "fp8" {
+		return fmt.Errorf("quantization_config: quant_method %q is not supported; kiln loads Qwen's fp8 checkpoints and GGUF files", q.QuantMethod)
+	}
+	if q.Fmt != "" && q.Fmt != "e4m3" {
+		return fmt.Errorf("quantization_config: fp8 format %q is not supported (e4m3 is)", q.Fmt)
+	}
+	c.FP8Block = [2]int{128, 128}
+	if b := q.WeightBlockSize; b != nil {
+		if len(b) != 2 || b[0] <= 0 || b[1] != 128 {
+			return fmt.Errorf("quantization_config: weight_block_size %v is not supported (want [N, 128])", b)
+		}
+		c.FP8Block = [2]int{b[0], b[1]}
+	}
+	return nil
 }
 
 func (c *Config) fillGeneration(data []byte) error {

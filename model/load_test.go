@@ -214,7 +214,7 @@ func TestLoadErrors(t *testing.T) {
 		{"dtype", func(_ string, ts map[string]stTensor) {
 			tn := ts["model.norm.weight"]
 			ts["model.norm.weight"] = stTensor{"I16", tn.shape, tn.data}
-		}, "has dtype I16; kiln loads BF16, F16 and F32"},
+		}, "has dtype I16; kiln loads BF16, F16, F32, F8_E4M3"},
 		{"architecture", func(dir string, _ map[string]stTensor) {
 			os.WriteFile(filepath.Join(dir, "config.json"), []byte(`{"architectures":["GPT2LMHeadModel"]}`), 0o644)
 		}, `unsupported architecture "GPT2LMHeadModel"; kiln supports Qwen3ForCausalLM`},

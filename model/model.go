@@ -9,11 +9,14 @@ package model
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/kiln-llm/kiln/backend"
+	"github.com/kiln-llm/kiln/quant"
 	"github.com/kiln-llm/kiln/safetensors"
 )
 
@@ -25,6 +28,12 @@ type Options struct {
 	// KVDType is the element type of the KV cache: F32 (the zero value) or
 	// BF16.
 	KVDType backend.DType
+	// Quantize, when a quantized type (FP8, Q8_0 or Q4_K), is what the
+	// linear layers' float weights are quantized to as they load.
+	Quantize backend.DType
+	// Dequantize widens quantized weights to float32 exactly as they load:
+	// the reference a quantized model is checked against.
+	Dequantize bool
 }
 
 // Model is a loaded model on a backend. Like its backend it is used by one
@@ -33,6 +42,7 @@ type Model struct {
 	cfg     *Config
 	b       backend.Backend
 	weights *safetensors.Set // nil for synthetic models
+	closer  io.Closer        // a GGUF file, closed with the model
 
 	embed, norm, lmHead  backend.Tensor
 	layers               []*decoderLayer
@@ -40,6 +50,10 @@ type Model struct {
 	dnSpec               backend.DeltaNetSpec
 	attnLayers, dnLayers int
 	tensors              []backend.Tensor // every loaded weight, to free
+	// denseBytes are the weight bytes every step reads (the LM head, not
+	// the embedding table, which is only indexed); expertBytes those of
+	// all experts of all MoE layers, of which a step reads its choices.
+	denseBytes, expertBytes int64
 
 	kvDType backend.DType
 	cache   CacheSpec
@@ -54,9 +68,15 @@ type Model struct {
 	batch   backend.Batch
 }
 
-// Load reads the model in dir; its weights are memory-mapped and stay mapped
-// until Close.
+// Load reads the model in dir (a Hugging Face model directory, a GGUF
+// file, or a directory holding one GGUF file); its weights are
+// memory-mapped and stay mapped until Close.
 func Load(dir string, b backend.Backend, opts Options) (*Model, error) {
+	if file, ok, err := GGUFFile(dir); err != nil {
+		return nil, err
+	} else if ok {
+		return LoadGGUF(file, b, opts)
+	}
 	return load(os.DirFS(dir), filepath.Base(filepath.Clean(dir)), dir, func() (*safetensors.Set, error) {
 		return safetensors.OpenDir(dir)
 	}, b, opts)
@@ -79,7 +99,12 @@ func load(fsys fs.FS, name, where string, open func() (*safetensors.Set, error),
 	if err != nil {
 		return nil, fmt.Errorf("model %s: %w", name, err)
 	}
-	m, err := build(cfg, b, &binder{b: b, src: set, where: where, progress: opts.Progress}, opts.KVDType)
+	if opts.Quantize != backend.F32 && !slices.Contains(quant.Quantizable, opts.Quantize) {
+		set.Close()
+		return nil, fmt.Errorf("model %s: kiln cannot quantize to %v (it can: fp8, q8_0, q4_k)", name, opts.Quantize)
+	}
+	bd := &binder{b: b, src: set, where: where, progress: opts.Progress, fp8Block: cfg.FP8Block, quantize: opts.Quantize, dequantize: opts.Dequantize}
+	m, err := build(cfg, b, bd, opts.KVDType)
 	if err != nil {
 		set.Close()
 		return nil, err
@@ -101,15 +126,7 @@ func build(cfg *Config, b backend.Backend, bd *binder, kv backend.DType) (*Model
 			prefix = "model.language_model."
 		}
 	}
-	V, H := cfg.VocabSize, cfg.Hidden
-	params := []param{weight(&m.embed, prefix+"embed_tokens.weight", initNormal, V, H)}
-	layers, layerParams, deltaNets := decoderLayers(cfg, prefix, &m.attnSpec, &m.dnSpec)
-	m.layers = layers
-	params = append(params, layerParams...)
-	params = append(params, weight(&m.norm, prefix+"norm.weight", normInit(cfg), H))
-	if !cfg.TieEmbeddings {
-		params = append(params, weight(&m.lmHead, "lm_head.weight", initNormal, V, H))
-	}
+	params, deltaNets := m.declare(cfg, prefix)
 	for _, k := range cfg.Kinds {
 		if k == FullAttention {
 			m.attnLayers++
@@ -119,8 +136,19 @@ func build(cfg *Config, b backend.Backend, bd *binder, kv backend.DType) (*Model
 	}
 	err := bd.bindAll(params)
 	for _, p := range params {
-		if *p.dst != nil {
-			m.tensors = append(m.tensors, *p.dst)
+		for _, dst := range append([]*backend.Tensor{p.dst}, p.split...) {
+			t := *dst
+			if t == nil {
+				continue
+			}
+			m.tensors = append(m.tensors, t)
+			n := int64(t.DType().Bytes(t.Shape()...))
+			switch {
+			case p.expert:
+				m.expertBytes += n
+			case p.dst != &m.embed || cfg.TieEmbeddings:
+				m.denseBytes += n
+			}
 		}
 	}
 	if err != nil {
@@ -136,6 +164,21 @@ func build(cfg *Config, b backend.Backend, bd *binder, kv backend.DType) (*Model
 	return m, nil
 }
 
+// declare makes the model's layers for cfg and lists their weights, in
+// the order a synthetic model numbers them (see binder.synthesize).
+func (m *Model) declare(cfg *Config, prefix string) ([]param, []*gatedDeltaNet) {
+	V, H := cfg.VocabSize, cfg.Hidden
+	params := []param{weight(&m.embed, prefix+"embed_tokens.weight", initNormal, V, H)}
+	layers, layerParams, deltaNets := decoderLayers(cfg, prefix, &m.attnSpec, &m.dnSpec)
+	m.layers = layers
+	params = append(params, layerParams...)
+	params = append(params, weight(&m.norm, prefix+"norm.weight", normInit(cfg), H))
+	if !cfg.TieEmbeddings {
+		params = append(params, weight(&m.lmHead, "lm_head.weight", initNormal, V, H))
+	}
+	return params, deltaNets
+}
+
 // Config returns the model's configuration.
 func (m *Model) Config() *Config { return m.cfg }
 
@@ -145,6 +188,26 @@ func (m *Model) Backend() backend.Backend { return m.b }
 // Hybrid reports whether the model keeps recurrent state (DeltaNet layers)
 // besides its KV cache; its sequences then need state slots.
 func (m *Model) Hybrid() bool { return m.dnLayers > 0 }
+
+// DecodeBytes is the weight memory one decode step of B sequences reads:
+// every weight but the embedding table once, and of each MoE layer's
+// experts as many as the batch can choose (B * top-k, at most all).
+func (m *Model) DecodeBytes(B int) int64 {
+	if m.cfg.MoE.Experts == 0 {
+		return m.denseBytes
+	}
+	E := int64(m.cfg.MoE.Experts)
+	return m.denseBytes + m.expertBytes*min(E, int64(B*m.cfg.MoE.TopK))/E
+}
+
+// WeightBytes is the device memory the weights take.
+func (m *Model) WeightBytes() int64 {
+	var n int64
+	for _, t := range m.tensors {
+		n += int64(t.DType().Bytes(t.Shape()...))
+	}
+	return n
+}
 
 // KVBytesPerToken is the KV cache memory one token takes in every attention
 // layer, for sizing the cache from free memory.
@@ -246,5 +309,9 @@ func (m *Model) Close() {
 	if m.weights != nil {
 		m.weights.Close()
 		m.weights = nil
+	}
+	if m.closer != nil {
+		m.closer.Close()
+		m.closer = nil
 	}
 }

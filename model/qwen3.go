@@ -64,12 +64,14 @@ func normInit(c *Config) initKind {
 }
 
 // attention is softmax self-attention over the paged KV cache; q, k and v
-// come from one fused projection.
+// come from one fused projection, or from three when a file stores them
+// in different types.
 type attention struct {
-	qkv, o backend.Tensor
-	norms  backend.AttnWeights
-	spec   *backend.AttnSpec
-	layer  int // index among the model's attention layers, in the KV cache
+	qkv, o  backend.Tensor
+	q, k, v backend.Tensor // the parts, when qkv is nil
+	norms   backend.AttnWeights
+	spec    *backend.AttnSpec
+	layer   int // index among the model's attention layers, in the KV cache
 }
 
 func (a *attention) weights(c *Config, p string) []param {
@@ -80,11 +82,13 @@ func (a *attention) weights(c *Config, p string) []param {
 	}
 	kv := s.KVHeads * s.HeadDim
 	init := normInit(c)
+	qkv := fused(&a.qkv, part{name: p + "q_proj.weight", shape: []int{q, c.Hidden}},
+		part{name: p + "k_proj.weight", shape: []int{kv, c.Hidden}},
+		part{name: p + "v_proj.weight", shape: []int{kv, c.Hidden}}).linear()
+	qkv.split = []*backend.Tensor{&a.q, &a.k, &a.v}
 	return []param{
-		fused(&a.qkv, part{name: p + "q_proj.weight", shape: []int{q, c.Hidden}},
-			part{name: p + "k_proj.weight", shape: []int{kv, c.Hidden}},
-			part{name: p + "v_proj.weight", shape: []int{kv, c.Hidden}}),
-		weight(&a.o, p+"o_proj.weight", initNormal, c.Hidden, s.Heads*s.HeadDim),
+		qkv,
+		weight(&a.o, p+"o_proj.weight", initNormal, c.Hidden, s.Heads*s.HeadDim).linear(),
 		weight(&a.norms.QNorm, p+"q_norm.weight", init, s.HeadDim),
 		weight(&a.norms.KNorm, p+"k_norm.weight", init, s.HeadDim),
 	}
@@ -93,7 +97,18 @@ func (a *attention) weights(c *Config, p string) []param {
 func (a *attention) forward(s *workspace, h, x backend.Tensor) {
 	qkv := s.act("qkv", a.spec.QKVWidth())
 	out := s.act("attn", a.spec.Heads*a.spec.HeadDim)
-	s.b.MatMul(qkv, h, a.qkv, false)
+	if a.qkv != nil {
+		s.b.MatMul(qkv, h, a.qkv, false)
+	} else {
+		col := 0
+		for i, w := range []backend.Tensor{a.q, a.k, a.v} {
+			n := w.Shape()[0]
+			part := s.act(fmt.Sprintf("qkv%d", i), n)
+			s.b.MatMul(part, h, w, false)
+			s.b.CopyCols(qkv, part, col)
+			col += n
+		}
+	}
 	s.b.Attention(out, qkv, a.norms, a.spec, s.kv, a.layer)
 	s.b.MatMul(x, out, a.o, true)
 }
@@ -107,8 +122,8 @@ type mlp struct {
 func (m *mlp) weights(c *Config, p string) []param {
 	return []param{
 		fused(&m.gateUp, part{name: p + "gate_proj.weight", shape: []int{m.inter, c.Hidden}},
-			part{name: p + "up_proj.weight", shape: []int{m.inter, c.Hidden}}),
-		weight(&m.down, p+"down_proj.weight", initNormal, c.Hidden, m.inter),
+			part{name: p + "up_proj.weight", shape: []int{m.inter, c.Hidden}}).linear(),
+		weight(&m.down, p+"down_proj.weight", initNormal, c.Hidden, m.inter).linear(),
 	}
 }
 
@@ -143,15 +158,15 @@ func (m *sparseMLP) weights(c *Config, p string) []param {
 	tGateUp.transposed, tDown.transposed = true, true
 	ps := []param{
 		weight(&m.experts.Router, p+"gate.weight", initNormal, E, H),
-		{dst: &m.experts.GateUp, shape: []int{E, 2 * I, H}, layouts: [][]part{gateUp, {fusedGateUp}, {tGateUp}}},
-		{dst: &m.experts.Down, shape: []int{E, H, I}, layouts: [][]part{down, {fusedDown}, {tDown}}},
+		{dst: &m.experts.GateUp, shape: []int{E, 2 * I, H}, layouts: [][]part{gateUp, {fusedGateUp}, {tGateUp}}, lin: true, expert: true},
+		{dst: &m.experts.Down, shape: []int{E, H, I}, layouts: [][]part{down, {fusedDown}, {tDown}}, lin: true, expert: true},
 	}
 	if Is := c.MoE.SharedIntermediate; Is > 0 {
 		q := p + "shared_expert."
 		ps = append(ps,
 			fused(&m.experts.SharedGateUp, part{name: q + "gate_proj.weight", shape: []int{Is, H}},
-				part{name: q + "up_proj.weight", shape: []int{Is, H}}),
-			weight(&m.experts.SharedDown, q+"down_proj.weight", initNormal, H, Is),
+				part{name: q + "up_proj.weight", shape: []int{Is, H}}).linear(),
+			weight(&m.experts.SharedDown, q+"down_proj.weight", initNormal, H, Is).linear(),
 			weight(&m.experts.SharedGate, p+"shared_expert_gate.weight", initNormal, 1, H))
 	}
 	return ps

@@ -35,21 +35,21 @@ func (d *gatedDeltaNet) weights(c *Config, p string) []param {
 		weight(&d.w.ALog, p+"A_log", initALog, s.ValueHeads),
 		weight(&d.w.DtBias, p+"dt_bias", initOnes, s.ValueHeads),
 		weight(&d.norm, p+"norm.weight", initOnes, s.ValueDim),
-		weight(&d.out, p+"out_proj.weight", initNormal, H, vdim),
+		weight(&d.out, p+"out_proj.weight", initNormal, H, vdim).linear(),
 	}
 	if c.arch.fusedQKVZ {
 		// Qwen3-Next interleaves the projections per key-head group; reorder
 		// the rows once so that the output is [q all | k all | v all | z all]
 		// and [b all | a all], the layout Qwen3.5 stores directly.
-		qkvz := weight(&d.qkvz, p+"in_proj_qkvz.weight", initNormal, conv+vdim, H)
+		qkvz := weight(&d.qkvz, p+"in_proj_qkvz.weight", initNormal, conv+vdim, H).linear()
 		qkvz.rows = qkvzRows(s)
 		ba := weight(&d.ba, p+"in_proj_ba.weight", initNormal, 2*s.ValueHeads, H)
 		ba.rows = baRows(s)
 		return append(ps, qkvz, ba)
 	}
 	return append(ps,
-		weight(&d.qkv, p+"in_proj_qkv.weight", initNormal, conv, H),
-		weight(&d.z, p+"in_proj_z.weight", initNormal, vdim, H),
+		weight(&d.qkv, p+"in_proj_qkv.weight", initNormal, conv, H).linear(),
+		weight(&d.z, p+"in_proj_z.weight", initNormal, vdim, H).linear(),
 		fused(&d.ba, part{name: p + "in_proj_b.weight", shape: []int{s.ValueHeads, H}},
 			part{name: p + "in_proj_a.weight", shape: []int{s.ValueHeads, H}}))
 }

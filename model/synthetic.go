@@ -13,7 +13,7 @@ import (
 type SyntheticOptions struct {
 	Layers  int           // 0: the published depth
 	Seed    uint64        // weights are a deterministic function of the seed
-	DType   backend.DType // weight dtype (BF16, F16 or F32)
+	DType   backend.DType // weight dtype: BF16, F16, F32, or a quantized type for the linear layers (the rest bf16)
 	KVDType backend.DType // KV cache dtype, as in Options
 }
 
@@ -95,7 +95,7 @@ func Synthetic(name string, b backend.Backend, o SyntheticOptions) (*Model, erro
 		return nil, err
 	}
 	switch o.DType {
-	case backend.BF16, backend.F16, backend.F32:
+	case backend.BF16, backend.F16, backend.F32, backend.FP8, backend.Q8_0, backend.Q4_K, backend.Q5_K, backend.Q6_K, backend.MXFP4:
 	default:
 		return nil, fmt.Errorf("model: synthetic weights cannot be %v", o.DType)
 	}

@@ -3,13 +3,14 @@ package main
 import (
 	"fmt"
 	"log/slog"
-	"os"
+	"slices"
 
 	"github.com/kiln-llm/kiln/backend"
 	"github.com/kiln-llm/kiln/backend/cpu"
 	"github.com/kiln-llm/kiln/backend/cuda"
 	"github.com/kiln-llm/kiln/demo"
 	"github.com/kiln-llm/kiln/model"
+	"github.com/kiln-llm/kiln/quant"
 )
 
 // openBackend returns the named compute backend: "cpu", "cuda", or "auto"
@@ -43,7 +44,7 @@ func modelConfig(dir, synthetic string) (*model.Config, error) {
 	case synthetic != "":
 		return model.SyntheticConfig(synthetic)
 	case dir != "":
-		return model.ReadConfig(os.DirFS(dir), dir)
+		return model.ReadPathConfig(dir)
 	}
 	return model.ReadConfig(demo.FS(), demoName)
 }
@@ -55,6 +56,22 @@ type modelSource struct {
 	layers         int           // synthetic: keep only the first layers (0: all)
 	dtype          backend.DType // synthetic: weight dtype
 	kv             string        // --kv: KV cache dtype ("": kvDType's default)
+	quantize       string        // --quantize: type the linear layers' float weights become at load
+}
+
+// quantizeFlagHelp is the help of every command's --quantize flag.
+const quantizeFlagHelp = "quantize the linear layers' bf16/f16/f32 weights as they load, for a GPU they would not fit: fp8 (Qwen's 128x128-tile FP8), q8_0 or q4_k"
+
+// quantizeType resolves a --quantize flag ("" is none).
+func quantizeType(flag string) (backend.DType, error) {
+	if flag == "" {
+		return backend.F32, nil
+	}
+	dt, err := parseQuant(flag)
+	if err != nil || !slices.Contains(quant.Quantizable, dt) {
+		return 0, fmt.Errorf("--quantize %q: want fp8, q8_0 or q4_k", flag)
+	}
+	return dt, nil
 }
 
 // kvFlagHelp is the help of every command's --kv flag.
@@ -90,11 +107,15 @@ func openModel(backendName string, src modelSource) (*model.Model, backend.Backe
 	if err != nil {
 		return nil, nil, err
 	}
+	q, err := quantizeType(src.quantize)
+	if err != nil {
+		return nil, nil, err
+	}
 	var m *model.Model
 	if src.synthetic != "" {
 		m, err = model.Synthetic(src.synthetic, b, model.SyntheticOptions{Layers: src.layers, Seed: 1, DType: src.dtype, KVDType: kv})
 	} else {
-		m, err = model.Load(src.dir, b, model.Options{KVDType: kv})
+		m, err = model.Load(src.dir, b, model.Options{KVDType: kv, Quantize: q})
 	}
 	if err != nil {
 		return nil, nil, err

@@ -52,8 +52,9 @@ func benchMicro(args []string) error {
 	backendName := fs.String("backend", "auto", "compute backend: auto, cpu or cuda")
 	synth := fs.String("synthetic", "", "benchmark a synthetic model with random weights instead of --model (e.g. qwen3-8b)")
 	layers := fs.Int("layers", 0, "synthetic model: keep only the first N layers (0: all)")
-	dtype := fs.String("dtype", "bf16", "synthetic model: weight dtype (bf16, f16, f32)")
+	dtype := fs.String("dtype", "bf16", "synthetic model: weight dtype (bf16, f16, f32; or fp8, q8_0, q4_k, q5_k, q6_k, mxfp4 for the linear layers)")
 	kvType := fs.String("kv", "", kvFlagHelp)
+	quantize := fs.String("quantize", "", quantizeFlagHelp)
 	bw := fs.Float64("bandwidth", 0, "memory bandwidth for the decode floor, bytes/s (default: 3.0e12 on CUDA, a measured copy on CPU)")
 	peak := fs.Float64("peak", 0, "matrix FLOP/s for the prefill floor (default: 7.9e14 on CUDA, a rough 2-core estimate on CPU)")
 	batches := fs.String("batches", "1,8,32,64", "decode batch sizes, at the first --contexts value")
@@ -83,7 +84,7 @@ func benchMicro(args []string) error {
 		return err
 	}
 	start := time.Now()
-	m, b, err := openModel(*backendName, modelSource{dir: *dir, synthetic: *synth, layers: *layers, dtype: wdt, kv: *kvType})
+	m, b, err := openModel(*backendName, modelSource{dir: *dir, synthetic: *synth, layers: *layers, dtype: wdt, kv: *kvType, quantize: *quantize})
 	if err != nil {
 		return err
 	}
@@ -131,7 +132,6 @@ func benchMicro(args []string) error {
 	if err := m.AllocCache(model.CacheSpec{Blocks: need, BlockSize: blockSize, Slots: slots}); err != nil {
 		return err
 	}
-	w := weightBytes(cfg, *dtype)
 	rep := benchReport{Model: cfg.Name, Backend: b.Name(), Layers: cfg.Layers, Bandwidth: *bw, Peak: *peak,
 		Date: time.Now().UTC().Format(time.RFC3339)}
 	// Prefill first: its KV blocks are then real data for the decode runs.
@@ -164,7 +164,7 @@ func benchMicro(args []string) error {
 		// touch), plus each sequence's cached keys and values (the mean
 		// context over the timed steps).
 		ctx := float64(d.C) + float64(*steps)/2
-		r.Bytes = w.decode(d.B) + float64(d.B)*ctx*float64(m.KVBytesPerToken())
+		r.Bytes = float64(m.DecodeBytes(d.B)) + float64(d.B)*ctx*float64(m.KVBytesPerToken())
 		r.FloorS = float64(d.B) / (r.Bytes / *bw)
 		r.Ratio = r.TokS / r.FloorS
 		rep.Results = append(rep.Results, r)
@@ -277,7 +277,20 @@ func parseDType(s string) (backend.DType, error) {
 	case "f32":
 		return backend.F32, nil
 	}
-	return 0, fmt.Errorf("unknown dtype %q (bf16, f16 or f32)", s)
+	if q, err := parseQuant(s); err == nil {
+		return q, nil
+	}
+	return 0, fmt.Errorf("unknown dtype %q (bf16, f16, f32, fp8, q8_0, q4_k, q5_k, q6_k or mxfp4)", s)
+}
+
+// parseQuant reads a quantized weight type by its name.
+func parseQuant(s string) (backend.DType, error) {
+	for _, dt := range []backend.DType{backend.FP8, backend.Q8_0, backend.Q4_K, backend.Q5_K, backend.Q6_K, backend.MXFP4} {
+		if strings.EqualFold(s, dt.String()) {
+			return dt, nil
+		}
+	}
+	return 0, fmt.Errorf("unknown quantized type %q", s)
 }
 
 // seqTokens is a deterministic prompt of n tokens.
@@ -393,19 +406,6 @@ func benchMixed(m *model.Model, x mixCfg, C, bs int) (benchResult, error) {
 	return benchResult{Kind: "mixed", Batch: B, Context: P, Prompts: N, TokS: float64(B+N*P) / t, Seconds: t, Steps: 1}, nil
 }
 
-// modelBytes counts a model's weights: dense, the per-expert size of MoE
-// layers, and the LM head.
-type modelBytes struct {
-	dense, expert float64
-	experts, topK int
-	moeLayers     int
-}
-
-// decode is the weight bytes one decode step of B sequences reads.
-func (w modelBytes) decode(B int) float64 {
-	return w.dense + float64(w.moeLayers)*float64(min(w.experts, B*w.topK))*w.expert
-}
-
 // linearParams is the number of weights of one token's matrix products
 // (MoE layers counting only the top-k experts), the LM head included.
 func linearParams(c *model.Config) (dense, expert float64, moeLayers int) {
@@ -431,15 +431,6 @@ func linearParams(c *model.Config) (dense, expert float64, moeLayers int) {
 		}
 	}
 	return dense, expert, moeLayers
-}
-
-func weightBytes(c *model.Config, dtype string) modelBytes {
-	size := 2.0
-	if dtype == "f32" {
-		size = 4
-	}
-	dense, expert, moe := linearParams(c)
-	return modelBytes{dense: dense * size, expert: expert * size, experts: c.MoE.Experts, topK: c.MoE.TopK, moeLayers: moe}
 }
 
 // prefillFLOPs counts the matrix FLOPs of one P-token prompt whose last

@@ -43,6 +43,7 @@ func runGenerate(args []string) error {
 	layers := fs.Int("layers", 0, "with --synthetic: keep only this many layers (0: all)")
 	backendName := fs.String("backend", "auto", "compute backend: auto, cpu or cuda")
 	kvType := fs.String("kv", "", kvFlagHelp)
+	quantize := fs.String("quantize", "", quantizeFlagHelp)
 	promptIDs := fs.String("prompt-ids", "", "comma-separated prompt token ids")
 	maxTokens := fs.Int("max-tokens", 32, "tokens to generate at most")
 	temperature := fs.Float64("temperature", 0, "sampling temperature; 0 is greedy")
@@ -65,7 +66,7 @@ func runGenerate(args []string) error {
 	if *maxTokens < 1 {
 		return errors.New("--max-tokens must be at least 1")
 	}
-	m, b, err := openModel(*backendName, modelSource{dir: *dir, synthetic: *synth, layers: *layers, dtype: backend.BF16, kv: *kvType})
+	m, b, err := openModel(*backendName, modelSource{dir: *dir, synthetic: *synth, layers: *layers, dtype: backend.BF16, kv: *kvType, quantize: *quantize})
 	if err != nil {
 		return err
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/kiln-llm/kiln/chat"
 	"github.com/kiln-llm/kiln/demo"
 	"github.com/kiln-llm/kiln/engine"
+	"github.com/kiln-llm/kiln/gguf"
 	"github.com/kiln-llm/kiln/model"
 	"github.com/kiln-llm/kiln/tokenizer"
 )
@@ -26,6 +27,7 @@ type modelFlags struct {
 	maxTokens  int
 	kvMiB      int64
 	kv         string
+	quantize   string
 	// conversations: the command serves multi-turn chats, so the engine
 	// prepares each chat's next turn (engine.Options.PrepareNextTurn); not
 	// for a one-shot kiln run, which would wait for it before exiting.
@@ -33,12 +35,13 @@ type modelFlags struct {
 }
 
 func (f *modelFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&f.dir, "model", "", "model directory (config.json, *.safetensors, tokenizer.json); default: the embedded demo model")
+	fs.StringVar(&f.dir, "model", "", "model: a Hugging Face directory (config.json, *.safetensors, tokenizer.json; bf16 or Qwen's FP8) or a GGUF file; default: the embedded demo model")
 	fs.StringVar(&f.backend, "backend", "auto", "compute backend: auto, cpu or cuda")
 	fs.IntVar(&f.maxRunning, "max-running", 0, "most sequences decoded together (default: the engine's, 16)")
 	fs.IntVar(&f.maxTokens, "max-batch-tokens", 0, "most tokens in one forward step, prompt chunks and decoding sequences together (default: 256 on the CPU, 2048 on a GPU)")
 	fs.Int64Var(&f.kvMiB, "kv-memory", 0, "MiB of KV cache (default: 1024 on the CPU; on a GPU, what the weights leave free)")
 	fs.StringVar(&f.kv, "kv", "", kvFlagHelp)
+	fs.StringVar(&f.quantize, "quantize", "", quantizeFlagHelp)
 }
 
 // loaded is a model ready to serve.
@@ -103,8 +106,12 @@ func (f *modelFlags) load() (*loaded, error) {
 	if err != nil {
 		return nil, err
 	}
+	q, err := quantizeType(f.quantize)
+	if err != nil {
+		return nil, err
+	}
 	bar := newProgressBar(os.Stderr, "loading")
-	mopts := model.Options{Progress: bar.update, KVDType: kv}
+	mopts := model.Options{Progress: bar.update, KVDType: kv, Quantize: q}
 	start := time.Now()
 	var (
 		m    *model.Model
@@ -130,11 +137,9 @@ func (f *modelFlags) load() (*loaded, error) {
 		if m, err = model.Load(dir, b, mopts); err != nil {
 			return nil, fmt.Errorf("loading %s: %w", f.dir, err)
 		}
-		if tok, err = tokenizer.Load(dir); err != nil {
-			return nil, fmt.Errorf("loading the tokenizer of %s: %w", f.dir, err)
-		}
-		if tmpl, err = chat.LoadTemplate(os.DirFS(dir)); err != nil {
-			return nil, fmt.Errorf("loading the chat template of %s: %w", f.dir, err)
+		if tok, tmpl, err = loadText(dir); err != nil {
+			m.Close()
+			return nil, fmt.Errorf("loading %s: %w", f.dir, err)
 		}
 	}
 	bar.finish()
@@ -160,8 +165,96 @@ func (f *modelFlags) load() (*loaded, error) {
 	}
 	d := cfg.Defaults
 	defaults := engine.Sampling{Temperature: d.Temperature, TopP: d.TopP, TopK: d.TopK, MinP: d.MinP, RepetitionPenalty: d.RepetitionPenalty}
-	slog.Info("model loaded", "model", name, "backend", b.Name(), "kv", kv, "context", cfg.ContextLength, "took", time.Since(start).Round(time.Millisecond))
+	slog.Info("model loaded", "model", name, "backend", b.Name(), "weights", humanBytes(m.WeightBytes()), "kv", kv,
+		"kv_memory", humanBytes(opts.KVMemory), "state_per_sequence", humanBytes(int64(m.SlotBytes())),
+		"context", cfg.ContextLength, "took", time.Since(start).Round(time.Millisecond))
 	return &loaded{name: name, dir: dir, backend: b.Name(), ctxLen: cfg.ContextLength, defaults: defaults, tok: tok, eng: eng}, nil
+}
+
+// loadText returns the tokenizer and chat template of the model at path.
+func loadText(path string) (*tokenizer.Tokenizer, *chat.Template, error) {
+	tok, err := loadTokenizer(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	tmpl, err := loadTemplate(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	return tok, tmpl, nil
+}
+
+// openGGUF opens the GGUF file path names, or returns nil for a Hugging
+// Face directory.
+func openGGUF(path string) (*gguf.File, error) {
+	file, isGGUF, err := model.GGUFFile(path)
+	if err != nil || !isGGUF {
+		return nil, err
+	}
+	return gguf.Open(file)
+}
+
+// loadTokenizer reads a directory's tokenizer.json or a GGUF file's
+// tokenizer.ggml metadata.
+func loadTokenizer(path string) (*tokenizer.Tokenizer, error) {
+	f, err := openGGUF(path)
+	if err != nil {
+		return nil, err
+	}
+	if f == nil {
+		tok, err := tokenizer.Load(path)
+		if err != nil {
+			return nil, fmt.Errorf("tokenizer: %w", err)
+		}
+		return tok, nil
+	}
+	defer f.Close()
+	v := tokenizer.GGUFVocab{SpecialIDs: map[string]int64{}}
+	v.Model, _ = f.String("tokenizer.ggml.model")
+	v.Pre, _ = f.String("tokenizer.ggml.pre")
+	v.Tokens, _ = f.Strings("tokenizer.ggml.tokens")
+	v.Merges, _ = f.Strings("tokenizer.ggml.merges")
+	if types, ok := f.Ints("tokenizer.ggml.token_type"); ok {
+		for _, t := range types {
+			v.Types = append(v.Types, int32(max(min(t, 1<<30), -1)))
+		}
+	}
+	for _, k := range []string{"bos", "eos", "padding", "unknown", "seperator", "mask"} {
+		if id, ok := f.Int("tokenizer.ggml." + k + "_token_id"); ok {
+			v.SpecialIDs[k] = id
+		}
+	}
+	tok, err := tokenizer.FromGGUF(v)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", f.Name, err)
+	}
+	return tok, nil
+}
+
+// loadTemplate reads a directory's chat template files or a GGUF file's
+// tokenizer.chat_template.
+func loadTemplate(path string) (*chat.Template, error) {
+	f, err := openGGUF(path)
+	if err != nil {
+		return nil, err
+	}
+	if f == nil {
+		tmpl, err := chat.LoadTemplate(os.DirFS(path))
+		if err != nil {
+			return nil, fmt.Errorf("chat template: %w", err)
+		}
+		return tmpl, nil
+	}
+	defer f.Close()
+	src, ok := f.String("tokenizer.chat_template")
+	if !ok {
+		return nil, fmt.Errorf("%s has no tokenizer.chat_template", f.Name)
+	}
+	tmpl, err := chat.ParseTemplate(src)
+	if err != nil {
+		return nil, fmt.Errorf("%s: chat template: %w", f.Name, err)
+	}
+	return tmpl, nil
 }
 
 // isTerminal reports whether f is a character device (a terminal, not a

@@ -48,11 +48,13 @@ func render(args []string) error {
 		fs.Usage()
 		return errors.New("no arguments are taken: the request comes on stdin")
 	}
-	templates := demo.FS()
-	if *dir != "" {
-		templates = os.DirFS(*dir)
+	var tpl *chat.Template
+	var err error
+	if *dir == "" {
+		tpl, err = chat.LoadTemplate(demo.FS())
+	} else {
+		tpl, err = loadTemplate(*dir)
 	}
-	tpl, err := chat.LoadTemplate(templates)
 	if err != nil {
 		return err
 	}

@@ -24,7 +24,7 @@ func init() {
 // encode(text, add_special_tokens=False) would, and writes the ids to out.
 func tokenize(args []string, in io.Reader, out io.Writer) error {
 	fs := flag.NewFlagSet("tokenize", flag.ContinueOnError)
-	model := fs.String("model", "", "directory holding tokenizer.json; default: the embedded demo model")
+	model := fs.String("model", "", "model directory (tokenizer.json) or GGUF file; default: the embedded demo model")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -33,7 +33,7 @@ func tokenize(args []string, in io.Reader, out io.Writer) error {
 	if *model == "" {
 		tok, err = tokenizer.LoadFS(demo.FS())
 	} else {
-		tok, err = tokenizer.Load(*model)
+		tok, err = loadTokenizer(*model)
 	}
 	if err != nil {
 		return err

@@ -1,0 +1,244 @@
+package model
+
+import (
+	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/kiln-llm/kiln/backend"
+	"github.com/kiln-llm/kiln/backend/cpu"
+	"github.com/kiln-llm/kiln/model/reference"
+)
+
+func quantDir(name string) string { return filepath.Join("..", "testdata", "quant", name) }
+
+func relL2(got, want []float32) float64 {
+	var num, den float64
+	for i := range want {
+		d := float64(got[i] - want[i])
+		num += d * d
+		den += float64(want[i]) * float64(want[i])
+	}
+	return math.Sqrt(num / den)
+}
+
+// hasWeight reports whether some weight of m is stored in dt.
+func hasWeight(m *Model, dt backend.DType) bool {
+	for _, t := range m.tensors {
+		if t.DType() == dt {
+			return true
+		}
+	}
+	return false
+}
+
+// promptLogits returns the last-position logits of each of the reference's
+// prompts.
+func promptLogits(t *testing.T, m *Model, ref *reference.Reference) [][]float32 {
+	t.Helper()
+	var out [][]float32
+	for _, p := range ref.Prompts {
+		out = append(out, lastLogits(t, m, p.IDs))
+	}
+	return out
+}
+
+// loadLogits loads dir on the CPU backend with opts and returns the
+// last-position logits of each reference prompt.
+func loadLogits(t *testing.T, dir string, opts Options, ref *reference.Reference, want backend.DType) [][]float32 {
+	t.Helper()
+	m, err := Load(dir, cpu.New(cpu.Options{}), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if !hasWeight(m, want) {
+		t.Fatalf("no weight loaded as %v", want)
+	}
+	return promptLogits(t, m, ref)
+}
+
+func worstL2(got, want [][]float32) float64 {
+	var worst float64
+	for i := range want {
+		worst = max(worst, relL2(got[i], want[i]))
+	}
+	return worst
+}
+
+// TestFP8Fixtures loads each fixture saved as Qwen's FP8 checkpoints are
+// (e4m3 weights, a scale per 128x128 tile, made by torch) and compares its
+// logits with the same model's weights dequantized exactly to float32 (the
+// issue's bar: relative L2 2e-2 on the CPU). kiln keeps activations in
+// float32, so only the order of summation separates the two. Where
+// transformers computed the dequantized model (the dense fixtures: its MoE
+// experts are fused, so the fixture script's reference left them in bf16),
+// kiln must match it too.
+func TestFP8Fixtures(t *testing.T) {
+	for _, name := range reference.Fixtures {
+		t.Run(name, func(t *testing.T) {
+			dir := quantDir("fp8-" + name)
+			ref := readReference(t, dir)
+			got := loadLogits(t, dir, Options{}, ref, backend.FP8)
+			exact := loadLogits(t, dir, Options{Dequantize: true}, ref, backend.F32)
+			e := worstL2(got, exact)
+			t.Logf("relative L2 to the exactly dequantized model: %.2e", e)
+			if e > 1e-5 {
+				t.Errorf("relative L2 %.2e to the exactly dequantized model, want <= 1e-5 (issue bar 2e-2)", e)
+			}
+			if name == "qwen3" || name == "qwen35" || name == "qwen35vl" {
+				var want [][]float32
+				for _, p := range ref.Prompts {
+					want = append(want, p.Logits)
+				}
+				if e := worstL2(got, want); e > 1e-5 {
+					t.Errorf("relative L2 %.2e to transformers fp32 on the dequantized weights, want <= 1e-5", e)
+				}
+			}
+		})
+	}
+}
+
+// TestQuantizeFP8 quantizes each bf16 fixture at load (--quantize fp8):
+// kiln's quantizer rounds as torch's cast does and tiles each checkpoint
+// tensor on its own, so it gives the very weights of the FP8 checkpoint
+// torch made from the same fixture, and its logits. (The Qwen3.5
+// checkpoints keep their scales in bf16, kiln's quantizer in float32.)
+func TestQuantizeFP8(t *testing.T) {
+	for _, name := range []string{"qwen3", "qwen3moe", "qwen3next"} {
+		t.Run(name, func(t *testing.T) {
+			ref := readReference(t, quantDir("fp8-"+name))
+			got := loadLogits(t, fixtureDir(name), Options{Quantize: backend.FP8}, ref, backend.FP8)
+			want := loadLogits(t, quantDir("fp8-"+name), Options{}, ref, backend.FP8)
+			if e := worstL2(got, want); e != 0 {
+				t.Errorf("relative L2 %.2e to the torch-made FP8 checkpoint, want 0", e)
+			}
+		})
+	}
+	if _, err := Load(fixtureDir("qwen3"), cpu.New(cpu.Options{}), Options{Quantize: backend.Q6_K}); err == nil {
+		t.Error("--quantize q6_k: no error")
+	}
+}
+
+// TestGGUFF32 loads the qwen3 fixture as llama.cpp's converter wrote it (F32
+// GGUF): the same model, so transformers' logits.
+func TestGGUFF32(t *testing.T) {
+	ref := readReference(t, fixtureDir("qwen3"))
+	got := loadLogits(t, quantDir("qwen3-f32.gguf"), Options{}, ref, backend.F32)
+	var want [][]float32
+	for _, p := range ref.Prompts {
+		want = append(want, p.Logits)
+	}
+	if e := worstL2(got, want); e > 1e-5 {
+		t.Errorf("relative L2 %.2e to transformers fp32, want <= 1e-5", e)
+	}
+}
+
+// w256Prompts returns the prompts of a 256-wide random model (made by
+// scripts/make_quant_fixtures.py) and transformers' fp32 logits for them.
+func w256Prompts(t *testing.T, name string) (*reference.Reference, [][]float32) {
+	t.Helper()
+	var r struct {
+		Prompts []struct {
+			IDs []int32 `json:"ids"`
+		} `json:"prompts"`
+	}
+	dir := quantDir(name + "-w256")
+	raw, err := os.ReadFile(filepath.Join(dir, "reference.json"))
+	if err == nil {
+		err = json.Unmarshal(raw, &r)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := &reference.Reference{}
+	for _, p := range r.Prompts {
+		ref.Prompts = append(ref.Prompts, reference.Prompt{IDs: p.IDs})
+	}
+	return ref, readLogitRows(t, filepath.Join(dir, "ref_logits.f32"), len(ref.Prompts))
+}
+
+func readLogitRows(t *testing.T, path string, n int) [][]float32 {
+	t.Helper()
+	all, err := reference.ReadF32(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := len(all) / n
+	rows := make([][]float32, n)
+	for i := range rows {
+		rows[i] = all[i*v : (i+1)*v]
+	}
+	return rows
+}
+
+// medianL2 is the median over prompts of the relative L2 distances.
+func medianL2(got, want [][]float32) float64 {
+	d := make([]float64, len(want))
+	for i := range want {
+		d[i] = relL2(got[i], want[i])
+	}
+	slices.Sort(d)
+	if n := len(d); n%2 == 0 {
+		return (d[n/2-1] + d[n/2]) / 2
+	}
+	return d[len(d)/2]
+}
+
+// TestGGUFQuantized loads GGUF files that llama.cpp's quantizer made and
+// holds kiln's logits to the issue's bar: no further from the same file
+// dequantized exactly (run in float32) than 1.25 times llama.cpp's own
+// distance (lldump, its CPU backend, on the same file and prompts). Both
+// engines round activations to int8 for the integer dot products, and on
+// these random MoE models a router near a tie can flip an expert on one
+// prompt (a jump of 0.1 to 0.4 for either engine), so the bar is on the
+// median over prompts.
+func TestGGUFQuantized(t *testing.T) {
+	for _, c := range []struct {
+		file string
+		dt   backend.DType // a type the file must hold
+	}{
+		{"qwen3-w256-Q8_0", backend.Q8_0},
+		{"qwen3-w256-Q4_K_M", backend.Q4_K},
+		{"qwen3-w256-Q5_K_M", backend.Q5_K},
+		{"qwen3moe-w256-Q4_K_M", backend.Q6_K},
+		{"qwen3moe-w256-MXFP4_MOE", backend.MXFP4},
+		{"qwen3next-w256-Q4_K_M", backend.Q4_K},
+	} {
+		t.Run(c.file, func(t *testing.T) {
+			name := c.file[:strings.Index(c.file, "-w256")]
+			ref, hf := w256Prompts(t, name)
+			path := quantDir(c.file + ".gguf")
+			got := loadLogits(t, path, Options{}, ref, c.dt)
+			exact := loadLogits(t, path, Options{Dequantize: true}, ref, backend.F32)
+			ll := readLogitRows(t, quantDir(c.file+".lldump.f32"), len(ref.Prompts))
+			dk, dl := medianL2(got, exact), medianL2(ll, exact)
+			t.Logf("relative L2 to the exactly dequantized file: kiln %.2e, llama.cpp %.2e; the file to the f32 model: %.2e", dk, dl, worstL2(exact, hf))
+			if dk > 1.25*dl {
+				t.Errorf("kiln is %.2e from the dequantized file, over 1.25x llama.cpp's %.2e", dk, dl)
+			}
+			// llama.cpp reads the file as kiln does: a misread layout
+			// (experts, DeltaNet projections) would put it far away.
+			if dl > 0.15 {
+				t.Errorf("llama.cpp is %.2e from kiln's reading of the file", dl)
+			}
+		})
+	}
+}
+
+// TestGGUFF32Models checks llama.cpp's converter and lldump, which the
+// other GGUF tests lean on: on the F32 files of the 256-wide models
+// llama.cpp gives transformers' logits.
+func TestGGUFF32Models(t *testing.T) {
+	for _, name := range []string{"qwen3", "qwen3moe", "qwen3next"} {
+		_, hf := w256Prompts(t, name)
+		ll := readLogitRows(t, quantDir(name+"-w256-f32.lldump.f32"), len(hf))
+		if e := worstL2(ll, hf); e > 2e-3 {
+			t.Errorf("%s: llama.cpp on the F32 file is %.2e from transformers", name, e)
+		}
+	}
+}
