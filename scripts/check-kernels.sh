@@ -5,6 +5,9 @@
 # without a GPU (Debian: apt install nvidia-cuda-toolkit). Skips without nvcc.
 #
 #   scripts/check-kernels.sh [arch]     # e.g. sm_90 (default), sm_80
+#
+# KILN_CUDA_NVRTC_FLAGS (the -D switches the backend passes NVRTC for A/B
+# runs) is passed to nvcc too.
 set -euo pipefail
 cd "$(dirname "$0")/../backend/cuda/kernels"
 if ! command -v nvcc >/dev/null; then
@@ -17,7 +20,7 @@ trap 'rm -rf "$tmp"' EXIT
 status=0
 for f in *.cu; do
 	{ echo '#line 1 "common.cuh"'; cat common.cuh; echo "#line 1 \"$f\""; cat "$f"; } >"$tmp/$f"
-	if ! nvcc -arch="$arch" -std=c++17 --use_fast_math -cubin -Xptxas -v "$tmp/$f" -o "$tmp/${f%.cu}.cubin" >"$tmp/$f.log" 2>&1; then
+	if ! nvcc -arch="$arch" -std=c++17 --use_fast_math ${KILN_CUDA_NVRTC_FLAGS:-} -cubin -Xptxas -v "$tmp/$f" -o "$tmp/${f%.cu}.cubin" >"$tmp/$f.log" 2>&1; then
 		grep -v '^ptxas info' "$tmp/$f.log" >&2
 		status=1
 		continue

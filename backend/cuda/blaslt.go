@@ -36,6 +36,7 @@ type blasLt struct {
 
 type ltKey struct {
 	m, n, k int
+	ldc     int           // elements between out's rows (m unless out is a slice of wider rows)
 	wt      backend.DType // A (the weight) and B share this type
 	ot      backend.DType // C and D: f32, or wt's type
 }
@@ -98,7 +99,7 @@ func (l *blasLt) plan(key ltKey) (*ltPlan, error) {
 	if err := ltErr("cublasLtMatrixLayoutCreate", C.k_cublasLtMatrixLayoutCreate(&p.lb, wt, C.ulonglong(key.k), C.ulonglong(key.n), C.longlong(key.k))); err != nil {
 		return nil, err
 	}
-	if err := ltErr("cublasLtMatrixLayoutCreate", C.k_cublasLtMatrixLayoutCreate(&p.lc, ltType(key.ot), C.ulonglong(key.m), C.ulonglong(key.n), C.longlong(key.m))); err != nil {
+	if err := ltErr("cublasLtMatrixLayoutCreate", C.k_cublasLtMatrixLayoutCreate(&p.lc, ltType(key.ot), C.ulonglong(key.m), C.ulonglong(key.n), C.longlong(key.ldc))); err != nil {
 		return nil, err
 	}
 	var pref C.cublasLtMatmulPreference_t
@@ -122,9 +123,9 @@ func (l *blasLt) plan(key ltKey) (*ltPlan, error) {
 }
 
 // matmul computes out[n,m] (+)= x[n,k] . w[m,k]^T with x already in w's
-// type and out of type ot.
-func (l *blasLt) matmul(s stream, out, x, w devptr, n, m, k int, wt, ot backend.DType, accumulate bool) error {
-	p, err := l.plan(ltKey{m, n, k, wt, ot})
+// type and out of type ot, out's rows ldc elements apart.
+func (l *blasLt) matmul(s stream, out, x, w devptr, n, m, k, ldc int, wt, ot backend.DType, accumulate bool) error {
+	p, err := l.plan(ltKey{m, n, k, ldc, wt, ot})
 	if err != nil {
 		return err
 	}

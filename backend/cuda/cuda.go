@@ -56,6 +56,13 @@ type Backend struct {
 	// (sm_90 on; KILN_CUDA_PDL=0 turns it off).
 	pdl  bool
 	prof *profiler
+	// qmvMax is the most tokens of a quantized product on the decode
+	// kernels (qmv); qSlab the most weight elements dequantized to bf16 at
+	// a time for cuBLASLt (see quant.go).
+	qmvMax, qSlab, qmvWarpsMax int
+	// trace, when set (tests), is told the name of every kernel launched
+	// and "cublasLt" for every cuBLASLt product.
+	trace func(name string)
 
 	pinned     unsafe.Pointer // host staging for reads
 	pinnedSize int
@@ -142,6 +149,9 @@ func New(opts Options) (*Backend, error) {
 	b.mmaSplitBlocks = envInt("KILN_CUDA_MMA_SPLIT_BLOCKS", 2, 1, 64)
 	b.pdl = major >= 9 && envInt("KILN_CUDA_PDL", 1, 0, 1) == 1
 	b.skinnyMax = envInt("KILN_CUDA_SKINNY_MAX", skinnyMaxTokens, 0, skinnyMaxTokens)
+	b.qmvMax = envInt("KILN_CUDA_QMV_MAX", qmvMaxTokens, 0, qmvMaxTokens)
+	b.qSlab = qSlabElems
+	b.qmvWarpsMax = envInt("KILN_CUDA_QMV_WARPS", 8, 1, 8)
 	// Split tiles are at most half a wave of blocks.
 	ncnt := b.skinnyWave()
 	if b.skinnyCnt, err = b.malloc(4 * ncnt); err != nil {
@@ -193,7 +203,35 @@ func (t *tensor) DType() backend.DType { return t.dt }
 func (t *tensor) Shape() []int         { return t.shape }
 func (t *tensor) String() string       { return fmt.Sprintf("%v%v", t.dt, t.shape) }
 func (t *tensor) numel() int           { return shapeSize(t.shape) }
-func (t *tensor) bytes() int           { return t.numel() * t.dt.Size() }
+
+// bytes is the tensor's size on the device; a quantized tensor is rows of
+// its innermost dimension in the device layout (qlayout.go).
+func (t *tensor) bytes() int {
+	if t.dt.Quantized() {
+		return t.qrows() * qRowBytes(t.dt, t.qcols())
+	}
+	return t.numel() * t.dt.Size()
+}
+
+// qcols and qrows view a quantized tensor as a matrix of rows of its
+// innermost dimension (experts stacked by rows).
+func (t *tensor) qcols() int {
+	if len(t.shape) == 0 {
+		return 1
+	}
+	return t.shape[len(t.shape)-1]
+}
+
+func (t *tensor) qrows() int {
+	n := 1
+	if len(t.shape) > 0 {
+		n = shapeSize(t.shape[:len(t.shape)-1])
+	}
+	return n
+}
+
+// rb is the device bytes of one row of a quantized tensor.
+func (t *tensor) rb() int { return qRowBytes(t.dt, t.qcols()) }
 
 // rows and cols view t as a matrix of its first dimension by the rest.
 func (t *tensor) rows() int { return t.shape[0] }
@@ -247,9 +285,23 @@ func (b *Backend) Alloc(dt backend.DType, shape ...int) backend.Tensor {
 	return t
 }
 
-// Load uploads a weight tensor.
+// Load uploads a weight tensor; quantized data (dt.Bytes(shape...) bytes
+// of blocks in the interchange layout, shape [rows, cols] or [E, rows,
+// cols]) is stored in the device layout (qlayout.go).
 func (b *Backend) Load(dt backend.DType, shape []int, data []byte) (backend.Tensor, error) {
 	t := &tensor{dt: dt, shape: append([]int(nil), shape...)}
+	if dt.Quantized() {
+		if len(shape) == 0 {
+			return nil, fmt.Errorf("cuda: load %v%v: a quantized tensor needs a row dimension", dt, shape)
+		}
+		if err := dt.CheckCols(t.qcols()); err != nil {
+			return nil, fmt.Errorf("cuda: load %v%v: %w", dt, shape, err)
+		}
+		if want := dt.Bytes(shape...); len(data) != want {
+			return nil, fmt.Errorf("cuda: load %v%v: %d bytes, want %d", dt, shape, len(data), want)
+		}
+		data = qPack(dt, data, t.qrows(), t.qcols())
+	}
 	if len(data) != t.bytes() {
 		return nil, fmt.Errorf("cuda: load %v%v: %d bytes, want %d", dt, shape, len(data), t.bytes())
 	}
@@ -271,9 +323,16 @@ func (b *Backend) Load(dt backend.DType, shape []int, data []byte) (backend.Tens
 	return t, nil
 }
 
-// Write copies host data into t, ordered after queued work.
+// Write copies host data into t, ordered after queued work (a quantized
+// tensor takes the interchange layout, as Load).
 func (b *Backend) Write(t backend.Tensor, data []byte) {
 	tt := asT(t)
+	if tt.dt.Quantized() {
+		if want := tt.dt.Bytes(tt.shape...); len(data) != want {
+			panic(fmt.Sprintf("cuda: write %d bytes into %v, want %d", len(data), tt, want))
+		}
+		data = qPack(tt.dt, data, tt.qrows(), tt.qcols())
+	}
 	if len(data) != tt.bytes() {
 		panic(fmt.Sprintf("cuda: write %d bytes into %v", len(data), tt))
 	}
@@ -298,9 +357,21 @@ func (b *Backend) staging(n int) unsafe.Pointer {
 	return b.pinned
 }
 
-// Read waits for queued work and copies t to host memory.
+// Read waits for queued work and copies t to host memory (a quantized
+// tensor in the interchange layout).
 func (b *Backend) Read(t backend.Tensor, dst []byte) error {
 	tt := asT(t)
+	if tt.dt.Quantized() {
+		if want := tt.dt.Bytes(tt.shape...); len(dst) != want {
+			return fmt.Errorf("cuda: read %v into %d bytes, want %d", tt, len(dst), want)
+		}
+		dev := make([]byte, tt.bytes())
+		if err := b.Read(&tensor{dt: backend.I32, shape: []int{len(dev) / 4}, ptr: tt.ptr, view: true}, dev); err != nil {
+			return err
+		}
+		copy(dst, qUnpack(tt.dt, dev, tt.qrows(), tt.qcols()))
+		return nil
+	}
 	if len(dst) != tt.bytes() {
 		return fmt.Errorf("cuda: read %v into %d bytes", tt, len(dst))
 	}
@@ -328,6 +399,13 @@ func (b *Backend) Rows(t backend.Tensor, start, n int) backend.Tensor {
 		panic(fmt.Sprintf("cuda: rows [%d, %d) of %v", start, start+n, tt))
 	}
 	shape := append([]int{n}, tt.shape[1:]...)
+	if tt.dt.Quantized() {
+		if len(tt.shape) < 2 {
+			panic(fmt.Sprintf("cuda: rows [%d, %d) of %v: a view of a quantized tensor takes whole rows", start, start+n, tt))
+		}
+		per := shapeSize(tt.shape[1 : len(tt.shape)-1]) // device rows a slice of the first dimension
+		return &tensor{dt: tt.dt, shape: shape, ptr: tt.ptr + devptr(start*per*tt.rb()), view: true}
+	}
 	return &tensor{dt: tt.dt, shape: shape, ptr: tt.ptr + devptr(start*tt.cols()*tt.dt.Size()), view: true}
 }
 
@@ -336,6 +414,9 @@ func (b *Backend) Reshape(t backend.Tensor, shape ...int) backend.Tensor {
 	tt := asT(t)
 	if shapeSize(shape) != tt.numel() {
 		panic(fmt.Sprintf("cuda: reshape %v to %v", tt, shape))
+	}
+	if tt.dt.Quantized() && (len(shape) == 0 || shape[len(shape)-1] != tt.qcols()) {
+		panic(fmt.Sprintf("cuda: reshape %v to %v: a quantized tensor keeps its rows (innermost dimension)", tt, shape))
 	}
 	return &tensor{dt: tt.dt, shape: append([]int(nil), shape...), ptr: tt.ptr, view: true}
 }

@@ -9,7 +9,11 @@
 //
 // All work is queued on one stream. Activations are float32; bf16 weights are
 // read directly by the decode kernels (GEMV) and by cuBLASLt for larger
-// batches (activations converted to bf16 on the fly). Decode steps run inside
+// batches (activations converted to bf16 on the fly). Block-quantized
+// weights (backend/quant.go) are stored in a device layout of their own
+// (qlayout.go) and read directly by the decode kernels, which dequantize
+// them in registers; larger batches dequantize them to bf16 for cuBLASLt
+// (quant.go). Decode steps run inside
 // Graph are captured once per key as CUDA graphs and replayed: every kernel
 // reads the step's metadata (token ids, positions, block tables) from device
 // buffers that Begin refreshes, so a replay stays valid as contexts grow.

@@ -28,6 +28,9 @@ func (b *Backend) launchKernel(name string, pdl bool, grid [3]int, block, smem i
 	}
 	var a args
 	a.add(vs...)
+	if b.trace != nil {
+		b.trace(name)
+	}
 	label := name
 	if b.prof != nil {
 		label = fmt.Sprintf("%s %v", name, grid) // the grid tells the calls of a kernel apart
@@ -38,11 +41,19 @@ func (b *Backend) launchKernel(name string, pdl bool, grid [3]int, block, smem i
 // gemm runs out[n,m] (+)= x[n,k] . w[m,k]^T through cuBLASLt (x in w's
 // type, out of type ot).
 func (b *Backend) gemm(out, x, w devptr, n, m, k int, wt, ot backend.DType, accumulate bool) {
+	b.gemmLd(out, x, w, n, m, k, m, wt, ot, accumulate)
+}
+
+// gemmLd is gemm with out's rows ldc elements apart.
+func (b *Backend) gemmLd(out, x, w devptr, n, m, k, ldc int, wt, ot backend.DType, accumulate bool) {
+	if b.trace != nil {
+		b.trace("cublasLt")
+	}
 	label := "cublasLt"
 	if b.prof != nil {
 		label = fmt.Sprintf("cublasLt %dx%d", m, k)
 	}
-	b.around(label, func() { b.fail(b.lt.matmul(b.stream, out, x, w, n, m, k, wt, ot, accumulate)) })
+	b.around(label, func() { b.fail(b.lt.matmul(b.stream, out, x, w, n, m, k, ldc, wt, ot, accumulate)) })
 }
 
 func g1(n int) [3]int { return [3]int{n, 1, 1} }
@@ -92,6 +103,11 @@ func (b *Backend) Embed(out, table backend.Tensor) {
 			panic(fmt.Sprintf("cuda: embed: token %d outside vocabulary of %d", tok, V))
 		}
 	}
+	if tt.dt.Quantized() {
+		// The looked-up rows dequantized as the reference does.
+		b.run("qembed_"+tt.dt.String(), g1(T), 256, 0, ot.ptr, tt.ptr, int64Arg(tt.rb()), b.meta.dev[mTokens], H)
+		return
+	}
 	b.run("embed", g1(T), 256, 0, ot.ptr, tt.ptr, int(tt.dt), b.meta.dev[mTokens], H)
 }
 
@@ -112,6 +128,7 @@ func (b *Backend) RMSNorm(out, x, w backend.Tensor, eps float32, unitOffset bool
 	checkRows("rmsnorm out", ot, n, h)
 	checkF32("rmsnorm", xt)
 	checkAct("rmsnorm", ot)
+	checkFloatW("rmsnorm", wt)
 	if wt.numel() != h {
 		panic(fmt.Sprintf("cuda: rmsnorm weight %v for rows of %d", wt, h))
 	}
@@ -145,6 +162,7 @@ func (b *Backend) GatedRMSNorm(out, x, z, w backend.Tensor, eps float32) {
 	checkRows("gated rmsnorm out", ot, n, width)
 	checkRows("gated rmsnorm z", zt, n, width)
 	checkF32("gated rmsnorm", ot, xt, zt)
+	checkFloatW("gated rmsnorm", wt)
 	b.run("gated_rmsnorm", g1(n*width/dim), normBlock(dim), 0, ot.ptr, xt.ptr, zt.ptr, wt.ptr, int(wt.dt), dim, eps)
 }
 
@@ -173,6 +191,9 @@ func (b *Backend) mlp(ot, xt, gu, dn *tensor, accumulate bool) {
 	checkF32("mlp", ot)
 	checkAct("mlp", xt)
 	if n == 0 {
+		return
+	}
+	if gu.dt.Quantized() && b.qmlp(ot, xt, gu, dn, accumulate) {
 		return
 	}
 	if gu.dt == backend.BF16 && n <= b.gemvMax && H%8 == 0 {
@@ -326,6 +347,10 @@ func (b *Backend) MatMul(out, x, w backend.Tensor, accumulate bool) {
 	if n == 0 {
 		return
 	}
+	if wt.dt.Quantized() {
+		b.qmatmul(ot, xt, wt, accumulate)
+		return
+	}
 	if wt.dt == backend.BF16 && n <= b.gemvMax && in%8 == 0 {
 		w := b.gemvWarps
 		b.runOverlapped(fmt.Sprintf("gemv_bf16_%d%s", n, hx(xt)), g1((o+w-1)/w), 32*w, 0, ot.ptr, int(ot.dt), xt.ptr, wt.ptr, o, in, boolInt(accumulate))
@@ -475,6 +500,7 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 	if qn.numel() != hd || kn.numel() != hd || qn.dt != kn.dt {
 		panic(fmt.Sprintf("cuda: attention: q/k norms %v %v for head dim %d", qn, kn, hd))
 	}
+	checkFloatW("attention", qn)
 	// The rotated queries, in the cache's type (what the kernels multiply the
 	// keys in).
 	qbuf := b.scratchBuf("attnq", T*H*hd*c.spec.DType.Size())
@@ -594,6 +620,7 @@ func (b *Backend) MoE(out, x backend.Tensor, e *backend.Experts, spec *backend.M
 	checkF32("moe", ot, xt)
 	E, K := spec.Experts, spec.TopK
 	router, gu, down := asT(e.Router), asT(e.GateUp), asT(e.Down)
+	checkFloatW("moe router", router)
 	if E <= 0 || E > 1024 || K <= 0 || K > E || router.rows() != E || router.cols() != H || len(gu.shape) != 3 || len(down.shape) != 3 {
 		panic(fmt.Sprintf("cuda: moe: router %v, gate_up %v, down %v for %d experts (top %d) of width %d", router, gu, down, E, K, H))
 	}
@@ -615,11 +642,21 @@ func (b *Backend) MoE(out, x backend.Tensor, e *backend.Experts, spec *backend.M
 	// Each (token, choice) row is a product with its expert's weights: a
 	// GEMV per row, or (moeGrouped) tensor-core tiles of one expert's rows,
 	// which read an expert's weights once per tile of its rows instead of
-	// once per row.
+	// once per row. Quantized experts take qmv per row (gate/up with the
+	// SwiGLU fused), or, grouped, bf16 copies of the experts that have rows
+	// (a slab of experts at a time).
+	groupable := func(w *tensor) bool { return w.dt == backend.BF16 || w.dt.Quantized() }
+	grouped := moeGrouped(R, E) && groupable(gu) && groupable(down) && H%moeGroupCols == 0 && I%moeGroupCols == 0
+	if !grouped && (gu.dt.Quantized() && !qmvFits(gu.dt, H) || down.dt.Quantized() && !qmvFits(down.dt, I)) {
+		if !groupable(gu) || !groupable(down) || H%moeGroupCols != 0 || I%moeGroupCols != 0 {
+			panic(fmt.Sprintf("cuda: moe: experts gate_up %v, down %v: quantized experts need widths that are multiples of %d", gu, down, moeGroupCols))
+		}
+		grouped = true // FP8 rows that end inside a unit of qmv
+	}
 	expertProduct := func(y, x devptr, xdiv int, w *tensor, O, in int) {
 		b.run("moe_gemv", [3]int{(O + 7) / 8, R, 1}, 256, 0, y, x, xdiv, w.ptr, int(w.dt), sel, O, in)
 	}
-	if moeGrouped(R, E) && gu.dt == backend.BF16 && down.dt == backend.BF16 && H%moeGroupCols == 0 && I%moeGroupCols == 0 {
+	if grouped {
 		maxTiles := (R+moeGroupRows-1)/moeGroupRows + min(E, R)
 		start, order := b.scratchBuf("moe.start", 4*(E+1)), b.scratchBuf("moe.order", 4*R)
 		tiles, ntiles := b.scratchBuf("moe.tiles", 8*maxTiles), b.scratchBuf("moe.ntiles", 4)
@@ -627,15 +664,42 @@ func (b *Backend) MoE(out, x backend.Tensor, e *backend.Experts, spec *backend.M
 		expertProduct = func(y, x devptr, xdiv int, w *tensor, O, in int) {
 			xg := b.scratchBuf("moe.xg", 4*R*in) // bf16 hi and lo parts
 			b.run("moe_gather", g1(R), 256, 0, xg, x, xdiv, order, in)
-			b.run("moe_group_mm", [3]int{(O + moeGroupOuts - 1) / moeGroupOuts, maxTiles, 1}, 128, 0, y, xg, w.ptr, start, order, tiles, ntiles, O, in)
+			grid := [3]int{(O + moeGroupOuts - 1) / moeGroupOuts, maxTiles, 1}
+			if !w.dt.Quantized() {
+				b.run("moe_group_mm", grid, 128, 0, y, xg, w.ptr, start, order, tiles, ntiles, O, in, 0, E)
+				return
+			}
+			per := max(1, min(E, b.qSlab/(O*in)))
+			for e0 := 0; e0 < E; e0 += per {
+				e1 := min(E, e0+per)
+				buf := b.scratchBuf("moe.qdeq", 2*(e1-e0)*O*in)
+				b.qdeq(buf, w, e0*O, (e1-e0)*O, in, start, e0, O)
+				b.run("moe_group_mm", grid, 128, 0, y, xg, buf, start, order, tiles, ntiles, O, in, e0, e1)
+			}
 		}
 	}
-	h := b.scratchF32("moe.h", R, 2*I)
-	expertProduct(h.ptr, xt.ptr, K, gu, 2*I, H)
-	act := b.scratchF32("moe.act", R, I)
-	b.siluMul(act, h)
+	var act *tensor // [R, I], f32 or (qmv_swiglu) bf16
+	if !grouped && gu.dt.Quantized() {
+		act = &tensor{dt: backend.BF16, shape: []int{R, I}, ptr: b.scratchBuf("moe.act", 2*R*I), view: true}
+		b.qmv(true, act.ptr, backend.BF16, b.qx(xt), 1, K, gu, 2*I*gu.rb(), sel, R, I, H, false)
+	} else {
+		h := b.scratchF32("moe.h", R, 2*I)
+		expertProduct(h.ptr, xt.ptr, K, gu, 2*I, H)
+		act = b.scratchF32("moe.act", R, I)
+		b.siluMul(act, h)
+	}
 	y := b.scratchF32("moe.y", R, H)
-	expertProduct(y.ptr, act.ptr, 1, down, H, I)
+	switch {
+	case !grouped && down.dt.Quantized():
+		b.qmv(false, y.ptr, backend.F32, b.qx(act), 1, 1, down, H*down.rb(), sel, R, H, I, false)
+	case act.dt == backend.BF16:
+		// Quantized gate/up before float32 or f16 down weights.
+		af := b.scratchF32("moe.actf", R, I)
+		b.run("cast", g1(b.blocksFor(R*I)), 256, 0, af.ptr, int(backend.F32), act.ptr, int(backend.BF16), int64Arg(R*I))
+		expertProduct(y.ptr, af.ptr, 1, down, H, I)
+	default:
+		expertProduct(y.ptr, act.ptr, 1, down, H, I)
+	}
 	var ys, gate devptr
 	if e.SharedGateUp != nil {
 		sgu, sdown, sg := asT(e.SharedGateUp), asT(e.SharedDown), asT(e.SharedGate)

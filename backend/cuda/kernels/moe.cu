@@ -146,21 +146,23 @@ extern "C" __global__ void moe_gather(u16 *xg, const float *x, int xdiv, const i
 }
 
 // moe_group_mm: y[order[j], o] = sum_i xg[j, i] * w[e, o, i] for the rows j
-// of each tile. Grid (ceil(O / MG_BN), tiles allowed for), 128 threads:
-// four warps of 32 rows by 64 outputs, mma.sync m16n8k16 with the rows as
-// A and the weight rows as B, stages of MG_BK columns by cp.async.
-// Requires I % MG_BK == 0.
+// of each tile whose expert e is in [e0, e1) (w holds experts e0..e1-1:
+// all of them, or a slab of quantized experts dequantized to bf16). Grid
+// (ceil(O / MG_BN), tiles allowed for), 128 threads: four warps of 32 rows
+// by 64 outputs, mma.sync m16n8k16 with the rows as A and the weight rows
+// as B, stages of MG_BK columns by cp.async. Requires I % MG_BK == 0.
 extern "C" __global__ void __launch_bounds__(128) moe_group_mm(float *y, const u16 *xg, const u16 *w, const int *start,
-		const int *order, const int *tiles, const int *ntiles, int O, int I) {
+		const int *order, const int *tiles, const int *ntiles, int O, int I, int e0, int e1) {
 	__shared__ __align__(16) u16 sA[MG_STAGES][2 * MG_BM * MG_P];  // hi rows, then lo rows
 	__shared__ __align__(16) u16 sB[MG_STAGES][MG_BN * MG_P];
 	int tile = blockIdx.y;
 	if (tile >= *ntiles) return;
 	int e = tiles[2 * tile], j0 = tiles[2 * tile + 1], j1 = min(j0 + MG_BM, start[e + 1]);
+	if (e < e0 || e >= e1) return;
 	int o0 = blockIdx.x * MG_BN;
 	int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wm = warp & 1, wn = warp >> 1;
 	int mi = lane >> 3, mr = lane & 7;
-	const u16 *wb = w + (long)e * O * I;
+	const u16 *wb = w + (long)(e - e0) * O * I;
 	int nk = I / MG_BK;
 	// Rows past the tile's end repeat its last row, outputs past O the last
 	// output: finite values whose results are not stored.

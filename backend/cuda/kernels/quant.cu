@@ -1,0 +1,650 @@
+// Block-quantized weights: products, dequantization and embedding lookups
+// that read the blocks directly. The interchange layouts are described in
+// backend/quant.go; the device rows these kernels read (each row's block
+// bodies, then their scales, 16-byte aligned) in backend/cuda/qlayout.go.
+// Every kernel takes rb, the bytes of one device row.
+//
+// Decode products (qmv, qmv_swiglu; up to 8 tokens) run on tensor cores
+// with the weights dequantized in registers: mma.sync m16n8k16 with the
+// tokens as A (rows 0..7 of 16) and 8 weight rows as B. The inner
+// dimension of one mma is any 16 columns, as long as A and B hold the same
+// ones: lane (n, t) = (lane / 4, lane % 4) dequantizes its own "unit" of
+// weight row n (32 or 64 consecutive columns, one or two 16-byte loads of
+// quants) and lane (g, t) loads token g's activations at the same columns,
+// so each lane reads whole 16-byte pieces of its row and no data moves
+// between lanes. The four lanes of a row take four consecutive units (64 to
+// 128 contiguous bytes of quants a row a step); the warps of a block split
+// the row's units between them and add their partial sums in a fixed order
+// at the end. The first units are requested before pdl_wait (the weights do
+// not depend on the kernel before) and each lane keeps U units in flight.
+//
+// Dequantized weights are what the reference computes in float32, rounded
+// to bf16 (so the products match those of cuBLASLt on the weights that
+// qdeq writes), except FP8 (whose e4m3 values bf16 holds exactly: the scale
+// of each 128-column block multiplies the mma results in float32) and MXFP4
+// (values times a power of two: exact in bf16). Integers become floats
+// without the conversion unit: byte b placed in the mantissa of 1.0 reads
+// 1 + b / 32768 (mag; mag7 reads b < 128 as 0.5 + b / 256), and one fma
+// with the block's scale gives scale * (b - offset) - min.
+
+// Units a lane keeps in flight (A/B: KILN_CUDA_NVRTC_FLAGS=-DQMV_U64=3):
+// QMV_U32 for the types of 32-column units, QMV_U64 for the K-quants.
+#ifndef QMV_U32
+#define QMV_U32 4
+#endif
+#ifndef QMV_U64
+#define QMV_U64 2
+#endif
+
+#define QT_Q8_0 4
+#define QT_Q4_K 5
+#define QT_Q5_K 6
+#define QT_Q6_K 7
+#define QT_MXFP4 8
+#define QT_FP8 9
+
+typedef unsigned char u8;
+
+// prmt is the byte permute with 4-bit selectors (bit 3 of a selector
+// replicates the selected byte's sign bit), which __byte_perm does not
+// promise.
+__device__ __forceinline__ unsigned prmt(unsigned a, unsigned b, unsigned s) {
+	unsigned r;
+	asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(s));
+	return r;
+}
+
+// magr returns byte i of w as the float 1 + b / 32768 (b in bits 8-15 of
+// the mantissa); mag7 byte I, below 128, as 0.5 + b / 256 (bits 16-22):
+// the smaller constant of mag7's fma rounds to 2^-17 of a quant step.
+__device__ __forceinline__ float magr(unsigned w, unsigned i) { return __uint_as_float(prmt(w, 0x3F800000u, 0x7604u | (i << 4))); }
+template <int I> __device__ __forceinline__ float mag(unsigned w) { return magr(w, I); }
+template <int I> __device__ __forceinline__ float mag7(unsigned w) { return __uint_as_float(prmt(w, 0x3F000000u, 0x7054u | (I << 8))); }
+
+// bfma2 is a bf16 pair fma (sm_80 on).
+__device__ __forceinline__ unsigned bfma2(unsigned a, unsigned b, unsigned c) {
+	unsigned r;
+	asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+	return r;
+}
+
+// qld16 streams 16 bytes of quants past L1 (each is read once).
+__device__ __forceinline__ uint4 qld16(const u8 *p) {
+	uint4 v;
+	asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+	return v;
+}
+
+__device__ __forceinline__ unsigned word(const uint4 &a, const uint4 &b, int k) {
+	const uint4 &v = k < 4 ? a : b;
+	int j = k & 3;
+	return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
+}
+
+__device__ __forceinline__ unsigned byte_of(unsigned w, int i) { return (w >> (8 * i)) & 0xffu; }
+
+// e4m3f widens an e4m3 value exactly (0x7f and 0xff, NaN in e4m3, read 480).
+__device__ __forceinline__ float e4m3f(unsigned b) {
+	unsigned em = b & 0x7fu;
+	float v = em >= 8 ? __uint_as_float((em << 20) + (120u << 23)) : (float)em * 0.001953125f;
+	return (b & 0x80u) ? -v : v;
+}
+
+// e8m0h returns half of the e8m0 scale 2^(e-127) (quant.E8M0Half).
+__device__ __forceinline__ float e8m0h(unsigned e) { return __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23); }
+
+// pack2 packs the floats a (lower column) and b as bf16.
+__device__ __forceinline__ unsigned pack2(float a, float b) { return pack_bf16(a, b); }
+
+// fmas4 packs fma(mag(byte j of v), A, B) for the four bytes of v as two
+// bf16 pairs; fmas4s the same with mag7 (bytes below 128).
+__device__ __forceinline__ void fmas4(unsigned v, float A, float B, unsigned &p0, unsigned &p1) {
+	p0 = pack2(fmaf(mag<0>(v), A, B), fmaf(mag<1>(v), A, B));
+	p1 = pack2(fmaf(mag<2>(v), A, B), fmaf(mag<3>(v), A, B));
+}
+__device__ __forceinline__ void fmas4s(unsigned v, float A, float B, unsigned &p0, unsigned &p1) {
+	p0 = pack2(fmaf(mag7<0>(v), A, B), fmaf(mag7<1>(v), A, B));
+	p1 = pack2(fmaf(mag7<2>(v), A, B), fmaf(mag7<3>(v), A, B));
+}
+
+// kscale sets the scales d * sc and mins dmin * m of sub-blocks 2p and
+// 2p + 1 of a Q4_K or Q5_K block from its first 16 bytes h (d, dmin, 12
+// bytes of 6-bit scales and mins: quant.scaleMin).
+__device__ __forceinline__ void kscale(uint4 h, int p, float (&S)[2], float (&M)[2]) {
+	float d = h2f((u16)(h.x & 0xffffu)), dmin = h2f((u16)(h.x >> 16));
+	unsigned sc, m;
+	if (p < 2) {
+		sc = h.y & 0x3f3f3f3fu;
+		m = h.z & 0x3f3f3f3fu;
+	} else {
+		sc = (h.w & 0x0f0f0f0fu) | ((h.y >> 2) & 0x30303030u);
+		m = ((h.w >> 4) & 0x0f0f0f0fu) | ((h.z >> 2) & 0x30303030u);
+	}
+	unsigned i = 2 * (p & 1);
+	float D = d * 32768.f, Dm = dmin * 32768.f;
+	S[0] = fmaf(magr(sc, i), D, -D);
+	S[1] = fmaf(magr(sc, i + 1), D, -D);
+	M[0] = fmaf(magr(m, i), Dm, -Dm);
+	M[1] = fmaf(magr(m, i + 1), Dm, -Dm);
+}
+
+// kscale_exact returns the integer scale and min of sub-block j.
+__device__ __forceinline__ void kscale_exact(uint4 h, int j, int &sc, int &m) {
+	unsigned s[3] = {h.y, h.z, h.w};
+	if (j < 4) {
+		sc = byte_of(s[0], j) & 63;
+		m = byte_of(s[1], j) & 63;
+	} else {
+		sc = (byte_of(s[2], j - 4) & 0xf) | (byte_of(s[0], j - 4) >> 6 << 4);
+		m = (byte_of(s[2], j - 4) >> 4) | (byte_of(s[1], j - 4) >> 6 << 4);
+	}
+}
+
+// Q<type> describes a type's units: a unit is E columns of one row (units
+// (I) of them a row), in E / 32 halves of 32 consecutive columns (col(u,
+// h) is a half's first), whose quants and scales one lane loads (load). K
+// holds what a unit's dequantization computes once (prep); pairs writes a
+// half's 16 bf16 pairs in column order; exact writes a half's 32 values as
+// the reference computes them. U is the units a lane keeps in flight.
+// SCALED types leave their block scale (scale) to the caller.
+template <int QT> struct Q;
+
+// Q8_0: a unit is a block (32 columns): 32 quants and the f16 scale.
+template <> struct Q<QT_Q8_0> {
+	static constexpr int E = 32, U = QMV_U32;
+	static constexpr bool SCALED = false;
+	struct Raw {
+		uint4 a, b;
+		unsigned d;
+	};
+	struct K {
+		float A, B;
+	};
+	__device__ static int units(int I) { return I >> 5; }
+	__device__ static int col(int u, int h) { return u << 5; }
+	__device__ static void load(Raw &r, const u8 *row, int I, int u) {
+		r.a = qld16(row + 32L * u);
+		r.b = qld16(row + 32L * u + 16);
+		r.d = __ldg((const u16 *)(row + 32L * (I >> 5)) + u);
+	}
+	__device__ static K prep(const Raw &r, int u) {
+		float d = h2f((u16)r.d);
+		return K{d * 32768.f, d * -32896.f};  // q + 128 = b: d * (b - 128)
+	}
+	__device__ static void pairs(const Raw &r, const K &k, int u, int h, unsigned (&p)[16]) {
+#pragma unroll
+		for (int j = 0; j < 8; j++) fmas4(word(r.a, r.b, j) ^ 0x80808080u, k.A, k.B, p[2 * j], p[2 * j + 1]);
+	}
+	__device__ static void exact(const Raw &r, int u, int h, float (&v)[32]) {
+		float d = h2f((u16)r.d);
+#pragma unroll
+		for (int j = 0; j < 32; j++) v[j] = (float)(signed char)byte_of(word(r.a, r.b, j >> 2), j & 3) * d;
+	}
+};
+
+// Q4_K: a unit is a quarter block (64 columns): the 32 bytes of quants of
+// sub-blocks 2p (low nibbles) and 2p + 1 (high nibbles), and the block's
+// 16-byte header.
+template <> struct Q<QT_Q4_K> {
+	static constexpr int E = 64, U = QMV_U64;
+	static constexpr bool SCALED = false;
+	struct Raw {
+		uint4 a, b, h;
+	};
+	struct K {
+		float A[2], B[2];
+	};
+	__device__ static int units(int I) { return I >> 6; }
+	__device__ static int col(int u, int h) { return (u >> 2) * 256 + (u & 3) * 64 + h * 32; }
+	__device__ static void load(Raw &r, const u8 *row, int I, int u) {
+		const u8 *blk = row + 144L * (u >> 2);
+		r.a = qld16(blk + 16 + 32 * (u & 3));
+		r.b = qld16(blk + 32 + 32 * (u & 3));
+		r.h = __ldg((const uint4 *)blk);
+	}
+	__device__ static K prep(const Raw &r, int u) {
+		float S[2], M[2];
+		kscale(r.h, u & 3, S, M);
+		K k;  // q = 256 * (mag7 - 0.5): S * q - M
+#pragma unroll
+		for (int i = 0; i < 2; i++) {
+			k.A[i] = S[i] * 256.f;
+			k.B[i] = -fmaf(S[i], 128.f, M[i]);
+		}
+		return k;
+	}
+	__device__ static void pairs(const Raw &r, const K &k, int u, int h, unsigned (&p)[16]) {
+#pragma unroll
+		for (int j = 0; j < 8; j++) {
+			unsigned w = word(r.a, r.b, j);
+			fmas4s((h ? w >> 4 : w) & 0x0f0f0f0fu, k.A[h], k.B[h], p[2 * j], p[2 * j + 1]);
+		}
+	}
+	__device__ static void exact(const Raw &r, int u, int h, float (&v)[32]) {
+		int sc, m;
+		kscale_exact(r.h, 2 * (u & 3) + h, sc, m);
+		float d1 = __fmul_rn(h2f((u16)(r.h.x & 0xffffu)), (float)sc), m1 = __fmul_rn(h2f((u16)(r.h.x >> 16)), (float)m);
+#pragma unroll
+		for (int l = 0; l < 32; l++) {
+			unsigned q = byte_of(word(r.a, r.b, l >> 2), l & 3) >> (4 * h) & 0xf;
+			v[l] = __fsub_rn(__fmul_rn(d1, (float)q), m1);
+		}
+	}
+};
+
+// Q5_K: Q4_K's units, with the block's 32 bytes of fifth bits (bit 2p + h
+// of byte l for element l of sub-block 2p + h).
+template <> struct Q<QT_Q5_K> {
+	static constexpr int E = 64, U = QMV_U64;
+	static constexpr bool SCALED = false;
+	struct Raw {
+		uint4 a, b, qa, qb, h;
+	};
+	typedef Q<QT_Q4_K>::K K;
+	__device__ static int units(int I) { return I >> 6; }
+	__device__ static int col(int u, int h) { return (u >> 2) * 256 + (u & 3) * 64 + h * 32; }
+	__device__ static void load(Raw &r, const u8 *row, int I, int u) {
+		const u8 *blk = row + 176L * (u >> 2);
+		r.a = qld16(blk + 48 + 32 * (u & 3));
+		r.b = qld16(blk + 64 + 32 * (u & 3));
+		r.qa = __ldg((const uint4 *)(blk + 16));
+		r.qb = __ldg((const uint4 *)(blk + 32));
+		r.h = __ldg((const uint4 *)blk);
+	}
+	__device__ static K prep(const Raw &r, int u) {
+		float S[2], M[2];
+		kscale(r.h, u & 3, S, M);
+		K k;  // q = 256 * (mag7 - 0.5): S * q - M
+#pragma unroll
+		for (int i = 0; i < 2; i++) {
+			k.A[i] = S[i] * 256.f;
+			k.B[i] = -fmaf(S[i], 128.f, M[i]);
+		}
+		return k;
+	}
+	__device__ static void pairs(const Raw &r, const K &k, int u, int h, unsigned (&p)[16]) {
+		int sh = 2 * (u & 3) + h;
+#pragma unroll
+		for (int j = 0; j < 8; j++) {
+			unsigned w = word(r.a, r.b, j), hb = (word(r.qa, r.qb, j) >> sh) & 0x01010101u;
+			fmas4s(((h ? w >> 4 : w) & 0x0f0f0f0fu) | (hb << 4), k.A[h], k.B[h], p[2 * j], p[2 * j + 1]);
+		}
+	}
+	__device__ static void exact(const Raw &r, int u, int h, float (&v)[32]) {
+		int j = 2 * (u & 3) + h, sc, m;
+		kscale_exact(r.h, j, sc, m);
+		float d1 = __fmul_rn(h2f((u16)(r.h.x & 0xffffu)), (float)sc), m1 = __fmul_rn(h2f((u16)(r.h.x >> 16)), (float)m);
+#pragma unroll
+		for (int l = 0; l < 32; l++) {
+			unsigned q = byte_of(word(r.a, r.b, l >> 2), l & 3) >> (4 * h) & 0xf;
+			q |= (byte_of(word(r.qa, r.qb, l >> 2), l & 3) >> j & 1) << 4;
+			v[l] = __fsub_rn(__fmul_rn(d1, (float)q), m1);
+		}
+	}
+};
+
+// Q6_K: a unit is a quarter block: 32 bytes of ql (64 * n + 32 * hh + l,
+// l < 32, for unit 2n + hh of its block), whose low nibbles are columns
+// 128n + 32hh + l and high nibbles the columns 64 further; the 32 bytes of
+// qh of half n (bits 2hh, 4 + 2hh); the 8 scales of half n; the f16 d.
+// Device block: ql, qh and scales (208 bytes); the d values follow the
+// row's blocks.
+template <> struct Q<QT_Q6_K> {
+	static constexpr int E = 64, U = QMV_U64;
+	static constexpr bool SCALED = false;
+	struct Raw {
+		uint4 a, b, qa, qb;
+		uint2 sc;
+		unsigned d;
+	};
+	struct K {
+		float A[2][2], B[2][2];  // [half][l >= 16]
+	};
+	__device__ static int units(int I) { return I >> 6; }
+	__device__ static int col(int u, int h) { return (u >> 2) * 256 + (u & 3) * 32 + ((u & 3) >> 1) * 64 + h * 64; }
+	__device__ static void load(Raw &r, const u8 *row, int I, int u) {
+		const u8 *blk = row + 208L * (u >> 2);
+		int n = (u & 3) >> 1;
+		r.a = qld16(blk + 32 * (u & 3));
+		r.b = qld16(blk + 32 * (u & 3) + 16);
+		r.qa = __ldg((const uint4 *)(blk + 128 + 32 * n));
+		r.qb = __ldg((const uint4 *)(blk + 144 + 32 * n));
+		r.sc = __ldg((const uint2 *)(blk + 192 + 8 * n));
+		r.d = __ldg((const u16 *)(row + 208L * (I >> 8)) + (u >> 2));
+	}
+	__device__ static K prep(const Raw &r, int u) {
+		float d = h2f((u16)r.d), D = d * 32768.f, C = d * -32896.f;  // int8 scale s + 128 = b: d * (b - 128)
+		unsigned i = 2 * (u & 1);
+		K k;
+#pragma unroll
+		for (int h = 0; h < 2; h++) {
+			unsigned w = (h ? r.sc.y : r.sc.x) ^ 0x80808080u;
+#pragma unroll
+			for (int e = 0; e < 2; e++) {
+				float S = fmaf(magr(w, i + e), D, C);
+				k.A[h][e] = S * 256.f;
+				k.B[h][e] = S * -160.f;  // b = 256 * (mag7 - 0.5): S * (b - 32)
+			}
+		}
+		return k;
+	}
+	__device__ static void pairs(const Raw &r, const K &k, int u, int h, unsigned (&p)[16]) {
+		int sh = 2 * (u & 1) + 4 * h;
+#pragma unroll
+		for (int j = 0; j < 8; j++) {
+			unsigned w = word(r.a, r.b, j), hb = (word(r.qa, r.qb, j) >> sh) & 0x03030303u;
+			fmas4s(((h ? w >> 4 : w) & 0x0f0f0f0fu) | (hb << 4), k.A[h][j >> 2], k.B[h][j >> 2], p[2 * j], p[2 * j + 1]);
+		}
+	}
+	__device__ static void exact(const Raw &r, int u, int h, float (&v)[32]) {
+		float d = h2f((u16)r.d);
+		int sh = 2 * (u & 1) + 4 * h;
+#pragma unroll
+		for (int l = 0; l < 32; l++) {
+			unsigned sw = h ? r.sc.y : r.sc.x;
+			float s = __fmul_rn(d, (float)(signed char)byte_of(sw, 2 * (u & 1) + (l >> 4)));
+			unsigned q = byte_of(word(r.a, r.b, l >> 2), l & 3) >> (4 * h) & 0xf;
+			q |= (byte_of(word(r.qa, r.qb, l >> 2), l & 3) >> sh & 3) << 4;
+			v[l] = __fmul_rn(s, (float)((int)q - 32));
+		}
+	}
+};
+
+// MXFP4: a unit is a block (32 columns: the low nibbles of its 16 bytes,
+// then the high nibbles) and its e8m0 exponent. Nibbles become bytes
+// holding twice the e2m1 value plus 64 by a table lookup (prmt picks 4
+// bytes of 8 by the low 3 bits of 4 selector nibbles, and with the sign bit
+// of a nibble set replicates the picked byte's sign bit instead: one lookup
+// in the table of positive values, one in the negative's with the sign
+// bits flipped, or-ed), then bf16 pairs 128 + byte, then one bf16 fma each
+// with the block's power-of-two scale: exact.
+template <> struct Q<QT_MXFP4> {
+	static constexpr int E = 32, U = QMV_U32;
+	static constexpr bool SCALED = false;
+	struct Raw {
+		uint4 a;
+		unsigned e;
+	};
+	struct K {
+		unsigned S, B;  // bf16 pairs: half the scale, and -192 times it
+	};
+	__device__ static int units(int I) { return I >> 5; }
+	__device__ static int col(int u, int h) { return u << 5; }
+	__device__ static void load(Raw &r, const u8 *row, int I, int u) {
+		r.a = qld16(row + 16L * u);
+		r.e = __ldg(row + 16L * (I >> 5) + u);
+	}
+	__device__ static K prep(const Raw &r, int u) {
+		unsigned e = r.e, s = e < 2 ? 0x20u << e : (e - 1) << 7, b = 0x8000u | ((e + 6) << 7) | 0x40u;
+		return K{s | s << 16, b | b << 16};
+	}
+	// lut returns, for the 4 nibbles of sel's low 16 bits, 64 + twice their e2m1 values.
+	__device__ static unsigned lut(unsigned sel) {
+		return prmt(0x43424140u, 0x4c484644u, sel) | prmt(0x3d3e3f40u, 0x34383a3cu, sel ^ 0x8888u);
+	}
+	__device__ static void pairs(const Raw &r, const K &k, int u, int h, unsigned (&p)[16]) {
+#pragma unroll
+		for (int j = 0; j < 4; j++) {
+			unsigned w = j == 0 ? r.a.x : j == 1 ? r.a.y : j == 2 ? r.a.z : r.a.w;
+			// Bytes 4j..4j+3: low nibbles are columns 4j.., high ones 16 + 4j..
+			unsigned r0 = lut(w), r1 = lut(w >> 16);  // columns 4j, 16+4j, 4j+1, 17+4j; then +2
+			p[2 * j] = bfma2(prmt(r0, 0x43434343u, 0x4240u), k.S, k.B);
+			p[2 * j + 1] = bfma2(prmt(r1, 0x43434343u, 0x4240u), k.S, k.B);
+			p[8 + 2 * j] = bfma2(prmt(r0, 0x43434343u, 0x4341u), k.S, k.B);
+			p[9 + 2 * j] = bfma2(prmt(r1, 0x43434343u, 0x4341u), k.S, k.B);
+		}
+	}
+	__device__ static void exact(const Raw &r, int u, int h, float (&v)[32]) {
+		float d = e8m0h(r.e);
+#pragma unroll
+		for (int j = 0; j < 32; j++) {
+			unsigned b = byte_of(word(r.a, r.a, (j & 15) >> 2), j & 3);
+			v[j] = (float)((int)(lut(j < 16 ? b & 0xf : b >> 4) & 0xff) - 64) * d;  // twice the e2m1 value
+		}
+	}
+};
+
+// FP8: a unit is a quarter block (32 columns) and the block's float32
+// scale; the four lanes of a row take one block, so the scale multiplies
+// their products after the mma (SCALED). An e4m3 byte moved into a bf16's
+// exponent and mantissa fields reads its value times 2^-120 (subnormals
+// too, as bf16 subnormals); a bf16 fma by 2^120 makes it exact.
+template <> struct Q<QT_FP8> {
+	static constexpr int E = 32, U = QMV_U32;
+	static constexpr bool SCALED = true;
+	struct Raw {
+		uint4 a, b;
+		float s;
+	};
+	struct K {};
+	__device__ static int units(int I) { return (I + 31) >> 5; }
+	__device__ static int col(int u, int h) { return u << 5; }
+	__device__ static void load(Raw &r, const u8 *row, int I, int u) {
+		r.a = qld16(row + 32L * u);
+		r.b = qld16(row + 32L * u + 16);
+		r.s = __ldg((const float *)(row + 128L * ((I + 127) >> 7)) + (u >> 2));
+	}
+	__device__ static K prep(const Raw &r, int u) { return K{}; }
+	__device__ static float scale(const Raw &r) { return r.s; }
+	__device__ static unsigned cvt(unsigned t) {  // t: two e4m3 bytes in bits 8-15 and 24-31
+		return bfma2(((t & 0x7f007f00u) >> 4) | (t & 0x80008000u), 0x7b807b80u, 0x80008000u);
+	}
+	__device__ static void pairs(const Raw &r, const K &k, int u, int h, unsigned (&p)[16]) {
+#pragma unroll
+		for (int j = 0; j < 8; j++) {
+			unsigned w = word(r.a, r.b, j);
+			p[2 * j] = cvt(prmt(w, 0, 0x1404u));
+			p[2 * j + 1] = cvt(prmt(w, 0, 0x3424u));
+		}
+	}
+	__device__ static void exact(const Raw &r, int u, int h, float (&v)[32]) {
+#pragma unroll
+		for (int j = 0; j < 32; j++) v[j] = __fmul_rn(e4m3f(byte_of(word(r.a, r.b, j >> 2), j & 3)), r.s);
+	}
+};
+
+// qunit adds one unit's products to the lane's accumulators: c0, c1 are
+// token g's sums for the warp's weight rows 2t and 2t + 1 (c2, c3 belong to
+// tokens 8-15, which are zero). Lanes whose unit is past the row's end
+// (on false) or whose token is absent (xon false) contribute zeros.
+template <int QT>
+__device__ __forceinline__ void qunit(float (&acc)[4], const typename Q<QT>::Raw &r, bool on, int u, const u16 *xr, bool xon,
+		int lane) {
+	typedef Q<QT> q;
+	float tc[4] = {0.f, 0.f, 0.f, 0.f};
+	float(&c)[4] = q::SCALED ? tc : acc;
+	typename q::K k;
+	if (on) k = q::prep(r, u);
+#pragma unroll
+	for (int h = 0; h < q::E / 32; h++) {
+		unsigned xp[16], wp[16];
+		if (xon && on) {
+			const uint4 *xs = (const uint4 *)(xr + q::col(u, h));
+#pragma unroll
+			for (int j = 0; j < 4; j++) {
+				uint4 v = __ldg(xs + j);
+				xp[4 * j] = v.x, xp[4 * j + 1] = v.y, xp[4 * j + 2] = v.z, xp[4 * j + 3] = v.w;
+			}
+		} else {
+#pragma unroll
+			for (int j = 0; j < 16; j++) xp[j] = 0u;
+		}
+		if (on) {
+			q::pairs(r, k, u, h, wp);
+		} else {
+#pragma unroll
+			for (int j = 0; j < 16; j++) wp[j] = 0u;
+		}
+		__syncwarp();
+#pragma unroll
+		for (int s = 0; s < 8; s++) mma_bf16(c, xp[2 * s], 0u, xp[2 * s + 1], 0u, wp[2 * s], wp[2 * s + 1]);
+	}
+	if constexpr (q::SCALED) {
+		// Row n's scale is lane 4n's (its unit is the block's first, valid when any is).
+		float s = on ? q::scale(r) : 0.f;
+		int t = lane & 3;
+		float s0 = __shfl_sync(0xffffffffu, s, 8 * t), s1 = __shfl_sync(0xffffffffu, s, 8 * t + 4);
+		acc[0] += tc[0] * s0;
+		acc[1] += tc[1] * s1;
+	}
+}
+
+// qstore writes output i: bf16, or f32 written or added to.
+__device__ __forceinline__ void qstore(void *out, int odt, int accumulate, long i, float v) {
+	if (odt == DT_BF16) {
+		((u16 *)out)[i] = f2bf(v);
+	} else {
+		float *o = (float *)out + i;
+		*o = accumulate ? *o + v : v;
+	}
+}
+
+// qmv: out[t, o] (+)= x[t] . w_o for T <= 8 tokens (sel == 0), or, for the
+// R = gridDim.y rows r of a mixture of experts, out[r, o] = x[r / xdiv] .
+// w[sel[r]]_o (experts estride bytes apart). With SWIGLU, w is [gate | up]
+// of 2O rows and out[., o] = silu(x . gate_o) * (x . up_o). x is bf16 (rows
+// of I), out f32 or bf16 (odt). Grid (ceil(O / outputs), R or 1), blocks of
+// 1 to 8 warps that split each row's units; a block's warps take 8 weight
+// rows: 8 outputs, or 4 gate rows interleaved with their up rows.
+template <int QT, bool SWIGLU>
+__device__ __forceinline__ void qmv(void *out, int odt, const u16 *x, int T, int xdiv, const u8 *w, long rb, long estride,
+		const int *sel, int O, int I, int accumulate) {
+	typedef Q<QT> q;
+	__shared__ float red[8][32][2];
+	pdl_trigger();
+	int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, W = blockDim.x >> 5;
+	int g = lane >> 2, t = lane & 3, r = blockIdx.y;
+	constexpr int OUTS = SWIGLU ? 4 : 8;
+	int o0 = blockIdx.x * OUTS;
+	long wrow = SWIGLU ? ((g & 1) ? O : 0) + min(o0 + (g >> 1), O - 1) : min(o0 + g, O - 1);
+	if (sel) {
+		pdl_wait();
+		w += (long)sel[r] * estride;
+	}
+	const u8 *row = w + wrow * rb;
+	int NU = q::units(I), NG = (NU + 3) >> 2;
+	int n = warp < NG ? (NG - 1 - warp) / W + 1 : 0;  // unit groups of this warp: warp, warp + W, ...
+	bool xon = g < (sel ? 1 : T);
+	const u16 *xr = x + (long)(sel ? r / xdiv : g) * I;
+	float acc[4] = {0.f, 0.f, 0.f, 0.f};
+	typename q::Raw raw[q::U];
+#pragma unroll
+	for (int k = 0; k < q::U; k++) {
+		int u = 4 * (warp + k * W) + t;
+		if (k < n && u < NU) q::load(raw[k], row, I, u);
+	}
+	if (!sel) pdl_wait();
+	for (int i = 0; i < n; i += q::U) {
+#pragma unroll
+		for (int k = 0; k < q::U; k++) {
+			if (i + k < n) {
+				int u = 4 * (warp + (i + k) * W) + t, un = u + 4 * q::U * W;
+				typename q::Raw cur = raw[k];
+				if (i + k + q::U < n && un < NU) q::load(raw[k], row, I, un);
+				qunit<QT>(acc, cur, u < NU, u, xr, xon, lane);
+			}
+		}
+	}
+	if (W > 1) {
+		red[warp][lane][0] = acc[0];
+		red[warp][lane][1] = acc[1];
+		__syncthreads();
+		if (warp > 0) return;
+		for (int v = 1; v < W; v++) {
+			acc[0] += red[v][lane][0];
+			acc[1] += red[v][lane][1];
+		}
+	}
+	if (!xon) return;
+	long base = (long)(sel ? r : g) * O;
+	if constexpr (SWIGLU) {
+		int o = o0 + t;
+		float gv = acc[0];
+		if (o < O) qstore(out, odt, 0, base + o, gv / (1.f + __expf(-gv)) * acc[1]);
+	} else {
+#pragma unroll
+		for (int e = 0; e < 2; e++) {
+			int o = o0 + 2 * t + e;
+			if (o < O) qstore(out, odt, accumulate, base + o, acc[e]);
+		}
+	}
+}
+
+// qdeq writes rows [rows, I] of w as bf16 (out rows of I). With start
+// (moe_group's expert row ranges), row r belongs to expert e0 + r / epr and
+// rows of experts without (token, choice) rows are skipped. Grid-stride
+// over (row, unit).
+template <int QT>
+__device__ __forceinline__ void qdeq(u16 *out, const u8 *w, long rb, long rows, int I, const int *start, int e0, int epr) {
+	typedef Q<QT> q;
+	int NU = (I + q::E - 1) / q::E;
+	long total = rows * NU;
+	for (long it = blockIdx.x * (long)blockDim.x + threadIdx.x; it < total; it += (long)gridDim.x * blockDim.x) {
+		long rr = it / NU;
+		int u = (int)(it - rr * NU);
+		if (start) {
+			int e = e0 + (int)(rr / epr);
+			if (start[e + 1] == start[e]) continue;
+		}
+		typename q::Raw raw;
+		q::load(raw, w + rr * rb, I, u);
+#pragma unroll
+		for (int h = 0; h < q::E / 32; h++) {
+			float v[32];
+			q::exact(raw, u, h, v);
+			int c0 = q::col(u, h);
+			u16 *o = out + rr * I + c0;
+			if (c0 + 32 <= I && (I & 7) == 0) {
+#pragma unroll
+				for (int j = 0; j < 4; j++)
+					((uint4 *)o)[j] = make_uint4(pack2(v[8 * j], v[8 * j + 1]), pack2(v[8 * j + 2], v[8 * j + 3]),
+							pack2(v[8 * j + 4], v[8 * j + 5]), pack2(v[8 * j + 6], v[8 * j + 7]));
+			} else {
+				for (int j = 0; j < 32 && c0 + j < I; j++) o[j] = f2bf(v[j]);
+			}
+		}
+	}
+}
+
+// qembed: out[t] = the row tokens[t] of the table w as f32. Grid T.
+template <int QT>
+__device__ __forceinline__ void qembed(float *out, const u8 *w, long rb, const int *tokens, int I) {
+	typedef Q<QT> q;
+	const u8 *row = w + (long)tokens[blockIdx.x] * rb;
+	float *o = out + (long)blockIdx.x * I;
+	int NU = (I + q::E - 1) / q::E;
+	for (int u = threadIdx.x; u < NU; u += blockDim.x) {
+		typename q::Raw raw;
+		q::load(raw, row, I, u);
+#pragma unroll
+		for (int h = 0; h < q::E / 32; h++) {
+			float v[32];
+			q::exact(raw, u, h, v);
+			int c0 = q::col(u, h);
+			for (int j = 0; j < 32 && c0 + j < I; j++) o[c0 + j] = v[j];
+		}
+	}
+}
+
+#define QKERNELS(NAME, QT) \
+	extern "C" __global__ void __launch_bounds__(256, 2) qmv_##NAME(void *out, int odt, const u16 *x, int T, int xdiv, const u8 *w, \
+			long rb, long estride, const int *sel, int O, int I, int acc) { \
+		qmv<QT, false>(out, odt, x, T, xdiv, w, rb, estride, sel, O, I, acc); \
+	} \
+	extern "C" __global__ void __launch_bounds__(256, 2) qmv_swiglu_##NAME(void *out, int odt, const u16 *x, int T, int xdiv, \
+			const u8 *w, long rb, long estride, const int *sel, int O, int I) { \
+		qmv<QT, true>(out, odt, x, T, xdiv, w, rb, estride, sel, O, I, 0); \
+	} \
+	extern "C" __global__ void __launch_bounds__(256) qdeq_##NAME(u16 *out, const u8 *w, long rb, long rows, int I, const int *start, \
+			int e0, int epr) { \
+		qdeq<QT>(out, w, rb, rows, I, start, e0, epr); \
+	} \
+	extern "C" __global__ void __launch_bounds__(256) qembed_##NAME(float *out, const u8 *w, long rb, const int *tokens, int I) { \
+		qembed<QT>(out, w, rb, tokens, I); \
+	}
+QKERNELS(q8_0, QT_Q8_0)
+QKERNELS(q4_k, QT_Q4_K)
+QKERNELS(q5_k, QT_Q5_K)
+QKERNELS(q6_k, QT_Q6_K)
+QKERNELS(mxfp4, QT_MXFP4)
+QKERNELS(fp8, QT_FP8)
