@@ -22,9 +22,30 @@ import (
 // time, for moe_group_mm.
 
 // qmvMaxTokens is the largest token count of the quantized decode kernels
-// (the mma's 8 columns); KILN_CUDA_QMV_MAX lowers it (0: always
-// dequantize and use cuBLASLt).
-const qmvMaxTokens = 8
+// (two groups of the mma's 16 rows); KILN_CUDA_QMV_MAX lowers it (0:
+// always dequantize and use cuBLASLt). Up to it a step reads the quantized
+// weights once; above it dequantizing them for cuBLASLt costs less than
+// the products on mma.sync. H100, Qwen3-8B shapes (12 layers), decode
+// tok/s dequantizing against qmv: FP8 batch 16 841 -> 1886 (36 layers),
+// batch 24 3450 -> 4459, batch 32 4528 -> 5850; Q4_K 690 -> 1459, 2869 ->
+// 3302, 3779 -> 4355; at 64 qmv lost (FP8 2874 -> 2315).
+const qmvMaxTokens = 32
+
+// qmvName is the qmv kernel that takes n tokens (qmv_ also takes expert
+// rows, n 0): kernels of 8, 16 and 32 tokens.
+func qmvName(swiglu bool, dt backend.DType, n int) string {
+	pre := "qmv_"
+	switch {
+	case n > 16:
+		pre = "qmv32_"
+	case n > 8:
+		pre = "qmv16_"
+	}
+	if swiglu {
+		pre += "swiglu_"
+	}
+	return pre + dt.String()
+}
 
 // qSlabElems bounds the bf16 scratch of a dequantized weight (64 MiB).
 const qSlabElems = 32 << 20
@@ -64,7 +85,7 @@ func checkFloatW(what string, ts ...*tensor) {
 }
 
 // qmv launches the quantized decode product: out[t, o] (+)= x[t] . w_o for
-// T <= 8 tokens, or with sel the R rows of a mixture of experts, out[r, o]
+// T <= qmvMaxTokens tokens, or with sel the R rows of a mixture of experts, out[r, o]
 // = x[r / xdiv] . w[sel[r]]_o with experts estride bytes apart; with
 // swiglu, w is [gate | up] of 2O rows and out = silu(gate) * up. x is bf16
 // ([., I], 16-byte aligned, see qx), out f32 or bf16.
@@ -72,11 +93,13 @@ func (b *Backend) qmv(swiglu bool, out devptr, odt backend.DType, x devptr, T, x
 	if !qmvFits(w.dt, I) || w.qcols() != I {
 		panic(fmt.Sprintf("cuda: qmv of %v with rows of %d", w, I))
 	}
-	outs, name := 8, "qmv_"
+	outs, name := 8, qmvName(swiglu, w.dt, T)
 	if swiglu {
-		outs, name = 4, "qmv_swiglu_"
+		outs = 4
 	}
-	name += w.dt.String()
+	if sel != 0 {
+		name = qmvName(swiglu, w.dt, 0)
+	}
 	grid := [3]int{(O + outs - 1) / outs, max(R, 1), 1}
 	a := []any{out, int(odt), x, T, xdiv, w.ptr, int64Arg(w.rb()), int64Arg(estride), sel, O, I}
 	if !swiglu {

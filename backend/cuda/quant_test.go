@@ -218,7 +218,7 @@ func TestQuantMatMul(t *testing.T) {
 		p.withQ(p.g.qmvMax, 64*512, func() {
 			const o, in = 256, 512
 			cw, gw := p.qload(dt, 3*o, in)
-			for _, n := range []int{2, 40} {
+			for _, n := range []int{2, 40, 70} {
 				cx, gx := p.activation(backend.BF16, p.randn(n*in, 1), n, in)
 				co, gout := p.out(n, o)
 				seen := p.launches(func() { p.g.MatMul(gout, gx, p.g.Rows(gw, o, o), false) })
@@ -255,7 +255,7 @@ func (p *pair) quantMatMul(dt backend.DType, c quantCase, mode string) {
 			seen := p.launches(func() { p.g.MatMul(gout, gx, gw, c.acc) })
 			what := fmt.Sprintf("%s: matmul %d x %d x %d %v, x %v, out %v, acc=%v", mode, c.n, c.o, c.in, dt, xdt, odt, c.acc)
 			p.compare(what, co, gout, 1e-2)
-			q, d := "qmv_"+dt.String(), "qdeq_"+dt.String()
+			q, d := qmvName(false, dt, c.n), "qdeq_"+dt.String()
 			if c.n <= p.g.qmvMax && qmvFits(dt, c.in) {
 				expect(t, what, seen, []string{q}, []string{d, "cublasLt"})
 			} else {
@@ -306,11 +306,11 @@ func TestQuantMLP(t *testing.T) {
 						seen := p.launches(func() { p.g.MLP(gout, gx, ggu, gd) })
 						what := fmt.Sprintf("%s: mlp %d x %d x %d %v / %v, x %v", mode, n, H, I, pr.gu, pr.down, xdt)
 						p.compare(what, co, gout, 1.5e-2)
-						sw, dq := "qmv_swiglu_"+pr.gu.String(), "qdeq_"+pr.gu.String()
+						sw, dq := qmvName(true, pr.gu, n), "qdeq_"+pr.gu.String()
 						if n <= p.g.qmvMax {
 							expect(t, what, seen, []string{sw}, []string{dq, "silu_mul_bf16"})
 							if pr.down.Quantized() {
-								expect(t, what, seen, []string{"qmv_" + pr.down.String()}, []string{"cublasLt"})
+								expect(t, what, seen, []string{qmvName(false, pr.down, n)}, []string{"cublasLt"})
 							}
 						} else {
 							expect(t, what, seen, []string{dq, "silu_mul_bf16", "cublasLt"}, []string{sw})
@@ -579,4 +579,16 @@ func medianRelL2(got, want [][]float32) float64 {
 		return (d[n/2-1] + d[n/2]) / 2
 	}
 	return d[len(d)/2]
+}
+
+// TestQmvNames pins which kernel takes which token count.
+func TestQmvNames(t *testing.T) {
+	for n, want := range map[int]string{0: "qmv_q4_k", 1: "qmv_q4_k", 8: "qmv_q4_k", 9: "qmv16_q4_k", 16: "qmv16_q4_k", 17: "qmv32_q4_k", 32: "qmv32_q4_k"} {
+		if got := qmvName(false, backend.Q4_K, n); got != want {
+			t.Errorf("%d tokens: %s, want %s", n, got, want)
+		}
+	}
+	if got := qmvName(true, backend.FP8, 20); got != "qmv32_swiglu_fp8" {
+		t.Errorf("swiglu, 20 tokens: %s", got)
+	}
 }

@@ -443,32 +443,33 @@ template <> struct Q<QT_FP8> {
 	}
 };
 
-// qunit adds one unit's products to the lane's accumulators: c0, c1 are
-// token g's sums for the warp's weight rows 2t and 2t + 1 (c2, c3 belong to
-// tokens 8-15, which are zero). Lanes whose unit is past the row's end
-// (on false) or whose token is absent (xon false) contribute zeros.
-template <int QT>
-__device__ __forceinline__ void qunit(float (&acc)[4], const typename Q<QT>::Raw &r, bool on, int u, const u16 *xr, bool xon,
-		int lane) {
+// qunit adds one unit's products to the lane's accumulators: acc[m] holds
+// tokens 16m + g (c0, c1) and 16m + g + 8 (c2, c3), whose activations xa[m]
+// and xb[m] point at (null: absent, zeros), for the warp's weight rows 2t
+// and 2t + 1. Lanes whose unit is past the row's end (on false)
+// contribute zeros. HI: some group has tokens 8-15.
+template <int QT, int TG, bool HI>
+__device__ __forceinline__ void qunit(float (&acc)[TG][4], const typename Q<QT>::Raw &r, bool on, int u, const u16 *const (&xa)[TG],
+		const u16 *const (&xb)[TG], int lane) {
 	typedef Q<QT> q;
-	float tc[4] = {0.f, 0.f, 0.f, 0.f};
-	float(&c)[4] = q::SCALED ? tc : acc;
+	float tc[TG][4];
+#pragma unroll
+	for (int m = 0; m < TG; m++) tc[m][0] = tc[m][1] = tc[m][2] = tc[m][3] = 0.f;
+	float(&c)[TG][4] = q::SCALED ? tc : acc;
 	typename q::K k;
 	if (on) k = q::prep(r, u);
 #pragma unroll
 	for (int h = 0; h < q::E / 32; h++) {
-		unsigned xp[16], wp[16];
-		if (xon && on) {
-			const uint4 *xs = (const uint4 *)(xr + q::col(u, h));
+		// The first group's activations are requested before the
+		// dequantization, which hides their latency; the other groups'
+		// come from L1 after the first group's products.
+		uint4 va[4], vb[4];
 #pragma unroll
-			for (int j = 0; j < 4; j++) {
-				uint4 v = __ldg(xs + j);
-				xp[4 * j] = v.x, xp[4 * j + 1] = v.y, xp[4 * j + 2] = v.z, xp[4 * j + 3] = v.w;
-			}
-		} else {
-#pragma unroll
-			for (int j = 0; j < 16; j++) xp[j] = 0u;
+		for (int j = 0; j < 4; j++) {
+			va[j] = on && xa[0] ? __ldg((const uint4 *)(xa[0] + q::col(u, h)) + j) : make_uint4(0u, 0u, 0u, 0u);
+			vb[j] = HI && on && xb[0] ? __ldg((const uint4 *)(xb[0] + q::col(u, h)) + j) : make_uint4(0u, 0u, 0u, 0u);
 		}
+		unsigned wp[16];
 		if (on) {
 			q::pairs(r, k, u, h, wp);
 		} else {
@@ -477,15 +478,33 @@ __device__ __forceinline__ void qunit(float (&acc)[4], const typename Q<QT>::Raw
 		}
 		__syncwarp();
 #pragma unroll
-		for (int s = 0; s < 8; s++) mma_bf16(c, xp[2 * s], 0u, xp[2 * s + 1], 0u, wp[2 * s], wp[2 * s + 1]);
+		for (int m = 0; m < TG; m++) {
+			if (m > 0) {
+#pragma unroll
+				for (int j = 0; j < 4; j++) {
+					va[j] = on && xa[m] ? __ldg((const uint4 *)(xa[m] + q::col(u, h)) + j) : make_uint4(0u, 0u, 0u, 0u);
+					vb[j] = on && xb[m] ? __ldg((const uint4 *)(xb[m] + q::col(u, h)) + j) : make_uint4(0u, 0u, 0u, 0u);
+				}
+			}
+#pragma unroll
+			for (int j = 0; j < 4; j++) {
+				mma_bf16(c[m], va[j].x, vb[j].x, va[j].y, vb[j].y, wp[4 * j], wp[4 * j + 1]);
+				mma_bf16(c[m], va[j].z, vb[j].z, va[j].w, vb[j].w, wp[4 * j + 2], wp[4 * j + 3]);
+			}
+		}
 	}
 	if constexpr (q::SCALED) {
 		// Row n's scale is lane 4n's (its unit is the block's first, valid when any is).
 		float s = on ? q::scale(r) : 0.f;
 		int t = lane & 3;
 		float s0 = __shfl_sync(0xffffffffu, s, 8 * t), s1 = __shfl_sync(0xffffffffu, s, 8 * t + 4);
-		acc[0] += tc[0] * s0;
-		acc[1] += tc[1] * s1;
+#pragma unroll
+		for (int m = 0; m < TG; m++) {
+			acc[m][0] += tc[m][0] * s0;
+			acc[m][1] += tc[m][1] * s1;
+			acc[m][2] += tc[m][2] * s0;
+			acc[m][3] += tc[m][3] * s1;
+		}
 	}
 }
 
@@ -499,18 +518,20 @@ __device__ __forceinline__ void qstore(void *out, int odt, int accumulate, long 
 	}
 }
 
-// qmv: out[t, o] (+)= x[t] . w_o for T <= 8 tokens (sel == 0), or, for the
-// R = gridDim.y rows r of a mixture of experts, out[r, o] = x[r / xdiv] .
-// w[sel[r]]_o (experts estride bytes apart). With SWIGLU, w is [gate | up]
-// of 2O rows and out[., o] = silu(x . gate_o) * (x . up_o). x is bf16 (rows
-// of I), out f32 or bf16 (odt). Grid (ceil(O / outputs), R or 1), blocks of
-// 1 to 8 warps that split each row's units; a block's warps take 8 weight
-// rows: 8 outputs, or 4 gate rows interleaved with their up rows.
-template <int QT, bool SWIGLU>
+// qmv: out[t, o] (+)= x[t] . w_o for T <= 16 TG tokens (sel == 0; the
+// tokens in TG groups of 16, the mma's rows: 16 is as cheap as 1, and each
+// dequantized weight serves every group), or, for the R = gridDim.y rows r
+// of a mixture of experts (TG 1), out[r, o] = x[r / xdiv] . w[sel[r]]_o
+// (experts estride bytes apart). With SWIGLU, w is [gate | up] of 2O rows
+// and out[., o] = silu(x . gate_o) * (x . up_o). x is bf16 (rows of I),
+// out f32 or bf16 (odt). Grid (ceil(O / outputs), R or 1), blocks of 1 to
+// 8 warps that split each row's units; a block's warps take 8 weight rows:
+// 8 outputs, or 4 gate rows interleaved with their up rows.
+template <int QT, bool SWIGLU, int TG, bool HI>
 __device__ __forceinline__ void qmv(void *out, int odt, const u16 *x, int T, int xdiv, const u8 *w, long rb, long estride,
 		const int *sel, int O, int I, int accumulate) {
 	typedef Q<QT> q;
-	__shared__ float red[8][32][2];
+	__shared__ float red[8][32][4 * TG];
 	pdl_trigger();
 	int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, W = blockDim.x >> 5;
 	int g = lane >> 2, t = lane & 3, r = blockIdx.y;
@@ -524,9 +545,17 @@ __device__ __forceinline__ void qmv(void *out, int odt, const u16 *x, int T, int
 	const u8 *row = w + wrow * rb;
 	int NU = q::units(I), NG = (NU + 3) >> 2;
 	int n = warp < NG ? (NG - 1 - warp) / W + 1 : 0;  // unit groups of this warp: warp, warp + W, ...
-	bool xon = g < (sel ? 1 : T);
-	const u16 *xr = x + (long)(sel ? r / xdiv : g) * I;
-	float acc[4] = {0.f, 0.f, 0.f, 0.f};
+	// The tokens of this lane's A rows: 16m + g and 16m + g + 8.
+	const u16 *xa[TG], *xb[TG];
+#pragma unroll
+	for (int m = 0; m < TG; m++) {
+		int ta = 16 * m + g, tb = ta + 8;
+		xa[m] = sel ? (g == 0 ? x + (long)(r / xdiv) * I : nullptr) : (ta < T ? x + (long)ta * I : nullptr);
+		xb[m] = !sel && HI && tb < T ? x + (long)tb * I : nullptr;
+	}
+	float acc[TG][4];
+#pragma unroll
+	for (int m = 0; m < TG; m++) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.f;
 	typename q::Raw raw[q::U];
 #pragma unroll
 	for (int k = 0; k < q::U; k++) {
@@ -541,31 +570,38 @@ __device__ __forceinline__ void qmv(void *out, int odt, const u16 *x, int T, int
 				int u = 4 * (warp + (i + k) * W) + t, un = u + 4 * q::U * W;
 				typename q::Raw cur = raw[k];
 				if (i + k + q::U < n && un < NU) q::load(raw[k], row, I, un);
-				qunit<QT>(acc, cur, u < NU, u, xr, xon, lane);
+				qunit<QT, TG, HI>(acc, cur, u < NU, u, xa, xb, lane);
 			}
 		}
 	}
 	if (W > 1) {
-		red[warp][lane][0] = acc[0];
-		red[warp][lane][1] = acc[1];
+#pragma unroll
+		for (int m = 0; m < TG; m++)
+#pragma unroll
+			for (int e = 0; e < 4; e++) red[warp][lane][4 * m + e] = acc[m][e];
 		__syncthreads();
 		if (warp > 0) return;
-		for (int v = 1; v < W; v++) {
-			acc[0] += red[v][lane][0];
-			acc[1] += red[v][lane][1];
-		}
-	}
-	if (!xon) return;
-	long base = (long)(sel ? r : g) * O;
-	if constexpr (SWIGLU) {
-		int o = o0 + t;
-		float gv = acc[0];
-		if (o < O) qstore(out, odt, 0, base + o, gv / (1.f + __expf(-gv)) * acc[1]);
-	} else {
+		for (int v = 1; v < W; v++)
 #pragma unroll
-		for (int e = 0; e < 2; e++) {
-			int o = o0 + 2 * t + e;
-			if (o < O) qstore(out, odt, accumulate, base + o, acc[e]);
+			for (int m = 0; m < TG; m++)
+#pragma unroll
+				for (int e = 0; e < 4; e++) acc[m][e] += red[v][lane][4 * m + e];
+	}
+#pragma unroll
+	for (int m = 0; m < TG; m++) {
+#pragma unroll
+		for (int hi = 0; hi < 2; hi++) {
+			if (hi && !HI) break;
+			if (!(hi ? xb[m] : xa[m])) continue;
+			long base = (long)(sel ? r : 16 * m + g + 8 * hi) * O;
+			float c0 = acc[m][2 * hi], c1 = acc[m][2 * hi + 1];
+			if constexpr (SWIGLU) {
+				int o = o0 + t;
+				if (o < O) qstore(out, odt, 0, base + o, c0 / (1.f + __expf(-c0)) * c1);
+			} else {
+				if (o0 + 2 * t < O) qstore(out, odt, accumulate, base + o0 + 2 * t, c0);
+				if (o0 + 2 * t + 1 < O) qstore(out, odt, accumulate, base + o0 + 2 * t + 1, c1);
+			}
 		}
 	}
 }
@@ -626,15 +662,24 @@ __device__ __forceinline__ void qembed(float *out, const u8 *w, long rb, const i
 	}
 }
 
-#define QKERNELS(NAME, QT) \
-	extern "C" __global__ void __launch_bounds__(256, 2) qmv_##NAME(void *out, int odt, const u16 *x, int T, int xdiv, const u8 *w, \
+// qmv kernels by the tokens they take: qmv_ (8, and expert rows), qmv16_
+// and qmv32_; the widest holds more accumulators and activations, so it
+// takes the registers of one block an SM (MINB). (A 64-token kernel, four
+// groups, spilled in the K-quants and lost to dequantizing for cuBLASLt:
+// H100, Qwen3-8B shapes, batch 64 FP8 2315 against 2874 tok/s.)
+#define QMV(PRE, NAME, QT, TG, HI, MINB) \
+	extern "C" __global__ void __launch_bounds__(256, MINB) PRE##NAME(void *out, int odt, const u16 *x, int T, int xdiv, const u8 *w, \
 			long rb, long estride, const int *sel, int O, int I, int acc) { \
-		qmv<QT, false>(out, odt, x, T, xdiv, w, rb, estride, sel, O, I, acc); \
+		qmv<QT, false, TG, HI>(out, odt, x, T, xdiv, w, rb, estride, sel, O, I, acc); \
 	} \
-	extern "C" __global__ void __launch_bounds__(256, 2) qmv_swiglu_##NAME(void *out, int odt, const u16 *x, int T, int xdiv, \
+	extern "C" __global__ void __launch_bounds__(256, MINB) PRE##swiglu_##NAME(void *out, int odt, const u16 *x, int T, int xdiv, \
 			const u8 *w, long rb, long estride, const int *sel, int O, int I) { \
-		qmv<QT, true>(out, odt, x, T, xdiv, w, rb, estride, sel, O, I, 0); \
-	} \
+		qmv<QT, true, TG, HI>(out, odt, x, T, xdiv, w, rb, estride, sel, O, I, 0); \
+	}
+#define QKERNELS(NAME, QT) \
+	QMV(qmv_, NAME, QT, 1, false, 2) \
+	QMV(qmv16_, NAME, QT, 1, true, 2) \
+	QMV(qmv32_, NAME, QT, 2, true, 1) \
 	extern "C" __global__ void __launch_bounds__(256) qdeq_##NAME(u16 *out, const u8 *w, long rb, long rows, int I, const int *start, \
 			int e0, int epr) { \
 		qdeq<QT>(out, w, rb, rows, I, start, e0, epr); \
