@@ -35,6 +35,10 @@
 #ifndef QMV_U64
 #define QMV_U64 2
 #endif
+// QMV_ACC2: two accumulator chains (A/B: -DQMV_ACC2=0).
+#ifndef QMV_ACC2
+#define QMV_ACC2 1
+#endif
 
 #define QT_Q8_0 4
 #define QT_Q4_K 5
@@ -448,14 +452,18 @@ template <> struct Q<QT_FP8> {
 // and xb[m] point at (null: absent, zeros), for the warp's weight rows 2t
 // and 2t + 1. Lanes whose unit is past the row's end (on false)
 // contribute zeros. HI: some group has tokens 8-15.
+//
+// The products alternate between two accumulators (acc and acc2, summed at
+// the end) so that consecutive mmas do not wait for each other's results.
 template <int QT, int TG, bool HI>
-__device__ __forceinline__ void qunit(float (&acc)[TG][4], const typename Q<QT>::Raw &r, bool on, int u, const u16 *const (&xa)[TG],
-		const u16 *const (&xb)[TG], int lane) {
+__device__ __forceinline__ void qunit(float (&acc)[TG][4], float (&acc2)[TG][4], const typename Q<QT>::Raw &r, bool on, int u,
+		const u16 *const (&xa)[TG], const u16 *const (&xb)[TG], int lane) {
 	typedef Q<QT> q;
-	float tc[TG][4];
+	float tc[TG][4], tc2[TG][4];
 #pragma unroll
-	for (int m = 0; m < TG; m++) tc[m][0] = tc[m][1] = tc[m][2] = tc[m][3] = 0.f;
+	for (int m = 0; m < TG; m++) tc[m][0] = tc[m][1] = tc[m][2] = tc[m][3] = tc2[m][0] = tc2[m][1] = tc2[m][2] = tc2[m][3] = 0.f;
 	float(&c)[TG][4] = q::SCALED ? tc : acc;
+	float(&c2)[TG][4] = q::SCALED ? tc2 : QMV_ACC2 ? acc2 : acc;
 	typename q::K k;
 	if (on) k = q::prep(r, u);
 #pragma unroll
@@ -489,7 +497,7 @@ __device__ __forceinline__ void qunit(float (&acc)[TG][4], const typename Q<QT>:
 #pragma unroll
 			for (int j = 0; j < 4; j++) {
 				mma_bf16(c[m], va[j].x, vb[j].x, va[j].y, vb[j].y, wp[4 * j], wp[4 * j + 1]);
-				mma_bf16(c[m], va[j].z, vb[j].z, va[j].w, vb[j].w, wp[4 * j + 2], wp[4 * j + 3]);
+				mma_bf16(c2[m], va[j].z, vb[j].z, va[j].w, vb[j].w, wp[4 * j + 2], wp[4 * j + 3]);
 			}
 		}
 	}
@@ -500,10 +508,10 @@ __device__ __forceinline__ void qunit(float (&acc)[TG][4], const typename Q<QT>:
 		float s0 = __shfl_sync(0xffffffffu, s, 8 * t), s1 = __shfl_sync(0xffffffffu, s, 8 * t + 4);
 #pragma unroll
 		for (int m = 0; m < TG; m++) {
-			acc[m][0] += tc[m][0] * s0;
-			acc[m][1] += tc[m][1] * s1;
-			acc[m][2] += tc[m][2] * s0;
-			acc[m][3] += tc[m][3] * s1;
+			acc[m][0] += (tc[m][0] + tc2[m][0]) * s0;
+			acc[m][1] += (tc[m][1] + tc2[m][1]) * s1;
+			acc[m][2] += (tc[m][2] + tc2[m][2]) * s0;
+			acc[m][3] += (tc[m][3] + tc2[m][3]) * s1;
 		}
 	}
 }
@@ -553,9 +561,9 @@ __device__ __forceinline__ void qmv(void *out, int odt, const u16 *x, int T, int
 		xa[m] = sel ? (g == 0 ? x + (long)(r / xdiv) * I : nullptr) : (ta < T ? x + (long)ta * I : nullptr);
 		xb[m] = !sel && HI && tb < T ? x + (long)tb * I : nullptr;
 	}
-	float acc[TG][4];
+	float acc[TG][4], acc2[TG][4];
 #pragma unroll
-	for (int m = 0; m < TG; m++) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.f;
+	for (int m = 0; m < TG; m++) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = acc2[m][0] = acc2[m][1] = acc2[m][2] = acc2[m][3] = 0.f;
 	typename q::Raw raw[q::U];
 #pragma unroll
 	for (int k = 0; k < q::U; k++) {
@@ -570,10 +578,14 @@ __device__ __forceinline__ void qmv(void *out, int odt, const u16 *x, int T, int
 				int u = 4 * (warp + (i + k) * W) + t, un = u + 4 * q::U * W;
 				typename q::Raw cur = raw[k];
 				if (i + k + q::U < n && un < NU) q::load(raw[k], row, I, un);
-				qunit<QT, TG, HI>(acc, cur, u < NU, u, xa, xb, lane);
+				qunit<QT, TG, HI>(acc, acc2, cur, u < NU, u, xa, xb, lane);
 			}
 		}
 	}
+#pragma unroll
+	for (int m = 0; m < TG; m++)
+#pragma unroll
+		for (int e = 0; e < 4; e++) acc[m][e] += acc2[m][e];
 	if (W > 1) {
 #pragma unroll
 		for (int m = 0; m < TG; m++)
