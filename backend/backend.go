@@ -310,6 +310,10 @@ type Backend interface {
 	// dt). The CPU backend may keep a reference to data instead of copying it
 	// (data is memory-mapped and read-only); others upload it.
 	Load(dt DType, shape []int, data []byte) (Tensor, error)
+	// WeightsInPlace reports whether Load may keep references to its data,
+	// which must then stay mapped while the weights live; otherwise the
+	// files can be closed once the weights are loaded.
+	WeightsInPlace() bool
 	// Write copies host data into t, ordered after queued work.
 	Write(t Tensor, data []byte)
 	// Read waits for queued work and copies t to host memory.

@@ -118,6 +118,10 @@ func loadGGUF(f *gguf.File, b backend.Backend, opts Options) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
+	if !b.WeightsInPlace() {
+		f.Close() // as in load: the weights are on the device
+		return m, nil
+	}
 	m.closer = f
 	return m, nil
 }
@@ -184,6 +188,21 @@ func GGUFConfig(f *gguf.File) (*Config, error) {
 			}
 			cfg["layer_types"] = types
 		}
+	}
+	// The layers are the blk.N groups the file holds: a block_count that
+	// says otherwise is a damaged file, not a bigger model.
+	blocks := 0
+	for _, t := range f.Tensors {
+		if rest, ok := strings.CutPrefix(t.Name, "blk."); ok {
+			if i := strings.IndexByte(rest, '.'); i > 0 {
+				if n, err := strconv.Atoi(rest[:i]); err == nil && n >= blocks {
+					blocks = n + 1
+				}
+			}
+		}
+	}
+	if n, ok := f.Uint(key("block_count")); !ok || n != uint64(blocks) {
+		return nil, fmt.Errorf("GGUF file %s: %s.block_count is %v but the file holds %d blocks", f.Name, arch, f.Meta[key("block_count")], blocks)
 	}
 	emb, ok := f.Tensor("token_embd.weight")
 	if !ok || len(emb.Shape) != 2 {

@@ -109,6 +109,13 @@ func load(fsys fs.FS, name, where string, open func() (*safetensors.Set, error),
 		set.Close()
 		return nil, err
 	}
+	if !b.WeightsInPlace() {
+		// The weights are on the device: the mapping would only hold
+		// the file's pages in memory (and a file replaced under a
+		// mapping faults its next read).
+		set.Close()
+		return m, nil
+	}
 	m.weights = set
 	return m, nil
 }

@@ -1,6 +1,7 @@
 package model
 
 import (
+	"bytes"
 	"encoding/json"
 	"math"
 	"os"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/kiln-llm/kiln/backend"
 	"github.com/kiln-llm/kiln/backend/cpu"
+	"github.com/kiln-llm/kiln/gguf"
 	"github.com/kiln-llm/kiln/model/reference"
 )
 
@@ -241,4 +243,60 @@ func TestGGUFF32Models(t *testing.T) {
 			t.Errorf("%s: llama.cpp on the F32 file is %.2e from transformers", name, e)
 		}
 	}
+}
+
+// FuzzGGUFMetadata loads GGUF files whose hyperparameters are damaged (one
+// metadata value replaced): every load must fail with an error or give a
+// model that runs, never panic or size an allocation by the damage.
+func FuzzGGUFMetadata(f *testing.F) {
+	files := []string{"qwen3-f32.gguf", "qwen3next-w256-Q4_K_M.gguf", "qwen3moe-w256-MXFP4_MOE.gguf"}
+	f.Add(uint8(0), uint8(0), uint64(7))
+	f.Add(uint8(1), uint8(3), uint64(1<<40))
+	f.Add(uint8(2), uint8(9), uint64(0))
+	f.Fuzz(func(t *testing.T, file, which uint8, v uint64) {
+		base, err := gguf.Open(quantDir(files[int(file)%len(files)]))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer base.Close()
+		arch := base.Architecture()
+		keys := []string{"block_count", "embedding_length", "feed_forward_length", "attention.head_count",
+			"attention.head_count_kv", "attention.key_length", "context_length", "expert_count", "expert_used_count",
+			"expert_feed_forward_length", "rope.dimension_count", "ssm.state_size", "ssm.group_count",
+			"ssm.time_step_rank", "ssm.inner_size", "ssm.conv_kernel", "full_attention_interval", "tokenizer.ggml.eos_token_id"}
+		key := keys[int(which)%len(keys)]
+		if key[:9] != "tokenizer" {
+			key = arch + "." + key
+		}
+		var kvs []gguf.KV
+		for _, kv := range base.KV {
+			if kv.Key == key {
+				kv.Value = gguf.Val(v)
+			}
+			kvs = append(kvs, kv)
+		}
+		var ts []gguf.WriteTensor
+		for _, tn := range base.Tensors {
+			ts = append(ts, gguf.WriteTensor{Name: tn.Name, Type: tn.Type, Shape: tn.Shape, Data: tn.Data})
+		}
+		var buf bytes.Buffer
+		if err := gguf.Write(&buf, kvs, ts); err != nil {
+			return
+		}
+		g, err := gguf.Parse("fuzz.gguf", buf.Bytes())
+		if err != nil {
+			return
+		}
+		m, err := loadGGUF(g, cpu.New(cpu.Options{Threads: 1}), Options{})
+		if err != nil {
+			return
+		}
+		defer m.Close()
+		if err := m.AllocCache(CacheSpec{Blocks: 4, BlockSize: testBlockSize, Slots: 1}); err != nil {
+			return
+		}
+		if _, err := m.Forward([]Seq{{Tokens: []int32{1, 2, 3}, Blocks: blocksFor(0, 3, testBlockSize), Logits: LastLogits}}); err != nil {
+			return
+		}
+	})
 }

@@ -65,6 +65,9 @@ func New(opts Options) *Backend {
 // Name reports "cpu".
 func (b *Backend) Name() string { return "cpu" }
 
+// WeightsInPlace reports true: Load reads weights from the caller's bytes.
+func (b *Backend) WeightsInPlace() bool { return true }
+
 // Tensor is the CPU backend's tensor: a shape over a byte buffer in host
 // memory. Views share the buffer of the tensor they were made from.
 type Tensor struct {

@@ -174,6 +174,10 @@ func New(opts Options) (*Backend, error) {
 // Name reports the device, e.g. "cuda (NVIDIA H100 80GB HBM3, sm_90a)".
 func (b *Backend) Name() string { return fmt.Sprintf("cuda (%s, %s)", b.name, b.arch) }
 
+// WeightsInPlace reports false: Load uploads the weights, so the files they
+// came from can be closed.
+func (b *Backend) WeightsInPlace() bool { return false }
+
 // FreeMemory returns the device memory not yet allocated, in bytes.
 func (b *Backend) FreeMemory() int64 {
 	var free, total C.size_t
