@@ -349,20 +349,6 @@ func (c *Config) fill(r *rawConfig) error {
 			return fmt.Errorf("%s must be positive, have %d", f.name, f.v)
 		}
 	}
-	// Bounds far past any published model, so that a damaged config fails
-	// here rather than in allocations sized by it.
-	for _, f := range []struct {
-		name   string
-		v, max int
-	}{{"vocab_size", c.VocabSize, 1 << 24}, {"hidden_size", c.Hidden, 1 << 17}, {"num_hidden_layers", c.Layers, 4096},
-		{"num_attention_heads", c.Heads, 4096}, {"num_key_value_heads", c.KVHeads, 4096}, {"head_dim", c.HeadDim, 4096},
-		{"intermediate_size", c.Intermediate, 1 << 20}, {"num_experts", max(r.NumExperts, r.NumLocalExperts), 1 << 14},
-		{"moe_intermediate_size", r.MoEIntermediateSize, 1 << 20}, {"linear_num_value_heads", r.LinearNumValueHeads, 4096},
-		{"linear_key_head_dim", r.LinearKeyHeadDim, 4096}, {"linear_value_head_dim", r.LinearValueHeadDim, 4096}} {
-		if f.v > f.max {
-			return fmt.Errorf("%s %d is beyond any model kiln can run (at most %d)", f.name, f.v, f.max)
-		}
-	}
 	if c.KVHeads == 0 {
 		c.KVHeads = c.Heads
 	}
