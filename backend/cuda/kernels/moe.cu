@@ -132,6 +132,17 @@ extern "C" __global__ void __launch_bounds__(1024) moe_group(const int *sel, int
 	for (int r = threadIdx.x; r < R; r += blockDim.x) order[atomicAdd(&cur[sel[r]], 1)] = r;
 }
 
+// moe_split: x (n floats) as two bf16 parts, x = hi + lo, for the router
+// product on tensor cores (two products, each in float32 accumulators).
+extern "C" __global__ void moe_split(u16 *hi, u16 *lo, const float *x, long n) {
+	for (long k = blockIdx.x * (long)blockDim.x + threadIdx.x; k < n; k += (long)gridDim.x * blockDim.x) {
+		float v = x[k];
+		u16 h = f2bf(v);
+		hi[k] = h;
+		lo[k] = f2bf(v - bf2f(h));
+	}
+}
+
 // moe_gather: row j of xg is x[order[j] / xdiv] as hi then lo (x = hi + lo,
 // both bf16), each of I elements. Grid R, block 256.
 extern "C" __global__ void moe_gather(u16 *xg, const float *x, int xdiv, const int *order, int I) {
