@@ -41,7 +41,10 @@ var ggufArchs = map[string]string{
 func GGUFFile(path string) (file string, ok bool, err error) {
 	fi, err := os.Stat(path)
 	if err != nil {
-		return "", false, nil // Load reports the missing path
+		if strings.HasSuffix(strings.ToLower(path), ".gguf") {
+			return "", false, fmt.Errorf("model %s: no such file", path)
+		}
+		return "", false, nil // Load reports the missing directory
 	}
 	if !fi.IsDir() {
 		return path, strings.HasSuffix(strings.ToLower(path), ".gguf"), nil
