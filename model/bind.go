@@ -4,9 +4,12 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"syscall"
+	"unsafe"
 
 	"github.com/kiln-llm/kiln/backend"
 	"github.com/kiln-llm/kiln/quant"
@@ -109,6 +112,10 @@ type binder struct {
 	// dequantize widens quantized weights to f32 exactly (the reference a
 	// quantized model is checked against).
 	dequantize bool
+	// copied lists the checkpoint bytes that were copied rather than used
+	// in place (fused, permuted, converted weights), so that a mapping kept
+	// for the rest can drop their pages (release).
+	copied [][]byte
 	// synthetic
 	dtype backend.DType
 	seed  uint64
@@ -252,6 +259,7 @@ func (bd *binder) load(p *param) error {
 		return bd.missing(p.layouts[0][0])
 	}
 	parts := make([]stored, len(layout))
+	srcs := make([][]byte, 0, len(layout))
 	mixed := false
 	for i, pt := range layout {
 		t, ok := bd.src.Tensor(pt.name)
@@ -278,6 +286,7 @@ func (bd *binder) load(p *param) error {
 			st = stored{bd.quantize, q}
 		}
 		parts[i] = st
+		srcs = append(srcs, t.Data)
 		mixed = mixed || st.dt != parts[0].dt
 	}
 	if mixed && len(p.split) == len(parts) && p.rows == nil {
@@ -310,6 +319,9 @@ func (bd *binder) load(p *param) error {
 		if p.rows != nil {
 			data = permuteRows(data, p.rows)
 		}
+	}
+	if len(data) > 0 && len(srcs[0]) > 0 && &data[0] != &srcs[0][0] {
+		bd.copied = append(bd.copied, srcs...)
 	}
 	t, err := bd.b.Load(dt, p.shape, data)
 	if err != nil {
@@ -624,4 +636,26 @@ func putFloat(dst []byte, dt backend.DType, v float32) {
 	case backend.F16:
 		binary.LittleEndian.PutUint16(dst, backend.F16Bits(v))
 	}
+}
+
+// release drops from memory the pages of a mapped checkpoint that only
+// copied weights were read from: the mapping stays open for the weights
+// used in place, and without this every page read at load time would stay
+// resident beside its copy (the CPU backend's RSS was the file plus the
+// copies). Only whole pages inside a copied tensor are dropped; a page
+// read again is read back from the file.
+func (bd *binder) release() {
+	page := uintptr(os.Getpagesize())
+	for _, b := range bd.copied {
+		if len(b) == 0 {
+			continue
+		}
+		start := uintptr(unsafe.Pointer(&b[0]))
+		lo := (start + page - 1) &^ (page - 1)
+		hi := (start + uintptr(len(b))) &^ (page - 1)
+		if hi > lo {
+			syscall.Madvise(b[lo-start:hi-start], syscall.MADV_DONTNEED)
+		}
+	}
+	bd.copied = nil
 }

@@ -125,6 +125,7 @@ func loadGGUF(f *gguf.File, b backend.Backend, opts Options) (*Model, error) {
 		f.Close() // as in load: the weights are on the device
 		return m, nil
 	}
+	bd.release()
 	m.closer = f
 	return m, nil
 }

@@ -77,7 +77,7 @@ func Load(dir string, b backend.Backend, opts Options) (*Model, error) {
 	} else if ok {
 		return LoadGGUF(file, b, opts)
 	}
-	return load(os.DirFS(dir), filepath.Base(filepath.Clean(dir)), dir, func() (*safetensors.Set, error) {
+	return load(os.DirFS(dir), filepath.Base(filepath.Clean(dir)), dir, true, func() (*safetensors.Set, error) {
 		return safetensors.OpenDir(dir)
 	}, b, opts)
 }
@@ -85,12 +85,14 @@ func Load(dir string, b backend.Backend, opts Options) (*Model, error) {
 // LoadFS reads the model at the root of fsys (an embedded model, say); its
 // weights are read into memory.
 func LoadFS(fsys fs.FS, b backend.Backend, opts Options) (*Model, error) {
-	return load(fsys, "embedded", "the embedded model", func() (*safetensors.Set, error) {
+	return load(fsys, "embedded", "the embedded model", false, func() (*safetensors.Set, error) {
 		return safetensors.OpenFS(fsys)
 	}, b, opts)
 }
 
-func load(fsys fs.FS, name, where string, open func() (*safetensors.Set, error), b backend.Backend, opts Options) (*Model, error) {
+// load reads a model's config and weights; mapped says the weights are a
+// file mapping (whose pages release may drop), not memory of the heap.
+func load(fsys fs.FS, name, where string, mapped bool, open func() (*safetensors.Set, error), b backend.Backend, opts Options) (*Model, error) {
 	cfg, err := ReadConfig(fsys, name)
 	if err != nil {
 		return nil, err
@@ -115,6 +117,9 @@ func load(fsys fs.FS, name, where string, open func() (*safetensors.Set, error),
 		// mapping faults its next read).
 		set.Close()
 		return m, nil
+	}
+	if mapped {
+		bd.release()
 	}
 	m.weights = set
 	return m, nil
