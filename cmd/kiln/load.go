@@ -165,8 +165,10 @@ func (f *modelFlags) load() (*loaded, error) {
 	}
 	d := cfg.Defaults
 	defaults := engine.Sampling{Temperature: d.Temperature, TopP: d.TopP, TopK: d.TopK, MinP: d.MinP, RepetitionPenalty: d.RepetitionPenalty}
+	eo := eng.Options()
 	slog.Info("model loaded", "model", name, "backend", b.Name(), "weights", humanBytes(m.WeightBytes()), "kv", kv,
-		"kv_memory", humanBytes(opts.KVMemory), "state_per_sequence", humanBytes(int64(m.SlotBytes())),
+		"kv_memory", humanBytes(int64(eo.KVBlocks*eo.BlockSize)*m.KVBytesPerToken()), "kv_tokens", eo.KVBlocks*eo.BlockSize,
+		"state_per_sequence", humanBytes(int64(m.SlotBytes())),
 		"context", cfg.ContextLength, "took", time.Since(start).Round(time.Millisecond))
 	return &loaded{name: name, dir: dir, backend: b.Name(), ctxLen: cfg.ContextLength, defaults: defaults, tok: tok, eng: eng}, nil
 }
