@@ -155,6 +155,18 @@ type DeltaNetSpec struct {
 	// advancing by fewer than Chunk tokens uses the token-by-token recurrence.
 	// 0 forces the recurrence everywhere.
 	Chunk int
+	// TiledHeads: value head h reads key head h % KeyHeads, the order
+	// llama.cpp's converter gives Qwen3.5's value heads in GGUF files,
+	// instead of h / (ValueHeads / KeyHeads).
+	TiledHeads bool
+}
+
+// KeyHead returns the key head value head h reads.
+func (s *DeltaNetSpec) KeyHead(h int) int {
+	if s.TiledHeads {
+		return h % s.KeyHeads
+	}
+	return h / (s.ValueHeads / s.KeyHeads)
 }
 
 // ConvDim returns the number of channels of the conv1d: [q | k | v].

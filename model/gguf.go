@@ -244,12 +244,10 @@ func GGUFConfig(f *gguf.File) (*Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("GGUF metadata: %s", strings.TrimPrefix(err.Error(), "config.json: "))
 	}
-	if c.arch.hybrid && !c.arch.fusedQKVZ && c.DeltaNet.KeyHeads != c.DeltaNet.ValueHeads {
-		// llama.cpp's converter reorders Qwen3.5's value heads (tiled
-		// across key heads) when they outnumber the key heads; kiln's
-		// DeltaNet kernels take them grouped.
-		return nil, fmt.Errorf("GGUF %s files with more value heads (%d) than key heads (%d) are not supported yet (their value heads are reordered); use the safetensors checkpoint", arch, c.DeltaNet.ValueHeads, c.DeltaNet.KeyHeads)
-	}
+	// llama.cpp's converter reorders Qwen3.5's value heads (z, b, a, A_log,
+	// dt_bias, the conv's and out_proj's value channels with them) so that
+	// value head h reads key head h % HK; the DeltaNet takes them so.
+	c.DeltaNet.TiledHeads = c.arch.hybrid && !c.arch.fusedQKVZ && c.DeltaNet.KeyHeads != c.DeltaNet.ValueHeads
 	return c, nil
 }
 

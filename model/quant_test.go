@@ -126,17 +126,22 @@ func TestQuantizeFP8(t *testing.T) {
 	}
 }
 
-// TestGGUFF32 loads the qwen3 fixture as llama.cpp's converter wrote it (F32
-// GGUF): the same model, so transformers' logits.
+// TestGGUFF32 loads fixtures as llama.cpp's converter wrote them (F32
+// GGUF): the same models, so transformers' logits. The Qwen3.5 files hold
+// their value heads in llama.cpp's tiled order (two per key head).
 func TestGGUFF32(t *testing.T) {
-	ref := readReference(t, fixtureDir("qwen3"))
-	got := loadLogits(t, quantDir("qwen3-f32.gguf"), Options{}, ref, backend.F32)
-	var want [][]float32
-	for _, p := range ref.Prompts {
-		want = append(want, p.Logits)
-	}
-	if e := worstL2(got, want); e > 1e-5 {
-		t.Errorf("relative L2 %.2e to transformers fp32, want <= 1e-5", e)
+	for _, name := range []string{"qwen3", "qwen35", "qwen35moe"} {
+		t.Run(name, func(t *testing.T) {
+			ref := readReference(t, fixtureDir(name))
+			got := loadLogits(t, quantDir(name+"-f32.gguf"), Options{}, ref, backend.F32)
+			var want [][]float32
+			for _, p := range ref.Prompts {
+				want = append(want, p.Logits)
+			}
+			if e := worstL2(got, want); e > 1e-5 {
+				t.Errorf("relative L2 %.2e to transformers fp32, want <= 1e-5", e)
+			}
+		})
 	}
 }
 

@@ -230,7 +230,7 @@ func (b *Backend) GatedDeltaNet(out, mixed, ba backend.Tensor, w backend.DeltaNe
 		for _, tk := range tasks[lo:hi] {
 			s := &st.seqs[tk.seq]
 			h := tk.head
-			kh := h / (HV / HK)
+			kh := spec.KeyHead(h)
 			d := deltaHead{
 				qkv: qkv[st.seqStart[tk.seq]*CD:], stride: CD,
 				qOff: kh * dk, kOff: (HK + kh) * dk, vOff: 2*HK*dk + h*dv,

@@ -686,6 +686,7 @@ func TestDeltaNet(t *testing.T) {
 	for _, sp := range []backend.DeltaNetSpec{
 		{KeyHeads: 2, ValueHeads: 4, KeyDim: 16, ValueDim: 16, ConvKernel: 4, Chunk: 8},
 		{KeyHeads: 16, ValueHeads: 32, KeyDim: 128, ValueDim: 128, ConvKernel: 4, Chunk: 64},
+		{KeyHeads: 2, ValueHeads: 4, KeyDim: 16, ValueDim: 16, ConvKernel: 4, Chunk: 8, TiledHeads: true}, // Qwen3.5 GGUF files
 	} {
 		const layers, slots = 2, 5
 		ss := backend.StateSpec{Layers: layers, Slots: slots, DeltaNet: sp}

@@ -258,7 +258,7 @@ func (b *Backend) GatedDeltaNet(out, mixed, ba backend.Tensor, w backend.DeltaNe
 			b.allowSmem(k.run, k.runSmem)
 		}
 		b.run(k.prep, [3]int{(m.maxN + dnChunkLen - 1) / dnChunkLen, HV, S}, 128, k.prepSmem, qkv, bt.ptr, al.ptr, int(al.dt),
-			db.ptr, int(db.dt), qg, kd, wg, pg, ug, gg, HK, HV, dv, chunkMin, m.dev[mSeqN], m.dev[mSeqStart])
+			db.ptr, int(db.dt), qg, kd, wg, pg, ug, gg, HK, HV, dv, chunkMin, boolInt(spec.TiledHeads), m.dev[mSeqN], m.dev[mSeqStart])
 		b.run(k.run, [3]int{dv / k.dvs, HV, S}, 128, k.runSmem, ot.ptr, qg, kd, wg, pg, ug, gg, c.rec[layer], HV, dv, c.recN,
 			chunkMin, m.dev[mSeqPos], m.dev[mSeqN], m.dev[mSeqStart], m.dev[mSeqSlot])
 		c.chunked += long
@@ -269,6 +269,6 @@ func (b *Backend) GatedDeltaNet(out, mixed, ba backend.Tensor, w backend.DeltaNe
 			b.allowSmem("dn_recur", smem)
 		}
 		b.run("dn_recur", [3]int{S, HV, 1}, dv, smem, ot.ptr, qkv, bt.ptr, al.ptr, int(al.dt), db.ptr, int(db.dt), c.rec[layer],
-			HK, HV, dk, dv, c.recN, chunkMin, m.dev[mSeqPos], m.dev[mSeqN], m.dev[mSeqStart], m.dev[mSeqSlot])
+			HK, HV, dk, dv, c.recN, chunkMin, boolInt(spec.TiledHeads), m.dev[mSeqPos], m.dev[mSeqN], m.dev[mSeqStart], m.dev[mSeqSlot])
 	}
 }

@@ -49,14 +49,14 @@ extern "C" __global__ void dn_conv_hist(float *hist, const float *x, int CD, int
 // u = S^T k; delta = beta (v - decay u); S = decay S + k delta^T; o = S^T q.
 // Sequences of chunkMin tokens or more are dn_chunk_run's (deltanet_chunk.cu).
 extern "C" __global__ void dn_recur(float *out, const float *qkv, const float *ba, const void *aLog, int adt, const void *dtBias,
-		int bdt, float *state, int HK, int HV, int dk, int dv, int recN, int chunkMin, const int *seqpos, const int *seqn,
+		int bdt, float *state, int HK, int HV, int dk, int dv, int recN, int chunkMin, int tiled, const int *seqpos, const int *seqn,
 		const int *seqstart, const int *slots) {
 	extern __shared__ float dsm[];
 	__shared__ float red[32];
 	float *S = dsm, *q = S + dk * dv, *k = q + dk;
 	int s = blockIdx.x, h = blockIdx.y, c = threadIdx.x, n = seqn[s];
 	if (n == 0 || n >= chunkMin) return;
-	int kh = h / (HV / HK), CD = 2 * HK * dk + HV * dv;
+	int kh = tiled ? h % HK : h / (HV / HK), CD = 2 * HK * dk + HV * dv;
 	float *g = state + (long)slots[s] * recN + (long)h * dk * dv;
 	bool fresh = seqpos[s] == 0;
 	for (int a = 0; a < dk; a++) S[a * dv + c] = fresh ? 0.f : g[a * dv + c];

@@ -82,7 +82,7 @@ __device__ __forceinline__ int b_frag(int k0, int n0, int stride) {
 // identity there and nothing of them reaches valid rows.
 template <int DK>
 __device__ __forceinline__ void dn_chunk_prep(const float *qkv, const float *ba, const void *aLog, int adt, const void *dtBias,
-		int bdt, u16 *qg, u16 *kd, u16 *wg, u16 *pg, float *ug, float *gg, int HK, int HV, int DV, int chunkMin,
+		int bdt, u16 *qg, u16 *kd, u16 *wg, u16 *pg, float *ug, float *gg, int HK, int HV, int DV, int chunkMin, int tiled,
 		const int *seqn, const int *seqstart) {
 	constexpr int KP = DK + 8, AP = 68, TP = 72, E = (DK + 31) / 32;
 	extern __shared__ __align__(16) unsigned char dsm[];
@@ -90,7 +90,7 @@ __device__ __forceinline__ void dn_chunk_prep(const float *qkv, const float *ba,
 	if (n < chunkMin || c0 >= n) return;
 	int L = min(DN_C, n - c0), VP = DV + 8;
 	long t0 = seqstart[s] + c0;
-	int kh = h / (HV / HK), CD = 2 * HK * DK + HV * DV;
+	int kh = tiled ? h % HK : h / (HV / HK), CD = 2 * HK * DK + HV * DV;
 	int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, quad = lane >> 2, qc = (lane & 3) * 2;
 	u16 *sK = (u16 *)dsm, *sQV = sK + 2 * DN_C * KP;
 	static_assert(2 * DN_C * TP * 2 >= DN_C * AP * 4, "the scaled T's take A's place");
@@ -551,8 +551,8 @@ __device__ __forceinline__ void dn_chunk_run(float *out, const u16 *qg, const u1
 #define DN_PREP(DK) \
 	extern "C" __global__ void __launch_bounds__(128) dn_chunk_prep_##DK(const float *qkv, const float *ba, const void *aLog, \
 			int adt, const void *dtBias, int bdt, u16 *qg, u16 *kd, u16 *wg, u16 *pg, float *ug, float *gg, int HK, int HV, \
-			int DV, int chunkMin, const int *seqn, const int *seqstart) { \
-		dn_chunk_prep<DK>(qkv, ba, aLog, adt, dtBias, bdt, qg, kd, wg, pg, ug, gg, HK, HV, DV, chunkMin, seqn, seqstart); \
+			int DV, int chunkMin, int tiled, const int *seqn, const int *seqstart) { \
+		dn_chunk_prep<DK>(qkv, ba, aLog, adt, dtBias, bdt, qg, kd, wg, pg, ug, gg, HK, HV, DV, chunkMin, tiled, seqn, seqstart); \
 	}
 #define DN_RUN(DK, DVS) \
 	extern "C" __global__ void __launch_bounds__(128) dn_chunk_run_##DK##_##DVS(float *out, const u16 *qg, const u16 *kd, \
