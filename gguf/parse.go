@@ -8,7 +8,8 @@ import (
 	"math/bits"
 	"os"
 	"sort"
-	"syscall"
+
+	"github.com/kiln-llm/kiln/internal/mapfile"
 )
 
 const (
@@ -45,33 +46,19 @@ const (
 
 // Open memory-maps the GGUF file at path read-only and parses it.
 func Open(path string) (*File, error) {
-	fd, err := os.Open(path)
+	data, unmap, err := mapfile.Open(path, headerSize)
 	if err != nil {
-		return nil, fmt.Errorf("gguf: %w", err)
-	}
-	defer fd.Close()
-	st, err := fd.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("gguf: %w", err)
-	}
-	size := st.Size()
-	if size < headerSize {
-		// Also keeps a zero length away from mmap, which rejects it.
-		return nil, fmt.Errorf("gguf %s: truncated file: %d bytes, the header alone takes %d", path, size, headerSize)
-	}
-	if int64(int(size)) != size {
-		return nil, fmt.Errorf("gguf %s: %d bytes do not fit the address space", path, size)
-	}
-	data, err := syscall.Mmap(int(fd.Fd()), 0, int(size), syscall.PROT_READ, syscall.MAP_SHARED)
-	if err != nil {
-		return nil, fmt.Errorf("gguf %s: mmap: %w", path, err)
+		if os.IsNotExist(err) || os.IsPermission(err) {
+			return nil, fmt.Errorf("gguf: %w", err)
+		}
+		return nil, fmt.Errorf("gguf %s: %w", path, err)
 	}
 	f, err := Parse(path, data)
 	if err != nil {
-		syscall.Munmap(data)
+		unmap()
 		return nil, err
 	}
-	f.unmap = func() error { return syscall.Munmap(data) }
+	f.unmap = unmap
 	return f, nil
 }
 

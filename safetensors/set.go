@@ -10,7 +10,8 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"syscall"
+
+	"github.com/kiln-llm/kiln/internal/mapfile"
 )
 
 // IndexFile names the index of a sharded checkpoint.
@@ -18,32 +19,19 @@ const IndexFile = "model.safetensors.index.json"
 
 // Open memory-maps the safetensors file at path read-only and parses it.
 func Open(path string) (*File, error) {
-	fd, err := os.Open(path)
+	data, unmap, err := mapfile.Open(path, 8) // the header length
 	if err != nil {
-		return nil, fmt.Errorf("safetensors: %w", err)
-	}
-	defer fd.Close()
-	st, err := fd.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("safetensors: %w", err)
-	}
-	size := st.Size()
-	if size < 8 {
-		return nil, fmt.Errorf("safetensors %s: truncated file: %d bytes, the header length alone takes 8", path, size)
-	}
-	if int64(int(size)) != size {
-		return nil, fmt.Errorf("safetensors %s: %d bytes do not fit the address space", path, size)
-	}
-	data, err := syscall.Mmap(int(fd.Fd()), 0, int(size), syscall.PROT_READ, syscall.MAP_SHARED)
-	if err != nil {
-		return nil, fmt.Errorf("safetensors %s: mmap: %w", path, err)
+		if os.IsNotExist(err) || os.IsPermission(err) {
+			return nil, fmt.Errorf("safetensors: %w", err)
+		}
+		return nil, fmt.Errorf("safetensors %s: %w", path, err)
 	}
 	f, err := Parse(path, data)
 	if err != nil {
-		syscall.Munmap(data)
+		unmap()
 		return nil, err
 	}
-	f.unmap = func() error { return syscall.Munmap(data) }
+	f.unmap = unmap
 	return f, nil
 }
 
