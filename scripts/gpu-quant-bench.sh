@@ -57,7 +57,7 @@ kiln)
 	;;
 llama)
 	for t in Q8_0 Q4_K_M; do
-		"$LL/llama-bench" -m $F/q8-$t.gguf -ngl 99 -fa 1 -p 4096 -n 128 -o json >"$OUT/llama-$t.json" 2>"$OUT/llama-$t.log" || { echo "llama $t: FAIL"; tail -3 "$OUT/llama-$t.log"; continue; }
+		"$LL/llama-bench" -m $F/q8-$t.gguf -ngl 99 -fa 1 -p 4096 -n 128 -d 1024 -o json >"$OUT/llama-$t.json" 2>"$OUT/llama-$t.log" || { echo "llama $t: FAIL"; tail -3 "$OUT/llama-$t.log"; continue; }
 		python3 - "$t" "$OUT/llama-$t.json" <<'PY'
 import json, sys
 for x in json.load(open(sys.argv[2])):
