@@ -37,6 +37,7 @@ type blasLt struct {
 type ltKey struct {
 	m, n, k int
 	ldc     int           // elements between out's rows (m unless out is a slice of wider rows)
+	lda     int           // elements between the weight's rows (k, or FP8 rows' bytes: fp8.go)
 	wt      backend.DType // A (the weight) and B share this type
 	ot      backend.DType // C and D: f32, or wt's type
 }
@@ -67,6 +68,8 @@ func ltType(dt backend.DType) C.int {
 		return cudaR16BF
 	case backend.F16:
 		return cudaR16F
+	case backend.FP8:
+		return cudaR8FE4M3
 	}
 	return cudaR32F
 }
@@ -78,7 +81,10 @@ func ltErr(call string, r C.int) error {
 	return nil
 }
 
-func (l *blasLt) plan(key ltKey) (*ltPlan, error) {
+// plan returns the cached plan of key, made on first use; setup sets the
+// descriptor's attributes beyond the transposes before the heuristic sees
+// it (block scaling wants its modes and scale pointers).
+func (l *blasLt) plan(key ltKey, setup func(C.cublasLtMatmulDesc_t) error) (*ltPlan, error) {
 	if p, ok := l.plans[key]; ok {
 		return p, nil
 	}
@@ -93,7 +99,12 @@ func (l *blasLt) plan(key ltKey) (*ltPlan, error) {
 	// Column-major view of row-major out[n,o] = x[n,i] . w[o,i]^T:
 	// D (o x n) = A^T (A = w, i x o) * B (x, i x n).
 	wt := ltType(key.wt)
-	if err := ltErr("cublasLtMatrixLayoutCreate", C.k_cublasLtMatrixLayoutCreate(&p.la, wt, C.ulonglong(key.k), C.ulonglong(key.m), C.longlong(key.k))); err != nil {
+	if setup != nil {
+		if err := setup(p.desc); err != nil {
+			return nil, err
+		}
+	}
+	if err := ltErr("cublasLtMatrixLayoutCreate", C.k_cublasLtMatrixLayoutCreate(&p.la, wt, C.ulonglong(key.k), C.ulonglong(key.m), C.longlong(key.lda))); err != nil {
 		return nil, err
 	}
 	if err := ltErr("cublasLtMatrixLayoutCreate", C.k_cublasLtMatrixLayoutCreate(&p.lb, wt, C.ulonglong(key.k), C.ulonglong(key.n), C.longlong(key.k))); err != nil {
@@ -125,8 +136,50 @@ func (l *blasLt) plan(key ltKey) (*ltPlan, error) {
 // matmul computes out[n,m] (+)= x[n,k] . w[m,k]^T with x already in w's
 // type and out of type ot, out's rows ldc elements apart.
 func (l *blasLt) matmul(s stream, out, x, w devptr, n, m, k, ldc int, wt, ot backend.DType, accumulate bool) error {
-	p, err := l.plan(ltKey{m, n, k, ldc, wt, ot})
+	p, err := l.plan(ltKey{m, n, k, ldc, k, wt, ot}, nil)
 	if err != nil {
+		return err
+	}
+	beta := C.float(0)
+	if accumulate {
+		beta = 1
+	}
+	return ltErr("cublasLtMatmul", C.k_lt_matmul(l.h, p.desc, 1, w, p.la, x, p.lb, beta, out, p.lc, &p.algo, l.ws, ltWorkspaceB, s))
+}
+
+// fp8matmul computes out[n,m] (+)= x[n,k] . w[m,k]^T with w FP8 rows of
+// lda bytes whose 128x128 tiles scale by ws (fp8TileStride layout) and x
+// e4m3 rows whose 1x128 blocks scale by xs ([ceil(k/128)][n]); n is a
+// multiple of four; out is f32 or bf16.
+func (l *blasLt) fp8matmul(s stream, out, x, xs, w, ws devptr, n, m, k, lda int, ot backend.DType, accumulate bool) error {
+	// Block-scaled FP8: the weight's 128x128 tiles, the activations' 1x128
+	// blocks; the scale pointers change with the weight.
+	scales := func(d C.cublasLtMatmulDesc_t) error {
+		for _, a := range [][2]C.int{{descAScaleMode, scaleBlk128}, {descBScaleMode, scaleVec128}} {
+			v := a[1]
+			if err := ltErr("cublasLtMatmulDescSetAttribute", C.k_cublasLtMatmulDescSetAttribute(d, a[0], unsafePtr(&v), 4)); err != nil {
+				return err
+			}
+		}
+		for _, a := range []struct {
+			attr C.int
+			ptr  devptr
+		}{{descAScalePtr, ws}, {descBScalePtr, xs}} {
+			v := a.ptr
+			if err := ltErr("cublasLtMatmulDescSetAttribute", C.k_cublasLtMatmulDescSetAttribute(d, a.attr, unsafePtr(&v), 8)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	key := ltKey{m, n, k, m, lda, backend.FP8, ot}
+	p, ok := l.plans[key]
+	if !ok {
+		var err error
+		if p, err = l.plan(key, scales); err != nil {
+			return err
+		}
+	} else if err := scales(p.desc); err != nil {
 		return err
 	}
 	beta := C.float(0)

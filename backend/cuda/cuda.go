@@ -60,6 +60,9 @@ type Backend struct {
 	// kernels (qmv); qSlab the most weight elements dequantized to bf16 at
 	// a time for cuBLASLt (see quant.go).
 	qmvMax, qSlab, qmvWarpsMax int
+	// fp8Min is the fewest tokens of a product with an FP8 weight that runs
+	// as a block-scaled FP8 GEMM (fp8.go); 0: never (before Hopper).
+	fp8Min int
 	// trace, when set (tests), is told the name of every kernel launched
 	// and "cublasLt" for every cuBLASLt product.
 	trace func(name string)
@@ -152,6 +155,12 @@ func New(opts Options) (*Backend, error) {
 	b.qmvMax = envInt("KILN_CUDA_QMV_MAX", qmvMaxTokens, 0, qmvMaxTokens)
 	b.qSlab = qSlabElems
 	b.qmvWarpsMax = envInt("KILN_CUDA_QMV_WARPS", 8, 1, 8)
+	if major == 9 { // cuBLASLt's FP8 block scaling is Hopper's
+		b.fp8Min = envInt("KILN_CUDA_FP8_GEMM_MIN", fp8GemmMinTokens, 0, 1<<20)
+		if b.fp8Min > 0 {
+			b.fp8Min = max(b.fp8Min, fp8GemmMinTokens)
+		}
+	}
 	// Split tiles are at most half a wave of blocks.
 	ncnt := b.skinnyWave()
 	if b.skinnyCnt, err = b.malloc(4 * ncnt); err != nil {
@@ -201,6 +210,7 @@ type tensor struct {
 	shape []int
 	ptr   devptr
 	view  bool
+	fp8t  devptr // an FP8 weight's tile scales for the block-scaled GEMM (fp8.go), or 0
 }
 
 func (t *tensor) DType() backend.DType { return t.dt }
@@ -304,6 +314,11 @@ func (b *Backend) Load(dt backend.DType, shape []int, data []byte) (backend.Tens
 		if want := dt.Bytes(shape...); len(data) != want {
 			return nil, fmt.Errorf("cuda: load %v%v: %d bytes, want %d", dt, shape, len(data), want)
 		}
+		if dt == backend.FP8 && b.fp8Min > 0 {
+			if err := b.loadTileScales(t, data); err != nil {
+				return nil, err
+			}
+		}
 		data = qPack(dt, data, t.qrows(), t.qcols())
 	}
 	if len(data) != t.bytes() {
@@ -334,6 +349,9 @@ func (b *Backend) Write(t backend.Tensor, data []byte) {
 	if tt.dt.Quantized() {
 		if want := tt.dt.Bytes(tt.shape...); len(data) != want {
 			panic(fmt.Sprintf("cuda: write %d bytes into %v, want %d", len(data), tt, want))
+		}
+		if tt.fp8t != 0 {
+			b.writeTileScales(tt, data)
 		}
 		data = qPack(tt.dt, data, tt.qrows(), tt.qcols())
 	}
@@ -408,7 +426,11 @@ func (b *Backend) Rows(t backend.Tensor, start, n int) backend.Tensor {
 			panic(fmt.Sprintf("cuda: rows [%d, %d) of %v: a view of a quantized tensor takes whole rows", start, start+n, tt))
 		}
 		per := shapeSize(tt.shape[1 : len(tt.shape)-1]) // device rows a slice of the first dimension
-		return &tensor{dt: tt.dt, shape: shape, ptr: tt.ptr + devptr(start*per*tt.rb()), view: true}
+		v := &tensor{dt: tt.dt, shape: shape, ptr: tt.ptr + devptr(start*per*tt.rb()), view: true}
+		if tt.fp8t != 0 && start*per%128 == 0 {
+			v.fp8t = tt.fp8t + devptr(start*per/128*fp8TileStride(tt.qcols())*4)
+		}
+		return v
 	}
 	return &tensor{dt: tt.dt, shape: shape, ptr: tt.ptr + devptr(start*tt.cols()*tt.dt.Size()), view: true}
 }
@@ -422,7 +444,7 @@ func (b *Backend) Reshape(t backend.Tensor, shape ...int) backend.Tensor {
 	if tt.dt.Quantized() && (len(shape) == 0 || shape[len(shape)-1] != tt.qcols()) {
 		panic(fmt.Sprintf("cuda: reshape %v to %v: a quantized tensor keeps its rows (innermost dimension)", tt, shape))
 	}
-	return &tensor{dt: tt.dt, shape: append([]int(nil), shape...), ptr: tt.ptr, view: true}
+	return &tensor{dt: tt.dt, shape: append([]int(nil), shape...), ptr: tt.ptr, view: true, fp8t: tt.fp8t}
 }
 
 // Free releases a tensor made by Alloc or Load. It waits for queued work,
@@ -438,6 +460,10 @@ func (b *Backend) Free(t backend.Tensor) {
 	b.fail(b.Sync())
 	b.fail(check("cuMemFree", C.k_cuMemFree_v2(tt.ptr)))
 	tt.ptr = 0
+	if tt.fp8t != 0 {
+		b.fail(check("cuMemFree", C.k_cuMemFree_v2(tt.fp8t)))
+		tt.fp8t = 0
+	}
 }
 
 // Sync waits for queued work and returns its first error.

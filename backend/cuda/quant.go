@@ -160,6 +160,10 @@ func (b *Backend) qgemm(out devptr, odt backend.DType, x devptr, w *tensor, n, o
 // qmatmul is MatMul with a quantized weight.
 func (b *Backend) qmatmul(ot, xt, wt *tensor, accumulate bool) {
 	n, in, o := xt.rows(), xt.cols(), wt.rows()
+	if b.fp8Gemm(wt, xt, n, in, o) {
+		b.fp8gemm(ot.ptr, ot.dt, xt, wt, n, o, in, accumulate)
+		return
+	}
 	if n <= b.qmvMax && qmvFits(wt.dt, in) {
 		b.qmv(false, ot.ptr, ot.dt, b.qx(xt), n, 1, wt, 0, 0, 0, o, in, accumulate)
 		return
@@ -168,7 +172,8 @@ func (b *Backend) qmatmul(ot, xt, wt *tensor, accumulate bool) {
 }
 
 // qmlp is the MLP with a quantized gate/up weight, or reports false for
-// the general path: a few tokens take qmv_swiglu, more the dequantized
+// the general path: an FP8 weight on Hopper takes the block-scaled GEMM
+// from four tokens (fp8.go), a few tokens take qmv_swiglu, more the dequantized
 // product through cuBLASLt (bf16 out, as the bf16 path) and silu_mul_bf16;
 // the down product is a MatMul of the bf16 activation.
 func (b *Backend) qmlp(ot, xt, gu, dn *tensor, accumulate bool) bool {
@@ -176,6 +181,11 @@ func (b *Backend) qmlp(ot, xt, gu, dn *tensor, accumulate bool) bool {
 	I := dn.cols()
 	act := &tensor{dt: backend.BF16, shape: []int{n, I}, view: true}
 	switch {
+	case b.fp8Gemm(gu, xt, n, H, 2*I) && I%8 == 0:
+		h := b.scratchBuf("mlp.gu", 2*n*2*I)
+		act.ptr = b.scratchBuf("mlp.act", 2*n*I)
+		b.fp8gemm(h, backend.BF16, xt, gu, n, 2*I, H, false)
+		b.run("silu_mul_bf16", g1(b.blocksFor(n*I/8)), 256, 0, act.ptr, h, n, I)
 	case n <= b.qmvMax && qmvFits(gu.dt, H):
 		act.ptr = b.scratchBuf("mlp.act", 2*n*I)
 		b.qmv(true, act.ptr, backend.BF16, b.qx(xt), n, 1, gu, 0, 0, 0, I, H, false)

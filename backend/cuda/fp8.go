@@ -1,0 +1,143 @@
+//go:build cgo
+
+package cuda
+
+/*
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"unsafe"
+
+	"github.com/kiln-llm/kiln/backend"
+)
+
+// FP8 weights on Hopper: block-scaled FP8 GEMMs through cuBLASLt.
+//
+// Qwen's FP8 checkpoints scale each 128x128 tile of a weight by one
+// float32, which is what cuBLASLt's 2D block scaling (CUBLASLT_MATMUL_MATRIX_
+// SCALE_BLK128x128_32F, sm_90) reads. With the activations quantized to
+// e4m3 per token and 128 columns (1D block scaling, as vLLM and DeepSeek
+// run these checkpoints), a product of four tokens or more runs on the FP8
+// tensor cores straight from the weight's bytes: kiln's device rows (the
+// 128-byte bodies of a row's blocks, then their scales; qlayout.go) are a
+// column-major K x N matrix whose leading dimension is the row's bytes, and
+// the tile scales are kept beside them at load. Below four tokens (the
+// GEMM's smallest) products stay on qmv, with bf16 activations.
+
+// fp8GemmMinTokens is the fewest tokens of a block-scaled FP8 GEMM:
+// cuBLASLt has no algorithm below four.
+const fp8GemmMinTokens = 4
+
+// fp8 cuBLASLt constants (cublasLt.h, library_types.h).
+const (
+	cudaR8FE4M3    = 28
+	descAScalePtr  = 17
+	descBScalePtr  = 18
+	descAScaleMode = 31
+	descBScaleMode = 32
+	scaleVec128    = 4 // CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
+	scaleBlk128    = 5 // CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+)
+
+// fp8TileStride is the float32 scales a row of tiles takes in cuBLASLt's
+// 2D layout: one per 128 columns, rounded up to a multiple of four.
+func fp8TileStride(cols int) int { return ((cols+127)/128 + 3) &^ 3 }
+
+// fp8TileScales returns the tile scales of FP8 rows in the interchange
+// layout (backend/quant.go: blocks of a float32 scale and 128 e4m3 values),
+// [ceil(rows/128)][fp8TileStride(cols)], or nil when some tile's rows do
+// not share their block scales (the checkpoint was not quantized in
+// 128x128 tiles) and the GEMM cannot take the weight.
+func fp8TileScales(data []byte, rows, cols int) []float32 {
+	nb := (cols + 127) / 128
+	rb, ld := nb*132, fp8TileStride(cols)
+	out := make([]float32, (rows+127)/128*ld)
+	for r := range rows {
+		for j := range nb {
+			s := binary.LittleEndian.Uint32(data[r*rb+j*132:])
+			i := r/128*ld + j
+			if r%128 == 0 {
+				out[i] = math.Float32frombits(s)
+			} else if math.Float32bits(out[i]) != s {
+				return nil
+			}
+		}
+	}
+	return out
+}
+
+// FP8ProductTokens reports from how many tokens products with FP8 weights
+// run as block-scaled FP8 GEMMs (backend.FP8Products); 0: never.
+func (b *Backend) FP8ProductTokens() int { return b.fp8Min }
+
+// fp8Gemm reports whether the product of n tokens of x (rows of in) with
+// w (o rows) runs as a block-scaled FP8 GEMM: whole 128-column blocks
+// (every Qwen width), 16-byte aligned rows for cuBLASLt, and x read 16
+// bytes at a time by quant_fp8_act.
+func (b *Backend) fp8Gemm(w, x *tensor, n, in, o int) bool {
+	return w.dt == backend.FP8 && w.fp8t != 0 && b.fp8Min > 0 && n >= b.fp8Min && in%128 == 0 && o%16 == 0 &&
+		(x.dt == backend.F32 || x.dt == backend.BF16) && x.ptr%16 == 0
+}
+
+// fp8gemm computes out[n, o] (+)= x[n, in] . w[o, in]^T on the FP8 tensor
+// cores: x quantized per token and 128 columns, w's tile scales, out f32
+// (written or added to) or bf16. A token count that is not a multiple of
+// four (cuBLASLt's) is padded with zero rows whose products go to scratch.
+func (b *Backend) fp8gemm(out devptr, odt backend.DType, xt *tensor, w *tensor, n, o, in int, accumulate bool) {
+	np := (n + 3) &^ 3
+	nb := (in + 127) / 128
+	q := b.scratchBuf("fp8.x", np*in)
+	s := b.scratchBuf("fp8.s", 4*nb*np)
+	b.run("quant_fp8_act", [3]int{nb, np, 1}, 32, 0, q, s, xt.ptr, int(xt.dt), n, np, in)
+	d := out
+	if np != n {
+		d = b.scratchBuf("fp8.out", np*o*odt.Size())
+	}
+	if b.trace != nil {
+		b.trace("cublasLt")
+	}
+	label := "cublasLt"
+	if b.prof != nil {
+		label = fmt.Sprintf("cublasLt fp8 %dx%d", o, in)
+	}
+	acc := accumulate && d == out
+	b.around(label, func() { b.fail(b.lt.fp8matmul(b.stream, d, q, s, w.ptr, w.fp8t, np, o, in, w.rb(), odt, acc)) })
+	if d != out {
+		b.run("fp8_rows_out", g1(b.blocksFor(n*o)), 256, 0, out, int(odt), d, int64Arg(n*o), boolInt(accumulate))
+	}
+}
+
+// loadTileScales uploads the tile scales of t's interchange data (a
+// weight whose tiles do not share scales keeps fp8t 0).
+func (b *Backend) loadTileScales(t *tensor, data []byte) error {
+	ts := fp8TileScales(data, t.qrows(), t.qcols())
+	if ts == nil {
+		return nil
+	}
+	p, err := b.malloc(4 * len(ts))
+	if err != nil {
+		return err
+	}
+	t.fp8t = p
+	return check("cuMemcpyHtoD", C.k_cuMemcpyHtoDAsync_v2(p, unsafe.Pointer(&ts[0]), C.size_t(4*len(ts)), b.stream))
+}
+
+// writeTileScales replaces t's tile scales with those of new data, or
+// drops them when its tiles no longer share scales.
+func (b *Backend) writeTileScales(t *tensor, data []byte) {
+	ts := fp8TileScales(data, t.qrows(), t.qcols())
+	if ts == nil {
+		b.fail(b.Sync())
+		b.fail(check("cuMemFree", C.k_cuMemFree_v2(t.fp8t)))
+		t.fp8t = 0
+		return
+	}
+	b.fail(b.Sync()) // the host slice is staged by the time the copy returns
+	b.fail(check("cuMemcpyHtoD", C.k_cuMemcpyHtoDAsync_v2(t.fp8t, unsafe.Pointer(&ts[0]), C.size_t(4*len(ts)), b.stream)))
+	b.fail(b.Sync())
+}

@@ -1,0 +1,170 @@
+//go:build cgo
+
+package cuda
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"testing"
+
+	"github.com/kiln-llm/kiln/backend"
+	"github.com/kiln-llm/kiln/quant"
+)
+
+// TestFP8TileScales checks, without a GPU, the tile scales the block-scaled
+// GEMM reads: one per 128x128 tile (partial edge tiles too), rows of tiles
+// padded to four, and none for a weight whose tiles' rows disagree.
+func TestFP8TileScales(t *testing.T) {
+	const rows, cols = 300, 416 // 3 x 4 tiles, both edges partial
+	nb := (cols + 127) / 128
+	scale := func(r, j int) float32 { return float32(r/128*10 + j + 1) }
+	data := make([]byte, rows*nb*132)
+	for r := range rows {
+		for j := range nb {
+			binary.LittleEndian.PutUint32(data[(r*nb+j)*132:], math.Float32bits(scale(r, j)))
+		}
+	}
+	ts := fp8TileScales(data, rows, cols)
+	if ld := fp8TileStride(cols); ld != 4 || len(ts) != 3*ld {
+		t.Fatalf("stride %d, %d scales; want 4, 12", ld, len(ts))
+	}
+	for i, tr := range []int{0, 128, 256} {
+		for j := range nb {
+			if got := ts[i*4+j]; got != scale(tr, j) {
+				t.Errorf("tile (%d, %d): %v, want %v", i, j, got, scale(tr, j))
+			}
+		}
+	}
+	if fp8TileStride(5*128) != 8 {
+		t.Errorf("stride of 5 blocks: %d, want 8", fp8TileStride(5*128))
+	}
+	binary.LittleEndian.PutUint32(data[(200*nb+2)*132:], math.Float32bits(7))
+	if fp8TileScales(data, rows, cols) != nil {
+		t.Error("a tile whose rows differ in scale was accepted")
+	}
+}
+
+// fp8Reference is out[n, o] = x[n] . w_o with x quantized as quant_fp8_act
+// does (per row and 128 columns: s = amax / 448, e4m3 of x / s) and w the
+// exact values of the FP8 rows, in float64.
+func fp8Reference(x []float32, w []float32, n, o, in int) []float32 {
+	xq := make([]float64, len(x))
+	for t := range n {
+		for c0 := 0; c0 < in; c0 += 128 {
+			blk := x[t*in+c0 : t*in+min(c0+128, in)]
+			var a float32
+			for _, v := range blk {
+				a = max(a, float32(math.Abs(float64(v))))
+			}
+			s := float32(1)
+			if a > 0 {
+				s = a / 448
+			}
+			for i, v := range blk {
+				xq[t*in+c0+i] = float64(quant.E4M3(quant.E4M3Bits(v/s))) * float64(s)
+			}
+		}
+	}
+	out := make([]float32, n*o)
+	for t := range n {
+		for r := range o {
+			var acc float64
+			for k := range in {
+				acc += xq[t*in+k] * float64(w[r*in+k])
+			}
+			out[t*o+r] = float32(acc)
+		}
+	}
+	return out
+}
+
+// TestFP8GEMM: products with FP8 weights from four tokens run as cuBLASLt
+// block-scaled FP8 GEMMs and equal the product of the exact weights with
+// the activations quantized as the kernel quantizes them; token counts that
+// are not multiples of four, bf16 and f32 activations and outputs,
+// accumulation, views by rows, the MLP and graph capture.
+func TestFP8GEMM(t *testing.T) {
+	p := newPair(t, 31)
+	if p.g.fp8Min == 0 {
+		t.Skip("no block-scaled FP8 GEMM before Hopper")
+	}
+	const o, in = 384, 512
+	data := quant.Random(backend.FP8, 2*o, in, 0.05, p.r.Uint64)
+	gw, err := p.g.Load(backend.FP8, []int{2 * o, in}, data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wf := quant.Dequantize(backend.FP8, data, 2*o, in)
+	for _, view := range []bool{false, true} {
+		w, wv := p.g.Rows(gw, 0, o), wf[:o*in]
+		if view { // rows [256, 640): whole tiles of the stacked weight
+			w, wv = p.g.Rows(gw, 256, o), wf[256*in:(256+o)*in]
+		}
+		for _, n := range []int{4, 5, 16, 33, 130} {
+			for _, xdt := range []backend.DType{backend.F32, backend.BF16} {
+				for _, odt := range []backend.DType{backend.F32, backend.BF16} {
+					acc := odt == backend.F32 && n%2 == 1
+					x := roundTo(xdt, p.randn(n*in, 1))
+					want := fp8Reference(x, wv, n, o, in)
+					_, gx := p.activation(xdt, x, n, in)
+					gout := p.poisoned(odt, n, o)
+					if acc {
+						init := p.randn(n*o, 1)
+						p.g.Write(gout, encode(backend.F32, init))
+						for i := range want {
+							want[i] += init[i]
+						}
+					}
+					seen := p.launches(func() { p.g.MatMul(gout, gx, w, acc) })
+					what := fmt.Sprintf("view %v: %d x %d x %d, x %v, out %v, acc %v", view, n, o, in, xdt, odt, acc)
+					expect(t, what, seen, []string{"quant_fp8_act", "cublasLt"}, []string{qmvName(false, backend.FP8, n), "qdeq_fp8"})
+					tol := 1e-3
+					if odt == backend.BF16 {
+						tol = 5e-3
+					}
+					if d := relL2(read(t, p.g, gout), want); !(d <= tol) {
+						t.Errorf("%s: relative L2 %.2e from the quantized reference (tolerance %.0e)", what, d, tol)
+					}
+					p.g.Free(gx)
+					p.g.Free(gout)
+				}
+			}
+		}
+	}
+	// Below four tokens the products stay on qmv with bf16 activations.
+	_, gx := p.activation(backend.BF16, p.randn(3*in, 1), 3, in)
+	seen := p.launches(func() { p.g.MatMul(p.poisoned(backend.F32, 3, o), gx, p.g.Rows(gw, 0, o), false) })
+	expect(t, "3 tokens", seen, []string{qmvName(false, backend.FP8, 3)}, []string{"quant_fp8_act", "cublasLt"})
+
+	// The MLP: gate/up as a GEMM to bf16, SwiGLU, down as a GEMM. Against
+	// the CPU's unquantized activations: the quantization's own distance.
+	const H, I = 512, 384
+	cgu, ggu := p.qload(backend.FP8, 2*I, H)
+	cd, gd := p.qload(backend.FP8, H, I)
+	for _, n := range []int{4, 37} {
+		cx, gx := p.activation(backend.BF16, p.randn(n*H, 1), n, H)
+		co, gout := p.out(n, H)
+		p.g.Write(gout, make([]byte, 4*n*H))
+		p.c.MLP(co, cx, cgu, cd)
+		seen := p.launches(func() { p.g.MLP(gout, gx, ggu, gd) })
+		what := fmt.Sprintf("mlp %d x %d x %d", n, H, I)
+		expect(t, what, seen, []string{"quant_fp8_act", "cublasLt", "silu_mul_bf16"}, []string{qmvName(true, backend.FP8, n)})
+		p.compare(what, co, gout, 6e-2)
+	}
+
+	// Captured in a graph, replays give the eager products.
+	const n = 8
+	x := roundTo(backend.BF16, p.randn(n*in, 1))
+	_, gxg := p.activation(backend.BF16, x, n, in)
+	p.begin(&backend.Batch{Tokens: make([]int32, n), Seqs: []backend.SeqInfo{{N: n}}})
+	gq := p.g.Alloc(backend.F32, n, o)
+	want := fp8Reference(x, wf[:o*in], n, o, in)
+	for step := range 3 {
+		p.g.Write(gq, encode(backend.F32, make([]float32, n*o)))
+		p.g.Graph("fp8 gemm", func() { p.g.MatMul(gq, gxg, p.g.Rows(gw, 0, o), false) })
+		if d := relL2(read(t, p.g, gq), want); !(d <= 1e-3) {
+			t.Errorf("graph step %d: relative L2 %.2e from the quantized reference", step, d)
+		}
+	}
+}
