@@ -307,6 +307,14 @@ type TokenLogprob struct {
 	Logprob float32
 }
 
+// FP8Products is implemented by a backend whose products with FP8 weights
+// run on FP8 tensor cores from FP8ProductTokens() tokens (the activations
+// quantized to e4m3 per token and 128 columns), 0 when it has none: the
+// matrix rate such products are measured against is then FP8's.
+type FP8Products interface {
+	FP8ProductTokens() int
+}
+
 // Backend is a device that holds tensors and runs a model's operations.
 // Unless a method says otherwise, out may not alias an input, shapes are
 // checked (a mismatch is a programming error and panics) and errors of queued

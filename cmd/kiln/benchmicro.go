@@ -42,6 +42,7 @@ type benchReport struct {
 	Layers    int           `json:"layers"`
 	Bandwidth float64       `json:"bandwidth_bytes_s"`
 	Peak      float64       `json:"peak_flop_s"`
+	PeakFP8   float64       `json:"peak_fp8_flop_s,omitempty"` // the linear layers' rate, when they run on FP8 tensor cores
 	Date      string        `json:"date"`
 	Results   []benchResult `json:"results"`
 }
@@ -57,6 +58,7 @@ func benchMicro(args []string) error {
 	quantize := fs.String("quantize", "", quantizeFlagHelp)
 	bw := fs.Float64("bandwidth", 0, "memory bandwidth for the decode floor, bytes/s (default: 3.0e12 on CUDA, a measured copy on CPU)")
 	peak := fs.Float64("peak", 0, "matrix FLOP/s for the prefill floor (default: 7.9e14 on CUDA, a rough 2-core estimate on CPU)")
+	peakFP8 := fs.Float64("peak-fp8", 1.25e15, "FP8 matrix FLOP/s for the linear layers' share of the prefill floor, on a backend whose products with FP8 weights run on FP8 tensor cores")
 	batches := fs.String("batches", "1,8,32,64", "decode batch sizes, at the first --contexts value")
 	contexts := fs.String("contexts", "1024,8192,32768", "decode contexts, at batch 1")
 	prefills := fs.String("prefill", "512,4096,16384", "prefill prompt lengths")
@@ -132,7 +134,13 @@ func benchMicro(args []string) error {
 	if err := m.AllocCache(model.CacheSpec{Blocks: need, BlockSize: blockSize, Slots: slots}); err != nil {
 		return err
 	}
-	rep := benchReport{Model: cfg.Name, Backend: b.Name(), Layers: cfg.Layers, Bandwidth: *bw, Peak: *peak,
+	// FP8 weights whose products run on FP8 tensor cores: the linear layers'
+	// FLOPs count at FP8's rate.
+	fp8Peak := 0.0
+	if f, ok := b.(backend.FP8Products); ok && f.FP8ProductTokens() > 0 && (wdt == backend.FP8 || *quantize == "fp8" || cfg.FP8Block != [2]int{}) {
+		fp8Peak = *peakFP8
+	}
+	rep := benchReport{Model: cfg.Name, Backend: b.Name(), Layers: cfg.Layers, Bandwidth: *bw, Peak: *peak, PeakFP8: fp8Peak,
 		Date: time.Now().UTC().Format(time.RFC3339)}
 	// Prefill first: its KV blocks are then real data for the decode runs.
 	for _, P := range ps {
@@ -141,7 +149,7 @@ func benchMicro(args []string) error {
 			return fmt.Errorf("prefill %d: %w", P, err)
 		}
 		r.FLOPs = prefillFLOPs(cfg, P)
-		r.FloorS = float64(P) / (r.FLOPs / *peak)
+		r.FloorS = float64(P) / prefillFloorTime(cfg, P, *peak, fp8Peak)
 		r.Ratio = r.TokS / r.FloorS
 		rep.Results = append(rep.Results, r)
 		progress(*asJSON, r)
@@ -179,7 +187,7 @@ func benchMicro(args []string) error {
 		// Compute-bound: the prompts' FLOPs and one token's products per
 		// decoding sequence (their attention over the cache is left out).
 		r.FLOPs = float64(x.N)*prefillFLOPs(cfg, x.P) + float64(x.B)*prefillFLOPs(cfg, 1)
-		r.FloorS = float64(x.B+x.N*x.P) / (r.FLOPs / *peak)
+		r.FloorS = float64(x.B+x.N*x.P) / (float64(x.N)*prefillFloorTime(cfg, x.P, *peak, fp8Peak) + float64(x.B)*prefillFloorTime(cfg, 1, *peak, fp8Peak))
 		r.Ratio = r.TokS / r.FloorS
 		rep.Results = append(rep.Results, r)
 		progress(*asJSON, r)
@@ -190,8 +198,12 @@ func benchMicro(args []string) error {
 		enc.SetIndent("", "  ")
 		return enc.Encode(rep)
 	}
-	fmt.Printf("\n%s on %s (%d layers), %s\nfloors: decode = bytes/step / %.3g B/s, prefill = FLOPs / %.3g FLOP/s\n",
+	fmt.Printf("\n%s on %s (%d layers), %s\nfloors: decode = bytes/step / %.3g B/s, prefill = FLOPs / %.3g FLOP/s",
 		rep.Model, rep.Backend, rep.Layers, rep.Date, *bw, *peak)
+	if fp8Peak > 0 {
+		fmt.Printf(" (the linear layers' at FP8's %.3g)", fp8Peak)
+	}
+	fmt.Println()
 	fmt.Printf("%-8s %6s %8s %12s %12s %7s\n", "", "batch", "context", "tok/s", "floor tok/s", "ratio")
 	for _, r := range rep.Results {
 		kind := r.Kind
@@ -441,6 +453,11 @@ func prefillFLOPs(c *model.Config, P int) float64 {
 	dense, expert, moe := linearParams(c)
 	head := float64(c.VocabSize) * float64(c.Hidden)
 	perTok := dense - head + float64(moe)*float64(c.MoE.TopK)*expert
+	return 2*perTok*float64(P) + 2*head + attentionFLOPs(c, P)
+}
+
+// attentionFLOPs counts causal attention's share of prefillFLOPs.
+func attentionFLOPs(c *model.Config, P int) float64 {
 	attnLayers := 0
 	for _, k := range c.Kinds {
 		if k == model.FullAttention {
@@ -448,7 +465,18 @@ func prefillFLOPs(c *model.Config, P int) float64 {
 		}
 	}
 	p := float64(P)
-	return 2*perTok*p + 2*head + float64(attnLayers)*4*p*p/2*float64(c.Heads*c.HeadDim)
+	return float64(attnLayers) * 4 * p * p / 2 * float64(c.Heads*c.HeadDim)
+}
+
+// prefillFloorTime is the least time the prefill FLOPs of a P-token prompt
+// take: at peak, or with FP8 products (fp8Peak > 0) the linear layers'
+// share of them at fp8Peak and attention's at peak.
+func prefillFloorTime(c *model.Config, P int, peak, fp8Peak float64) float64 {
+	flops, attn := prefillFLOPs(c, P), attentionFLOPs(c, P)
+	if fp8Peak == 0 {
+		return flops / peak
+	}
+	return (flops-attn)/fp8Peak + attn/peak
 }
 
 // measureCopyBandwidth times copying a 256 MiB buffer (bytes read plus
