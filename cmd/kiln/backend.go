@@ -113,7 +113,11 @@ func openModel(backendName string, src modelSource) (*model.Model, backend.Backe
 	}
 	var m *model.Model
 	if src.synthetic != "" {
-		m, err = model.Synthetic(src.synthetic, b, model.SyntheticOptions{Layers: src.layers, Seed: 1, DType: src.dtype, KVDType: kv})
+		dt := src.dtype
+		if q.Quantized() { // random weights drawn in the quantized type
+			dt = q
+		}
+		m, err = model.Synthetic(src.synthetic, b, model.SyntheticOptions{Layers: src.layers, Seed: 1, DType: dt, KVDType: kv})
 	} else {
 		m, err = model.Load(src.dir, b, model.Options{KVDType: kv, Quantize: q})
 	}
