@@ -2,9 +2,9 @@ package engine
 
 import (
 	"errors"
+	"fmt"
 	"time"
 
-	"github.com/kiln-llm/kiln/backend"
 	"github.com/kiln-llm/kiln/chat"
 )
 
@@ -36,16 +36,17 @@ type Request struct {
 }
 
 // Sampling holds a request's decoding parameters. The zero value is greedy
-// decoding up to the context length.
+// decoding up to the context length. Validate holds their bounds; Generate
+// refuses a request outside them.
 type Sampling struct {
-	Temperature       float32
-	TopK              int
-	TopP              float32
+	Temperature       float32 // 0: greedy
+	TopK              int     // 0: no limit
+	TopP              float32 // 0 or 1: no limit
 	MinP              float32
 	Seed              *uint64 // nil: a random seed
 	PresencePenalty   float32
 	FrequencyPenalty  float32
-	RepetitionPenalty float32
+	RepetitionPenalty float32 // 0 or 1: none
 	LogitBias         map[int32]float32
 	MaxTokens         int      // 0: until the context is full
 	Stop              []string // stop strings, matched across token boundaries and not emitted
@@ -55,19 +56,89 @@ type Sampling struct {
 	TopLogprobs       int
 }
 
+// MaxStops is the most stop strings a request may set.
+const MaxStops = 16
+
+// Validate checks the parameters against their bounds: OpenAI's API ranges
+// (vLLM's for top_k, min_p and repetition_penalty). These are the only
+// bounds on the way from a client to the sampler; an error is a
+// *SamplingError naming the parameter as the API spells it. Token ids are
+// checked against the model's vocabulary by Generate.
+func (sp *Sampling) Validate() error {
+	for _, f := range []struct {
+		name      string
+		v, lo, hi float32
+	}{
+		{"temperature", sp.Temperature, 0, 2},
+		{"top_p", sp.TopP, 0, 1},
+		{"min_p", sp.MinP, 0, 1},
+		{"presence_penalty", sp.PresencePenalty, -2, 2},
+		{"frequency_penalty", sp.FrequencyPenalty, -2, 2},
+		{"repetition_penalty", sp.RepetitionPenalty, 0, 10},
+	} {
+		if !(f.v >= f.lo && f.v <= f.hi) { // NaN too
+			return &SamplingError{f.name, fmt.Sprintf("must be between %g and %g, not %g", f.lo, f.hi, f.v)}
+		}
+	}
+	for t, b := range sp.LogitBias {
+		if !(b >= -100 && b <= 100) {
+			return &SamplingError{"logit_bias", fmt.Sprintf("values must be between -100 and 100, not %g (token %d)", b, t)}
+		}
+	}
+	switch {
+	case sp.TopK < 0:
+		return &SamplingError{"top_k", fmt.Sprintf("must be at least 0, not %d", sp.TopK)}
+	case sp.MaxTokens < 0:
+		return &SamplingError{"max_tokens", fmt.Sprintf("must be at least 0, not %d", sp.MaxTokens)}
+	case sp.TopLogprobs < 0 || sp.TopLogprobs > 20:
+		return &SamplingError{"top_logprobs", fmt.Sprintf("must be between 0 and 20, not %d", sp.TopLogprobs)}
+	case len(sp.Stop) > MaxStops:
+		return &SamplingError{"stop", fmt.Sprintf("takes at most %d strings, not %d", MaxStops, len(sp.Stop))}
+	}
+	for _, s := range sp.Stop {
+		if s == "" {
+			return &SamplingError{"stop", "must not hold an empty string"}
+		}
+	}
+	return nil
+}
+
+// SamplingError is a sampling parameter outside its bounds.
+type SamplingError struct {
+	Param  string // as the OpenAI API spells it: temperature, top_p, ...
+	Reason string // "must be between 0 and 2, not 5"
+}
+
+func (e *SamplingError) Error() string { return e.Param + " " + e.Reason }
+
 // Event is one step of a Stream. A stream ends with one event whose Done is
 // set; it carries FinishReason and Usage (and Err when FinishReason is
 // FinishError).
 type Event struct {
-	Tokens    []int32           // the tokens this event covers
-	Text      string            // content delta
-	Reasoning string            // reasoning delta (inside <think>...</think>)
-	ToolCalls []chat.ToolCall   // tool calls completed in this delta
-	Logprobs  []backend.Sampled // per token in Tokens, when asked for
-	Done      bool              //
-	Finish    FinishReason      //
-	Usage     *Usage            // on the final event
-	Err       error             // on the final event, with FinishError
+	Tokens    []int32         // the tokens this event covers
+	Text      string          // content delta
+	Reasoning string          // reasoning delta (inside <think>...</think>)
+	ToolCalls []chat.ToolCall // tool calls completed in this delta
+	Logprobs  []Logprob       // per token in Tokens, when asked for
+	Done      bool            //
+	Finish    FinishReason    //
+	Usage     *Usage          // on the final event
+	Err       error           // on the final event, with FinishError
+}
+
+// Logprob is a generated token's log-probability under the model's
+// distribution after penalties and bias, before temperature, with the most
+// likely alternatives when asked for.
+type Logprob struct {
+	Token   int32
+	Logprob float32
+	Top     []TokenLogprob
+}
+
+// TokenLogprob pairs a token with its log-probability.
+type TokenLogprob struct {
+	Token   int32
+	Logprob float32
 }
 
 // FinishReason says why a stream ended.

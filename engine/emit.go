@@ -28,7 +28,7 @@ func (s *scheduler) emit(q *seq, smp backend.Sampled) {
 	t := smp.Token
 	ev := Event{Tokens: []int32{t}}
 	if q.params.Logprob || q.params.TopLogprobs > 0 {
-		ev.Logprobs = []backend.Sampled{smp}
+		ev.Logprobs = []Logprob{logprobOf(smp)}
 	}
 	var reason FinishReason
 	var text string
@@ -79,4 +79,16 @@ func (s *scheduler) emit(q *seq, smp backend.Sampled) {
 		reason = FinishToolCalls
 	}
 	s.finishWith(q, reason, nil, ev)
+}
+
+// logprobOf is a sampled token's log-probabilities in the engine's own type.
+func logprobOf(smp backend.Sampled) Logprob {
+	lp := Logprob{Token: smp.Token, Logprob: smp.Logprob}
+	if len(smp.Top) > 0 {
+		lp.Top = make([]TokenLogprob, len(smp.Top))
+		for i, t := range smp.Top {
+			lp.Top[i] = TokenLogprob(t)
+		}
+	}
+	return lp
 }

@@ -251,6 +251,9 @@ func (e *Engine) prepare(req *Request) (*seq, error) {
 		return nil, errors.New("engine: a request sets exactly one of Messages, Prompt and PromptIDs")
 	}
 	sp := &req.Sampling
+	if err := sp.Validate(); err != nil {
+		return nil, err
+	}
 	if e.tok == nil && (req.PromptIDs == nil || len(sp.Stop) > 0) {
 		return nil, errors.New("engine: no tokenizer: only PromptIDs requests without stop strings are served")
 	}
@@ -307,10 +310,6 @@ func (e *Engine) prepare(req *Request) (*seq, error) {
 	if len(ids)+1 > e.cfg.ContextLength {
 		return nil, fmt.Errorf("%w: %d prompt tokens, context %d", ErrContextOverflow, len(ids), e.cfg.ContextLength)
 	}
-	if sp.Temperature < 0 || sp.TopK < 0 || sp.TopP < 0 || sp.TopP > 1 || sp.MinP < 0 || sp.MinP > 1 ||
-		sp.RepetitionPenalty < 0 || sp.MaxTokens < 0 || sp.TopLogprobs < 0 || sp.TopLogprobs > 20 {
-		return nil, fmt.Errorf("engine: invalid sampling parameters %+v", *sp)
-	}
 	if e.opts.PrepareNextTurn && !e.opts.NoCache && len(req.Messages) > 0 {
 		turn = &chatTurn{messages: slices.Clone(req.Messages), tools: req.Tools, kwargs: req.TemplateKwargs}
 	}
@@ -324,11 +323,6 @@ func (e *Engine) prepare(req *Request) (*seq, error) {
 		stopIDs:     map[int32]bool{},
 		counts:      map[int32]int32{},
 		stop:        stopMatcher{stops: sp.Stop},
-	}
-	for _, st := range sp.Stop {
-		if st == "" {
-			return nil, errors.New("engine: empty stop string")
-		}
 	}
 	if !sp.IgnoreEOS {
 		for _, t := range e.cfg.EOS {

@@ -336,22 +336,23 @@ func TestSamplingControls(t *testing.T) {
 	if !slices.Equal(biased.tokens, []int32{77, 77, 77, 77, 77}) {
 		t.Errorf("logit bias +100 on token 77: %v", biased.tokens)
 	}
-	// A huge frequency penalty forbids repeating a generated token.
-	pen := generate(t, e, &Request{PromptIDs: prompt, Sampling: Sampling{MaxTokens: 30, IgnoreEOS: true, FrequencyPenalty: 1000}})
+	// Presence and frequency penalties at their limits keep this greedy
+	// answer from repeating a generated token (it does without them).
+	pen := generate(t, e, &Request{PromptIDs: prompt, Sampling: Sampling{MaxTokens: 30, IgnoreEOS: true, FrequencyPenalty: 2, PresencePenalty: 2}})
 	seen := map[int32]bool{}
 	for _, tok := range pen.tokens {
 		if seen[tok] {
-			t.Fatalf("frequency penalty 1000: token %d repeated in %v", tok, pen.tokens)
+			t.Fatalf("presence and frequency penalties 2: token %d repeated in %v", tok, pen.tokens)
 		}
 		seen[tok] = true
 	}
 	// The repetition penalty also covers the prompt: a prompt token whose
-	// logit is positive becomes less likely; with a huge penalty, none of
-	// the first tokens repeats a prompt token.
-	rep := generate(t, e, &Request{PromptIDs: prompt, Sampling: Sampling{MaxTokens: 3, IgnoreEOS: true, RepetitionPenalty: 1e6}})
+	// logit is positive becomes less likely; with the largest penalty, none
+	// of the first tokens repeats a prompt token.
+	rep := generate(t, e, &Request{PromptIDs: prompt, Sampling: Sampling{MaxTokens: 3, IgnoreEOS: true, RepetitionPenalty: 10}})
 	for _, tok := range rep.tokens {
 		if slices.Contains(prompt, tok) {
-			t.Errorf("repetition penalty 1e6: generated prompt token %d (%v)", tok, rep.tokens)
+			t.Errorf("repetition penalty 10: generated prompt token %d (%v)", tok, rep.tokens)
 		}
 	}
 
@@ -362,14 +363,14 @@ func TestSamplingControls(t *testing.T) {
 	found := false
 	for i := range 20 {
 		p := randomPrompt(rand.New(rand.NewPCG(uint64(i), 17)), f, 12)
-		a := generate(t, e, &Request{PromptIDs: p, Sampling: Sampling{MaxTokens: 16, IgnoreEOS: true, PresencePenalty: 1000}})
+		a := generate(t, e, &Request{PromptIDs: p, Sampling: Sampling{MaxTokens: 16, IgnoreEOS: true, PresencePenalty: 2}})
 		if !slices.ContainsFunc(a.tokens, func(tok int32) bool { return slices.Contains(p, tok) }) {
 			continue
 		}
 		found = true
-		b := generate(t, e, &Request{PromptIDs: p, Sampling: Sampling{MaxTokens: 16, IgnoreEOS: true, PresencePenalty: 1000, RepetitionPenalty: 1.0001}})
+		b := generate(t, e, &Request{PromptIDs: p, Sampling: Sampling{MaxTokens: 16, IgnoreEOS: true, PresencePenalty: 2, RepetitionPenalty: 1.0001}})
 		if !slices.Equal(a.tokens, b.tokens) {
-			t.Errorf("presence penalty with a repetition penalty of 1.0001 changed %v to %v (prompt %v)", a.tokens, b.tokens, p)
+			t.Errorf("presence penalty 2 with a repetition penalty of 1.0001 changed %v to %v (prompt %v)", a.tokens, b.tokens, p)
 		}
 		break
 	}

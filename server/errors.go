@@ -51,9 +51,12 @@ func notFound(code, format string, args ...any) *apiError {
 // errors, bad token ids, context overflow) or for load (queue full, closing).
 func asAPIError(err error) *apiError {
 	var ae *apiError
+	var se *engine.SamplingError
 	switch {
 	case errors.As(err, &ae):
 		return ae
+	case errors.As(err, &se):
+		return badRequest(se.Param, "%s", se)
 	case errors.Is(err, engine.ErrContextOverflow):
 		return newAPIError(http.StatusBadRequest, "invalid_request_error", "context_length_exceeded", "messages", "%v", err)
 	case errors.Is(err, engine.ErrQueueFull):
@@ -103,8 +106,16 @@ func writeOpenAIError(w http.ResponseWriter, err error) {
 	writeJSON(w, ae.status, map[string]any{"error": ae})
 }
 
+// ollamaParams are Ollama's names of the sampling parameters it spells
+// differently from OpenAI.
+var ollamaParams = map[string]string{"repetition_penalty": "repeat_penalty"}
+
 // writeOllamaError writes err as Ollama does: {"error": "message"}.
 func writeOllamaError(w http.ResponseWriter, err error) {
+	var se *engine.SamplingError
+	if errors.As(err, &se) && ollamaParams[se.Param] != "" {
+		err = &engine.SamplingError{Param: ollamaParams[se.Param], Reason: se.Reason}
+	}
 	ae := asAPIError(err)
 	writeJSON(w, ae.status, map[string]string{"error": ae.Message})
 }

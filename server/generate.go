@@ -12,7 +12,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kiln-llm/kiln/backend"
 	"github.com/kiln-llm/kiln/chat"
 	"github.com/kiln-llm/kiln/engine"
 )
@@ -35,33 +34,25 @@ type samplingFields struct {
 	N                 *int               `json:"n"`
 }
 
-// sampling merges a request's fields over the server defaults and checks
-// their ranges. maxTokens nil keeps the default.
+// sampling merges a request's fields over the server defaults. Their bounds
+// are engine.Sampling's, checked when the request is submitted; the checks
+// here are of the wire's own forms (n, top_k's -1, logit_bias keys) and of
+// values the engine reads as "unset" (top_p and max_tokens 0). maxTokens nil
+// keeps the default.
 func (s *Server) sampling(f *samplingFields, maxTokens *int) (engine.Sampling, error) {
 	sp := s.opts.Defaults
 	if f.N != nil && *f.N != 1 {
 		return sp, badRequest("n", "n must be 1: kiln returns one choice per request")
 	}
-	set := func(dst *float32, v *float32, name string, lo, hi float32) error {
-		if v == nil {
-			return nil
-		}
-		if math.IsNaN(float64(*v)) || *v < lo || *v > hi {
-			return badRequest(name, "%s must be between %g and %g, not %g", name, lo, hi, *v)
-		}
-		*dst = *v
-		return nil
-	}
-	for _, e := range []error{
-		set(&sp.Temperature, f.Temperature, "temperature", 0, 2),
-		set(&sp.TopP, f.TopP, "top_p", 0, 1),
-		set(&sp.MinP, f.MinP, "min_p", 0, 1),
-		set(&sp.PresencePenalty, f.PresencePenalty, "presence_penalty", -2, 2),
-		set(&sp.FrequencyPenalty, f.FrequencyPenalty, "frequency_penalty", -2, 2),
-		set(&sp.RepetitionPenalty, f.RepetitionPenalty, "repetition_penalty", 0, 10),
+	for _, v := range []struct {
+		dst *float32
+		v   *float32
+	}{
+		{&sp.Temperature, f.Temperature}, {&sp.TopP, f.TopP}, {&sp.MinP, f.MinP},
+		{&sp.PresencePenalty, f.PresencePenalty}, {&sp.FrequencyPenalty, f.FrequencyPenalty}, {&sp.RepetitionPenalty, f.RepetitionPenalty},
 	} {
-		if e != nil {
-			return sp, e
+		if v.v != nil {
+			*v.dst = *v.v
 		}
 	}
 	if f.TopP != nil && *f.TopP == 0 {
@@ -82,9 +73,6 @@ func (s *Server) sampling(f *samplingFields, maxTokens *int) (engine.Sampling, e
 		sp.Seed = &seed
 	}
 	if f.Stop != nil {
-		if len(f.Stop) > 16 {
-			return sp, badRequest("stop", "at most 16 stop strings, not %d", len(f.Stop))
-		}
 		sp.Stop = f.Stop
 	}
 	if len(f.LogitBias) > 0 {
@@ -93,9 +81,6 @@ func (s *Server) sampling(f *samplingFields, maxTokens *int) (engine.Sampling, e
 			id, err := strconv.ParseInt(k, 10, 32)
 			if err != nil || id < 0 {
 				return sp, badRequest("logit_bias", "logit_bias keys must be token ids, not %q", k)
-			}
-			if v < -100 || v > 100 {
-				return sp, badRequest("logit_bias", "logit_bias values must be between -100 and 100, not %g", v)
 			}
 			sp.LogitBias[int32(id)] = v
 		}
@@ -111,9 +96,6 @@ func (s *Server) sampling(f *samplingFields, maxTokens *int) (engine.Sampling, e
 }
 
 func (s *Server) setLogprobs(sp *engine.Sampling, on bool, top int) error {
-	if top < 0 || top > 20 {
-		return badRequest("top_logprobs", "top_logprobs must be between 0 and 20, not %d", top)
-	}
 	if top > 0 && !on {
 		return badRequest("top_logprobs", "top_logprobs requires logprobs")
 	}
@@ -207,7 +189,7 @@ func (g *generation) failure(ev engine.Event) error {
 type result struct {
 	text, reasoning strings.Builder
 	toolCalls       []chat.ToolCall
-	logprobs        []backend.Sampled
+	logprobs        []engine.Logprob
 	final           engine.Event
 }
 

@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/kiln-llm/kiln/backend"
 	"github.com/kiln-llm/kiln/chat"
 	"github.com/kiln-llm/kiln/engine"
 )
@@ -201,7 +200,7 @@ func (s *Server) chatResponse(res *result, c completionMeta, logprobs bool) chat
 // response started is sent as an {"error": ...} event.
 func (s *Server) streamChat(w http.ResponseWriter, g *generation, c completionMeta, includeUsage, logprobs bool) error {
 	sw := s.newStreamWriter(w, g, "text/event-stream")
-	chunk := func(d chunkDelta, finish string, lp []backend.Sampled) chatChunk {
+	chunk := func(d chunkDelta, finish string, lp []engine.Logprob) chatChunk {
 		ch := chunkChoice{Delta: d}
 		if finish != "" {
 			ch.FinishReason = &finish
@@ -533,7 +532,7 @@ func tokenBytes(s string) []int {
 	return b
 }
 
-func (s *Server) chatLogprobs(lp []backend.Sampled) *chatLogprobList {
+func (s *Server) chatLogprobs(lp []engine.Logprob) *chatLogprobList {
 	out := &chatLogprobList{Content: make([]chatLogprob, len(lp))}
 	for i, t := range lp {
 		text := s.tokenText(t.Token)
@@ -569,7 +568,7 @@ type textLogprobList struct {
 	TextOffset    []int                `json:"text_offset"`
 }
 
-func (s *Server) textLogprobs(lp []backend.Sampled) *textLogprobList {
+func (s *Server) textLogprobs(lp []engine.Logprob) *textLogprobList {
 	out := &textLogprobList{}
 	off := 0
 	for _, t := range lp {

@@ -165,6 +165,10 @@ func (f *modelFlags) load() (*loaded, error) {
 	}
 	d := cfg.Defaults
 	defaults := engine.Sampling{Temperature: d.Temperature, TopP: d.TopP, TopK: d.TopK, MinP: d.MinP, RepetitionPenalty: d.RepetitionPenalty}
+	if err := defaults.Validate(); err != nil {
+		eng.Close()
+		return nil, fmt.Errorf("the model's generation_config: %w", err)
+	}
 	eo := eng.Options()
 	slog.Info("model loaded", "model", name, "backend", b.Name(), "weights", humanBytes(m.WeightBytes()), "kv", kv,
 		"kv_memory", humanBytes(int64(eo.KVBlocks*eo.BlockSize)*m.KVBytesPerToken()), "kv_tokens", eo.KVBlocks*eo.BlockSize,
