@@ -4,55 +4,30 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/kiln-llm/kiln/backend"
-	"github.com/kiln-llm/kiln/backend/cpu"
 	"github.com/kiln-llm/kiln/chat"
-	"github.com/kiln-llm/kiln/model"
-	"github.com/kiln-llm/kiln/tokenizer"
+	"github.com/kiln-llm/kiln/internal/testmodel"
 )
 
-type fixtureModel struct {
-	m    *model.Model
-	tok  *tokenizer.Tokenizer
-	tmpl *chat.Template
+// loadFixture loads a fixture model with its own CPU backend (each engine
+// owns its model's caches).
+func loadFixture(t testing.TB, arch string) testmodel.Fixture {
+	return testmodel.Load(t, arch, testmodel.Options{})
 }
 
-// loadFixture loads a committed fixture model with its own CPU backend
-// (each engine owns its model's caches).
-func loadFixture(t testing.TB, arch string) fixtureModel {
-	t.Helper()
-	dir := filepath.Join("..", "testdata", "fixtures", arch)
-	m, err := model.Load(dir, cpu.New(cpu.Options{}), model.Options{})
-	if err != nil {
-		t.Fatalf("load %s: %v", arch, err)
-	}
-	tok, err := tokenizer.Load(dir)
-	if err != nil {
-		t.Fatalf("tokenizer %s: %v", arch, err)
-	}
-	tmpl, err := chat.LoadTemplate(os.DirFS(dir))
-	if err != nil {
-		t.Fatalf("template %s: %v", arch, err)
-	}
-	return fixtureModel{m, tok, tmpl}
-}
-
-func newEngine(t testing.TB, f fixtureModel, opts Options) *Engine {
+func newEngine(t testing.TB, f testmodel.Fixture, opts Options) *Engine {
 	t.Helper()
 	opts.checkAccounting = true
 	if opts.Logger == nil {
-		opts.Logger = slog.New(slog.DiscardHandler)
+		opts.Logger = testmodel.Logger()
 	}
-	e, err := New(f.m, f.tok, f.tmpl, opts)
+	e, err := New(f.Model, f.Tok, f.Tmpl, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,12 +73,12 @@ func generate(t testing.TB, e *Engine, req *Request) result {
 }
 
 // randomPrompt returns n ordinary (non-special) token ids.
-func randomPrompt(rng *rand.Rand, f fixtureModel, n int) []int32 {
+func randomPrompt(rng *rand.Rand, f testmodel.Fixture, n int) []int32 {
 	ids := make([]int32, n)
 	for i := range ids {
 		for {
-			ids[i] = int32(rng.IntN(f.m.Config().VocabSize))
-			if !f.tok.IsSpecial(ids[i]) {
+			ids[i] = int32(rng.IntN(f.Model.Config().VocabSize))
+			if !f.Tok.IsSpecial(ids[i]) {
 				break
 			}
 		}
@@ -111,12 +86,10 @@ func randomPrompt(rng *rand.Rand, f fixtureModel, n int) []int32 {
 	return ids
 }
 
-var allArchs = []string{"qwen3", "qwen3moe", "qwen3next", "qwen35", "qwen35moe"}
-
 // TestBatchInvariance: each request gives the same greedy tokens alone and
 // inside a batch of 16 requests that mixes prefill chunks with decoding.
 func TestBatchInvariance(t *testing.T) {
-	for _, arch := range allArchs {
+	for _, arch := range testmodel.Archs {
 		t.Run(arch, func(t *testing.T) {
 			t.Parallel()
 			alone := newEngine(t, loadFixture(t, arch), Options{NoCache: true, MaxRunning: 1})
@@ -174,7 +147,7 @@ func TestBatchInvariance(t *testing.T) {
 // MoE) or a state snapshot (hybrid) gives the tokens computed from scratch,
 // and reports the cached tokens.
 func TestCacheCorrectness(t *testing.T) {
-	for _, arch := range allArchs {
+	for _, arch := range testmodel.Archs {
 		t.Run(arch, func(t *testing.T) {
 			t.Parallel()
 			f := loadFixture(t, arch)
@@ -194,7 +167,7 @@ func TestCacheCorrectness(t *testing.T) {
 			// Everything but the answer's last token (never fed to the model)
 			// is cached; dense models reuse whole blocks only.
 			minCached := len(p1) + len(r1.tokens) - 1
-			if !f.m.Hybrid() {
+			if !f.Model.Hybrid() {
 				minCached = minCached / 16 * 16
 			}
 			if r2.usage.CachedTokens < minCached {
@@ -228,7 +201,7 @@ func TestCacheCorrectness(t *testing.T) {
 			if st := cached.Stats(); st.KVBlocksCached == 0 || st.KVBlocksCached != st.KVBlocksUsed {
 				t.Errorf("idle engine: %d blocks used, %d kept by the cache", st.KVBlocksUsed, st.KVBlocksCached)
 			}
-			if f.m.Hybrid() {
+			if f.Model.Hybrid() {
 				// Parent eviction: the conversations above hold one turn each
 				// (its prompt's and its answer's snapshots).
 				if st := cached.Stats(); st.StateSnapshots > 6 {
@@ -302,7 +275,7 @@ func testSampling(t *testing.T, overlap bool) {
 	// after, the stop string itself not emitted.
 	pieces := make([]string, len(greedy.tokens))
 	for i := range greedy.tokens {
-		pieces[i] = f.tok.Decode(greedy.tokens[i : i+1])
+		pieces[i] = f.Tok.Decode(greedy.tokens[i : i+1])
 	}
 	var stop string
 	var before string
@@ -394,7 +367,7 @@ func TestSamplingControls(t *testing.T) {
 	}
 }
 
-func randomPromptSeeded(f fixtureModel, i int, p []int32) []int32 {
+func randomPromptSeeded(f testmodel.Fixture, i int, p []int32) []int32 {
 	if i == 0 {
 		return p
 	}
@@ -415,14 +388,14 @@ func isASCII(s string) bool {
 func TestErrors(t *testing.T) {
 	f := loadFixture(t, "qwen3")
 	e := newEngine(t, f, Options{MaxQueue: 2, MaxRunning: 1, MaxBatchTokens: 8})
-	ctxLen := f.m.Config().ContextLength
+	ctxLen := f.Model.Config().ContextLength
 	if _, err := e.Generate(context.Background(), &Request{PromptIDs: make([]int32, ctxLen)}); !errors.Is(err, ErrContextOverflow) {
 		t.Errorf("prompt of the context length: %v", err)
 	}
 	if _, err := e.Generate(context.Background(), &Request{PromptIDs: []int32{1}, Prompt: "x"}); err == nil {
 		t.Error("two prompts accepted")
 	}
-	if _, err := e.Generate(context.Background(), &Request{PromptIDs: []int32{int32(f.m.Config().VocabSize)}}); err == nil {
+	if _, err := e.Generate(context.Background(), &Request{PromptIDs: []int32{int32(f.Model.Config().VocabSize)}}); err == nil {
 		t.Error("token outside the vocabulary accepted")
 	}
 	// Fill the queue with requests that cannot start: the running one is long.
@@ -465,7 +438,7 @@ func TestErrors(t *testing.T) {
 // called tools finishes with FinishToolCalls.
 func TestChatOutput(t *testing.T) {
 	f := loadFixture(t, "qwen3")
-	e := &Engine{m: f.m, tok: f.tok, tmpl: f.tmpl, cfg: f.m.Config(), opts: Options{KVBlocks: 4, Logger: slog.New(slog.DiscardHandler)}}
+	e := &Engine{m: f.Model, tok: f.Tok, tmpl: f.Tmpl, cfg: f.Model.Config(), opts: Options{KVBlocks: 4, Logger: testmodel.Logger()}}
 	if err := e.opts.setDefaults(); err != nil {
 		t.Fatal(err)
 	}
@@ -478,7 +451,7 @@ func TestChatOutput(t *testing.T) {
 	q.out = newStream(q.ctx)
 	q.stopWatch = func() bool { return true }
 	reply := "<think>\nlet me see\n</think>\n\nCalling.<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_call>"
-	for _, tok := range append(f.tok.Encode(reply), f.m.Config().EOS[0]) {
+	for _, tok := range append(f.Tok.Encode(reply), f.Model.Config().EOS[0]) {
 		s.emit(q, backend.Sampled{Token: tok})
 	}
 	var r result
@@ -570,13 +543,13 @@ func TestPrepareNextTurn(t *testing.T) {
 				if i == 0 {
 					// All but the new user message and the generation
 					// prompt, less a partial block.
-					text, err := f.tmpl.Render(&chat.RenderInput{Messages: next, AddGenerationPrompt: true})
+					text, err := f.Tmpl.Render(&chat.RenderInput{Messages: next, AddGenerationPrompt: true})
 					if err != nil {
 						t.Fatal(err)
 					}
-					total := len(f.tok.Encode(text))
+					total := len(f.Tok.Encode(text))
 					total2 = total
-					if want := total - len(f.tok.Encode("And the mountains?<|im_end|>\n<|im_start|>assistant\n")) - 16; c2.usage.CachedTokens < want {
+					if want := total - len(f.Tok.Encode("And the mountains?<|im_end|>\n<|im_start|>assistant\n")) - 16; c2.usage.CachedTokens < want {
 						t.Errorf("turn 2 cached %d of %d prompt tokens, want at least %d", c2.usage.CachedTokens, total, want)
 					}
 				}

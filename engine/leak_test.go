@@ -48,7 +48,7 @@ func randomizedRun(t *testing.T, arch string, requests int, overlap bool) {
 	ref.Close()
 
 	before := runtime.NumGoroutine()
-	e := newEngine(t, f, Options{BlockSize: 4, KVBlocks: 14, MaxRunning: 8, MaxBatchTokens: 24, SnapshotInterval: 8, StateMemory: int64(6 * max(f.m.SlotBytes(), 1)), overlap: overlap})
+	e := newEngine(t, f, Options{BlockSize: 4, KVBlocks: 14, MaxRunning: 8, MaxBatchTokens: 24, SnapshotInterval: 8, StateMemory: int64(6 * max(f.Model.SlotBytes(), 1)), overlap: overlap})
 	type job struct {
 		prompt, maxTokens int
 		cancelAfter       int // events read before cancelling; -1: never
