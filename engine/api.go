@@ -4,35 +4,21 @@ import (
 	"errors"
 	"fmt"
 	"time"
-
-	"github.com/kiln-llm/kiln/chat"
 )
 
-// Request is one generation. Exactly one of Messages, Prompt and PromptIDs is
-// set: Messages are rendered with the model's chat template, Prompt is
-// tokenized as is (completions), PromptIDs are used as given.
+// Request is one generation: the prompt's token ids and how to sample what
+// follows. Text, chat templates and tool calls are the session's (package
+// session); the engine gives back token ids, their text and why they ended.
 type Request struct {
-	Messages            []chat.Message
-	Tools               []chat.Tool
-	TemplateKwargs      map[string]any // extra template variables, e.g. enable_thinking
-	AddGenerationPrompt *bool          // nil: true for Messages
-	Prompt              string
-	PromptIDs           []int32
-
-	// ForceToolCall makes a Messages request's answer a tool call (OpenAI's
-	// tool_choice "required" or a named function): "*" for any of Tools,
-	// else the function's name. The prompt is extended with the start of a
-	// call in the template's format (after closing an opened <think>), which
-	// the output parser reads as if generated.
-	ForceToolCall string
+	Prompt   []int32
+	Sampling Sampling
 
 	// PrefillOnly computes the prompt into the caches and ends (FinishLength,
-	// no tokens), for a prompt that a later request will start with. While
-	// it waits for admission, the arrival of a request that starts with its
-	// prompt ends it (FinishCancelled).
+	// no tokens), for a prompt that a later request will start with. Such a
+	// request defers to every other: Generate refuses it with ErrBusy while
+	// requests wait, and while it waits for admission, the arrival of a
+	// request that starts with its prompt ends it (FinishCancelled).
 	PrefillOnly bool
-
-	Sampling Sampling
 }
 
 // Sampling holds a request's decoding parameters. The zero value is greedy
@@ -115,15 +101,13 @@ func (e *SamplingError) Error() string { return e.Param + " " + e.Reason }
 // set; it carries FinishReason and Usage (and Err when FinishReason is
 // FinishError).
 type Event struct {
-	Tokens    []int32         // the tokens this event covers
-	Text      string          // content delta
-	Reasoning string          // reasoning delta (inside <think>...</think>)
-	ToolCalls []chat.ToolCall // tool calls completed in this delta
-	Logprobs  []Logprob       // per token in Tokens, when asked for
-	Done      bool            //
-	Finish    FinishReason    //
-	Usage     *Usage          // on the final event
-	Err       error           // on the final event, with FinishError
+	Tokens   []int32   // the tokens this event covers
+	Text     string    // their text, less what may still be a stop string's start
+	Logprobs []Logprob // per token in Tokens, when asked for
+	Done     bool
+	Finish   FinishReason
+	Usage    *Usage // on the final event
+	Err      error  // on the final event, with FinishError
 }
 
 // Logprob is a generated token's log-probability under the model's
@@ -145,10 +129,9 @@ type TokenLogprob struct {
 type FinishReason string
 
 const (
-	FinishStop      FinishReason = "stop"       // end-of-sequence token or stop string
-	FinishLength    FinishReason = "length"     // MaxTokens or the context length reached
-	FinishToolCalls FinishReason = "tool_calls" // stopped after emitting tool calls
-	FinishCancelled FinishReason = "cancelled"  // the request's context was cancelled
+	FinishStop      FinishReason = "stop"      // end-of-sequence token or stop string
+	FinishLength    FinishReason = "length"    // MaxTokens or the context length reached
+	FinishCancelled FinishReason = "cancelled" // the request's context was cancelled
 	FinishError     FinishReason = "error"
 )
 
@@ -199,6 +182,8 @@ var (
 	ErrQueueFull = errors.New("request queue is full")
 	// ErrClosed: the engine is shutting down.
 	ErrClosed = errors.New("engine is closed")
+	// ErrBusy: a PrefillOnly request was submitted while others wait.
+	ErrBusy = errors.New("requests are waiting")
 	// ErrKVFull (a stream's Err): the sequence needs more KV blocks than
 	// the whole cache has, even running alone.
 	ErrKVFull = errors.New("the sequence does not fit in the KV cache")

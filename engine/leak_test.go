@@ -43,7 +43,7 @@ func randomizedRun(t *testing.T, arch string, requests int, overlap bool) {
 		p = append(p, randomPrompt(rng, f, rng.IntN(16))...)
 		p = p[:1+rng.IntN(len(p))]
 		prompts = append(prompts, p)
-		solo[i] = generate(t, ref, &Request{PromptIDs: p, Sampling: Sampling{MaxTokens: maxGen}}).tokens
+		solo[i] = generate(t, ref, &Request{Prompt: p, Sampling: Sampling{MaxTokens: maxGen}}).tokens
 	}
 	ref.Close()
 
@@ -61,7 +61,7 @@ func randomizedRun(t *testing.T, arch string, requests int, overlap bool) {
 		wg.Go(func() {
 			for j := range jobs {
 				ctx, cancel := context.WithCancel(context.Background())
-				st, err := e.Generate(ctx, &Request{PromptIDs: prompts[j.prompt], Sampling: Sampling{MaxTokens: j.maxTokens}})
+				st, err := e.Generate(ctx, &Request{Prompt: prompts[j.prompt], Sampling: Sampling{MaxTokens: j.maxTokens}})
 				if err != nil {
 					t.Error(err)
 					cancel()

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/kiln-llm/kiln/backend"
-	"github.com/kiln-llm/kiln/chat"
 	"github.com/kiln-llm/kiln/kvcache"
 	"github.com/kiln-llm/kiln/model"
 	"github.com/kiln-llm/kiln/tokenizer"
@@ -51,13 +50,10 @@ type seq struct {
 	stopIDs  map[int32]bool
 	rng      *rand.Rand
 
-	dec       *tokenizer.Decoder
-	parser    *chat.Parser
-	stop      stopMatcher
-	toolCalls bool
+	dec  *tokenizer.Decoder
+	stop stopMatcher
 
-	prefillOnly bool      // Request.PrefillOnly
-	turn        *chatTurn // a chat request's conversation, with Options.PrepareNextTurn
+	prefillOnly bool // Request.PrefillOnly
 }
 
 func (s *seq) pending() int { return len(s.tokens) - s.pos }
@@ -576,7 +572,7 @@ func (s *scheduler) finishWith(q *seq, reason FinishReason, err error, ev Event)
 			q.admitted = true
 		}
 	}
-	if q.table != nil && !s.e.opts.NoCache && (reason == FinishStop || reason == FinishLength || reason == FinishToolCalls) {
+	if q.table != nil && !s.e.opts.NoCache && (reason == FinishStop || reason == FinishLength) {
 		if s.hybrid {
 			s.snapshot(q, snapAnswer)
 		} else {
@@ -602,10 +598,6 @@ func (s *scheduler) finishWith(q *seq, reason FinishReason, err error, ev Event)
 		}
 	}
 	ev.Done, ev.Finish, ev.Usage, ev.Err = true, reason, u, err
-	if q.turn != nil && (reason == FinishStop || reason == FinishToolCalls || reason == FinishLength) {
-		s.e.nextTurns.Add(1)
-		go s.e.prepareNextTurn(q.turn)
-	}
 	if !q.prefillOnly {
 		s.completed++
 	}

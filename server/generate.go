@@ -14,6 +14,7 @@ import (
 
 	"github.com/kiln-llm/kiln/chat"
 	"github.com/kiln-llm/kiln/engine"
+	"github.com/kiln-llm/kiln/session"
 )
 
 // samplingFields are the decoding parameters OpenAI-style requests share
@@ -117,21 +118,21 @@ func thinkingKwargs(kwargs map[string]any, on bool) map[string]any {
 type generation struct {
 	ctx    context.Context
 	cancel context.CancelFunc
-	events <-chan engine.Event // the engine stream's events
-	log    *slog.Logger        // nil: no log line
-	final  engine.Event
+	read   func() session.Event // the stream's next event (session.Stream.Next)
+	log    *slog.Logger         // nil: no log line
+	final  session.Event
 }
 
 // start submits req under the request's context, bounded by the server's
 // request timeout. The caller must call close.
-func (s *Server) start(r *http.Request, req *engine.Request) (*generation, error) {
+func (s *Server) start(r *http.Request, req *session.Request) (*generation, error) {
 	ctx, cancel := context.WithTimeout(r.Context(), s.opts.RequestTimeout)
-	st, err := s.eng.Generate(ctx, req)
+	st, err := s.sess.Generate(ctx, req)
 	if err != nil {
 		cancel()
 		return nil, err
 	}
-	return &generation{ctx: ctx, cancel: cancel, events: st.Events(), log: s.log}, nil
+	return &generation{ctx: ctx, cancel: cancel, read: st.Next, log: s.log}, nil
 }
 
 // close cancels the request if it is still running, which makes the engine
@@ -146,17 +147,9 @@ func (g *generation) close() {
 		"completion_tokens", u.CompletionTokens, "ttft", u.TTFT.Round(time.Microsecond), "decode_tok_s", math.Round(u.DecodeTokensPerS*10)/10)
 }
 
-// next returns the stream's next event; a stream that ends without a final
-// event reads as an engine error.
-func (g *generation) next() engine.Event {
-	ev, ok := <-g.events
-	switch {
-	case !ok && g.ctx.Err() != nil:
-		// Once cancelled, the engine may drop the final event.
-		ev = engine.Event{Done: true, Finish: engine.FinishCancelled}
-	case !ok:
-		ev = engine.Event{Done: true, Finish: engine.FinishError, Err: errors.New("the engine ended the stream without a final event")}
-	}
+// next returns the stream's next event.
+func (g *generation) next() session.Event {
+	ev := g.read()
 	if ev.Done {
 		g.final = ev
 	}
@@ -164,7 +157,7 @@ func (g *generation) next() engine.Event {
 }
 
 // failure is the error a final event reports, nil when it finished normally.
-func (g *generation) failure(ev engine.Event) error {
+func (g *generation) failure(ev session.Event) error {
 	switch ev.Finish {
 	case engine.FinishCancelled:
 		if g.ctx.Err() != nil {
@@ -190,7 +183,7 @@ type result struct {
 	text, reasoning strings.Builder
 	toolCalls       []chat.ToolCall
 	logprobs        []engine.Logprob
-	final           engine.Event
+	final           session.Event
 }
 
 // collect reads the whole stream.
@@ -210,7 +203,7 @@ func (g *generation) collect() (*result, error) {
 }
 
 // usage returns the final event's usage, never nil.
-func usageOf(ev engine.Event) engine.Usage {
+func usageOf(ev session.Event) engine.Usage {
 	if ev.Usage == nil {
 		return engine.Usage{}
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kiln-llm/kiln/engine"
 	"github.com/kiln-llm/kiln/internal/testmodel"
+	"github.com/kiln-llm/kiln/session"
 	"github.com/kiln-llm/kiln/tokenizer"
 )
 
@@ -22,17 +23,19 @@ import (
 // and thinking render as they do for hub models.
 const testModel = "kiln-test"
 
-// newEngine loads the test model on the CPU backend.
-func newEngine(t testing.TB, opts engine.Options) (*engine.Engine, *tokenizer.Tokenizer, int) {
+// newSession loads the test model on the CPU backend and starts its engine
+// and session.
+func newSession(t testing.TB, opts engine.Options) (*session.Session, *tokenizer.Tokenizer, int) {
 	t.Helper()
 	opts.Logger = testmodel.Logger()
 	f := testmodel.Load(t, "qwen3", testmodel.Options{ChatTemplate: "qwen3.jinja", Threads: 2})
-	e, err := engine.New(f.Model, f.Tok, f.Tmpl, opts)
+	e, err := engine.New(f.Model, f.Tok, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { e.Close() })
-	return e, f.Tok, f.Model.Config().ContextLength
+	s := session.New(e, f.Tok, f.Tmpl, session.Options{Logger: opts.Logger})
+	t.Cleanup(func() { s.Close() })
+	return s, f.Tok, f.Model.Config().ContextLength
 }
 
 // testServer is a server listening on a loopback port and a Unix socket.
@@ -46,12 +49,12 @@ type testServer struct {
 
 func startServer(t testing.TB, opts Options, eopts engine.Options) *testServer {
 	t.Helper()
-	eng, tok, ctxLen := newEngine(t, eopts)
+	sess, tok, ctxLen := newSession(t, eopts)
 	opts.ModelName = testModel
 	opts.Logger = testmodel.Logger()
 	opts.ContextLength = ctxLen
 	opts.TokenText = func(id int32) string { return tok.Decode([]int32{id}) }
-	srv := New(eng, opts)
+	srv := New(sess, opts)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -76,7 +79,7 @@ func startServer(t testing.TB, opts Options, eopts engine.Options) *testServer {
 			t.Errorf("shutdown: %v", err)
 		}
 	})
-	return &testServer{srv: srv, eng: eng, tok: tok, url: "http://" + l.Addr().String(), sock: sock}
+	return &testServer{srv: srv, eng: sess.Engine(), tok: tok, url: "http://" + l.Addr().String(), sock: sock}
 }
 
 // client returns an openai-go client of the TCP listener.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kiln-llm/kiln/chat"
 	"github.com/kiln-llm/kiln/engine"
+	"github.com/kiln-llm/kiln/session"
 )
 
 // chatRequest is the body of POST /v1/chat/completions.
@@ -73,7 +74,7 @@ func convertMessages(in []wireMessage) ([]chat.Message, error) {
 
 // selectTools applies tool_choice. "none" drops the tools; "auto" keeps them
 // all; "required" keeps them and forces a call ("*"); a named function keeps
-// only that tool and forces a call of it (engine.Request.ForceToolCall). The
+// only that tool and forces a call of it (session.Request.ForceToolCall). The
 // answer then begins with a call; its arguments are the model's, not checked
 // against the schema.
 func selectTools(tools []json.RawMessage, choice json.RawMessage) ([]chat.Tool, string, error) {
@@ -162,7 +163,7 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) error {
 	if err := s.setLogprobs(&sp, req.Logprobs, top); err != nil {
 		return err
 	}
-	g, err := s.start(r, &engine.Request{Messages: msgs, Tools: tools, ForceToolCall: force, TemplateKwargs: req.ChatTemplateKwargs, Sampling: sp})
+	g, err := s.start(r, &session.Request{Messages: msgs, Tools: tools, ForceToolCall: force, TemplateKwargs: req.ChatTemplateKwargs, Sampling: sp})
 	if err != nil {
 		return err
 	}
@@ -338,7 +339,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) error {
 	if err := s.setLogprobs(&sp, req.Logprobs != nil, top); err != nil {
 		return err
 	}
-	g, err := s.start(r, &engine.Request{Prompt: text, PromptIDs: ids, Sampling: sp})
+	g, err := s.start(r, &session.Request{Prompt: text, PromptIDs: ids, Sampling: sp})
 	if err != nil {
 		ae := asAPIError(err)
 		if ae.Code != nil && *ae.Code == "context_length_exceeded" {
@@ -433,7 +434,7 @@ type wireUsage struct {
 	} `json:"prompt_tokens_details"`
 }
 
-func wireUsageOf(ev engine.Event) wireUsage {
+func wireUsageOf(ev session.Event) wireUsage {
 	u := usageOf(ev)
 	w := wireUsage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, TotalTokens: u.PromptTokens + u.CompletionTokens}
 	w.PromptTokensDetails.CachedTokens = u.CachedTokens

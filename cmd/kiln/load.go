@@ -16,6 +16,7 @@ import (
 	"github.com/kiln-llm/kiln/engine"
 	"github.com/kiln-llm/kiln/gguf"
 	"github.com/kiln-llm/kiln/model"
+	"github.com/kiln-llm/kiln/session"
 	"github.com/kiln-llm/kiln/tokenizer"
 )
 
@@ -28,8 +29,8 @@ type modelFlags struct {
 	kvMiB      int64
 	kv         string
 	quantize   string
-	// conversations: the command serves multi-turn chats, so the engine
-	// prepares each chat's next turn (engine.Options.PrepareNextTurn); not
+	// conversations: the command serves multi-turn chats, so the session
+	// prepares each chat's next turn (session.Options.PrepareNextTurn); not
 	// for a one-shot kiln run, which would wait for it before exiting.
 	conversations bool
 }
@@ -53,7 +54,7 @@ type loaded struct {
 	// defaults are the model's generation_config sampling parameters.
 	defaults engine.Sampling
 	tok      *tokenizer.Tokenizer
-	eng      *engine.Engine
+	sess     *session.Session
 }
 
 // demoName is the embedded demo model's name in the API.
@@ -90,7 +91,7 @@ func (f *modelFlags) load() (*loaded, error) {
 	if f.maxTokens > 0 && f.maxRunning > f.maxTokens {
 		return nil, fmt.Errorf("--max-running %d exceeds --max-batch-tokens %d: every running sequence needs a token per step", f.maxRunning, f.maxTokens)
 	}
-	opts := engine.Options{MaxRunning: f.maxRunning, MaxBatchTokens: f.maxTokens, KVMemory: f.kvMiB << 20, PrepareNextTurn: f.conversations}
+	opts := engine.Options{MaxRunning: f.maxRunning, MaxBatchTokens: f.maxTokens, KVMemory: f.kvMiB << 20}
 	if opts.MaxBatchTokens == 0 && f.maxRunning > 256 {
 		opts.MaxBatchTokens = f.maxRunning // every running sequence needs a token per step
 	}
@@ -154,7 +155,7 @@ func (f *modelFlags) load() (*loaded, error) {
 			opts.MaxBatchTokens = 2048
 		}
 	}
-	eng, err := engine.New(m, tok, tmpl, opts)
+	eng, err := engine.New(m, tok, opts)
 	if err != nil {
 		return nil, fmt.Errorf("starting the engine: %w", err)
 	}
@@ -174,7 +175,8 @@ func (f *modelFlags) load() (*loaded, error) {
 		"kv_memory", humanBytes(int64(eo.KVBlocks*eo.BlockSize)*m.KVBytesPerToken()), "kv_tokens", eo.KVBlocks*eo.BlockSize,
 		"state_per_sequence", humanBytes(int64(m.SlotBytes())),
 		"context", cfg.ContextLength, "took", time.Since(start).Round(time.Millisecond))
-	return &loaded{name: name, dir: dir, backend: b.Name(), ctxLen: cfg.ContextLength, defaults: defaults, tok: tok, eng: eng}, nil
+	sess := session.New(eng, tok, tmpl, session.Options{PrepareNextTurn: f.conversations})
+	return &loaded{name: name, dir: dir, backend: b.Name(), ctxLen: cfg.ContextLength, defaults: defaults, tok: tok, sess: sess}, nil
 }
 
 // loadText returns the tokenizer and chat template of the model at path.

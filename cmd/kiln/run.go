@@ -21,6 +21,7 @@ import (
 	"github.com/kiln-llm/kiln/chat"
 	"github.com/kiln-llm/kiln/engine"
 	"github.com/kiln-llm/kiln/server"
+	"github.com/kiln-llm/kiln/session"
 )
 
 func init() {
@@ -185,16 +186,16 @@ type localAnswerer struct {
 	lm *loaded
 }
 
-func (a *localAnswerer) close() { a.lm.eng.Close() }
+func (a *localAnswerer) close() { a.lm.sess.Close() }
 
 func (a *localAnswerer) answer(ctx context.Context, t *turn, out func(text, reasoning string)) (answerStats, error) {
-	sp := a.c.sampling(a.lm.defaults)
-	st, err := a.lm.eng.Generate(ctx, &engine.Request{Messages: t.messages,
-		TemplateKwargs: map[string]any{"enable_thinking": t.think}, Sampling: sp})
+	st, err := a.lm.sess.Generate(ctx, &session.Request{Messages: t.messages,
+		TemplateKwargs: map[string]any{"enable_thinking": t.think}, Sampling: a.c.sampling(a.lm.defaults)})
 	if err != nil {
 		return answerStats{}, err
 	}
-	for ev := range st.Events() {
+	for {
+		ev := st.Next()
 		if ev.Text != "" || ev.Reasoning != "" {
 			out(ev.Text, ev.Reasoning)
 		}
@@ -213,10 +214,6 @@ func (a *localAnswerer) answer(ctx context.Context, t *turn, out func(text, reas
 		}
 		return s, nil
 	}
-	if err := ctx.Err(); err != nil {
-		return answerStats{}, err
-	}
-	return answerStats{}, errors.New("the engine ended the answer without finishing it")
 }
 
 // daemonAnswerer sends the conversation to the daemon's chat completions
