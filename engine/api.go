@@ -12,6 +12,8 @@ import (
 type Request struct {
 	Prompt   []int32
 	Sampling Sampling
+	// Mask, when set, constrains which tokens the request may generate.
+	Mask TokenMask
 
 	// PrefillOnly computes the prompt into the caches and ends (FinishLength,
 	// no tokens), for a prompt that a later request will start with. Such a
@@ -19,6 +21,21 @@ type Request struct {
 	// requests wait, and while it waits for admission, the arrival of a
 	// request that starts with its prompt ends it (FinishCancelled).
 	PrefillOnly bool
+}
+
+// TokenMask constrains a request's tokens: the hook of constrained decoding
+// (a JSON schema, a tool call's grammar), which the session builds from a
+// request and hands the engine. The engine samples each token from the
+// allowed ones only, after penalties and bias, as if the others had no
+// probability.
+type TokenMask interface {
+	// Allowed returns the tokens that may follow generated, the tokens the
+	// request has generated so far: nil allows any, an empty list none
+	// (the request then ends with FinishError). It is called on the
+	// scheduler goroutine before each token sampled for the request, so it
+	// must be quick and must not keep generated; after a preemption the
+	// same prefixes may be asked again.
+	Allowed(generated []int32) []int32
 }
 
 // Sampling holds a request's decoding parameters. The zero value is greedy
@@ -184,6 +201,9 @@ var (
 	ErrClosed = errors.New("engine is closed")
 	// ErrBusy: a PrefillOnly request was submitted while others wait.
 	ErrBusy = errors.New("requests are waiting")
+	// ErrMaskEmpty (a stream's Err): the request's TokenMask allowed no
+	// token.
+	ErrMaskEmpty = errors.New("the token mask allows no token")
 	// ErrKVFull (a stream's Err): the sequence needs more KV blocks than
 	// the whole cache has, even running alone.
 	ErrKVFull = errors.New("the sequence does not fit in the KV cache")

@@ -256,6 +256,7 @@ func (e *Engine) prepare(req *Request) (*seq, error) {
 		return nil, fmt.Errorf("%w: %d prompt tokens, context %d", ErrContextOverflow, len(ids), e.cfg.ContextLength)
 	}
 	s := &seq{
+		mask:        req.Mask,
 		prefillOnly: req.PrefillOnly,
 		tokens:      append(make([]int32, 0, len(ids)+64), ids...),
 		nPrompt:     len(ids),

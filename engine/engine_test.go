@@ -529,3 +529,71 @@ func TestSmallTokenBudget(t *testing.T) {
 		t.Errorf("times: passes %v, decode-only %v, host %v", st.StepTime, st.DecodeStepTime, st.HostTime)
 	}
 }
+
+// maskFunc is a TokenMask of a function.
+type maskFunc func(generated []int32) []int32
+
+func (f maskFunc) Allowed(generated []int32) []int32 { return f(generated) }
+
+// A TokenMask decides every token of its request, sampled or greedy, alone
+// or beside unconstrained requests, and sees exactly the tokens generated
+// so far; a mask that allows nothing ends its request with ErrMaskEmpty.
+func TestTokenMask(t *testing.T) {
+	f := loadFixture(t, "qwen3")
+	e := newEngine(t, f, Options{overlap: true})
+	rng := rand.New(rand.NewPCG(13, 14))
+	prompt := randomPrompt(rng, f, 20)
+	// After an even number of tokens 5, else 7 or 9; the answer must be the
+	// constrained tokens, whatever the model prefers.
+	var seen [][]int32
+	mask := maskFunc(func(gen []int32) []int32 {
+		seen = append(seen, slices.Clone(gen))
+		if len(gen)%2 == 0 {
+			return []int32{5}
+		}
+		return []int32{7, 9}
+	})
+	seed := uint64(3)
+	free := generate(t, e, &Request{Prompt: prompt, Sampling: Sampling{MaxTokens: 8, IgnoreEOS: true}})
+	for _, sp := range []Sampling{{MaxTokens: 8, IgnoreEOS: true}, {MaxTokens: 8, IgnoreEOS: true, Temperature: 1, Seed: &seed}} {
+		seen = nil
+		beside, err := e.Generate(context.Background(), &Request{Prompt: prompt, Sampling: Sampling{MaxTokens: 8, IgnoreEOS: true}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		var other result
+		wg.Go(func() { other = collect(beside) })
+		r := generate(t, e, &Request{Prompt: prompt, Sampling: sp, Mask: mask})
+		wg.Wait()
+		for i, tok := range r.tokens {
+			if i%2 == 0 && tok != 5 || i%2 == 1 && tok != 7 && tok != 9 {
+				t.Errorf("temperature %g: token %d is %d, outside the mask (%v)", sp.Temperature, i, tok, r.tokens)
+			}
+		}
+		if len(r.tokens) != 8 || len(seen) != 8 {
+			t.Errorf("temperature %g: %d tokens, the mask asked %d times", sp.Temperature, len(r.tokens), len(seen))
+		}
+		for i, gen := range seen {
+			if !slices.Equal(gen, r.tokens[:i]) {
+				t.Errorf("temperature %g: mask call %d saw %v, generated %v", sp.Temperature, i, gen, r.tokens)
+			}
+		}
+		if !slices.Equal(other.tokens, free.tokens) {
+			t.Errorf("an unconstrained request beside it: %v, alone %v", other.tokens, free.tokens)
+		}
+	}
+	none := maskFunc(func(gen []int32) []int32 {
+		if len(gen) < 2 {
+			return nil
+		}
+		return []int32{}
+	})
+	st, err := e.Generate(context.Background(), &Request{Prompt: prompt, Sampling: Sampling{MaxTokens: 8, IgnoreEOS: true}, Mask: none})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := collect(st); r.finish != FinishError || !errors.Is(r.err, ErrMaskEmpty) || !slices.Equal(r.tokens, free.tokens[:2]) {
+		t.Errorf("a mask that allows nothing after 2 tokens: %v %v, tokens %v (free %v)", r.finish, r.err, r.tokens, free.tokens)
+	}
+}

@@ -49,6 +49,8 @@ type seq struct {
 	inPrompt map[int32]bool
 	stopIDs  map[int32]bool
 	rng      *rand.Rand
+	mask     TokenMask // Request.Mask
+	masked   bool      // the mask allowed no token for the last sample
 
 	dec  *tokenizer.Decoder
 	stop stopMatcher
@@ -422,6 +424,10 @@ func (s *scheduler) step() {
 		if q.done {
 			continue
 		}
+		if q.masked {
+			s.finish(q, FinishError, ErrMaskEmpty)
+			continue
+		}
 		if ends := q.accept(sampled[i].Token); ends || !s.overlap {
 			// Emitted now: an ending sequence's slot and blocks are free for
 			// the next pass, and its client hears of it at once.
@@ -505,9 +511,45 @@ func (s *scheduler) forward(seqs []model.Seq, rows []*seq) ([]backend.Sampled, e
 				p.Counts = append(p.Counts, backend.TokenCount{Token: t, Prompt: true})
 			}
 		}
+		if q.mask != nil {
+			p.Bias = s.maskBias(q, p.Bias)
+		}
 		params[i] = p
 	}
 	return s.m.Sample(logits, params)
+}
+
+// maskedLogit is added to the logit of a token a mask excludes: far below
+// any logit, finite so that no sampler meets -Inf - -Inf.
+const maskedLogit = -1e30
+
+// maskBias returns bias extended by q's mask: every token the mask does not
+// allow gets maskedLogit. A bias entry per excluded token is the general
+// form every backend's sampler takes already; a backend mask (a bit per
+// token) would move less when constrained decoding is common.
+func (s *scheduler) maskBias(q *seq, bias []backend.TokenBias) []backend.TokenBias {
+	allowed := q.mask.Allowed(q.tokens[q.nPrompt:])
+	if allowed == nil {
+		return bias
+	}
+	V := s.e.cfg.VocabSize
+	ok := make([]bool, V)
+	n := 0
+	for _, t := range allowed {
+		if t >= 0 && int(t) < V && !ok[t] {
+			ok[t] = true
+			n++
+		}
+	}
+	q.masked = n == 0
+	out := make([]backend.TokenBias, len(bias), len(bias)+V-n)
+	copy(out, bias)
+	for t := range V {
+		if !ok[t] {
+			out = append(out, backend.TokenBias{Token: int32(t), Bias: maskedLogit})
+		}
+	}
+	return out
 }
 
 // flush emits the held tokens of the last pass.

@@ -9,6 +9,12 @@
 // the engine's scheduler only detokenizes. When an answer ends, the
 // conversation is rendered as its next turn will render it and prefilled
 // into the engine's caches (Options.PrepareNextTurn).
+//
+// Constrained decoding plugs in at Generate: a grammar the session builds
+// from a request (a JSON schema, the tools' call format) becomes the
+// engine.Request's Mask (engine.TokenMask), which the engine asks for the
+// tokens allowed after those generated so far; the constrained text comes
+// back through the same parser.
 package session
 
 import (
