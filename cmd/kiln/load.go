@@ -71,9 +71,10 @@ func (l *loaded) regularVocab() int {
 	return n
 }
 
-// load opens the model directory (or the demo model), its tokenizer and
-// chat template, and starts an engine on the chosen backend. A progress bar
-// shows on stderr while weights load, when stderr is a terminal.
+// load opens the model (a directory, a GGUF file or the demo model), its
+// tokenizer and chat template, and starts an engine and its session on the
+// chosen backend. A progress bar shows on stderr while weights load, when
+// stderr is a terminal.
 func (f *modelFlags) load() (*loaded, error) {
 	// The engine refuses these too, but by printing its whole Options.
 	for _, v := range []struct {

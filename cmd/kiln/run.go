@@ -180,7 +180,7 @@ func defaultSocket() (string, error) {
 	return filepath.Join(dir, "kiln.sock"), nil
 }
 
-// localAnswerer runs the engine in this process.
+// localAnswerer runs the model in this process, through a session.
 type localAnswerer struct {
 	c  *clientFlags
 	lm *loaded
