@@ -8,9 +8,12 @@
 // buffers the backend owns, so that a step's operations depend only on device
 // memory and can be captured once and replayed (see Graph).
 //
-// Activations at this interface are float32 or of the backend's
-// ActivationType; weights may be bf16, f16, f32 or block-quantized.
-// A Backend is used by one goroutine at a time.
+// Activations at this interface are float32 where precision matters (the
+// residual stream, router inputs, logits) and of the backend's
+// ActivationType where they only feed matrix products (bf16 on CUDA); the
+// KV cache is of the dtype it was made with (KVSpec); weights may be bf16,
+// f16, f32 or block-quantized (quant.go). A Backend is used by one
+// goroutine at a time.
 package backend
 
 import "fmt"
@@ -386,8 +389,9 @@ type Backend interface {
 	// ActivationType.
 	RMSNorm(out, x, w Tensor, eps float32, unitOffset bool)
 	// MatMul computes out[n,o] = sum_i x[n,i] * w[o,i], adding to out when
-	// accumulate. x is f32 or of ActivationType, w any float dtype; out is
-	// f32, or of ActivationType when not accumulating.
+	// accumulate. x is f32 or of ActivationType, w any weight dtype (float
+	// or block-quantized); out is f32, or of ActivationType when not
+	// accumulating.
 	MatMul(out, x, w Tensor, accumulate bool)
 	// MLP adds to out [T, H] the SwiGLU feed-forward of x [T, H]:
 	// down(silu(x . gate^T) * (x . up^T)) with gateUp [2I, H] = [gate | up]

@@ -2,50 +2,54 @@ package engine
 
 import (
 	"errors"
+	"fmt"
 	"time"
-
-	"github.com/kiln-llm/kiln/backend"
-	"github.com/kiln-llm/kiln/chat"
 )
 
-// Request is one generation. Exactly one of Messages, Prompt and PromptIDs is
-// set: Messages are rendered with the model's chat template, Prompt is
-// tokenized as is (completions), PromptIDs are used as given.
+// Request is one generation: the prompt's token ids and how to sample what
+// follows. Text, chat templates and tool calls are the session's (package
+// session); the engine gives back token ids, their text and why they ended.
 type Request struct {
-	Messages            []chat.Message
-	Tools               []chat.Tool
-	TemplateKwargs      map[string]any // extra template variables, e.g. enable_thinking
-	AddGenerationPrompt *bool          // nil: true for Messages
-	Prompt              string
-	PromptIDs           []int32
-
-	// ForceToolCall makes a Messages request's answer a tool call (OpenAI's
-	// tool_choice "required" or a named function): "*" for any of Tools,
-	// else the function's name. The prompt is extended with the start of a
-	// call in the template's format (after closing an opened <think>), which
-	// the output parser reads as if generated.
-	ForceToolCall string
+	Prompt   []int32
+	Sampling Sampling
+	// Mask, when set, constrains which tokens the request may generate.
+	Mask TokenMask
 
 	// PrefillOnly computes the prompt into the caches and ends (FinishLength,
-	// no tokens), for a prompt that a later request will start with. While
-	// it waits for admission, the arrival of a request that starts with its
-	// prompt ends it (FinishCancelled).
+	// no tokens), for a prompt that a later request will start with. Such a
+	// request defers to every other: Generate refuses it with ErrBusy while
+	// requests wait, and while it waits for admission, the arrival of a
+	// request that starts with its prompt ends it (FinishCancelled).
 	PrefillOnly bool
+}
 
-	Sampling Sampling
+// TokenMask constrains a request's tokens: the hook of constrained decoding
+// (a JSON schema, a tool call's grammar), which the session builds from a
+// request and hands the engine. The engine samples each token from the
+// allowed ones only, after penalties and bias, as if the others had no
+// probability.
+type TokenMask interface {
+	// Allowed returns the tokens that may follow generated, the tokens the
+	// request has generated so far: nil allows any, an empty list none
+	// (the request then ends with FinishError). It is called on the
+	// scheduler goroutine before each token sampled for the request, so it
+	// must be quick and must not keep generated; after a preemption the
+	// same prefixes may be asked again.
+	Allowed(generated []int32) []int32
 }
 
 // Sampling holds a request's decoding parameters. The zero value is greedy
-// decoding up to the context length.
+// decoding up to the context length. Validate holds their bounds; Generate
+// refuses a request outside them.
 type Sampling struct {
-	Temperature       float32
-	TopK              int
-	TopP              float32
+	Temperature       float32 // 0: greedy
+	TopK              int     // 0: no limit
+	TopP              float32 // 0 or 1: no limit
 	MinP              float32
 	Seed              *uint64 // nil: a random seed
 	PresencePenalty   float32
 	FrequencyPenalty  float32
-	RepetitionPenalty float32
+	RepetitionPenalty float32 // 0 or 1: none
 	LogitBias         map[int32]float32
 	MaxTokens         int      // 0: until the context is full
 	Stop              []string // stop strings, matched across token boundaries and not emitted
@@ -55,29 +59,96 @@ type Sampling struct {
 	TopLogprobs       int
 }
 
+// MaxStops is the most stop strings a request may set.
+const MaxStops = 16
+
+// Validate checks the parameters against their bounds: OpenAI's API ranges
+// (vLLM's for top_k, min_p and repetition_penalty). These are the only
+// bounds on the way from a client to the sampler; an error is a
+// *SamplingError naming the parameter as the API spells it. Token ids are
+// checked against the model's vocabulary by Generate.
+func (sp *Sampling) Validate() error {
+	for _, f := range []struct {
+		name      string
+		v, lo, hi float32
+	}{
+		{"temperature", sp.Temperature, 0, 2},
+		{"top_p", sp.TopP, 0, 1},
+		{"min_p", sp.MinP, 0, 1},
+		{"presence_penalty", sp.PresencePenalty, -2, 2},
+		{"frequency_penalty", sp.FrequencyPenalty, -2, 2},
+		{"repetition_penalty", sp.RepetitionPenalty, 0, 10},
+	} {
+		if !(f.v >= f.lo && f.v <= f.hi) { // NaN too
+			return &SamplingError{f.name, fmt.Sprintf("must be between %g and %g, not %g", f.lo, f.hi, f.v)}
+		}
+	}
+	for t, b := range sp.LogitBias {
+		if !(b >= -100 && b <= 100) {
+			return &SamplingError{"logit_bias", fmt.Sprintf("values must be between -100 and 100, not %g (token %d)", b, t)}
+		}
+	}
+	switch {
+	case sp.TopK < 0:
+		return &SamplingError{"top_k", fmt.Sprintf("must be at least 0, not %d", sp.TopK)}
+	case sp.MaxTokens < 0:
+		return &SamplingError{"max_tokens", fmt.Sprintf("must be at least 0, not %d", sp.MaxTokens)}
+	case sp.TopLogprobs < 0 || sp.TopLogprobs > 20:
+		return &SamplingError{"top_logprobs", fmt.Sprintf("must be between 0 and 20, not %d", sp.TopLogprobs)}
+	case len(sp.Stop) > MaxStops:
+		return &SamplingError{"stop", fmt.Sprintf("takes at most %d strings, not %d", MaxStops, len(sp.Stop))}
+	}
+	for _, s := range sp.Stop {
+		if s == "" {
+			return &SamplingError{"stop", "must not hold an empty string"}
+		}
+	}
+	return nil
+}
+
+// SamplingError is a sampling parameter outside its bounds.
+type SamplingError struct {
+	Param  string // as the OpenAI API spells it: temperature, top_p, ...
+	Reason string // "must be between 0 and 2, not 5"
+}
+
+func (e *SamplingError) Error() string { return e.Param + " " + e.Reason }
+
 // Event is one step of a Stream. A stream ends with one event whose Done is
 // set; it carries FinishReason and Usage (and Err when FinishReason is
 // FinishError).
 type Event struct {
-	Tokens    []int32           // the tokens this event covers
-	Text      string            // content delta
-	Reasoning string            // reasoning delta (inside <think>...</think>)
-	ToolCalls []chat.ToolCall   // tool calls completed in this delta
-	Logprobs  []backend.Sampled // per token in Tokens, when asked for
-	Done      bool              //
-	Finish    FinishReason      //
-	Usage     *Usage            // on the final event
-	Err       error             // on the final event, with FinishError
+	Tokens   []int32   // the tokens this event covers
+	Text     string    // their text, less what may still be a stop string's start
+	Logprobs []Logprob // per token in Tokens, when asked for
+	Done     bool
+	Finish   FinishReason
+	Usage    *Usage // on the final event
+	Err      error  // on the final event, with FinishError
+}
+
+// Logprob is a generated token's log-probability under the model's
+// distribution after penalties and bias, before temperature, with the most
+// likely alternatives when asked for.
+type Logprob struct {
+	Token   int32
+	Logprob float32
+	Top     []TokenLogprob
+}
+
+// TokenLogprob pairs a token with its log-probability.
+type TokenLogprob struct {
+	Token   int32
+	Logprob float32
 }
 
 // FinishReason says why a stream ended.
 type FinishReason string
 
 const (
-	FinishStop      FinishReason = "stop"       // end-of-sequence token or stop string
-	FinishLength    FinishReason = "length"     // MaxTokens or the context length reached
-	FinishToolCalls FinishReason = "tool_calls" // stopped after emitting tool calls
-	FinishCancelled FinishReason = "cancelled"  // the request's context was cancelled
+	FinishStop      FinishReason = "stop"      // end-of-sequence token or stop string
+	FinishLength    FinishReason = "length"    // MaxTokens or the context length reached
+	FinishCancelled FinishReason = "cancelled" // the request's context was cancelled
 	FinishError     FinishReason = "error"
 )
 
@@ -128,6 +199,11 @@ var (
 	ErrQueueFull = errors.New("request queue is full")
 	// ErrClosed: the engine is shutting down.
 	ErrClosed = errors.New("engine is closed")
+	// ErrBusy: a PrefillOnly request was submitted while others wait.
+	ErrBusy = errors.New("requests are waiting")
+	// ErrMaskEmpty (a stream's Err): the request's TokenMask allowed no
+	// token.
+	ErrMaskEmpty = errors.New("the token mask allows no token")
 	// ErrKVFull (a stream's Err): the sequence needs more KV blocks than
 	// the whole cache has, even running alone.
 	ErrKVFull = errors.New("the sequence does not fit in the KV cache")

@@ -16,8 +16,7 @@ func (q *seq) accept(t int32) (ends bool) {
 }
 
 // emit sends the token that accept added: it turns the token into text
-// (held back while it could be the start of a stop string), splits the text
-// into reasoning, content and tool calls for chat requests, and ends the
+// (held back while it could be the start of a stop string) and ends the
 // sequence on a stop token, a stop string or its length limit.
 func (s *scheduler) emit(q *seq, smp backend.Sampled) {
 	now := time.Now()
@@ -28,15 +27,14 @@ func (s *scheduler) emit(q *seq, smp backend.Sampled) {
 	t := smp.Token
 	ev := Event{Tokens: []int32{t}}
 	if q.params.Logprob || q.params.TopLogprobs > 0 {
-		ev.Logprobs = []backend.Sampled{smp}
+		ev.Logprobs = []Logprob{logprobOf(smp)}
 	}
 	var reason FinishReason
-	var text string
 	stopped := false
 	if q.stopIDs[t] {
 		reason = FinishStop
 	} else if q.dec != nil {
-		text, stopped = q.stop.push(q.dec.Next(t))
+		ev.Text, stopped = q.stop.push(q.dec.Next(t))
 	}
 	if stopped {
 		reason = FinishStop
@@ -45,38 +43,28 @@ func (s *scheduler) emit(q *seq, smp backend.Sampled) {
 	}
 	if reason != "" && !stopped && q.dec != nil {
 		tail, hit := q.stop.push(q.dec.Flush())
-		text += tail
+		ev.Text += tail
 		if hit {
 			reason = FinishStop
 		} else {
-			text += q.stop.flush()
+			ev.Text += q.stop.flush()
 		}
-	}
-	if q.parser != nil {
-		d := q.parser.Push(text)
-		if reason != "" {
-			f := q.parser.Finish()
-			d.Content += f.Content
-			d.Reasoning += f.Reasoning
-			d.ToolCalls = append(d.ToolCalls, f.ToolCalls...)
-		}
-		ev.Text, ev.Reasoning, ev.ToolCalls = d.Content, d.Reasoning, d.ToolCalls
-		if q.turn != nil {
-			q.turn.content.WriteString(d.Content)
-			q.turn.toolCalls = append(q.turn.toolCalls, d.ToolCalls...)
-		}
-		if len(d.ToolCalls) > 0 {
-			q.toolCalls = true
-		}
-	} else {
-		ev.Text = text
 	}
 	if reason == "" {
 		q.out.push(ev)
 		return
 	}
-	if reason == FinishStop && q.toolCalls {
-		reason = FinishToolCalls
-	}
 	s.finishWith(q, reason, nil, ev)
+}
+
+// logprobOf is a sampled token's log-probabilities in the engine's own type.
+func logprobOf(smp backend.Sampled) Logprob {
+	lp := Logprob{Token: smp.Token, Logprob: smp.Logprob}
+	if len(smp.Top) > 0 {
+		lp.Top = make([]TokenLogprob, len(smp.Top))
+		for i, t := range smp.Top {
+			lp.Top[i] = TokenLogprob(t)
+		}
+	}
+	return lp
 }

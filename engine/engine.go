@@ -1,7 +1,9 @@
-// Package engine serves generation requests on one model: a scheduler
-// goroutine runs continuous batching over a paged KV cache (package
-// kvcache), reuses computed prefixes and hybrid models' saved state across
-// requests, samples per request and streams text, reasoning and tool calls.
+// Package engine serves generation requests on one model: token ids in,
+// token ids, their text and finish reasons out. A scheduler goroutine runs
+// continuous batching over a paged KV cache (package kvcache), reuses
+// computed prefixes and hybrid models' saved state across requests, samples
+// per request, detokenizes and matches stop strings. Templates, tool calls
+// and reasoning are the session's (package session).
 //
 // # Scheduling
 //
@@ -44,13 +46,10 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"slices"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/kiln-llm/kiln/backend"
-	"github.com/kiln-llm/kiln/chat"
 	"github.com/kiln-llm/kiln/model"
 	"github.com/kiln-llm/kiln/tokenizer"
 )
@@ -77,13 +76,7 @@ type Options struct {
 	// NoCache turns prefix and state reuse off: every request computes its
 	// whole prompt (for measurements and debugging).
 	NoCache bool
-	// PrepareNextTurn: when a chat request ends, the conversation is
-	// rendered as its next turn will render it (templates drop an earlier
-	// answer's reasoning, so the answer's own tokens do not match) and
-	// prefilled, unless requests are waiting, so that the next turn finds
-	// it cached.
-	PrepareNextTurn bool
-	Logger          *slog.Logger // nil: slog.Default()
+	Logger  *slog.Logger // nil: slog.Default()
 
 	checkAccounting bool // tests: verify block accounting after every step
 	overlap         bool // tests: hold tokens over the next pass on any backend
@@ -127,7 +120,6 @@ func (o *Options) setDefaults() error {
 type Engine struct {
 	m    *model.Model
 	tok  *tokenizer.Tokenizer
-	tmpl *chat.Template
 	opts Options
 	cfg  *model.Config
 	log  *slog.Logger
@@ -142,17 +134,15 @@ type Engine struct {
 	wake chan struct{}
 	quit chan struct{}
 	done chan struct{}
-	// nextTurns counts the goroutines preparing a conversation's next turn.
-	nextTurns sync.WaitGroup
 
 	// Owned by the scheduler goroutine.
 	sched *scheduler
 }
 
-// New starts an engine on m. tok and tmpl may be nil: then only PromptIDs
-// requests are served and streams carry tokens without text. New allocates
-// the model's KV cache (and state slots for hybrid models).
-func New(m *model.Model, tok *tokenizer.Tokenizer, tmpl *chat.Template, opts Options) (*Engine, error) {
+// New starts an engine on m. tok detokenizes the streams; without it
+// (nil) they carry tokens without text, and stop strings are refused. New
+// allocates the model's KV cache (and state slots for hybrid models).
+func New(m *model.Model, tok *tokenizer.Tokenizer, opts Options) (*Engine, error) {
 	if err := opts.setDefaults(); err != nil {
 		return nil, err
 	}
@@ -174,7 +164,7 @@ func New(m *model.Model, tok *tokenizer.Tokenizer, tmpl *chat.Template, opts Opt
 		return nil, fmt.Errorf("engine: %w", err)
 	}
 	e := &Engine{
-		m: m, tok: tok, tmpl: tmpl, opts: opts, cfg: cfg, log: opts.Logger,
+		m: m, tok: tok, opts: opts, cfg: cfg, log: opts.Logger,
 		wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}),
 	}
 	e.sched = newScheduler(e)
@@ -189,9 +179,11 @@ func New(m *model.Model, tok *tokenizer.Tokenizer, tmpl *chat.Template, opts Opt
 func (e *Engine) Options() Options { return e.opts }
 
 // Generate submits a request and returns its stream. It fails at once for
-// invalid requests, prompts that do not fit the context (ErrContextOverflow),
-// a full queue (ErrQueueFull) and a closed engine (ErrClosed). Cancelling ctx
-// ends the stream with FinishCancelled and frees what the request held.
+// invalid requests (a *SamplingError for sampling parameters out of
+// bounds), prompts that do not fit the context (ErrContextOverflow), a full
+// queue (ErrQueueFull), a closed engine (ErrClosed) and a prefill-only
+// request while others wait (ErrBusy). Cancelling ctx ends the stream with
+// FinishCancelled and frees what the request held.
 func (e *Engine) Generate(ctx context.Context, req *Request) (*Stream, error) {
 	s, err := e.prepare(req)
 	if err != nil {
@@ -207,6 +199,9 @@ func (e *Engine) Generate(ctx context.Context, req *Request) (*Stream, error) {
 	case e.queued >= e.opts.MaxQueue:
 		e.mu.Unlock()
 		return nil, ErrQueueFull
+	case s.prefillOnly && e.queued > 0:
+		e.mu.Unlock()
+		return nil, ErrBusy
 	}
 	// Wake the scheduler when the request is cancelled, to free it at once.
 	s.stopWatch = context.AfterFunc(ctx, e.poke)
@@ -234,61 +229,14 @@ func (e *Engine) poke() {
 // prepare validates a request and turns it into a sequence (without its
 // stream and context).
 func (e *Engine) prepare(req *Request) (*seq, error) {
-	var ids []int32
-	var parser *chat.Parser
-	var turn *chatTurn
-	set := 0
-	if len(req.Messages) > 0 {
-		set++
-	}
-	if req.Prompt != "" {
-		set++
-	}
-	if len(req.PromptIDs) > 0 {
-		set++
-	}
-	if set != 1 {
-		return nil, errors.New("engine: a request sets exactly one of Messages, Prompt and PromptIDs")
-	}
 	sp := &req.Sampling
-	if e.tok == nil && (req.PromptIDs == nil || len(sp.Stop) > 0) {
-		return nil, errors.New("engine: no tokenizer: only PromptIDs requests without stop strings are served")
+	if err := sp.Validate(); err != nil {
+		return nil, err
 	}
-	switch {
-	case len(req.Messages) > 0:
-		if e.tmpl == nil {
-			return nil, errors.New("engine: the model has no chat template")
-		}
-		agp := req.AddGenerationPrompt == nil || *req.AddGenerationPrompt
-		text, err := e.tmpl.Render(&chat.RenderInput{Messages: req.Messages, Tools: req.Tools, AddGenerationPrompt: agp, Kwargs: req.TemplateKwargs})
-		if err != nil {
-			return nil, fmt.Errorf("engine: render chat template: %w", err)
-		}
-		thinking := agp && chat.OpensThinking(text)
-		var start string
-		if req.ForceToolCall != "" {
-			if !agp || len(req.Tools) == 0 {
-				return nil, errors.New("engine: ForceToolCall needs tools and the generation prompt")
-			}
-			name := req.ForceToolCall
-			if name == "*" {
-				name = ""
-			}
-			if start, err = e.tmpl.ToolCallStart(name); err != nil {
-				return nil, fmt.Errorf("engine: %w", err)
-			}
-			if thinking {
-				start = "\n</think>\n\n" + start // an empty reasoning, as Qwen writes one
-			}
-		}
-		ids = e.tok.Encode(text + start)
-		parser = chat.NewParser(chat.ParserOptions{Tools: req.Tools, InThinking: thinking})
-		parser.Push(start) // the parser reads the forced start as generated: an open call
-	case req.Prompt != "":
-		ids = e.tok.Encode(req.Prompt)
-	default:
-		ids = req.PromptIDs
+	if e.tok == nil && len(sp.Stop) > 0 {
+		return nil, errors.New("engine: stop strings need a tokenizer")
 	}
+	ids := req.Prompt
 	V := e.cfg.VocabSize
 	inVocab := func(what string, t int32) error {
 		if t < 0 || int(t) >= V {
@@ -307,28 +255,15 @@ func (e *Engine) prepare(req *Request) (*seq, error) {
 	if len(ids)+1 > e.cfg.ContextLength {
 		return nil, fmt.Errorf("%w: %d prompt tokens, context %d", ErrContextOverflow, len(ids), e.cfg.ContextLength)
 	}
-	if sp.Temperature < 0 || sp.TopK < 0 || sp.TopP < 0 || sp.TopP > 1 || sp.MinP < 0 || sp.MinP > 1 ||
-		sp.RepetitionPenalty < 0 || sp.MaxTokens < 0 || sp.TopLogprobs < 0 || sp.TopLogprobs > 20 {
-		return nil, fmt.Errorf("engine: invalid sampling parameters %+v", *sp)
-	}
-	if e.opts.PrepareNextTurn && !e.opts.NoCache && len(req.Messages) > 0 {
-		turn = &chatTurn{messages: slices.Clone(req.Messages), tools: req.Tools, kwargs: req.TemplateKwargs}
-	}
 	s := &seq{
-		turn:        turn,
+		mask:        req.Mask,
 		prefillOnly: req.PrefillOnly,
 		tokens:      append(make([]int32, 0, len(ids)+64), ids...),
 		nPrompt:     len(ids),
-		parser:      parser,
 		slot:        -1,
 		stopIDs:     map[int32]bool{},
 		counts:      map[int32]int32{},
 		stop:        stopMatcher{stops: sp.Stop},
-	}
-	for _, st := range sp.Stop {
-		if st == "" {
-			return nil, errors.New("engine: empty stop string")
-		}
 	}
 	if !sp.IgnoreEOS {
 		for _, t := range e.cfg.EOS {
@@ -394,53 +329,5 @@ func (e *Engine) Close() error {
 	}
 	e.mu.Unlock()
 	<-e.done
-	e.nextTurns.Wait()
 	return nil
-}
-
-// chatTurn is what a chat request's next turn is rendered from.
-type chatTurn struct {
-	messages []chat.Message
-	tools    []chat.Tool
-	kwargs   map[string]any
-	// The answer as the client will send it back: its content and tool
-	// calls, collected as they stream.
-	content   strings.Builder
-	toolCalls []chat.ToolCall
-}
-
-// prepareNextTurn prefills the conversation of a finished chat request as
-// its next turn will start: the template is rendered with two different
-// user messages after the answer, and the text they share is what any next
-// turn begins with.
-func (e *Engine) prepareNextTurn(c *chatTurn) {
-	defer e.nextTurns.Done()
-	var texts [2]string
-	for i, probe := range []string{"a", "b"} {
-		reply := chat.Message{Role: "assistant", Content: c.content.String(), ToolCalls: c.toolCalls}
-		msgs := append(slices.Clone(c.messages), reply, chat.Message{Role: "user", Content: probe})
-		t, err := e.tmpl.Render(&chat.RenderInput{Messages: msgs, Tools: c.tools, AddGenerationPrompt: true, Kwargs: c.kwargs})
-		if err != nil {
-			e.log.Debug("next turn not prepared", "err", err)
-			return
-		}
-		texts[i] = t
-	}
-	n := 0
-	for n < len(texts[0]) && n < len(texts[1]) && texts[0][n] == texts[1][n] {
-		n++
-	}
-	ids := e.tok.Encode(texts[0][:n])
-	e.mu.Lock()
-	busy := e.queued > 0
-	e.mu.Unlock()
-	if len(ids) < e.opts.BlockSize || busy {
-		return // too short to cache, or requests are waiting: they come first
-	}
-	st, err := e.Generate(context.Background(), &Request{PromptIDs: ids, PrefillOnly: true})
-	if err != nil {
-		return // a full queue, a closed engine, a conversation at the context's end
-	}
-	for range st.Events() {
-	}
 }

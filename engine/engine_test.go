@@ -4,55 +4,28 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 
-	"github.com/kiln-llm/kiln/backend"
-	"github.com/kiln-llm/kiln/backend/cpu"
-	"github.com/kiln-llm/kiln/chat"
-	"github.com/kiln-llm/kiln/model"
-	"github.com/kiln-llm/kiln/tokenizer"
+	"github.com/kiln-llm/kiln/internal/testmodel"
 )
 
-type fixtureModel struct {
-	m    *model.Model
-	tok  *tokenizer.Tokenizer
-	tmpl *chat.Template
+// loadFixture loads a fixture model with its own CPU backend (each engine
+// owns its model's caches).
+func loadFixture(t testing.TB, arch string) testmodel.Fixture {
+	return testmodel.Load(t, arch, testmodel.Options{})
 }
 
-// loadFixture loads a committed fixture model with its own CPU backend
-// (each engine owns its model's caches).
-func loadFixture(t testing.TB, arch string) fixtureModel {
-	t.Helper()
-	dir := filepath.Join("..", "testdata", "fixtures", arch)
-	m, err := model.Load(dir, cpu.New(cpu.Options{}), model.Options{})
-	if err != nil {
-		t.Fatalf("load %s: %v", arch, err)
-	}
-	tok, err := tokenizer.Load(dir)
-	if err != nil {
-		t.Fatalf("tokenizer %s: %v", arch, err)
-	}
-	tmpl, err := chat.LoadTemplate(os.DirFS(dir))
-	if err != nil {
-		t.Fatalf("template %s: %v", arch, err)
-	}
-	return fixtureModel{m, tok, tmpl}
-}
-
-func newEngine(t testing.TB, f fixtureModel, opts Options) *Engine {
+func newEngine(t testing.TB, f testmodel.Fixture, opts Options) *Engine {
 	t.Helper()
 	opts.checkAccounting = true
 	if opts.Logger == nil {
-		opts.Logger = slog.New(slog.DiscardHandler)
+		opts.Logger = testmodel.Logger()
 	}
-	e, err := New(f.m, f.tok, f.tmpl, opts)
+	e, err := New(f.Model, f.Tok, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,13 +34,12 @@ func newEngine(t testing.TB, f fixtureModel, opts Options) *Engine {
 }
 
 type result struct {
-	tokens    []int32
-	text      string
-	reasoning string
-	finish    FinishReason
-	usage     *Usage
-	err       error
-	events    int
+	tokens []int32
+	text   string
+	finish FinishReason
+	usage  *Usage
+	err    error
+	events int
 }
 
 func collect(st *Stream) result {
@@ -76,7 +48,6 @@ func collect(st *Stream) result {
 		r.events++
 		r.tokens = append(r.tokens, ev.Tokens...)
 		r.text += ev.Text
-		r.reasoning += ev.Reasoning
 		if ev.Done {
 			r.finish, r.usage, r.err = ev.Finish, ev.Usage, ev.Err
 		}
@@ -98,12 +69,12 @@ func generate(t testing.TB, e *Engine, req *Request) result {
 }
 
 // randomPrompt returns n ordinary (non-special) token ids.
-func randomPrompt(rng *rand.Rand, f fixtureModel, n int) []int32 {
+func randomPrompt(rng *rand.Rand, f testmodel.Fixture, n int) []int32 {
 	ids := make([]int32, n)
 	for i := range ids {
 		for {
-			ids[i] = int32(rng.IntN(f.m.Config().VocabSize))
-			if !f.tok.IsSpecial(ids[i]) {
+			ids[i] = int32(rng.IntN(f.Model.Config().VocabSize))
+			if !f.Tok.IsSpecial(ids[i]) {
 				break
 			}
 		}
@@ -111,12 +82,10 @@ func randomPrompt(rng *rand.Rand, f fixtureModel, n int) []int32 {
 	return ids
 }
 
-var allArchs = []string{"qwen3", "qwen3moe", "qwen3next", "qwen35", "qwen35moe"}
-
 // TestBatchInvariance: each request gives the same greedy tokens alone and
 // inside a batch of 16 requests that mixes prefill chunks with decoding.
 func TestBatchInvariance(t *testing.T) {
-	for _, arch := range allArchs {
+	for _, arch := range testmodel.Archs {
 		t.Run(arch, func(t *testing.T) {
 			t.Parallel()
 			alone := newEngine(t, loadFixture(t, arch), Options{NoCache: true, MaxRunning: 1})
@@ -126,7 +95,7 @@ func TestBatchInvariance(t *testing.T) {
 			reqs := make([]*Request, 16)
 			want := make([]result, 16)
 			for i := range reqs {
-				reqs[i] = &Request{PromptIDs: randomPrompt(rng, f, 3+rng.IntN(90)), Sampling: Sampling{MaxTokens: 6 + rng.IntN(10)}}
+				reqs[i] = &Request{Prompt: randomPrompt(rng, f, 3+rng.IntN(90)), Sampling: Sampling{MaxTokens: 6 + rng.IntN(10)}}
 				want[i] = generate(t, alone, reqs[i])
 			}
 			got := make([]result, 16)
@@ -163,7 +132,7 @@ func TestBatchInvariance(t *testing.T) {
 			wg.Wait()
 			for i := range reqs {
 				if got[i].err != nil || !slices.Equal(got[i].tokens, want[i].tokens) {
-					t.Errorf("request %d (%d prompt tokens): batched %v (err %v), alone %v", i, len(reqs[i].PromptIDs), got[i].tokens, got[i].err, want[i].tokens)
+					t.Errorf("request %d (%d prompt tokens): batched %v (err %v), alone %v", i, len(reqs[i].Prompt), got[i].tokens, got[i].err, want[i].tokens)
 				}
 			}
 		})
@@ -174,7 +143,7 @@ func TestBatchInvariance(t *testing.T) {
 // MoE) or a state snapshot (hybrid) gives the tokens computed from scratch,
 // and reports the cached tokens.
 func TestCacheCorrectness(t *testing.T) {
-	for _, arch := range allArchs {
+	for _, arch := range testmodel.Archs {
 		t.Run(arch, func(t *testing.T) {
 			t.Parallel()
 			f := loadFixture(t, arch)
@@ -184,17 +153,17 @@ func TestCacheCorrectness(t *testing.T) {
 
 			// Token-level conversation: turn 2 extends turn 1's prompt and answer.
 			p1 := randomPrompt(rng, f, 45)
-			r1 := generate(t, cached, &Request{PromptIDs: p1, Sampling: Sampling{MaxTokens: 12, IgnoreEOS: true}})
+			r1 := generate(t, cached, &Request{Prompt: p1, Sampling: Sampling{MaxTokens: 12, IgnoreEOS: true}})
 			p2 := append(append(slices.Clone(p1), r1.tokens...), randomPrompt(rng, f, 20)...)
-			r2 := generate(t, cached, &Request{PromptIDs: p2, Sampling: Sampling{MaxTokens: 12}})
-			ref := generate(t, scratch, &Request{PromptIDs: p2, Sampling: Sampling{MaxTokens: 12}})
+			r2 := generate(t, cached, &Request{Prompt: p2, Sampling: Sampling{MaxTokens: 12}})
+			ref := generate(t, scratch, &Request{Prompt: p2, Sampling: Sampling{MaxTokens: 12}})
 			if !slices.Equal(r2.tokens, ref.tokens) {
 				t.Errorf("turn 2 from cache %v, from scratch %v", r2.tokens, ref.tokens)
 			}
 			// Everything but the answer's last token (never fed to the model)
 			// is cached; dense models reuse whole blocks only.
 			minCached := len(p1) + len(r1.tokens) - 1
-			if !f.m.Hybrid() {
+			if !f.Model.Hybrid() {
 				minCached = minCached / 16 * 16
 			}
 			if r2.usage.CachedTokens < minCached {
@@ -206,29 +175,20 @@ func TestCacheCorrectness(t *testing.T) {
 			// (copy-on-write) for dense models, from the state one token
 			// short of the prompt's end for hybrid ones.
 			p3 := randomPrompt(rng, f, 32)
-			first := generate(t, cached, &Request{PromptIDs: p3, Sampling: Sampling{MaxTokens: 8}})
+			first := generate(t, cached, &Request{Prompt: p3, Sampling: Sampling{MaxTokens: 8}})
 			for range 2 {
-				again := generate(t, cached, &Request{PromptIDs: p3, Sampling: Sampling{MaxTokens: 8}})
+				again := generate(t, cached, &Request{Prompt: p3, Sampling: Sampling{MaxTokens: 8}})
 				if !slices.Equal(first.tokens, again.tokens) || again.usage.CachedTokens != 31 {
 					t.Errorf("repeated prompt: %v then %v, %d tokens cached (want 31)", first.tokens, again.tokens, again.usage.CachedTokens)
 				}
 			}
 
-			// A chat: the second turn's rendered prompt extends the first's.
-			msgs := []chat.Message{{Role: "system", Content: "You are a helpful assistant."}, {Role: "user", Content: "Tell me about the sea."}}
-			c1 := generate(t, cached, &Request{Messages: msgs, Sampling: Sampling{MaxTokens: 10}})
-			msgs = append(msgs, chat.Message{Role: "assistant", Content: c1.text}, chat.Message{Role: "user", Content: "And the mountains?"})
-			c2 := generate(t, cached, &Request{Messages: msgs, Sampling: Sampling{MaxTokens: 10}})
-			cref := generate(t, scratch, &Request{Messages: msgs, Sampling: Sampling{MaxTokens: 10}})
-			if !slices.Equal(c2.tokens, cref.tokens) || c2.usage.CachedTokens == 0 {
-				t.Errorf("chat turn 2: cached %d tokens, %v; from scratch %v", c2.usage.CachedTokens, c2.tokens, cref.tokens)
-			}
 			// With nothing running, every block in use is one the prefix
 			// cache or a snapshot keeps for reuse: none is leaked.
 			if st := cached.Stats(); st.KVBlocksCached == 0 || st.KVBlocksCached != st.KVBlocksUsed {
 				t.Errorf("idle engine: %d blocks used, %d kept by the cache", st.KVBlocksUsed, st.KVBlocksCached)
 			}
-			if f.m.Hybrid() {
+			if f.Model.Hybrid() {
 				// Parent eviction: the conversations above hold one turn each
 				// (its prompt's and its answer's snapshots).
 				if st := cached.Stats(); st.StateSnapshots > 6 {
@@ -257,7 +217,7 @@ func testSampling(t *testing.T, overlap bool) {
 	seed := uint64(42)
 	sampled := Sampling{Temperature: 0.9, TopP: 0.95, TopK: 50, Seed: &seed, MaxTokens: 20, IgnoreEOS: true}
 
-	alone := generate(t, e, &Request{PromptIDs: prompt, Sampling: sampled})
+	alone := generate(t, e, &Request{Prompt: prompt, Sampling: sampled})
 	if len(alone.tokens) != 20 || alone.finish != FinishLength || alone.usage.CompletionTokens != 20 {
 		t.Fatalf("max tokens 20: %d tokens, finish %s, usage %+v", len(alone.tokens), alone.finish, alone.usage)
 	}
@@ -271,7 +231,7 @@ func testSampling(t *testing.T, overlap bool) {
 				other := uint64(i)
 				s.Seed = &other
 			}
-			st, err := e.Generate(context.Background(), &Request{PromptIDs: randomPromptSeeded(f, i, prompt), Sampling: s})
+			st, err := e.Generate(context.Background(), &Request{Prompt: randomPromptSeeded(f, i, prompt), Sampling: s})
 			if err != nil {
 				t.Error(err)
 				return
@@ -292,8 +252,8 @@ func testSampling(t *testing.T, overlap bool) {
 	}
 
 	// Stop token: the greedy answer's third token stops it.
-	greedy := generate(t, e, &Request{PromptIDs: prompt, Sampling: Sampling{MaxTokens: 12, IgnoreEOS: true}})
-	st := generate(t, e, &Request{PromptIDs: prompt, Sampling: Sampling{MaxTokens: 12, IgnoreEOS: true, StopTokenIDs: []int32{greedy.tokens[2]}}})
+	greedy := generate(t, e, &Request{Prompt: prompt, Sampling: Sampling{MaxTokens: 12, IgnoreEOS: true}})
+	st := generate(t, e, &Request{Prompt: prompt, Sampling: Sampling{MaxTokens: 12, IgnoreEOS: true, StopTokenIDs: []int32{greedy.tokens[2]}}})
 	if i := slices.Index(greedy.tokens, greedy.tokens[2]); st.finish != FinishStop || !slices.Equal(st.tokens, greedy.tokens[:i+1]) {
 		t.Errorf("stop token %d: %v finish %s, greedy %v", greedy.tokens[2], st.tokens, st.finish, greedy.tokens)
 	}
@@ -302,7 +262,7 @@ func testSampling(t *testing.T, overlap bool) {
 	// after, the stop string itself not emitted.
 	pieces := make([]string, len(greedy.tokens))
 	for i := range greedy.tokens {
-		pieces[i] = f.tok.Decode(greedy.tokens[i : i+1])
+		pieces[i] = f.Tok.Decode(greedy.tokens[i : i+1])
 	}
 	var stop string
 	var before string
@@ -319,7 +279,7 @@ func testSampling(t *testing.T, overlap bool) {
 	if k := strings.Index(before+stop, stop); k < len(before) {
 		before = before[:k] // the stop string occurs earlier
 	}
-	ss := generate(t, e, &Request{PromptIDs: prompt, Sampling: Sampling{MaxTokens: 12, IgnoreEOS: true, Stop: []string{stop}}})
+	ss := generate(t, e, &Request{Prompt: prompt, Sampling: Sampling{MaxTokens: 12, IgnoreEOS: true, Stop: []string{stop}}})
 	if ss.finish != FinishStop || ss.text != before || !slices.Equal(ss.tokens, greedy.tokens[:len(ss.tokens)]) || ss.usage.CompletionTokens != len(ss.tokens) {
 		t.Errorf("stop %q: text %q tokens %v (usage %d) finish %s, want %q (greedy text %q, tokens %v)",
 			stop, ss.text, ss.tokens, ss.usage.CompletionTokens, ss.finish, before, greedy.text, greedy.tokens)
@@ -332,26 +292,27 @@ func TestSamplingControls(t *testing.T) {
 	e := newEngine(t, f, Options{})
 	prompt := randomPrompt(rand.New(rand.NewPCG(8, 9)), f, 12)
 
-	biased := generate(t, e, &Request{PromptIDs: prompt, Sampling: Sampling{MaxTokens: 5, IgnoreEOS: true, LogitBias: map[int32]float32{77: 100}}})
+	biased := generate(t, e, &Request{Prompt: prompt, Sampling: Sampling{MaxTokens: 5, IgnoreEOS: true, LogitBias: map[int32]float32{77: 100}}})
 	if !slices.Equal(biased.tokens, []int32{77, 77, 77, 77, 77}) {
 		t.Errorf("logit bias +100 on token 77: %v", biased.tokens)
 	}
-	// A huge frequency penalty forbids repeating a generated token.
-	pen := generate(t, e, &Request{PromptIDs: prompt, Sampling: Sampling{MaxTokens: 30, IgnoreEOS: true, FrequencyPenalty: 1000}})
+	// Presence and frequency penalties at their limits keep this greedy
+	// answer from repeating a generated token (it does without them).
+	pen := generate(t, e, &Request{Prompt: prompt, Sampling: Sampling{MaxTokens: 30, IgnoreEOS: true, FrequencyPenalty: 2, PresencePenalty: 2}})
 	seen := map[int32]bool{}
 	for _, tok := range pen.tokens {
 		if seen[tok] {
-			t.Fatalf("frequency penalty 1000: token %d repeated in %v", tok, pen.tokens)
+			t.Fatalf("presence and frequency penalties 2: token %d repeated in %v", tok, pen.tokens)
 		}
 		seen[tok] = true
 	}
 	// The repetition penalty also covers the prompt: a prompt token whose
-	// logit is positive becomes less likely; with a huge penalty, none of
-	// the first tokens repeats a prompt token.
-	rep := generate(t, e, &Request{PromptIDs: prompt, Sampling: Sampling{MaxTokens: 3, IgnoreEOS: true, RepetitionPenalty: 1e6}})
+	// logit is positive becomes less likely; with the largest penalty, none
+	// of the first tokens repeats a prompt token.
+	rep := generate(t, e, &Request{Prompt: prompt, Sampling: Sampling{MaxTokens: 3, IgnoreEOS: true, RepetitionPenalty: 10}})
 	for _, tok := range rep.tokens {
 		if slices.Contains(prompt, tok) {
-			t.Errorf("repetition penalty 1e6: generated prompt token %d (%v)", tok, rep.tokens)
+			t.Errorf("repetition penalty 10: generated prompt token %d (%v)", tok, rep.tokens)
 		}
 	}
 
@@ -362,14 +323,14 @@ func TestSamplingControls(t *testing.T) {
 	found := false
 	for i := range 20 {
 		p := randomPrompt(rand.New(rand.NewPCG(uint64(i), 17)), f, 12)
-		a := generate(t, e, &Request{PromptIDs: p, Sampling: Sampling{MaxTokens: 16, IgnoreEOS: true, PresencePenalty: 1000}})
+		a := generate(t, e, &Request{Prompt: p, Sampling: Sampling{MaxTokens: 16, IgnoreEOS: true, PresencePenalty: 2}})
 		if !slices.ContainsFunc(a.tokens, func(tok int32) bool { return slices.Contains(p, tok) }) {
 			continue
 		}
 		found = true
-		b := generate(t, e, &Request{PromptIDs: p, Sampling: Sampling{MaxTokens: 16, IgnoreEOS: true, PresencePenalty: 1000, RepetitionPenalty: 1.0001}})
+		b := generate(t, e, &Request{Prompt: p, Sampling: Sampling{MaxTokens: 16, IgnoreEOS: true, PresencePenalty: 2, RepetitionPenalty: 1.0001}})
 		if !slices.Equal(a.tokens, b.tokens) {
-			t.Errorf("presence penalty with a repetition penalty of 1.0001 changed %v to %v (prompt %v)", a.tokens, b.tokens, p)
+			t.Errorf("presence penalty 2 with a repetition penalty of 1.0001 changed %v to %v (prompt %v)", a.tokens, b.tokens, p)
 		}
 		break
 	}
@@ -377,7 +338,7 @@ func TestSamplingControls(t *testing.T) {
 		t.Error("no greedy answer under a presence penalty repeated a prompt token in 20 prompts")
 	}
 
-	st, err := e.Generate(context.Background(), &Request{PromptIDs: prompt, Sampling: Sampling{MaxTokens: 4, Logprobs: true, TopLogprobs: 3}})
+	st, err := e.Generate(context.Background(), &Request{Prompt: prompt, Sampling: Sampling{MaxTokens: 4, Logprobs: true, TopLogprobs: 3}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -393,7 +354,7 @@ func TestSamplingControls(t *testing.T) {
 	}
 }
 
-func randomPromptSeeded(f fixtureModel, i int, p []int32) []int32 {
+func randomPromptSeeded(f testmodel.Fixture, i int, p []int32) []int32 {
 	if i == 0 {
 		return p
 	}
@@ -414,26 +375,23 @@ func isASCII(s string) bool {
 func TestErrors(t *testing.T) {
 	f := loadFixture(t, "qwen3")
 	e := newEngine(t, f, Options{MaxQueue: 2, MaxRunning: 1, MaxBatchTokens: 8})
-	ctxLen := f.m.Config().ContextLength
-	if _, err := e.Generate(context.Background(), &Request{PromptIDs: make([]int32, ctxLen)}); !errors.Is(err, ErrContextOverflow) {
+	ctxLen := f.Model.Config().ContextLength
+	if _, err := e.Generate(context.Background(), &Request{Prompt: make([]int32, ctxLen)}); !errors.Is(err, ErrContextOverflow) {
 		t.Errorf("prompt of the context length: %v", err)
 	}
-	if _, err := e.Generate(context.Background(), &Request{PromptIDs: []int32{1}, Prompt: "x"}); err == nil {
-		t.Error("two prompts accepted")
-	}
-	if _, err := e.Generate(context.Background(), &Request{PromptIDs: []int32{int32(f.m.Config().VocabSize)}}); err == nil {
+	if _, err := e.Generate(context.Background(), &Request{Prompt: []int32{int32(f.Model.Config().VocabSize)}}); err == nil {
 		t.Error("token outside the vocabulary accepted")
 	}
 	// Fill the queue with requests that cannot start: the running one is long.
 	ctx, cancel := context.WithCancel(context.Background())
-	long, err := e.Generate(ctx, &Request{PromptIDs: []int32{1, 2, 3}, Sampling: Sampling{IgnoreEOS: true}})
+	long, err := e.Generate(ctx, &Request{Prompt: []int32{1, 2, 3}, Sampling: Sampling{IgnoreEOS: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	<-long.Events() // running
 	var queued []*Stream
 	for {
-		st, err := e.Generate(ctx, &Request{PromptIDs: []int32{4, 5}})
+		st, err := e.Generate(ctx, &Request{Prompt: []int32{4, 5}})
 		if errors.Is(err, ErrQueueFull) {
 			break
 		} else if err != nil {
@@ -451,48 +409,11 @@ func TestErrors(t *testing.T) {
 		}
 	}
 	e.Close()
-	if _, err := e.Generate(context.Background(), &Request{PromptIDs: []int32{1}}); !errors.Is(err, ErrClosed) {
+	if _, err := e.Generate(context.Background(), &Request{Prompt: []int32{1}}); !errors.Is(err, ErrClosed) {
 		t.Errorf("after Close: %v", err)
 	}
 	if used := e.sched.alloc.Used(); used != 0 {
 		t.Errorf("%d blocks held after Close", used)
-	}
-}
-
-// TestChatOutput feeds a reply's tokens through the output path of a chat
-// request: reasoning, content and tool calls come apart, and a reply that
-// called tools finishes with FinishToolCalls.
-func TestChatOutput(t *testing.T) {
-	f := loadFixture(t, "qwen3")
-	e := &Engine{m: f.m, tok: f.tok, tmpl: f.tmpl, cfg: f.m.Config(), opts: Options{KVBlocks: 4, Logger: slog.New(slog.DiscardHandler)}}
-	if err := e.opts.setDefaults(); err != nil {
-		t.Fatal(err)
-	}
-	s := newScheduler(e)
-	q, err := e.prepare(&Request{Messages: []chat.Message{{Role: "user", Content: "hi"}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	q.ctx = context.Background()
-	q.out = newStream(q.ctx)
-	q.stopWatch = func() bool { return true }
-	reply := "<think>\nlet me see\n</think>\n\nCalling.<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_call>"
-	for _, tok := range append(f.tok.Encode(reply), f.m.Config().EOS[0]) {
-		s.emit(q, backend.Sampled{Token: tok})
-	}
-	var r result
-	var calls []chat.ToolCall
-	for ev := range q.out.Events() {
-		r.text += ev.Text
-		r.reasoning += ev.Reasoning
-		calls = append(calls, ev.ToolCalls...)
-		if ev.Done {
-			r.finish = ev.Finish
-		}
-	}
-	if strings.TrimSpace(r.reasoning) != "let me see" || r.text != "Calling." || r.finish != FinishToolCalls ||
-		len(calls) != 1 || calls[0].Function.Name != "f" || string(calls[0].Function.Arguments) != `{"x": 1}` {
-		t.Errorf("reasoning %q, content %q, finish %s, calls %+v", r.reasoning, r.text, r.finish, calls)
 	}
 }
 
@@ -502,21 +423,21 @@ func TestChatOutput(t *testing.T) {
 func TestTooBigForTheCache(t *testing.T) {
 	f := loadFixture(t, "qwen3")
 	e := newEngine(t, f, Options{BlockSize: 4, KVBlocks: 2})
-	st, err := e.Generate(context.Background(), &Request{PromptIDs: make([]int32, 10)})
+	st, err := e.Generate(context.Background(), &Request{Prompt: make([]int32, 10)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if r := collect(st); r.finish != FinishError || !errors.Is(r.err, ErrKVFull) {
 		t.Errorf("10-token prompt in 8 tokens of cache: finish %s, err %v", r.finish, r.err)
 	}
-	st, err = e.Generate(context.Background(), &Request{PromptIDs: make([]int32, 6), Sampling: Sampling{MaxTokens: 10, IgnoreEOS: true}})
+	st, err = e.Generate(context.Background(), &Request{Prompt: make([]int32, 6), Sampling: Sampling{MaxTokens: 10, IgnoreEOS: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if r := collect(st); r.finish != FinishError || !errors.Is(r.err, ErrKVFull) || len(r.tokens) != 3 {
 		t.Errorf("growing past 8 tokens of cache: finish %s, err %v, %d tokens", r.finish, r.err, len(r.tokens))
 	}
-	if r := generate(t, e, &Request{PromptIDs: make([]int32, 3), Sampling: Sampling{MaxTokens: 4, IgnoreEOS: true}}); len(r.tokens) != 4 {
+	if r := generate(t, e, &Request{Prompt: make([]int32, 3), Sampling: Sampling{MaxTokens: 4, IgnoreEOS: true}}); len(r.tokens) != 4 {
 		t.Errorf("then a request that fits: %d tokens", len(r.tokens))
 	}
 }
@@ -530,7 +451,7 @@ func TestParentEviction(t *testing.T) {
 	rng := rand.New(rand.NewPCG(21, 22))
 	conv := randomPrompt(rng, f, 40)
 	for turn := range 6 {
-		r := generate(t, e, &Request{PromptIDs: conv, Sampling: Sampling{MaxTokens: 6, IgnoreEOS: true}})
+		r := generate(t, e, &Request{Prompt: conv, Sampling: Sampling{MaxTokens: 6, IgnoreEOS: true}})
 		if turn > 0 && r.usage.CachedTokens != len(conv)-20 {
 			t.Errorf("turn %d: %d of %d prompt tokens cached, want all but the new 20 and the last answer token", turn, r.usage.CachedTokens, len(conv))
 		}
@@ -541,53 +462,6 @@ func TestParentEviction(t *testing.T) {
 	}
 }
 
-// With PrepareNextTurn, a chat's next turn finds the whole conversation
-// cached, the previous answer included (the template renders it differently
-// from the tokens generated), and answers as a cold engine does.
-func TestPrepareNextTurn(t *testing.T) {
-	for _, arch := range []string{"qwen3", "qwen3next"} {
-		t.Run(arch, func(t *testing.T) {
-			f := loadFixture(t, arch)
-			// One engine per model: an engine owns its model's cache.
-			prepared := newEngine(t, f, Options{PrepareNextTurn: true})
-			plain := newEngine(t, loadFixture(t, arch), Options{})
-			scratch := newEngine(t, loadFixture(t, arch), Options{NoCache: true})
-			msgs := []chat.Message{{Role: "system", Content: "You are a helpful assistant who answers at length."},
-				{Role: "user", Content: "Tell me about the sea, the waves, the tides and the fish that live there."}}
-			var cached [2]int
-			total2 := 0
-			for i, e := range []*Engine{prepared, plain} {
-				c1 := generate(t, e, &Request{Messages: msgs, Sampling: Sampling{MaxTokens: 40}})
-				e.nextTurns.Wait()
-				next := append(slices.Clone(msgs), chat.Message{Role: "assistant", Content: c1.text}, chat.Message{Role: "user", Content: "And the mountains?"})
-				c2 := generate(t, e, &Request{Messages: next, Sampling: Sampling{MaxTokens: 10}})
-				ref := generate(t, scratch, &Request{Messages: next, Sampling: Sampling{MaxTokens: 10}})
-				if !slices.Equal(c2.tokens, ref.tokens) {
-					t.Errorf("turn 2 %v, from scratch %v", c2.tokens, ref.tokens)
-				}
-				cached[i] = c2.usage.CachedTokens
-				if i == 0 {
-					// All but the new user message and the generation
-					// prompt, less a partial block.
-					text, err := f.tmpl.Render(&chat.RenderInput{Messages: next, AddGenerationPrompt: true})
-					if err != nil {
-						t.Fatal(err)
-					}
-					total := len(f.tok.Encode(text))
-					total2 = total
-					if want := total - len(f.tok.Encode("And the mountains?<|im_end|>\n<|im_start|>assistant\n")) - 16; c2.usage.CachedTokens < want {
-						t.Errorf("turn 2 cached %d of %d prompt tokens, want at least %d", c2.usage.CachedTokens, total, want)
-					}
-				}
-			}
-			if cached[0] <= cached[1] {
-				t.Errorf("turn 2 cached %d tokens with the next turn prepared, %d without", cached[0], cached[1])
-			}
-			t.Logf("turn 2 cached %d tokens prepared, %d not (total %d)", cached[0], cached[1], total2)
-		})
-	}
-}
-
 // A prefill-only request leaves its prompt cached and ends without tokens;
 // waiting, it is dropped when the request it prepares arrives.
 func TestPrefillOnly(t *testing.T) {
@@ -595,27 +469,32 @@ func TestPrefillOnly(t *testing.T) {
 	e := newEngine(t, f, Options{MaxRunning: 1})
 	rng := rand.New(rand.NewPCG(5, 6))
 	p := randomPrompt(rng, f, 40)
-	r := generate(t, e, &Request{PromptIDs: p, PrefillOnly: true})
+	r := generate(t, e, &Request{Prompt: p, PrefillOnly: true})
 	if r.finish != FinishLength || len(r.tokens) != 0 {
 		t.Errorf("prefill-only: finish %s, tokens %v", r.finish, r.tokens)
 	}
-	next := generate(t, e, &Request{PromptIDs: append(slices.Clone(p), randomPrompt(rng, f, 5)...), Sampling: Sampling{MaxTokens: 2}})
+	next := generate(t, e, &Request{Prompt: append(slices.Clone(p), randomPrompt(rng, f, 5)...), Sampling: Sampling{MaxTokens: 2}})
 	if next.usage.CachedTokens != 32 {
 		t.Errorf("after a prefill-only request of 40 tokens, %d cached (want 32, whole blocks)", next.usage.CachedTokens)
 	}
 
 	// One running request holds the only slot; the prefill-only request
 	// waits, and its successor's arrival ends it.
-	long, err := e.Generate(context.Background(), &Request{PromptIDs: randomPrompt(rng, f, 8), Sampling: Sampling{MaxTokens: 400, IgnoreEOS: true}})
+	long, err := e.Generate(context.Background(), &Request{Prompt: randomPrompt(rng, f, 8), Sampling: Sampling{MaxTokens: 400, IgnoreEOS: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
+	<-long.Events() // running
 	q := randomPrompt(rng, f, 24)
-	warm, err := e.Generate(context.Background(), &Request{PromptIDs: q, PrefillOnly: true})
+	warm, err := e.Generate(context.Background(), &Request{Prompt: q, PrefillOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	succ, err := e.Generate(context.Background(), &Request{PromptIDs: append(slices.Clone(q), 7, 8), Sampling: Sampling{MaxTokens: 2}})
+	// Another one defers to the waiting request.
+	if _, err := e.Generate(context.Background(), &Request{Prompt: p, PrefillOnly: true}); !errors.Is(err, ErrBusy) {
+		t.Errorf("prefill-only request while one waits: %v, want ErrBusy", err)
+	}
+	succ, err := e.Generate(context.Background(), &Request{Prompt: append(slices.Clone(q), 7, 8), Sampling: Sampling{MaxTokens: 2}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -636,7 +515,7 @@ func TestSmallTokenBudget(t *testing.T) {
 	if got := e.Options().MaxRunning; got != 8 {
 		t.Errorf("MaxBatchTokens 8: MaxRunning %d, want 8", got)
 	}
-	r := generate(t, e, &Request{PromptIDs: randomPrompt(rand.New(rand.NewPCG(1, 2)), f, 20), Sampling: Sampling{MaxTokens: 4, IgnoreEOS: true}})
+	r := generate(t, e, &Request{Prompt: randomPrompt(rand.New(rand.NewPCG(1, 2)), f, 20), Sampling: Sampling{MaxTokens: 4, IgnoreEOS: true}})
 	if len(r.tokens) != 4 {
 		t.Errorf("%d tokens, want 4", len(r.tokens))
 	}
@@ -648,5 +527,73 @@ func TestSmallTokenBudget(t *testing.T) {
 	}
 	if st.StepTime <= 0 || st.DecodeStepTime <= 0 || st.DecodeStepTime >= st.StepTime || st.HostTime <= 0 {
 		t.Errorf("times: passes %v, decode-only %v, host %v", st.StepTime, st.DecodeStepTime, st.HostTime)
+	}
+}
+
+// maskFunc is a TokenMask of a function.
+type maskFunc func(generated []int32) []int32
+
+func (f maskFunc) Allowed(generated []int32) []int32 { return f(generated) }
+
+// A TokenMask decides every token of its request, sampled or greedy, alone
+// or beside unconstrained requests, and sees exactly the tokens generated
+// so far; a mask that allows nothing ends its request with ErrMaskEmpty.
+func TestTokenMask(t *testing.T) {
+	f := loadFixture(t, "qwen3")
+	e := newEngine(t, f, Options{overlap: true})
+	rng := rand.New(rand.NewPCG(13, 14))
+	prompt := randomPrompt(rng, f, 20)
+	// After an even number of tokens 5, else 7 or 9; the answer must be the
+	// constrained tokens, whatever the model prefers.
+	var seen [][]int32
+	mask := maskFunc(func(gen []int32) []int32 {
+		seen = append(seen, slices.Clone(gen))
+		if len(gen)%2 == 0 {
+			return []int32{5}
+		}
+		return []int32{7, 9}
+	})
+	seed := uint64(3)
+	free := generate(t, e, &Request{Prompt: prompt, Sampling: Sampling{MaxTokens: 8, IgnoreEOS: true}})
+	for _, sp := range []Sampling{{MaxTokens: 8, IgnoreEOS: true}, {MaxTokens: 8, IgnoreEOS: true, Temperature: 1, Seed: &seed}} {
+		seen = nil
+		beside, err := e.Generate(context.Background(), &Request{Prompt: prompt, Sampling: Sampling{MaxTokens: 8, IgnoreEOS: true}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		var other result
+		wg.Go(func() { other = collect(beside) })
+		r := generate(t, e, &Request{Prompt: prompt, Sampling: sp, Mask: mask})
+		wg.Wait()
+		for i, tok := range r.tokens {
+			if i%2 == 0 && tok != 5 || i%2 == 1 && tok != 7 && tok != 9 {
+				t.Errorf("temperature %g: token %d is %d, outside the mask (%v)", sp.Temperature, i, tok, r.tokens)
+			}
+		}
+		if len(r.tokens) != 8 || len(seen) != 8 {
+			t.Errorf("temperature %g: %d tokens, the mask asked %d times", sp.Temperature, len(r.tokens), len(seen))
+		}
+		for i, gen := range seen {
+			if !slices.Equal(gen, r.tokens[:i]) {
+				t.Errorf("temperature %g: mask call %d saw %v, generated %v", sp.Temperature, i, gen, r.tokens)
+			}
+		}
+		if !slices.Equal(other.tokens, free.tokens) {
+			t.Errorf("an unconstrained request beside it: %v, alone %v", other.tokens, free.tokens)
+		}
+	}
+	none := maskFunc(func(gen []int32) []int32 {
+		if len(gen) < 2 {
+			return nil
+		}
+		return []int32{}
+	})
+	st, err := e.Generate(context.Background(), &Request{Prompt: prompt, Sampling: Sampling{MaxTokens: 8, IgnoreEOS: true}, Mask: none})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := collect(st); r.finish != FinishError || !errors.Is(r.err, ErrMaskEmpty) || !slices.Equal(r.tokens, free.tokens[:2]) {
+		t.Errorf("a mask that allows nothing after 2 tokens: %v %v, tokens %v (free %v)", r.finish, r.err, r.tokens, free.tokens)
 	}
 }

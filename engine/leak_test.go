@@ -43,12 +43,12 @@ func randomizedRun(t *testing.T, arch string, requests int, overlap bool) {
 		p = append(p, randomPrompt(rng, f, rng.IntN(16))...)
 		p = p[:1+rng.IntN(len(p))]
 		prompts = append(prompts, p)
-		solo[i] = generate(t, ref, &Request{PromptIDs: p, Sampling: Sampling{MaxTokens: maxGen}}).tokens
+		solo[i] = generate(t, ref, &Request{Prompt: p, Sampling: Sampling{MaxTokens: maxGen}}).tokens
 	}
 	ref.Close()
 
 	before := runtime.NumGoroutine()
-	e := newEngine(t, f, Options{BlockSize: 4, KVBlocks: 14, MaxRunning: 8, MaxBatchTokens: 24, SnapshotInterval: 8, StateMemory: int64(6 * max(f.m.SlotBytes(), 1)), overlap: overlap})
+	e := newEngine(t, f, Options{BlockSize: 4, KVBlocks: 14, MaxRunning: 8, MaxBatchTokens: 24, SnapshotInterval: 8, StateMemory: int64(6 * max(f.Model.SlotBytes(), 1)), overlap: overlap})
 	type job struct {
 		prompt, maxTokens int
 		cancelAfter       int // events read before cancelling; -1: never
@@ -61,7 +61,7 @@ func randomizedRun(t *testing.T, arch string, requests int, overlap bool) {
 		wg.Go(func() {
 			for j := range jobs {
 				ctx, cancel := context.WithCancel(context.Background())
-				st, err := e.Generate(ctx, &Request{PromptIDs: prompts[j.prompt], Sampling: Sampling{MaxTokens: j.maxTokens}})
+				st, err := e.Generate(ctx, &Request{Prompt: prompts[j.prompt], Sampling: Sampling{MaxTokens: j.maxTokens}})
 				if err != nil {
 					t.Error(err)
 					cancel()

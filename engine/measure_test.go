@@ -102,7 +102,7 @@ func syntheticModel(t *testing.T, name string, layers int) *model.Model {
 // turn adding 32 tokens, and returns the second turn's TTFT and usage.
 func followUp(t *testing.T, name string, layers, history int, noCache bool) (time.Duration, *Usage) {
 	m := syntheticModel(t, name, layers)
-	e, err := New(m, nil, nil, Options{NoCache: noCache, MaxBatchTokens: 512, MaxRunning: 4, KVMemory: 4 << 30, Logger: slog.New(slog.DiscardHandler)})
+	e, err := New(m, nil, Options{NoCache: noCache, MaxBatchTokens: 512, MaxRunning: 4, KVMemory: 4 << 30, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,10 +120,10 @@ func followUp(t *testing.T, name string, layers, history int, noCache bool) (tim
 	// other one would gain nothing from it).
 	answer := ids(8)
 	if !noCache {
-		answer = generate(t, e, &Request{PromptIDs: p1, Sampling: Sampling{MaxTokens: 8, IgnoreEOS: true}}).tokens
+		answer = generate(t, e, &Request{Prompt: p1, Sampling: Sampling{MaxTokens: 8, IgnoreEOS: true}}).tokens
 	}
 	p2 := append(append(slices.Clone(p1), answer...), ids(32)...)
-	r2 := generate(t, e, &Request{PromptIDs: p2, Sampling: Sampling{MaxTokens: 1}})
+	r2 := generate(t, e, &Request{Prompt: p2, Sampling: Sampling{MaxTokens: 1}})
 	return r2.usage.TTFT, r2.usage
 }
 
@@ -132,7 +132,7 @@ func followUp(t *testing.T, name string, layers, history int, noCache bool) (tim
 func measurePreemption(t *testing.T) {
 	run := func(blocks int) (time.Duration, Stats) {
 		m := syntheticModel(t, "tiny-qwen3", 0)
-		e, err := New(m, nil, nil, Options{KVBlocks: blocks, MaxRunning: 16, MaxBatchTokens: 256, Logger: slog.New(slog.DiscardHandler)})
+		e, err := New(m, nil, Options{KVBlocks: blocks, MaxRunning: 16, MaxBatchTokens: 256, Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -145,7 +145,7 @@ func measurePreemption(t *testing.T) {
 			for i := range p {
 				p[i] = int32(rng.IntN(500))
 			}
-			st, err := e.Generate(context.Background(), &Request{PromptIDs: p, Sampling: Sampling{MaxTokens: 64, IgnoreEOS: true}})
+			st, err := e.Generate(context.Background(), &Request{Prompt: p, Sampling: Sampling{MaxTokens: 64, IgnoreEOS: true}})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/kiln-llm/kiln/backend"
-	"github.com/kiln-llm/kiln/chat"
 	"github.com/kiln-llm/kiln/kvcache"
 	"github.com/kiln-llm/kiln/model"
 	"github.com/kiln-llm/kiln/tokenizer"
@@ -50,14 +49,13 @@ type seq struct {
 	inPrompt map[int32]bool
 	stopIDs  map[int32]bool
 	rng      *rand.Rand
+	mask     TokenMask // Request.Mask
+	masked   bool      // the mask allowed no token for the last sample
 
-	dec       *tokenizer.Decoder
-	parser    *chat.Parser
-	stop      stopMatcher
-	toolCalls bool
+	dec  *tokenizer.Decoder
+	stop stopMatcher
 
-	prefillOnly bool      // Request.PrefillOnly
-	turn        *chatTurn // a chat request's conversation, with Options.PrepareNextTurn
+	prefillOnly bool // Request.PrefillOnly
 }
 
 func (s *seq) pending() int { return len(s.tokens) - s.pos }
@@ -426,6 +424,10 @@ func (s *scheduler) step() {
 		if q.done {
 			continue
 		}
+		if q.masked {
+			s.finish(q, FinishError, ErrMaskEmpty)
+			continue
+		}
 		if ends := q.accept(sampled[i].Token); ends || !s.overlap {
 			// Emitted now: an ending sequence's slot and blocks are free for
 			// the next pass, and its client hears of it at once.
@@ -509,9 +511,45 @@ func (s *scheduler) forward(seqs []model.Seq, rows []*seq) ([]backend.Sampled, e
 				p.Counts = append(p.Counts, backend.TokenCount{Token: t, Prompt: true})
 			}
 		}
+		if q.mask != nil {
+			p.Bias = s.maskBias(q, p.Bias)
+		}
 		params[i] = p
 	}
 	return s.m.Sample(logits, params)
+}
+
+// maskedLogit is added to the logit of a token a mask excludes: far below
+// any logit, finite so that no sampler meets -Inf - -Inf.
+const maskedLogit = -1e30
+
+// maskBias returns bias extended by q's mask: every token the mask does not
+// allow gets maskedLogit. A bias entry per excluded token is the general
+// form every backend's sampler takes already; a backend mask (a bit per
+// token) would move less when constrained decoding is common.
+func (s *scheduler) maskBias(q *seq, bias []backend.TokenBias) []backend.TokenBias {
+	allowed := q.mask.Allowed(q.tokens[q.nPrompt:])
+	if allowed == nil {
+		return bias
+	}
+	V := s.e.cfg.VocabSize
+	ok := make([]bool, V)
+	n := 0
+	for _, t := range allowed {
+		if t >= 0 && int(t) < V && !ok[t] {
+			ok[t] = true
+			n++
+		}
+	}
+	q.masked = n == 0
+	out := make([]backend.TokenBias, len(bias), len(bias)+V-n)
+	copy(out, bias)
+	for t := range V {
+		if !ok[t] {
+			out = append(out, backend.TokenBias{Token: int32(t), Bias: maskedLogit})
+		}
+	}
+	return out
 }
 
 // flush emits the held tokens of the last pass.
@@ -576,7 +614,7 @@ func (s *scheduler) finishWith(q *seq, reason FinishReason, err error, ev Event)
 			q.admitted = true
 		}
 	}
-	if q.table != nil && !s.e.opts.NoCache && (reason == FinishStop || reason == FinishLength || reason == FinishToolCalls) {
+	if q.table != nil && !s.e.opts.NoCache && (reason == FinishStop || reason == FinishLength) {
 		if s.hybrid {
 			s.snapshot(q, snapAnswer)
 		} else {
@@ -602,10 +640,6 @@ func (s *scheduler) finishWith(q *seq, reason FinishReason, err error, ev Event)
 		}
 	}
 	ev.Done, ev.Finish, ev.Usage, ev.Err = true, reason, u, err
-	if q.turn != nil && (reason == FinishStop || reason == FinishToolCalls || reason == FinishLength) {
-		s.e.nextTurns.Add(1)
-		go s.e.prepareNextTurn(q.turn)
-	}
 	if !q.prefillOnly {
 		s.completed++
 	}

@@ -140,7 +140,7 @@ func (c *PrefixCache) drop(e *prefixEntry) {
 	c.a.Release(e.block)
 }
 
-// Clear drops every entry (for tests and for turning the cache off).
+// Clear drops every entry (when the engine closes).
 func (c *PrefixCache) Clear() {
 	for c.lru.Len() > 0 {
 		// Leaves first keeps the children counts consistent.

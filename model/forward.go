@@ -8,9 +8,11 @@ import (
 	"github.com/kiln-llm/kiln/backend"
 )
 
-// workspace holds a step's activations: f32 buffers of up to rows rows,
-// viewed at the step's token count. Decode buckets keep their workspace for
-// the model's life so that a captured graph stays valid.
+// workspace holds a step's activations: buffers of up to rows rows, viewed
+// at the step's token count, in f32 (get: the residual stream, what norms
+// and routers read) or in the backend's ActivationType (act: what only
+// feeds matrix products). Decode buckets keep their workspace for the
+// model's life so that a captured graph stays valid.
 type workspace struct {
 	b        backend.Backend
 	rows     int // token capacity

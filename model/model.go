@@ -1,9 +1,10 @@
 // Package model runs the Qwen3 family of language models (Qwen3, Qwen3-MoE,
 // Qwen3-Next, Qwen3.5 and Qwen3.5-MoE) on a backend.Backend: it reads a
 // Hugging Face model directory (config.json, generation_config.json,
-// safetensors weights), binds the weights to the layers of qwen3.go or
-// qwen3next.go, and advances batches of sequences one forward step at a
-// time over a block-paged KV cache and per-sequence recurrent state.
+// safetensors weights) or a GGUF file (read as the checkpoint it came from,
+// gguf.go), binds the weights to the layers of qwen3.go or qwen3next.go,
+// and advances batches of sequences one forward step at a time over a
+// block-paged KV cache and per-sequence recurrent state.
 package model
 
 import (
@@ -70,7 +71,9 @@ type Model struct {
 
 // Load reads the model in dir (a Hugging Face model directory, a GGUF
 // file, or a directory holding one GGUF file); its weights are
-// memory-mapped and stay mapped until Close.
+// memory-mapped, and stay mapped until Close on a backend that uses them in
+// place (the CPU); a backend that uploads them (CUDA) lets the files go
+// once loaded.
 func Load(dir string, b backend.Backend, opts Options) (*Model, error) {
 	if file, ok, err := GGUFFile(dir); err != nil {
 		return nil, err

@@ -46,14 +46,18 @@ func notFound(code, format string, args ...any) *apiError {
 }
 
 // asAPIError turns any error into what the client sees. Errors from
-// submitting a request are the client's unless they say otherwise: the engine
-// rejects a request before it runs only for what the request asked (template
-// errors, bad token ids, context overflow) or for load (queue full, closing).
+// submitting a request are the client's unless they say otherwise: the
+// session and the engine reject a request before it runs only for what the
+// request asked (template errors, sampling parameters, bad token ids, context
+// overflow) or for load (queue full, closing).
 func asAPIError(err error) *apiError {
 	var ae *apiError
+	var se *engine.SamplingError
 	switch {
 	case errors.As(err, &ae):
 		return ae
+	case errors.As(err, &se):
+		return badRequest(se.Param, "%s", se)
 	case errors.Is(err, engine.ErrContextOverflow):
 		return newAPIError(http.StatusBadRequest, "invalid_request_error", "context_length_exceeded", "messages", "%v", err)
 	case errors.Is(err, engine.ErrQueueFull):
@@ -66,9 +70,10 @@ func asAPIError(err error) *apiError {
 		// The client is gone; nobody reads this.
 		return newAPIError(499, "cancelled", "", "", "request cancelled")
 	}
-	// The engine's errors name their package, as Go errors do; a client
-	// gets the sentence without it.
-	return newAPIError(http.StatusBadRequest, "invalid_request_error", "", "", "%s", strings.TrimPrefix(err.Error(), "engine: "))
+	// The session's and the engine's errors name their package, as Go
+	// errors do; a client gets the sentence without it.
+	msg := strings.TrimPrefix(strings.TrimPrefix(err.Error(), "session: "), "engine: ")
+	return newAPIError(http.StatusBadRequest, "invalid_request_error", "", "", "%s", msg)
 }
 
 var errDraining = errors.New("server is draining")
@@ -103,8 +108,16 @@ func writeOpenAIError(w http.ResponseWriter, err error) {
 	writeJSON(w, ae.status, map[string]any{"error": ae})
 }
 
+// ollamaParams are Ollama's names of the sampling parameters it spells
+// differently from OpenAI.
+var ollamaParams = map[string]string{"repetition_penalty": "repeat_penalty"}
+
 // writeOllamaError writes err as Ollama does: {"error": "message"}.
 func writeOllamaError(w http.ResponseWriter, err error) {
+	var se *engine.SamplingError
+	if errors.As(err, &se) && ollamaParams[se.Param] != "" {
+		err = &engine.SamplingError{Param: ollamaParams[se.Param], Reason: se.Reason}
+	}
 	ae := asAPIError(err)
 	writeJSON(w, ae.status, map[string]string{"error": ae.Message})
 }

@@ -12,9 +12,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kiln-llm/kiln/backend"
 	"github.com/kiln-llm/kiln/chat"
 	"github.com/kiln-llm/kiln/engine"
+	"github.com/kiln-llm/kiln/session"
 )
 
 // samplingFields are the decoding parameters OpenAI-style requests share
@@ -35,33 +35,25 @@ type samplingFields struct {
 	N                 *int               `json:"n"`
 }
 
-// sampling merges a request's fields over the server defaults and checks
-// their ranges. maxTokens nil keeps the default.
+// sampling merges a request's fields over the server defaults. Their bounds
+// are engine.Sampling's, checked when the request is submitted; the checks
+// here are of the wire's own forms (n, top_k's -1, logit_bias keys) and of
+// values the engine reads as "unset" (top_p and max_tokens 0). maxTokens nil
+// keeps the default.
 func (s *Server) sampling(f *samplingFields, maxTokens *int) (engine.Sampling, error) {
 	sp := s.opts.Defaults
 	if f.N != nil && *f.N != 1 {
 		return sp, badRequest("n", "n must be 1: kiln returns one choice per request")
 	}
-	set := func(dst *float32, v *float32, name string, lo, hi float32) error {
-		if v == nil {
-			return nil
-		}
-		if math.IsNaN(float64(*v)) || *v < lo || *v > hi {
-			return badRequest(name, "%s must be between %g and %g, not %g", name, lo, hi, *v)
-		}
-		*dst = *v
-		return nil
-	}
-	for _, e := range []error{
-		set(&sp.Temperature, f.Temperature, "temperature", 0, 2),
-		set(&sp.TopP, f.TopP, "top_p", 0, 1),
-		set(&sp.MinP, f.MinP, "min_p", 0, 1),
-		set(&sp.PresencePenalty, f.PresencePenalty, "presence_penalty", -2, 2),
-		set(&sp.FrequencyPenalty, f.FrequencyPenalty, "frequency_penalty", -2, 2),
-		set(&sp.RepetitionPenalty, f.RepetitionPenalty, "repetition_penalty", 0, 10),
+	for _, v := range []struct {
+		dst *float32
+		v   *float32
+	}{
+		{&sp.Temperature, f.Temperature}, {&sp.TopP, f.TopP}, {&sp.MinP, f.MinP},
+		{&sp.PresencePenalty, f.PresencePenalty}, {&sp.FrequencyPenalty, f.FrequencyPenalty}, {&sp.RepetitionPenalty, f.RepetitionPenalty},
 	} {
-		if e != nil {
-			return sp, e
+		if v.v != nil {
+			*v.dst = *v.v
 		}
 	}
 	if f.TopP != nil && *f.TopP == 0 {
@@ -82,9 +74,6 @@ func (s *Server) sampling(f *samplingFields, maxTokens *int) (engine.Sampling, e
 		sp.Seed = &seed
 	}
 	if f.Stop != nil {
-		if len(f.Stop) > 16 {
-			return sp, badRequest("stop", "at most 16 stop strings, not %d", len(f.Stop))
-		}
 		sp.Stop = f.Stop
 	}
 	if len(f.LogitBias) > 0 {
@@ -93,9 +82,6 @@ func (s *Server) sampling(f *samplingFields, maxTokens *int) (engine.Sampling, e
 			id, err := strconv.ParseInt(k, 10, 32)
 			if err != nil || id < 0 {
 				return sp, badRequest("logit_bias", "logit_bias keys must be token ids, not %q", k)
-			}
-			if v < -100 || v > 100 {
-				return sp, badRequest("logit_bias", "logit_bias values must be between -100 and 100, not %g", v)
 			}
 			sp.LogitBias[int32(id)] = v
 		}
@@ -111,9 +97,6 @@ func (s *Server) sampling(f *samplingFields, maxTokens *int) (engine.Sampling, e
 }
 
 func (s *Server) setLogprobs(sp *engine.Sampling, on bool, top int) error {
-	if top < 0 || top > 20 {
-		return badRequest("top_logprobs", "top_logprobs must be between 0 and 20, not %d", top)
-	}
 	if top > 0 && !on {
 		return badRequest("top_logprobs", "top_logprobs requires logprobs")
 	}
@@ -135,21 +118,21 @@ func thinkingKwargs(kwargs map[string]any, on bool) map[string]any {
 type generation struct {
 	ctx    context.Context
 	cancel context.CancelFunc
-	events <-chan engine.Event // the engine stream's events
-	log    *slog.Logger        // nil: no log line
-	final  engine.Event
+	read   func() session.Event // the stream's next event (session.Stream.Next)
+	log    *slog.Logger         // nil: no log line
+	final  session.Event
 }
 
 // start submits req under the request's context, bounded by the server's
 // request timeout. The caller must call close.
-func (s *Server) start(r *http.Request, req *engine.Request) (*generation, error) {
+func (s *Server) start(r *http.Request, req *session.Request) (*generation, error) {
 	ctx, cancel := context.WithTimeout(r.Context(), s.opts.RequestTimeout)
-	st, err := s.eng.Generate(ctx, req)
+	st, err := s.sess.Generate(ctx, req)
 	if err != nil {
 		cancel()
 		return nil, err
 	}
-	return &generation{ctx: ctx, cancel: cancel, events: st.Events(), log: s.log}, nil
+	return &generation{ctx: ctx, cancel: cancel, read: st.Next, log: s.log}, nil
 }
 
 // close cancels the request if it is still running, which makes the engine
@@ -164,17 +147,9 @@ func (g *generation) close() {
 		"completion_tokens", u.CompletionTokens, "ttft", u.TTFT.Round(time.Microsecond), "decode_tok_s", math.Round(u.DecodeTokensPerS*10)/10)
 }
 
-// next returns the stream's next event; a stream that ends without a final
-// event reads as an engine error.
-func (g *generation) next() engine.Event {
-	ev, ok := <-g.events
-	switch {
-	case !ok && g.ctx.Err() != nil:
-		// Once cancelled, the engine may drop the final event.
-		ev = engine.Event{Done: true, Finish: engine.FinishCancelled}
-	case !ok:
-		ev = engine.Event{Done: true, Finish: engine.FinishError, Err: errors.New("the engine ended the stream without a final event")}
-	}
+// next returns the stream's next event.
+func (g *generation) next() session.Event {
+	ev := g.read()
 	if ev.Done {
 		g.final = ev
 	}
@@ -182,7 +157,7 @@ func (g *generation) next() engine.Event {
 }
 
 // failure is the error a final event reports, nil when it finished normally.
-func (g *generation) failure(ev engine.Event) error {
+func (g *generation) failure(ev session.Event) error {
 	switch ev.Finish {
 	case engine.FinishCancelled:
 		if g.ctx.Err() != nil {
@@ -207,8 +182,8 @@ func (g *generation) failure(ev engine.Event) error {
 type result struct {
 	text, reasoning strings.Builder
 	toolCalls       []chat.ToolCall
-	logprobs        []backend.Sampled
-	final           engine.Event
+	logprobs        []engine.Logprob
+	final           session.Event
 }
 
 // collect reads the whole stream.
@@ -228,7 +203,7 @@ func (g *generation) collect() (*result, error) {
 }
 
 // usage returns the final event's usage, never nil.
-func usageOf(ev engine.Event) engine.Usage {
+func usageOf(ev session.Event) engine.Usage {
 	if ev.Usage == nil {
 		return engine.Usage{}
 	}

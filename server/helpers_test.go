@@ -2,8 +2,6 @@ package server
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -14,80 +12,30 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
-	"github.com/kiln-llm/kiln/backend/cpu"
-	"github.com/kiln-llm/kiln/chat"
 	"github.com/kiln-llm/kiln/engine"
-	"github.com/kiln-llm/kiln/model"
+	"github.com/kiln-llm/kiln/internal/testmodel"
+	"github.com/kiln-llm/kiln/session"
 	"github.com/kiln-llm/kiln/tokenizer"
 )
 
 // The tests serve the tiny Qwen3 fixture (a real model trained by
 // scripts/make_fixtures.py) with Qwen3's real chat template, so that tools
 // and thinking render as they do for hub models.
-const (
-	fixtureDir   = "../testdata/fixtures/qwen3"
-	templateFile = "../testdata/chat/qwen3.jinja"
-	testModel    = "kiln-test"
-)
+const testModel = "kiln-test"
 
-// testModelDir assembles the model directory.
-func testModelDir(t testing.TB) string {
+// newSession loads the test model on the CPU backend and starts its engine
+// and session.
+func newSession(t testing.TB, opts engine.Options) (*session.Session, *tokenizer.Tokenizer, int) {
 	t.Helper()
-	dir := t.TempDir()
-	for _, f := range []string{"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"} {
-		if err := os.Symlink(mustAbs(t, filepath.Join(fixtureDir, f)), filepath.Join(dir, f)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	tmpl, err := os.ReadFile(templateFile)
+	opts.Logger = testmodel.Logger()
+	f := testmodel.Load(t, "qwen3", testmodel.Options{ChatTemplate: "qwen3.jinja", Threads: 2})
+	e, err := engine.New(f.Model, f.Tok, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "chat_template.jinja"), tmpl, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return dir
-}
-
-func mustAbs(t testing.TB, p string) string {
-	a, err := filepath.Abs(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return a
-}
-
-// newEngine loads the test model on the CPU backend.
-func newEngine(t testing.TB, opts engine.Options) (*engine.Engine, *tokenizer.Tokenizer, int) {
-	t.Helper()
-	opts.Logger = testLogger()
-	dir := testModelDir(t)
-	m, err := model.Load(dir, cpu.New(cpu.Options{Threads: 2}), model.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tok, err := tokenizer.Load(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl, err := chat.LoadTemplate(os.DirFS(dir))
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := engine.New(m, tok, tmpl, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close() })
-	return e, tok, m.Config().ContextLength
-}
-
-// testLogger discards logs unless the tests run with -v.
-func testLogger() *slog.Logger {
-	if testing.Verbose() {
-		return slog.Default()
-	}
-	return slog.New(slog.NewTextHandler(io.Discard, nil))
+	s := session.New(e, f.Tok, f.Tmpl, session.Options{Logger: opts.Logger})
+	t.Cleanup(func() { s.Close() })
+	return s, f.Tok, f.Model.Config().ContextLength
 }
 
 // testServer is a server listening on a loopback port and a Unix socket.
@@ -101,12 +49,12 @@ type testServer struct {
 
 func startServer(t testing.TB, opts Options, eopts engine.Options) *testServer {
 	t.Helper()
-	eng, tok, ctxLen := newEngine(t, eopts)
+	sess, tok, ctxLen := newSession(t, eopts)
 	opts.ModelName = testModel
-	opts.Logger = testLogger()
+	opts.Logger = testmodel.Logger()
 	opts.ContextLength = ctxLen
 	opts.TokenText = func(id int32) string { return tok.Decode([]int32{id}) }
-	srv := New(eng, opts)
+	srv := New(sess, opts)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -131,7 +79,7 @@ func startServer(t testing.TB, opts Options, eopts engine.Options) *testServer {
 			t.Errorf("shutdown: %v", err)
 		}
 	})
-	return &testServer{srv: srv, eng: eng, tok: tok, url: "http://" + l.Addr().String(), sock: sock}
+	return &testServer{srv: srv, eng: sess.Engine(), tok: tok, url: "http://" + l.Addr().String(), sock: sock}
 }
 
 // client returns an openai-go client of the TCP listener.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/kiln-llm/kiln/chat"
 	"github.com/kiln-llm/kiln/engine"
+	"github.com/kiln-llm/kiln/session"
 )
 
 // ollamaOptions are the "options" of an Ollama request that kiln honours;
@@ -101,10 +102,10 @@ type ollamaDone struct {
 	EvalDuration       int64  `json:"eval_duration,omitempty"`
 }
 
-func ollamaDoneOf(ev engine.Event, start time.Time) ollamaDone {
+func ollamaDoneOf(ev session.Event, start time.Time) ollamaDone {
 	u := usageOf(ev)
 	reason := string(ev.Finish)
-	if ev.Finish == engine.FinishToolCalls {
+	if ev.Finish == session.FinishToolCalls {
 		reason = "stop" // Ollama reports tool calls in the message, not here
 	}
 	return ollamaDone{DoneReason: reason, TotalDuration: int64(time.Since(start)), PromptEvalCount: u.PromptTokens,
@@ -211,7 +212,7 @@ func (s *Server) ollamaChat(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	g, err := s.start(r, &engine.Request{Messages: msgs, Tools: tools, TemplateKwargs: kwargs, Sampling: sp})
+	g, err := s.start(r, &session.Request{Messages: msgs, Tools: tools, TemplateKwargs: kwargs, Sampling: sp})
 	if err != nil {
 		return err
 	}
@@ -260,7 +261,7 @@ func (s *Server) ollamaGenerate(w http.ResponseWriter, r *http.Request) error {
 			Response: &empty, Done: true, ollamaDone: ollamaDone{DoneReason: "load"}})
 		return nil
 	}
-	er := &engine.Request{Prompt: req.Prompt, Sampling: sp}
+	er := &session.Request{Prompt: req.Prompt, Sampling: sp}
 	if !req.Raw {
 		er.Prompt, er.TemplateKwargs = "", kwargs
 		if req.System != "" {

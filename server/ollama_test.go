@@ -96,6 +96,11 @@ func TestOllamaGenerateAndTags(t *testing.T) {
 	if status != 400 || len(lines) != 1 || lines[0]["error"] == nil {
 		t.Errorf("wrong type: %d %v", status, lines)
 	}
+	// Out of range, under Ollama's name for it.
+	status, _, lines = ollamaPost(t, ts.url, "/api/chat", `{"model":"kiln-test","messages":[{"role":"user","content":"x"}],"options":{"repeat_penalty":11}}`)
+	if status != 400 || len(lines) != 1 || lines[0]["error"] != "repeat_penalty must be between 0 and 10, not 11" {
+		t.Errorf("repeat_penalty 11: %d %v", status, lines)
+	}
 	resp, err := http.Get(ts.url + "/api/tags")
 	if err != nil {
 		t.Fatal(err)

@@ -7,9 +7,9 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/kiln-llm/kiln/backend"
 	"github.com/kiln-llm/kiln/chat"
 	"github.com/kiln-llm/kiln/engine"
+	"github.com/kiln-llm/kiln/session"
 )
 
 // chatRequest is the body of POST /v1/chat/completions.
@@ -74,7 +74,7 @@ func convertMessages(in []wireMessage) ([]chat.Message, error) {
 
 // selectTools applies tool_choice. "none" drops the tools; "auto" keeps them
 // all; "required" keeps them and forces a call ("*"); a named function keeps
-// only that tool and forces a call of it (engine.Request.ForceToolCall). The
+// only that tool and forces a call of it (session.Request.ForceToolCall). The
 // answer then begins with a call; its arguments are the model's, not checked
 // against the schema.
 func selectTools(tools []json.RawMessage, choice json.RawMessage) ([]chat.Tool, string, error) {
@@ -163,7 +163,7 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) error {
 	if err := s.setLogprobs(&sp, req.Logprobs, top); err != nil {
 		return err
 	}
-	g, err := s.start(r, &engine.Request{Messages: msgs, Tools: tools, ForceToolCall: force, TemplateKwargs: req.ChatTemplateKwargs, Sampling: sp})
+	g, err := s.start(r, &session.Request{Messages: msgs, Tools: tools, ForceToolCall: force, TemplateKwargs: req.ChatTemplateKwargs, Sampling: sp})
 	if err != nil {
 		return err
 	}
@@ -201,7 +201,7 @@ func (s *Server) chatResponse(res *result, c completionMeta, logprobs bool) chat
 // response started is sent as an {"error": ...} event.
 func (s *Server) streamChat(w http.ResponseWriter, g *generation, c completionMeta, includeUsage, logprobs bool) error {
 	sw := s.newStreamWriter(w, g, "text/event-stream")
-	chunk := func(d chunkDelta, finish string, lp []backend.Sampled) chatChunk {
+	chunk := func(d chunkDelta, finish string, lp []engine.Logprob) chatChunk {
 		ch := chunkChoice{Delta: d}
 		if finish != "" {
 			ch.FinishReason = &finish
@@ -339,7 +339,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) error {
 	if err := s.setLogprobs(&sp, req.Logprobs != nil, top); err != nil {
 		return err
 	}
-	g, err := s.start(r, &engine.Request{Prompt: text, PromptIDs: ids, Sampling: sp})
+	g, err := s.start(r, &session.Request{Prompt: text, PromptIDs: ids, Sampling: sp})
 	if err != nil {
 		ae := asAPIError(err)
 		if ae.Code != nil && *ae.Code == "context_length_exceeded" {
@@ -434,7 +434,7 @@ type wireUsage struct {
 	} `json:"prompt_tokens_details"`
 }
 
-func wireUsageOf(ev engine.Event) wireUsage {
+func wireUsageOf(ev session.Event) wireUsage {
 	u := usageOf(ev)
 	w := wireUsage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, TotalTokens: u.PromptTokens + u.CompletionTokens}
 	w.PromptTokensDetails.CachedTokens = u.CachedTokens
@@ -533,7 +533,7 @@ func tokenBytes(s string) []int {
 	return b
 }
 
-func (s *Server) chatLogprobs(lp []backend.Sampled) *chatLogprobList {
+func (s *Server) chatLogprobs(lp []engine.Logprob) *chatLogprobList {
 	out := &chatLogprobList{Content: make([]chatLogprob, len(lp))}
 	for i, t := range lp {
 		text := s.tokenText(t.Token)
@@ -569,7 +569,7 @@ type textLogprobList struct {
 	TextOffset    []int                `json:"text_offset"`
 }
 
-func (s *Server) textLogprobs(lp []backend.Sampled) *textLogprobList {
+func (s *Server) textLogprobs(lp []engine.Logprob) *textLogprobList {
 	out := &textLogprobList{}
 	off := 0
 	for _, t := range lp {

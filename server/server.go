@@ -1,4 +1,4 @@
-// Package server serves an engine over HTTP: the OpenAI API
+// Package server serves a session (package session) over HTTP: the OpenAI API
 // (/v1/chat/completions, /v1/completions, /v1/models), Ollama's API
 // (/api/chat, /api/generate, /api/tags, /api/ps, /api/show, /api/version), /health
 // and /status, on TCP listeners and on owner-only Unix sockets.
@@ -24,6 +24,7 @@ import (
 	"unicode"
 
 	"github.com/kiln-llm/kiln/engine"
+	"github.com/kiln-llm/kiln/session"
 )
 
 // Options configures a Server. The zero value of each field has a usable
@@ -54,10 +55,10 @@ type Options struct {
 	Logger         *slog.Logger  // default slog.Default()
 }
 
-// Server is an HTTP front end of one engine. Create it with New, call Serve
-// for each listener, and Shutdown to drain.
+// Server is an HTTP front end of one session and its engine. Create it
+// with New, call Serve for each listener, and Shutdown to drain.
 type Server struct {
-	eng     *engine.Engine
+	sess    *session.Session
 	opts    Options
 	log     *slog.Logger
 	hs      *http.Server
@@ -70,8 +71,8 @@ type Server struct {
 	cancelAll context.CancelCauseFunc
 }
 
-// New returns a server for e.
-func New(e *engine.Engine, opts Options) *Server {
+// New returns a server for sess.
+func New(sess *session.Session, opts Options) *Server {
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = 8 << 20
 	}
@@ -84,7 +85,7 @@ func New(e *engine.Engine, opts Options) *Server {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	s := &Server{eng: e, opts: opts, log: opts.Logger, started: time.Now()}
+	s := &Server{sess: sess, opts: opts, log: opts.Logger, started: time.Now()}
 	s.baseCtx, s.cancelAll = context.WithCancelCause(context.Background())
 	s.handler = s.routes()
 	s.hs = &http.Server{
@@ -399,7 +400,7 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request) {
 		UptimeS:  time.Since(s.started).Seconds(),
 		InFlight: s.inFlight.Load(),
 		Draining: s.draining.Load(),
-		Stats:    EngineStats(s.eng.Stats()),
+		Stats:    EngineStats(s.sess.Engine().Stats()),
 		Info:     s.opts.Info,
 	})
 }

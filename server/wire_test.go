@@ -11,29 +11,32 @@ import (
 
 	"github.com/kiln-llm/kiln/chat"
 	"github.com/kiln-llm/kiln/engine"
+	"github.com/kiln-llm/kiln/session"
 )
 
 // The tiny test models do not write tool calls, so the encoding of the
-// engine's tool-call and reasoning events is checked here on a fixed event
+// session's tool-call and reasoning events is checked here on a fixed event
 // sequence, decoded by openai-go as a client would.
-func toolCallEvents() []engine.Event {
-	return []engine.Event{
+func toolCallEvents() []session.Event {
+	return []session.Event{
 		{Tokens: []int32{1, 2}, Reasoning: "The user wants weather."},
 		{Tokens: []int32{3}, Text: "Let me check."},
 		{Tokens: []int32{4, 5, 6}, ToolCalls: []chat.ToolCall{{Function: chat.FunctionCall{Name: "get_weather", Arguments: json.RawMessage(`{"city": "Paris"}`)}}}},
 		{Tokens: []int32{7}, ToolCalls: []chat.ToolCall{{ID: "call_x", Function: chat.FunctionCall{Name: "get_time", Arguments: json.RawMessage(`"{\"tz\": \"CET\"}"`)}}}},
-		{Done: true, Finish: engine.FinishToolCalls, Usage: &engine.Usage{PromptTokens: 30, CachedTokens: 16, CompletionTokens: 7}},
+		{Done: true, Finish: session.FinishToolCalls, Usage: &engine.Usage{PromptTokens: 30, CachedTokens: 16, CompletionTokens: 7}},
 	}
 }
 
-func replay(events []engine.Event) *generation {
-	ch := make(chan engine.Event, len(events))
-	for _, ev := range events {
-		ch <- ev
-	}
-	close(ch)
+// replay is a generation whose stream gives events.
+func replay(events []session.Event) *generation {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &generation{ctx: ctx, cancel: cancel, events: ch}
+	return &generation{ctx: ctx, cancel: cancel, read: func() session.Event {
+		ev := events[0]
+		if !ev.Done {
+			events = events[1:]
+		}
+		return ev
+	}}
 }
 
 func TestToolCallStreamEncoding(t *testing.T) {

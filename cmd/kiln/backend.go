@@ -8,7 +8,6 @@ import (
 	"github.com/kiln-llm/kiln/backend"
 	"github.com/kiln-llm/kiln/backend/cpu"
 	"github.com/kiln-llm/kiln/backend/cuda"
-	"github.com/kiln-llm/kiln/demo"
 	"github.com/kiln-llm/kiln/model"
 	"github.com/kiln-llm/kiln/quant"
 )
@@ -37,26 +36,15 @@ func openBackend(name string) (backend.Backend, error) {
 	return nil, fmt.Errorf("unknown backend %q (want auto, cpu or cuda)", name)
 }
 
-// modelConfig reads the config of the model a command names: a directory,
-// a synthetic model, or (neither) the embedded demo model.
-func modelConfig(dir, synthetic string) (*model.Config, error) {
-	switch {
-	case synthetic != "":
-		return model.SyntheticConfig(synthetic)
-	case dir != "":
-		return model.ReadPathConfig(dir)
-	}
-	return model.ReadConfig(demo.FS(), demoName)
-}
-
-// modelSource is the model of the commands that take --model DIR or
-// --synthetic NAME (generate, bench).
+// modelSource is the model a command loads: --model (a path, or the demo
+// model) or --synthetic NAME (generate, bench), with the flags that say how.
 type modelSource struct {
 	dir, synthetic string
-	layers         int           // synthetic: keep only the first layers (0: all)
-	dtype          backend.DType // synthetic: weight dtype
-	kv             string        // --kv: KV cache dtype ("": kvDType's default)
-	quantize       string        // --quantize: type the linear layers' float weights become at load
+	layers         int                     // synthetic: keep only the first layers (0: all)
+	dtype          backend.DType           // synthetic: weight dtype
+	kv             string                  // --kv: KV cache dtype ("": kvDType's default)
+	quantize       string                  // --quantize: type the linear layers' float weights become at load
+	progress       func(done, total int64) // of reading the weights; nil: none
 }
 
 // quantizeFlagHelp is the help of every command's --quantize flag.
@@ -95,8 +83,14 @@ func kvDType(flag string, b backend.Backend) (backend.DType, error) {
 // openModel opens the backend the name and the model call for, then loads
 // the model on it (or builds the synthetic one).
 func openModel(backendName string, src modelSource) (*model.Model, backend.Backend, error) {
-	// The config first: a bad model directory fails before a GPU starts.
-	if _, err := modelConfig(src.dir, src.synthetic); err != nil {
+	// The config first: a bad model path fails before a GPU starts.
+	var err error
+	if src.synthetic != "" {
+		_, err = model.SyntheticConfig(src.synthetic)
+	} else {
+		_, err = modelPath(src.dir).config()
+	}
+	if err != nil {
 		return nil, nil, err
 	}
 	b, err := openBackend(backendName)
@@ -119,7 +113,7 @@ func openModel(backendName string, src modelSource) (*model.Model, backend.Backe
 		}
 		m, err = model.Synthetic(src.synthetic, b, model.SyntheticOptions{Layers: src.layers, Seed: 1, DType: dt, KVDType: kv})
 	} else {
-		m, err = model.Load(src.dir, b, model.Options{KVDType: kv, Quantize: q})
+		m, err = modelPath(src.dir).weights(b, model.Options{KVDType: kv, Quantize: q, Progress: src.progress})
 	}
 	if err != nil {
 		return nil, nil, err

@@ -203,10 +203,10 @@ func (c *benchConfig) startInProcess() (stop func(), err error) {
 	if c.vocab <= 0 {
 		c.vocab = lm.regularVocab()
 	}
-	srv := server.New(lm.eng, server.Options{ModelName: lm.name, ContextLength: lm.ctxLen, Defaults: lm.defaults, TokenText: lm.tokenText, Logger: slog.Default()})
+	srv := server.New(lm.sess, server.Options{ModelName: lm.name, ContextLength: lm.ctxLen, Defaults: lm.defaults, TokenText: lm.tokenText, Logger: slog.Default()})
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		lm.eng.Close()
+		lm.sess.Close()
 		return nil, err
 	}
 	go srv.Serve(l)
@@ -216,7 +216,7 @@ func (c *benchConfig) startInProcess() (stop func(), err error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		srv.Shutdown(ctx)
-		lm.eng.Close()
+		lm.sess.Close()
 	}, nil
 }
 

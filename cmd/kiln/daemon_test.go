@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kiln-llm/kiln/internal/testmodel"
 )
 
 // TestCLI builds kiln and uses it as people do, on the embedded demo model:
@@ -284,10 +286,7 @@ func testServeDrain(t *testing.T, bin string, env []string, dir string) {
 // config.json is a FIFO nobody writes, so loading blocks) and while it
 // answers: both times the process must end promptly, non-zero, saying why.
 func testRunInterrupted(t *testing.T, bin string, env []string) {
-	fixture, err := filepath.Abs(filepath.Join("..", "..", "testdata", "fixtures", "qwen3"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	fixture := testmodel.Dir("qwen3")
 	stuck := t.TempDir()
 	if err := syscall.Mkfifo(filepath.Join(stuck, "config.json"), 0o600); err != nil {
 		t.Fatal(err)

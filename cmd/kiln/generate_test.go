@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kiln-llm/kiln/internal/testmodel"
 	"github.com/kiln-llm/kiln/model/reference"
 )
 
@@ -16,7 +17,7 @@ import (
 // the reference logits.
 func TestGenerateCommand(t *testing.T) {
 	bin := kilnBinary(t)
-	dir := filepath.Join("..", "..", "testdata", "fixtures", "qwen3next")
+	dir := testmodel.Dir("qwen3next")
 	ref, err := reference.Read(dir)
 	if err != nil {
 		t.Fatal(err)

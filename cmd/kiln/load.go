@@ -11,11 +11,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kiln-llm/kiln/chat"
-	"github.com/kiln-llm/kiln/demo"
 	"github.com/kiln-llm/kiln/engine"
-	"github.com/kiln-llm/kiln/gguf"
-	"github.com/kiln-llm/kiln/model"
+	"github.com/kiln-llm/kiln/session"
 	"github.com/kiln-llm/kiln/tokenizer"
 )
 
@@ -28,8 +25,8 @@ type modelFlags struct {
 	kvMiB      int64
 	kv         string
 	quantize   string
-	// conversations: the command serves multi-turn chats, so the engine
-	// prepares each chat's next turn (engine.Options.PrepareNextTurn); not
+	// conversations: the command serves multi-turn chats, so the session
+	// prepares each chat's next turn (session.Options.PrepareNextTurn); not
 	// for a one-shot kiln run, which would wait for it before exiting.
 	conversations bool
 }
@@ -53,7 +50,7 @@ type loaded struct {
 	// defaults are the model's generation_config sampling parameters.
 	defaults engine.Sampling
 	tok      *tokenizer.Tokenizer
-	eng      *engine.Engine
+	sess     *session.Session
 }
 
 // demoName is the embedded demo model's name in the API.
@@ -74,9 +71,10 @@ func (l *loaded) regularVocab() int {
 	return n
 }
 
-// load opens the model directory (or the demo model), its tokenizer and
-// chat template, and starts an engine on the chosen backend. A progress bar
-// shows on stderr while weights load, when stderr is a terminal.
+// load opens the model (a directory, a GGUF file or the demo model), its
+// tokenizer and chat template, and starts an engine and its session on the
+// chosen backend. A progress bar shows on stderr while weights load, when
+// stderr is a terminal.
 func (f *modelFlags) load() (*loaded, error) {
 	// The engine refuses these too, but by printing its whole Options.
 	for _, v := range []struct {
@@ -90,59 +88,42 @@ func (f *modelFlags) load() (*loaded, error) {
 	if f.maxTokens > 0 && f.maxRunning > f.maxTokens {
 		return nil, fmt.Errorf("--max-running %d exceeds --max-batch-tokens %d: every running sequence needs a token per step", f.maxRunning, f.maxTokens)
 	}
-	opts := engine.Options{MaxRunning: f.maxRunning, MaxBatchTokens: f.maxTokens, KVMemory: f.kvMiB << 20, PrepareNextTurn: f.conversations}
+	opts := engine.Options{MaxRunning: f.maxRunning, MaxBatchTokens: f.maxTokens, KVMemory: f.kvMiB << 20}
 	if opts.MaxBatchTokens == 0 && f.maxRunning > 256 {
 		opts.MaxBatchTokens = f.maxRunning // every running sequence needs a token per step
 	}
-	// The config first: a bad model directory fails before a GPU starts.
-	if _, err := modelConfig(f.dir, ""); err != nil {
-		return nil, err
-	}
-	b, err := openBackend(f.backend)
-	if err != nil {
-		return nil, err
-	}
-	kv, err := kvDType(f.kv, b)
-	if err != nil {
-		return nil, err
-	}
-	q, err := quantizeType(f.quantize)
-	if err != nil {
-		return nil, err
-	}
-	bar := newProgressBar(os.Stderr, "loading")
-	mopts := model.Options{Progress: bar.update, KVDType: kv, Quantize: q}
-	start := time.Now()
-	var (
-		m    *model.Model
-		tok  *tokenizer.Tokenizer
-		tmpl *chat.Template
-		dir  string
-	)
-	if f.dir == "" {
-		fsys := demo.FS()
-		if m, err = model.LoadFS(fsys, b, mopts); err != nil {
-			return nil, fmt.Errorf("loading the demo model: %w", err)
-		}
-		if tok, err = tokenizer.LoadFS(fsys); err != nil {
-			return nil, fmt.Errorf("loading the demo model's tokenizer: %w", err)
-		}
-		if tmpl, err = chat.LoadTemplate(fsys); err != nil {
-			return nil, fmt.Errorf("loading the demo model's chat template: %w", err)
-		}
-	} else {
+	var dir string // absolute, for /status and the daemon's clients
+	if f.dir != "" {
+		var err error
 		if dir, err = filepath.Abs(f.dir); err != nil {
 			return nil, err
 		}
-		if m, err = model.Load(dir, b, mopts); err != nil {
-			return nil, fmt.Errorf("loading %s: %w", f.dir, err)
-		}
-		if tok, tmpl, err = loadText(dir); err != nil {
-			m.Close()
-			return nil, fmt.Errorf("loading %s: %w", f.dir, err)
-		}
 	}
+	bar := newProgressBar(os.Stderr, "loading")
+	start := time.Now()
+	m, b, err := openModel(f.backend, modelSource{dir: f.dir, kv: f.kv, quantize: f.quantize, progress: bar.update})
 	bar.finish()
+	if err != nil {
+		return nil, err
+	}
+	path := modelPath(f.dir)
+	tok, err := path.tokenizer()
+	if err != nil {
+		m.Close()
+		return nil, err
+	}
+	tmpl, err := path.template()
+	if err != nil {
+		m.Close()
+		return nil, err
+	}
+	cfg := m.Config()
+	d := cfg.Defaults
+	defaults := engine.Sampling{Temperature: d.Temperature, TopP: d.TopP, TopK: d.TopK, MinP: d.MinP, RepetitionPenalty: d.RepetitionPenalty}
+	if err := defaults.Validate(); err != nil {
+		m.Close()
+		return nil, fmt.Errorf("%s: generation_config: %w", path, err)
+	}
 	if gpu, ok := b.(interface{ FreeMemory() int64 }); ok {
 		// On a GPU the KV pool takes the memory the weights left, less
 		// room for the step's workspace, and prompts prefill in larger
@@ -154,109 +135,23 @@ func (f *modelFlags) load() (*loaded, error) {
 			opts.MaxBatchTokens = 2048
 		}
 	}
-	eng, err := engine.New(m, tok, tmpl, opts)
+	eng, err := engine.New(m, tok, opts)
 	if err != nil {
+		m.Close()
 		return nil, fmt.Errorf("starting the engine: %w", err)
 	}
-	cfg := m.Config()
 	name := cfg.Name
 	if dir == "" {
 		name = demoName
 	}
-	d := cfg.Defaults
-	defaults := engine.Sampling{Temperature: d.Temperature, TopP: d.TopP, TopK: d.TopK, MinP: d.MinP, RepetitionPenalty: d.RepetitionPenalty}
 	eo := eng.Options()
+	kv, _ := kvDType(f.kv, b) // as openModel resolved it
 	slog.Info("model loaded", "model", name, "backend", b.Name(), "weights", humanBytes(m.WeightBytes()), "kv", kv,
 		"kv_memory", humanBytes(int64(eo.KVBlocks*eo.BlockSize)*m.KVBytesPerToken()), "kv_tokens", eo.KVBlocks*eo.BlockSize,
 		"state_per_sequence", humanBytes(int64(m.SlotBytes())),
 		"context", cfg.ContextLength, "took", time.Since(start).Round(time.Millisecond))
-	return &loaded{name: name, dir: dir, backend: b.Name(), ctxLen: cfg.ContextLength, defaults: defaults, tok: tok, eng: eng}, nil
-}
-
-// loadText returns the tokenizer and chat template of the model at path.
-func loadText(path string) (*tokenizer.Tokenizer, *chat.Template, error) {
-	tok, err := loadTokenizer(path)
-	if err != nil {
-		return nil, nil, err
-	}
-	tmpl, err := loadTemplate(path)
-	if err != nil {
-		return nil, nil, err
-	}
-	return tok, tmpl, nil
-}
-
-// openGGUF opens the GGUF file path names, or returns nil for a Hugging
-// Face directory.
-func openGGUF(path string) (*gguf.File, error) {
-	file, isGGUF, err := model.GGUFFile(path)
-	if err != nil || !isGGUF {
-		return nil, err
-	}
-	return gguf.Open(file)
-}
-
-// loadTokenizer reads a directory's tokenizer.json or a GGUF file's
-// tokenizer.ggml metadata.
-func loadTokenizer(path string) (*tokenizer.Tokenizer, error) {
-	f, err := openGGUF(path)
-	if err != nil {
-		return nil, err
-	}
-	if f == nil {
-		tok, err := tokenizer.Load(path)
-		if err != nil {
-			return nil, fmt.Errorf("tokenizer: %w", err)
-		}
-		return tok, nil
-	}
-	defer f.Close()
-	v := tokenizer.GGUFVocab{SpecialIDs: map[string]int64{}}
-	v.Model, _ = f.String("tokenizer.ggml.model")
-	v.Pre, _ = f.String("tokenizer.ggml.pre")
-	v.Tokens, _ = f.Strings("tokenizer.ggml.tokens")
-	v.Merges, _ = f.Strings("tokenizer.ggml.merges")
-	if types, ok := f.Ints("tokenizer.ggml.token_type"); ok {
-		for _, t := range types {
-			v.Types = append(v.Types, int32(max(min(t, 1<<30), -1)))
-		}
-	}
-	for _, k := range []string{"bos", "eos", "padding", "unknown", "seperator", "mask"} {
-		if id, ok := f.Int("tokenizer.ggml." + k + "_token_id"); ok {
-			v.SpecialIDs[k] = id
-		}
-	}
-	tok, err := tokenizer.FromGGUF(v)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", f.Name, err)
-	}
-	return tok, nil
-}
-
-// loadTemplate reads a directory's chat template files or a GGUF file's
-// tokenizer.chat_template.
-func loadTemplate(path string) (*chat.Template, error) {
-	f, err := openGGUF(path)
-	if err != nil {
-		return nil, err
-	}
-	if f == nil {
-		tmpl, err := chat.LoadTemplate(os.DirFS(path))
-		if err != nil {
-			return nil, fmt.Errorf("chat template: %w", err)
-		}
-		return tmpl, nil
-	}
-	defer f.Close()
-	src, ok := f.String("tokenizer.chat_template")
-	if !ok {
-		return nil, fmt.Errorf("%s has no tokenizer.chat_template", f.Name)
-	}
-	tmpl, err := chat.ParseTemplate(src)
-	if err != nil {
-		return nil, fmt.Errorf("%s: chat template: %w", f.Name, err)
-	}
-	return tmpl, nil
+	sess := session.New(eng, tok, tmpl, session.Options{PrepareNextTurn: f.conversations})
+	return &loaded{name: name, dir: dir, backend: b.Name(), ctxLen: cfg.ContextLength, defaults: defaults, tok: tok, sess: sess}, nil
 }
 
 // isTerminal reports whether f is a character device (a terminal, not a

@@ -9,7 +9,6 @@ import (
 	"os"
 
 	"github.com/kiln-llm/kiln/chat"
-	"github.com/kiln-llm/kiln/demo"
 )
 
 func init() {
@@ -48,13 +47,7 @@ func render(args []string) error {
 		fs.Usage()
 		return errors.New("no arguments are taken: the request comes on stdin")
 	}
-	var tpl *chat.Template
-	var err error
-	if *dir == "" {
-		tpl, err = chat.LoadTemplate(demo.FS())
-	} else {
-		tpl, err = loadTemplate(*dir)
-	}
+	tpl, err := modelPath(*dir).template()
 	if err != nil {
 		return err
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/kiln-llm/kiln/chat"
 	"github.com/kiln-llm/kiln/engine"
 	"github.com/kiln-llm/kiln/server"
+	"github.com/kiln-llm/kiln/session"
 )
 
 func init() {
@@ -56,18 +57,41 @@ func (c *clientFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&c.verbose, "v", false, "debug logging")
 }
 
-// check refuses sampling flags the server would refuse too, so that a
+// check refuses flags out of range before a model loads: the flags' own
+// forms here, the sampling parameters by the engine's bounds, so that a
 // request means the same in-process and through the daemon.
 func (c *clientFlags) check() error {
 	switch {
 	case c.maxTokens < 0:
 		return fmt.Errorf("--max-tokens must be positive, not %d (0: until the model stops)", c.maxTokens)
-	case c.temperature != -1 && (c.temperature < 0 || c.temperature > 2):
-		return fmt.Errorf("--temperature must be between 0 and 2, not %g (-1: the model's default)", c.temperature)
 	case c.seed < -1:
 		return fmt.Errorf("--seed must be at least 0, not %d (-1: random)", c.seed)
 	}
+	sp := c.sampling(engine.Sampling{})
+	if err := sp.Validate(); err != nil {
+		var se *engine.SamplingError
+		if errors.As(err, &se) {
+			return fmt.Errorf("--%s %s", strings.ReplaceAll(se.Param, "_", "-"), se.Reason)
+		}
+		return err
+	}
 	return nil
+}
+
+// sampling returns defaults with the flags' sampling parameters set.
+func (c *clientFlags) sampling(defaults engine.Sampling) engine.Sampling {
+	sp := defaults
+	if c.temperature != -1 {
+		sp.Temperature = float32(c.temperature)
+	}
+	if c.seed >= 0 {
+		seed := uint64(c.seed)
+		sp.Seed = &seed
+	}
+	if c.maxTokens > 0 {
+		sp.MaxTokens = c.maxTokens
+	}
+	return sp
 }
 
 // parseInterspersed parses flags that may come before or after the
@@ -156,32 +180,22 @@ func defaultSocket() (string, error) {
 	return filepath.Join(dir, "kiln.sock"), nil
 }
 
-// localAnswerer runs the engine in this process.
+// localAnswerer runs the model in this process, through a session.
 type localAnswerer struct {
 	c  *clientFlags
 	lm *loaded
 }
 
-func (a *localAnswerer) close() { a.lm.eng.Close() }
+func (a *localAnswerer) close() { a.lm.sess.Close() }
 
 func (a *localAnswerer) answer(ctx context.Context, t *turn, out func(text, reasoning string)) (answerStats, error) {
-	sp := a.lm.defaults
-	if a.c.temperature >= 0 {
-		sp.Temperature = float32(a.c.temperature)
-	}
-	if a.c.seed >= 0 {
-		seed := uint64(a.c.seed)
-		sp.Seed = &seed
-	}
-	if a.c.maxTokens > 0 {
-		sp.MaxTokens = a.c.maxTokens
-	}
-	st, err := a.lm.eng.Generate(ctx, &engine.Request{Messages: t.messages,
-		TemplateKwargs: map[string]any{"enable_thinking": t.think}, Sampling: sp})
+	st, err := a.lm.sess.Generate(ctx, &session.Request{Messages: t.messages,
+		TemplateKwargs: map[string]any{"enable_thinking": t.think}, Sampling: a.c.sampling(a.lm.defaults)})
 	if err != nil {
 		return answerStats{}, err
 	}
-	for ev := range st.Events() {
+	for {
+		ev := st.Next()
 		if ev.Text != "" || ev.Reasoning != "" {
 			out(ev.Text, ev.Reasoning)
 		}
@@ -200,10 +214,6 @@ func (a *localAnswerer) answer(ctx context.Context, t *turn, out func(text, reas
 		}
 		return s, nil
 	}
-	if err := ctx.Err(); err != nil {
-		return answerStats{}, err
-	}
-	return answerStats{}, errors.New("the engine ended the answer without finishing it")
 }
 
 // daemonAnswerer sends the conversation to the daemon's chat completions
@@ -225,7 +235,7 @@ func (a *daemonAnswerer) answer(ctx context.Context, t *turn, out func(text, rea
 	if a.c.maxTokens > 0 {
 		body["max_tokens"] = a.c.maxTokens
 	}
-	if a.c.temperature >= 0 {
+	if a.c.temperature != -1 {
 		body["temperature"] = a.c.temperature
 	}
 	if a.c.seed >= 0 {

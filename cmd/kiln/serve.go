@@ -174,12 +174,12 @@ func (c *serveConfig) serve() error {
 	if err != nil {
 		return err
 	}
-	defer lm.eng.Close()
+	defer lm.sess.Close()
 	info := map[string]string{"backend": lm.backend, "model_dir": lm.dir}
 	if len(listeners) > 0 && listeners[0].Addr().Network() == "tcp" {
 		info["tcp"] = listeners[0].Addr().String()
 	}
-	srv := server.New(lm.eng, server.Options{
+	srv := server.New(lm.sess, server.Options{
 		ModelName:      lm.name,
 		ContextLength:  lm.ctxLen,
 		APIKey:         c.apiKey,

@@ -7,9 +7,6 @@ import (
 	"io"
 	"os"
 	"unicode/utf8"
-
-	"github.com/kiln-llm/kiln/demo"
-	"github.com/kiln-llm/kiln/tokenizer"
 )
 
 func init() {
@@ -28,13 +25,7 @@ func tokenize(args []string, in io.Reader, out io.Writer) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	var tok *tokenizer.Tokenizer
-	var err error
-	if *model == "" {
-		tok, err = tokenizer.LoadFS(demo.FS())
-	} else {
-		tok, err = loadTokenizer(*model)
-	}
+	tok, err := modelPath(*model).tokenizer()
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,62 @@
+package session
+
+import (
+	"context"
+	"slices"
+	"strings"
+
+	"github.com/kiln-llm/kiln/chat"
+	"github.com/kiln-llm/kiln/engine"
+)
+
+// turn is what a conversation's next turn is rendered from.
+type turn struct {
+	messages []chat.Message
+	tools    []chat.Tool
+	kwargs   map[string]any
+	// The answer as the client will send it back: its content and tool
+	// calls, collected as they stream.
+	content   strings.Builder
+	toolCalls []chat.ToolCall
+}
+
+// prepareNextTurn prefills, in the background, the conversation of a
+// finished answer as its next turn will start: the template is rendered
+// with two different user messages after the answer, and the text they
+// share is what any next turn begins with. The engine refuses it while
+// requests wait (they come first) and drops it when the next turn arrives
+// before it started.
+func (s *Session) prepareNextTurn(c *turn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return
+	}
+	s.turns.Go(func() {
+		var texts [2]string
+		for i, probe := range []string{"a", "b"} {
+			reply := chat.Message{Role: "assistant", Content: c.content.String(), ToolCalls: c.toolCalls}
+			msgs := append(slices.Clone(c.messages), reply, chat.Message{Role: "user", Content: probe})
+			t, err := s.tmpl.Render(&chat.RenderInput{Messages: msgs, Tools: c.tools, AddGenerationPrompt: true, Kwargs: c.kwargs})
+			if err != nil {
+				s.log.Debug("next turn not prepared", "err", err)
+				return
+			}
+			texts[i] = t
+		}
+		n := 0
+		for n < len(texts[0]) && n < len(texts[1]) && texts[0][n] == texts[1][n] {
+			n++
+		}
+		ids := s.tok.Encode(texts[0][:n])
+		if len(ids) < s.eng.Options().BlockSize {
+			return // too short to cache
+		}
+		st, err := s.eng.Generate(context.Background(), &engine.Request{Prompt: ids, PrefillOnly: true})
+		if err != nil {
+			return // requests waiting, a full queue, a closed engine, a conversation at the context's end
+		}
+		for range st.Events() {
+		}
+	})
+}
