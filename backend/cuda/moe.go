@@ -1,0 +1,147 @@
+//go:build cgo
+
+package cuda
+
+import (
+	"fmt"
+
+	"github.com/kiln-llm/kiln/backend"
+)
+
+// moeRouterGemm is the fewest tokens whose router product runs on tensor
+// cores (KILN_CUDA_ROUTER_GEMM overrides it; 0 never).
+var moeRouterGemm = envInt("KILN_CUDA_ROUTER_GEMM", 64, 0, 1<<30)
+
+// moeGrouped reports whether R (token, choice) rows over E experts take the
+// grouped products: from two rows an expert on average. H100, 16:45 UTC:
+// Qwen3-30B-A3B (128 experts) decode batch 64 (four rows an expert) 1457 ->
+// 2443 tok/s grouped, prefill 4K 1.85K -> 37.2K; Qwen3-Next (512) batch 64
+// (1.25 rows an expert) 4553 per row, 3901 grouped.
+func moeGrouped(R, E int) bool { return R >= 2*E }
+
+// The grouped expert products' tile (kernels/moe.cu): MG_BM rows of one
+// expert by MG_BN outputs, MG_BK columns a stage.
+const (
+	moeGroupRows = 64
+	moeGroupOuts = 128
+	moeGroupCols = 32
+)
+
+// MoE adds to out [T, H] the mixture of experts applied to x [T, H]: router
+// products and the shared expert through MatMul, routing and the chosen
+// experts' products in kernels that read expert indices from device memory.
+func (b *Backend) MoE(out, x backend.Tensor, e *backend.Experts, spec *backend.MoESpec) {
+	ot, xt := asT(out), asT(x)
+	T, H := xt.rows(), xt.cols()
+	checkRows("moe out", ot, T, H)
+	checkF32("moe", ot, xt)
+	E, K := spec.Experts, spec.TopK
+	router, gu, down := asT(e.Router), asT(e.GateUp), asT(e.Down)
+	checkFloatW("moe router", router)
+	if E <= 0 || E > 1024 || K <= 0 || K > E || router.rows() != E || router.cols() != H || len(gu.shape) != 3 || len(down.shape) != 3 {
+		panic(fmt.Sprintf("cuda: moe: router %v, gate_up %v, down %v for %d experts (top %d) of width %d", router, gu, down, E, K, H))
+	}
+	I := gu.shape[1] / 2
+	if gu.shape[0] != E || gu.shape[2] != H || down.shape[0] != E || down.shape[1] != H || down.shape[2] != I {
+		panic(fmt.Sprintf("cuda: moe: gate_up %v, down %v for %d experts of width %d", gu, down, E, H))
+	}
+	if T == 0 {
+		return
+	}
+	// The router product keeps float32's precision (not cuBLASLt's bf16
+	// inputs): a rounding-sized change there can flip the choice of
+	// experts. Prompts take it on tensor cores as x = hi + lo, two bf16
+	// products accumulated in float32 (~16 bits of x, as the grouped
+	// expert products); decode steps take the float32 GEMV. H100, two
+	// alternating runs: Qwen3-Next (12 layers) prefill 4K 43.8K/43.6K ->
+	// 54.0K/54.1K tok/s, 16K 49.4K/49.5K -> 63.6K/63.6K; Qwen3-30B-A3B 4K
+	// 18.8K -> 20.3K.
+	logits := b.scratchF32("moe.logits", T, E)
+	if moeRouterGemm > 0 && T >= moeRouterGemm && router.dt == backend.BF16 {
+		hi, lo := b.scratchBuf("moe.xhi", 2*T*H), b.scratchBuf("moe.xlo", 2*T*H)
+		b.run("moe_split", g1(b.blocksFor(T*H)), 256, 0, hi, lo, xt.ptr, int64Arg(T*H))
+		b.gemm(logits.ptr, hi, router.ptr, T, E, H, backend.BF16, backend.F32, false)
+		b.gemm(logits.ptr, lo, router.ptr, T, E, H, backend.BF16, backend.F32, true)
+	} else {
+		b.run("moe_gemv", [3]int{(E + 7) / 8, T, 1}, 256, 0, logits.ptr, xt.ptr, 1, router.ptr, int(router.dt), devptr(0), E, H)
+	}
+	sel := b.scratchBuf("moe.sel", 4*T*K)
+	wts := b.scratchBuf("moe.wts", 4*T*K)
+	b.run("moe_route", g1(T), 256, 0, logits.ptr, E, K, boolInt(spec.NormTopK), sel, wts)
+	R := T * K
+	// Each (token, choice) row is a product with its expert's weights: a
+	// GEMV per row, or (moeGrouped) tensor-core tiles of one expert's rows,
+	// which read an expert's weights once per tile of its rows instead of
+	// once per row. Quantized experts take qmv per row (gate/up with the
+	// SwiGLU fused), or, grouped, bf16 copies of the experts that have rows
+	// (a slab of experts at a time).
+	groupable := func(w *tensor) bool { return w.dt == backend.BF16 || w.dt.Quantized() }
+	grouped := moeGrouped(R, E) && groupable(gu) && groupable(down) && H%moeGroupCols == 0 && I%moeGroupCols == 0
+	if !grouped && (gu.dt.Quantized() && !qmvFits(gu.dt, H) || down.dt.Quantized() && !qmvFits(down.dt, I)) {
+		if !groupable(gu) || !groupable(down) || H%moeGroupCols != 0 || I%moeGroupCols != 0 {
+			panic(fmt.Sprintf("cuda: moe: experts gate_up %v, down %v: quantized experts need widths that are multiples of %d", gu, down, moeGroupCols))
+		}
+		grouped = true // FP8 rows that end inside a unit of qmv
+	}
+	expertProduct := func(y, x devptr, xdiv int, w *tensor, O, in int) {
+		b.run("moe_gemv", [3]int{(O + 7) / 8, R, 1}, 256, 0, y, x, xdiv, w.ptr, int(w.dt), sel, O, in)
+	}
+	if grouped {
+		maxTiles := (R+moeGroupRows-1)/moeGroupRows + min(E, R)
+		start, order := b.scratchBuf("moe.start", 4*(E+1)), b.scratchBuf("moe.order", 4*R)
+		tiles, ntiles := b.scratchBuf("moe.tiles", 8*maxTiles), b.scratchBuf("moe.ntiles", 4)
+		b.run("moe_group", g1(1), 1024, 0, sel, R, E, start, order, tiles, ntiles)
+		expertProduct = func(y, x devptr, xdiv int, w *tensor, O, in int) {
+			xg := b.scratchBuf("moe.xg", 4*R*in) // bf16 hi and lo parts
+			b.run("moe_gather", g1(R), 256, 0, xg, x, xdiv, order, in)
+			grid := [3]int{(O + moeGroupOuts - 1) / moeGroupOuts, maxTiles, 1}
+			if !w.dt.Quantized() {
+				b.run("moe_group_mm", grid, 128, 0, y, xg, w.ptr, start, order, tiles, ntiles, O, in, 0, E)
+				return
+			}
+			per := max(1, min(E, b.qSlab/(O*in)))
+			for e0 := 0; e0 < E; e0 += per {
+				e1 := min(E, e0+per)
+				buf := b.scratchBuf("moe.qdeq", 2*(e1-e0)*O*in)
+				b.qdeq(buf, w, e0*O, (e1-e0)*O, in, start, e0, O)
+				b.run("moe_group_mm", grid, 128, 0, y, xg, buf, start, order, tiles, ntiles, O, in, e0, e1)
+			}
+		}
+	}
+	var act *tensor // [R, I], f32 or (qmv_swiglu) bf16
+	if !grouped && gu.dt.Quantized() {
+		act = &tensor{dt: backend.BF16, shape: []int{R, I}, ptr: b.scratchBuf("moe.act", 2*R*I), view: true}
+		b.qmv(true, act.ptr, backend.BF16, b.qx(xt), 1, K, gu, 2*I*gu.rb(), sel, R, I, H, false)
+	} else {
+		h := b.scratchF32("moe.h", R, 2*I)
+		expertProduct(h.ptr, xt.ptr, K, gu, 2*I, H)
+		act = b.scratchF32("moe.act", R, I)
+		b.siluMul(act, h)
+	}
+	y := b.scratchF32("moe.y", R, H)
+	switch {
+	case !grouped && down.dt.Quantized():
+		b.qmv(false, y.ptr, backend.F32, b.qx(act), 1, 1, down, H*down.rb(), sel, R, H, I, false)
+	case act.dt == backend.BF16:
+		// Quantized gate/up before float32 or f16 down weights.
+		af := b.scratchF32("moe.actf", R, I)
+		b.run("cast", g1(b.blocksFor(R*I)), 256, 0, af.ptr, int(backend.F32), act.ptr, int(backend.BF16), int64Arg(R*I))
+		expertProduct(y.ptr, af.ptr, 1, down, H, I)
+	default:
+		expertProduct(y.ptr, act.ptr, 1, down, H, I)
+	}
+	var ys, gate devptr
+	if e.SharedGateUp != nil {
+		sgu, sdown, sg := asT(e.SharedGateUp), asT(e.SharedDown), asT(e.SharedGate)
+		Is := sgu.rows() / 2
+		if sgu.cols() != H || sgu.rows()%2 != 0 || sdown.rows() != H || sdown.cols() != Is || sg.numel() != H {
+			panic(fmt.Sprintf("cuda: moe: shared expert gate_up %v, down %v, gate %v for width %d", sgu, sdown, sg, H))
+		}
+		g := b.scratchF32("moe.gate", T, 1)
+		b.MatMul(g, xt, b.Reshape(sg, 1, H), false)
+		so := b.scratchF32("moe.so", T, H)
+		b.mlp(so, xt, sgu, sdown, false)
+		ys, gate = so.ptr, g.ptr
+	}
+	b.run("moe_combine", g1(T), 256, 0, ot.ptr, y.ptr, wts, K, H, ys, gate)
+}

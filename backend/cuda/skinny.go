@@ -1,0 +1,68 @@
+//go:build cgo
+
+package cuda
+
+import (
+	"github.com/kiln-llm/kiln/backend"
+)
+
+// skinnyMaxTokens is the largest token count of the tensor-core skinny
+// GEMM (kernels/skinny.cu): above the GEMV's count and up to this one, bf16
+// products whose inner width is a multiple of skinnyCols take it instead of
+// cuBLASLt (H100 decode steps: 3 and 4 tokens +3.5%, 8 tokens +0 to 1.8%;
+// at 16 it lost, see NOTES.md).
+// KILN_CUDA_SKINNY_MAX lowers it (0: off).
+const skinnyMaxTokens = 8
+
+// The skinny GEMM's tile (kernels/skinny.cu): SK_BM rows by SK_BK columns,
+// and its shared memory, SK_STAGES stages of SK_BM + SK_TOK rows of SK_BK +
+// 8 bf16.
+const (
+	skinnyRows = 32
+	skinnyCols = 256
+	skinnySmem = 3 * (skinnyRows + 8) * (skinnyCols + 8) * 2
+)
+
+// skinnySplits returns how many blocks split the inner dimension of a
+// skinny GEMM of n tokens by o outputs (o gate and o up rows with swiglu)
+// by in, or 0 when the product is not one for it. A tile is skinnyRows
+// weight rows (half as many outputs with swiglu); when the tiles leave a
+// wave of blocks unfilled, the inner dimension is split over as many
+// blocks as fill it.
+func (b *Backend) skinnySplits(n, o, in int, wdt backend.DType, swiglu bool) int {
+	if wdt != backend.BF16 || n <= b.gemvMax || n > b.skinnyMax || in%skinnyCols != 0 {
+		return 0
+	}
+	rows := skinnyRows
+	if swiglu {
+		rows /= 2
+	}
+	return max(1, min(in/skinnyCols, b.skinnyWave()/((o+rows-1)/rows)))
+}
+
+// skinnyWave is the number of skinny GEMM blocks the device runs at once
+// (1 KB of shared memory a block is the system's).
+func (b *Backend) skinnyWave() int { return max(1, b.smemSM/(skinnySmem+1024)) * b.sms }
+
+// skinny computes out[n, o] (+)= x[n, in] . w[o, in]^T (out f32 or bf16),
+// or with swiglu out[n, o] = silu(x . gate_o) * (x . up_o) in bf16 for w =
+// [gate | up] of 2o rows; x is bf16, the inner dimension split S ways
+// (skinnySplits).
+func (b *Backend) skinny(swiglu bool, S int, out devptr, odt backend.DType, x, w devptr, n, o, in int, accumulate bool) {
+	rows, wrows := skinnyRows, o
+	if swiglu {
+		rows, wrows = rows/2, 2*o
+	}
+	var part devptr
+	if S > 1 {
+		part = b.scratchBuf("skinny.part", 4*S*n*wrows)
+	}
+	grid := [3]int{(o + rows - 1) / rows, S, 1}
+	if swiglu {
+		b.allowSmem("skinny_swiglu_bf16", skinnySmem)
+		b.runOverlapped("skinny_swiglu_bf16", grid, 128, skinnySmem, out, x, w, n, o, in, part, b.skinnyCnt)
+		return
+	}
+	b.allowSmem("skinny_bf16", skinnySmem)
+	b.runOverlapped("skinny_bf16", grid, 128, skinnySmem, out, int(odt), x, w, n, o, in, boolInt(accumulate), part, b.skinnyCnt)
+}
