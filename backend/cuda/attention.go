@@ -8,6 +8,98 @@ import (
 	"github.com/kiln-llm/kiln/backend"
 )
 
+// The kernels of kernels/attention.cu and flash.cu.
+var (
+	qkNormRopeKernel  = newKernel[qkNormRopeArgs]("qk_norm_rope")
+	attnCombineKernel = newKernel[attnCombineArgs]("attn_combine")
+	// The scalar decode kernels by cache type, head dim and query heads
+	// per kv head.
+	attnDecodeKernels = map[attnShape]kernel[attnDecodeArgs]{}
+	// The tensor-core decode kernels of bf16 caches by head dim.
+	attnDecodeMMAKernels = map[int]kernel[attnDecodeArgs]{}
+	// The flash prefill kernels of bf16 caches by query tile, key tile and
+	// head dim.
+	flashKernels = map[[3]int]kernel[attnPrefillArgs]{}
+	// The prefill kernels of the other caches and head dims, by cache
+	// type and head dim (G 0).
+	attnPrefillKernels = map[attnShape]kernel[attnPrefillArgs]{}
+)
+
+// attnShape picks an attention kernel: the cache's type, the head dim and
+// the query heads per kv head.
+type attnShape struct {
+	kv    backend.DType
+	hd, G int
+}
+
+func init() {
+	for _, s := range []attnShape{{backend.BF16, 256, 0}, {backend.F32, 64, 0}, {backend.F32, 128, 0}, {backend.F32, 256, 0}} {
+		for _, G := range []int{1, 2, 4, 8} {
+			s.G = G
+			attnDecodeKernels[s] = newKernel[attnDecodeArgs](fmt.Sprintf("attn_decode_%v_%d_%d", s.kv, s.hd, G))
+		}
+	}
+	for _, hd := range []int{64, 128} {
+		attnDecodeMMAKernels[hd] = newKernel[attnDecodeArgs](fmt.Sprintf("attn_decode_mma_%d", hd))
+	}
+	for _, t := range [][3]int{{128, 64, 64}, {128, 64, 128}, {64, 64, 64}, {64, 64, 128}, {64, 32, 64}, {64, 32, 128}, {64, 32, 256}} {
+		flashKernels[t] = newKernel[attnPrefillArgs](fmt.Sprintf("flash_prefill_%d_%d_%d", t[0], t[1], t[2]))
+	}
+	for _, s := range []attnShape{{backend.BF16, 16, 0}, {backend.BF16, 32, 0}, {backend.BF16, 256, 0},
+		{backend.F32, 16, 0}, {backend.F32, 32, 0}, {backend.F32, 64, 0}, {backend.F32, 128, 0}, {backend.F32, 256, 0}} {
+		attnPrefillKernels[s] = newKernel[attnPrefillArgs](fmt.Sprintf("attn_prefill_%v_%d", s.kv, s.hd))
+	}
+}
+
+// ropeFreq is struct RopeFreq: a rotary embedding's inverse frequencies.
+type ropeFreq struct {
+	f [128]float32
+}
+
+type qkNormRopeArgs struct {
+	qkv                            devptr
+	qdt                            int32
+	qbuf, kc, vc                   devptr
+	kvdt                           int32
+	qn, kn                         devptr
+	wdt, unitOffset                int32
+	tokpos, tokseq, seqblk, blocks devptr
+	H, KH, hd, rd, gated           int32
+	eps, attnFactor                float32
+	bs, hpb                        int32
+	rf                             ropeFreq
+}
+
+type attnDecodeArgs struct {
+	qbuf, kc, vc                                   devptr
+	tokpos, tokseq, seqpos, seqblk, blocks, pm, pl devptr
+	pacc                                           devptr
+	H, KH, bs                                      int32
+	scale                                          float32
+}
+
+type attnCombineArgs struct {
+	out          devptr
+	odt          int32
+	pm, pl, pacc devptr
+	qkv          devptr
+	qdt          int32
+	tokpos       devptr
+	H, KH, HD, S int32
+	gated        int32
+}
+
+type attnPrefillArgs struct {
+	out                                    devptr
+	odt                                    int32
+	qbuf, kc, vc, qkv                      devptr
+	qdt                                    int32
+	seqpos, seqn, seqstart, seqblk, blocks devptr
+	H, KH, bs                              int32
+	scale                                  float32
+	gated                                  int32
+}
+
 // kvCache is the paged cache: per layer, K then V, each [Blocks, BlockSize,
 // KVHeads, HeadDim] of f32 or bf16, in one allocation.
 type kvCache struct {
@@ -111,8 +203,8 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 	if T == 0 {
 		return
 	}
-	var rf [128]float32
-	copy(rf[:], spec.Rope.InvFreq)
+	var rf ropeFreq
+	copy(rf.f[:], spec.Rope.InvFreq)
 	qn, kn := asT(w.QNorm), asT(w.KNorm)
 	if qn.numel() != hd || kn.numel() != hd || qn.dt != kn.dt {
 		panic(fmt.Sprintf("cuda: attention: q/k norms %v %v for head dim %d", qn, kn, hd))
@@ -121,7 +213,6 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 	// The rotated queries, in the cache's type (what the kernels multiply the
 	// keys in).
 	qbuf := b.scratchBuf("attnq", T*H*hd*c.spec.DType.Size())
-	kvdt := int(c.spec.DType)
 	// Eight heads a block (one per warp) while that leaves blocks to fill
 	// the GPU; a long prompt has enough tokens for a block per token, which
 	// makes the token's cos/sin table once instead of once per eight heads.
@@ -129,15 +220,13 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 	if T >= 4*b.sms {
 		hpb = H + 2*KH
 	}
-	b.run("qk_norm_rope", [3]int{T, (H + 2*KH + hpb - 1) / hpb, 1}, 256, 0,
-		qt.ptr, int(qt.dt), qbuf, c.k(layer), c.v(layer), kvdt, qn.ptr, kn.ptr, int(qn.dt), boolInt(spec.UnitOffsetNorm),
-		m.dev[mTokPos], m.dev[mTokSeq], m.dev[mSeqBlk], m.dev[mBlocks],
-		H, KH, hd, rd, boolInt(spec.Gated), spec.NormEps, spec.Rope.AttnFactor, bs, hpb, rf[:])
+	qkNormRopeKernel.run(b, [3]int{T, (H + 2*KH + hpb - 1) / hpb, 1}, 256, 0, qkNormRopeArgs{
+		qkv: qt.ptr, qdt: int32(qt.dt), qbuf: qbuf, kc: c.k(layer), vc: c.v(layer), kvdt: int32(c.spec.DType),
+		qn: qn.ptr, kn: kn.ptr, wdt: int32(qn.dt), unitOffset: boolInt(spec.UnitOffsetNorm),
+		tokpos: m.dev[mTokPos], tokseq: m.dev[mTokSeq], seqblk: m.dev[mSeqBlk], blocks: m.dev[mBlocks],
+		H: int32(H), KH: int32(KH), hd: int32(hd), rd: int32(rd), gated: boolInt(spec.Gated),
+		eps: spec.NormEps, attnFactor: spec.Rope.AttnFactor, bs: int32(bs), hpb: int32(hpb), rf: rf})
 
-	kn2 := "bf16"
-	if c.spec.DType == backend.F32 {
-		kn2 = "f32"
-	}
 	G := H / KH
 	// Decode: tensor cores on bf16 caches of head dim 64 or 128 (any group
 	// of up to 16 query heads per kv head), else the scalar kernel (f32
@@ -145,11 +234,14 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 	mma := c.spec.DType == backend.BF16 && (hd == 64 || hd == 128) && G <= 16
 	scalar := (hd == 64 || hd == 128 || hd == 256) && (G == 1 || G == 2 || G == 4 || G == 8)
 	if (mma || scalar) && m.maxN <= 4 {
-		name, perSM, smem := fmt.Sprintf("attn_decode_%s_%d_%d", kn2, hd, G), b.splitBlocks, 0
+		var k kernel[attnDecodeArgs]
+		perSM, smem := b.splitBlocks, 0
 		if mma {
 			// Three stages of 64 keys and values, bf16.
-			name, perSM, smem = fmt.Sprintf("attn_decode_mma_%d", hd), b.mmaSplitBlocks, 3*2*64*(hd+8)*2
-			b.allowSmem(name, smem)
+			k, perSM, smem = kernelFor(attnDecodeMMAKernels, hd), b.mmaSplitBlocks, 3*2*64*(hd+8)*2
+			b.allowSmem(k.name, smem)
+		} else {
+			k = kernelFor(attnDecodeKernels, attnShape{c.spec.DType, hd, G})
 		}
 		// As many splits as fill one wave of blocks: a partial second
 		// wave of short splits measured slower (tensor-core kernel, batch
@@ -159,12 +251,18 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 		pm := b.scratchBuf("attnm", T*H*S*4)
 		pl := b.scratchBuf("attnl", T*H*S*4)
 		pacc := b.scratchBuf("attnacc", T*H*S*hd*4)
-		b.launchKernel(name, b.pdl, [3]int{T, KH, S}, 128, smem,
-			qbuf, c.k(layer), c.v(layer), m.dev[mTokPos], m.dev[mTokSeq], m.dev[mSeqPos], m.dev[mSeqBlk], m.dev[mBlocks],
-			pm, pl, pacc, H, KH, bs, spec.Scale)
-		b.runOverlapped("attn_combine", [3]int{T, H, 1}, 4*hd, 0, ot.ptr, int(ot.dt), pm, pl, pacc, qt.ptr, int(qt.dt), m.dev[mTokPos], H, KH, hd, S, boolInt(spec.Gated))
+		k.runOverlapped(b, [3]int{T, KH, S}, 128, smem, attnDecodeArgs{
+			qbuf: qbuf, kc: c.k(layer), vc: c.v(layer), tokpos: m.dev[mTokPos], tokseq: m.dev[mTokSeq], seqpos: m.dev[mSeqPos],
+			seqblk: m.dev[mSeqBlk], blocks: m.dev[mBlocks], pm: pm, pl: pl, pacc: pacc, H: int32(H), KH: int32(KH), bs: int32(bs), scale: spec.Scale})
+		attnCombineKernel.runOverlapped(b, [3]int{T, H, 1}, 4*hd, 0, attnCombineArgs{
+			out: ot.ptr, odt: int32(ot.dt), pm: pm, pl: pl, pacc: pacc, qkv: qt.ptr, qdt: int32(qt.dt), tokpos: m.dev[mTokPos],
+			H: int32(H), KH: int32(KH), HD: int32(hd), S: int32(S), gated: boolInt(spec.Gated)})
 		return
 	}
+	pa := attnPrefillArgs{
+		out: ot.ptr, odt: int32(ot.dt), qbuf: qbuf, kc: c.k(layer), vc: c.v(layer), qkv: qt.ptr, qdt: int32(qt.dt),
+		seqpos: m.dev[mSeqPos], seqn: m.dev[mSeqN], seqstart: m.dev[mSeqStart], seqblk: m.dev[mSeqBlk], blocks: m.dev[mBlocks],
+		H: int32(H), KH: int32(KH), bs: int32(bs), scale: spec.Scale, gated: boolInt(spec.Gated)}
 	if c.spec.DType == backend.BF16 && (hd == 64 || hd == 128 || hd == 256) {
 		bq, bk := flashTile(m.maxN)
 		if hd == 256 {
@@ -172,27 +270,21 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 			// accumulators fill the registers (241, no spills).
 			bq, bk = 64, 32
 		}
-		name := fmt.Sprintf("flash_prefill_%d_%d_%d", bq, bk, hd)
+		k := kernelFor(flashKernels, [3]int{bq, bk, hd})
 		// Two stages of bk keys and values, then the bq queries, bf16.
 		smem := (2*2*bk + bq) * (hd + 8) * 2
 		if smem > 48<<10 {
-			b.allowSmem(name, smem)
+			b.allowSmem(k.name, smem)
 		}
-		b.run(name, [3]int{H, (m.maxN + bq - 1) / bq, m.S}, 128, smem,
-			ot.ptr, int(ot.dt), qbuf, c.k(layer), c.v(layer), qt.ptr, int(qt.dt),
-			m.dev[mSeqPos], m.dev[mSeqN], m.dev[mSeqStart], m.dev[mSeqBlk], m.dev[mBlocks],
-			H, KH, bs, spec.Scale, boolInt(spec.Gated))
+		k.run(b, [3]int{H, (m.maxN + bq - 1) / bq, m.S}, 128, smem, pa)
 		return
 	}
-	name := fmt.Sprintf("attn_prefill_%s_%d", kn2, hd)
+	k := kernelFor(attnPrefillKernels, attnShape{c.spec.DType, hd, 0})
 	smem := 2 * 32 * hd * 4
 	if smem > 48<<10 {
-		b.allowSmem(name, smem)
+		b.allowSmem(k.name, smem)
 	}
-	b.run(name, [3]int{(m.maxN + 31) / 32, H, m.S}, 128, smem,
-		ot.ptr, int(ot.dt), qbuf, c.k(layer), c.v(layer), qt.ptr, int(qt.dt),
-		m.dev[mSeqPos], m.dev[mSeqN], m.dev[mSeqStart], m.dev[mSeqBlk], m.dev[mBlocks],
-		H, KH, bs, spec.Scale, boolInt(spec.Gated))
+	k.run(b, [3]int{(m.maxN + 31) / 32, H, m.S}, 128, smem, pa)
 }
 
 // flashTile returns the query and key tile of the flash prefill kernel for

@@ -134,7 +134,7 @@ func New(opts Options) (*Backend, error) {
 		return nil, err
 	}
 	b.k = k
-	b.gemvMax = envInt("KILN_CUDA_GEMV_MAX", gemvMaxTokens, 0, 8)
+	b.gemvMax = envInt("KILN_CUDA_GEMV_MAX", gemvMaxTokens, 0, gemvTokens)
 	b.gemvWarps = envInt("KILN_CUDA_GEMV_WARPS", 8, 1, 8) // rows (warps) per block
 	if os.Getenv("KILN_CUDA_PROFILE") == "1" {
 		b.prof = &profiler{total: map[string]float64{}, count: map[string]int{}}

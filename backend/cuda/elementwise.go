@@ -8,6 +8,86 @@ import (
 	"github.com/kiln-llm/kiln/backend"
 )
 
+// The kernels of kernels/elementwise.cu.
+var (
+	embedKernel        = newKernel[embedArgs]("embed")
+	rmsnormKernel      = newKernel[rmsnormArgs]("rmsnorm")
+	gatedRMSNormKernel = newKernel[gatedRMSNormArgs]("gated_rmsnorm")
+	siluMulKernel      = newKernel[siluMulArgs]("silu_mul")
+	siluMulBF16Kernel  = newKernel[siluMulArgs]("silu_mul_bf16")
+	gatherRowsKernel   = newKernel[gatherRowsArgs]("gather_rows")
+	copyColsKernel     = newKernel[copyColsArgs]("copy_cols")
+	castKernel         = newKernel[castArgs]("cast")
+	toHalfKernel       = newKernel[toHalfArgs]("to_half")
+	// rmsnormV4Kernels[i] holds rows of up to 1024 << i floats in
+	// registers (RMSNORM_V4).
+	rmsnormV4Kernels = [...]kernel[rmsnormArgs]{
+		newKernel[rmsnormArgs]("rmsnorm_v4_1"), newKernel[rmsnormArgs]("rmsnorm_v4_2"),
+		newKernel[rmsnormArgs]("rmsnorm_v4_4"), newKernel[rmsnormArgs]("rmsnorm_v4_8"),
+	}
+)
+
+type embedArgs struct {
+	out, table devptr
+	dt         int32
+	tokens     devptr
+	H          int32
+}
+
+type rmsnormArgs struct {
+	out        devptr
+	odt        int32
+	x, w       devptr
+	wdt, n     int32
+	eps        float32
+	unitOffset int32
+}
+
+type gatedRMSNormArgs struct {
+	out, x, z, w devptr
+	wdt, dim     int32
+	eps          float32
+}
+
+type siluMulArgs struct {
+	out, gu devptr
+	rows, I int32
+}
+
+type gatherRowsArgs struct {
+	out, x, rows devptr
+	H            int32
+}
+
+type copyColsArgs struct {
+	out, x    devptr
+	W, w, col int32
+}
+
+type castArgs struct {
+	out devptr
+	odt int32
+	in  devptr
+	idt int32
+	n   int64
+}
+
+type toHalfArgs struct {
+	out, in devptr
+	n       int64
+	dt      int32
+}
+
+// cast converts n elements of type idt at in to type odt at out.
+func (b *Backend) cast(out devptr, odt backend.DType, in devptr, idt backend.DType, n int) {
+	castKernel.run(b, g1(b.blocksFor(n)), 256, 0, castArgs{out: out, odt: int32(odt), in: in, idt: int32(idt), n: int64(n)})
+}
+
+// toHalf converts n float32 elements at in to bf16 or f16 (dt) at out.
+func (b *Backend) toHalf(out, in devptr, n int, dt backend.DType) {
+	toHalfKernel.run(b, g1(b.blocksFor(n)), 256, 0, toHalfArgs{out: out, in: in, n: int64(n), dt: int32(dt)})
+}
+
 // Embed writes out[t] = table[Tokens[t]].
 func (b *Backend) Embed(out, table backend.Tensor) {
 	ot, tt := asT(out), asT(table)
@@ -21,10 +101,10 @@ func (b *Backend) Embed(out, table backend.Tensor) {
 	}
 	if tt.dt.Quantized() {
 		// The looked-up rows dequantized as the reference does.
-		b.run("qembed_"+tt.dt.String(), g1(T), 256, 0, ot.ptr, tt.ptr, int64Arg(tt.rb()), b.meta.dev[mTokens], H)
+		quantKernelsOf(tt.dt).embed.run(b, g1(T), 256, 0, qembedArgs{out: ot.ptr, w: tt.ptr, rb: int64(tt.rb()), tokens: b.meta.dev[mTokens], I: int32(H)})
 		return
 	}
-	b.run("embed", g1(T), 256, 0, ot.ptr, tt.ptr, int(tt.dt), b.meta.dev[mTokens], H)
+	embedKernel.run(b, g1(T), 256, 0, embedArgs{out: ot.ptr, table: tt.ptr, dt: int32(tt.dt), tokens: b.meta.dev[mTokens], H: int32(H)})
 }
 
 func normBlock(n int) int {
@@ -49,15 +129,16 @@ func (b *Backend) RMSNorm(out, x, w backend.Tensor, eps float32, unitOffset bool
 		panic(fmt.Sprintf("cuda: rmsnorm weight %v for rows of %d", wt, h))
 	}
 	// Rows of up to 8192 floats, 16-byte aligned: one read into registers.
+	a := rmsnormArgs{out: ot.ptr, odt: int32(ot.dt), x: xt.ptr, w: wt.ptr, wdt: int32(wt.dt), n: int32(h), eps: eps, unitOffset: boolInt(unitOffset)}
 	if h%4 == 0 && h <= 8*1024 && ot.ptr%16 == 0 && xt.ptr%16 == 0 {
-		v4 := 1
-		for 256*4*v4 < h {
-			v4 *= 2
+		v4 := 0
+		for 256*4<<v4 < h {
+			v4++
 		}
-		b.run(fmt.Sprintf("rmsnorm_v4_%d", v4), g1(n), 256, 0, ot.ptr, int(ot.dt), xt.ptr, wt.ptr, int(wt.dt), h, eps, boolInt(unitOffset))
+		rmsnormV4Kernels[v4].run(b, g1(n), 256, 0, a)
 		return
 	}
-	b.run("rmsnorm", g1(n), normBlock(h), 0, ot.ptr, int(ot.dt), xt.ptr, wt.ptr, int(wt.dt), h, eps, boolInt(unitOffset))
+	rmsnormKernel.run(b, g1(n), normBlock(h), 0, a)
 }
 
 // GatedRMSNorm computes out = w * rmsnorm(x) * silu(z) per head.
@@ -72,13 +153,18 @@ func (b *Backend) GatedRMSNorm(out, x, z, w backend.Tensor, eps float32) {
 	checkRows("gated rmsnorm z", zt, n, width)
 	checkF32("gated rmsnorm", ot, xt, zt)
 	checkFloatW("gated rmsnorm", wt)
-	b.run("gated_rmsnorm", g1(n*width/dim), normBlock(dim), 0, ot.ptr, xt.ptr, zt.ptr, wt.ptr, int(wt.dt), dim, eps)
+	gatedRMSNormKernel.run(b, g1(n*width/dim), normBlock(dim), 0, gatedRMSNormArgs{out: ot.ptr, x: xt.ptr, z: zt.ptr, w: wt.ptr, wdt: int32(wt.dt), dim: int32(dim), eps: eps})
 }
 
 // siluMul computes out = silu(gate) * up for gateUp [N, 2I] = [gate | up].
 func (b *Backend) siluMul(out, gateUp *tensor) {
 	n, I := gateUp.rows(), gateUp.cols()/2
-	b.run("silu_mul", g1(b.blocksFor(n*I)), 256, 0, out.ptr, gateUp.ptr, n, I)
+	siluMulKernel.run(b, g1(b.blocksFor(n*I)), 256, 0, siluMulArgs{out: out.ptr, gu: gateUp.ptr, rows: int32(n), I: int32(I)})
+}
+
+// siluMulBF16 is siluMul of bf16 rows at gu ([n, 2I]) into out ([n, I]).
+func (b *Backend) siluMulBF16(out, gu devptr, n, I int) {
+	siluMulBF16Kernel.run(b, g1(b.blocksFor(n*I/8)), 256, 0, siluMulArgs{out: out, gu: gu, rows: int32(n), I: int32(I)})
 }
 
 // CopyCols writes x into columns [col, col+w) of out.
@@ -92,7 +178,7 @@ func (b *Backend) CopyCols(out, x backend.Tensor, col int) {
 		return
 	}
 	u := xt.dt.Size() / 2
-	b.run("copy_cols", g1(n), 256, 0, ot.ptr, xt.ptr, W*u, w*u, col*u)
+	copyColsKernel.run(b, g1(n), 256, 0, copyColsArgs{out: ot.ptr, x: xt.ptr, W: int32(W * u), w: int32(w * u), col: int32(col * u)})
 }
 
 // GatherRows writes out[r] = x[LogitRows[r]] for the current batch.
@@ -106,5 +192,5 @@ func (b *Backend) GatherRows(out, x backend.Tensor) {
 			panic(fmt.Sprintf("cuda: gather rows: row %d of %v", r, xt))
 		}
 	}
-	b.run("gather_rows", g1(R), 256, 0, ot.ptr, xt.ptr, b.meta.dev[mRows], h)
+	gatherRowsKernel.run(b, g1(R), 256, 0, gatherRowsArgs{out: ot.ptr, x: xt.ptr, rows: b.meta.dev[mRows], H: int32(h)})
 }

@@ -26,12 +26,45 @@ func (b *Backend) gemmLd(out, x, w devptr, n, m, k, ldc int, wt, ot backend.DTyp
 	b.around(label, func() { b.fail(b.lt.matmul(b.stream, out, x, w, n, m, k, ldc, wt, ot, accumulate)) })
 }
 
-// hx is the suffix of the GEMV kernels that read bf16 activations.
-func hx(x *tensor) string {
-	if x.dt == backend.BF16 {
-		return "_hx"
+// gemvTokens is the most tokens of a GEMV kernel (kernels/gemv.cu).
+const gemvTokens = 8
+
+// The GEMV kernels by whether they read bf16 activations (the _hx ones)
+// and the tokens they take, 1 to gemvTokens.
+var (
+	gemvKernels       [2][gemvTokens]kernel[gemvArgs]
+	gemvSwigluKernels [2][gemvTokens]kernel[gemvSwigluArgs]
+)
+
+func init() {
+	for hx, suffix := range []string{"", "_hx"} {
+		for n := 1; n <= gemvTokens; n++ {
+			gemvKernels[hx][n-1] = newKernel[gemvArgs](fmt.Sprintf("gemv_bf16_%d%s", n, suffix))
+			gemvSwigluKernels[hx][n-1] = newKernel[gemvSwigluArgs](fmt.Sprintf("gemv_swiglu_bf16_%d%s", n, suffix))
+		}
 	}
-	return ""
+}
+
+type gemvArgs struct {
+	out  devptr
+	odt  int32
+	x, w devptr
+	O, I int32
+	acc  int32
+}
+
+type gemvSwigluArgs struct {
+	out, x, w devptr
+	O, I      int32
+}
+
+// hx is the first index of the GEMV kernels that read x: 1 for bf16
+// activations.
+func hx(x *tensor) int {
+	if x.dt == backend.BF16 {
+		return 1
+	}
+	return 0
 }
 
 // MLP adds to out the SwiGLU feed-forward of x; see backend.Backend.
@@ -61,7 +94,7 @@ func (b *Backend) mlp(ot, xt, gu, dn *tensor, accumulate bool) {
 	if gu.dt == backend.BF16 && n <= b.gemvMax && H%8 == 0 {
 		act := b.scratchF32("mlp.act", n, I)
 		w := b.gemvWarps
-		b.runOverlapped(fmt.Sprintf("gemv_swiglu_bf16_%d%s", n, hx(xt)), g1((I+w-1)/w), 32*w, 0, act.ptr, xt.ptr, gu.ptr, I, H)
+		gemvSwigluKernels[hx(xt)][n-1].runOverlapped(b, g1((I+w-1)/w), 32*w, 0, gemvSwigluArgs{out: act.ptr, x: xt.ptr, w: gu.ptr, O: int32(I), I: int32(H)})
 		b.MatMul(ot, act, dn, accumulate)
 		return
 	}
@@ -80,7 +113,7 @@ func (b *Backend) mlp(ot, xt, gu, dn *tensor, accumulate bool) {
 		h := b.scratchBuf("mlp.gu", 2*n*2*I)
 		act := b.scratchBuf("mlp.act", 2*n*I)
 		b.gemm(h, xp, gu.ptr, n, 2*I, H, gu.dt, gu.dt, false)
-		b.run("silu_mul_bf16", g1(b.blocksFor(n*I/8)), 256, 0, act, h, n, I)
+		b.siluMulBF16(act, h, n, I)
 		b.gemm(ot.ptr, act, dn.ptr, n, H, I, dn.dt, backend.F32, accumulate)
 		return
 	}
@@ -94,7 +127,7 @@ func (b *Backend) mlp(ot, xt, gu, dn *tensor, accumulate bool) {
 // default; larger batches go to cuBLASLt, whose tensor-core tiles win once
 // the weights are reused by a few rows (each extra row costs the CUDA-core
 // kernel another pass over the activations). KILN_CUDA_GEMV_MAX overrides
-// it (0 to 8).
+// it (0 to gemvTokens).
 const gemvMaxTokens = 2
 
 // MatMul computes out[n,o] = sum_i x[n,i] * w[o,i] (+ out when accumulate).
@@ -119,7 +152,7 @@ func (b *Backend) MatMul(out, x, w backend.Tensor, accumulate bool) {
 	}
 	if wt.dt == backend.BF16 && n <= b.gemvMax && in%8 == 0 {
 		w := b.gemvWarps
-		b.runOverlapped(fmt.Sprintf("gemv_bf16_%d%s", n, hx(xt)), g1((o+w-1)/w), 32*w, 0, ot.ptr, int(ot.dt), xt.ptr, wt.ptr, o, in, boolInt(accumulate))
+		gemvKernels[hx(xt)][n-1].runOverlapped(b, g1((o+w-1)/w), 32*w, 0, gemvArgs{out: ot.ptr, odt: int32(ot.dt), x: xt.ptr, w: wt.ptr, O: int32(o), I: int32(in), acc: boolInt(accumulate)})
 		return
 	}
 	// The skinny GEMM copies rows in 16-byte pieces.
@@ -135,7 +168,7 @@ func (b *Backend) MatMul(out, x, w backend.Tensor, accumulate bool) {
 	// cuBLASLt writes a bf16 product only from bf16 inputs: f32 first.
 	f := b.scratchBuf("productout", 4*n*o)
 	b.gemm(f, xp, wt.ptr, n, o, in, wt.dt, backend.F32, false)
-	b.run("cast", g1(b.blocksFor(n*o)), 256, 0, ot.ptr, int(ot.dt), f, int(backend.F32), int64Arg(n*o))
+	b.cast(ot.ptr, ot.dt, f, backend.F32, n*o)
 }
 
 // productInput returns x in the type dt of the weights it meets: x itself
@@ -147,9 +180,9 @@ func (b *Backend) productInput(xt *tensor, dt backend.DType) devptr {
 	n := xt.numel()
 	xp := b.scratchBuf("productx", n*dt.Size())
 	if xt.dt == backend.F32 {
-		b.run("to_half", g1(b.blocksFor(n)), 256, 0, xp, xt.ptr, int64Arg(n), int(dt))
+		b.toHalf(xp, xt.ptr, n, dt)
 	} else {
-		b.run("cast", g1(b.blocksFor(n)), 256, 0, xp, int(dt), xt.ptr, int(xt.dt), int64Arg(n))
+		b.cast(xp, dt, xt.ptr, xt.dt, n)
 	}
 	return xp
 }

@@ -12,6 +12,61 @@ import (
 // cores (KILN_CUDA_ROUTER_GEMM overrides it; 0 never).
 var moeRouterGemm = envInt("KILN_CUDA_ROUTER_GEMM", 64, 0, 1<<30)
 
+// The kernels of kernels/moe.cu.
+var (
+	moeRouteKernel   = newKernel[moeRouteArgs]("moe_route")
+	moeGemvKernel    = newKernel[moeGemvArgs]("moe_gemv")
+	moeGroupKernel   = newKernel[moeGroupArgs]("moe_group")
+	moeSplitKernel   = newKernel[moeSplitArgs]("moe_split")
+	moeGatherKernel  = newKernel[moeGatherArgs]("moe_gather")
+	moeGroupMMKernel = newKernel[moeGroupMMArgs]("moe_group_mm")
+	moeCombineKernel = newKernel[moeCombineArgs]("moe_combine")
+)
+
+type moeRouteArgs struct {
+	logits     devptr
+	E, K, norm int32
+	sel, wts   devptr
+}
+
+type moeGemvArgs struct {
+	y, x devptr
+	xdiv int32
+	w    devptr
+	wdt  int32
+	sel  devptr
+	O, I int32
+}
+
+type moeGroupArgs struct {
+	sel                         devptr
+	R, E                        int32
+	start, order, tiles, ntiles devptr
+}
+
+type moeSplitArgs struct {
+	hi, lo, x devptr
+	n         int64
+}
+
+type moeGatherArgs struct {
+	xg, x devptr
+	xdiv  int32
+	order devptr
+	I     int32
+}
+
+type moeGroupMMArgs struct {
+	y, xg, w, start, order, tiles, ntiles devptr
+	O, I, e0, e1                          int32
+}
+
+type moeCombineArgs struct {
+	out, y, wts devptr
+	K, H        int32
+	ys, gate    devptr
+}
+
 // moeGrouped reports whether R (token, choice) rows over E experts take the
 // grouped products: from two rows an expert on average. H100, 16:45 UTC:
 // Qwen3-30B-A3B (128 experts) decode batch 64 (four rows an expert) 1457 ->
@@ -59,15 +114,15 @@ func (b *Backend) MoE(out, x backend.Tensor, e *backend.Experts, spec *backend.M
 	logits := b.scratchF32("moe.logits", T, E)
 	if moeRouterGemm > 0 && T >= moeRouterGemm && router.dt == backend.BF16 {
 		hi, lo := b.scratchBuf("moe.xhi", 2*T*H), b.scratchBuf("moe.xlo", 2*T*H)
-		b.run("moe_split", g1(b.blocksFor(T*H)), 256, 0, hi, lo, xt.ptr, int64Arg(T*H))
+		moeSplitKernel.run(b, g1(b.blocksFor(T*H)), 256, 0, moeSplitArgs{hi: hi, lo: lo, x: xt.ptr, n: int64(T * H)})
 		b.gemm(logits.ptr, hi, router.ptr, T, E, H, backend.BF16, backend.F32, false)
 		b.gemm(logits.ptr, lo, router.ptr, T, E, H, backend.BF16, backend.F32, true)
 	} else {
-		b.run("moe_gemv", [3]int{(E + 7) / 8, T, 1}, 256, 0, logits.ptr, xt.ptr, 1, router.ptr, int(router.dt), devptr(0), E, H)
+		moeGemvKernel.run(b, [3]int{(E + 7) / 8, T, 1}, 256, 0, moeGemvArgs{y: logits.ptr, x: xt.ptr, xdiv: 1, w: router.ptr, wdt: int32(router.dt), sel: 0, O: int32(E), I: int32(H)})
 	}
 	sel := b.scratchBuf("moe.sel", 4*T*K)
 	wts := b.scratchBuf("moe.wts", 4*T*K)
-	b.run("moe_route", g1(T), 256, 0, logits.ptr, E, K, boolInt(spec.NormTopK), sel, wts)
+	moeRouteKernel.run(b, g1(T), 256, 0, moeRouteArgs{logits: logits.ptr, E: int32(E), K: int32(K), norm: boolInt(spec.NormTopK), sel: sel, wts: wts})
 	R := T * K
 	// Each (token, choice) row is a product with its expert's weights: a
 	// GEMV per row, or (moeGrouped) tensor-core tiles of one expert's rows,
@@ -84,19 +139,20 @@ func (b *Backend) MoE(out, x backend.Tensor, e *backend.Experts, spec *backend.M
 		grouped = true // FP8 rows that end inside a unit of qmv
 	}
 	expertProduct := func(y, x devptr, xdiv int, w *tensor, O, in int) {
-		b.run("moe_gemv", [3]int{(O + 7) / 8, R, 1}, 256, 0, y, x, xdiv, w.ptr, int(w.dt), sel, O, in)
+		moeGemvKernel.run(b, [3]int{(O + 7) / 8, R, 1}, 256, 0, moeGemvArgs{y: y, x: x, xdiv: int32(xdiv), w: w.ptr, wdt: int32(w.dt), sel: sel, O: int32(O), I: int32(in)})
 	}
 	if grouped {
 		maxTiles := (R+moeGroupRows-1)/moeGroupRows + min(E, R)
 		start, order := b.scratchBuf("moe.start", 4*(E+1)), b.scratchBuf("moe.order", 4*R)
 		tiles, ntiles := b.scratchBuf("moe.tiles", 8*maxTiles), b.scratchBuf("moe.ntiles", 4)
-		b.run("moe_group", g1(1), 1024, 0, sel, R, E, start, order, tiles, ntiles)
+		moeGroupKernel.run(b, g1(1), 1024, 0, moeGroupArgs{sel: sel, R: int32(R), E: int32(E), start: start, order: order, tiles: tiles, ntiles: ntiles})
 		expertProduct = func(y, x devptr, xdiv int, w *tensor, O, in int) {
 			xg := b.scratchBuf("moe.xg", 4*R*in) // bf16 hi and lo parts
-			b.run("moe_gather", g1(R), 256, 0, xg, x, xdiv, order, in)
+			moeGatherKernel.run(b, g1(R), 256, 0, moeGatherArgs{xg: xg, x: x, xdiv: int32(xdiv), order: order, I: int32(in)})
 			grid := [3]int{(O + moeGroupOuts - 1) / moeGroupOuts, maxTiles, 1}
+			mm := moeGroupMMArgs{y: y, xg: xg, w: w.ptr, start: start, order: order, tiles: tiles, ntiles: ntiles, O: int32(O), I: int32(in), e0: 0, e1: int32(E)}
 			if !w.dt.Quantized() {
-				b.run("moe_group_mm", grid, 128, 0, y, xg, w.ptr, start, order, tiles, ntiles, O, in, 0, E)
+				moeGroupMMKernel.run(b, grid, 128, 0, mm)
 				return
 			}
 			per := max(1, min(E, b.qSlab/(O*in)))
@@ -104,7 +160,8 @@ func (b *Backend) MoE(out, x backend.Tensor, e *backend.Experts, spec *backend.M
 				e1 := min(E, e0+per)
 				buf := b.scratchBuf("moe.qdeq", 2*(e1-e0)*O*in)
 				b.qdeq(buf, w, e0*O, (e1-e0)*O, in, start, e0, O)
-				b.run("moe_group_mm", grid, 128, 0, y, xg, buf, start, order, tiles, ntiles, O, in, e0, e1)
+				mm.w, mm.e0, mm.e1 = buf, int32(e0), int32(e1)
+				moeGroupMMKernel.run(b, grid, 128, 0, mm)
 			}
 		}
 	}
@@ -125,7 +182,7 @@ func (b *Backend) MoE(out, x backend.Tensor, e *backend.Experts, spec *backend.M
 	case act.dt == backend.BF16:
 		// Quantized gate/up before float32 or f16 down weights.
 		af := b.scratchF32("moe.actf", R, I)
-		b.run("cast", g1(b.blocksFor(R*I)), 256, 0, af.ptr, int(backend.F32), act.ptr, int(backend.BF16), int64Arg(R*I))
+		b.cast(af.ptr, backend.F32, act.ptr, backend.BF16, R*I)
 		expertProduct(y.ptr, af.ptr, 1, down, H, I)
 	default:
 		expertProduct(y.ptr, act.ptr, 1, down, H, I)
@@ -143,5 +200,5 @@ func (b *Backend) MoE(out, x backend.Tensor, e *backend.Experts, spec *backend.M
 		b.mlp(so, xt, sgu, sdown, false)
 		ys, gate = so.ptr, g.ptr
 	}
-	b.run("moe_combine", g1(T), 256, 0, ot.ptr, y.ptr, wts, K, H, ys, gate)
+	moeCombineKernel.run(b, g1(T), 256, 0, moeCombineArgs{out: ot.ptr, y: y.ptr, wts: wts, K: int32(K), H: int32(H), ys: ys, gate: gate})
 }

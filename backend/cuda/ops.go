@@ -10,34 +10,6 @@ import (
 	"github.com/kiln-llm/kiln/backend"
 )
 
-// run launches kernel name on the stream; a launch error is kept for Sync.
-func (b *Backend) run(name string, grid [3]int, block, smem int, vs ...any) {
-	b.launchKernel(name, false, grid, block, smem, vs...)
-}
-
-// runOverlapped launches a kernel that calls pdl_wait before it touches
-// memory that other kernels write or read: with b.pdl it may start while
-// the previous kernel finishes (programmatic dependent launch).
-func (b *Backend) runOverlapped(name string, grid [3]int, block, smem int, vs ...any) {
-	b.launchKernel(name, b.pdl, grid, block, smem, vs...)
-}
-
-func (b *Backend) launchKernel(name string, pdl bool, grid [3]int, block, smem int, vs ...any) {
-	if grid[0] == 0 || grid[1] == 0 || grid[2] == 0 {
-		return
-	}
-	var a args
-	a.add(vs...)
-	if b.trace != nil {
-		b.trace(name)
-	}
-	label := name
-	if b.prof != nil {
-		label = fmt.Sprintf("%s %v", name, grid) // the grid tells the calls of a kernel apart
-	}
-	b.around(label, func() { b.fail(launch(b.k.get(name), grid, block, smem, b.stream, &a, pdl)) })
-}
-
 func g1(n int) [3]int { return [3]int{n, 1, 1} }
 
 // blocksFor is a grid-stride launch size for n elements.
@@ -66,7 +38,8 @@ func checkAct(what string, ts ...*tensor) {
 	}
 }
 
-func boolInt(v bool) int {
+// boolInt is a flag argument of a kernel (an int parameter).
+func boolInt(v bool) int32 {
 	if v {
 		return 1
 	}
@@ -79,6 +52,3 @@ func envInt(name string, def, lo, hi int) int {
 	}
 	return def
 }
-
-// int64Arg passes a 64-bit count to a kernel (a long parameter).
-type int64Arg int64

@@ -23,6 +23,27 @@ const (
 	skinnySmem = 3 * (skinnyRows + 8) * (skinnyCols + 8) * 2
 )
 
+// The skinny GEMM kernels (kernels/skinny.cu).
+var (
+	skinnyKernel       = newKernel[skinnyArgs]("skinny_bf16")
+	skinnySwigluKernel = newKernel[skinnySwigluArgs]("skinny_swiglu_bf16")
+)
+
+type skinnyArgs struct {
+	out        devptr
+	odt        int32
+	x, w       devptr
+	T, O, I    int32
+	accumulate int32
+	part, cnt  devptr
+}
+
+type skinnySwigluArgs struct {
+	out, x, w devptr
+	T, O, I   int32
+	part, cnt devptr
+}
+
 // skinnySplits returns how many blocks split the inner dimension of a
 // skinny GEMM of n tokens by o outputs (o gate and o up rows with swiglu)
 // by in, or 0 when the product is not one for it. A tile is skinnyRows
@@ -59,10 +80,12 @@ func (b *Backend) skinny(swiglu bool, S int, out devptr, odt backend.DType, x, w
 	}
 	grid := [3]int{(o + rows - 1) / rows, S, 1}
 	if swiglu {
-		b.allowSmem("skinny_swiglu_bf16", skinnySmem)
-		b.runOverlapped("skinny_swiglu_bf16", grid, 128, skinnySmem, out, x, w, n, o, in, part, b.skinnyCnt)
+		b.allowSmem(skinnySwigluKernel.name, skinnySmem)
+		skinnySwigluKernel.runOverlapped(b, grid, 128, skinnySmem, skinnySwigluArgs{
+			out: out, x: x, w: w, T: int32(n), O: int32(o), I: int32(in), part: part, cnt: b.skinnyCnt})
 		return
 	}
-	b.allowSmem("skinny_bf16", skinnySmem)
-	b.runOverlapped("skinny_bf16", grid, 128, skinnySmem, out, int(odt), x, w, n, o, in, boolInt(accumulate), part, b.skinnyCnt)
+	b.allowSmem(skinnyKernel.name, skinnySmem)
+	skinnyKernel.runOverlapped(b, grid, 128, skinnySmem, skinnyArgs{
+		out: out, odt: int32(odt), x: x, w: w, T: int32(n), O: int32(o), I: int32(in), accumulate: boolInt(accumulate), part: part, cnt: b.skinnyCnt})
 }
