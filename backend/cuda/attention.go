@@ -25,6 +25,21 @@ var (
 	attnPrefillKernels = map[attnShape]kernel[attnPrefillArgs]{}
 )
 
+// The tensor-core decode attention (attn_decode_mma) stages tiles of
+// decodeMMAKeys keys and values, decodeMMAStages deep (DM_BK, DM_STAGES).
+const (
+	decodeMMAKeys   = 64
+	decodeMMAStages = 3
+)
+
+// The scalar prefill attention (attn_prefill) takes attnPrefillQueries
+// queries a block, four threads each, and walks the keys in tiles of
+// attnPrefillKeys (AP_BQ, AP_BK).
+const (
+	attnPrefillQueries = 32
+	attnPrefillKeys    = 32
+)
+
 // attnShape picks an attention kernel: the cache's type, the head dim and
 // the query heads per kv head.
 type attnShape struct {
@@ -237,8 +252,8 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 		var k kernel[attnDecodeArgs]
 		perSM, smem := b.splitBlocks, 0
 		if mma {
-			// Three stages of 64 keys and values, bf16.
-			k, perSM, smem = kernelFor(attnDecodeMMAKernels, hd), b.mmaSplitBlocks, 3*2*64*(hd+8)*2
+			// The stages of keys and values, rows of hd + 8 bf16.
+			k, perSM, smem = kernelFor(attnDecodeMMAKernels, hd), b.mmaSplitBlocks, decodeMMAStages*2*decodeMMAKeys*(hd+8)*2
 			b.allowSmem(k.name, smem)
 		} else {
 			k = kernelFor(attnDecodeKernels, attnShape{c.spec.DType, hd, G})
@@ -280,11 +295,12 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 		return
 	}
 	k := kernelFor(attnPrefillKernels, attnShape{c.spec.DType, hd, 0})
-	smem := 2 * 32 * hd * 4
+	// A tile of keys and one of values, f32.
+	smem := 2 * attnPrefillKeys * hd * 4
 	if smem > 48<<10 {
 		b.allowSmem(k.name, smem)
 	}
-	k.run(b, [3]int{(m.maxN + 31) / 32, H, m.S}, 128, smem, pa)
+	k.run(b, [3]int{(m.maxN + attnPrefillQueries - 1) / attnPrefillQueries, H, m.S}, 4*attnPrefillQueries, smem, pa)
 }
 
 // flashTile returns the query and key tile of the flash prefill kernel for

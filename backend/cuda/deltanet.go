@@ -28,7 +28,7 @@ type stateCache struct {
 	chunked int
 }
 
-// dnChunkLen is DN_C of deltanet_chunk.cu: the tokens of a chunk.
+// dnChunkLen is the tokens of a chunk of the chunked kernels (DN_C).
 const dnChunkLen = 64
 
 // The kernels of kernels/deltanet.cu.
@@ -113,6 +113,10 @@ func dnRunSmem(dk, dvs int) int {
 	return 3*4*c*(dk+8) + 4*c*(c+8) + 4*dk*(dvs+8) + 4*c*(dvs+8)
 }
 
+// dnRecurSmem is dn_recur's dynamic shared memory: a head's state [dk, dv],
+// then q and k, f32.
+func dnRecurSmem(dk, dv int) int { return 4 * (dk*dv + 2*dk) }
+
 // NewStateCache allocates zeroed recurrent state for spec.Slots sequences.
 func (b *Backend) NewStateCache(spec backend.StateSpec) (backend.StateCache, error) {
 	if err := spec.Check(); err != nil {
@@ -121,7 +125,7 @@ func (b *Backend) NewStateCache(spec backend.StateSpec) (backend.StateCache, err
 	d := spec.DeltaNet
 	// dn_recur runs a thread per column of a head's state, which sits in
 	// shared memory, and a thread per key element for the norms.
-	if d.KeyDim > d.ValueDim || d.ValueDim > 1024 || 4*(d.KeyDim*d.ValueDim+2*d.KeyDim) > b.smemOp {
+	if d.KeyDim > d.ValueDim || d.ValueDim > 1024 || dnRecurSmem(d.KeyDim, d.ValueDim) > b.smemOp {
 		return nil, fmt.Errorf("cuda: Gated DeltaNet heads of key dim %d, value dim %d are not supported; use --backend cpu", d.KeyDim, d.ValueDim)
 	}
 	c := &stateCache{b: b, spec: spec}
@@ -324,7 +328,7 @@ func (b *Backend) GatedDeltaNet(out, mixed, ba backend.Tensor, w backend.DeltaNe
 		c.chunked += long
 	}
 	if short {
-		smem := 4 * (dk*dv + 2*dk)
+		smem := dnRecurSmem(dk, dv)
 		if smem > 48<<10 {
 			b.allowSmem(dnRecurKernel.name, smem)
 		}

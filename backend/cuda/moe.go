@@ -74,8 +74,9 @@ type moeCombineArgs struct {
 // (1.25 rows an expert) 4553 per row, 3901 grouped.
 func moeGrouped(R, E int) bool { return R >= 2*E }
 
-// The grouped expert products' tile (kernels/moe.cu): MG_BM rows of one
-// expert by MG_BN outputs, MG_BK columns a stage.
+// The grouped expert products' tile (MG_BM, MG_BN and MG_BK of
+// kernels/moe.cu): moeGroupRows rows of one expert by moeGroupOuts outputs,
+// moeGroupCols columns a stage.
 const (
 	moeGroupRows = 64
 	moeGroupOuts = 128

@@ -14,13 +14,17 @@ import (
 // KILN_CUDA_SKINNY_MAX lowers it (0: off).
 const skinnyMaxTokens = 8
 
-// The skinny GEMM's tile (kernels/skinny.cu): SK_BM rows by SK_BK columns,
-// and its shared memory, SK_STAGES stages of SK_BM + SK_TOK rows of SK_BK +
-// 8 bf16.
+// The skinny GEMM's tile (SK_BM, SK_BK, SK_P and SK_STAGES of the kernel):
+// skinnyRows weight rows by skinnyCols columns a stage, rows skinnyPitch
+// elements apart in shared memory (16 bytes more than a row, which keeps
+// ldmatrix free of bank conflicts), skinnyStages stages of the weight rows
+// and skinnyMaxTokens activation rows, bf16.
 const (
-	skinnyRows = 32
-	skinnyCols = 256
-	skinnySmem = 3 * (skinnyRows + 8) * (skinnyCols + 8) * 2
+	skinnyRows   = 32
+	skinnyCols   = 256
+	skinnyPitch  = skinnyCols + 8
+	skinnyStages = 3
+	skinnySmem   = skinnyStages * (skinnyRows + skinnyMaxTokens) * skinnyPitch * 2
 )
 
 // The skinny GEMM kernels (kernels/skinny.cu).

@@ -233,12 +233,12 @@ FLASH(64, 32, 2, 256)
 // attn_decode_mma: the split-K decode attention of attn_decode (same grid
 // (T, KH, S), same partial results for attn_combine) on tensor cores, for
 // bf16 caches. The G = H / KH <= 16 query heads of kv head kh are the rows
-// of one m16 tile (rows past G are zero); 128 threads stage tiles of 64 keys and values in
-// shared memory by cp.async, three stages deep, and each warp takes 16 keys
-// of a tile: scores, online softmax and P.V by mma.sync, then the four warps
-// merge. The scalar kernel spends ~60 instructions per key and lane on bf16
-// widening, shuffles and FMAs and stops short of the memory's speed; here a
-// key costs a few.
+// of one m16 tile (rows past G are zero); 128 threads stage tiles of DM_BK
+// keys and values in shared memory by cp.async, DM_STAGES deep, and each
+// warp takes 16 keys of a tile: scores, online softmax and P.V by mma.sync,
+// then the four warps merge. The scalar kernel spends ~60 instructions per
+// key and lane on bf16 widening, shuffles and FMAs and stops short of the
+// memory's speed; here a key costs a few.
 //
 // Launched overlapped like attn_decode: the first two tiles' keys cached by
 // earlier steps are requested before pdl_wait, this step's keys (at and past
@@ -247,7 +247,7 @@ template <int HD>
 __device__ __forceinline__ void attn_decode_mma(const u16 *qbuf, const u16 *kc, const u16 *vc,
 		const int *tokpos, const int *tokseq, const int *seqpos, const int *seqblk, const int *blocks,
 		float *pm, float *pl, float *pacc, int H, int KH, int bs, float scale) {
-	constexpr int W = 4, BK = 64, KS = HD / 16, NT = HD / 8, KP = HD + 8, ST = 3, CPT = BK * HD / 8 / (32 * W);
+	constexpr int W = 4, BK = DM_BK, KS = HD / 16, NT = HD / 8, KP = HD + 8, ST = DM_STAGES, CPT = BK * HD / 8 / (32 * W);
 	extern __shared__ __align__(16) u16 dsm[];  // ST stages x (K + V) x BK rows of KP bf16
 	__shared__ float sm_m[W][16], sm_l[W][16];
 	int G = H / KH;
