@@ -259,9 +259,9 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 			k = kernelFor(attnDecodeKernels, attnShape{c.spec.DType, hd, G})
 		}
 		// As many splits as fill one wave of blocks: a partial second
-		// wave of short splits measured slower (tensor-core kernel, batch
-		// 16 at 640 tokens: three splits 2146 tok/s, two 2181-2187; the
-		// scalar kernel of f32 caches follows the rule unmeasured).
+		// wave of short splits measured slower (NOTES.md, "Figures behind
+		// the code"; the scalar kernel of f32 caches follows the rule
+		// unmeasured).
 		S := max(1, min(b.splitMax, perSM*b.sms/(T*KH)))
 		pm := b.scratchBuf("attnm", T*H*S*4)
 		pl := b.scratchBuf("attnl", T*H*S*4)
@@ -304,12 +304,10 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 }
 
 // flashTile returns the query and key tile of the flash prefill kernel for
-// a step whose longest sequence adds maxN tokens (kernels/flash.cu). On an
-// H100 (Qwen3-8B shapes, 2026-11-22): prefill of 512 tokens 36.2K tok/s
-// with 128 x 64 tiles, 38.9K with 64 x 64, 38.4K with 64 x 32; 1K 38.1K /
-// 39.4K / 37.7K; serving's passes of 13 decoding sequences beside three
-// 512-token prompts 36.7K / 37.6K / 38.9K, beside one 29.9K / 32.0K /
-// 33.1K.
+// a step whose longest sequence adds maxN tokens (kernels/flash.cu):
+// short prompts make too few 128-query blocks to fill the GPU, and the
+// thresholds are where the smaller tiles stopped winning on an H100
+// (NOTES.md, "Figures behind the code").
 func flashTile(maxN int) (bq, bk int) {
 	switch {
 	case maxN <= 512:

@@ -46,14 +46,15 @@ type Backend struct {
 	scratch map[string]*tensor
 	retired []devptr // scratch replaced while graphs may still use it
 
-	// Tuning knobs, fixed at New (see envInt's callers).
+	// Tuning knobs, fixed at New from the environment (doc.go).
 	gemvMax, gemvWarps, splitMax, splitBlocks int
-	mmaSplitBlocks, skinnyMax                 int
+	mmaSplitBlocks, skinnyMax, routerGemm     int
+	useGraphs                                 bool // KILN_CUDA_GRAPHS is not 0
 	// skinnyCnt holds the skinny GEMM's split-K counters, one per tile,
 	// zeroed once; each call's last block resets the ones it used.
 	skinnyCnt devptr
-	// pdl lets the decode GEMV start while the kernel before it finishes
-	// (sm_90 on; KILN_CUDA_PDL=0 turns it off).
+	// pdl lets the kernels launched by runOverlapped start while the
+	// kernel before them finishes (sm_90 on; KILN_CUDA_PDL=0 turns it off).
 	pdl  bool
 	prof *profiler
 	// qmvMax is the most tokens of a quantized product on the decode
@@ -152,6 +153,8 @@ func New(opts Options) (*Backend, error) {
 	b.qmvMax = envInt("KILN_CUDA_QMV_MAX", qmvMaxTokens, 0, qmvMaxTokens)
 	b.qSlab = qSlabElems
 	b.qmvWarpsMax = envInt("KILN_CUDA_QMV_WARPS", 8, 1, 8)
+	b.routerGemm = envInt("KILN_CUDA_ROUTER_GEMM", moeRouterGemm, 0, 1<<30)
+	b.useGraphs = os.Getenv("KILN_CUDA_GRAPHS") != "0"
 	// Split tiles are at most half a wave of blocks.
 	ncnt := b.skinnyWave()
 	if b.skinnyCnt, err = b.malloc(4 * ncnt); err != nil {
@@ -475,10 +478,4 @@ func (b *Backend) scratchBuf(name string, n int) devptr {
 	}
 	b.scratch[name] = &tensor{dt: backend.I32, shape: []int{sz / 4}, ptr: p}
 	return p
-}
-
-func (b *Backend) debugf(format string, a ...any) {
-	if os.Getenv("KILN_CUDA_DEBUG") != "" {
-		fmt.Fprintf(os.Stderr, "cuda: "+format+"\n", a...)
-	}
 }

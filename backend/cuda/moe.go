@@ -10,7 +10,7 @@ import (
 
 // moeRouterGemm is the fewest tokens whose router product runs on tensor
 // cores (KILN_CUDA_ROUTER_GEMM overrides it; 0 never).
-var moeRouterGemm = envInt("KILN_CUDA_ROUTER_GEMM", 64, 0, 1<<30)
+const moeRouterGemm = 64
 
 // The kernels of kernels/moe.cu.
 var (
@@ -68,10 +68,10 @@ type moeCombineArgs struct {
 }
 
 // moeGrouped reports whether R (token, choice) rows over E experts take the
-// grouped products: from two rows an expert on average. H100, 16:45 UTC:
-// Qwen3-30B-A3B (128 experts) decode batch 64 (four rows an expert) 1457 ->
-// 2443 tok/s grouped, prefill 4K 1.85K -> 37.2K; Qwen3-Next (512) batch 64
-// (1.25 rows an expert) 4553 per row, 3901 grouped.
+// grouped products: from two rows an expert on average, where a tile of
+// an expert's rows reads its weights fewer times than a GEMV per row
+// (four rows an expert won, 1.25 lost: NOTES.md, "Figures behind the
+// code").
 func moeGrouped(R, E int) bool { return R >= 2*E }
 
 // The grouped expert products' tile (MG_BM, MG_BN and MG_BK of
@@ -108,12 +108,10 @@ func (b *Backend) MoE(out, x backend.Tensor, e *backend.Experts, spec *backend.M
 	// inputs): a rounding-sized change there can flip the choice of
 	// experts. Prompts take it on tensor cores as x = hi + lo, two bf16
 	// products accumulated in float32 (~16 bits of x, as the grouped
-	// expert products); decode steps take the float32 GEMV. H100, two
-	// alternating runs: Qwen3-Next (12 layers) prefill 4K 43.8K/43.6K ->
-	// 54.0K/54.1K tok/s, 16K 49.4K/49.5K -> 63.6K/63.6K; Qwen3-30B-A3B 4K
-	// 18.8K -> 20.3K.
+	// expert products); decode steps take the float32 GEMV (NOTES.md,
+	// "Figures behind the code").
 	logits := b.scratchF32("moe.logits", T, E)
-	if moeRouterGemm > 0 && T >= moeRouterGemm && router.dt == backend.BF16 {
+	if b.routerGemm > 0 && T >= b.routerGemm && router.dt == backend.BF16 {
 		hi, lo := b.scratchBuf("moe.xhi", 2*T*H), b.scratchBuf("moe.xlo", 2*T*H)
 		moeSplitKernel.run(b, g1(b.blocksFor(T*H)), 256, 0, moeSplitArgs{hi: hi, lo: lo, x: xt.ptr, n: int64(T * H)})
 		b.gemm(logits.ptr, hi, router.ptr, T, E, H, backend.BF16, backend.F32, false)

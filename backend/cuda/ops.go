@@ -4,6 +4,7 @@ package cuda
 
 import (
 	"fmt"
+	"log/slog"
 	"os"
 	"strconv"
 
@@ -46,9 +47,18 @@ func boolInt(v bool) int32 {
 	return 0
 }
 
+// envInt returns the integer environment variable name, def when it is
+// unset or empty; a value that is no integer in [lo, hi] is ignored with a
+// warning.
 func envInt(name string, def, lo, hi int) int {
-	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v >= lo && v <= hi {
-		return v
+	s := os.Getenv(name)
+	if s == "" {
+		return def
 	}
-	return def
+	v, err := strconv.Atoi(s)
+	if err != nil || v < lo || v > hi {
+		slog.Warn("cuda: ignoring an environment variable outside its range", "name", name, "value", s, "min", lo, "max", hi, "default", def)
+		return def
+	}
+	return v
 }

@@ -25,10 +25,8 @@ import (
 // (two groups of the mma's 16 rows); KILN_CUDA_QMV_MAX lowers it (0:
 // always dequantize and use cuBLASLt). Up to it a step reads the quantized
 // weights once; above it dequantizing them for cuBLASLt costs less than
-// the products on mma.sync. H100, Qwen3-8B shapes (12 layers), decode
-// tok/s dequantizing against qmv: FP8 batch 16 841 -> 1886 (36 layers),
-// batch 24 3450 -> 4459, batch 32 4528 -> 5850; Q4_K 690 -> 1459, 2869 ->
-// 3302, 3779 -> 4355; at 64 qmv lost (FP8 2874 -> 2315).
+// the products on mma.sync (qmv won at 16 to 32 tokens and lost at 64:
+// NOTES.md, "Figures behind the code").
 const qmvMaxTokens = 32
 
 // quantKernels are the kernels of one quantized type (QKERNELS in

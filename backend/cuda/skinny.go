@@ -9,8 +9,8 @@ import (
 // skinnyMaxTokens is the largest token count of the tensor-core skinny
 // GEMM (kernels/skinny.cu): above the GEMV's count and up to this one, bf16
 // products whose inner width is a multiple of skinnyCols take it instead of
-// cuBLASLt (H100 decode steps: 3 and 4 tokens +3.5%, 8 tokens +0 to 1.8%;
-// at 16 it lost, see NOTES.md).
+// cuBLASLt (faster at 3 to 8 tokens, slower at 16: NOTES.md, "Figures
+// behind the code").
 // KILN_CUDA_SKINNY_MAX lowers it (0: off).
 const skinnyMaxTokens = 8
 

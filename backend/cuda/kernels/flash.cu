@@ -207,14 +207,14 @@ __device__ __forceinline__ void flash_prefill(void *out, int odt, const u16 *qbu
 }
 
 // flash_prefill_BQ_BK_HD: blocks of four warps, BQ queries, key tiles of
-// BK. Long prompts: four warps of two row tiles measured best on an H100 (4K
-// prompt: 34.0K tok/s against 33.0K with eight warps of one row tile, 16K:
-// 22.8K against 20.9K); with shared-memory addresses held as 32-bit values,
-// tiles of 64 keys beat 48 and 32 (4K: 36.1K / 36.0K / 35.9K, 16K: 24.1K /
-// 24.2K / 23.7K). Prompts of up to 1K tokens make too few 128-query blocks
-// to fill the GPU, and the longest one sets the time: 64 queries a block
-// (one row tile a warp) there, with 32-key tiles (four blocks a
-// multiprocessor) up to 512 tokens. Which is used: flashTile in ops.go.
+// BK. Long prompts: four warps of two row tiles measured best on an H100
+// (against eight warps of one row tile); with shared-memory addresses held
+// as 32-bit values, tiles of 64 keys beat 48 and 32 (backend/cuda/NOTES.md,
+// "Figures behind the code"). Prompts of up to 1K tokens make too few
+// 128-query blocks to fill the GPU, and the longest one sets the time: 64
+// queries a block (one row tile a warp) there, with 32-key tiles (four
+// blocks a multiprocessor) up to 512 tokens. Which is used: flashTile in
+// attention.go.
 #define FLASH(BQ, BK, MINB, HD) \
 	extern "C" __global__ void __launch_bounds__(128, MINB) flash_prefill_##BQ##_##BK##_##HD(void *out, int odt, \
 			const u16 *qbuf, const u16 *kc, const u16 *vc, const void *qkv, int qdt, const int *seqpos, const int *seqn, \

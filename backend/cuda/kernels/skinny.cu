@@ -19,7 +19,7 @@
 //
 // Measured on an H100 (NOTES.md): tiles of 32 rows by 256 columns (512
 // contiguous bytes a row a stage) were the fastest of 64 x 128, 32 x 256
-// and 16 x 512 at 8 tokens and within 1% at 4. At 16 tokens every shape
+// and 16 x 512 at 8 tokens and close to it at 4. At 16 tokens every shape
 // lost to cuBLASLt, so the kernel stops at 8.
 
 // SK_TOK, SK_STAGES, SK_BM, SK_BK and the row pitch SK_P are in defines.cuh.
