@@ -73,9 +73,10 @@ func (b *Backend) MLP(out, x, gateUp, down backend.Tensor) {
 }
 
 // mlp writes (or adds, when accumulate) down(silu(gate(x)) * up(x)) to out.
-// A few tokens take the GEMV with the activation fused in; more take
+// A few tokens take the GEMV with the activation fused in, up to
+// skinnyMaxTokens the skinny GEMM with it fused in its epilogue; more take
 // cuBLASLt with bf16 in and out around a bf16 activation, where
-// transformers rounds too.
+// transformers rounds too. Quantized weights take qmlp.
 func (b *Backend) mlp(ot, xt, gu, dn *tensor, accumulate bool) {
 	n, H := xt.rows(), xt.cols()
 	I := dn.cols()
@@ -124,10 +125,10 @@ func (b *Backend) mlp(ot, xt, gu, dn *tensor, accumulate bool) {
 }
 
 // gemvMaxTokens is the largest token count served by the GEMV kernel by
-// default; larger batches go to cuBLASLt, whose tensor-core tiles win once
-// the weights are reused by a few rows (each extra row costs the CUDA-core
-// kernel another pass over the activations). KILN_CUDA_GEMV_MAX overrides
-// it (0 to gemvTokens).
+// default; larger batches go to the skinny GEMM or cuBLASLt, whose
+// tensor-core tiles win once the weights are reused by a few rows (each
+// extra row costs the CUDA-core kernel another pass over the activations).
+// KILN_CUDA_GEMV_MAX overrides it (0 to gemvTokens).
 const gemvMaxTokens = 2
 
 // MatMul computes out[n,o] = sum_i x[n,i] * w[o,i] (+ out when accumulate).
