@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Compiles every CUDA kernel file the way the backend does at run time
-# (header in front, fast math, sm_90 by default) with a local nvcc, and
+# (headers in front, fast math, sm_90 by default) with a local nvcc, and
 # prints each kernel's registers and any spills: a compile check for machines
 # without a GPU (Debian: apt install nvidia-cuda-toolkit). Skips without nvcc.
 #
@@ -18,8 +18,11 @@ arch=${1:-sm_90}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 status=0
+# The headers in front, as kernelSources puts them: defines.cuh (generated
+# from Go), then the others.
+headers="defines.cuh $(ls *.cuh | grep -vx defines.cuh)"
 for f in *.cu; do
-	{ echo '#line 1 "common.cuh"'; cat common.cuh; echo "#line 1 \"$f\""; cat "$f"; } >"$tmp/$f"
+	{ for h in $headers; do echo "#line 1 \"$h\""; cat "$h"; done; echo "#line 1 \"$f\""; cat "$f"; } >"$tmp/$f"
 	if ! nvcc -arch="$arch" -std=c++17 --use_fast_math ${KILN_CUDA_NVRTC_FLAGS:-} -cubin -Xptxas -v "$tmp/$f" -o "$tmp/${f%.cu}.cubin" >"$tmp/$f.log" 2>&1; then
 		grep -v '^ptxas info' "$tmp/$f.log" >&2
 		status=1

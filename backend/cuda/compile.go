@@ -26,25 +26,35 @@ import (
 //go:embed kernels/*.cu kernels/*.cuh
 var kernelFS embed.FS
 
+// definesHeader is the header generated from kernelDefines.
+const definesHeader = "defines.cuh"
+
 // kernelSources returns one translation unit per kernel file, each with the
-// shared header in front. Separate units compile in parallel.
+// headers in front: definesHeader, then the others by name. Separate units
+// compile in parallel.
 func kernelSources() (map[string]string, error) {
 	ents, err := kernelFS.ReadDir("kernels")
 	if err != nil {
 		return nil, err
 	}
-	var header strings.Builder
+	headers := []string{definesHeader}
 	var files []string
 	for _, e := range ents {
-		if strings.HasSuffix(e.Name(), ".cuh") {
-			data, err := kernelFS.ReadFile("kernels/" + e.Name())
-			if err != nil {
-				return nil, err
-			}
-			fmt.Fprintf(&header, "#line 1 \"%s\"\n%s\n", e.Name(), data)
-		} else {
+		switch {
+		case e.Name() == definesHeader:
+		case strings.HasSuffix(e.Name(), ".cuh"):
+			headers = append(headers, e.Name())
+		default:
 			files = append(files, e.Name())
 		}
+	}
+	var header strings.Builder
+	for _, h := range headers {
+		data, err := kernelFS.ReadFile("kernels/" + h)
+		if err != nil {
+			return nil, err
+		}
+		fmt.Fprintf(&header, "#line 1 \"%s\"\n%s\n", h, data)
 	}
 	out := map[string]string{}
 	for _, n := range files {

@@ -46,14 +46,15 @@ type Backend struct {
 	scratch map[string]*tensor
 	retired []devptr // scratch replaced while graphs may still use it
 
-	// Tuning knobs, fixed at New (see envInt's callers).
+	// Tuning knobs, fixed at New from the environment (doc.go).
 	gemvMax, gemvWarps, splitMax, splitBlocks int
-	mmaSplitBlocks, skinnyMax                 int
+	mmaSplitBlocks, skinnyMax, routerGemm     int
+	useGraphs                                 bool // KILN_CUDA_GRAPHS is not 0
 	// skinnyCnt holds the skinny GEMM's split-K counters, one per tile,
 	// zeroed once; each call's last block resets the ones it used.
 	skinnyCnt devptr
-	// pdl lets the decode GEMV start while the kernel before it finishes
-	// (sm_90 on; KILN_CUDA_PDL=0 turns it off).
+	// pdl lets the kernels launched by runOverlapped start while the
+	// kernel before them finishes (sm_90 on; KILN_CUDA_PDL=0 turns it off).
 	pdl  bool
 	prof *profiler
 	// qmvMax is the most tokens of a quantized product on the decode
@@ -137,7 +138,7 @@ func New(opts Options) (*Backend, error) {
 		return nil, err
 	}
 	b.k = k
-	b.gemvMax = envInt("KILN_CUDA_GEMV_MAX", gemvMaxTokens, 0, 8)
+	b.gemvMax = envInt("KILN_CUDA_GEMV_MAX", gemvMaxTokens, 0, gemvTokens)
 	b.gemvWarps = envInt("KILN_CUDA_GEMV_WARPS", 8, 1, 8) // rows (warps) per block
 	if os.Getenv("KILN_CUDA_PROFILE") == "1" {
 		b.prof = &profiler{total: map[string]float64{}, count: map[string]int{}}
@@ -155,6 +156,8 @@ func New(opts Options) (*Backend, error) {
 	b.qmvMax = envInt("KILN_CUDA_QMV_MAX", qmvMaxTokens, 0, qmvMaxTokens)
 	b.qSlab = qSlabElems
 	b.qmvWarpsMax = envInt("KILN_CUDA_QMV_WARPS", 8, 1, 8)
+	b.routerGemm = envInt("KILN_CUDA_ROUTER_GEMM", moeRouterGemm, 0, 1<<30)
+	b.useGraphs = os.Getenv("KILN_CUDA_GRAPHS") != "0"
 	if major == 9 { // cuBLASLt's FP8 block scaling is Hopper's
 		b.fp8Min = envInt("KILN_CUDA_FP8_GEMM_MIN", fp8GemmMinTokens, 0, 1<<20)
 		if b.fp8Min > 0 {
@@ -501,10 +504,4 @@ func (b *Backend) scratchBuf(name string, n int) devptr {
 	}
 	b.scratch[name] = &tensor{dt: backend.I32, shape: []int{sz / 4}, ptr: p}
 	return p
-}
-
-func (b *Backend) debugf(format string, a ...any) {
-	if os.Getenv("KILN_CUDA_DEBUG") != "" {
-		fmt.Fprintf(os.Stderr, "cuda: "+format+"\n", a...)
-	}
 }

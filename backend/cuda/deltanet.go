@@ -28,16 +28,71 @@ type stateCache struct {
 	chunked int
 }
 
-// dnChunkLen is DN_C of deltanet_chunk.cu: the tokens of a chunk.
+// dnChunkLen is the tokens of a chunk of the chunked kernels (DN_C).
 const dnChunkLen = 64
 
-// dnChunkSlice maps the key dims that deltanet_chunk.cu builds (DN_PREP,
-// DN_RUN) to the value columns of a dn_chunk_run block.
-var dnChunkSlice = map[int]int{16: 16, 128: 32}
+// The kernels of kernels/deltanet.cu.
+var (
+	dnConvKernel     = newKernel[dnConvArgs]("dn_conv")
+	dnConvHistKernel = newKernel[dnConvHistArgs]("dn_conv_hist")
+	dnRecurKernel    = newKernel[dnRecurArgs]("dn_recur")
+)
+
+// dnChunkKernels are the chunked kernels of deltanet_chunk.cu (DN_PREP,
+// DN_RUN) by key dim, with the value columns of a dn_chunk_run block.
+var dnChunkKernels = map[int]struct {
+	prep kernel[dnChunkPrepArgs]
+	run  kernel[dnChunkRunArgs]
+	dvs  int
+}{
+	16:  {newKernel[dnChunkPrepArgs]("dn_chunk_prep_16"), newKernel[dnChunkRunArgs]("dn_chunk_run_16_16"), 16},
+	128: {newKernel[dnChunkPrepArgs]("dn_chunk_prep_128"), newKernel[dnChunkRunArgs]("dn_chunk_run_128_32"), 32},
+}
+
+type dnConvArgs struct {
+	y, x, w                         devptr
+	wdt                             int32
+	hist                            devptr
+	CD, K, convN                    int32
+	tokseq, seqpos, seqstart, slots devptr
+}
+
+type dnConvHistArgs struct {
+	hist, x                       devptr
+	CD, K, convN                  int32
+	seqpos, seqn, seqstart, slots devptr
+}
+
+type dnRecurArgs struct {
+	out, qkv, ba, aLog                    devptr
+	adt                                   int32
+	dtBias                                devptr
+	bdt                                   int32
+	state                                 devptr
+	HK, HV, dk, dv, recN, chunkMin, tiled int32
+	seqpos, seqn, seqstart, slots         devptr
+}
+
+type dnChunkPrepArgs struct {
+	qkv, ba, aLog               devptr
+	adt                         int32
+	dtBias                      devptr
+	bdt                         int32
+	qg, kd, wg, pg, ug, gg      devptr
+	HK, HV, DV, chunkMin, tiled int32
+	seqn, seqstart              devptr
+}
+
+type dnChunkRunArgs struct {
+	out, qg, kd, wg, pg, ug, gg, state devptr
+	HV, DV, recN, chunkMin             int32
+	seqpos, seqn, seqstart, slots      devptr
+}
 
 // dnChunk is how the chunked kernels take a state cache's heads.
 type dnChunk struct {
-	prep, run         string
+	prep              kernel[dnChunkPrepArgs]
+	run               kernel[dnChunkRunArgs]
 	dvs               int // value columns of a dn_chunk_run block
 	prepSmem, runSmem int
 }
@@ -58,6 +113,10 @@ func dnRunSmem(dk, dvs int) int {
 	return 3*4*c*(dk+8) + 4*c*(c+8) + 4*dk*(dvs+8) + 4*c*(dvs+8)
 }
 
+// dnRecurSmem is dn_recur's dynamic shared memory: a head's state [dk, dv],
+// then q and k, f32.
+func dnRecurSmem(dk, dv int) int { return 4 * (dk*dv + 2*dk) }
+
 // NewStateCache allocates zeroed recurrent state for spec.Slots sequences.
 func (b *Backend) NewStateCache(spec backend.StateSpec) (backend.StateCache, error) {
 	if err := spec.Check(); err != nil {
@@ -66,15 +125,15 @@ func (b *Backend) NewStateCache(spec backend.StateSpec) (backend.StateCache, err
 	d := spec.DeltaNet
 	// dn_recur runs a thread per column of a head's state, which sits in
 	// shared memory, and a thread per key element for the norms.
-	if d.KeyDim > d.ValueDim || d.ValueDim > 1024 || 4*(d.KeyDim*d.ValueDim+2*d.KeyDim) > b.smemOp {
+	if d.KeyDim > d.ValueDim || d.ValueDim > 1024 || dnRecurSmem(d.KeyDim, d.ValueDim) > b.smemOp {
 		return nil, fmt.Errorf("cuda: Gated DeltaNet heads of key dim %d, value dim %d are not supported; use --backend cpu", d.KeyDim, d.ValueDim)
 	}
 	c := &stateCache{b: b, spec: spec}
 	c.convN, c.recN = spec.SlotFloats()
-	if dvs := dnChunkSlice[d.KeyDim]; dvs > 0 && d.ValueDim%dvs == 0 {
+	if ck, ok := dnChunkKernels[d.KeyDim]; ok && d.ValueDim%ck.dvs == 0 {
 		k := &dnChunk{
-			prep: fmt.Sprintf("dn_chunk_prep_%d", d.KeyDim), run: fmt.Sprintf("dn_chunk_run_%d_%d", d.KeyDim, dvs), dvs: dvs,
-			prepSmem: dnPrepSmem(d.KeyDim, d.ValueDim), runSmem: dnRunSmem(d.KeyDim, dvs),
+			prep: ck.prep, run: ck.run, dvs: ck.dvs,
+			prepSmem: dnPrepSmem(d.KeyDim, d.ValueDim), runSmem: dnRunSmem(d.KeyDim, ck.dvs),
 		}
 		// dn_chunk_run takes 150 KB at Qwen3-Next's heads: an A100 or H100
 		// gives it, GPUs of 100 KB a block run the recurrence instead.
@@ -224,10 +283,12 @@ func (b *Backend) GatedDeltaNet(out, mixed, ba backend.Tensor, w backend.DeltaNe
 		return
 	}
 	qkv := b.scratchBuf("deltanet.qkv", 4*T*CD)
-	b.run("dn_conv", [3]int{T, (CD + 255) / 256, 1}, 256, 0, qkv, mt.ptr, cw.ptr, int(cw.dt), c.conv[layer], CD, K, c.convN,
-		m.dev[mTokSeq], m.dev[mSeqPos], m.dev[mSeqStart], m.dev[mSeqSlot])
-	b.run("dn_conv_hist", [3]int{S, (CD + 255) / 256, 1}, 256, 0, c.conv[layer], mt.ptr, CD, K, c.convN,
-		m.dev[mSeqPos], m.dev[mSeqN], m.dev[mSeqStart], m.dev[mSeqSlot])
+	dnConvKernel.run(b, [3]int{T, (CD + 255) / 256, 1}, 256, 0, dnConvArgs{
+		y: qkv, x: mt.ptr, w: cw.ptr, wdt: int32(cw.dt), hist: c.conv[layer], CD: int32(CD), K: int32(K), convN: int32(c.convN),
+		tokseq: m.dev[mTokSeq], seqpos: m.dev[mSeqPos], seqstart: m.dev[mSeqStart], slots: m.dev[mSeqSlot]})
+	dnConvHistKernel.run(b, [3]int{S, (CD + 255) / 256, 1}, 256, 0, dnConvHistArgs{
+		hist: c.conv[layer], x: mt.ptr, CD: int32(CD), K: int32(K), convN: int32(c.convN),
+		seqpos: m.dev[mSeqPos], seqn: m.dev[mSeqN], seqstart: m.dev[mSeqStart], slots: m.dev[mSeqSlot]})
 	chunkMin := math.MaxInt32
 	if c.chunk != nil && spec.Chunk > 0 {
 		chunkMin = spec.Chunk
@@ -252,23 +313,28 @@ func (b *Backend) GatedDeltaNet(out, mixed, ba backend.Tensor, w backend.DeltaNe
 		ug := pg + devptr(pB)
 		gg := ug + devptr(uB)
 		if k.prepSmem > 48<<10 {
-			b.allowSmem(k.prep, k.prepSmem)
+			b.allowSmem(k.prep.name, k.prepSmem)
 		}
 		if k.runSmem > 48<<10 {
-			b.allowSmem(k.run, k.runSmem)
+			b.allowSmem(k.run.name, k.runSmem)
 		}
-		b.run(k.prep, [3]int{(m.maxN + dnChunkLen - 1) / dnChunkLen, HV, S}, 128, k.prepSmem, qkv, bt.ptr, al.ptr, int(al.dt),
-			db.ptr, int(db.dt), qg, kd, wg, pg, ug, gg, HK, HV, dv, chunkMin, boolInt(spec.TiledHeads), m.dev[mSeqN], m.dev[mSeqStart])
-		b.run(k.run, [3]int{dv / k.dvs, HV, S}, 128, k.runSmem, ot.ptr, qg, kd, wg, pg, ug, gg, c.rec[layer], HV, dv, c.recN,
-			chunkMin, m.dev[mSeqPos], m.dev[mSeqN], m.dev[mSeqStart], m.dev[mSeqSlot])
+		k.prep.run(b, [3]int{(m.maxN + dnChunkLen - 1) / dnChunkLen, HV, S}, 128, k.prepSmem, dnChunkPrepArgs{
+			qkv: qkv, ba: bt.ptr, aLog: al.ptr, adt: int32(al.dt), dtBias: db.ptr, bdt: int32(db.dt),
+			qg: qg, kd: kd, wg: wg, pg: pg, ug: ug, gg: gg, HK: int32(HK), HV: int32(HV), DV: int32(dv), chunkMin: int32(chunkMin),
+			tiled: boolInt(spec.TiledHeads), seqn: m.dev[mSeqN], seqstart: m.dev[mSeqStart]})
+		k.run.run(b, [3]int{dv / k.dvs, HV, S}, 128, k.runSmem, dnChunkRunArgs{
+			out: ot.ptr, qg: qg, kd: kd, wg: wg, pg: pg, ug: ug, gg: gg, state: c.rec[layer], HV: int32(HV), DV: int32(dv), recN: int32(c.recN),
+			chunkMin: int32(chunkMin), seqpos: m.dev[mSeqPos], seqn: m.dev[mSeqN], seqstart: m.dev[mSeqStart], slots: m.dev[mSeqSlot]})
 		c.chunked += long
 	}
 	if short {
-		smem := 4 * (dk*dv + 2*dk)
+		smem := dnRecurSmem(dk, dv)
 		if smem > 48<<10 {
-			b.allowSmem("dn_recur", smem)
+			b.allowSmem(dnRecurKernel.name, smem)
 		}
-		b.run("dn_recur", [3]int{S, HV, 1}, dv, smem, ot.ptr, qkv, bt.ptr, al.ptr, int(al.dt), db.ptr, int(db.dt), c.rec[layer],
-			HK, HV, dk, dv, c.recN, chunkMin, boolInt(spec.TiledHeads), m.dev[mSeqPos], m.dev[mSeqN], m.dev[mSeqStart], m.dev[mSeqSlot])
+		dnRecurKernel.run(b, [3]int{S, HV, 1}, dv, smem, dnRecurArgs{
+			out: ot.ptr, qkv: qkv, ba: bt.ptr, aLog: al.ptr, adt: int32(al.dt), dtBias: db.ptr, bdt: int32(db.dt), state: c.rec[layer],
+			HK: int32(HK), HV: int32(HV), dk: int32(dk), dv: int32(dv), recN: int32(c.recN), chunkMin: int32(chunkMin), tiled: boolInt(spec.TiledHeads),
+			seqpos: m.dev[mSeqPos], seqn: m.dev[mSeqN], seqstart: m.dev[mSeqStart], slots: m.dev[mSeqSlot]})
 	}
 }

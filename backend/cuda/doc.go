@@ -5,18 +5,48 @@
 // sources embedded in the binary (kernels/*.cu), compiled by NVRTC for the
 // exact architecture of the GPU at first use and cached on disk under
 // $XDG_CACHE_HOME/kiln/kernels (or ~/.cache/kiln/kernels), keyed by the
-// source, the architecture and the NVRTC version.
+// source, the architecture, the options and the NVRTC version.
 //
-// All work is queued on one stream. Activations are float32; bf16 weights are
-// read directly by the decode kernels (GEMV) and by cuBLASLt for larger
-// batches (activations converted to bf16 on the fly). Block-quantized
-// weights (backend/quant.go) are stored in a device layout of their own
-// (qlayout.go) and read directly by the decode kernels, which dequantize
-// them in registers; larger batches dequantize them to bf16 for cuBLASLt
-// (quant.go). Decode steps run inside
-// Graph are captured once per key as CUDA graphs and replayed: every kernel
-// reads the step's metadata (token ids, positions, block tables) from device
-// buffers that Begin refreshes, so a replay stays valid as contexts grow.
+// The Go files follow the kernel files, one per op family: elementwise
+// (embedding, norms, activations, casts), matmul (MatMul and MLP: the GEMV
+// and cuBLASLt), skinny (the tensor-core GEMM of a few tokens), quant
+// (products of block-quantized weights; qlayout is their device layout),
+// attention (the paged KV cache and Attention), deltanet (the state cache
+// and GatedDeltaNet), moe and sample; step holds a step's metadata and the
+// graph capture. Each kernel is launched through a struct of its parameters
+// (kernel.go), which TestKernelSignatures checks against the sources
+// without a GPU; the constants both sides use are defined once, in
+// defines.go, from which kernels/defines.cuh is generated.
+//
+// All work is queued on one stream. The activations between ops are bf16
+// (ActivationType) and the residual stream f32. bf16 weights are read by
+// the GEMV for a step of up to two tokens, by the skinny GEMM up to eight
+// and by cuBLASLt above. Block-quantized weights (backend/quant.go) are
+// stored in a device layout of their own (qlayout.go) and read directly by
+// the decode kernels (qmv, up to 32 tokens), which dequantize them in
+// registers; larger steps dequantize them to bf16 for cuBLASLt. Decode
+// steps run inside Graph are captured once per key as CUDA graphs and
+// replayed: every kernel reads the step's metadata (token ids, positions,
+// block tables) from device buffers that Begin refreshes, so a replay stays
+// valid as contexts grow.
+//
+// Environment variables, read once by New, for troubleshooting and
+// experiments (the defaults are what measured best; a value outside its
+// range is ignored with a warning):
+//
+//	KILN_CUDA_GRAPHS=0            no CUDA graphs: every step launches its kernels one by one
+//	KILN_CUDA_PROFILE=1           time every kernel launch (graphs off); kiln bench prints the times
+//	KILN_CUDA_NVRTC_FLAGS=...     more NVRTC options, e.g. a kernel's -D switch for an A/B run
+//	KILN_CUDA_PDL=0               no programmatic dependent launch (on by default from sm_90)
+//	KILN_CUDA_GEMV_MAX=n          the most tokens of a bf16 product on the GEMV (0-8, default 2)
+//	KILN_CUDA_GEMV_WARPS=n        the weight rows (warps) of a GEMV block (1-8, default 8)
+//	KILN_CUDA_SKINNY_MAX=n        the most tokens of the skinny GEMM (0-8, default 8; 0: off)
+//	KILN_CUDA_QMV_MAX=n           the most tokens of a quantized product on qmv (0-32, default 32; 0: off)
+//	KILN_CUDA_QMV_WARPS=n         the most warps of a qmv block (1-8, default 8)
+//	KILN_CUDA_SPLITS=n            the most key splits of decode attention (1-512, default 512)
+//	KILN_CUDA_SPLIT_BLOCKS=n      decode attention blocks a multiprocessor, scalar kernel (1-64, default 6)
+//	KILN_CUDA_MMA_SPLIT_BLOCKS=n  the same for the tensor-core kernel (1-64, default 2)
+//	KILN_CUDA_ROUTER_GEMM=n       the fewest tokens whose MoE router product runs on tensor cores (default 64; 0: never)
 //
 // Built without cgo, New always returns an error.
 package cuda

@@ -11,7 +11,6 @@ import "C"
 import (
 	"errors"
 	"fmt"
-	"runtime"
 	"unsafe"
 )
 
@@ -111,64 +110,6 @@ func loadNVRTC() error {
 }
 func loadCublasLt() error {
 	return loadErr(func(b *C.char, n C.int) C.int { return C.load_lt(b, n) })
-}
-
-// args packs kernel arguments with their natural alignment.
-type args struct {
-	buf  [2048]byte
-	offs [32]C.int
-	n    int
-	size int
-}
-
-func (a *args) put(p unsafe.Pointer, size int) {
-	al := size
-	if al > 8 {
-		al = 4
-	}
-	a.size = (a.size + al - 1) / al * al
-	if a.size+size > len(a.buf) || a.n == len(a.offs) {
-		panic("cuda: too many kernel arguments")
-	}
-	copy(a.buf[a.size:a.size+size], unsafe.Slice((*byte)(p), size))
-	a.offs[a.n] = C.int(a.size)
-	a.n++
-	a.size += size
-}
-
-func (a *args) add(vs ...any) {
-	for _, v := range vs {
-		switch x := v.(type) {
-		case devptr:
-			a.put(unsafe.Pointer(&x), 8)
-		case int:
-			y := int32(x)
-			a.put(unsafe.Pointer(&y), 4)
-		case int32:
-			a.put(unsafe.Pointer(&x), 4)
-		case int64Arg:
-			a.put(unsafe.Pointer(&x), 8)
-		case float32:
-			a.put(unsafe.Pointer(&x), 4)
-		case []float32: // a fixed-size float array passed by value
-			a.put(unsafe.Pointer(&x[0]), 4*len(x))
-		default:
-			panic(fmt.Sprintf("cuda: unsupported kernel argument %T", v))
-		}
-	}
-}
-
-// launch starts a kernel; with pdl it may overlap the previous kernel of
-// the stream (see k_launch), which only kernels that call pdl_wait allow.
-func launch(f kfunc, grid [3]int, block, smem int, s stream, a *args, pdl bool) error {
-	p := C.int(0)
-	if pdl {
-		p = 1
-	}
-	r := C.k_launch(f, C.uint(grid[0]), C.uint(grid[1]), C.uint(grid[2]), C.uint(block), C.uint(smem), s,
-		(*C.char)(unsafe.Pointer(&a.buf[0])), &a.offs[0], C.int(a.n), p)
-	runtime.KeepAlive(a)
-	return check("cuLaunchKernel", r)
 }
 
 func unsafePtr[T any](p *T) unsafe.Pointer { return unsafe.Pointer(p) }

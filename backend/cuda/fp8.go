@@ -29,6 +29,25 @@ import (
 // the tile scales are kept beside them at load. Below four tokens (the
 // GEMM's smallest) products stay on qmv, with bf16 activations.
 
+// The kernels of the block-scaled GEMM's activations (kernels/quant.cu).
+var (
+	quantFP8ActKernel = newKernel[quantFP8ActArgs]("quant_fp8_act")
+	fp8RowsOutKernel  = newKernel[fp8RowsOutArgs]("fp8_rows_out")
+)
+
+type quantFP8ActArgs struct {
+	q, s, x       devptr
+	xdt, T, Tp, K int32
+}
+
+type fp8RowsOutArgs struct {
+	out        devptr
+	odt        int32
+	d          devptr
+	n          int64
+	accumulate int32
+}
+
 // fp8GemmMinTokens is the fewest tokens of a block-scaled FP8 GEMM:
 // cuBLASLt has no algorithm below four.
 const fp8GemmMinTokens = 4
@@ -93,7 +112,7 @@ func (b *Backend) fp8gemm(out devptr, odt backend.DType, xt *tensor, w *tensor, 
 	nb := (in + 127) / 128
 	q := b.scratchBuf("fp8.x", np*in)
 	s := b.scratchBuf("fp8.s", 4*nb*np)
-	b.run("quant_fp8_act", [3]int{nb, np, 1}, 32, 0, q, s, xt.ptr, int(xt.dt), n, np, in)
+	quantFP8ActKernel.run(b, [3]int{nb, np, 1}, 32, 0, quantFP8ActArgs{q: q, s: s, x: xt.ptr, xdt: int32(xt.dt), T: int32(n), Tp: int32(np), K: int32(in)})
 	d := out
 	if np != n {
 		d = b.scratchBuf("fp8.out", np*o*odt.Size())
@@ -108,7 +127,7 @@ func (b *Backend) fp8gemm(out devptr, odt backend.DType, xt *tensor, w *tensor, 
 	acc := accumulate && d == out
 	b.around(label, func() { b.fail(b.lt.fp8matmul(b.stream, d, q, s, w.ptr, w.fp8t, np, o, in, w.rb(), odt, acc)) })
 	if d != out {
-		b.run("fp8_rows_out", g1(b.blocksFor(n*o)), 256, 0, out, int(odt), d, int64Arg(n*o), boolInt(accumulate))
+		fp8RowsOutKernel.run(b, g1(b.blocksFor(n*o)), 256, 0, fp8RowsOutArgs{out: out, odt: int32(odt), d: d, n: int64(n * o), accumulate: boolInt(accumulate)})
 	}
 }
 

@@ -25,26 +25,84 @@ import (
 // (two groups of the mma's 16 rows); KILN_CUDA_QMV_MAX lowers it (0:
 // always dequantize and use cuBLASLt). Up to it a step reads the quantized
 // weights once; above it dequantizing them for cuBLASLt costs less than
-// the products on mma.sync. H100, Qwen3-8B shapes (12 layers), decode
-// tok/s dequantizing against qmv: FP8 batch 16 841 -> 1886 (36 layers),
-// batch 24 3450 -> 4459, batch 32 4528 -> 5850; Q4_K 690 -> 1459, 2869 ->
-// 3302, 3779 -> 4355; at 64 qmv lost (FP8 2874 -> 2315).
+// the products on mma.sync (qmv won at 16 to 32 tokens and lost at 64:
+// NOTES.md, "Figures behind the code").
 const qmvMaxTokens = 32
 
-// qmvName is the qmv kernel that takes n tokens (qmv_ also takes expert
-// rows, n 0): kernels of 8, 16 and 32 tokens.
-func qmvName(swiglu bool, dt backend.DType, n int) string {
-	pre := "qmv_"
+// quantKernels are the kernels of one quantized type (QKERNELS in
+// kernels/quant.cu).
+type quantKernels struct {
+	embed kernel[qembedArgs]
+	deq   kernel[qdeqArgs]
+	// The qmv kernels by the tokens they take (qmvKernel).
+	mv       [3]kernel[qmvArgs]
+	mvSwiglu [3]kernel[qmvSwigluArgs]
+}
+
+var quantKernelTable = map[backend.DType]*quantKernels{}
+
+func init() {
+	for _, dt := range []backend.DType{backend.Q8_0, backend.Q4_K, backend.Q5_K, backend.Q6_K, backend.MXFP4, backend.FP8} {
+		q := &quantKernels{embed: newKernel[qembedArgs]("qembed_" + dt.String()), deq: newKernel[qdeqArgs]("qdeq_" + dt.String())}
+		for i, pre := range []string{"qmv_", "qmv16_", "qmv32_"} {
+			q.mv[i] = newKernel[qmvArgs](pre + dt.String())
+			q.mvSwiglu[i] = newKernel[qmvSwigluArgs](pre + "swiglu_" + dt.String())
+		}
+		quantKernelTable[dt] = q
+	}
+}
+
+func quantKernelsOf(dt backend.DType) *quantKernels {
+	q := quantKernelTable[dt]
+	if q == nil {
+		panic(fmt.Sprintf("cuda: no kernels for quantized type %v", dt))
+	}
+	return q
+}
+
+// qmvKernel is the index in quantKernels.mv of the qmv kernel that takes
+// n tokens (the first also takes expert rows, n 0): kernels of 8, 16 and
+// 32 tokens.
+func qmvKernel(n int) int {
 	switch {
 	case n > 16:
-		pre = "qmv32_"
+		return 2
 	case n > 8:
-		pre = "qmv16_"
+		return 1
 	}
-	if swiglu {
-		pre += "swiglu_"
-	}
-	return pre + dt.String()
+	return 0
+}
+
+type qmvSwigluArgs struct {
+	out         devptr
+	odt         int32
+	x           devptr
+	T, xdiv     int32
+	w           devptr
+	rb, estride int64
+	sel         devptr
+	O, I        int32
+}
+
+// qmvArgs are qmv_swiglu's and the accumulate flag.
+type qmvArgs struct {
+	qmvSwigluArgs
+	acc int32
+}
+
+type qdeqArgs struct {
+	out, w   devptr
+	rb, rows int64
+	I        int32
+	start    devptr
+	e0, epr  int32
+}
+
+type qembedArgs struct {
+	out, w devptr
+	rb     int64
+	tokens devptr
+	I      int32
 }
 
 // qSlabElems bounds the bf16 scratch of a dequantized weight (64 MiB).
@@ -93,25 +151,24 @@ func (b *Backend) qmv(swiglu bool, out devptr, odt backend.DType, x devptr, T, x
 	if !qmvFits(w.dt, I) || w.qcols() != I {
 		panic(fmt.Sprintf("cuda: qmv of %v with rows of %d", w, I))
 	}
-	outs, name := 8, qmvName(swiglu, w.dt, T)
+	qk, k := quantKernelsOf(w.dt), qmvKernel(T)
+	if sel != 0 {
+		k = qmvKernel(0)
+	}
+	outs := 8
 	if swiglu {
 		outs = 4
 	}
-	if sel != 0 {
-		name = qmvName(swiglu, w.dt, 0)
-	}
 	grid := [3]int{(O + outs - 1) / outs, max(R, 1), 1}
-	a := []any{out, int(odt), x, T, xdiv, w.ptr, int64Arg(w.rb()), int64Arg(estride), sel, O, I}
-	if !swiglu {
-		a = append(a, boolInt(accumulate))
-	}
+	a := qmvSwigluArgs{out: out, odt: int32(odt), x: x, T: int32(T), xdiv: int32(xdiv), w: w.ptr, rb: int64(w.rb()), estride: int64(estride), sel: sel, O: int32(O), I: int32(I)}
 	block := 32 * b.qmvWarps(w.dt, I)
-	if sel == 0 {
-		b.runOverlapped(name, grid, block, 0, a...)
+	// Expert rows read sel, written by the kernel before: they wait for it.
+	overlap := sel == 0
+	if swiglu {
+		qk.mvSwiglu[k].launch(b, overlap, grid, block, 0, a)
 		return
 	}
-	// Expert rows read sel, written by the kernel before.
-	b.run(name, grid, block, 0, a...)
+	qk.mv[k].launch(b, overlap, grid, block, 0, qmvArgs{a, boolInt(accumulate)})
 }
 
 // qx returns x as bf16 at a 16-byte aligned address: x itself, or a
@@ -123,9 +180,9 @@ func (b *Backend) qx(xt *tensor) devptr {
 	n := xt.numel()
 	xp := b.scratchBuf("productx", 2*n)
 	if xt.dt == backend.F32 {
-		b.run("to_half", g1(b.blocksFor(n)), 256, 0, xp, xt.ptr, int64Arg(n), int(backend.BF16))
+		b.toHalf(xp, xt.ptr, n, backend.BF16)
 	} else {
-		b.run("cast", g1(b.blocksFor(n)), 256, 0, xp, int(backend.BF16), xt.ptr, int(xt.dt), int64Arg(n))
+		b.cast(xp, backend.BF16, xt.ptr, xt.dt, n)
 	}
 	return xp
 }
@@ -136,8 +193,8 @@ func (b *Backend) qx(xt *tensor) devptr {
 // + r / epr's.
 func (b *Backend) qdeq(out devptr, w *tensor, row0, rows, in int, start devptr, e0, epr int) {
 	units := (in + qUnitCols(w.dt) - 1) / qUnitCols(w.dt)
-	b.run("qdeq_"+w.dt.String(), g1(b.blocksFor(rows*units)), 256, 0,
-		out, w.ptr+devptr(row0*w.rb()), int64Arg(w.rb()), int64Arg(rows), in, start, e0, epr)
+	quantKernelsOf(w.dt).deq.run(b, g1(b.blocksFor(rows*units)), 256, 0, qdeqArgs{
+		out: out, w: w.ptr + devptr(row0*w.rb()), rb: int64(w.rb()), rows: int64(rows), I: int32(in), start: start, e0: int32(e0), epr: int32(epr)})
 }
 
 // qgemm computes out[n, o] (+)= x[n, in] . w[o, in]^T through cuBLASLt,
@@ -185,7 +242,7 @@ func (b *Backend) qmlp(ot, xt, gu, dn *tensor, accumulate bool) bool {
 		h := b.scratchBuf("mlp.gu", 2*n*2*I)
 		act.ptr = b.scratchBuf("mlp.act", 2*n*I)
 		b.fp8gemm(h, backend.BF16, xt, gu, n, 2*I, H, false)
-		b.run("silu_mul_bf16", g1(b.blocksFor(n*I/8)), 256, 0, act.ptr, h, n, I)
+		b.siluMulBF16(act.ptr, h, n, I)
 	case n <= b.qmvMax && qmvFits(gu.dt, H):
 		act.ptr = b.scratchBuf("mlp.act", 2*n*I)
 		b.qmv(true, act.ptr, backend.BF16, b.qx(xt), n, 1, gu, 0, 0, 0, I, H, false)
@@ -193,7 +250,7 @@ func (b *Backend) qmlp(ot, xt, gu, dn *tensor, accumulate bool) bool {
 		h := b.scratchBuf("mlp.gu", 2*n*2*I)
 		act.ptr = b.scratchBuf("mlp.act", 2*n*I)
 		b.qgemm(h, backend.BF16, b.productInput(xt, backend.BF16), gu, n, 2*I, H, false)
-		b.run("silu_mul_bf16", g1(b.blocksFor(n*I/8)), 256, 0, act.ptr, h, n, I)
+		b.siluMulBF16(act.ptr, h, n, I)
 	default:
 		return false
 	}

@@ -589,6 +589,14 @@ func medianRelL2(got, want [][]float32) float64 {
 	return d[len(d)/2]
 }
 
+// qmvName is the qmv kernel of dt that takes n tokens.
+func qmvName(swiglu bool, dt backend.DType, n int) string {
+	if swiglu {
+		return quantKernelsOf(dt).mvSwiglu[qmvKernel(n)].name
+	}
+	return quantKernelsOf(dt).mv[qmvKernel(n)].name
+}
+
 // TestQmvNames pins which kernel takes which token count.
 func TestQmvNames(t *testing.T) {
 	for n, want := range map[int]string{0: "qmv_q4_k", 1: "qmv_q4_k", 8: "qmv_q4_k", 9: "qmv16_q4_k", 16: "qmv16_q4_k", 17: "qmv32_q4_k", 32: "qmv32_q4_k"} {

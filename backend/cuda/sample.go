@@ -15,12 +15,24 @@ import (
 	"github.com/kiln-llm/kiln/backend"
 )
 
-// sampleArgs mirrors struct SampleArgs in kernels/sample.cu.
+// sampleArgs is struct SampleArgs of kernels/sample.cu, one a row
+// (TestKernelSignatures compares the two).
 type sampleArgs struct {
-	Temperature, TopP, MinP, Uniform         float32
-	Presence, Frequency, Repetition          float32
-	TopK, CntOff, CntN, BiasOff, BiasN, NTop int32
-	WantLp                                   int32
+	temperature, topP, minP, uniform         float32
+	presence, frequency, repetition          float32
+	topK, cntOff, cntN, biasOff, biasN, nTop int32
+	wantLp                                   int32
+}
+
+var sampleRowsKernel = newKernel[sampleRowsArgs]("sample_rows")
+
+type sampleRowsArgs struct {
+	logits                devptr
+	V                     int32
+	args, cnt, bias, work devptr
+	outTok, outLp         devptr
+	topTok, topLp         devptr
+	maxTop                int32
 }
 
 // Sample draws one token per row of logits on the device; only the tokens and
@@ -50,21 +62,21 @@ func (b *Backend) Sample(logits backend.Tensor, params []backend.SampleParams) (
 			return nil, fmt.Errorf("cuda: sample: uniform draw %v outside [0, 1)", p.Uniform)
 		}
 		a := &hargs[i]
-		a.Temperature, a.TopP, a.MinP, a.Uniform = p.Temperature, p.TopP, p.MinP, p.Uniform
-		a.Presence, a.Frequency, a.Repetition = p.PresencePenalty, p.FrequencyPenalty, p.RepetitionPenalty
-		a.TopK = int32(p.TopK)
-		a.CntOff, a.CntN = int32(len(cnt)/2), int32(len(p.Counts))
+		a.temperature, a.topP, a.minP, a.uniform = p.Temperature, p.TopP, p.MinP, p.Uniform
+		a.presence, a.frequency, a.repetition = p.PresencePenalty, p.FrequencyPenalty, p.RepetitionPenalty
+		a.topK = int32(p.TopK)
+		a.cntOff, a.cntN = int32(len(cnt)/2), int32(len(p.Counts))
 		for _, c := range p.Counts {
 			// The count and the prompt flag share an int: 2*count + prompt.
 			cnt = append(cnt, c.Token, 2*max(c.Count, 0)+int32(boolInt(c.Prompt)))
 		}
-		a.BiasOff, a.BiasN = int32(len(bias)/2), int32(len(p.Bias))
+		a.biasOff, a.biasN = int32(len(bias)/2), int32(len(p.Bias))
 		for _, x := range p.Bias {
 			bias = append(bias, math.Float32frombits(uint32(x.Token)), x.Bias)
 		}
-		a.NTop = int32(min(p.TopLogprobs, V))
-		a.WantLp = int32(boolInt(p.Logprob))
-		maxTop = max(maxTop, int(a.NTop))
+		a.nTop = int32(min(p.TopLogprobs, V))
+		a.wantLp = boolInt(p.Logprob)
+		maxTop = max(maxTop, int(a.nTop))
 	}
 	// One upload: args, counts, bias; one download: tokens, logprobs, tops.
 	argBytes := R * int(unsafe.Sizeof(sampleArgs{}))
@@ -89,8 +101,9 @@ func (b *Backend) Sample(logits backend.Tensor, params []backend.SampleParams) (
 	mt := max(maxTop, 1)
 	outTok, outLp := dOut, dOut+devptr(4*R)
 	topTok, topLp := dOut+devptr(8*R), dOut+devptr(8*R+4*R*mt)
-	b.run("sample_rows", g1(R), 1024, 0, lt.ptr, V, dIn, dIn+devptr(argBytes), dIn+devptr(argBytes+4*len(cnt)),
-		work, outTok, outLp, topTok, topLp, mt)
+	sampleRowsKernel.run(b, g1(R), 1024, 0, sampleRowsArgs{
+		logits: lt.ptr, V: int32(V), args: dIn, cnt: dIn + devptr(argBytes), bias: dIn + devptr(argBytes+4*len(cnt)),
+		work: work, outTok: outTok, outLp: outLp, topTok: topTok, topLp: topLp, maxTop: int32(mt)})
 	resP := unsafe.Add(host, inPad)
 	b.fail(check("cuMemcpyDtoHAsync", C.k_cuMemcpyDtoHAsync_v2(resP, dOut, C.size_t(4*outN), b.stream)))
 	if err := b.Sync(); err != nil {
@@ -104,7 +117,7 @@ func (b *Backend) Sample(logits backend.Tensor, params []backend.SampleParams) (
 		if p.Logprob || p.TopLogprobs > 0 {
 			out[i].Logprob = resF[R+i]
 		}
-		for n := 0; n < int(hargs[i].NTop); n++ {
+		for n := 0; n < int(hargs[i].nTop); n++ {
 			out[i].Top = append(out[i].Top, backend.TokenLogprob{Token: res[2*R+i*mt+n], Logprob: resF[2*R+R*mt+i*mt+n]})
 		}
 	}

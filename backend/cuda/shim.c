@@ -63,14 +63,15 @@ int load_lt(char *err, int errn) {
 	return 0;
 }
 
-// launch builds the kernel parameter array from a packed argument buffer.
+// launch builds the kernel parameter array from an argument buffer (a Go
+// struct) and the offsets of the arguments in it.
 // With pdl set the kernel may start before the previous kernel in the
 // stream has finished (programmatic dependent launch): it must wait
 // (griddepcontrol.wait) before touching anything that kernel writes or reads.
 int k_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned smem,
 		CUstream s, char *buf, int *offs, int n, int pdl) {
-	void *params[32];
-	for (int i = 0; i < n && i < 32; i++) params[i] = buf + offs[i];
+	void *params[K_MAX_ARGS];
+	for (int i = 0; i < n && i < K_MAX_ARGS; i++) params[i] = buf + offs[i];
 	if (!pdl) return k_cuLaunchKernel(f, gx, gy, gz, bx, 1, 1, smem, s, params, NULL);
 	CUlaunchAttribute at;
 	memset(&at, 0, sizeof at);

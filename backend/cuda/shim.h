@@ -117,6 +117,8 @@ void set_ctx(CUcontext c);
 int load_cuda(char *err, int errn);
 int load_nvrtc(char *err, int errn);
 int load_lt(char *err, int errn);
+// K_MAX_ARGS bounds a kernel's parameters (k_launch's array of them).
+#define K_MAX_ARGS 32
 int k_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned smem,
 		CUstream s, char *buf, int *offs, int n, int pdl);
 int k_lt_matmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, float alpha, CUdeviceptr A, cublasLtMatrixLayout_t la,

@@ -9,7 +9,7 @@ import "C"
 
 import (
 	"fmt"
-	"os"
+	"log/slog"
 	"unsafe"
 
 	"github.com/kiln-llm/kiln/backend"
@@ -171,9 +171,7 @@ type graph struct {
 
 // CapturesGraphs is true unless KILN_CUDA_GRAPHS=0 or the per-kernel
 // profile (which times launches one by one) is on.
-func (b *Backend) CapturesGraphs() bool {
-	return os.Getenv("KILN_CUDA_GRAPHS") != "0" && b.prof == nil
-}
+func (b *Backend) CapturesGraphs() bool { return b.useGraphs && b.prof == nil }
 
 // Asynchronous is true: operations are queued on the backend's stream.
 func (b *Backend) Asynchronous() bool { return true }
@@ -235,7 +233,7 @@ func (b *Backend) Graph(key string, record func()) {
 			return
 		}
 		b.graphs[key] = g
-		b.debugf("captured graph %q", key)
+		slog.Debug("cuda: captured a graph", "key", key)
 		b.fail(check("cuGraphLaunch", C.k_cuGraphLaunch(g.exec, b.stream)))
 	}()
 }

@@ -324,15 +324,16 @@ extern "C" __global__ void attn_combine(void *out, int odt, const float *pm, con
 	st(out, ((long)t * H + h) * HD + d, odt, o);
 }
 
-// attn_prefill: grid (ceil(maxN/32), H, S), block 128, dynamic shared memory
-// 2*32*HD floats. Four threads share a query (thread c owns dims c, c+4, ...);
-// 32 queries of one sequence and head per block walk the causal key range in
-// tiles of 32 keys staged in shared memory, with an online softmax.
+// attn_prefill: grid (ceil(maxN/AP_BQ), H, S), block 4*AP_BQ, dynamic shared
+// memory 2*AP_BK*HD floats. Four threads share a query (thread c owns dims c,
+// c+4, ...); AP_BQ queries of one sequence and head per block walk the causal
+// key range in tiles of AP_BK keys staged in shared memory, with an online
+// softmax.
 template <typename KT, int HD>
 __device__ __forceinline__ void attn_prefill(void *out, int odt, const KT *qbuf, const KT *kc, const KT *vc, const void *qkv, int qdt,
 		const int *seqpos, const int *seqn, const int *seqstart, const int *seqblk, const int *blocks,
 		int H, int KH, int bs, float scale, int gated) {
-	constexpr int DPT = HD / 4, BQ = 32, BK = 32;
+	constexpr int DPT = HD / 4, BQ = AP_BQ, BK = AP_BK;
 	extern __shared__ float smem[];
 	float *sK = smem, *sV = smem + BK * HD;
 	int s = blockIdx.z, h = blockIdx.y, qi0 = blockIdx.x * BQ;

@@ -6,11 +6,6 @@
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 
-// Element types, as backend.DType numbers them.
-#define DT_F32 0
-#define DT_BF16 1
-#define DT_F16 2
-
 typedef unsigned short u16;
 
 __device__ __forceinline__ float bf2f(u16 h) { return __uint_as_float(((unsigned)h) << 16); }

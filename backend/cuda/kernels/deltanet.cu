@@ -42,7 +42,7 @@ extern "C" __global__ void dn_conv_hist(float *hist, const float *x, int CD, int
 }
 
 // dn_recur: grid (S, HV), block dv threads, dynamic shared memory dk * dv +
-// 2 * dk + dv floats. Block (s, h) holds value head h's state S [dk, dv] in
+// 2 * dk floats (Go: dnRecurSmem). Block (s, h) holds value head h's state S [dk, dv] in
 // shared memory (thread c owns column c) and for each new token t of
 // sequence s: q and k L2-normalised (q also by 1/sqrt(dk)), beta =
 // sigmoid(b), decay = exp(-exp(A_log) * softplus(a + dt_bias)), then

@@ -26,8 +26,7 @@
 // The scratch written by dn_chunk_prep, per (token, value head), only for
 // tokens of chunked sequences: qg, kd, wg [2][DK] bf16 (hi, then lo) of
 // q exp(G), k exp(G_L - G) and W; pg [2][DN_C] bf16 of P's row; ug [DV] f32
-// of U's row; gg the token's G (f32).
-#define DN_C 64
+// of U's row; gg the token's G (f32). A chunk is DN_C tokens (defines.cuh).
 
 // split2 returns (a, b) as bf16 pairs with (a, b) ~ hi + lo.
 __device__ __forceinline__ void split2(float a, float b, unsigned &hi, unsigned &lo) {

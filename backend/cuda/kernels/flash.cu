@@ -207,14 +207,14 @@ __device__ __forceinline__ void flash_prefill(void *out, int odt, const u16 *qbu
 }
 
 // flash_prefill_BQ_BK_HD: blocks of four warps, BQ queries, key tiles of
-// BK. Long prompts: four warps of two row tiles measured best on an H100 (4K
-// prompt: 34.0K tok/s against 33.0K with eight warps of one row tile, 16K:
-// 22.8K against 20.9K); with shared-memory addresses held as 32-bit values,
-// tiles of 64 keys beat 48 and 32 (4K: 36.1K / 36.0K / 35.9K, 16K: 24.1K /
-// 24.2K / 23.7K). Prompts of up to 1K tokens make too few 128-query blocks
-// to fill the GPU, and the longest one sets the time: 64 queries a block
-// (one row tile a warp) there, with 32-key tiles (four blocks a
-// multiprocessor) up to 512 tokens. Which is used: flashTile in ops.go.
+// BK. Long prompts: four warps of two row tiles measured best on an H100
+// (against eight warps of one row tile); with shared-memory addresses held
+// as 32-bit values, tiles of 64 keys beat 48 and 32 (backend/cuda/NOTES.md,
+// "Figures behind the code"). Prompts of up to 1K tokens make too few
+// 128-query blocks to fill the GPU, and the longest one sets the time: 64
+// queries a block (one row tile a warp) there, with 32-key tiles (four
+// blocks a multiprocessor) up to 512 tokens. Which is used: flashTile in
+// attention.go.
 #define FLASH(BQ, BK, MINB, HD) \
 	extern "C" __global__ void __launch_bounds__(128, MINB) flash_prefill_##BQ##_##BK##_##HD(void *out, int odt, \
 			const u16 *qbuf, const u16 *kc, const u16 *vc, const void *qkv, int qdt, const int *seqpos, const int *seqn, \
@@ -233,12 +233,12 @@ FLASH(64, 32, 2, 256)
 // attn_decode_mma: the split-K decode attention of attn_decode (same grid
 // (T, KH, S), same partial results for attn_combine) on tensor cores, for
 // bf16 caches. The G = H / KH <= 16 query heads of kv head kh are the rows
-// of one m16 tile (rows past G are zero); 128 threads stage tiles of 64 keys and values in
-// shared memory by cp.async, three stages deep, and each warp takes 16 keys
-// of a tile: scores, online softmax and P.V by mma.sync, then the four warps
-// merge. The scalar kernel spends ~60 instructions per key and lane on bf16
-// widening, shuffles and FMAs and stops short of the memory's speed; here a
-// key costs a few.
+// of one m16 tile (rows past G are zero); 128 threads stage tiles of DM_BK
+// keys and values in shared memory by cp.async, DM_STAGES deep, and each
+// warp takes 16 keys of a tile: scores, online softmax and P.V by mma.sync,
+// then the four warps merge. The scalar kernel spends ~60 instructions per
+// key and lane on bf16 widening, shuffles and FMAs and stops short of the
+// memory's speed; here a key costs a few.
 //
 // Launched overlapped like attn_decode: the first two tiles' keys cached by
 // earlier steps are requested before pdl_wait, this step's keys (at and past
@@ -247,7 +247,7 @@ template <int HD>
 __device__ __forceinline__ void attn_decode_mma(const u16 *qbuf, const u16 *kc, const u16 *vc,
 		const int *tokpos, const int *tokseq, const int *seqpos, const int *seqblk, const int *blocks,
 		float *pm, float *pl, float *pacc, int H, int KH, int bs, float scale) {
-	constexpr int W = 4, BK = 64, KS = HD / 16, NT = HD / 8, KP = HD + 8, ST = 3, CPT = BK * HD / 8 / (32 * W);
+	constexpr int W = 4, BK = DM_BK, KS = HD / 16, NT = HD / 8, KP = HD + 8, ST = DM_STAGES, CPT = BK * HD / 8 / (32 * W);
 	extern __shared__ __align__(16) u16 dsm[];  // ST stages x (K + V) x BK rows of KP bf16
 	__shared__ float sm_m[W][16], sm_l[W][16];
 	int G = H / KH;

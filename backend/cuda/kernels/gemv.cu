@@ -29,8 +29,8 @@ __device__ __forceinline__ uint4 ldw(const uint4 *p) {
 // warp_dots sets acc[r][t] = x[t] . w_r for the R weight rows a warp
 // streams together (wr[r] points at row r's vector for this lane). Each lane
 // keeps U vectors of each row in flight and requests the next U before using
-// these, so its stream has no gaps (four pipelined measured 2% faster at
-// batch 1 than eight unpipelined, and than sixteen in one go; see NOTES.md).
+// these, so its stream has no gaps (four pipelined measured faster at batch
+// 1 than eight unpipelined, and than sixteen in one go; see NOTES.md).
 // Kernels using it are launched overlapped (programmatic dependent launch):
 // the first vectors are requested before pdl_wait, so the weight stream is
 // under way when the previous kernel (which writes x) finishes.

@@ -80,10 +80,8 @@ extern "C" __global__ void moe_gemv(float *y, const float *x, int xdiv, const vo
 // as two bf16 parts, x = hi + lo, each multiplied by the bf16 weights: the
 // products keep ~16 bits of the float32 rows, as the GEMV path does, where
 // bf16 rows alone moved hidden states enough to flip the router's choice
-// downstream (the hybrid fixtures, 260-token prompt).
-#define MG_BM 64
-#define MG_BN 128
-#define MG_BK 32
+// downstream (the hybrid fixtures, 260-token prompt). The tile, MG_BM rows by
+// MG_BN outputs, MG_BK columns a stage, is in defines.cuh.
 #define MG_P (MG_BK + 8)
 #define MG_STAGES 2
 

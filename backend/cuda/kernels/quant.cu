@@ -678,7 +678,7 @@ __device__ __forceinline__ void qembed(float *out, const u8 *w, long rb, const i
 // and qmv32_; the widest holds more accumulators and activations, so it
 // takes the registers of one block an SM (MINB). (A 64-token kernel, four
 // groups, spilled in the K-quants and lost to dequantizing for cuBLASLt:
-// H100, Qwen3-8B shapes, batch 64 FP8 2315 against 2874 tok/s.)
+// backend/cuda/NOTES.md, "Figures behind the code".)
 #define QMV(PRE, NAME, QT, TG, HI, MINB) \
 	extern "C" __global__ void __launch_bounds__(256, MINB) PRE##NAME(void *out, int odt, const u16 *x, int T, int xdiv, const u8 *w, \
 			long rb, long estride, const int *sel, int O, int I, int acc) { \

@@ -19,14 +19,10 @@
 //
 // Measured on an H100 (NOTES.md): tiles of 32 rows by 256 columns (512
 // contiguous bytes a row a stage) were the fastest of 64 x 128, 32 x 256
-// and 16 x 512 at 8 tokens and within 1% at 4. At 16 tokens every shape
+// and 16 x 512 at 8 tokens and close to it at 4. At 16 tokens every shape
 // lost to cuBLASLt, so the kernel stops at 8.
 
-#define SK_TOK 8
-#define SK_STAGES 3
-#define SK_BM 32
-#define SK_BK 256
-#define SK_P (SK_BK + 8)
+// SK_TOK, SK_STAGES, SK_BM, SK_BK and the row pitch SK_P are in defines.cuh.
 #define SK_STAGE ((SK_BM + SK_TOK) * SK_P * 2)  // bytes
 #define SK_WK 2  // warps along a stage's columns; two along the rows
 

@@ -1,0 +1,319 @@
+//go:build cgo
+
+package cuda
+
+import (
+	"fmt"
+
+	"github.com/kiln-llm/kiln/backend"
+)
+
+// The kernels of kernels/attention.cu and flash.cu.
+var (
+	qkNormRopeKernel  = newKernel[qkNormRopeArgs]("qk_norm_rope")
+	attnCombineKernel = newKernel[attnCombineArgs]("attn_combine")
+	// The scalar decode kernels by cache type, head dim and query heads
+	// per kv head.
+	attnDecodeKernels = map[attnShape]kernel[attnDecodeArgs]{}
+	// The tensor-core decode kernels of bf16 caches by head dim.
+	attnDecodeMMAKernels = map[int]kernel[attnDecodeArgs]{}
+	// The flash prefill kernels of bf16 caches by query tile, key tile and
+	// head dim.
+	flashKernels = map[[3]int]kernel[attnPrefillArgs]{}
+	// The prefill kernels of the other caches and head dims, by cache
+	// type and head dim (G 0).
+	attnPrefillKernels = map[attnShape]kernel[attnPrefillArgs]{}
+)
+
+// The tensor-core decode attention (attn_decode_mma) stages tiles of
+// decodeMMAKeys keys and values, decodeMMAStages deep (DM_BK, DM_STAGES).
+const (
+	decodeMMAKeys   = 64
+	decodeMMAStages = 3
+)
+
+// The scalar prefill attention (attn_prefill) takes attnPrefillQueries
+// queries a block, four threads each, and walks the keys in tiles of
+// attnPrefillKeys (AP_BQ, AP_BK).
+const (
+	attnPrefillQueries = 32
+	attnPrefillKeys    = 32
+)
+
+// attnShape picks an attention kernel: the cache's type, the head dim and
+// the query heads per kv head.
+type attnShape struct {
+	kv    backend.DType
+	hd, G int
+}
+
+func init() {
+	for _, s := range []attnShape{{backend.BF16, 256, 0}, {backend.F32, 64, 0}, {backend.F32, 128, 0}, {backend.F32, 256, 0}} {
+		for _, G := range []int{1, 2, 4, 8} {
+			s.G = G
+			attnDecodeKernels[s] = newKernel[attnDecodeArgs](fmt.Sprintf("attn_decode_%v_%d_%d", s.kv, s.hd, G))
+		}
+	}
+	for _, hd := range []int{64, 128} {
+		attnDecodeMMAKernels[hd] = newKernel[attnDecodeArgs](fmt.Sprintf("attn_decode_mma_%d", hd))
+	}
+	for _, t := range [][3]int{{128, 64, 64}, {128, 64, 128}, {64, 64, 64}, {64, 64, 128}, {64, 32, 64}, {64, 32, 128}, {64, 32, 256}} {
+		flashKernels[t] = newKernel[attnPrefillArgs](fmt.Sprintf("flash_prefill_%d_%d_%d", t[0], t[1], t[2]))
+	}
+	for _, s := range []attnShape{{backend.BF16, 16, 0}, {backend.BF16, 32, 0}, {backend.BF16, 256, 0},
+		{backend.F32, 16, 0}, {backend.F32, 32, 0}, {backend.F32, 64, 0}, {backend.F32, 128, 0}, {backend.F32, 256, 0}} {
+		attnPrefillKernels[s] = newKernel[attnPrefillArgs](fmt.Sprintf("attn_prefill_%v_%d", s.kv, s.hd))
+	}
+}
+
+// ropeFreq is struct RopeFreq: a rotary embedding's inverse frequencies.
+type ropeFreq struct {
+	f [128]float32
+}
+
+type qkNormRopeArgs struct {
+	qkv                            devptr
+	qdt                            int32
+	qbuf, kc, vc                   devptr
+	kvdt                           int32
+	qn, kn                         devptr
+	wdt, unitOffset                int32
+	tokpos, tokseq, seqblk, blocks devptr
+	H, KH, hd, rd, gated           int32
+	eps, attnFactor                float32
+	bs, hpb                        int32
+	rf                             ropeFreq
+}
+
+type attnDecodeArgs struct {
+	qbuf, kc, vc                                   devptr
+	tokpos, tokseq, seqpos, seqblk, blocks, pm, pl devptr
+	pacc                                           devptr
+	H, KH, bs                                      int32
+	scale                                          float32
+}
+
+type attnCombineArgs struct {
+	out          devptr
+	odt          int32
+	pm, pl, pacc devptr
+	qkv          devptr
+	qdt          int32
+	tokpos       devptr
+	H, KH, HD, S int32
+	gated        int32
+}
+
+type attnPrefillArgs struct {
+	out                                    devptr
+	odt                                    int32
+	qbuf, kc, vc, qkv                      devptr
+	qdt                                    int32
+	seqpos, seqn, seqstart, seqblk, blocks devptr
+	H, KH, bs                              int32
+	scale                                  float32
+	gated                                  int32
+}
+
+// kvCache is the paged cache: per layer, K then V, each [Blocks, BlockSize,
+// KVHeads, HeadDim] of f32 or bf16, in one allocation.
+type kvCache struct {
+	b     *Backend
+	spec  backend.KVSpec
+	ptr   devptr
+	plane int // bytes of one layer's K (or V) pool
+}
+
+// NewKVCache allocates a paged KV cache (f32 or bf16) on the device.
+func (b *Backend) NewKVCache(spec backend.KVSpec) (backend.KVCache, error) {
+	if spec.Layers < 0 || spec.Blocks <= 0 || spec.BlockSize <= 0 || spec.KVHeads <= 0 || spec.HeadDim <= 0 {
+		return nil, fmt.Errorf("cuda: kv cache: invalid spec %+v", spec)
+	}
+	if spec.DType != backend.F32 && spec.DType != backend.BF16 {
+		return nil, fmt.Errorf("cuda: kv cache: unsupported dtype %v (want f32 or bf16)", spec.DType)
+	}
+	if !attnHeadDim(spec.HeadDim) {
+		// Refused here, when the model is loaded, rather than by the first
+		// attention call.
+		return nil, fmt.Errorf("cuda: attention head dim %d is not supported (16, 32, 64, 128 or 256); use --backend cpu", spec.HeadDim)
+	}
+	plane := spec.Blocks * spec.BlockSize * spec.KVHeads * spec.HeadDim * spec.DType.Size()
+	p, err := b.malloc(2 * spec.Layers * plane)
+	if err != nil {
+		return nil, fmt.Errorf("cuda: kv cache of %d MiB: %w", 2*spec.Layers*plane>>20, err)
+	}
+	return &kvCache{b: b, spec: spec, ptr: p, plane: plane}, nil
+}
+
+func (c *kvCache) Spec() backend.KVSpec { return c.spec }
+
+func (c *kvCache) k(layer int) devptr { return c.ptr + devptr(2*layer*c.plane) }
+func (c *kvCache) v(layer int) devptr { return c.ptr + devptr((2*layer+1)*c.plane) }
+
+// CopyBlock copies physical block src to dst in every layer (queued).
+func (c *kvCache) CopyBlock(dst, src int) {
+	if dst < 0 || src < 0 || dst >= c.spec.Blocks || src >= c.spec.Blocks {
+		panic(fmt.Sprintf("cuda: copy block %d to %d of %d", src, dst, c.spec.Blocks))
+	}
+	bs := c.plane / c.spec.Blocks
+	for p := 0; p < 2*c.spec.Layers; p++ {
+		base := c.ptr + devptr(p*c.plane)
+		c.b.copyDtoD(base+devptr(dst*bs), base+devptr(src*bs), bs)
+	}
+}
+
+func (c *kvCache) Free() {
+	if c.ptr != 0 {
+		c.b.fail(c.b.Sync())
+		c.b.freePtr(c.ptr)
+		c.ptr = 0
+	}
+}
+
+// attnHeadDim reports whether the attention kernels take head dim hd (each
+// is compiled per head dim).
+func attnHeadDim(hd int) bool {
+	switch hd {
+	case 16, 32, 64, 128, 256:
+		return true
+	}
+	return false
+}
+
+// Attention runs one attention layer; see backend.Backend.
+func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec *backend.AttnSpec, kvc backend.KVCache, layer int) {
+	ot, qt := asT(out), asT(qkv)
+	c, ok := kvc.(*kvCache)
+	if !ok {
+		panic(fmt.Sprintf("cuda: attention: kv cache of another backend (%T)", kvc))
+	}
+	m := &b.meta
+	T := m.T
+	H, KH, hd, rd := spec.Heads, spec.KVHeads, spec.HeadDim, spec.RotaryDim
+	if H <= 0 || KH <= 0 || H%KH != 0 || !attnHeadDim(hd) || rd < 0 || rd > hd || rd%2 != 0 || len(spec.Rope.InvFreq) != rd/2 {
+		panic(fmt.Sprintf("cuda: attention: invalid or unsupported spec %+v", *spec))
+	}
+	if c.spec.KVHeads != KH || c.spec.HeadDim != hd || layer < 0 || layer >= c.spec.Layers {
+		panic(fmt.Sprintf("cuda: attention: layer %d of cache %+v for spec %+v", layer, c.spec, *spec))
+	}
+	checkRows("attention qkv", qt, T, spec.QKVWidth())
+	checkRows("attention out", ot, T, H*hd)
+	checkAct("attention", ot, qt)
+	bs := c.spec.BlockSize
+	seqN, seqPos := m.host[mSeqN], m.host[mSeqPos]
+	for i := range seqN {
+		blk := m.host[mBlocks][m.host[mSeqBlk][i]:]
+		if i+1 < len(seqN) {
+			blk = m.host[mBlocks][m.host[mSeqBlk][i]:m.host[mSeqBlk][i+1]]
+		}
+		if need := (int(seqPos[i]+seqN[i]) + bs - 1) / bs; len(blk) < need {
+			panic(fmt.Sprintf("cuda: attention: sequence %d has %d blocks, needs %d for %d tokens", i, len(blk), need, seqPos[i]+seqN[i]))
+		}
+		for _, x := range blk {
+			if x < 0 || int(x) >= c.spec.Blocks {
+				panic(fmt.Sprintf("cuda: attention: sequence %d uses block %d of %d", i, x, c.spec.Blocks))
+			}
+		}
+	}
+	if T == 0 {
+		return
+	}
+	var rf ropeFreq
+	copy(rf.f[:], spec.Rope.InvFreq)
+	qn, kn := asT(w.QNorm), asT(w.KNorm)
+	if qn.numel() != hd || kn.numel() != hd || qn.dt != kn.dt {
+		panic(fmt.Sprintf("cuda: attention: q/k norms %v %v for head dim %d", qn, kn, hd))
+	}
+	checkFloatW("attention", qn)
+	// The rotated queries, in the cache's type (what the kernels multiply the
+	// keys in).
+	qbuf := b.scratchBuf("attnq", T*H*hd*c.spec.DType.Size())
+	// Eight heads a block (one per warp) while that leaves blocks to fill
+	// the GPU; a long prompt has enough tokens for a block per token, which
+	// makes the token's cos/sin table once instead of once per eight heads.
+	hpb := 8
+	if T >= 4*b.sms {
+		hpb = H + 2*KH
+	}
+	qkNormRopeKernel.run(b, [3]int{T, (H + 2*KH + hpb - 1) / hpb, 1}, 256, 0, qkNormRopeArgs{
+		qkv: qt.ptr, qdt: int32(qt.dt), qbuf: qbuf, kc: c.k(layer), vc: c.v(layer), kvdt: int32(c.spec.DType),
+		qn: qn.ptr, kn: kn.ptr, wdt: int32(qn.dt), unitOffset: boolInt(spec.UnitOffsetNorm),
+		tokpos: m.dev[mTokPos], tokseq: m.dev[mTokSeq], seqblk: m.dev[mSeqBlk], blocks: m.dev[mBlocks],
+		H: int32(H), KH: int32(KH), hd: int32(hd), rd: int32(rd), gated: boolInt(spec.Gated),
+		eps: spec.NormEps, attnFactor: spec.Rope.AttnFactor, bs: int32(bs), hpb: int32(hpb), rf: rf})
+
+	G := H / KH
+	// Decode: tensor cores on bf16 caches of head dim 64 or 128 (any group
+	// of up to 16 query heads per kv head), else the scalar kernel (f32
+	// caches, head dim 256; groups of 1, 2, 4 or 8).
+	mma := c.spec.DType == backend.BF16 && (hd == 64 || hd == 128) && G <= 16
+	scalar := (hd == 64 || hd == 128 || hd == 256) && (G == 1 || G == 2 || G == 4 || G == 8)
+	if (mma || scalar) && m.maxN <= 4 {
+		var k kernel[attnDecodeArgs]
+		perSM, smem := b.splitBlocks, 0
+		if mma {
+			// The stages of keys and values, rows of hd + 8 bf16.
+			k, perSM, smem = kernelFor(attnDecodeMMAKernels, hd), b.mmaSplitBlocks, decodeMMAStages*2*decodeMMAKeys*(hd+8)*2
+			b.allowSmem(k.name, smem)
+		} else {
+			k = kernelFor(attnDecodeKernels, attnShape{c.spec.DType, hd, G})
+		}
+		// As many splits as fill one wave of blocks: a partial second
+		// wave of short splits measured slower (NOTES.md, "Figures behind
+		// the code"; the scalar kernel of f32 caches follows the rule
+		// unmeasured).
+		S := max(1, min(b.splitMax, perSM*b.sms/(T*KH)))
+		pm := b.scratchBuf("attnm", T*H*S*4)
+		pl := b.scratchBuf("attnl", T*H*S*4)
+		pacc := b.scratchBuf("attnacc", T*H*S*hd*4)
+		k.runOverlapped(b, [3]int{T, KH, S}, 128, smem, attnDecodeArgs{
+			qbuf: qbuf, kc: c.k(layer), vc: c.v(layer), tokpos: m.dev[mTokPos], tokseq: m.dev[mTokSeq], seqpos: m.dev[mSeqPos],
+			seqblk: m.dev[mSeqBlk], blocks: m.dev[mBlocks], pm: pm, pl: pl, pacc: pacc, H: int32(H), KH: int32(KH), bs: int32(bs), scale: spec.Scale})
+		attnCombineKernel.runOverlapped(b, [3]int{T, H, 1}, 4*hd, 0, attnCombineArgs{
+			out: ot.ptr, odt: int32(ot.dt), pm: pm, pl: pl, pacc: pacc, qkv: qt.ptr, qdt: int32(qt.dt), tokpos: m.dev[mTokPos],
+			H: int32(H), KH: int32(KH), HD: int32(hd), S: int32(S), gated: boolInt(spec.Gated)})
+		return
+	}
+	pa := attnPrefillArgs{
+		out: ot.ptr, odt: int32(ot.dt), qbuf: qbuf, kc: c.k(layer), vc: c.v(layer), qkv: qt.ptr, qdt: int32(qt.dt),
+		seqpos: m.dev[mSeqPos], seqn: m.dev[mSeqN], seqstart: m.dev[mSeqStart], seqblk: m.dev[mSeqBlk], blocks: m.dev[mBlocks],
+		H: int32(H), KH: int32(KH), bs: int32(bs), scale: spec.Scale, gated: boolInt(spec.Gated)}
+	if c.spec.DType == backend.BF16 && (hd == 64 || hd == 128 || hd == 256) {
+		bq, bk := flashTile(m.maxN)
+		if hd == 256 {
+			// Qwen3-Next's heads: one tile shape, whose 256-wide
+			// accumulators fill the registers (241, no spills).
+			bq, bk = 64, 32
+		}
+		k := kernelFor(flashKernels, [3]int{bq, bk, hd})
+		// Two stages of bk keys and values, then the bq queries, bf16.
+		smem := (2*2*bk + bq) * (hd + 8) * 2
+		if smem > 48<<10 {
+			b.allowSmem(k.name, smem)
+		}
+		k.run(b, [3]int{H, (m.maxN + bq - 1) / bq, m.S}, 128, smem, pa)
+		return
+	}
+	k := kernelFor(attnPrefillKernels, attnShape{c.spec.DType, hd, 0})
+	// A tile of keys and one of values, f32.
+	smem := 2 * attnPrefillKeys * hd * 4
+	if smem > 48<<10 {
+		b.allowSmem(k.name, smem)
+	}
+	k.run(b, [3]int{(m.maxN + attnPrefillQueries - 1) / attnPrefillQueries, H, m.S}, 4*attnPrefillQueries, smem, pa)
+}
+
+// flashTile returns the query and key tile of the flash prefill kernel for
+// a step whose longest sequence adds maxN tokens (kernels/flash.cu):
+// short prompts make too few 128-query blocks to fill the GPU, and the
+// thresholds are where the smaller tiles stopped winning on an H100
+// (NOTES.md, "Figures behind the code").
+func flashTile(maxN int) (bq, bk int) {
+	switch {
+	case maxN <= 512:
+		return 64, 32
+	case maxN <= 1024:
+		return 64, 64
+	}
+	return 128, 64
+}

@@ -1,0 +1,35 @@
+//go:build cgo
+
+package cuda
+
+import "github.com/kiln-llm/kiln/backend"
+
+//go:generate go test -run TestKernelDefines -update
+
+// kernelDefines are the constants the kernels share with the Go side, each
+// defined once, in Go: kernels/defines.cuh, which every kernel file has in
+// front (kernelSources), is generated from this list, and
+// TestKernelDefines fails when it is stale or when a kernel file defines
+// one of these names itself.
+var kernelDefines = []struct {
+	doc   string // a comment that starts a group
+	name  string
+	value int
+}{
+	{"Element types, as backend.DType numbers them.", "DT_F32", int(backend.F32)},
+	{"", "DT_BF16", int(backend.BF16)},
+	{"", "DT_F16", int(backend.F16)},
+	{"The skinny GEMM (skinny.cu): SK_BM weight rows by SK_BK columns a stage, rows\n// SK_P elements apart in shared memory, SK_STAGES stages, up to SK_TOK tokens.", "SK_BM", skinnyRows},
+	{"", "SK_BK", skinnyCols},
+	{"", "SK_P", skinnyPitch},
+	{"", "SK_STAGES", skinnyStages},
+	{"", "SK_TOK", skinnyMaxTokens},
+	{"The grouped expert products (moe.cu): MG_BM rows of one expert by MG_BN\n// outputs, MG_BK columns a stage.", "MG_BM", moeGroupRows},
+	{"", "MG_BN", moeGroupOuts},
+	{"", "MG_BK", moeGroupCols},
+	{"The tokens of a chunk of the chunked DeltaNet kernels (deltanet_chunk.cu).", "DN_C", dnChunkLen},
+	{"The tensor-core decode attention (flash.cu): tiles of DM_BK keys, DM_STAGES\n// stages.", "DM_BK", decodeMMAKeys},
+	{"", "DM_STAGES", decodeMMAStages},
+	{"The scalar prefill attention (attention.cu): AP_BQ queries a block, tiles of\n// AP_BK keys.", "AP_BQ", attnPrefillQueries},
+	{"", "AP_BK", attnPrefillKeys},
+}

@@ -1,0 +1,34 @@
+// The constants the kernels share with the Go side, generated from
+// kernelDefines (backend/cuda/defines.go) by go generate: do not edit.
+
+// Element types, as backend.DType numbers them.
+#define DT_F32 0
+#define DT_BF16 1
+#define DT_F16 2
+
+// The skinny GEMM (skinny.cu): SK_BM weight rows by SK_BK columns a stage, rows
+// SK_P elements apart in shared memory, SK_STAGES stages, up to SK_TOK tokens.
+#define SK_BM 32
+#define SK_BK 256
+#define SK_P 264
+#define SK_STAGES 3
+#define SK_TOK 8
+
+// The grouped expert products (moe.cu): MG_BM rows of one expert by MG_BN
+// outputs, MG_BK columns a stage.
+#define MG_BM 64
+#define MG_BN 128
+#define MG_BK 32
+
+// The tokens of a chunk of the chunked DeltaNet kernels (deltanet_chunk.cu).
+#define DN_C 64
+
+// The tensor-core decode attention (flash.cu): tiles of DM_BK keys, DM_STAGES
+// stages.
+#define DM_BK 64
+#define DM_STAGES 3
+
+// The scalar prefill attention (attention.cu): AP_BQ queries a block, tiles of
+// AP_BK keys.
+#define AP_BQ 32
+#define AP_BK 32

@@ -1,0 +1,95 @@
+//go:build cgo
+
+package cuda
+
+import (
+	"github.com/kiln-llm/kiln/backend"
+)
+
+// skinnyMaxTokens is the largest token count of the tensor-core skinny
+// GEMM (kernels/skinny.cu): above the GEMV's count and up to this one, bf16
+// products whose inner width is a multiple of skinnyCols take it instead of
+// cuBLASLt (faster at 3 to 8 tokens, slower at 16: NOTES.md, "Figures
+// behind the code").
+// KILN_CUDA_SKINNY_MAX lowers it (0: off).
+const skinnyMaxTokens = 8
+
+// The skinny GEMM's tile (SK_BM, SK_BK, SK_P and SK_STAGES of the kernel):
+// skinnyRows weight rows by skinnyCols columns a stage, rows skinnyPitch
+// elements apart in shared memory (16 bytes more than a row, which keeps
+// ldmatrix free of bank conflicts), skinnyStages stages of the weight rows
+// and skinnyMaxTokens activation rows, bf16.
+const (
+	skinnyRows   = 32
+	skinnyCols   = 256
+	skinnyPitch  = skinnyCols + 8
+	skinnyStages = 3
+	skinnySmem   = skinnyStages * (skinnyRows + skinnyMaxTokens) * skinnyPitch * 2
+)
+
+// The skinny GEMM kernels (kernels/skinny.cu).
+var (
+	skinnyKernel       = newKernel[skinnyArgs]("skinny_bf16")
+	skinnySwigluKernel = newKernel[skinnySwigluArgs]("skinny_swiglu_bf16")
+)
+
+type skinnyArgs struct {
+	out        devptr
+	odt        int32
+	x, w       devptr
+	T, O, I    int32
+	accumulate int32
+	part, cnt  devptr
+}
+
+type skinnySwigluArgs struct {
+	out, x, w devptr
+	T, O, I   int32
+	part, cnt devptr
+}
+
+// skinnySplits returns how many blocks split the inner dimension of a
+// skinny GEMM of n tokens by o outputs (o gate and o up rows with swiglu)
+// by in, or 0 when the product is not one for it. A tile is skinnyRows
+// weight rows (half as many outputs with swiglu); when the tiles leave a
+// wave of blocks unfilled, the inner dimension is split over as many
+// blocks as fill it.
+func (b *Backend) skinnySplits(n, o, in int, wdt backend.DType, swiglu bool) int {
+	if wdt != backend.BF16 || n <= b.gemvMax || n > b.skinnyMax || in%skinnyCols != 0 {
+		return 0
+	}
+	rows := skinnyRows
+	if swiglu {
+		rows /= 2
+	}
+	return max(1, min(in/skinnyCols, b.skinnyWave()/((o+rows-1)/rows)))
+}
+
+// skinnyWave is the number of skinny GEMM blocks the device runs at once
+// (1 KB of shared memory a block is the system's).
+func (b *Backend) skinnyWave() int { return max(1, b.smemSM/(skinnySmem+1024)) * b.sms }
+
+// skinny computes out[n, o] (+)= x[n, in] . w[o, in]^T (out f32 or bf16),
+// or with swiglu out[n, o] = silu(x . gate_o) * (x . up_o) in bf16 for w =
+// [gate | up] of 2o rows; x is bf16, the inner dimension split S ways
+// (skinnySplits).
+func (b *Backend) skinny(swiglu bool, S int, out devptr, odt backend.DType, x, w devptr, n, o, in int, accumulate bool) {
+	rows, wrows := skinnyRows, o
+	if swiglu {
+		rows, wrows = rows/2, 2*o
+	}
+	var part devptr
+	if S > 1 {
+		part = b.scratchBuf("skinny.part", 4*S*n*wrows)
+	}
+	grid := [3]int{(o + rows - 1) / rows, S, 1}
+	if swiglu {
+		b.allowSmem(skinnySwigluKernel.name, skinnySmem)
+		skinnySwigluKernel.runOverlapped(b, grid, 128, skinnySmem, skinnySwigluArgs{
+			out: out, x: x, w: w, T: int32(n), O: int32(o), I: int32(in), part: part, cnt: b.skinnyCnt})
+		return
+	}
+	b.allowSmem(skinnyKernel.name, skinnySmem)
+	skinnyKernel.runOverlapped(b, grid, 128, skinnySmem, skinnyArgs{
+		out: out, odt: int32(odt), x: x, w: w, T: int32(n), O: int32(o), I: int32(in), accumulate: boolInt(accumulate), part: part, cnt: b.skinnyCnt})
+}
