@@ -70,9 +70,10 @@ func (e *NotCachedError) Error() string {
 func (e *NotCachedError) Unwrap() error { return ErrNotCached }
 
 // Commit returns the commit ref's revision resolves to in the cache: the
-// revision itself when it is a commit id, else what refs/REV says (for a
-// ref without a revision that never recorded main, the repository's only
-// snapshot).
+// revision itself when it is a commit id, else what refs/REV says, else the
+// one snapshot whose commit starts with it (an abbreviated commit), or for
+// a ref without a revision that never recorded main, the repository's only
+// snapshot.
 func (c Cache) Commit(ref Ref) (string, error) {
 	dir := c.RepoDir(ref.Repo)
 	if commitHash.MatchString(ref.Revision) {
@@ -93,6 +94,17 @@ func (c Cache) Commit(ref Ref) (string, error) {
 		return "", &NotCachedError{Ref: ref, Dir: dir, Why: "never downloaded"}
 	}
 	snaps, _ := os.ReadDir(filepath.Join(dir, "snapshots"))
+	if shortCommit.MatchString(ref.Revision) {
+		var hits []string
+		for _, s := range snaps {
+			if strings.HasPrefix(s.Name(), ref.Revision) {
+				hits = append(hits, s.Name())
+			}
+		}
+		if len(hits) == 1 {
+			return hits[0], nil
+		}
+	}
 	if ref.Revision == "" && len(snaps) == 1 {
 		return snaps[0].Name(), nil
 	}

@@ -40,8 +40,9 @@ var (
 	// quantTag is a GGUF quantization name as repositories spell them in
 	// file names: Q4_K_M, IQ4_XS, UD-Q4_K_XL, BF16.
 	quantTag = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$`)
-	// commitHash is a full git commit id.
-	commitHash = regexp.MustCompile(`^[0-9a-f]{40}$`)
+	// commitHash is a full git commit id, shortCommit an abbreviated one.
+	commitHash  = regexp.MustCompile(`^[0-9a-f]{40}$`)
+	shortCommit = regexp.MustCompile(`^[0-9a-f]{7,39}$`)
 )
 
 // ParseRef parses s as a hub reference. It accepts only what could name a
