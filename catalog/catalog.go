@@ -72,7 +72,13 @@ type Model struct {
 // name is looked up everywhere it could be (an existing path, the hub
 // cache, Ollama's store), and must be found in exactly one. Failures say
 // what was tried and what to run.
-func (c *Catalog) Resolve(s string) (*Model, error) {
+func (c *Catalog) Resolve(s string) (*Model, error) { return c.resolve(s, true) }
+
+// Find is Resolve without paths: it looks only in the hub cache and
+// Ollama's store, for names that come from the network.
+func (c *Catalog) Find(s string) (*Model, error) { return c.resolve(s, false) }
+
+func (c *Catalog) resolve(s string, paths bool) (*Model, error) {
 	switch {
 	case s == "":
 		return nil, errors.New("no model named")
@@ -89,11 +95,14 @@ func (c *Catalog) Resolve(s string) (*Model, error) {
 		}
 		return c.fromOllama(n)
 	case isPath(s):
+		if !paths {
+			return nil, fmt.Errorf("%q is a path; name a model of the Hugging Face cache or of Ollama's store", s)
+		}
 		return fromPath(s)
 	}
 	var found []*Model
 	var tried []string
-	if _, err := os.Stat(s); err == nil {
+	if _, err := os.Stat(s); err == nil && paths {
 		m, err := fromPath(s)
 		if err != nil {
 			return nil, err
@@ -102,18 +111,10 @@ func (c *Catalog) Resolve(s string) (*Model, error) {
 	}
 	ref, hubErr := hub.ParseRef(s)
 	name, ollamaErr := ollama.ParseName(s)
-	if ollamaErr == nil {
-		m, err := c.fromOllama(name)
-		switch {
-		case err == nil:
-			found = append(found, m)
-			if strings.HasPrefix(s, "hf.co/") { // Ollama's own spelling of a hub model
-				return m, nil
-			}
-		case errors.Is(err, ollama.ErrNotFound):
-			tried = append(tried, "Ollama's store: "+err.Error())
-		default:
-			return nil, err
+	if ollamaErr == nil && strings.HasPrefix(s, "hf.co/") {
+		// Ollama's own spelling of a hub model: Ollama's copy first.
+		if m, err := c.fromOllama(name); err == nil {
+			return m, nil
 		}
 	}
 	if hubErr == nil {
@@ -122,7 +123,18 @@ func (c *Catalog) Resolve(s string) (*Model, error) {
 		case err == nil:
 			found = append(found, m)
 		case errors.Is(err, hub.ErrNotCached):
-			tried = append(tried, "the Hugging Face cache: "+err.Error())
+			tried = append(tried, err.Error())
+		default:
+			return nil, err
+		}
+	}
+	if ollamaErr == nil {
+		m, err := c.fromOllama(name)
+		switch {
+		case err == nil:
+			found = append(found, m)
+		case errors.Is(err, ollama.ErrNotFound):
+			tried = append(tried, err.Error())
 		default:
 			return nil, err
 		}
@@ -131,17 +143,18 @@ func (c *Catalog) Resolve(s string) (*Model, error) {
 	case 1:
 		return found[0], nil
 	case 0:
-		return nil, &NotFoundError{Name: s, Tried: tried, Hub: hubErr == nil, Ollama: ollamaErr == nil}
+		return nil, &NotFoundError{Name: s, Tried: tried, Path: paths, Hub: hubErr == nil, Ollama: ollamaErr == nil}
 	}
 	var where []string
 	for _, m := range found {
-		where = append(where, fmt.Sprintf("%s (%s, say %s)", m.Path, m.Source, m.explicit()))
+		where = append(where, fmt.Sprintf("%s (%s, say %s)", m.Path, m.Source, m.Ref()))
 	}
 	return nil, fmt.Errorf("%q names %d models: %s", s, len(found), strings.Join(where, "; "))
 }
 
-// explicit is a name of the model that no other store can claim.
-func (m *Model) explicit() string {
+// Ref is a name of the model that no other store can claim: hf:NAME,
+// ollama:NAME, or a path that reads as one.
+func (m *Model) Ref() string {
 	switch m.Source {
 	case FromHub:
 		return "hf:" + m.Name
@@ -156,24 +169,28 @@ func (m *Model) explicit() string {
 
 // NotFoundError is a name no store holds.
 type NotFoundError struct {
-	Name        string
-	Tried       []string
-	Hub, Ollama bool // the name could be a hub id, an Ollama name
+	Name              string
+	Tried             []string
+	Path, Hub, Ollama bool // the name could be a path, a hub id, an Ollama name
 }
 
 func (e *NotFoundError) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "model %q not found: no such file or directory", e.Name)
-	for _, t := range e.Tried {
-		b.WriteString("; " + t)
+	fmt.Fprintf(&b, "model %q not found:", e.Name)
+	tried := e.Tried
+	if e.Path {
+		tried = append([]string{"no file or directory " + e.Name}, tried...)
+	}
+	for _, t := range tried {
+		b.WriteString("\n  " + t)
 	}
 	switch {
 	case e.Hub:
-		fmt.Fprintf(&b, ". `kiln pull %s` downloads it from the Hugging Face hub", e.Name)
+		fmt.Fprintf(&b, "\n`kiln pull %s` downloads it from the Hugging Face hub", e.Name)
 	case e.Ollama:
-		fmt.Fprintf(&b, ". `ollama pull %s` puts it in Ollama's store, where kiln finds it; `kiln pull ORG/NAME` downloads a model from the Hugging Face hub", e.Name)
+		fmt.Fprintf(&b, "\n`ollama pull %s` puts it in Ollama's store, where kiln finds it; `kiln pull ORG/NAME` downloads a model from the Hugging Face hub", e.Name)
 	default:
-		b.WriteString(". Give a model directory, a .gguf file, a Hugging Face id (Qwen/Qwen3-8B) or an Ollama name (qwen3:8b)")
+		b.WriteString("\ngive a model directory, a .gguf file, a Hugging Face id (Qwen/Qwen3-8B) or an Ollama name (qwen3:8b)")
 	}
 	return b.String()
 }

@@ -50,7 +50,7 @@ func TestResolve(t *testing.T) {
 	_, err := c.Resolve("kiln-test/demo")
 	var nf *catalog.NotFoundError
 	if !errors.As(err, &nf) || !strings.Contains(err.Error(), "`kiln pull kiln-test/demo` downloads it") ||
-		!strings.Contains(err.Error(), "models--kiln-test--demo: never downloaded") || !strings.Contains(err.Error(), "Ollama's store: kiln-test/demo:latest") {
+		!strings.Contains(err.Error(), "models--kiln-test--demo: never downloaded") || !strings.Contains(err.Error(), "kiln-test/demo:latest is not in Ollama's store") {
 		t.Errorf("unpulled: %v", err)
 	}
 	if _, err := c.Resolve("qwen3:32b"); err == nil || !strings.Contains(err.Error(), "it has qwen3:8b") || !strings.Contains(err.Error(), "`ollama pull qwen3:32b`") {

@@ -103,6 +103,16 @@ func writeOpenAIError(w http.ResponseWriter, err error) {
 	writeJSON(w, ae.status, map[string]any{"error": ae})
 }
 
+// writeErrorFor writes err in the shape of the API r is a request of:
+// Ollama's under /api/, OpenAI's elsewhere.
+func writeErrorFor(w http.ResponseWriter, r *http.Request, err error) {
+	if strings.HasPrefix(r.URL.Path, "/api/") {
+		writeOllamaError(w, err)
+	} else {
+		writeOpenAIError(w, err)
+	}
+}
+
 // writeOllamaError writes err as Ollama does: {"error": "message"}.
 func writeOllamaError(w http.ResponseWriter, err error) {
 	ae := asAPIError(err)

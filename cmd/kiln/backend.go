@@ -95,6 +95,10 @@ func kvDType(flag string, b backend.Backend) (backend.DType, error) {
 // openModel opens the backend the name and the model call for, then loads
 // the model on it (or builds the synthetic one).
 func openModel(backendName string, src modelSource) (*model.Model, backend.Backend, error) {
+	var err error
+	if src.dir, err = resolveModelPath(src.dir); err != nil {
+		return nil, nil, err
+	}
 	// The config first: a bad model directory fails before a GPU starts.
 	if _, err := modelConfig(src.dir, src.synthetic); err != nil {
 		return nil, nil, err

@@ -52,7 +52,7 @@ func render(args []string) error {
 	var err error
 	if *dir == "" {
 		tpl, err = chat.LoadTemplate(demo.FS())
-	} else {
+	} else if *dir, err = resolveModelPath(*dir); err == nil {
 		tpl, err = loadTemplate(*dir)
 	}
 	if err != nil {

@@ -32,7 +32,7 @@ func tokenize(args []string, in io.Reader, out io.Writer) error {
 	var err error
 	if *model == "" {
 		tok, err = tokenizer.LoadFS(demo.FS())
-	} else {
+	} else if *model, err = resolveModelPath(*model); err == nil {
 		tok, err = loadTokenizer(*model)
 	}
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"path"
@@ -103,15 +104,28 @@ type hold struct {
 
 func (h *hold) free() { h.once.Do(func() { close(h.release) }) }
 
-// New starts a hub serving repos.
-func New(repos ...*Repo) *Hub {
+// New starts a hub serving repos on local ports.
+func New(repos ...*Repo) *Hub { return NewOn(nil, nil, repos...) }
+
+// NewOn starts a hub serving repos on the given listeners (nil: a local
+// port).
+func NewOn(hub, cdn net.Listener, repos ...*Repo) *Hub {
 	h := &Hub{Token: "hf_testtoken", repos: map[string]*Repo{}, renamed: map[string]string{}, blobs: map[string][]byte{},
 		cuts: map[string][]int64{}, corrupt: map[string][]int64{}, holds: map[string]*hold{}}
 	for _, r := range repos {
 		h.Add(r)
 	}
-	h.CDN = httptest.NewServer(http.HandlerFunc(h.serveCDN))
-	h.Server = httptest.NewServer(http.HandlerFunc(h.serveHub))
+	start := func(l net.Listener, handler http.HandlerFunc) *httptest.Server {
+		s := httptest.NewUnstartedServer(handler)
+		if l != nil {
+			s.Listener.Close()
+			s.Listener = l
+		}
+		s.Start()
+		return s
+	}
+	h.CDN = start(cdn, h.serveCDN)
+	h.Server = start(hub, h.serveHub)
 	return h
 }
 
