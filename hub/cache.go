@@ -145,7 +145,11 @@ func (c Cache) Find(ref Ref) (string, error) {
 	}
 	_, gguf, err := selectFiles(ref, names)
 	if err != nil {
-		return "", &NotCachedError{Ref: ref, Dir: snap, Why: err.Error()}
+		why := err.Error()
+		if inc, _ := filepath.Glob(filepath.Join(c.RepoDir(ref.Repo), "blobs", "*.incomplete")); len(inc) > 0 {
+			why = "incomplete: a pull of it was interrupted"
+		}
+		return "", &NotCachedError{Ref: ref, Dir: snap, Why: why}
 	}
 	if gguf != "" {
 		return filepath.Join(snap, filepath.FromSlash(gguf)), nil

@@ -523,3 +523,26 @@ func TestRenamedRepo(t *testing.T) {
 		t.Errorf("pulled to %s, want %s (huggingface_hub stores by the requested id)", p.Path, want)
 	}
 }
+
+// TestLeaveCache pulls the test hub's models into $KILN_HF_CACHE_OUT and
+// leaves them there, for scripts/check_hf_cache.py to read with
+// huggingface_hub (on a machine that has it).
+func TestLeaveCache(t *testing.T) {
+	dir := os.Getenv("KILN_HF_CACHE_OUT")
+	if dir == "" {
+		t.Skip("set KILN_HF_CACHE_OUT to a directory to leave a cache there")
+	}
+	repos, err := hubtest.Models()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := startHub(t, repos...)
+	c := newClient(t, h, dir)
+	for _, ref := range []Ref{{Repo: "kiln-test/demo"}, {Repo: "kiln-test/qwen3-w256-GGUF"}, {Repo: "kiln-test/qwen3-w256-GGUF", Quant: "Q8_0"}} {
+		p, err := c.Pull(context.Background(), ref, PullOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s: %s", ref, p.Path)
+	}
+}

@@ -84,6 +84,8 @@ type Hub struct {
 	CDN    *httptest.Server
 	// Token is what gated repositories want as "Authorization: Bearer ...".
 	Token string
+	// Rate, when set, limits each download to that many bytes a second.
+	Rate int64
 
 	mu       sync.Mutex
 	repos    map[string]*Repo
@@ -394,7 +396,7 @@ func (h *Hub) serveCDN(w http.ResponseWriter, r *http.Request) {
 // serveContent serves data with Range support, applying the faults asked
 // for name.
 func (h *Hub) serveContent(w http.ResponseWriter, r *http.Request, name string, data []byte) {
-	fw := &faultWriter{ResponseWriter: w, cut: -1, corrupt: -1}
+	fw := &faultWriter{ResponseWriter: w, cut: -1, corrupt: -1, rate: h.Rate}
 	if r.Method == http.MethodGet {
 		h.mu.Lock()
 		if c := h.cuts[name]; len(c) > 0 {
@@ -424,6 +426,7 @@ type faultWriter struct {
 	cut, corrupt int64
 	aborted      bool
 	hold         *hold
+	rate         int64
 }
 
 func (f *faultWriter) Write(b []byte) (int, error) {
@@ -451,6 +454,9 @@ func (f *faultWriter) Write(b []byte) (int, error) {
 	}
 	f.off += int64(len(b))
 	f.sent += int64(len(b))
+	if f.rate > 0 {
+		time.Sleep(time.Duration(int64(len(b)) * int64(time.Second) / f.rate))
+	}
 	if f.hold != nil {
 		http.NewResponseController(f.ResponseWriter).Flush()
 		close(f.hold.started)

@@ -23,6 +23,7 @@ import (
 
 func main() {
 	addr := flag.String("addr", "127.0.0.1:8765", "address of the hub (the CDN takes a free port)")
+	rate := flag.Int64("rate", 0, "bytes a second each download is limited to (0: no limit), to watch progress")
 	flag.Parse()
 	repos, err := hubtest.Models()
 	if err != nil {
@@ -36,6 +37,7 @@ func main() {
 	}
 	h := hubtest.NewOn(l, nil, append(repos, &gated)...)
 	defer h.Close()
+	h.Rate = *rate
 	fmt.Printf("test hub at %s (CDN %s); token for gated repositories: %s\n", h.URL(), h.CDN.URL, h.Token)
 	for _, r := range append(repos, &gated) {
 		fmt.Printf("  %s @ %s\n", r.ID, r.Commit())
