@@ -11,6 +11,7 @@ package catalog
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -117,25 +118,28 @@ func (c *Catalog) resolve(s string, paths bool) (*Model, error) {
 			return m, nil
 		}
 	}
-	if hubErr == nil {
-		m, err := c.fromHub(ref)
+	// look records what one store holds; a store that fails otherwise
+	// than by not holding the model fails the lookup.
+	look := func(m *Model, err, missing error) error {
 		switch {
 		case err == nil:
 			found = append(found, m)
-		case errors.Is(err, hub.ErrNotCached):
+		case errors.Is(err, missing):
 			tried = append(tried, err.Error())
 		default:
+			return err
+		}
+		return nil
+	}
+	if hubErr == nil {
+		m, err := c.fromHub(ref)
+		if err := look(m, err, hub.ErrNotCached); err != nil {
 			return nil, err
 		}
 	}
 	if ollamaErr == nil {
 		m, err := c.fromOllama(name)
-		switch {
-		case err == nil:
-			found = append(found, m)
-		case errors.Is(err, ollama.ErrNotFound):
-			tried = append(tried, err.Error())
-		default:
+		if err := look(m, err, ollama.ErrNotFound); err != nil {
 			return nil, err
 		}
 	}
@@ -216,6 +220,9 @@ func fromPath(s string) (*Model, error) {
 		return nil, err
 	}
 	fi, err := os.Stat(abs)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("model %s: no such file or directory", s)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("model %s: %w", s, err)
 	}

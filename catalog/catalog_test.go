@@ -21,17 +21,9 @@ import (
 // as a hub repository is.
 func setup(t *testing.T) (*catalog.Catalog, *hubtest.Hub) {
 	t.Helper()
-	repos, err := hubtest.Models()
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := hubtest.New(repos...)
-	t.Cleanup(h.Close)
+	h := hubtest.StartModels(t)
 	store := t.TempDir()
-	gguf, err := os.ReadFile(filepath.Join(hubtest.Root(), "testdata", "quant", "qwen3-w256-Q8_0.gguf"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	gguf := hubtest.Fixture(t, "qwen3-w256-Q8_0.gguf")
 	for _, name := range []string{"qwen3:8b", "kiln-test/tiny-qwen3"} {
 		if _, err := ollamatest.Add(store, name, gguf); err != nil {
 			t.Fatal(err)
@@ -69,7 +61,7 @@ func TestResolve(t *testing.T) {
 		}
 		return filepath.Join(c.Hub.Cache.RepoDir(repo), "snapshots", commit)
 	}
-	blob8b, _ := c.Ollama.BlobPath("sha256:" + hubtest.SHA256(mustRead(t, filepath.Join(hubtest.Root(), "testdata", "quant", "qwen3-w256-Q8_0.gguf"))))
+	blob8b, _ := c.Ollama.BlobPath("sha256:" + hubtest.SHA256(hubtest.Fixture(t, "qwen3-w256-Q8_0.gguf")))
 	for name, want := range map[string]struct {
 		name, path, format, quant string
 		source                    catalog.Source
@@ -113,14 +105,6 @@ func TestResolve(t *testing.T) {
 	if _, err := c.Resolve("./nothing/here"); err == nil || !strings.Contains(err.Error(), "no such file") {
 		t.Errorf("a missing path: %v", err)
 	}
-}
-
-func mustRead(t *testing.T, p string) []byte {
-	b, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
 }
 
 func TestListDescribeRemove(t *testing.T) {
@@ -180,7 +164,7 @@ func TestListDescribeRemove(t *testing.T) {
 		}
 	}
 	m, freed, err := c.Remove("kiln-test/qwen3-w256-GGUF:Q8_0")
-	if err != nil || freed != m.Size || m.Size != int64(len(mustRead(t, filepath.Join(hubtest.Root(), "testdata", "quant", "qwen3-w256-Q8_0.gguf")))) {
+	if err != nil || freed != m.Size || m.Size != int64(len(hubtest.Fixture(t, "qwen3-w256-Q8_0.gguf"))) {
 		t.Errorf("rm :Q8_0: freed %d of %+v, %v", freed, m, err)
 	}
 	if _, err := c.Resolve("kiln-test/qwen3-w256-GGUF:Q5_K_M"); err != nil {

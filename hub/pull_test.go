@@ -532,12 +532,7 @@ func TestLeaveCache(t *testing.T) {
 	if dir == "" {
 		t.Skip("set KILN_HF_CACHE_OUT to a directory to leave a cache there")
 	}
-	repos, err := hubtest.Models()
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := startHub(t, repos...)
-	c := newClient(t, h, dir)
+	c := newClient(t, hubtest.StartModels(t), dir)
 	for _, ref := range []Ref{{Repo: "kiln-test/demo"}, {Repo: "kiln-test/qwen3-w256-GGUF"}, {Repo: "kiln-test/qwen3-w256-GGUF", Quant: "Q8_0"}} {
 		p, err := c.Pull(context.Background(), ref, PullOptions{})
 		if err != nil {

@@ -107,19 +107,32 @@ func (s *Server) ollamaTags(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"models": models})
 }
 
-func (s *Server) ollamaShow(w http.ResponseWriter, r *http.Request) error {
-	var req struct {
-		Model string `json:"model"`
-		Name  string `json:"name"` // older clients
-	}
+// modelRequest is the body of Ollama's model routes.
+type modelRequest struct {
+	Model  string `json:"model"`
+	Name   string `json:"name"`   // older clients
+	Stream *bool  `json:"stream"` // /api/pull
+}
+
+// decodeModelRequest reads a model route's body; it names a model.
+func (s *Server) decodeModelRequest(w http.ResponseWriter, r *http.Request) (*modelRequest, error) {
+	var req modelRequest
 	if err := decodeBody(w, r, s.opts.MaxBodyBytes, &req); err != nil {
-		return err
+		return nil, err
 	}
 	if req.Model == "" {
 		req.Model = req.Name
 	}
 	if req.Model == "" {
-		return badRequest("model", "model is required")
+		return nil, badRequest("model", "model is required")
+	}
+	return &req, nil
+}
+
+func (s *Server) ollamaShow(w http.ResponseWriter, r *http.Request) error {
+	req, err := s.decodeModelRequest(w, r)
+	if err != nil {
+		return err
 	}
 	m, _, err := s.findModel(req.Model)
 	if err != nil {
@@ -175,19 +188,9 @@ func pullError(err error) error {
 // Ollama's progress objects ({"status", "digest", "total", "completed"})
 // unless stream is false.
 func (s *Server) ollamaPull(w http.ResponseWriter, r *http.Request) error {
-	var req struct {
-		Model  string `json:"model"`
-		Name   string `json:"name"`
-		Stream *bool  `json:"stream"`
-	}
-	if err := decodeBody(w, r, s.opts.MaxBodyBytes, &req); err != nil {
+	req, err := s.decodeModelRequest(w, r)
+	if err != nil {
 		return err
-	}
-	if req.Model == "" {
-		req.Model = req.Name
-	}
-	if req.Model == "" {
-		return badRequest("model", "model is required")
 	}
 	if s.opts.Models == nil {
 		return newAPIError(http.StatusNotImplemented, "invalid_request_error", "", "", "this server has no model store to pull into")
@@ -214,7 +217,7 @@ func (s *Server) ollamaPull(w http.ResponseWriter, r *http.Request) error {
 		sw.line(v)
 	}
 	line(map[string]string{"status": "pulling manifest"})
-	_, _, err := s.opts.Models.Pull(ctx, req.Model, func(e hub.Event) {
+	_, _, err = s.opts.Models.Pull(ctx, req.Model, func(e hub.Event) {
 		mu.Lock()
 		if e.State == hub.Downloading && time.Since(last[e.File]) < 250*time.Millisecond {
 			mu.Unlock()
@@ -241,18 +244,9 @@ func (s *Server) ollamaPull(w http.ResponseWriter, r *http.Request) error {
 // ollamaDelete removes a model from the Hugging Face cache; the served
 // model and Ollama's own models are refused.
 func (s *Server) ollamaDelete(w http.ResponseWriter, r *http.Request) error {
-	var req struct {
-		Model string `json:"model"`
-		Name  string `json:"name"`
-	}
-	if err := decodeBody(w, r, s.opts.MaxBodyBytes, &req); err != nil {
+	req, err := s.decodeModelRequest(w, r)
+	if err != nil {
 		return err
-	}
-	if req.Model == "" {
-		req.Model = req.Name
-	}
-	if req.Model == "" {
-		return badRequest("model", "model is required")
 	}
 	m, name, err := s.findModel(req.Model)
 	if err != nil {

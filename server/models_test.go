@@ -3,8 +3,6 @@ package server
 import (
 	"encoding/json"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -21,18 +19,9 @@ import (
 // Ollama store holding qwen3:8b.
 func testCatalog(t *testing.T) (*catalog.Catalog, string) {
 	t.Helper()
-	repos, err := hubtest.Models()
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := hubtest.New(repos...)
-	t.Cleanup(h.Close)
+	h := hubtest.StartModels(t)
 	store := t.TempDir()
-	gguf, err := os.ReadFile(filepath.Join(hubtest.Root(), "testdata", "quant", "qwen3-w256-Q4_K_M.gguf"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ollamatest.Add(store, "qwen3:8b", gguf); err != nil {
+	if _, err := ollamatest.Add(store, "qwen3:8b", hubtest.Fixture(t, "qwen3-w256-Q4_K_M.gguf")); err != nil {
 		t.Fatal(err)
 	}
 	return &catalog.Catalog{Hub: &hub.Client{Endpoint: h.URL(), Cache: hub.Cache{Dir: t.TempDir()}, RetryWait: time.Millisecond},
@@ -116,7 +105,7 @@ func TestOllamaModels(t *testing.T) {
 	if strings.Join(names, " ") != testModel+":latest kiln-test/qwen3-w256-GGUF:Q8_0 kiln-test/tiny-qwen3:latest qwen3:8b" {
 		t.Errorf("tags: %q", names)
 	}
-	q8, _ := os.ReadFile(filepath.Join(hubtest.Root(), "testdata", "quant", "qwen3-w256-Q8_0.gguf"))
+	q8 := hubtest.Fixture(t, "qwen3-w256-Q8_0.gguf")
 	if m := byName["kiln-test/qwen3-w256-GGUF:Q8_0"]; m["size"] != float64(len(q8)) || m["digest"] != hubtest.SHA256(q8) ||
 		m["details"].(map[string]any)["quantization_level"] != "Q8_0" || m["details"].(map[string]any)["family"] != "qwen3" {
 		t.Errorf("the GGUF's tag: %v", m)

@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -95,13 +94,12 @@ func showCmd(args []string) error {
 		fmt.Fprintf(fs.Output(), "usage: kiln show [--json|--template] MODEL\n\nMODEL is a path, a Hugging Face id of the cache or an Ollama name (see kiln ls).\n\n")
 		fs.PrintDefaults()
 	}
-	pos, err := parseInterspersed(fs, args)
+	pos, err := modelArgs(fs, args)
 	if err != nil {
 		return err
 	}
-	if len(pos) != 1 {
-		fs.Usage()
-		return errBadFlags{errors.New("name one model")}
+	if len(pos) > 1 {
+		return fmt.Errorf("name one model, not %d", len(pos))
 	}
 	m, err := newCatalog().Resolve(pos[0])
 	if err != nil {
@@ -181,15 +179,11 @@ func writeInfo(w io.Writer, in *catalog.Info) {
 func rmCmd(args []string) error {
 	fs := flag.NewFlagSet("kiln rm", flag.ContinueOnError)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: kiln rm MODEL...\n\nRemoves models from the Hugging Face cache: the snapshot MODEL names (or, for ORG/NAME:QUANT,\nthat GGUF file) and the blobs nothing else uses. Ollama's models are Ollama's: `ollama rm`.\n")
+		fmt.Fprintf(fs.Output(), "usage: kiln rm MODEL...   (kiln rm Qwen/Qwen3-8B Qwen/Qwen3-8B-GGUF:Q4_K_M)\n\nRemoves models from the Hugging Face cache: the snapshot MODEL names (or, for ORG/NAME:QUANT,\nthat GGUF file) and the blobs nothing else uses. Ollama's models are Ollama's: `ollama rm`.\n")
 	}
-	names, err := parseInterspersed(fs, args)
+	names, err := modelArgs(fs, args)
 	if err != nil {
 		return err
-	}
-	if len(names) == 0 {
-		fs.Usage()
-		return errBadFlags{errors.New("no model named")}
 	}
 	cat := newCatalog()
 	for _, name := range names {

@@ -24,19 +24,11 @@ import (
 // fixture), with the blob's path and the store's directory.
 func modelsEnv(t *testing.T) (env []string, blob, store string) {
 	t.Helper()
-	repos, err := hubtest.Models()
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := hubtest.New(repos...)
-	t.Cleanup(h.Close)
+	h := hubtest.StartModels(t)
 	home := t.TempDir()
 	store = filepath.Join(home, "ollama")
-	gguf, err := os.ReadFile(filepath.Join(hubtest.Root(), "testdata", "quant", "qwen3-w256-Q8_0.gguf"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if blob, err = ollamatest.Add(store, "qwen3:8b", gguf); err != nil {
+	var err error
+	if blob, err = ollamatest.Add(store, "qwen3:8b", hubtest.Fixture(t, "qwen3-w256-Q8_0.gguf")); err != nil {
 		t.Fatal(err)
 	}
 	runtimeDir, err := os.MkdirTemp("", "kiln")

@@ -105,13 +105,9 @@ models, HF_ENDPOINT names a mirror, HF_HUB_OFFLINE=1 forbids requests.
 `)
 		fs.PrintDefaults()
 	}
-	names, err := parseInterspersed(fs, args)
+	names, err := modelArgs(fs, args)
 	if err != nil {
 		return err
-	}
-	if len(names) == 0 {
-		fs.Usage()
-		return errBadFlags{errors.New("no model named")}
 	}
 	if *parallel < 1 {
 		return fmt.Errorf("--parallel must be at least 1, not %d", *parallel)
@@ -126,6 +122,21 @@ models, HF_ENDPOINT names a mirror, HF_HUB_OFFLINE=1 forbids requests.
 		fmt.Printf("run it: kiln run --model %s \"hello\"   (or serve it: kiln serve --model %s)\n", m.Name, m.Name)
 	}
 	return nil
+}
+
+// modelArgs parses a command's flags and the models it names, at least
+// one.
+func modelArgs(fs *flag.FlagSet, args []string) ([]string, error) {
+	names, err := parseInterspersed(fs, args)
+	if err != nil {
+		return nil, err
+	}
+	if len(names) == 0 {
+		fs.Usage()
+		fmt.Fprintln(fs.Output(), "\nno model named")
+		return nil, errBadFlags{errors.New("no model named")}
+	}
+	return names, nil
 }
 
 // pull downloads one hub model with progress on stderr, and says where it

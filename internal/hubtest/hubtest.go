@@ -274,21 +274,24 @@ func (h *Hub) serveHub(w http.ResponseWriter, r *http.Request) {
 	hubError(w, http.StatusNotFound, "", "Not Found")
 }
 
-// repo finds a repository, or answers the request: a redirect for a
-// renamed one, 401 RepoNotFound (as the hub answers anonymous requests for
-// missing or private repositories) otherwise.
-func (h *Hub) repo(w http.ResponseWriter, r *http.Request, id string) *Repo {
+// repo finds a repository at a revision (main or its commit), or answers
+// the request: a redirect for a renamed one, 401 RepoNotFound (as the hub
+// answers anonymous requests for missing or private repositories), 404
+// RevisionNotFound.
+func (h *Hub) repo(w http.ResponseWriter, r *http.Request, id, rev string) *Repo {
 	h.mu.Lock()
 	repo, newID := h.repos[id], h.renamed[id]
 	h.mu.Unlock()
-	if repo != nil {
+	switch {
+	case repo == nil && newID != "":
+		http.Redirect(w, r, strings.Replace(r.URL.Path, "/"+id+"/", "/"+newID+"/", 1), http.StatusTemporaryRedirect)
+	case repo == nil:
+		hubError(w, http.StatusUnauthorized, "RepoNotFound", "Repository not found")
+	case rev != "main" && rev != repo.Commit():
+		hubError(w, http.StatusNotFound, "RevisionNotFound", "Invalid rev id: "+rev)
+	default:
 		return repo
 	}
-	if newID != "" {
-		http.Redirect(w, r, strings.Replace(r.URL.Path, "/"+id+"/", "/"+newID+"/", 1), http.StatusTemporaryRedirect)
-		return nil
-	}
-	hubError(w, http.StatusUnauthorized, "RepoNotFound", "Repository not found")
 	return nil
 }
 
@@ -308,15 +311,11 @@ func (h *Hub) serveInfo(w http.ResponseWriter, r *http.Request, rest string) {
 	if !ok {
 		id, rev = rest, "main"
 	}
-	repo := h.repo(w, r, id)
+	repo := h.repo(w, r, id, rev)
 	if repo == nil {
 		return
 	}
 	commit := repo.Commit()
-	if rev != "main" && rev != commit {
-		hubError(w, http.StatusNotFound, "RevisionNotFound", "Invalid rev id: "+rev)
-		return
-	}
 	blobs := r.URL.Query().Get("blobs") == "true" || r.URL.Query().Get("blobs") == "True"
 	var sibs []sibling
 	for _, f := range repo.Files {
@@ -343,15 +342,11 @@ func (h *Hub) serveInfo(w http.ResponseWriter, r *http.Request, rest string) {
 }
 
 func (h *Hub) serveResolve(w http.ResponseWriter, r *http.Request, id, rev, name string) {
-	repo := h.repo(w, r, id)
+	repo := h.repo(w, r, id, rev)
 	if repo == nil {
 		return
 	}
 	commit := repo.Commit()
-	if rev != "main" && rev != commit {
-		hubError(w, http.StatusNotFound, "RevisionNotFound", "Invalid rev id: "+rev)
-		return
-	}
 	w.Header().Set("X-Repo-Commit", commit)
 	if repo.Gated && r.Header.Get("Authorization") != "Bearer "+h.Token {
 		hubError(w, http.StatusUnauthorized, "GatedRepo", "Access to model "+id+" is restricted. You must have access to it and be authenticated to access it. Please log in.")

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"testing"
 
 	"github.com/kiln-llm/kiln/demo"
 )
@@ -60,4 +61,27 @@ func Models() ([]*Repo, error) {
 		return nil, fmt.Errorf("the GGUF fixtures: %w", err)
 	}
 	return []*Repo{demoRepo, tiny, ggufs}, nil
+}
+
+// StartModels starts a hub serving Models for the test's duration.
+func StartModels(tb testing.TB) *Hub {
+	tb.Helper()
+	repos, err := Models()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	h := New(repos...)
+	tb.Cleanup(h.Close)
+	return h
+}
+
+// Fixture returns the bytes of testdata/quant/NAME, a GGUF file llama.cpp
+// made.
+func Fixture(tb testing.TB, name string) []byte {
+	tb.Helper()
+	b, err := os.ReadFile(filepath.Join(Root(), "testdata", "quant", name))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return b
 }
