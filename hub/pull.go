@@ -205,8 +205,10 @@ func (p *pull) plan(ctx context.Context, need []string) ([]*fileMeta, error) {
 		}()
 	}
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return nil, err
+	for _, err := range errs {
+		if err != nil {
+			return nil, err // the first: the others most often say the same
+		}
 	}
 	sort.SliceStable(metas, func(i, j int) bool {
 		wi, wj := isWeight(metas[i].Name), isWeight(metas[j].Name)
