@@ -16,6 +16,8 @@ package gguf
 
 import (
 	"fmt"
+	"io"
+	"os"
 	"strconv"
 )
 
@@ -248,4 +250,38 @@ func (f *File) Floats(key string) ([]float64, bool) { return f.Meta[key].AsFloat
 func (f *File) Architecture() string {
 	s, _ := f.String("general.architecture")
 	return s
+}
+
+// fileTypes are the names of llama.cpp's LLAMA_FTYPE values, which a
+// file's general.file_type gives: the quantization it was made with.
+var fileTypes = map[uint64]string{
+	0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
+	11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K",
+	19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS", 23: "IQ3_XXS", 24: "IQ1_S", 25: "IQ4_NL", 26: "IQ3_S",
+	27: "IQ3_M", 28: "IQ2_S", 29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M", 32: "BF16", 36: "TQ1_0", 37: "TQ2_0",
+	38: "MXFP4_MOE", 39: "NVFP4", 40: "Q1_0", 41: "Q2_0",
+}
+
+// FileType returns the name of the quantization the file was made with
+// (general.file_type: "Q4_K_M", "Q8_0", "BF16"), or "" when it does not
+// say.
+func (f *File) FileType() string {
+	ft, ok := f.Uint("general.file_type")
+	if !ok {
+		return ""
+	}
+	return fileTypes[ft]
+}
+
+// IsGGUF reports whether the file at path starts with GGUF's magic: Ollama
+// stores its models as blobs/sha256-HEX, with no extension.
+func IsGGUF(path string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	b := make([]byte, len(magic))
+	_, err = io.ReadFull(f, b)
+	return err == nil && string(b) == magic
 }

@@ -808,3 +808,27 @@ func FuzzParse(f *testing.F) {
 }
 
 func uintptrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
+
+// TestFileType reads general.file_type of files llama.cpp's quantizer made,
+// and finds them by their magic whatever their name.
+func TestFileType(t *testing.T) {
+	for file, want := range map[string]string{
+		"qwen3-w256-Q4_K_M.gguf": "Q4_K_M", "qwen3-w256-Q5_K_M.gguf": "Q5_K_M", "qwen3-w256-Q8_0.gguf": "Q8_0", "qwen3-f32.gguf": "F32",
+	} {
+		path := filepath.Join("..", "testdata", "quant", file)
+		f, err := Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := f.FileType(); got != want {
+			t.Errorf("%s: file type %q, want %q", file, got, want)
+		}
+		f.Close()
+		if !IsGGUF(path) {
+			t.Errorf("%s: not recognised as GGUF", file)
+		}
+	}
+	if IsGGUF("gguf_test.go") || IsGGUF("no such file") {
+		t.Error("a Go file or a missing one is GGUF")
+	}
+}

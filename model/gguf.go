@@ -36,7 +36,7 @@ var ggufArchs = map[string]string{
 }
 
 // GGUFFile returns the GGUF file path names: path itself when it is a
-// .gguf file, or the one .gguf file of a directory that holds no
+// .gguf file (or any file that starts with GGUF's magic), or the one .gguf file of a directory that holds no
 // config.json; ok is false for anything else (a HF model directory).
 func GGUFFile(path string) (file string, ok bool, err error) {
 	fi, err := os.Stat(path)
@@ -47,7 +47,8 @@ func GGUFFile(path string) (file string, ok bool, err error) {
 		return "", false, nil // Load reports the missing directory
 	}
 	if !fi.IsDir() {
-		return path, strings.HasSuffix(strings.ToLower(path), ".gguf"), nil
+		// By name, or by magic: Ollama's blobs are named by their digest.
+		return path, strings.HasSuffix(strings.ToLower(path), ".gguf") || gguf.IsGGUF(path), nil
 	}
 	if _, err := os.Stat(filepath.Join(path, "config.json")); err == nil {
 		return "", false, nil

@@ -112,6 +112,16 @@ func writeOpenAIError(w http.ResponseWriter, err error) {
 // differently from OpenAI.
 var ollamaParams = map[string]string{"repetition_penalty": "repeat_penalty"}
 
+// writeErrorFor writes err in the shape of the API r is a request of:
+// Ollama's under /api/, OpenAI's elsewhere.
+func writeErrorFor(w http.ResponseWriter, r *http.Request, err error) {
+	if strings.HasPrefix(r.URL.Path, "/api/") {
+		writeOllamaError(w, err)
+	} else {
+		writeOpenAIError(w, err)
+	}
+}
+
 // writeOllamaError writes err as Ollama does: {"error": "message"}.
 func writeOllamaError(w http.ResponseWriter, err error) {
 	var se *engine.SamplingError

@@ -282,27 +282,17 @@ func (s *Server) ollamaGenerate(w http.ResponseWriter, r *http.Request) error {
 	})
 }
 
-func (s *Server) ollamaDetails() map[string]any {
-	return map[string]any{"format": "safetensors", "family": "qwen3", "families": []string{"qwen3"},
-		"parameter_size": "", "quantization_level": ""}
-}
-
-func (s *Server) ollamaTags(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]any{"models": []any{map[string]any{
-		"name": s.opts.ModelName + ":latest", "model": s.opts.ModelName + ":latest",
-		"modified_at": s.started.UTC().Format(time.RFC3339Nano), "size": 0, "digest": "",
-		"details": s.ollamaDetails(),
-	}}})
-}
-
 // ollamaPs lists the loaded model, as Ollama's /api/ps does. kiln keeps it
-// loaded for the server's life, so it never expires; sizes are not tracked
-// (0, as in /api/tags).
+// loaded for the server's life, so it never expires; size is its files'
+// (size_vram is not tracked).
 func (s *Server) ollamaPs(w http.ResponseWriter, r *http.Request) {
+	name := ollamaName(s.opts.ModelName)
 	m := map[string]any{
-		"name": s.opts.ModelName + ":latest", "model": s.opts.ModelName + ":latest",
-		"size": 0, "size_vram": 0, "digest": "", "details": s.ollamaDetails(),
-		"expires_at": "9999-12-31T23:59:59Z",
+		"name": name, "model": name, "size": 0, "size_vram": 0, "digest": "",
+		"details": ollamaDetails(s.opts.Served, s.describe(s.opts.Served)), "expires_at": "9999-12-31T23:59:59Z",
+	}
+	if sv := s.opts.Served; sv != nil {
+		m["size"], m["digest"] = sv.Size, sv.Digest
 	}
 	if s.opts.ContextLength > 0 {
 		m["context_length"] = s.opts.ContextLength
@@ -312,32 +302,4 @@ func (s *Server) ollamaPs(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) ollamaVersion(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"version": "0.12.0"})
-}
-
-func (s *Server) ollamaShow(w http.ResponseWriter, r *http.Request) error {
-	var req struct {
-		Model string `json:"model"`
-		Name  string `json:"name"` // older clients
-	}
-	if err := decodeBody(w, r, s.opts.MaxBodyBytes, &req); err != nil {
-		return err
-	}
-	name := req.Model
-	if name == "" {
-		name = req.Name
-	}
-	if name == "" {
-		return badRequest("model", "model is required")
-	}
-	if err := s.checkModel(name); err != nil {
-		return err
-	}
-	info := map[string]any{"general.architecture": "qwen3"}
-	if s.opts.ContextLength > 0 {
-		info["qwen3.context_length"] = s.opts.ContextLength
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"modelfile": "", "parameters": "", "template": "",
-		"details": s.ollamaDetails(), "model_info": info, "capabilities": []string{"completion", "tools", "thinking"},
-		"modified_at": s.started.UTC().Format(time.RFC3339Nano)})
-	return nil
 }

@@ -1,10 +1,11 @@
 // Package server serves a session (package session) over HTTP: the OpenAI API
 // (/v1/chat/completions, /v1/completions, /v1/models), Ollama's API
-// (/api/chat, /api/generate, /api/tags, /api/ps, /api/show, /api/version), /health
-// and /status, on TCP listeners and on owner-only Unix sockets.
+// (/api/chat, /api/generate, /api/tags, /api/ps, /api/show, /api/pull,
+// /api/delete, /api/version), /health and /status, on TCP listeners and on
+// owner-only Unix sockets.
 //
-// No request ever reaches the filesystem: the model is loaded before the
-// server starts and requests only name it.
+// No request names a path: the model is loaded before the server starts,
+// and Ollama's model routes reach only the model stores (ModelStore).
 package server
 
 import (
@@ -23,6 +24,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/kiln-llm/kiln/catalog"
 	"github.com/kiln-llm/kiln/engine"
 	"github.com/kiln-llm/kiln/session"
 )
@@ -48,6 +50,14 @@ type Options struct {
 	// Info is extra key/value information /status reports (model
 	// directory, backend).
 	Info map[string]string
+	// Models, when set, is the machine's models: /api/tags lists them (the
+	// served one first), /api/show describes any, /api/pull downloads into
+	// the Hugging Face cache and /api/delete removes from it. Without it
+	// those routes know only the served model.
+	Models ModelStore
+	// Served is the served model's catalog entry (nil: the embedded demo
+	// model), for its size, digest and details.
+	Served *catalog.Model
 
 	MaxBodyBytes   int64         // default 8 MiB
 	RequestTimeout time.Duration // one generation, submission to end; default 10 min
@@ -155,7 +165,7 @@ func (s *Server) routes() http.Handler {
 		mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
 			if r.Method != method && !(method == http.MethodGet && r.Method == http.MethodHead) {
 				w.Header().Set("Allow", method)
-				writeOpenAIError(w, newAPIError(http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "",
+				writeErrorFor(w, r, newAPIError(http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "",
 					"%s %s is not supported; use %s", r.Method, r.URL.Path, method))
 				return
 			}
@@ -174,8 +184,10 @@ func (s *Server) routes() http.Handler {
 	route("POST", "/api/show", s.ollama(s.ollamaShow))
 	route("POST", "/api/chat", s.ollama(s.ollamaChat))
 	route("POST", "/api/generate", s.ollama(s.ollamaGenerate))
+	route("POST", "/api/pull", s.ollama(s.ollamaPull))
+	route("DELETE", "/api/delete", s.ollama(s.ollamaDelete))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeOpenAIError(w, notFound("unknown_url", "unknown route %s %s", r.Method, r.URL.Path))
+		writeErrorFor(w, r, notFound("unknown_url", "unknown route %s %s", r.Method, r.URL.Path))
 	})
 	return s.logged(s.recovered(s.authorized(mux)))
 }
@@ -231,12 +243,7 @@ func (s *Server) authorized(next http.Handler) http.Handler {
 			if len(got) > 0 {
 				msg = "incorrect API key provided"
 			}
-			ae := newAPIError(http.StatusUnauthorized, "invalid_request_error", "invalid_api_key", "", "%s", msg)
-			if strings.HasPrefix(r.URL.Path, "/api/") {
-				writeOllamaError(w, ae)
-			} else {
-				writeOpenAIError(w, ae)
-			}
+			writeErrorFor(w, r, newAPIError(http.StatusUnauthorized, "invalid_request_error", "invalid_api_key", "", "%s", msg))
 			return
 		}
 		next.ServeHTTP(w, r)
@@ -252,7 +259,7 @@ func (s *Server) recovered(next http.Handler) http.Handler {
 				}
 				s.log.Error("panic serving a request", "path", r.URL.Path, "panic", v)
 				if sw, ok := w.(*statusWriter); !ok || !sw.wrote {
-					writeOpenAIError(w, newAPIError(http.StatusInternalServerError, "server_error", "", "", "internal server error"))
+					writeErrorFor(w, r, newAPIError(http.StatusInternalServerError, "server_error", "", "", "internal server error"))
 				}
 			}
 		}()
@@ -405,9 +412,10 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
-// checkModel accepts the loaded model's name, "" and Ollama's "NAME:latest".
+// checkModel accepts the loaded model's name, "" and Ollama's "NAME:latest"
+// (either way round).
 func (s *Server) checkModel(name string) error {
-	if name == "" || name == s.opts.ModelName || name == s.opts.ModelName+":latest" {
+	if name == "" || strings.TrimSuffix(name, ":latest") == strings.TrimSuffix(s.opts.ModelName, ":latest") {
 		return nil
 	}
 	return notFound("model_not_found", "the model %q does not exist; this server serves %q", name, s.opts.ModelName)

@@ -83,8 +83,11 @@ func kvDType(flag string, b backend.Backend) (backend.DType, error) {
 // openModel opens the backend the name and the model call for, then loads
 // the model on it (or builds the synthetic one).
 func openModel(backendName string, src modelSource) (*model.Model, backend.Backend, error) {
-	// The config first: a bad model path fails before a GPU starts.
 	var err error
+	if src.dir, err = resolveModelPath(src.dir); err != nil {
+		return nil, nil, err
+	}
+	// The config first: a bad model path fails before a GPU starts.
 	if src.synthetic != "" {
 		_, err = model.SyntheticConfig(src.synthetic)
 	} else {

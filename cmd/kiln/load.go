@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kiln-llm/kiln/catalog"
 	"github.com/kiln-llm/kiln/engine"
 	"github.com/kiln-llm/kiln/session"
 	"github.com/kiln-llm/kiln/tokenizer"
@@ -29,10 +30,16 @@ type modelFlags struct {
 	// prepares each chat's next turn (session.Options.PrepareNextTurn); not
 	// for a one-shot kiln run, which would wait for it before exiting.
 	conversations bool
+	// pull downloads a hub --model that is not cached (kiln run and chat's
+	// --pull; offerPull: the command has that flag). resolve fills name
+	// (the model's name in the API; "" for a path) and resolved.
+	pull, offerPull bool
+	name            string
+	resolved        *catalog.Model
 }
 
 func (f *modelFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&f.dir, "model", "", "model: a Hugging Face directory (config.json, *.safetensors, tokenizer.json; bf16 or Qwen's FP8) or a GGUF file; default: the embedded demo model")
+	fs.StringVar(&f.dir, "model", "", "model: a name of the Hugging Face cache (Qwen/Qwen3-8B, ORG/NAME-GGUF:Q4_K_M; see kiln ls, kiln pull) or of Ollama's store (qwen3:8b), a Hugging Face directory (config.json, *.safetensors, tokenizer.json; bf16 or Qwen's FP8) or a GGUF file; default: the embedded demo model")
 	fs.StringVar(&f.backend, "backend", "auto", "compute backend: auto, cpu or cuda")
 	fs.IntVar(&f.maxRunning, "max-running", 0, "most sequences decoded together (default: the engine's, 16)")
 	fs.IntVar(&f.maxTokens, "max-batch-tokens", 0, "most tokens in one forward step, prompt chunks and decoding sequences together (default: 256 on the CPU, 2048 on a GPU)")
@@ -92,6 +99,9 @@ func (f *modelFlags) load() (*loaded, error) {
 	if opts.MaxBatchTokens == 0 && f.maxRunning > 256 {
 		opts.MaxBatchTokens = f.maxRunning // every running sequence needs a token per step
 	}
+	if err := f.resolve(); err != nil {
+		return nil, err
+	}
 	var dir string // absolute, for /status and the daemon's clients
 	if f.dir != "" {
 		var err error
@@ -143,6 +153,9 @@ func (f *modelFlags) load() (*loaded, error) {
 	name := cfg.Name
 	if dir == "" {
 		name = demoName
+	}
+	if f.name != "" {
+		name = f.name
 	}
 	eo := eng.Options()
 	kv, _ := kvDType(f.kv, b) // as openModel resolved it
@@ -214,6 +227,8 @@ func humanBytes(n int64) string {
 		return fmt.Sprintf("%.1f GB", float64(n)/(1<<30))
 	case n >= 1<<20:
 		return fmt.Sprintf("%.1f MB", float64(n)/(1<<20))
+	case n < 1<<10:
+		return fmt.Sprintf("%d B", n)
 	}
 	return fmt.Sprintf("%d kB", n>>10)
 }

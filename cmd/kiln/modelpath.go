@@ -19,6 +19,14 @@ import (
 // through its methods, which know the three forms.
 type modelPath string
 
+// resolveModel is the model a --model reference names (a path, a name of
+// the Hugging Face cache or of Ollama's store: resolveModelPath; "" the
+// demo model).
+func resolveModel(ref string) (modelPath, error) {
+	dir, err := resolveModelPath(ref)
+	return modelPath(dir), err
+}
+
 // String names the model in errors.
 func (p modelPath) String() string {
 	if p == "" {

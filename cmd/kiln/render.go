@@ -47,7 +47,11 @@ func render(args []string) error {
 		fs.Usage()
 		return errors.New("no arguments are taken: the request comes on stdin")
 	}
-	tpl, err := modelPath(*dir).template()
+	path, err := resolveModel(*dir)
+	if err != nil {
+		return err
+	}
+	tpl, err := path.template()
 	if err != nil {
 		return err
 	}

@@ -47,6 +47,8 @@ type clientFlags struct {
 
 func (c *clientFlags) register(fs *flag.FlagSet) {
 	c.model.register(fs)
+	c.model.offerPull = true
+	fs.BoolVar(&c.model.pull, "pull", false, "download --model from the Hugging Face hub first if it is not in the cache")
 	fs.StringVar(&c.socket, "socket", "", "daemon socket to use when a daemon runs there (default: the daemon's default)")
 	fs.BoolVar(&c.noDaemon, "no-daemon", false, "load the model in this process even when a daemon runs")
 	fs.BoolVar(&c.think, "think", false, "let the model think first (its reasoning goes to stderr when that is a terminal)")
@@ -142,6 +144,9 @@ type answerer interface {
 // connect returns the daemon when one is running (and serves the requested
 // model, if --model was given), else loads the model here.
 func (c *clientFlags) connect() (answerer, error) {
+	if err := c.model.resolve(); err != nil {
+		return nil, err
+	}
 	if !c.noDaemon {
 		sock := c.socket
 		if sock == "" {

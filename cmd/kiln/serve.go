@@ -186,6 +186,8 @@ func (c *serveConfig) serve() error {
 		Defaults:       lm.defaults,
 		TokenText:      lm.tokenText,
 		Info:           info,
+		Models:         newCatalog(),
+		Served:         c.model.served(lm.name),
 		MaxBodyBytes:   c.maxBody,
 		RequestTimeout: c.requestTimeout,
 		Logger:         slog.Default(),

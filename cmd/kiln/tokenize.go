@@ -25,7 +25,11 @@ func tokenize(args []string, in io.Reader, out io.Writer) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	tok, err := modelPath(*model).tokenizer()
+	path, err := resolveModel(*model)
+	if err != nil {
+		return err
+	}
+	tok, err := path.tokenizer()
 	if err != nil {
 		return err
 	}

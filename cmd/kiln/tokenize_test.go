@@ -57,7 +57,7 @@ func TestTokenizeCommandErrors(t *testing.T) {
 	}{
 		{[]string{"--model", tokenizeTestModel}, "ab\xffc", "offset 2"},
 		{[]string{"--model", tokenizeTestModel}, "x\xe2\x82", "offset 1"},
-		{[]string{"--model", "/nonexistent"}, "x", "/nonexistent/tokenizer.json"},
+		{[]string{"--model", "/nonexistent"}, "x", "/nonexistent: no such file or directory"},
 	} {
 		var out strings.Builder
 		err := tokenize(c.args, strings.NewReader(c.in), &out)
