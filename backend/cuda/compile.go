@@ -71,7 +71,12 @@ func kernelSources() (map[string]string, error) {
 type kernels struct {
 	mods  []C.CUmodule
 	funcs map[string]kfunc
+	nvrtc int // the compiler's version, nvrtcVersion's form
 }
+
+// nvrtcVersion numbers a CUDA compiler version as the kernels'
+// KILN_NVRTC_VERSION does: 1204 for 12.4.
+func nvrtcVersion(major, minor int) int { return 100*major + minor }
 
 func (k *kernels) get(name string) kfunc {
 	if f, ok := k.funcs[name]; ok {
@@ -116,7 +121,8 @@ func compileKernels(arch, dir string) (*kernels, error) {
 	if err := check("nvrtcVersion", C.k_nvrtcVersion(&maj, &min)); err != nil {
 		return nil, err
 	}
-	opts := []string{"--gpu-architecture=" + arch, "--std=c++17", "-default-device", "--use_fast_math", "-lineinfo"}
+	opts := []string{"--gpu-architecture=" + arch, "--std=c++17", "-default-device", "--use_fast_math", "-lineinfo",
+		fmt.Sprintf("-DKILN_NVRTC_VERSION=%d", nvrtcVersion(int(maj), int(min)))}
 	// Extra options, for A/B experiments with -D switches in the kernels.
 	opts = append(opts, strings.Fields(os.Getenv("KILN_CUDA_NVRTC_FLAGS"))...)
 	dir = cacheDir(dir)
@@ -167,7 +173,7 @@ func compileKernels(arch, dir string) (*kernels, error) {
 	if len(compiling) > 0 {
 		slog.Info("compiled CUDA kernels", "files", strings.Join(compiling, " "), "seconds", fmt.Sprintf("%.1f", time.Since(start).Seconds()))
 	}
-	k := &kernels{funcs: map[string]kfunc{}}
+	k := &kernels{funcs: map[string]kfunc{}, nvrtc: nvrtcVersion(int(maj), int(min))}
 	for i, cubin := range cubins {
 		var m C.CUmodule
 		if err := check("cuModuleLoadData "+names[i], C.k_cuModuleLoadData(&m, unsafe.Pointer(&cubin[0]))); err != nil {

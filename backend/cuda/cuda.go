@@ -63,7 +63,9 @@ type Backend struct {
 	qmvMax, qSlab, qmvWarpsMax int
 	// fp8Min is the fewest tokens of a product with an FP8 weight that runs
 	// as a block-scaled FP8 GEMM (fp8.go); 0: never (before Hopper).
-	fp8Min int
+	// fp8SkinnyMax is the most tokens of one on the FP8 skinny GEMM
+	// (skinny.go); 0: none (before sm_89, or NVRTC before 12.4).
+	fp8Min, fp8SkinnyMax int
 	// trace, when set (tests), is told the name of every kernel launched
 	// and "cublasLt" for every cuBLASLt product.
 	trace func(name string)
@@ -163,6 +165,15 @@ func New(opts Options) (*Backend, error) {
 		if b.fp8Min > 0 {
 			b.fp8Min = max(b.fp8Min, fp8GemmMinTokens)
 		}
+	}
+	if 10*major+minor >= 89 && k.nvrtc >= nvrtcVersion(12, 4) { // F8_MMA in kernels/common.cuh
+		// On Hopper the skinny GEMM is the faster up to two tokens; from
+		// three qmv, from four cuBLASLt's block-scaled GEMM (NOTES.md).
+		def := skinnyMaxTokens
+		if b.fp8Min > 0 {
+			def = 2
+		}
+		b.fp8SkinnyMax = envInt("KILN_CUDA_FP8_SKINNY_MAX", def, 0, skinnyMaxTokens)
 	}
 	// Split tiles are at most half a wave of blocks.
 	ncnt := b.skinnyWave()

@@ -89,6 +89,10 @@ func TestFP8GEMM(t *testing.T) {
 	if p.g.fp8Min == 0 {
 		t.Skip("no block-scaled FP8 GEMM before Hopper")
 	}
+	p.withFP8(0, p.g.fp8Min, func() { p.fp8GEMM(t) })
+}
+
+func (p *pair) fp8GEMM(t *testing.T) {
 	const o, in = 384, 512
 	data := quant.Random(backend.FP8, 2*o, in, 0.05, p.r.Uint64)
 	gw, err := p.g.Load(backend.FP8, []int{2 * o, in}, data)
@@ -166,5 +170,83 @@ func TestFP8GEMM(t *testing.T) {
 		if d := relL2(read(t, p.g, gq), want); !(d <= 1e-3) {
 			t.Errorf("graph step %d: relative L2 %.2e from the quantized reference", step, d)
 		}
+	}
+}
+
+// TestFP8Skinny: FP8 products of up to eight tokens on the FP8 skinny GEMM
+// (e4m3 tensor cores, the activations quantized in the kernel as an e4m3
+// pair) against the CPU's product of the exact weights and unquantized
+// activations: within the bar of bf16 activations. Partial tiles, the inner
+// dimension whole and split, bf16 and f32 activations and outputs,
+// accumulation, the MLP's fused SwiGLU and graph capture.
+func TestFP8Skinny(t *testing.T) {
+	p := newPair(t, 32)
+	if p.g.fp8SkinnyMax == 0 {
+		t.Skip("no FP8 tensor cores (sm_89) or NVRTC before 12.4")
+	}
+	p.withFP8(skinnyMaxTokens, 0, func() { p.fp8Skinny(t) })
+}
+
+func (p *pair) fp8Skinny(t *testing.T) {
+	var cover skinnyCover
+	for _, c := range []quantCase{
+		{1, 384, 4096, false}, {2, 100, 512, true}, {3, 384, 1024, true}, {5, 8448, 512, false}, {8, 200, 2048, true}, {7, 64, 12288, false},
+	} {
+		cw, gw := p.qload(backend.FP8, c.o, c.in)
+		for _, xdt := range []backend.DType{backend.F32, backend.BF16} {
+			for _, odt := range []backend.DType{backend.F32, backend.BF16} {
+				if odt == backend.BF16 && c.acc {
+					continue
+				}
+				cx, gx := p.activation(xdt, p.randn(c.n*c.in, 1), c.n, c.in)
+				co, gout := p.out(c.n, c.o)
+				if odt == backend.BF16 {
+					gout = p.poisoned(backend.BF16, c.n, c.o)
+				}
+				if c.acc {
+					init := encode(backend.F32, p.randn(c.n*c.o, 1))
+					p.c.Write(co, init)
+					p.g.Write(gout, init)
+				}
+				p.c.MatMul(co, cx, cw, c.acc)
+				seen := p.launches(func() { p.g.MatMul(gout, gx, gw, c.acc) })
+				what := fmt.Sprintf("%d x %d x %d, x %v, out %v, acc %v", c.n, c.o, c.in, xdt, odt, c.acc)
+				expect(t, what, seen, []string{skinnyFP8Kernels[fp8SkinnyTok(c.n)/skinnyMaxTokens].name}, []string{qmvName(false, backend.FP8, c.n), "cublasLt", "qdeq_fp8"})
+				cover.add("skinny", p.g.fp8SkinnySplits(c.n, c.o, c.in, false))
+				p.compare(what, co, gout, 1e-2)
+			}
+		}
+	}
+	cover.check(t, "FP8 GEMM")
+
+	const H, I = 1024, 512
+	cgu, ggu := p.qload(backend.FP8, 2*I, H)
+	cd, gd := p.qload(backend.FP8, H, I)
+	for _, n := range []int{1, 3, 8} {
+		cx, gx := p.activation(backend.BF16, p.randn(n*H, 1), n, H)
+		init := encode(backend.F32, p.randn(n*H, 0.1))
+		co, gout := p.out(n, H)
+		p.c.Write(co, init)
+		p.g.Write(gout, init)
+		p.c.MLP(co, cx, cgu, cd)
+		seen := p.launches(func() { p.g.MLP(gout, gx, ggu, gd) })
+		what := fmt.Sprintf("mlp %d x %d x %d", n, H, I)
+		k := fp8SkinnyTok(n) / skinnyMaxTokens
+		expect(t, what, seen, []string{skinnySwigluFP8Kernels[k].name, skinnyFP8Kernels[k].name}, []string{qmvName(true, backend.FP8, n), "cublasLt"})
+		p.compare(what, co, gout, 1.5e-2)
+	}
+
+	// Captured in a graph, replays give the eager products.
+	const n, o, in = 4, 384, 4096
+	cw, gw := p.qload(backend.FP8, o, in)
+	x := roundTo(backend.BF16, p.randn(n*in, 1))
+	cx, gx := p.activation(backend.BF16, x, n, in)
+	p.begin(&backend.Batch{Tokens: make([]int32, n), Seqs: []backend.SeqInfo{{N: n}}})
+	co, gq := p.out(n, o)
+	p.c.MatMul(co, cx, cw, false)
+	for step := range 3 {
+		p.g.Write(gq, encode(backend.F32, make([]float32, n*o)))
+		p.g.Graph("fp8 skinny", func() { p.g.MatMul(gq, gx, gw, false) })
+		p.compare(fmt.Sprintf("graph step %d", step), co, gq, 1e-2)
 	}
 }

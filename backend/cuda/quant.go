@@ -217,6 +217,12 @@ func (b *Backend) qgemm(out devptr, odt backend.DType, x devptr, w *tensor, n, o
 // qmatmul is MatMul with a quantized weight.
 func (b *Backend) qmatmul(ot, xt, wt *tensor, accumulate bool) {
 	n, in, o := xt.rows(), xt.cols(), wt.rows()
+	if wt.dt == backend.FP8 {
+		if S := b.fp8SkinnySplits(n, o, in, false); S > 0 {
+			b.skinnyFP8(false, S, ot.ptr, ot.dt, b.qx(xt), wt, n, o, in, accumulate)
+			return
+		}
+	}
 	if b.fp8Gemm(wt, xt, n, in, o) {
 		b.fp8gemm(ot.ptr, ot.dt, xt, wt, n, o, in, accumulate)
 		return
@@ -229,15 +235,23 @@ func (b *Backend) qmatmul(ot, xt, wt *tensor, accumulate bool) {
 }
 
 // qmlp is the MLP with a quantized gate/up weight, or reports false for
-// the general path: an FP8 weight on Hopper takes the block-scaled GEMM
-// from four tokens (fp8.go), a few tokens take qmv_swiglu, more the dequantized
+// the general path: an FP8 weight takes the FP8 skinny GEMM up to eight
+// tokens from sm_89 (skinny.go) and on Hopper the block-scaled GEMM above
+// (fp8.go), a few tokens take qmv_swiglu, more the dequantized
 // product through cuBLASLt (bf16 out, as the bf16 path) and silu_mul_bf16;
 // the down product is a MatMul of the bf16 activation.
 func (b *Backend) qmlp(ot, xt, gu, dn *tensor, accumulate bool) bool {
 	n, H := xt.rows(), xt.cols()
 	I := dn.cols()
 	act := &tensor{dt: backend.BF16, shape: []int{n, I}, view: true}
+	S := 0
+	if gu.dt == backend.FP8 {
+		S = b.fp8SkinnySplits(n, I, H, true)
+	}
 	switch {
+	case S > 0:
+		act.ptr = b.scratchBuf("mlp.act", 2*n*I)
+		b.skinnyFP8(true, S, act.ptr, backend.BF16, b.qx(xt), gu, n, I, H, false)
 	case b.fp8Gemm(gu, xt, n, H, 2*I) && I%8 == 0:
 		h := b.scratchBuf("mlp.gu", 2*n*2*I)
 		act.ptr = b.scratchBuf("mlp.act", 2*n*I)

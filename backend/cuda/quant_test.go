@@ -67,11 +67,26 @@ func expect(t *testing.T, what string, seen map[string]int, want, not []string) 
 }
 
 // withQ runs f with the quantized decode kernels taking up to qmvMax tokens
-// and weights dequantized slab elements at a time, without the block-scaled
-// FP8 GEMM (TestFP8GEMM's), then restores all three.
+// and weights dequantized slab elements at a time, without the FP8 tensor
+// core products (TestFP8GEMM's and TestFP8Skinny's), then restores them.
 func (p *pair) withQ(qmvMax, slab int, f func()) {
-	defer func(m, s, f8 int) { p.g.qmvMax, p.g.qSlab, p.g.fp8Min = m, s, f8 }(p.g.qmvMax, p.g.qSlab, p.g.fp8Min)
-	p.g.qmvMax, p.g.qSlab, p.g.fp8Min = qmvMax, slab, 0
+	defer func(m, s int) { p.g.qmvMax, p.g.qSlab = m, s }(p.g.qmvMax, p.g.qSlab)
+	p.g.qmvMax, p.g.qSlab = qmvMax, slab
+	p.withFP8(0, 0, f)
+}
+
+// withFP8 runs f with FP8 products on the FP8 skinny GEMM up to skinnyMax
+// tokens and on the block-scaled GEMM from gemmMin (0: neither), as far as
+// the device has them, then restores both.
+func (p *pair) withFP8(skinnyMax, gemmMin int, f func()) {
+	defer func(s, g int) { p.g.fp8SkinnyMax, p.g.fp8Min = s, g }(p.g.fp8SkinnyMax, p.g.fp8Min)
+	if p.g.fp8SkinnyMax == 0 {
+		skinnyMax = 0
+	}
+	if p.g.fp8Min == 0 {
+		gemmMin = 0
+	}
+	p.g.fp8SkinnyMax, p.g.fp8Min = skinnyMax, gemmMin
 	f()
 }
 
@@ -402,8 +417,10 @@ func TestQuantEmbed(t *testing.T) {
 // bf16-out projection) and replays them on new inputs.
 func TestQuantGraph(t *testing.T) {
 	p := newPair(t, 26)
-	defer func(m int) { p.g.fp8Min = m }(p.g.fp8Min)
-	p.g.fp8Min = 0 // the block-scaled FP8 GEMM in a graph is TestFP8GEMM's
+	p.withFP8(0, 0, func() { p.quantGraph(t) }) // the FP8 tensor-core products in graphs are TestFP8GEMM's and TestFP8Skinny's
+}
+
+func (p *pair) quantGraph(t *testing.T) {
 	const n, H, I = 4, 512, 512
 	for _, dt := range quantTypes {
 		cgu, ggu := p.qload(dt, 2*I, H)

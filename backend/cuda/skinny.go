@@ -27,11 +27,54 @@ const (
 	skinnySmem   = skinnyStages * (skinnyRows + skinnyMaxTokens) * skinnyPitch * 2
 )
 
+// fp8SkinnyCols is the FP8 skinny GEMM's columns a stage (F8_BK).
+const fp8SkinnyCols = 512
+
+// fp8SkinnySmem is the shared memory of an FP8 skinny GEMM block whose
+// tiles hold tok tokens (kernels/skinny.cu, SkFp8): a stage is skinnyRows
+// rows of fp8SkinnyCols e4m3 values (16 bytes longer in shared memory),
+// each row's four block scales and tok rows of bf16 activations (also 16
+// bytes longer); then the stage's activations quantized (hi and lo e4m3
+// rows) and their scales.
+func fp8SkinnySmem(tok int) int {
+	stage := skinnyRows*(fp8SkinnyCols+16) + skinnyRows*16 + tok*(2*fp8SkinnyCols+16)
+	return skinnyStages*stage + 2*tok*(fp8SkinnyCols+16) + tok*fp8SkinnyCols/128*4
+}
+
+// fp8SkinnyTok is the tokens the FP8 skinny kernel for n tokens holds:
+// 2 (its smaller blocks fill the multiprocessors better) or 8.
+func fp8SkinnyTok(n int) int {
+	if n <= 2 {
+		return 2
+	}
+	return skinnyMaxTokens
+}
+
 // The skinny GEMM kernels (kernels/skinny.cu).
 var (
 	skinnyKernel       = newKernel[skinnyArgs]("skinny_bf16")
 	skinnySwigluKernel = newKernel[skinnySwigluArgs]("skinny_swiglu_bf16")
+	// The FP8 kernels by their tiles' tokens: [0] 2, [1] 8.
+	skinnyFP8Kernels       = [2]kernel[skinnyFP8Args]{newKernel[skinnyFP8Args]("skinny_fp8_2"), newKernel[skinnyFP8Args]("skinny_fp8")}
+	skinnySwigluFP8Kernels = [2]kernel[skinnySwigluFP8Args]{newKernel[skinnySwigluFP8Args]("skinny_swiglu_fp8_2"), newKernel[skinnySwigluFP8Args]("skinny_swiglu_fp8")}
 )
+
+type skinnyFP8Args struct {
+	out        devptr
+	odt        int32
+	x, w       devptr
+	rb         int64
+	T, O, I    int32
+	accumulate int32
+	part, cnt  devptr
+}
+
+type skinnySwigluFP8Args struct {
+	out, x, w devptr
+	rb        int64
+	T, O, I   int32
+	part, cnt devptr
+}
 
 type skinnyArgs struct {
 	out        devptr
@@ -67,7 +110,53 @@ func (b *Backend) skinnySplits(n, o, in int, wdt backend.DType, swiglu bool) int
 
 // skinnyWave is the number of skinny GEMM blocks the device runs at once
 // (1 KB of shared memory a block is the system's).
-func (b *Backend) skinnyWave() int { return max(1, b.smemSM/(skinnySmem+1024)) * b.sms }
+func (b *Backend) skinnyWave() int { return b.wave(skinnySmem) }
+
+// wave is the number of blocks of smem bytes of shared memory the device
+// runs at once (1 KB of shared memory a block is the system's).
+func (b *Backend) wave(smem int) int { return max(1, b.smemSM/(smem+1024)) * b.sms }
+
+// fp8SkinnySplits is skinnySplits for FP8 weights (the skinny GEMM on the
+// FP8 tensor cores, up to b.fp8SkinnyMax tokens, 0 where the device or the
+// compiler has none).
+func (b *Backend) fp8SkinnySplits(n, o, in int, swiglu bool) int {
+	if n > b.fp8SkinnyMax || in%fp8SkinnyCols != 0 {
+		return 0
+	}
+	rows := skinnyRows
+	if swiglu {
+		rows /= 2
+	}
+	return max(1, min(in/fp8SkinnyCols, b.wave(fp8SkinnySmem(fp8SkinnyTok(n)))/((o+rows-1)/rows)))
+}
+
+// skinnyFP8 is skinny for an FP8 weight w (fp8SkinnySplits): x bf16, its
+// activations quantized in the kernel (kernels/skinny.cu, SkFp8).
+func (b *Backend) skinnyFP8(swiglu bool, S int, out devptr, odt backend.DType, x devptr, w *tensor, n, o, in int, accumulate bool) {
+	rows, wrows := skinnyRows, o
+	if swiglu {
+		rows, wrows = rows/2, 2*o
+	}
+	var part devptr
+	if S > 1 {
+		part = b.scratchBuf("skinny.part", 4*S*n*wrows)
+	}
+	grid := [3]int{(o + rows - 1) / rows, S, 1}
+	tok := fp8SkinnyTok(n)
+	smem, k := fp8SkinnySmem(tok), tok/skinnyMaxTokens
+	if swiglu {
+		sk := skinnySwigluFP8Kernels[k]
+		b.allowSmem(sk.name, smem)
+		sk.runOverlapped(b, grid, 128, smem, skinnySwigluFP8Args{
+			out: out, x: x, w: w.ptr, rb: int64(w.rb()), T: int32(n), O: int32(o), I: int32(in), part: part, cnt: b.skinnyCnt})
+		return
+	}
+	sk := skinnyFP8Kernels[k]
+	b.allowSmem(sk.name, smem)
+	sk.runOverlapped(b, grid, 128, smem, skinnyFP8Args{
+		out: out, odt: int32(odt), x: x, w: w.ptr, rb: int64(w.rb()), T: int32(n), O: int32(o), I: int32(in),
+		accumulate: boolInt(accumulate), part: part, cnt: b.skinnyCnt})
+}
 
 // skinny computes out[n, o] (+)= x[n, in] . w[o, in]^T (out f32 or bf16),
 // or with swiglu out[n, o] = silu(x . gate_o) * (x . up_o) in bf16 for w =

@@ -7,6 +7,7 @@
 #define LN2 0.6931471805599453f
 
 typedef unsigned short u16;
+typedef unsigned char u8;
 
 __device__ __forceinline__ float bf2f(u16 h) { return __uint_as_float(((unsigned)h) << 16); }
 
@@ -158,6 +159,22 @@ struct DecodeSplit {
 		}
 	}
 };
+
+// F8_MMA: the FP8 tensor-core instructions (mma m16n8k32 e4m3: sm_89 on,
+// PTX ISA 8.4, a CUDA 12.4 compiler on). The backend passes NVRTC's version
+// as KILN_NVRTC_VERSION (nvcc, for scripts/check-kernels.sh, says its own)
+// and launches kernels that need them only where F8_MMA holds
+// (Backend.fp8Skinny); elsewhere they trap.
+#ifdef KILN_NVRTC_VERSION
+#define KILN_CC_VERSION KILN_NVRTC_VERSION
+#else
+#define KILN_CC_VERSION (__CUDACC_VER_MAJOR__ * 100 + __CUDACC_VER_MINOR__)
+#endif
+#if __CUDA_ARCH__ >= 890 && KILN_CC_VERSION >= 1204
+#define F8_MMA 1
+#else
+#define F8_MMA 0
+#endif
 
 // Tensor-core helpers (mma.sync, ldmatrix, cp.async), sm_80 on.
 

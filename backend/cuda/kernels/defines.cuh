@@ -14,6 +14,12 @@
 #define SK_STAGES 3
 #define SK_TOK 8
 
+// The FP8 skinny GEMM (skinny.cu, SkFp8): F8_BK columns a stage, F8_SMEM_n bytes of
+// shared memory a block of the kernels of up to n tokens.
+#define F8_BK 512
+#define F8_SMEM_8 85760
+#define F8_SMEM_2 60608
+
 // The grouped expert products (moe.cu): MG_BM rows of one expert by MG_BN
 // outputs, MG_BK columns a stage.
 #define MG_BM 64

@@ -47,7 +47,6 @@
 #define QT_MXFP4 8
 #define QT_FP8 9
 
-typedef unsigned char u8;
 
 // prmt is the byte permute with 4-bit selectors (bit 3 of a selector
 // replicates the selected byte's sign bit), which __byte_perm does not
@@ -714,9 +713,9 @@ QKERNELS(fp8, QT_FP8)
 // of cuBLASLt's 1x128 scaling): s = amax / 448, q = x / s rounded to nearest
 // (ties to even, saturating), as quant.E4M3Bits. A warp per (128-column
 // block, row), four columns a lane; K % 4 == 0. The e4m3 conversion needs
-// sm_89: the GEMM runs on sm_90 only.
+// F8_MMA's compiler: the GEMM runs on sm_90 only.
 extern "C" __global__ void __launch_bounds__(32) quant_fp8_act(u8 *q, float *s, const void *x, int xdt, int T, int Tp, int K) {
-#if __CUDA_ARCH__ >= 890
+#if F8_MMA
 	int b = blockIdx.x, t = blockIdx.y, lane = threadIdx.x, c = 128 * b + 4 * lane;
 	float v[4] = {0.f, 0.f, 0.f, 0.f};
 	if (t < T && c < K) {
