@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"testing/fstest"
 	"time"
@@ -230,5 +231,33 @@ func FuzzTemplate(f *testing.F) {
 		if err == nil && len(out) > in.Limits.Output {
 			t.Fatalf("rendered %d bytes over the limit", len(out))
 		}
+	})
+}
+
+// TestLoadTemplateRefusesSpecialFiles: a named pipe in place of
+// tokenizer_config.json or chat_template.jinja is refused, not read.
+func TestLoadTemplateRefusesSpecialFiles(t *testing.T) {
+	for _, name := range []string{"tokenizer_config.json", "chat_template.jinja"} {
+		dir := t.TempDir()
+		if err := syscall.Mkfifo(filepath.Join(dir, name), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := LoadTemplate(os.DirFS(dir)); err == nil || !strings.Contains(err.Error(), name+": not a regular file (a named pipe)") {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+// FuzzTokenizerConfig: any tokenizer_config.json gives a template or an
+// error, never a panic.
+func FuzzTokenizerConfig(f *testing.F) {
+	f.Add([]byte(`{"chat_template": "{% for m in messages %}{{ bos_token }}{{ m.content }}{{ eos_token }}{% endfor %}", "bos_token": "<s>", "eos_token": {"content": "</s>"}, "add_bos_token": true}`))
+	f.Add([]byte(`{"chat_template": [{"name": "default", "template": "{{ messages|length }}"}, {"name": "tool_use", "template": "x"}], "pad_token": null}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		tpl, err := LoadTemplate(fstest.MapFS{"tokenizer_config.json": {Data: data}})
+		if err != nil {
+			return
+		}
+		tpl.Render(&RenderInput{Messages: []Message{{Role: "user", Content: "hi"}}, Limits: Limits{Steps: 20000, Time: time.Second}})
 	})
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/kiln-llm/kiln/internal/mapfile"
 	"github.com/nikolalohinski/gonja/v2/config"
 	"github.com/nikolalohinski/gonja/v2/exec"
 	"github.com/nikolalohinski/gonja/v2/loaders"
@@ -48,6 +49,13 @@ type TemplateError struct{ Message string }
 
 func (e *TemplateError) Error() string { return e.Message }
 
+// Limits on the files a template comes from, far above real ones (Qwen's
+// templates are under 10 KB, their tokenizer_config.json under 1 MB).
+const (
+	maxTemplateSize = 1 << 20
+	maxConfigSize   = 64 << 20
+)
+
 // LoadTemplate reads the chat template of a model directory:
 // chat_template.jinja, else the "chat_template" of tokenizer_config.json (a
 // string, or a list of {"name", "template"} of which "default" is used).
@@ -55,7 +63,7 @@ func (e *TemplateError) Error() string { return e.Message }
 // become template variables.
 func LoadTemplate(fsys fs.FS) (*Template, error) {
 	var cfg map[string]json.RawMessage
-	raw, err := fs.ReadFile(fsys, "tokenizer_config.json")
+	raw, err := mapfile.ReadFS(fsys, "tokenizer_config.json", maxConfigSize)
 	switch {
 	case err == nil:
 		if err := json.Unmarshal(raw, &cfg); err != nil {
@@ -64,7 +72,7 @@ func LoadTemplate(fsys fs.FS) (*Template, error) {
 	case !errors.Is(err, fs.ErrNotExist):
 		return nil, err
 	}
-	src, err := fs.ReadFile(fsys, "chat_template.jinja")
+	src, err := mapfile.ReadFS(fsys, "chat_template.jinja", maxTemplateSize)
 	if errors.Is(err, fs.ErrNotExist) {
 		src, err = configTemplate(cfg["chat_template"])
 	}
@@ -145,6 +153,9 @@ func compile(src string) (t *Template, err error) {
 			t, err = nil, fmt.Errorf("chat template: cannot parse it: %v", r)
 		}
 	}()
+	if len(src) > maxTemplateSize {
+		return nil, fmt.Errorf("chat template: %d bytes, more than the %d allowed", len(src), maxTemplateSize)
+	}
 	cfg := config.New()
 	cfg.TrimBlocks = true
 	cfg.LeftStripBlocks = true
