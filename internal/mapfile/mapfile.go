@@ -10,7 +10,9 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"sync"
 	"syscall"
+	"unsafe"
 )
 
 // Open maps the file at path read-only. A file shorter than min bytes is an
@@ -42,7 +44,41 @@ func Open(path string, min int64) (data []byte, unmap func() error, err error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("mmap: %w", err)
 	}
-	return data, func() error { return syscall.Munmap(data) }, nil
+	m := &mapping{path: path, start: uintptr(unsafe.Pointer(unsafe.SliceData(data))), size: uintptr(len(data))}
+	live.Lock()
+	live.maps[m] = true
+	live.Unlock()
+	return data, func() error {
+		live.Lock()
+		delete(live.maps, m)
+		live.Unlock()
+		return syscall.Munmap(data)
+	}, nil
+}
+
+// mapping is one live mapping, for Containing.
+type mapping struct {
+	path        string
+	start, size uintptr
+}
+
+var live = struct {
+	sync.Mutex
+	maps map[*mapping]bool
+}{maps: map[*mapping]bool{}}
+
+// Containing returns the path of the mapped file that holds address addr:
+// a memory fault there means the file was truncated or rewritten in place
+// while it was mapped (runtime/debug.SetPanicOnFault gives the address).
+func Containing(addr uintptr) (string, bool) {
+	live.Lock()
+	defer live.Unlock()
+	for m := range live.maps {
+		if addr >= m.start && addr-m.start < m.size {
+			return m.path, true
+		}
+	}
+	return "", false
 }
 
 // ReadFile reads the file at path whole, refusing one that is not a
