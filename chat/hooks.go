@@ -84,7 +84,12 @@ func (b *budget) call(va *exec.VarArgs) *exec.Value {
 func (b *budget) callable(f *exec.Value) *exec.Value {
 	switch fn := f.Interface().(type) {
 	case func(*exec.VarArgs) *exec.Value: // loop(), caller(), a loop's cycle()
-		return exec.AsValue(b.guard(fn, false))
+		return exec.AsValue(b.guard(func(va *exec.VarArgs) *exec.Value {
+			if len(va.Args) > 0 {
+				b.step(2 * items(va.Args[0])) // loop(items) walks them as a for loop does
+			}
+			return fn(va)
+		}, false))
 	case exec.Macro: // not left guarded by its definition (none should be)
 		return exec.AsValue(b.guard(fn, true))
 	}

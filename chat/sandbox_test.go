@@ -21,6 +21,7 @@ var hostile = []struct{ name, src, want string }{
 	{"range(1e8)", `{% for i in range(100000000) %}{% endfor %}`, "range() of 100000000 items"},
 	{"loops without end", `{% for i in range(100000) %}{% for j in range(100000) %}{{ i }}{% endfor %}{% endfor %}`, "steps"},
 	{"recursive loop", `{% for x in [1] recursive %}{{ loop([1]) }}{% endfor %}`, "nested more than"},
+	{"recursive loop over many", `{% set r = range(100000) %}{% for x in [0] if (x == 0) recursive %}{{ loop(r) }}{% endfor %}`, "steps"},
 	{"recursive call block", `{% macro m() %}{% call m() %}{% endcall %}{% endmacro %}{{ m() }}`, "nested more than"},
 	{"macro fan-out", `{% macro f(n) %}{% if n %}{{ f(n-1) }}{{ f(n-1) }}{% endif %}{% endmacro %}{{ f(40) }}`, "steps"},
 	{"list doubling", `{% set ns = namespace(l=[1]) %}{% for i in range(100) %}{% set ns.l = [ns.l, ns.l] %}{% endfor %}{{ ns.l }}`, "a list of more than"},
