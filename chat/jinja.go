@@ -3,11 +3,11 @@ package chat
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 	"unicode"
 
-	"github.com/nikolalohinski/gonja/v2/builtins"
 	"github.com/nikolalohinski/gonja/v2/exec"
 )
 
@@ -84,7 +84,7 @@ func errValue(format string, a ...any) *exec.Value {
 
 // filterToJSON is transformers' tojson: json.dumps(x, ensure_ascii=False,
 // indent=None, separators=None, sort_keys=False).
-func filterToJSON(_ *exec.Evaluator, in *exec.Value, params *exec.VarArgs) *exec.Value {
+func filterToJSON(e *exec.Evaluator, in *exec.Value, params *exec.VarArgs) *exec.Value {
 	if in.IsError() {
 		return in
 	}
@@ -92,14 +92,16 @@ func filterToJSON(_ *exec.Evaluator, in *exec.Value, params *exec.VarArgs) *exec
 	if err != nil {
 		return errValue("tojson: %v", err)
 	}
+	b := budgetOf(e.Environment.Context)
 	o := newDumpOptions()
+	o.limit = b.lim.Output
 	o.ensureASCII = given(a[0]) && a[0].IsTrue()
 	o.sortKeys = given(a[3]) && a[3].IsTrue()
 	if given(a[1]) {
 		o.hasIndent, o.itemSep = true, ","
 		switch {
 		case a[1].IsInteger():
-			o.indent = strings.Repeat(" ", a[1].Integer())
+			o.indent = strings.Repeat(" ", min(max(a[1].Integer(), 0), o.limit+1))
 		case a[1].IsString():
 			o.indent = a[1].String()
 		default:
@@ -113,9 +115,13 @@ func filterToJSON(_ *exec.Evaluator, in *exec.Value, params *exec.VarArgs) *exec
 		o.itemSep, o.keySep = a[2].Index(0).String(), a[2].Index(1).String()
 	}
 	s, err := pyDumps(in, o)
+	if errors.Is(err, errTooBig) {
+		b.fail("tojson would print more than %d bytes", o.limit)
+	}
 	if err != nil {
 		return exec.AsValue(err)
 	}
+	b.build(len(s))
 	return exec.AsSafeValue(s)
 }
 
@@ -138,14 +144,22 @@ func filterItems(_ *exec.Evaluator, in *exec.Value, params *exec.VarArgs) *exec.
 	return exec.AsValue(out)
 }
 
-// dictPairs lists a mapping's entries in Python's order (insertion order;
-// gonja's own maps, such as namespaces, sorted).
-func dictPairs(v *exec.Value) ([]*exec.Pair, bool) {
+// orderedPairs is the pairs of an ordered dict (gonja's Dict).
+func orderedPairs(v *exec.Value) ([]*exec.Pair, bool) {
 	switch d := v.Interface().(type) {
 	case *exec.Dict:
 		return d.Pairs, true
 	case exec.Dict:
 		return d.Pairs, true
+	}
+	return nil, false
+}
+
+// dictPairs lists a mapping's entries in Python's order (insertion order;
+// gonja's own maps, such as namespaces, sorted).
+func dictPairs(v *exec.Value) ([]*exec.Pair, bool) {
+	if pairs, ok := orderedPairs(v); ok {
+		return pairs, true
 	}
 	if !v.IsDict() {
 		return nil, false
@@ -477,6 +491,16 @@ var dictMethods = map[string]exec.Method[map[string]any]{
 	"values": func(_ map[string]any, self *exec.Value, va *exec.VarArgs) (any, error) {
 		return dictView(self, va, func(p *exec.Pair) any { return p.Value })
 	},
+	"copy": func(_ map[string]any, self *exec.Value, va *exec.VarArgs) (any, error) {
+		if len(va.Args)+len(va.KwArgs) > 0 {
+			return nil, errors.New("takes no arguments")
+		}
+		pairs, _ := dictPairs(self)
+		if len(pairs) == 0 {
+			return map[string]any{}, nil
+		}
+		return &exec.Dict{Pairs: slices.Clone(pairs)}, nil
+	},
 	"get": func(_ map[string]any, self *exec.Value, va *exec.VarArgs) (any, error) {
 		a, err := args(va, "key", "default")
 		if err != nil {
@@ -498,6 +522,21 @@ var dictMethods = map[string]exec.Method[map[string]any]{
 	},
 }
 
+// listMethods are the list methods that do not mutate (transformers'
+// sandbox refuses the others).
+var listMethods = map[string]exec.Method[[]any]{
+	"copy": func(_ []any, self *exec.Value, va *exec.VarArgs) (any, error) {
+		if len(va.Args)+len(va.KwArgs) > 0 {
+			return nil, errors.New("takes no arguments")
+		}
+		out := make(pyList, self.Len())
+		for i := range out {
+			out[i] = self.Index(i).Interface()
+		}
+		return out, nil
+	},
+}
+
 func dictView(self *exec.Value, va *exec.VarArgs, f func(*exec.Pair) any) (any, error) {
 	if len(va.Args)+len(va.KwArgs) > 0 {
 		return nil, errors.New("takes no arguments")
@@ -508,36 +547,4 @@ func dictView(self *exec.Value, va *exec.VarArgs, f func(*exec.Pair) any) (any, 
 		out[i] = f(p)
 	}
 	return out, nil
-}
-
-// methods are gonja's built-in methods with the ones above in their place.
-var methods = exec.Methods{
-	Bool:  builtins.Methods.Bool,
-	Int:   builtins.Methods.Int,
-	Float: builtins.Methods.Float,
-	Str:   exec.NewMethodSet(withBuiltins(strMethods, builtins.Methods.Str, gonjaStrMethods)),
-	Dict:  exec.NewMethodSet(withBuiltins(dictMethods, builtins.Methods.Dict, []string{"pop", "setdefault", "update", "copy", "clear"})),
-	List:  builtins.Methods.List,
-}
-
-// gonjaStrMethods are gonja's string methods kept as they are.
-var gonjaStrMethods = []string{
-	"capitalize", "capwords", "casefold", "center", "count", "encode", "expandtabs", "find",
-	"format", "format_map", "isalnum", "isalpha", "isascii", "isdecimal", "isdigit", "islower",
-	"isnumeric", "isprintable", "isspace", "istitle", "isupper", "join", "ljust", "lower",
-	"partition", "removeprefix", "removesuffix", "rfind", "rjust", "rpartition", "splitlines",
-	"swapcase", "title", "upper", "zfill",
-}
-
-func withBuiltins[I any](own map[string]exec.Method[I], builtin *exec.MethodSet[I], names []string) map[string]exec.Method[I] {
-	out := map[string]exec.Method[I]{}
-	for _, n := range names {
-		if m, ok := builtin.Get(n); ok {
-			out[n] = m
-		}
-	}
-	for n, m := range own {
-		out[n] = m
-	}
-	return out
 }

@@ -3,6 +3,7 @@ package chat
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -169,11 +170,15 @@ type dumpOptions struct {
 	itemSep     string
 	keySep      string
 	sortKeys    bool
+	limit       int // bytes of output, past which dumping fails with errTooBig
 }
 
 func newDumpOptions() dumpOptions {
-	return dumpOptions{itemSep: ", ", keySep: ": "}
+	return dumpOptions{itemSep: ", ", keySep: ": ", limit: math.MaxInt}
 }
+
+// errTooBig is a dump over its dumpOptions.limit.
+var errTooBig = errors.New("output over its limit")
 
 // pyDumps prints v as Python's json.dumps(v, ...) would.
 func pyDumps(v *exec.Value, o dumpOptions) (string, error) {
@@ -185,8 +190,11 @@ func pyDumps(v *exec.Value, o dumpOptions) (string, error) {
 }
 
 func dumpValue(b *strings.Builder, v *exec.Value, o dumpOptions, depth int) error {
-	if depth > 500 {
+	if depth > maxValueDepth {
 		return fmt.Errorf("tojson: value nested too deeply")
+	}
+	if b.Len() > o.limit {
+		return errTooBig
 	}
 	if v.IsNil() {
 		b.WriteString("null")
@@ -236,12 +244,16 @@ func dumpValue(b *strings.Builder, v *exec.Value, o dumpOptions, depth int) erro
 			if i > 0 {
 				b.WriteString(o.itemSep)
 			}
-			newline(b, o, depth+1)
+			if err := newline(b, o, depth+1); err != nil {
+				return err
+			}
 			if err := dumpValue(b, v.Index(i), o, depth+1); err != nil {
 				return err
 			}
 		}
-		newline(b, o, depth)
+		if err := newline(b, o, depth); err != nil {
+			return err
+		}
 		b.WriteByte(']')
 	default:
 		return fmt.Errorf("Object of type %s is not JSON serializable", v.Val.Type())
@@ -263,7 +275,9 @@ func dumpPairs(b *strings.Builder, pairs []*exec.Pair, o dumpOptions, depth int)
 		if i > 0 {
 			b.WriteString(o.itemSep)
 		}
-		newline(b, o, depth+1)
+		if err := newline(b, o, depth+1); err != nil {
+			return err
+		}
 		if !p.Key.IsString() {
 			return fmt.Errorf("keys must be str, not %s", p.Key.Val.Type())
 		}
@@ -273,19 +287,25 @@ func dumpPairs(b *strings.Builder, pairs []*exec.Pair, o dumpOptions, depth int)
 			return err
 		}
 	}
-	newline(b, o, depth)
+	if err := newline(b, o, depth); err != nil {
+		return err
+	}
 	b.WriteByte('}')
 	return nil
 }
 
-func newline(b *strings.Builder, o dumpOptions, depth int) {
+func newline(b *strings.Builder, o dumpOptions, depth int) error {
 	if !o.hasIndent {
-		return
+		return nil
+	}
+	if b.Len()+depth*len(o.indent) > o.limit {
+		return errTooBig
 	}
 	b.WriteByte('\n')
 	for range depth {
 		b.WriteString(o.indent)
 	}
+	return nil
 }
 
 const hexDigits = "0123456789abcdef"

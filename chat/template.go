@@ -1,6 +1,7 @@
 package chat
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -8,7 +9,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/nikolalohinski/gonja/v2/builtins"
+	"github.com/kiln-llm/kiln/internal/mapfile"
 	"github.com/nikolalohinski/gonja/v2/config"
 	"github.com/nikolalohinski/gonja/v2/exec"
 	"github.com/nikolalohinski/gonja/v2/loaders"
@@ -19,8 +20,10 @@ import (
 // a sandboxed Jinja environment with trim_blocks and lstrip_blocks, Python's
 // json.dumps behind tojson, raise_exception and strftime_now.
 type Template struct {
-	tpl  *exec.Template
-	vars map[string]any // the tokenizer's special tokens
+	tpl    *exec.Template
+	cfg    *config.Config
+	loader loaders.Loader
+	vars   map[string]any // the tokenizer's special tokens
 
 	// The template's tool call form, found once (see ToolCallStart).
 	callOnce sync.Once
@@ -36,6 +39,8 @@ type RenderInput struct {
 	Tools               []Tool
 	AddGenerationPrompt bool
 	Kwargs              map[string]any
+	// Limits bound the rendering; zero fields take DefaultLimits.
+	Limits Limits
 }
 
 // TemplateError is an error the template raised itself with
@@ -44,6 +49,13 @@ type TemplateError struct{ Message string }
 
 func (e *TemplateError) Error() string { return e.Message }
 
+// Limits on the files a template comes from, far above real ones (Qwen's
+// templates are under 10 KB, their tokenizer_config.json under 1 MB).
+const (
+	maxTemplateSize = 1 << 20
+	maxConfigSize   = 64 << 20
+)
+
 // LoadTemplate reads the chat template of a model directory:
 // chat_template.jinja, else the "chat_template" of tokenizer_config.json (a
 // string, or a list of {"name", "template"} of which "default" is used).
@@ -51,7 +63,7 @@ func (e *TemplateError) Error() string { return e.Message }
 // become template variables.
 func LoadTemplate(fsys fs.FS) (*Template, error) {
 	var cfg map[string]json.RawMessage
-	raw, err := fs.ReadFile(fsys, "tokenizer_config.json")
+	raw, err := mapfile.ReadFS(fsys, "tokenizer_config.json", maxConfigSize)
 	switch {
 	case err == nil:
 		if err := json.Unmarshal(raw, &cfg); err != nil {
@@ -60,7 +72,7 @@ func LoadTemplate(fsys fs.FS) (*Template, error) {
 	case !errors.Is(err, fs.ErrNotExist):
 		return nil, err
 	}
-	src, err := fs.ReadFile(fsys, "chat_template.jinja")
+	src, err := mapfile.ReadFS(fsys, "chat_template.jinja", maxTemplateSize)
 	if errors.Is(err, fs.ErrNotExist) {
 		src, err = configTemplate(cfg["chat_template"])
 	}
@@ -118,22 +130,49 @@ func specialToken(raw json.RawMessage) (string, bool) {
 	return "", false
 }
 
-// ParseTemplate compiles a chat template's Jinja source.
+// ParseTemplate compiles a chat template's Jinja source and renders a
+// sample conversation with it under DefaultLimits, so that a template that
+// loops, recurses or builds without end is refused when the model loads
+// rather than on its first request.
 func ParseTemplate(src string) (*Template, error) {
+	t, err := compile(src)
+	if err != nil {
+		return nil, err
+	}
+	if err := t.probe(); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// compile parses and rewrites a template (sandbox.go).
+func compile(src string) (t *Template, err error) {
+	// gonja's parser dereferences nil on some malformed sources.
+	defer func() {
+		if r := recover(); r != nil {
+			t, err = nil, fmt.Errorf("chat template: cannot parse it: %v", r)
+		}
+	}()
+	if len(src) > maxTemplateSize {
+		return nil, fmt.Errorf("chat template: %d bytes, more than the %d allowed", len(src), maxTemplateSize)
+	}
 	cfg := config.New()
 	cfg.TrimBlocks = true
 	cfg.LeftStripBlocks = true
 	// Jinja's lexer turns every line break of the source into "\n" (and,
 	// like gonja, drops one at the end: keep_trailing_newline is off).
 	src = strings.NewReplacer("\r\n", "\n", "\r", "\n").Replace(src)
+	if err := checkSource(src); err != nil {
+		return nil, err
+	}
 	src = rewriteConditionals(src)
-	// A memory loader holding only the template: {% include %} and friends
-	// cannot reach the file system.
+	// A memory loader holding only the template; the statements that would
+	// read it again are refused anyway.
 	loader, err := loaders.NewMemoryLoader(map[string]string{"/chat_template": src})
 	if err != nil {
 		return nil, err
 	}
-	tpl, err := exec.NewTemplate("/chat_template", cfg, loader, environment)
+	tpl, err := exec.NewTemplate("/chat_template", cfg, loader, parseEnvironment)
 	if err != nil {
 		// gonja's message quotes the whole source; keep only its cause.
 		if cause := errors.Unwrap(err); cause != nil {
@@ -141,7 +180,38 @@ func ParseTemplate(src string) (*Template, error) {
 		}
 		return nil, fmt.Errorf("chat template: %w", err)
 	}
-	return &Template{tpl: tpl, vars: map[string]any{}}, nil
+	if err := rewrite(tpl.Root()); err != nil {
+		return nil, err
+	}
+	return &Template{tpl: tpl, cfg: cfg, loader: loader, vars: map[string]any{}}, nil
+}
+
+// probe renders sample conversations (with tools, reasoning, a tool call
+// and its answer; and a lone question). Only a limit fails it: a template
+// may well raise, or fail on what kiln sends, for conversations it does
+// not take, and those requests get the same error.
+func (t *Template) probe() error {
+	args := json.RawMessage(`{"city": "Paris"}`)
+	for _, in := range []*RenderInput{
+		{Messages: []Message{{Role: "user", Content: "Hello"}}, AddGenerationPrompt: true},
+		{
+			Messages: []Message{
+				{Role: "system", Content: "You are helpful."},
+				{Role: "user", Content: "What is the weather in Paris?"},
+				{Role: "assistant", ReasoningContent: "Look it up.", ToolCalls: []ToolCall{{ID: "call_0", Type: "function", Function: FunctionCall{Name: "get_weather", Arguments: args}}}},
+				{Role: "tool", ToolCallID: "call_0", Content: "sunny"},
+				{Role: "assistant", Content: "It is sunny."},
+				{Role: "user", Content: "Thanks"},
+			},
+			Tools:               []Tool{Tool(`{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}`)},
+			AddGenerationPrompt: true,
+		},
+	} {
+		if _, err := t.Render(in); errors.Is(err, ErrLimit) {
+			return fmt.Errorf("%w (refused at load, rendering a sample conversation)", err)
+		}
+	}
+	return nil
 }
 
 // reserved are the variables transformers passes itself; a kwarg may not
@@ -150,11 +220,28 @@ var reserved = map[string]bool{"messages": true, "tools": true, "documents": tru
 
 // Render renders a conversation into the prompt text. An error the template
 // raises comes back as a *TemplateError with the template's message.
-func (t *Template) Render(in *RenderInput) (out string, err error) {
+func (t *Template) Render(in *RenderInput) (string, error) {
+	return t.RenderContext(context.Background(), in)
+}
+
+// RenderContext is Render stopped when ctx is done (a client gone, a
+// request timeout). A rendering stopped at one of in.Limits returns an
+// error matching ErrLimit.
+func (t *Template) RenderContext(ctx context.Context, in *RenderInput) (out string, err error) {
+	lim := in.Limits
+	if lim.Steps == 0 {
+		lim.Steps = DefaultLimits.Steps + StepsPerMessage*(len(in.Messages)+len(in.Tools))
+	}
+	b, done := newBudget(ctx, lim)
+	defer done()
 	// A template is code from the model's files: a fault in it, or in
 	// gonja, fails this request only.
 	defer func() {
 		if r := recover(); r != nil {
+			if a, ok := r.(*abort); ok {
+				out, err = "", a.err
+				return
+			}
 			out, err = "", fmt.Errorf("chat template: %v", r)
 		}
 	}()
@@ -200,14 +287,22 @@ func (t *Template) Render(in *RenderInput) (out string, err error) {
 		raised = &TemplateError{Message: pyStr(args.First())}
 		return exec.AsValue(raised)
 	}
-	out, err = t.tpl.ExecuteToString(exec.NewContext(data))
+	w := &limitWriter{b: b}
+	env := &exec.Environment{
+		Filters:           filterSet,
+		Tests:             testSet,
+		ControlStructures: controlStructureSet,
+		Context:           b.context(data),
+		Methods:           noMethods,
+	}
+	err = exec.NewRenderer(env, w, t.cfg, t.loader, t.tpl).Execute()
 	if raised != nil {
 		return "", raised
 	}
 	if err != nil {
 		return "", fmt.Errorf("chat template: %w", err)
 	}
-	return out, nil
+	return w.buf.String(), nil
 }
 
 // messageValues gives messages to the template as Python dicts, keys in
@@ -270,13 +365,13 @@ func OpensThinking(prompt string) bool {
 	return open >= 0 && strings.LastIndex(prompt, thinkClose) < open
 }
 
-// environment is the Jinja environment every template renders in.
-var environment = &exec.Environment{
-	Context:           exec.EmptyContext().Update(builtins.GlobalFunctions).Update(exec.NewContext(globals)),
-	Filters:           exec.NewFilterSet(map[string]exec.FilterFunction{}).Update(builtins.Filters).Update(exec.NewFilterSet(filters)),
-	Tests:             exec.NewTestSet(map[string]exec.TestFunction{}).Update(builtins.Tests).Update(exec.NewTestSet(tests)),
-	ControlStructures: builtins.ControlStructures,
-	Methods:           methods,
+// parseEnvironment is what the parser reads: the statements a template may
+// use. Rendering builds its own (RenderContext).
+var parseEnvironment = &exec.Environment{
+	Context:           exec.EmptyContext(),
+	Filters:           filterSet,
+	Tests:             testSet,
+	ControlStructures: controlStructureSet,
 }
 
 // ToolCallStart returns the text that begins a tool call in this template's

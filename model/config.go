@@ -12,6 +12,7 @@ import (
 	"syscall"
 
 	"github.com/kiln-llm/kiln/backend"
+	"github.com/kiln-llm/kiln/internal/mapfile"
 )
 
 // LayerKind is the token mixer of a decoder layer.
@@ -131,7 +132,7 @@ type rawConfig struct {
 	NumKeyValueHeads      int             `json:"num_key_value_heads"`
 	HeadDim               int             `json:"head_dim"`
 	RMSNormEps            *float64        `json:"rms_norm_eps"`
-	MaxPositionEmbeddings int             `json:"max_position_embeddings"`
+	MaxPositionEmbeddings *int            `json:"max_position_embeddings"`
 	TieWordEmbeddings     *bool           `json:"tie_word_embeddings"`
 	HiddenAct             string          `json:"hidden_act"`
 	AttentionBias         bool            `json:"attention_bias"`
@@ -183,7 +184,7 @@ type rawGeneration struct {
 // ReadConfig reads config.json and, when present, generation_config.json
 // from the root of fsys.
 func ReadConfig(fsys fs.FS, name string) (*Config, error) {
-	data, err := fs.ReadFile(fsys, "config.json")
+	data, err := mapfile.ReadFS(fsys, "config.json", maxConfigFile)
 	if err != nil {
 		// A mistyped path reads as such, not as a config.json missing inside it.
 		fi, serr := fs.Stat(fsys, ".")
@@ -192,10 +193,12 @@ func ReadConfig(fsys fs.FS, name string) (*Config, error) {
 			return nil, fmt.Errorf("model %s: no such directory", name)
 		case errors.Is(serr, syscall.ENOTDIR) || serr == nil && !fi.IsDir():
 			return nil, fmt.Errorf("model %s is a file, not a directory: give the directory that holds config.json", name)
+		case errors.Is(err, fs.ErrNotExist):
+			return nil, fmt.Errorf("model %s has no config.json", name)
 		}
 		return nil, fmt.Errorf("model %s: %w", name, err)
 	}
-	gen, err := fs.ReadFile(fsys, "generation_config.json")
+	gen, err := mapfile.ReadFS(fsys, "generation_config.json", maxConfigFile)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("model %s: %w", name, err)
 	}
@@ -246,13 +249,13 @@ func ParseConfig(configJSON, generationJSON []byte) (*Config, error) {
 	if err := c.fillQuantization(q); err != nil {
 		return nil, fmt.Errorf("config.json: %w", err)
 	}
-	eos, err := parseEOS(r.EOSTokenID)
+	eos, err := c.parseEOS(r.EOSTokenID)
 	if err != nil {
 		return nil, fmt.Errorf("config.json: %w", err)
 	}
 	c.EOS = eos
 	c.Defaults = Sampling{Temperature: 1, TopP: 1}
-	if len(generationJSON) > 0 {
+	if generationJSON != nil {
 		if err := c.fillGeneration(generationJSON); err != nil {
 			return nil, fmt.Errorf("generation_config.json: %w", err)
 		}
@@ -274,7 +277,7 @@ func (c *Config) fillQuantization(q *rawQuantization) error {
 	}
 	c.FP8Block = [2]int{128, 128}
 	if b := q.WeightBlockSize; b != nil {
-		if len(b) != 2 || b[0] <= 0 || b[1] != 128 {
+		if len(b) != 2 || b[0] <= 0 || b[0] > maxDim || b[1] != 128 {
 			return fmt.Errorf("quantization_config: weight_block_size %v is not supported (want [N, 128])", b)
 		}
 		c.FP8Block = [2]int{b[0], b[1]}
@@ -282,14 +285,29 @@ func (c *Config) fillQuantization(q *rawQuantization) error {
 	return nil
 }
 
+// fillGeneration reads generation_config.json. Its values are checked
+// here as the engine checks a request's: an invalid file fails the load
+// rather than every request that takes its defaults.
 func (c *Config) fillGeneration(data []byte) error {
 	var g rawGeneration
 	if err := json.Unmarshal(data, &g); err != nil {
 		return err
 	}
-	eos, err := parseEOS(g.EOSTokenID)
+	eos, err := c.parseEOS(g.EOSTokenID)
 	if err != nil {
 		return err
+	}
+	if err := checkReals(
+		real{"temperature", g.Temperature, 0, math.MaxFloat32, false},
+		real{"top_p", g.TopP, 0, 1, false},
+		real{"min_p", g.MinP, 0, 1, false},
+		real{"repetition_penalty", g.RepetitionPenalty, 0, math.MaxFloat32, true}); err != nil {
+		return err
+	}
+	if g.TopK != nil {
+		if err := checkSizes(size{"top_k", *g.TopK, 0, math.MaxInt32}); err != nil {
+			return err
+		}
 	}
 	if len(eos) > 0 {
 		c.EOS = eos
@@ -315,20 +333,36 @@ func (c *Config) fillGeneration(data []byte) error {
 	return nil
 }
 
-// parseEOS accepts an int, a list of ints or null.
-func parseEOS(raw json.RawMessage) ([]int32, error) {
+// parseEOS accepts an int, a list of ints or null; each a token of the
+// vocabulary.
+func (c *Config) parseEOS(raw json.RawMessage) ([]int32, error) {
 	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
 		return nil, nil
 	}
+	var list []int32
 	var one int32
 	if err := json.Unmarshal(raw, &one); err == nil {
-		return []int32{one}, nil
+		list = []int32{one}
+	} else if err := json.Unmarshal(raw, &list); err != nil {
+		return nil, fmt.Errorf("eos_token_id %s is neither an int nor a list of ints", clipJSON(raw))
 	}
-	var list []int32
-	if err := json.Unmarshal(raw, &list); err != nil {
-		return nil, fmt.Errorf("eos_token_id %s is neither an int nor a list of ints", raw)
+	if len(list) > maxEOS {
+		return nil, fmt.Errorf("eos_token_id lists %d tokens, more than the %d allowed", len(list), maxEOS)
+	}
+	for _, id := range list {
+		if id < 0 || int(id) >= c.VocabSize {
+			return nil, fmt.Errorf("eos_token_id %d is outside the vocabulary (0 to %d)", id, c.VocabSize-1)
+		}
 	}
 	return list, nil
+}
+
+// clipJSON shortens a JSON value for an error message.
+func clipJSON(raw json.RawMessage) string {
+	if len(raw) > 64 {
+		return string(raw[:64]) + "..."
+	}
+	return string(raw)
 }
 
 func (c *Config) fill(r *rawConfig) error {
@@ -340,31 +374,33 @@ func (c *Config) fill(r *rawConfig) error {
 	}
 	c.VocabSize, c.Hidden, c.Layers = r.VocabSize, r.HiddenSize, r.NumHiddenLayers
 	c.Heads, c.KVHeads, c.HeadDim = r.NumAttentionHeads, r.NumKeyValueHeads, r.HeadDim
-	c.Intermediate, c.ContextLength = r.IntermediateSize, r.MaxPositionEmbeddings
-	for _, f := range []struct {
-		name string
-		v    int
-	}{{"vocab_size", c.VocabSize}, {"hidden_size", c.Hidden}, {"num_hidden_layers", c.Layers}, {"num_attention_heads", c.Heads}} {
-		if f.v <= 0 {
-			return fmt.Errorf("%s must be positive, have %d", f.name, f.v)
-		}
+	c.Intermediate, c.ContextLength = r.IntermediateSize, defaultContext
+	if r.MaxPositionEmbeddings != nil {
+		c.ContextLength = *r.MaxPositionEmbeddings
+	}
+	if err := checkSizes(
+		size{"vocab_size", c.VocabSize, 1, maxVocab}, size{"hidden_size", c.Hidden, 1, maxDim},
+		size{"num_hidden_layers", c.Layers, 1, maxLayers}, size{"num_attention_heads", c.Heads, 1, maxHeads},
+		size{"num_key_value_heads", c.KVHeads, 0, maxHeads}, size{"head_dim", c.HeadDim, 0, maxDim},
+		size{"intermediate_size", c.Intermediate, 0, maxDim},
+		size{"max_position_embeddings", c.ContextLength, 1, maxContext}); err != nil {
+		return err
 	}
 	if c.KVHeads == 0 {
 		c.KVHeads = c.Heads
 	}
 	if c.HeadDim == 0 {
-		c.HeadDim = c.Hidden / c.Heads
+		if c.HeadDim = c.Hidden / c.Heads; c.HeadDim == 0 {
+			return fmt.Errorf("hidden_size %d has no head_dim for %d heads", c.Hidden, c.Heads)
+		}
 	}
-	if c.KVHeads < 0 || c.Heads%c.KVHeads != 0 {
+	if c.Heads%c.KVHeads != 0 {
 		return fmt.Errorf("num_attention_heads %d is not a multiple of num_key_value_heads %d", c.Heads, c.KVHeads)
 	}
-	if err := checkSizes(
-		size{"vocab_size", c.VocabSize, maxVocab}, size{"hidden_size", c.Hidden, maxDim},
-		size{"num_hidden_layers", c.Layers, maxLayers}, size{"num_attention_heads", c.Heads, maxHeads},
-		size{"head_dim", c.HeadDim, maxDim}, size{"intermediate_size", c.Intermediate, maxDim}); err != nil {
+	c.NormEps = 1e-6
+	if err := checkReals(real{"rms_norm_eps", r.RMSNormEps, 0, 1, true}); err != nil {
 		return err
 	}
-	c.NormEps = 1e-6
 	if r.RMSNormEps != nil {
 		c.NormEps = float32(*r.RMSNormEps)
 	}
@@ -380,29 +416,71 @@ func (c *Config) fill(r *rawConfig) error {
 	return nil
 }
 
-// Upper bounds on a config's sizes, far above any published model: a corrupt
-// or hostile config.json fails with a message instead of making the loader
-// allocate per-layer and per-expert tables that exhaust memory before the
-// checkpoint's tensors are ever compared with the config.
+// Bounds on a config's values, far beyond any published model: a corrupt
+// or hostile config.json fails with a message naming the field instead of
+// making the loader allocate per-layer and per-expert tables that exhaust
+// memory before the checkpoint's tensors are ever compared with the config,
+// or an engine that sizes its KV cache by a context of 2^63 tokens.
 const (
-	maxLayers  = 1024
-	maxHeads   = 1024
-	maxExperts = 4096
-	maxDim     = 1 << 17 // hidden, intermediate and head sizes
-	maxVocab   = 1 << 23
+	maxLayers     = 1024
+	maxHeads      = 1024
+	maxExperts    = 4096
+	maxDim        = 1 << 17 // hidden, intermediate and head sizes
+	maxVocab      = 1 << 23
+	maxContext    = 1 << 24 // Qwen's longest: 1M tokens with YaRN
+	maxEOS        = 64
+	maxConfigFile = 16 << 20
+	// defaultContext is transformers' max_position_embeddings for the Qwen3
+	// configs when config.json leaves it out.
+	defaultContext = 32768
 )
 
-// size is one config value and its upper bound.
+// size is one config value and its bounds.
 type size struct {
-	name     string
-	v, limit int
+	name   string
+	v      int
+	lo, hi int
 }
 
 func checkSizes(sizes ...size) error {
 	for _, s := range sizes {
-		if s.v > s.limit {
-			return fmt.Errorf("%s %d is implausibly large (kiln accepts at most %d): is config.json corrupt?", s.name, s.v, s.limit)
+		switch {
+		case s.v < s.lo && s.lo == 1:
+			return fmt.Errorf("%s must be positive, have %d", s.name, s.v)
+		case s.v < s.lo:
+			return fmt.Errorf("%s %d is out of range (kiln accepts %d to %d)", s.name, s.v, s.lo, s.hi)
+		case s.v > s.hi:
+			return fmt.Errorf("%s %d is implausibly large (kiln accepts at most %d): is the file corrupt?", s.name, s.v, s.hi)
 		}
+	}
+	return nil
+}
+
+// real is one optional float value and its bounds; openLo excludes lo.
+type real struct {
+	name   string
+	v      *float64
+	lo, hi float64
+	openLo bool
+}
+
+func checkReals(reals ...real) error {
+	for _, r := range reals {
+		if r.v == nil {
+			continue
+		}
+		v := *r.v
+		if v >= r.lo && (!r.openLo || v > r.lo) && v <= r.hi {
+			continue
+		}
+		lo := "["
+		if r.openLo {
+			lo = "("
+		}
+		if r.hi == math.MaxFloat32 { // no bound but a float32's
+			return fmt.Errorf("%s %g is out of range %s%g, 3.4e38]", r.name, v, lo, r.lo)
+		}
+		return fmt.Errorf("%s %g is out of range %s%g, %g]", r.name, v, lo, r.lo, r.hi)
 	}
 	return nil
 }
@@ -426,6 +504,9 @@ func (c *Config) fillLayers(r *rawConfig) error {
 				}
 			}
 		default:
+			if err := checkSizes(size{"full_attention_interval", r.FullAttentionInterval, 0, c.Layers}); err != nil {
+				return err
+			}
 			interval := r.FullAttentionInterval
 			if interval <= 0 {
 				interval = 4
@@ -443,12 +524,13 @@ func (c *Config) fillLayers(r *rawConfig) error {
 			d.ConvKernel = 4
 		}
 		d.Chunk = 64
-		if d.KeyHeads <= 0 || d.ValueHeads <= 0 || d.KeyDim <= 0 || d.ValueDim <= 0 || d.ValueHeads%d.KeyHeads != 0 {
-			return fmt.Errorf("linear attention heads %d/%d (key/value) of dims %d/%d are invalid", d.KeyHeads, d.ValueHeads, d.KeyDim, d.ValueDim)
-		}
-		if err := checkSizes(size{"linear_num_value_heads", d.ValueHeads, maxHeads}, size{"linear_key_head_dim", d.KeyDim, maxDim},
-			size{"linear_value_head_dim", d.ValueDim, maxDim}, size{"linear_conv_kernel_dim", d.ConvKernel, maxDim}); err != nil {
+		if err := checkSizes(size{"linear_num_key_heads", d.KeyHeads, 1, maxHeads}, size{"linear_num_value_heads", d.ValueHeads, 1, maxHeads},
+			size{"linear_key_head_dim", d.KeyDim, 1, maxDim}, size{"linear_value_head_dim", d.ValueDim, 1, maxDim},
+			size{"linear_conv_kernel_dim", d.ConvKernel, 1, maxDim}); err != nil {
 			return err
+		}
+		if d.ValueHeads%d.KeyHeads != 0 {
+			return fmt.Errorf("linear_num_value_heads %d is not a multiple of linear_num_key_heads %d", d.ValueHeads, d.KeyHeads)
 		}
 	}
 	c.Sparse = make([]bool, c.Layers)
@@ -463,11 +545,14 @@ func (c *Config) fillLayers(r *rawConfig) error {
 		if c.arch.moe == qwen3MoE && r.NormTopKProb != nil {
 			m.NormTopK = *r.NormTopKProb
 		}
+		if err := checkSizes(size{"num_experts", m.Experts, 0, maxExperts}, size{"moe_intermediate_size", m.Intermediate, 0, maxDim},
+			size{"shared_expert_intermediate_size", m.SharedIntermediate, 0, maxDim}); err != nil {
+			return err
+		}
 		if m.Experts > 0 && (m.TopK <= 0 || m.TopK > m.Experts || m.Intermediate <= 0) {
 			return fmt.Errorf("experts: %d of %d per token, intermediate size %d: invalid", m.TopK, m.Experts, m.Intermediate)
 		}
-		if err := checkSizes(size{"num_experts", m.Experts, maxExperts}, size{"moe_intermediate_size", m.Intermediate, maxDim},
-			size{"shared_expert_intermediate_size", m.SharedIntermediate, maxDim}); err != nil {
+		if err := checkSizes(size{"decoder_sparse_step", r.DecoderSparseStep, 0, c.Layers}); err != nil {
 			return err
 		}
 		step := r.DecoderSparseStep
@@ -475,7 +560,10 @@ func (c *Config) fillLayers(r *rawConfig) error {
 			step = 1
 		}
 		dense := map[int]bool{}
-		for _, l := range r.MLPOnlyLayers {
+		for i, l := range r.MLPOnlyLayers {
+			if l < 0 || l >= c.Layers {
+				return fmt.Errorf("mlp_only_layers[%d] = %d is not a layer (0 to %d)", i, l, c.Layers-1)
+			}
 			dense[l] = true
 		}
 		for i := range c.Sparse {
@@ -544,6 +632,21 @@ func computeRope(p map[string]any, headDim, maxPos int) (backend.Rope, int, erro
 	for _, k := range []string{"rope_theta", "partial_rotary_factor", "factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim"} {
 		if _, _, err := num(p, k); err != nil {
 			return rope, 0, err
+		}
+	}
+	ropeReal := func(key string, hi float64) real {
+		if f, ok, _ := num(p, key); ok {
+			return real{"rope " + key, &f, 0, hi, true}
+		}
+		return real{name: key}
+	}
+	// Zero factor and attention_factor are yarn's "derive it".
+	if err := checkReals(ropeReal("rope_theta", 1e12), ropeReal("original_max_position_embeddings", maxContext)); err != nil {
+		return rope, 0, err
+	}
+	for _, k := range []string{"factor", "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"} {
+		if f, ok, _ := num(p, k); ok && (f < 0 || f > 1e6) {
+			return rope, 0, fmt.Errorf("rope %s %g is out of range [0, 1e6]", k, f)
 		}
 	}
 	base := get("rope_theta", 10000)

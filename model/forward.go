@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"runtime/debug"
 
 	"github.com/kiln-llm/kiln/backend"
+	"github.com/kiln-llm/kiln/internal/mapfile"
 )
 
 // workspace holds a step's activations: buffers of up to rows rows, viewed
@@ -69,6 +71,26 @@ func (w *workspace) free() {
 	w.bufs = map[string]backend.Tensor{}
 }
 
+// ErrWeightsChanged is the error of a step that faulted reading a weight
+// file the model has mapped: the file was truncated or rewritten in place.
+var ErrWeightsChanged = errors.New("the weight file changed on disk while kiln had it mapped (rewritten or truncated in place); restart kiln to load it again")
+
+// weightFault turns a panic from a fault on a mapped weight file into
+// ErrWeightsChanged; any other panic goes on.
+func weightFault(err *error) {
+	r := recover()
+	if r == nil {
+		return
+	}
+	if f, ok := r.(interface{ Addr() uintptr }); ok {
+		if path, ok := mapfile.Containing(f.Addr()); ok {
+			*err = fmt.Errorf("model: %s: %w", path, ErrWeightsChanged)
+			return
+		}
+	}
+	panic(r)
+}
+
 // bucket returns the batch-size bucket of n decode sequences: the next
 // power of two.
 func bucket(n int) int {
@@ -85,7 +107,14 @@ func bucket(n int) int {
 // Forward. On a backend that captures graphs, decode steps (every sequence
 // one token, each wanting logits) are padded to a batch-size bucket and run
 // through backend.Graph.
-func (m *Model) Forward(seqs []Seq) (backend.Tensor, error) {
+func (m *Model) Forward(seqs []Seq) (logits backend.Tensor, err error) {
+	// On the CPU the weights are read from the files' mappings, and a file
+	// rewritten in place (cp, curl -o, a re-download) faults the next read
+	// of its pages: with SetPanicOnFault that is a panic (the backend's
+	// workers pass theirs on to this goroutine), which fails the step,
+	// instead of a SIGBUS that ends the process and every request in it.
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer weightFault(&err)
 	if m.kv == nil {
 		return nil, errors.New("model: Forward before AllocCache")
 	}

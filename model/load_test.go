@@ -257,7 +257,7 @@ func TestLoadBadPath(t *testing.T) {
 	if _, err := Load(file, cpu.New(cpu.Options{}), Options{}); err == nil || !strings.Contains(err.Error(), "is a file, not a directory") {
 		t.Errorf("a file: %v", err)
 	}
-	if _, err := Load(t.TempDir(), cpu.New(cpu.Options{}), Options{}); err == nil || !strings.Contains(err.Error(), "open config.json") {
+	if _, err := Load(t.TempDir(), cpu.New(cpu.Options{}), Options{}); err == nil || !strings.Contains(err.Error(), "has no config.json") {
 		t.Errorf("no config.json: %v", err)
 	}
 }

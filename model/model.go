@@ -14,6 +14,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 
 	"github.com/kiln-llm/kiln/backend"
@@ -129,11 +130,15 @@ func load(fsys fs.FS, name, where string, mapped bool, open func() (*safetensors
 }
 
 // build declares the model's layers for cfg and binds their weights.
-func build(cfg *Config, b backend.Backend, bd *binder, kv backend.DType) (*Model, error) {
+func build(cfg *Config, b backend.Backend, bd *binder, kv backend.DType) (m *Model, err error) {
+	// Binding reads the mapped files: one rewritten meanwhile fails the
+	// load, as it fails a step (Forward).
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer weightFault(&err)
 	if kv != backend.F32 && kv != backend.BF16 {
 		return nil, fmt.Errorf("model: KV cache dtype %v is not supported (f32 or bf16)", kv)
 	}
-	m := &Model{cfg: cfg, b: b, attnSpec: cfg.AttnSpec(), dnSpec: cfg.DeltaNet, kvDType: kv, decode: map[int]*workspace{}}
+	m = &Model{cfg: cfg, b: b, attnSpec: cfg.AttnSpec(), dnSpec: cfg.DeltaNet, kvDType: kv, decode: map[int]*workspace{}}
 	prefix := "model."
 	if bd.src != nil {
 		// Multimodal checkpoints keep the language model under model.language_model.
@@ -149,7 +154,7 @@ func build(cfg *Config, b backend.Backend, bd *binder, kv backend.DType) (*Model
 			m.dnLayers++
 		}
 	}
-	err := bd.bindAll(params)
+	err = bd.bindAll(params)
 	for _, p := range params {
 		for _, dst := range append([]*backend.Tensor{p.dst}, p.split...) {
 			t := *dst

@@ -297,6 +297,9 @@ func FuzzGGUFMetadata(f *testing.F) {
 			return
 		}
 		defer m.Close()
+		if c := m.Config(); c.ContextLength < 1 || c.ContextLength > maxContext {
+			t.Fatalf("%s = %d loaded as a context of %d tokens", key, v, c.ContextLength)
+		}
 		if err := m.AllocCache(CacheSpec{Blocks: 4, BlockSize: testBlockSize, Slots: 1}); err != nil {
 			return
 		}

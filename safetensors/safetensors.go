@@ -157,11 +157,21 @@ func parse(name string, data []byte) (*File, error) {
 		}
 		return spans[i].end < spans[j].end
 	})
-	for i := 1; i < len(spans); i++ {
-		// Empty tensors occupy no bytes and overlap nothing.
-		if spans[i].begin < spans[i-1].end && spans[i].begin != spans[i].end {
+	// Each span is compared with the one that reaches furthest before it:
+	// with the previous one only, an empty tensor inside a span (it
+	// occupies no bytes and overlaps nothing) hid the spans it sits in.
+	var last *span
+	for i := range spans {
+		s := &spans[i]
+		if s.begin == s.end {
+			continue
+		}
+		if last != nil && s.begin < last.end {
 			return nil, fmt.Errorf("tensors %q [%d, %d) and %q [%d, %d) overlap",
-				spans[i-1].name, spans[i-1].begin, spans[i-1].end, spans[i].name, spans[i].begin, spans[i].end)
+				last.name, last.begin, last.end, s.name, s.begin, s.end)
+		}
+		if last == nil || s.end > last.end {
+			last = s
 		}
 	}
 	for _, s := range spans {

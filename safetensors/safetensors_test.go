@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"testing/fstest"
 	"unsafe"
@@ -64,6 +65,9 @@ func TestParseErrors(t *testing.T) {
 		{"reversed offsets", build(`{"a":{"dtype":"U8","shape":[0],"data_offsets":[4,0]}}`, make([]byte, 4)), "outside"},
 		{"size mismatch", build(`{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}`, make([]byte, 8)), "needs 12 bytes"},
 		{"overlap", build(`{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}`, make([]byte, 8)), "overlap"},
+		// An empty tensor inside a (sorted before the one overlapping it)
+		// used to end the comparison there (issue 21).
+		{"overlap past an empty tensor", build(`{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"e":{"dtype":"F32","shape":[0],"data_offsets":[2,2]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}`, make([]byte, 8)), `tensors "a" [0, 8) and "b" [4, 8) overlap`},
 		{"unknown dtype", build(`{"a":{"dtype":"Q4_K","shape":[2],"data_offsets":[0,2]}}`, make([]byte, 2)), `unknown dtype "Q4_K"`},
 		{"duplicate", build(`{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}}`, make([]byte, 2)), `names "a" twice`},
 		{"negative dim", build(`{"a":{"dtype":"U8","shape":[-1],"data_offsets":[0,0]}}`, nil), "negative dimension"},
@@ -209,3 +213,20 @@ func FuzzParse(f *testing.F) {
 }
 
 func uintptrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
+
+// TestOpenRefusesSpecialFiles: a named pipe in place of the weights or of
+// their index is refused at once; loading used to wait on it forever.
+func TestOpenRefusesSpecialFiles(t *testing.T) {
+	for _, name := range []string{"model.safetensors", IndexFile} {
+		dir := t.TempDir()
+		if err := syscall.Mkfifo(filepath.Join(dir, name), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := OpenDir(dir); err == nil || !strings.Contains(err.Error(), name+": not a regular file (a named pipe)") {
+			t.Errorf("%s: %v", name, err)
+		}
+		if _, err := OpenFS(os.DirFS(dir)); err == nil || !strings.Contains(err.Error(), name+": not a regular file (a named pipe)") {
+			t.Errorf("%s through fs.FS: %v", name, err)
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"os"
 	"path"
 	"path/filepath"
@@ -91,8 +92,11 @@ type dir interface {
 
 type osDir string
 
+// maxIndex bounds an index file (Qwen3-235B's is 2 MB).
+const maxIndex = 64 << 20
+
 func (d osDir) readFile(name string) ([]byte, error) {
-	return os.ReadFile(filepath.Join(string(d), name))
+	return mapfile.ReadFile(filepath.Join(string(d), name), maxIndex)
 }
 func (d osDir) open(name string) (*File, error) { return Open(filepath.Join(string(d), name)) }
 func (d osDir) exists(name string) bool {
@@ -109,9 +113,9 @@ func (d osDir) glob() ([]string, error) {
 
 type fsDir struct{ fsys fs.FS }
 
-func (d fsDir) readFile(name string) ([]byte, error) { return fs.ReadFile(d.fsys, name) }
+func (d fsDir) readFile(name string) ([]byte, error) { return mapfile.ReadFS(d.fsys, name, maxIndex) }
 func (d fsDir) open(name string) (*File, error) {
-	data, err := fs.ReadFile(d.fsys, name)
+	data, err := mapfile.ReadFS(d.fsys, name, math.MaxInt64-1)
 	if err != nil {
 		return nil, fmt.Errorf("safetensors: %w", err)
 	}

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -202,13 +203,45 @@ func TestUnixSocketInUse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l.(*ownerListener).Listener.(interface{ SetUnlinkOnClose(bool) }).SetUnlinkOnClose(false)
-	l.Close() // leaves the file, as a crashed server does
+	l.(*ownerListener).Listener.Close() // leaves the file, as a crashed server does
 	l, err = ListenUnix(dir+"/s.sock", nil)
 	if err != nil {
 		t.Fatalf("stale socket: %v", err)
 	}
 	l.Close()
+}
+
+// A server closing its socket removes the file only while it is its own:
+// a draining server used to remove its successor's socket at exit, and
+// kiln status/chat/stop lost a server that was running.
+func TestUnixSocketRemovedOnlyByItsServer(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "kiln.sock")
+	draining, err := ListenUnix(sock, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The successor finds the socket unanswered (the old server stopped
+	// accepting) and takes the path over.
+	draining.(*ownerListener).Listener.Close()
+	successor, err := ListenUnix(sock, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer successor.Close()
+	draining.Close() // the old server exits
+	if _, err := os.Stat(sock); err != nil {
+		t.Fatalf("the old server removed its successor's socket: %v", err)
+	}
+	go http.Serve(successor, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	resp, err := unixHTTP(sock).Get("http://kiln/health")
+	if err != nil {
+		t.Fatalf("the successor no longer answers: %v", err)
+	}
+	resp.Body.Close()
+	successor.Close()
+	if _, err := os.Stat(sock); !os.IsNotExist(err) {
+		t.Fatalf("the successor left its socket behind: %v", err)
+	}
 }
 
 func apiStatus(err error) int {

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -41,18 +42,65 @@ func ListenUnix(path string, log *slog.Logger) (net.Listener, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := os.Chmod(path, 0o600); err != nil {
+	// Close removes the socket file itself, and only while it is still the
+	// one made here: a server draining after SIGTERM must not remove the
+	// socket of the server that replaced it (as net's unlink on close, or a
+	// plain os.Remove at exit, would), or kiln status, chat and stop lose a
+	// server that is running.
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	err = os.Chmod(path, 0o600)
+	var id fileID
+	if err == nil {
+		id, err = socketID(path) // after the chmod, which changes its ctime
+	}
+	if err != nil {
 		l.Close()
+		os.Remove(path)
 		return nil, err
 	}
-	return &ownerListener{Listener: l, uid: uint32(os.Getuid()), log: log}, nil
+	return &ownerListener{Listener: l, uid: uint32(os.Getuid()), log: log, path: path, id: id}, nil
+}
+
+// fileID tells one file at a path from another made there later: the inode
+// (which a file made after the first was removed may reuse) and the time
+// it changed.
+type fileID struct {
+	dev, ino uint64
+	ctime    syscall.Timespec
+}
+
+func socketID(path string) (fileID, error) {
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return fileID{}, err
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return fileID{}, fmt.Errorf("%s: no inode", path)
+	}
+	return fileID{uint64(st.Dev), st.Ino, st.Ctim}, nil
 }
 
 // ownerListener accepts only connections from processes running as uid.
 type ownerListener struct {
 	net.Listener
-	uid uint32
-	log *slog.Logger
+	uid    uint32
+	log    *slog.Logger
+	path   string
+	id     fileID
+	remove sync.Once
+}
+
+// Close stops listening and removes the socket file if it is still this
+// listener's.
+func (l *ownerListener) Close() error {
+	err := l.Listener.Close()
+	l.remove.Do(func() {
+		if id, serr := socketID(l.path); serr == nil && id == l.id {
+			os.Remove(l.path)
+		}
+	})
+	return err
 }
 
 func (l *ownerListener) Accept() (net.Conn, error) {

@@ -50,14 +50,6 @@ const (
 	ggufByte        = 6
 )
 
-// Limits on a vocabulary, far above any real one (Qwen3.5 has 248,320
-// tokens and about as many merges), so a hostile file fails early.
-const (
-	maxGGUFTokens   = 1 << 22
-	maxGGUFMerges   = 1 << 23
-	maxGGUFTokenLen = 1 << 16
-)
-
 // ggufPre is what a tokenizer.ggml.pre name stands for: the parts of the
 // model's tokenizer.json that the GGUF file does not carry.
 type ggufPre struct {
@@ -116,14 +108,14 @@ func fromGGUF(v *GGUFVocab) (*Tokenizer, error) {
 	switch {
 	case n == 0:
 		return nil, errors.New("tokenizer.ggml.tokens is empty")
-	case n > maxGGUFTokens:
-		return nil, fmt.Errorf("tokenizer.ggml.tokens has %d tokens, more than the %d allowed", n, maxGGUFTokens)
+	case n > maxTokens:
+		return nil, fmt.Errorf("tokenizer.ggml.tokens has %d tokens, more than the %d allowed", n, maxTokens)
 	case len(v.Types) != n:
 		return nil, fmt.Errorf("tokenizer.ggml.token_type has %d entries for %d tokens", len(v.Types), n)
 	case len(v.Merges) == 0:
 		return nil, errors.New("tokenizer.ggml.merges is empty; a gpt2 vocabulary needs merges")
-	case len(v.Merges) > maxGGUFMerges:
-		return nil, fmt.Errorf("tokenizer.ggml.merges has %d merges, more than the %d allowed", len(v.Merges), maxGGUFMerges)
+	case len(v.Merges) > maxMerges:
+		return nil, fmt.Errorf("tokenizer.ggml.merges has %d merges, more than the %d allowed", len(v.Merges), maxMerges)
 	}
 
 	m := &bpe{
@@ -155,8 +147,8 @@ func fromGGUF(v *GGUFVocab) (*Tokenizer, error) {
 		switch {
 		case tok == "":
 			return nil, fmt.Errorf("token %d is empty", i)
-		case len(tok) > maxGGUFTokenLen:
-			return nil, fmt.Errorf("token %d is %d bytes long, more than the %d allowed", i, len(tok), maxGGUFTokenLen)
+		case len(tok) > maxTokenLen:
+			return nil, fmt.Errorf("token %d is %d bytes long, more than the %d allowed", i, len(tok), maxTokenLen)
 		case !utf8.ValidString(tok):
 			return nil, fmt.Errorf("token %d (%q) is not valid UTF-8", i, clip(tok))
 		}

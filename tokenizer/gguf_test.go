@@ -608,7 +608,7 @@ func TestFromGGUFErrors(t *testing.T) {
 		{"unknown type", func(v *GGUFVocab) { v.Types[5] = ggufUnknown }, "unknown"},
 		{"empty token", func(v *GGUFVocab) { v.Tokens[262] = "" }, "token 262 is empty"},
 		{"invalid utf8", func(v *GGUFVocab) { v.Tokens[263] = "<\xe4\xbd>" }, "not valid UTF-8"},
-		{"long token", func(v *GGUFVocab) { v.Tokens[263] = strings.Repeat("x", maxGGUFTokenLen+1) }, "bytes long"},
+		{"long token", func(v *GGUFVocab) { v.Tokens[263] = strings.Repeat("x", maxTokenLen+1) }, "bytes long"},
 		{"duplicate", func(v *GGUFVocab) { v.Tokens[263] = "hello" }, `tokens 261 and 263 are both "hello"`},
 		{"no normal tokens", func(v *GGUFVocab) {
 			for i := range v.Types {
@@ -621,10 +621,10 @@ func TestFromGGUFErrors(t *testing.T) {
 		{"bos too big", func(v *GGUFVocab) { v.SpecialIDs["bos"] = 267 }, "bos_token_id 267 is outside the 267 tokens"},
 		{"id huge", func(v *GGUFVocab) { v.SpecialIDs["padding"] = 1 << 40 }, "padding_token_id"},
 		{"too many tokens", func(v *GGUFVocab) {
-			v.Tokens = make([]string, maxGGUFTokens+1)
-			v.Types = make([]int32, maxGGUFTokens+1)
+			v.Tokens = make([]string, maxTokens+1)
+			v.Types = make([]int32, maxTokens+1)
 		}, "more than"},
-		{"too many merges", func(v *GGUFVocab) { v.Merges = make([]string, maxGGUFMerges+1) }, "more than"},
+		{"too many merges", func(v *GGUFVocab) { v.Merges = make([]string, maxMerges+1) }, "more than"},
 	} {
 		v := tinyVocab()
 		c.edit(&v)

@@ -5,11 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
 	"path/filepath"
 	"strings"
 
 	"golang.org/x/text/unicode/norm"
+
+	"github.com/kiln-llm/kiln/internal/mapfile"
 )
 
 // fileJSON is the part of tokenizer.json that encoding and decoding use.
@@ -40,10 +41,21 @@ type typed struct {
 	Type string `json:"type"`
 }
 
+// Limits on a vocabulary, far above any real one (Qwen3.5 has 248,320
+// tokens and about as many merges in an 11 MB tokenizer.json), so that a
+// damaged or hostile file fails with an error naming what is wrong rather
+// than a panic or an allocation of gigabytes.
+const (
+	maxTokens   = 1 << 22
+	maxMerges   = 1 << 23
+	maxTokenLen = 1 << 16
+	maxFileSize = 1 << 28
+)
+
 // Load reads DIR/tokenizer.json.
 func Load(dir string) (*Tokenizer, error) {
 	path := filepath.Join(dir, "tokenizer.json")
-	data, err := os.ReadFile(path)
+	data, err := mapfile.ReadFile(path, maxFileSize)
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: %w", err)
 	}
@@ -56,7 +68,7 @@ func Load(dir string) (*Tokenizer, error) {
 
 // LoadFS reads tokenizer.json at the root of fsys.
 func LoadFS(fsys fs.FS) (*Tokenizer, error) {
-	data, err := fs.ReadFile(fsys, "tokenizer.json")
+	data, err := mapfile.ReadFS(fsys, "tokenizer.json", maxFileSize)
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: %w", err)
 	}
@@ -84,6 +96,9 @@ func parse(data []byte) (*Tokenizer, error) {
 		return nil, err
 	}
 	if t.model, err = parseModel(&f.Model); err != nil {
+		return nil, err
+	}
+	if err := checkAdded(f.AddedTokens); err != nil {
 		return nil, err
 	}
 	t.buildVocab(&f)
@@ -255,10 +270,24 @@ func parseModel(mj *modelJSON) (*bpe, error) {
 	for i := range m.byteID {
 		m.byteID[i] = -1
 	}
+	if len(mj.Merges) > maxMerges {
+		return nil, fmt.Errorf("model.merges: %d merges, more than the %d allowed", len(mj.Merges), maxMerges)
+	}
+	byID := make(map[int32]string, len(mj.Vocab))
 	for tok, id := range mj.Vocab {
-		if id < 0 {
-			return nil, fmt.Errorf("model: token %q has negative id %d", tok, id)
+		switch {
+		case id < 0 || id >= maxTokens:
+			return nil, fmt.Errorf("model.vocab: token %q has id %d, outside 0 to %d", clip(tok), id, maxTokens-1)
+		case len(tok) > maxTokenLen:
+			return nil, fmt.Errorf("model.vocab: token %q is %d bytes long, more than the %d allowed", clip(tok), len(tok), maxTokenLen)
+		case tok == "":
+			return nil, fmt.Errorf("model.vocab: an empty token (id %d)", id)
 		}
+		if other, dup := byID[id]; dup {
+			a, b := min(tok, other), max(tok, other) // a fixed order for the message
+			return nil, fmt.Errorf("model.vocab: tokens %q and %q have the same id %d", clip(a), clip(b), id)
+		}
+		byID[id] = tok
 		raw, ok := fromByteLevel(tok)
 		if !ok {
 			// Not made of byte-level characters: no piece can ever
@@ -297,6 +326,24 @@ func parseModel(mj *modelJSON) (*bpe, error) {
 		m.merges[pairKey(ia, ib)] = uint64(rank)<<32 | uint64(uint32(in))
 	}
 	return m, nil
+}
+
+// checkAdded range-checks added_tokens, which buildVocab indexes by id.
+func checkAdded(added []addedToken) error {
+	if len(added) > maxTokens {
+		return fmt.Errorf("added_tokens: %d tokens, more than the %d allowed", len(added), maxTokens)
+	}
+	for i, a := range added {
+		switch {
+		case a.ID < 0 || a.ID >= maxTokens:
+			return fmt.Errorf("added_tokens[%d] (%q): id %d is outside 0 to %d", i, clip(a.Content), a.ID, maxTokens-1)
+		case a.Content == "":
+			return fmt.Errorf("added_tokens[%d] (id %d): content is empty", i, a.ID)
+		case len(a.Content) > maxTokenLen:
+			return fmt.Errorf("added_tokens[%d] (id %d): content is %d bytes long, more than the %d allowed", i, a.ID, len(a.Content), maxTokenLen)
+		}
+	}
+	return nil
 }
 
 // parseMerge reads a merge in either form: "a b" or ["a", "b"].

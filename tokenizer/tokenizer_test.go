@@ -6,7 +6,9 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"testing/fstest"
 	"unicode/utf8"
@@ -78,25 +80,55 @@ func TestLoadErrors(t *testing.T) {
 		{"merge token", "model.merges", `[["a","zzzzzz"]]`, "zzzzzz"},
 		{"byte fallback", "model.byte_fallback", `true`, "byte_fallback"},
 		{"model", "model.type", `"Unigram"`, "Unigram"},
+		// Damaged files: each field range-checked, named in the error.
+		{"negative added id", "added_tokens.0.id", `-7`, "added_tokens[0] (\"<|endoftext|>\"): id -7 is outside 0 to 4194303"},
+		{"huge added id", "added_tokens.0.id", `2000000000`, "id 2000000000 is outside"},
+		{"added id not int32", "added_tokens.0.id", `3000000000`, "added_tokens.id of type int32"},
+		{"empty added token", "added_tokens.0.content", `""`, "added_tokens[0] (id 8000): content is empty"},
+		{"long added token", "added_tokens.0.content", `"` + strings.Repeat("x", maxTokenLen+1) + `"`, "added_tokens[0] (id 8000): content is 65537 bytes long"},
+		{"huge vocab id", "model.vocab.!", `2000000000`, `model.vocab: token "!" has id 2000000000, outside`},
+		{"negative vocab id", "model.vocab.!", `-1`, `model.vocab: token "!" has id -1`},
+		{"shared vocab id", "model.vocab.!", `1`, `model.vocab: tokens "!" and "\"" have the same id 1`},
+		{"long vocab token", "model.vocab." + strings.Repeat("x", maxTokenLen+1), `5`, "bytes long, more than"},
+		{"empty vocab token", "model.vocab.", `7`, "an empty token"},
 	} {
 		var j map[string]any
 		if err := json.Unmarshal(data, &j); err != nil {
 			t.Fatal(err)
 		}
-		obj := j
-		keys := strings.Split(c.path, ".")
-		for _, k := range keys[:len(keys)-1] {
-			obj = obj[k].(map[string]any)
-		}
 		var v any
 		if err := json.Unmarshal([]byte(c.value), &v); err != nil {
 			t.Fatal(err)
 		}
-		obj[keys[len(keys)-1]] = v
+		setPath(j, c.path, v)
 		b, _ := json.Marshal(j)
 		_, err := LoadFS(fstest.MapFS{"tokenizer.json": {Data: b}})
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: error %v, want one mentioning %q", c.name, err, c.want)
+		}
+	}
+}
+
+// setPath sets the value at a dotted path of a JSON document ("a.0.b":
+// numbers index arrays; the last part may be empty, an empty key).
+func setPath(doc any, path string, v any) {
+	keys := strings.Split(path, ".")
+	for i, k := range keys {
+		last := i == len(keys)-1
+		switch d := doc.(type) {
+		case map[string]any:
+			if last {
+				d[k] = v
+				return
+			}
+			doc = d[k]
+		case []any:
+			n, _ := strconv.Atoi(k)
+			if last {
+				d[n] = v
+				return
+			}
+			doc = d[n]
 		}
 	}
 }
@@ -211,4 +243,66 @@ func TestPrefixSpaceAfterSplit(t *testing.T) {
 	if got := prefixed.Encode("hello world!"); !slices.Equal(got, want) {
 		t.Fatalf("got %v, want %v", got, want)
 	}
+}
+
+// TestLoadRefusesSpecialFiles: a named pipe or a directory in place of
+// tokenizer.json is refused at once (reading a pipe would wait forever),
+// and so is a file too large to be one.
+func TestLoadRefusesSpecialFiles(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "tokenizer.json")
+	if err := syscall.Mkfifo(path, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(dir); err == nil || !strings.Contains(err.Error(), "tokenizer.json: not a regular file (a named pipe)") {
+		t.Fatalf("pipe: %v", err)
+	}
+	os.Remove(path)
+	if err := os.Mkdir(path, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(dir); err == nil || !strings.Contains(err.Error(), "not a regular file (a directory)") {
+		t.Fatalf("directory: %v", err)
+	}
+	os.Remove(path)
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Truncate(maxFileSize + 1) // sparse: no disk used
+	f.Close()
+	if _, err := Load(dir); err == nil || !strings.Contains(err.Error(), "tokenizer.json: 268435457 bytes, more than the 268435456 allowed") {
+		t.Fatalf("large file: %v", err)
+	}
+}
+
+// tinyTokenizerJSON is a whole tokenizer.json of a few tokens: the fuzz
+// seed, small enough for the fuzzer to change every part of it.
+const tinyTokenizerJSON = `{"added_tokens":[{"id":6,"content":"<|im_end|>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true}],
+"normalizer":{"type":"NFC"},
+"pre_tokenizer":{"type":"Sequence","pretokenizers":[{"type":"Split","pattern":{"Regex":"\\s+|\\w+"},"behavior":"Isolated","invert":false},{"type":"ByteLevel","add_prefix_space":false,"use_regex":false}]},
+"decoder":{"type":"ByteLevel"},
+"model":{"type":"BPE","vocab":{"a":0,"b":1,"ab":2,"Ġ":3,"Ġab":4,"c":5},"merges":["a b","Ġ ab"]}}`
+
+// FuzzLoad: any tokenizer.json either loads or is refused with an error;
+// one that loads encodes and decodes without a panic.
+func FuzzLoad(f *testing.F) {
+	f.Add([]byte(tinyTokenizerJSON))
+	f.Add([]byte(strings.Replace(tinyTokenizerJSON, `"id":6`, `"id":-7`, 1)))
+	f.Add([]byte(strings.Replace(tinyTokenizerJSON, `"id":6`, `"id":2000000000`, 1)))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		tok, err := LoadFS(fstest.MapFS{"tokenizer.json": {Data: data}})
+		if err != nil {
+			return
+		}
+		for _, s := range []string{"ab ab<|im_end|>c", "", "\xff x"} {
+			ids := tok.Encode(strings.ToValidUTF8(s, "?"))
+			tok.Decode(ids)
+			for _, id := range ids {
+				if id < 0 || int(id) >= tok.VocabSize() {
+					t.Fatalf("id %d outside the vocabulary of %d", id, tok.VocabSize())
+				}
+			}
+		}
+	})
 }

@@ -1,6 +1,7 @@
 package cpu
 
 import (
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 )
@@ -18,6 +19,10 @@ func newPool(threads int) *pool {
 	p := &pool{threads: threads, work: make(chan func())}
 	for i := 1; i < threads; i++ {
 		go func() {
+			// A fault reading a mapped weight file that changed on disk
+			// panics (instead of killing the process with SIGBUS); For
+			// passes the panic on to its caller.
+			debug.SetPanicOnFault(true)
 			for f := range p.work {
 				f()
 			}
@@ -52,15 +57,26 @@ func (p *pool) For(n, grain int, fn func(lo, hi int)) {
 			fn(lo, min(lo+size, n))
 		}
 	}
+	// A panic (a fault on a mapped weight) is raised again by the caller
+	// once every worker has stopped touching fn's data.
+	var panicked atomic.Pointer[any]
+	catch := func() {
+		if r := recover(); r != nil {
+			panicked.Store(&r)
+		}
+	}
 	var wg sync.WaitGroup
 	for i := 1; i < min(p.threads, tasks); i++ {
 		wg.Add(1)
 		select {
-		case p.work <- func() { run(); wg.Done() }:
+		case p.work <- func() { defer wg.Done(); defer catch(); run() }:
 		default:
 			wg.Done()
 		}
 	}
-	run()
+	func() { defer catch(); run() }()
 	wg.Wait()
+	if r := panicked.Load(); r != nil {
+		panic(*r)
+	}
 }

@@ -187,6 +187,14 @@ func readPID(path string) (int, error) {
 
 func alive(pid int) bool { return syscall.Kill(pid, 0) == nil }
 
+// removeOwnPIDFile removes the pid file only while it holds pid: a daemon
+// that replaced pid's while it drained has written its own.
+func removeOwnPIDFile(path string, pid int) {
+	if p, err := readPID(path); err == nil && p == pid {
+		os.Remove(path)
+	}
+}
+
 // isDaemon reports whether the live process pid is the daemon of sock, whose
 // pid file is pidFile: it answers on the socket with that pid or, when it
 // does not answer (hung), its command line names the pid file. A pid file
@@ -239,8 +247,10 @@ func stopDaemon(args []string) error {
 		time.Sleep(50 * time.Millisecond)
 	}
 	syscall.Kill(pid, syscall.SIGKILL)
-	os.Remove(sock)
-	os.Remove(f.pid)
+	if _, err := daemonStatusOf(sock); err != nil { // not a successor's
+		os.Remove(sock)
+	}
+	removeOwnPIDFile(f.pid, pid)
 	return fmt.Errorf("the daemon (pid %d) did not exit within %v and was killed", pid, timeout)
 }
 

@@ -165,8 +165,7 @@ func (c *serveConfig) serve() error {
 		if err != nil {
 			return err
 		}
-		defer os.Remove(sock)
-		listeners = append(listeners, l)
+		listeners = append(listeners, l) // closing it removes the socket while it is still its own
 	}
 
 	c.model.conversations = true
@@ -204,7 +203,7 @@ func (c *serveConfig) serve() error {
 		if err := os.WriteFile(c.pidFile, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o600); err != nil {
 			return err
 		}
-		defer os.Remove(c.pidFile)
+		defer removeOwnPIDFile(c.pidFile, os.Getpid())
 	}
 	var serveErr error
 	select {
