@@ -35,8 +35,6 @@ type Options struct {
 	// ModelName is the id clients send as "model" ("" and the Ollama form
 	// "NAME:latest" are accepted too); others get 404.
 	ModelName string
-	// ContextLength is reported by /v1/models and /api/show.
-	ContextLength int
 	// APIKey, when set, is required as "Authorization: Bearer KEY" on every
 	// route except /health, on TCP listeners. Unix-socket clients are
 	// authenticated by their uid instead.
@@ -410,6 +408,14 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request) {
 		Stats:    EngineStats(s.sess.Engine().Stats()),
 		Info:     s.opts.Info,
 	})
+}
+
+// contextLength is the most tokens one request may hold, prompt and
+// answer, as /v1/models, /api/show and /api/ps report it: the engine's
+// context, bounded by what its KV cache holds for one sequence.
+func (s *Server) contextLength() int {
+	n, _ := s.sess.Engine().Context()
+	return n
 }
 
 // checkModel accepts the loaded model's name, "" and Ollama's "NAME:latest"

@@ -203,7 +203,7 @@ func (c *benchConfig) startInProcess() (stop func(), err error) {
 	if c.vocab <= 0 {
 		c.vocab = lm.regularVocab()
 	}
-	srv := server.New(lm.sess, server.Options{ModelName: lm.name, ContextLength: lm.ctxLen, Defaults: lm.defaults, TokenText: lm.tokenText, Logger: slog.Default()})
+	srv := server.New(lm.sess, server.Options{ModelName: lm.name, Defaults: lm.defaults, TokenText: lm.tokenText, Logger: slog.Default()})
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		lm.sess.Close()

@@ -181,7 +181,6 @@ func (c *serveConfig) serve() error {
 	}
 	srv := server.New(lm.sess, server.Options{
 		ModelName:      lm.name,
-		ContextLength:  lm.ctxLen,
 		APIKey:         c.apiKey,
 		Defaults:       lm.defaults,
 		TokenText:      lm.tokenText,
