@@ -116,11 +116,12 @@ func thinkingKwargs(kwargs map[string]any, on bool) map[string]any {
 
 // generation is one submitted request.
 type generation struct {
-	ctx    context.Context
-	cancel context.CancelFunc
-	read   func() session.Event // the stream's next event (session.Stream.Next)
-	log    *slog.Logger         // nil: no log line
-	final  session.Event
+	ctx     context.Context
+	cancel  context.CancelFunc
+	read    func() session.Event // the stream's next event (session.Stream.Next)
+	log     *slog.Logger         // nil: no log line
+	metrics *serverMetrics       // nil: not recorded
+	final   session.Event
 }
 
 // start submits req under the request's context, bounded by the server's
@@ -132,13 +133,19 @@ func (s *Server) start(r *http.Request, req *session.Request) (*generation, erro
 		cancel()
 		return nil, err
 	}
-	return &generation{ctx: ctx, cancel: cancel, read: st.Next, log: s.log}, nil
+	return &generation{ctx: ctx, cancel: cancel, read: st.Next, log: s.log, metrics: s.metrics}, nil
 }
 
 // close cancels the request if it is still running, which makes the engine
-// free its sequence, and logs what it cost.
+// free its sequence, and records and logs what it cost.
 func (g *generation) close() {
 	g.cancel()
+	if g.metrics != nil {
+		if !g.final.Done { // the handler left before the end: the client is gone
+			g.final = session.Event{Done: true, Finish: engine.FinishCancelled}
+		}
+		g.metrics.observe(g.final)
+	}
 	if g.log == nil {
 		return
 	}

@@ -1,8 +1,8 @@
 // Package server serves a session (package session) over HTTP: the OpenAI API
 // (/v1/chat/completions, /v1/completions, /v1/models), Ollama's API
 // (/api/chat, /api/generate, /api/tags, /api/ps, /api/show, /api/pull,
-// /api/delete, /api/version), /health and /status, on TCP listeners and on
-// owner-only Unix sockets.
+// /api/delete, /api/version), /health, /status and /metrics (Prometheus),
+// on TCP listeners and on owner-only Unix sockets.
 //
 // No request names a path: the model is loaded before the server starts,
 // and Ollama's model routes reach only the model stores (ModelStore).
@@ -69,6 +69,7 @@ type Server struct {
 	sess    *session.Session
 	opts    Options
 	log     *slog.Logger
+	metrics *serverMetrics
 	hs      *http.Server
 	handler http.Handler
 	started time.Time
@@ -93,7 +94,7 @@ func New(sess *session.Session, opts Options) *Server {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	s := &Server{sess: sess, opts: opts, log: opts.Logger, started: time.Now()}
+	s := &Server{sess: sess, opts: opts, log: opts.Logger, started: time.Now(), metrics: newServerMetrics(opts.ModelName, sess.Engine())}
 	s.baseCtx, s.cancelAll = context.WithCancelCause(context.Background())
 	s.handler = s.routes()
 	s.hs = &http.Server{
@@ -172,6 +173,7 @@ func (s *Server) routes() http.Handler {
 	}
 	route("GET", "/health", s.health)
 	route("GET", "/status", s.status)
+	route("GET", "/metrics", s.metricsPage)
 	route("GET", "/v1/models", s.listModels)
 	route("GET", "/v1/models/{id...}", s.getModel)
 	route("POST", "/v1/chat/completions", s.openAI(s.chatCompletions))
@@ -299,7 +301,7 @@ func (s *Server) logged(next http.Handler) http.Handler {
 		sw := &statusWriter{ResponseWriter: w}
 		next.ServeHTTP(sw, r)
 		level := slog.LevelInfo
-		if r.URL.Path == "/health" {
+		if r.URL.Path == "/health" || r.URL.Path == "/metrics" {
 			level = slog.LevelDebug
 		}
 		s.log.Log(r.Context(), level, "request", "method", r.Method, "path", r.URL.Path, "status", sw.status,
