@@ -53,6 +53,13 @@ type Options struct {
 	// the Hugging Face cache and /api/delete removes from it. Without it
 	// those routes know only the served model.
 	Models ModelStore
+	// AllowedOrigins are the browser origins allowed to call the API
+	// (CORS) beyond this machine's pages (http(s)://localhost,
+	// 127.0.0.1, [::1], any port) and local apps' (app://, file://,
+	// tauri://, vscode-webview://): origins such as
+	// https://chat.example.com, * matching any part of one
+	// (https://*.example.com), or "*" for every origin. See CheckOrigins.
+	AllowedOrigins []string
 	// Served is the served model's catalog entry (nil: the embedded demo
 	// model), for its size, digest and details.
 	Served *catalog.Model
@@ -189,7 +196,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeErrorFor(w, r, notFound("unknown_url", "unknown route %s %s", r.Method, r.URL.Path))
 	})
-	return s.logged(s.recovered(s.authorized(mux)))
+	return s.logged(s.recovered(s.cors(s.authorized(mux))))
 }
 
 // openAI adapts a handler that returns its error to OpenAI's error shape.
