@@ -300,6 +300,11 @@ func (cl *benchClient) stream(ctx context.Context, path string, body map[string]
 	b, _ := json.Marshal(body)
 	req, _ := http.NewRequestWithContext(ctx, "POST", cl.cfg.baseURL+path, bytes.NewReader(b))
 	req.Header.Set("Content-Type", "application/json")
+	// Replayable: net/http then sends the request again on a new
+	// connection when the server closed the idle one it went out on before
+	// answering (llama-server does, under load), which would count as a
+	// failed request otherwise. The empty key is not sent.
+	req.Header["Idempotency-Key"] = nil
 	cl.auth(req)
 	r.start = time.Now()
 	resp, err := cl.http.Do(req)
