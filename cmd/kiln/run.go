@@ -397,8 +397,7 @@ func runOnce(args []string) error {
 		return err
 	}
 	defer a.close()
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	ctx, stopped := interruptible()
 	var msgs []chat.Message
 	if c.system != "" {
 		msgs = append(msgs, chat.Message{Role: "system", Content: c.system})
@@ -421,8 +420,27 @@ func runOnce(args []string) error {
 		stdout.WriteByte('\n')
 	}
 	stdout.Flush()
-	if err != nil && ctx.Err() != nil {
-		return errors.New("interrupted")
+	if sig := stopped(); sig != nil {
+		return sig
 	}
 	return err
+}
+
+// interruptible returns a context that Ctrl-C (SIGINT) or SIGTERM cancels,
+// and a function that returns that signal, as an errSignal, once one came.
+func interruptible() (context.Context, func() error) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		sig := <-sigs
+		signal.Stop(sigs) // a second one ends the process at once
+		cancel(errSignal{sig.(syscall.Signal)})
+	}()
+	return ctx, func() error {
+		if ctx.Err() == nil {
+			return nil
+		}
+		return context.Cause(ctx)
+	}
 }
