@@ -86,27 +86,19 @@ func (p params) check() error {
 // sampling returns defaults with the parameters set.
 func (p params) sampling(defaults engine.Sampling) engine.Sampling {
 	sp := defaults
+	floats := map[string]*float32{"temperature": &sp.Temperature, "top_p": &sp.TopP, "min_p": &sp.MinP,
+		"repetition_penalty": &sp.RepetitionPenalty, "presence_penalty": &sp.PresencePenalty, "frequency_penalty": &sp.FrequencyPenalty}
 	for name, v := range p {
-		switch name {
-		case "temperature":
-			sp.Temperature = float32(v)
-		case "top_p":
-			sp.TopP = float32(v)
-		case "top_k":
+		switch f := floats[name]; {
+		case f != nil:
+			*f = float32(v)
+		case name == "top_k":
 			sp.TopK = int(v)
-		case "min_p":
-			sp.MinP = float32(v)
-		case "repetition_penalty":
-			sp.RepetitionPenalty = float32(v)
-		case "presence_penalty":
-			sp.PresencePenalty = float32(v)
-		case "frequency_penalty":
-			sp.FrequencyPenalty = float32(v)
-		case "seed":
+		case name == "max_tokens":
+			sp.MaxTokens = int(v)
+		case name == "seed":
 			seed := uint64(v)
 			sp.Seed = &seed
-		case "max_tokens":
-			sp.MaxTokens = int(v)
 		}
 	}
 	return sp
