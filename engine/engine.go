@@ -9,7 +9,8 @@
 //
 // Requests wait in a FCFS queue and join the running batch (at most
 // MaxRunning sequences) as soon as a sequence's whole remaining prompt fits
-// in free KV blocks, leaving one block per running sequence. Each step runs
+// in free KV blocks (blocks the caches could give back count as free),
+// leaving one block per running sequence. Each step runs
 // one forward pass of at most MaxBatchTokens tokens: every decoding sequence
 // advances by one token, and prompts being prefilled share the rest in
 // chunks, oldest first, so a long prompt never stalls running streams. When a
@@ -17,8 +18,9 @@
 // gave theirs back, the youngest running sequence is preempted: its blocks
 // and slot are freed and it goes back to the head of the queue, to be
 // recomputed (prompt and generated tokens, from whatever the caches still
-// hold) when admitted again. A sequence that does not fit alone fails with
-// ErrKVFull.
+// hold) when admitted again. The context a request may fill (Context) is
+// at most what the cache holds for one sequence, so every sequence fits
+// alone and runs to its end.
 //
 // # Reuse
 //

@@ -122,6 +122,7 @@ type generation struct {
 	log     *slog.Logger         // nil: no log line
 	metrics *serverMetrics       // nil: not recorded
 	final   session.Event
+	counted bool // recorded in metrics
 }
 
 // start submits req under the request's context, bounded by the server's
@@ -140,12 +141,10 @@ func (s *Server) start(r *http.Request, req *session.Request) (*generation, erro
 // free its sequence, and records and logs what it cost.
 func (g *generation) close() {
 	g.cancel()
-	if g.metrics != nil {
-		if !g.final.Done { // the handler left before the end: the client is gone
-			g.final = session.Event{Done: true, Finish: engine.FinishCancelled}
-		}
-		g.metrics.observe(g.final)
+	if !g.final.Done { // the handler left before the end: the client is gone
+		g.final = session.Event{Done: true, Finish: engine.FinishCancelled}
 	}
+	g.count()
 	if g.log == nil {
 		return
 	}
@@ -159,8 +158,17 @@ func (g *generation) next() session.Event {
 	ev := g.read()
 	if ev.Done {
 		g.final = ev
+		g.count() // before the client hears of the end
 	}
 	return ev
+}
+
+// count records the generation's end in the server's metrics, once.
+func (g *generation) count() {
+	if g.metrics != nil && !g.counted {
+		g.counted = true
+		g.metrics.observe(g.final)
+	}
 }
 
 // failure is the error a final event reports, nil when it finished normally.
