@@ -417,28 +417,69 @@ func TestErrors(t *testing.T) {
 	}
 }
 
-// TestTooBigForTheCache: a sequence that cannot fit in the KV cache even
-// alone fails with ErrKVFull, at admission or when it outgrows the cache,
-// and the engine goes on serving.
-func TestTooBigForTheCache(t *testing.T) {
+// TestContextFromTheCache: the engine's context is what the KV cache holds
+// for one sequence (all its blocks but one), a request that fills it
+// exactly is served, one token more is refused with a ContextError, and
+// the engine goes on serving.
+func TestContextFromTheCache(t *testing.T) {
 	f := loadFixture(t, "qwen3")
-	e := newEngine(t, f, Options{BlockSize: 4, KVBlocks: 2})
-	st, err := e.Generate(context.Background(), &Request{Prompt: make([]int32, 10)})
-	if err != nil {
-		t.Fatal(err)
+	e := newEngine(t, f, Options{BlockSize: 4, KVBlocks: 3})
+	if ctx, limit := e.Context(); ctx != 8 || limit != LimitKVCache {
+		t.Fatalf("context %d (%s), want 8 (the cache)", ctx, limit)
 	}
-	if r := collect(st); r.finish != FinishError || !errors.Is(r.err, ErrKVFull) {
-		t.Errorf("10-token prompt in 8 tokens of cache: finish %s, err %v", r.finish, r.err)
+	prompt := make([]int32, 5)
+	r := generate(t, e, &Request{Prompt: prompt, Sampling: Sampling{MaxTokens: 3, IgnoreEOS: true}})
+	if len(r.tokens) != 3 || r.finish != FinishLength {
+		t.Errorf("5 + 3 tokens in a context of 8: %d tokens, finish %s", len(r.tokens), r.finish)
 	}
-	st, err = e.Generate(context.Background(), &Request{Prompt: make([]int32, 6), Sampling: Sampling{MaxTokens: 10, IgnoreEOS: true}})
-	if err != nil {
-		t.Fatal(err)
+	for name, req := range map[string]*Request{
+		"prompt + max_tokens": {Prompt: prompt, Sampling: Sampling{MaxTokens: 4}},
+		"prompt":              {Prompt: make([]int32, 8)},
+		"request context":     {Prompt: prompt, Context: 6, Sampling: Sampling{MaxTokens: 2}},
+	} {
+		_, err := e.Generate(context.Background(), req)
+		var ce *ContextError
+		if !errors.As(err, &ce) || !errors.Is(err, ErrContextOverflow) {
+			t.Errorf("%s: %v", name, err)
+		} else if want := map[bool]ContextLimit{true: LimitRequest, false: LimitKVCache}[req.Context > 0]; ce.Limit != want {
+			t.Errorf("%s: limited by %s, want %s", name, ce.Limit, want)
+		}
 	}
-	if r := collect(st); r.finish != FinishError || !errors.Is(r.err, ErrKVFull) || len(r.tokens) != 3 {
-		t.Errorf("growing past 8 tokens of cache: finish %s, err %v, %d tokens", r.finish, r.err, len(r.tokens))
+	// Ollama's num_predict: cut to the room there is.
+	r = generate(t, e, &Request{Prompt: prompt, ClampMaxTokens: true, Sampling: Sampling{MaxTokens: 100, IgnoreEOS: true}})
+	if len(r.tokens) != 3 || r.finish != FinishLength {
+		t.Errorf("clamped max_tokens: %d tokens, finish %s", len(r.tokens), r.finish)
 	}
-	if r := generate(t, e, &Request{Prompt: make([]int32, 3), Sampling: Sampling{MaxTokens: 4, IgnoreEOS: true}}); len(r.tokens) != 4 {
-		t.Errorf("then a request that fits: %d tokens", len(r.tokens))
+	// A context the cache cannot give is refused.
+	if _, err := New(f.Model, f.Tok, Options{BlockSize: 4, KVBlocks: 3, Context: 12, Logger: testmodel.Logger()}); err == nil {
+		t.Error("Context 12 over a cache of 8 accepted")
+	}
+}
+
+// TestOutgrowTheCache: with a context beyond the cache (tests only), a
+// prompt that cannot fit alone fails with ErrKVFull, and an answer that
+// outgrows the cache ends with FinishLength and every token it generated,
+// its text included.
+func TestOutgrowTheCache(t *testing.T) {
+	f := loadFixture(t, "qwen3")
+	for _, overlap := range []bool{false, true} {
+		e := newEngine(t, f, Options{BlockSize: 4, KVBlocks: 2, beyondCache: true, overlap: overlap})
+		st, err := e.Generate(context.Background(), &Request{Prompt: make([]int32, 10)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := collect(st); r.finish != FinishError || !errors.Is(r.err, ErrKVFull) {
+			t.Errorf("10-token prompt in 8 tokens of cache: finish %s, err %v", r.finish, r.err)
+		}
+		prompt := randomPrompt(rand.New(rand.NewPCG(5, 6)), f, 6)
+		r := generate(t, e, &Request{Prompt: prompt, Sampling: Sampling{MaxTokens: 10, IgnoreEOS: true}})
+		if r.finish != FinishLength || len(r.tokens) != 3 || r.usage.CompletionTokens != 3 || r.text != f.Tok.Decode(r.tokens) {
+			t.Errorf("overlap %v: growing past 8 tokens of cache: finish %s, %d tokens (usage %d), text %q of %q",
+				overlap, r.finish, len(r.tokens), r.usage.CompletionTokens, r.text, f.Tok.Decode(r.tokens))
+		}
+		if r := generate(t, e, &Request{Prompt: make([]int32, 3), Sampling: Sampling{MaxTokens: 4, IgnoreEOS: true}}); len(r.tokens) != 4 {
+			t.Errorf("then a request that fits: %d tokens", len(r.tokens))
+		}
 	}
 }
 
@@ -522,8 +563,9 @@ func TestSmallTokenBudget(t *testing.T) {
 	// The prompt in chunks of 8, 8 and 4 (which gives the first token),
 	// then a pass for each further token.
 	st := e.Stats()
-	if st.Steps != 6 || st.StepTokens != 23 || st.DecodeSteps != 3 || st.DecodeTokens != 3 {
-		t.Errorf("passes %d of %d tokens, decode-only %d of %d; want 6, 23, 3, 3", st.Steps, st.StepTokens, st.DecodeSteps, st.DecodeTokens)
+	if st.Steps != 6 || st.StepTokens != 23 || st.DecodeSteps != 3 || st.DecodeTokens != 3 || st.GeneratedTokens != 4 || st.PromptTokens != 20 {
+		t.Errorf("passes %d of %d tokens, decode-only %d of %d, %d tokens generated for %d prompt tokens; want 6, 23, 3, 3, 4, 20",
+			st.Steps, st.StepTokens, st.DecodeSteps, st.DecodeTokens, st.GeneratedTokens, st.PromptTokens)
 	}
 	if st.StepTime <= 0 || st.DecodeStepTime <= 0 || st.DecodeStepTime >= st.StepTime || st.HostTime <= 0 {
 		t.Errorf("times: passes %v, decode-only %v, host %v", st.StepTime, st.DecodeStepTime, st.HostTime)
@@ -595,5 +637,37 @@ func TestTokenMask(t *testing.T) {
 	}
 	if r := collect(st); r.finish != FinishError || !errors.Is(r.err, ErrMaskEmpty) || !slices.Equal(r.tokens, free.tokens[:2]) {
 		t.Errorf("a mask that allows nothing after 2 tokens: %v %v, tokens %v (free %v)", r.finish, r.err, r.tokens, free.tokens)
+	}
+}
+
+// Blocks the prefix cache holds count as free when admitting: with the
+// whole pool cached, requests still run side by side.
+func TestAdmitIntoAFullCache(t *testing.T) {
+	f := loadFixture(t, "qwen3")
+	e := newEngine(t, f, Options{BlockSize: 4, KVBlocks: 16})
+	rng := rand.New(rand.NewPCG(31, 32))
+	for range 4 {
+		generate(t, e, &Request{Prompt: randomPrompt(rng, f, 16), Sampling: Sampling{MaxTokens: 4, IgnoreEOS: true}})
+	}
+	if st := e.Stats(); st.KVBlocksCached < 15 {
+		t.Fatalf("the cache holds %d of 16 blocks, want it full", st.KVBlocksCached)
+	}
+	before := e.Stats()
+	var streams []*Stream
+	for range 3 {
+		st, err := e.Generate(context.Background(), &Request{Prompt: randomPrompt(rng, f, 6), Sampling: Sampling{MaxTokens: 8, IgnoreEOS: true}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		streams = append(streams, st)
+	}
+	for _, st := range streams {
+		if r := collect(st); len(r.tokens) != 8 {
+			t.Errorf("%d tokens, want 8 (%v)", len(r.tokens), r.err)
+		}
+	}
+	after := e.Stats()
+	if steps, tokens := after.DecodeSteps-before.DecodeSteps, after.DecodeTokens-before.DecodeTokens; tokens < 2*steps {
+		t.Errorf("%d tokens in %d decode-only passes: the requests did not run together", tokens, steps)
 	}
 }

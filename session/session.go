@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/kiln-llm/kiln/chat"
@@ -87,9 +88,27 @@ type Request struct {
 
 	Prompt    string
 	PromptIDs []int32
+	// Suffix makes a Prompt request a fill-in-the-middle: the model writes
+	// what goes between Prompt and Suffix, prompted in its FIM format
+	// (Qwen's <|fim_prefix|>, <|fim_suffix|>, <|fim_middle|>). A model
+	// whose vocabulary lacks those tokens fails with ErrNoFIM.
+	Suffix string
 
 	Sampling engine.Sampling
+	// Context and ClampMaxTokens are engine.Request's: a context below
+	// the engine's (Ollama's num_ctx), and a MaxTokens cut to the room
+	// the prompt leaves (Ollama's num_predict).
+	Context        int
+	ClampMaxTokens bool
 }
+
+// ErrNoFIM: a fill-in-the-middle request (Request.Suffix) for a model
+// whose vocabulary has no FIM tokens.
+var ErrNoFIM = errors.New("session: the model's vocabulary has no fill-in-the-middle tokens (" + strings.Join(fimTokens[:], ", ") + ")")
+
+// fimTokens are the prefix, suffix and middle tokens of Qwen's
+// fill-in-the-middle format (Qwen2.5-Coder's, in every Qwen3 vocabulary).
+var fimTokens = [3]string{"<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"}
 
 // Generate renders and tokenizes req, submits it to the engine and returns
 // its stream. Its errors are those of the template and of engine.Generate
@@ -100,7 +119,7 @@ func (s *Session) Generate(ctx context.Context, req *Request) (*Stream, error) {
 	if err != nil {
 		return nil, err
 	}
-	es, err := s.eng.Generate(ctx, &engine.Request{Prompt: ids, Sampling: req.Sampling})
+	es, err := s.eng.Generate(ctx, &engine.Request{Prompt: ids, Sampling: req.Sampling, Context: req.Context, ClampMaxTokens: req.ClampMaxTokens})
 	if err != nil {
 		return nil, err
 	}
@@ -123,11 +142,18 @@ func (s *Session) prompt(req *Request) ([]int32, *chat.Parser, error) {
 	if set != 1 {
 		return nil, nil, errors.New("session: a request sets exactly one of Messages, Prompt and PromptIDs")
 	}
+	if req.Suffix != "" && req.Prompt == "" {
+		return nil, nil, errors.New("session: a Suffix (fill-in-the-middle) needs a text Prompt")
+	}
 	if len(req.PromptIDs) > 0 {
 		return req.PromptIDs, nil, nil
 	}
 	if s.tok == nil {
 		return nil, nil, errors.New("session: no tokenizer: only token id prompts are served")
+	}
+	if req.Suffix != "" {
+		ids, err := s.fim(req.Prompt, req.Suffix)
+		return ids, nil, err
 	}
 	if req.Prompt != "" {
 		return s.tok.Encode(req.Prompt), nil, nil
@@ -159,6 +185,22 @@ func (s *Session) prompt(req *Request) ([]int32, *chat.Parser, error) {
 	parser := chat.NewParser(chat.ParserOptions{Tools: req.Tools, InThinking: thinking})
 	parser.Push(start) // the parser reads the forced start as generated: an open call
 	return s.tok.Encode(text + start), parser, nil
+}
+
+// fim returns the fill-in-the-middle prompt of prefix and suffix: the
+// vocabulary's FIM tokens around the texts, each encoded as a Prompt is.
+func (s *Session) fim(prefix, suffix string) ([]int32, error) {
+	var ids [3]int32
+	for i, name := range fimTokens {
+		id, ok := s.tok.TokenID(name)
+		if !ok || !s.tok.IsSpecial(id) {
+			return nil, ErrNoFIM
+		}
+		ids[i] = id
+	}
+	out := append([]int32{ids[0]}, s.tok.Encode(prefix)...)
+	out = append(append(out, ids[1]), s.tok.Encode(suffix)...)
+	return append(out, ids[2]), nil
 }
 
 // Close closes the engine, which ends every stream (FinishCancelled), and

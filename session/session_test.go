@@ -2,13 +2,16 @@ package session
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/kiln-llm/kiln/chat"
+	"github.com/kiln-llm/kiln/demo"
 	"github.com/kiln-llm/kiln/engine"
 	"github.com/kiln-llm/kiln/internal/testmodel"
+	"github.com/kiln-llm/kiln/tokenizer"
 )
 
 // newSession starts an engine and its session on the fixture arch, with
@@ -204,5 +207,30 @@ func TestRequestErrors(t *testing.T) {
 	}
 	if st := s.eng.Stats(); st.PromptTokens != 0 {
 		t.Errorf("the engine saw %d prompt tokens", st.PromptTokens)
+	}
+}
+
+// A Suffix prompts the model in Qwen's fill-in-the-middle format when its
+// vocabulary has the FIM tokens (the demo model's does), and fails with
+// ErrNoFIM when it has not (the fixture's has only the chat tokens).
+func TestFillInTheMiddle(t *testing.T) {
+	s, f := newSession(t, "qwen3", testmodel.Options{}, engine.Options{}, Options{})
+	if _, err := s.Generate(context.Background(), &Request{Prompt: "func add(", Suffix: "}\n"}); !errors.Is(err, ErrNoFIM) {
+		t.Errorf("FIM without FIM tokens: %v", err)
+	}
+	tok, err := tokenizer.LoadFS(demo.FS())
+	if err != nil {
+		t.Fatal(err)
+	}
+	fim := New(nil, tok, f.Tmpl, Options{})
+	ids, _, err := fim.prompt(&Request{Prompt: "func add(a, b int) int {\n\treturn ", Suffix: "\n}\n"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := tok.Decode(ids), "<|fim_prefix|>func add(a, b int) int {\n\treturn <|fim_suffix|>\n}\n<|fim_middle|>"; got != want {
+		t.Errorf("FIM prompt %q, want %q", got, want)
+	}
+	if _, _, err := fim.prompt(&Request{PromptIDs: []int32{1}, Suffix: "x"}); err == nil {
+		t.Error("a Suffix with token ids accepted")
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -48,6 +49,7 @@ type serveConfig struct {
 	requestTimeout time.Duration
 	maxBody        int64
 	pidFile        string
+	origins        []string
 	verbose        bool
 }
 
@@ -60,6 +62,14 @@ func (c *serveConfig) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.requestTimeout, "request-timeout", 10*time.Minute, "longest time one generation may take")
 	fs.Int64Var(&c.maxBody, "max-body", 8<<20, "largest request body in bytes")
 	fs.StringVar(&c.pidFile, "pid-file", "", "write the process id here while serving (kiln start sets it)")
+	fs.Func("allowed-origins", "comma-separated browser origins that may call the API (CORS), * for any part (https://*.example.com) or any origin; this machine's pages (http://localhost:*, 127.0.0.1, [::1]) always may", func(v string) error {
+		for _, o := range strings.Split(v, ",") {
+			if o = strings.TrimSuffix(strings.TrimSpace(o), "/"); o != "" {
+				c.origins = append(c.origins, o)
+			}
+		}
+		return server.CheckOrigins(c.origins)
+	})
 	fs.BoolVar(&c.verbose, "v", false, "debug logging")
 }
 
@@ -180,13 +190,13 @@ func (c *serveConfig) serve() error {
 	}
 	srv := server.New(lm.sess, server.Options{
 		ModelName:      lm.name,
-		ContextLength:  lm.ctxLen,
 		APIKey:         c.apiKey,
 		Defaults:       lm.defaults,
 		TokenText:      lm.tokenText,
 		Info:           info,
 		Models:         newCatalog(),
 		Served:         c.model.served(lm.name),
+		AllowedOrigins: c.origins,
 		MaxBodyBytes:   c.maxBody,
 		RequestTimeout: c.requestTimeout,
 		Logger:         slog.Default(),
