@@ -493,6 +493,13 @@ func TestSample(t *testing.T) {
 		{Temperature: 1, Uniform: 0.6, RepetitionPenalty: 1.3, PresencePenalty: 0.5, FrequencyPenalty: 0.2,
 			Counts: []backend.TokenCount{{Token: 3, Count: 2}, {Token: 10, Count: 1, Prompt: true}, {Token: 12, Prompt: true}}, Bias: []backend.TokenBias{{Token: 7, Bias: 5}}},
 		{Temperature: 0, RepetitionPenalty: 2, Counts: []backend.TokenCount{{Token: 0, Count: 1}, {Token: 5, Prompt: true}}, TopLogprobs: 3},
+		// Token masks (constrained decoding): a few tokens, with more top
+		// log-probabilities asked for than allowed; every third token under
+		// filters, with a masked token's bias and penalty on top.
+		{Mask: maskOf(V, 17, 4000, 151935), Logprob: true, TopLogprobs: 5},
+		{Temperature: 0.9, Uniform: 0.42, Mask: maskOf(V, 17, 4000, 151935), Logprob: true},
+		{Temperature: 0.8, TopK: 50, TopP: 0.9, MinP: 0.01, Uniform: 0.7, Logprob: true, TopLogprobs: 4, Mask: everyThird(V),
+			Bias: []backend.TokenBias{{Token: 7, Bias: 50}}, Counts: []backend.TokenCount{{Token: 9, Count: 3}}, FrequencyPenalty: 1},
 	}
 	R := len(params)
 	logits := p.randn(R*V, 3)
@@ -784,4 +791,21 @@ func TestDeltaNet(t *testing.T) {
 		cst.Free()
 		gst.Free()
 	}
+}
+
+// maskOf allows the tokens listed.
+func maskOf(V int, toks ...int32) []uint64 {
+	m := make([]uint64, backend.MaskWords(V))
+	for _, t := range toks {
+		m[t/64] |= 1 << (t % 64)
+	}
+	return m
+}
+
+func everyThird(V int) []uint64 {
+	m := make([]uint64, backend.MaskWords(V))
+	for t := 0; t < V; t += 3 {
+		m[t/64] |= 1 << (t % 64)
+	}
+	return m
 }
