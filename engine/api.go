@@ -27,16 +27,35 @@ type Request struct {
 // (a JSON schema, a tool call's grammar), which the session builds from a
 // request and hands the engine. The engine samples each token from the
 // allowed ones only, after penalties and bias, as if the others had no
-// probability.
+// probability (their log-probabilities too: see backend.SampleParams.Mask).
 type TokenMask interface {
-	// Allowed returns the tokens that may follow generated, the tokens the
-	// request has generated so far: nil allows any, an empty list none
-	// (the request then ends with FinishError). It is called on the
-	// scheduler goroutine before each token sampled for the request, so it
-	// must be quick and must not keep generated; after a preemption the
-	// same prefixes may be asked again.
-	Allowed(generated []int32) []int32
+	// Allow sets in allowed the tokens that may follow generated, the
+	// tokens the request has generated so far: allowed is a bitset of the
+	// vocabulary (token t is bit t%64 of word t/64, backend.MaskWords
+	// words), clear when Allow is called. The result says what else may
+	// follow. It is called on the scheduler goroutine before each token
+	// sampled for the request (on an asynchronous backend, while the
+	// device runs the pass whose logits it masks), so it must be quick and
+	// must not keep generated or allowed; after a preemption the same
+	// prefixes may be asked again.
+	Allow(generated []int32, allowed []uint64) Allowance
 }
+
+// Allowance is what a TokenMask allows besides the tokens it set.
+type Allowance uint8
+
+const (
+	// AllowSet: only the tokens set. None set ends the request with
+	// ErrMaskEmpty.
+	AllowSet Allowance = iota
+	// AllowSetOrEnd: those and the end of the output, that is the
+	// request's stop tokens (the model's end-of-sequence tokens unless
+	// IgnoreEOS, and StopTokenIDs). With none of either, the output is
+	// complete: the request ends with FinishStop.
+	AllowSetOrEnd
+	// AllowAny: any token (allowed is not read), as without a mask.
+	AllowAny
+)
 
 // Sampling holds a request's decoding parameters. The zero value is greedy
 // decoding up to the context length. Validate holds their bounds; Generate
@@ -202,7 +221,7 @@ var (
 	// ErrBusy: a PrefillOnly request was submitted while others wait.
 	ErrBusy = errors.New("requests are waiting")
 	// ErrMaskEmpty (a stream's Err): the request's TokenMask allowed no
-	// token.
+	// token and not the end.
 	ErrMaskEmpty = errors.New("the token mask allows no token")
 	// ErrKVFull (a stream's Err): the sequence needs more KV blocks than
 	// the whole cache has, even running alone.

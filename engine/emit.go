@@ -41,20 +41,30 @@ func (s *scheduler) emit(q *seq, smp backend.Sampled) {
 	} else if reason == "" && len(q.tokens) >= q.maxLen {
 		reason = FinishLength
 	}
-	if reason != "" && !stopped && q.dec != nil {
-		tail, hit := q.stop.push(q.dec.Flush())
-		ev.Text += tail
-		if hit {
-			reason = FinishStop
-		} else {
-			ev.Text += q.stop.flush()
-		}
+	if reason != "" && !stopped {
+		reason = q.flushText(&ev, reason)
 	}
 	if reason == "" {
 		q.out.push(ev)
 		return
 	}
 	s.finishWith(q, reason, nil, ev)
+}
+
+// flushText adds to ev the text q holds back (an unfinished character, what
+// may start a stop string) as it ends for reason, which becomes FinishStop
+// if that text completes a stop string.
+func (q *seq) flushText(ev *Event, reason FinishReason) FinishReason {
+	if q.dec == nil {
+		return reason
+	}
+	tail, hit := q.stop.push(q.dec.Flush())
+	ev.Text += tail
+	if hit {
+		return FinishStop
+	}
+	ev.Text += q.stop.flush()
+	return reason
 }
 
 // logprobOf is a sampled token's log-probabilities in the engine's own type.

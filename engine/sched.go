@@ -50,7 +50,8 @@ type seq struct {
 	stopIDs  map[int32]bool
 	rng      *rand.Rand
 	mask     TokenMask // Request.Mask
-	masked   bool      // the mask allowed no token for the last sample
+	maskBits []uint64  // the sampler's mask, filled by mask for each token
+	maskEnd  maskEnd   // the mask's verdict when it allowed no token
 
 	dec  *tokenizer.Decoder
 	stop stopMatcher
@@ -59,6 +60,15 @@ type seq struct {
 }
 
 func (s *seq) pending() int { return len(s.tokens) - s.pos }
+
+// maskEnd is what a TokenMask that allows no token means for its sequence.
+type maskEnd uint8
+
+const (
+	maskGoes     maskEnd = iota // it allowed some token
+	maskEmpty                   // nothing: ErrMaskEmpty
+	maskComplete                // only the end, and the request has no stop token: FinishStop
+)
 
 const (
 	snapBoundary = iota
@@ -424,8 +434,13 @@ func (s *scheduler) step() {
 		if q.done {
 			continue
 		}
-		if q.masked {
+		switch q.maskEnd {
+		case maskEmpty:
 			s.finish(q, FinishError, ErrMaskEmpty)
+			continue
+		case maskComplete:
+			var ev Event
+			s.finishWith(q, q.flushText(&ev, FinishStop), nil, ev)
 			continue
 		}
 		if ends := q.accept(sampled[i].Token); ends || !s.overlap {
@@ -512,44 +527,46 @@ func (s *scheduler) forward(seqs []model.Seq, rows []*seq) ([]backend.Sampled, e
 			}
 		}
 		if q.mask != nil {
-			p.Bias = s.maskBias(q, p.Bias)
+			p.Mask = s.allowed(q)
 		}
 		params[i] = p
 	}
 	return s.m.Sample(logits, params)
 }
 
-// maskedLogit is added to the logit of a token a mask excludes: far below
-// any logit, finite so that no sampler meets -Inf - -Inf.
-const maskedLogit = -1e30
-
-// maskBias returns bias extended by q's mask: every token the mask does not
-// allow gets maskedLogit. A bias entry per excluded token is the general
-// form every backend's sampler takes already; a backend mask (a bit per
-// token) would move less when constrained decoding is common.
-func (s *scheduler) maskBias(q *seq, bias []backend.TokenBias) []backend.TokenBias {
-	allowed := q.mask.Allowed(q.tokens[q.nPrompt:])
-	if allowed == nil {
-		return bias
+// allowed asks q's mask which tokens may follow its generated ones and
+// returns them as the sampler's mask (nil: any). When it allows none, the
+// verdict is left in q.maskEnd, the row is sampled unmasked and its token
+// dropped.
+func (s *scheduler) allowed(q *seq) []uint64 {
+	if q.maskBits == nil {
+		q.maskBits = make([]uint64, backend.MaskWords(s.e.cfg.VocabSize))
+	} else {
+		clear(q.maskBits)
 	}
-	V := s.e.cfg.VocabSize
-	ok := make([]bool, V)
-	n := 0
-	for _, t := range allowed {
-		if t >= 0 && int(t) < V && !ok[t] {
-			ok[t] = true
-			n++
+	q.maskEnd = maskGoes
+	a := q.mask.Allow(q.tokens[q.nPrompt:], q.maskBits)
+	if a == AllowAny {
+		return nil
+	}
+	if a == AllowSetOrEnd {
+		for t := range q.stopIDs {
+			q.maskBits[t>>6] |= 1 << (t & 63)
 		}
 	}
-	q.masked = n == 0
-	out := make([]backend.TokenBias, len(bias), len(bias)+V-n)
-	copy(out, bias)
-	for t := range V {
-		if !ok[t] {
-			out = append(out, backend.TokenBias{Token: int32(t), Bias: maskedLogit})
+	if V := s.e.cfg.VocabSize; V%64 != 0 {
+		q.maskBits[len(q.maskBits)-1] &= 1<<(V%64) - 1 // no token past the vocabulary
+	}
+	for _, w := range q.maskBits {
+		if w != 0 {
+			return q.maskBits
 		}
 	}
-	return out
+	q.maskEnd = maskEmpty
+	if a == AllowSetOrEnd {
+		q.maskEnd = maskComplete
+	}
+	return nil
 }
 
 // flush emits the held tokens of the last pass.
