@@ -178,6 +178,9 @@ func New(m *model.Model, tok *tokenizer.Tokenizer, opts Options) (*Engine, error
 // Options returns the options in effect (defaults filled in).
 func (e *Engine) Options() Options { return e.opts }
 
+// VocabSize is the model's vocabulary: the tokens a TokenMask covers.
+func (e *Engine) VocabSize() int { return e.cfg.VocabSize }
+
 // Generate submits a request and returns its stream. It fails at once for
 // invalid requests (a *SamplingError for sampling parameters out of
 // bounds), prompts that do not fit the context (ErrContextOverflow), a full

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"math/big"
+	"strings"
 )
 
 // kind is what a node matches.
@@ -217,35 +218,138 @@ func encode(v any) []byte {
 	return bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
 }
 
-// Text compiles a string schema (type string, with minLength, maxLength or
-// enum) to raw text: the string written as itself, unquoted and
-// unescaped, which must not contain forbidden. Tool calls in XML form
-// write string parameters so.
-func Text(schema []byte, forbidden string) (Expr, error) {
+// Record compiles an object schema to its properties written one after
+// the other in a syntax of the caller's (a tool call's XML form): for each
+// property in the schema's order, optional ones possibly left out, open,
+// the value and close, as field says. A value is written as JSON of the
+// type field names, or, for "string", as raw text: unquoted, unescaped,
+// free of forbidden. Values of other types than the one named are not
+// written (whoever reads the record types values so).
+func Record(schema []byte, field func(name string) (open, close, typ string), forbidden string) (Expr, error) {
 	e, err := Schema(schema)
 	if err != nil {
 		return Expr{}, err
 	}
-	n := e.n
+	obj := e.n
+	if obj.kind != kObject {
+		return Expr{}, &SchemaError{Reason: "parameters must be an object schema"}
+	}
+	seq := &node{kind: kSeq}
+	for _, p := range obj.props {
+		open, close, typ := field(p.name)
+		v := restrict(p.value, typ, forbidden, map[*node]*node{})
+		if v == nil {
+			if p.required {
+				return Expr{}, &SchemaError{Path: "/properties/" + escapePointer(p.name), Reason: "no value of type " + typ + " is allowed"}
+			}
+			continue
+		}
+		part := &node{kind: kSeq, parts: []*node{literal(open), v, literal(close)}}
+		if !p.required {
+			part = &node{kind: kUnion, alts: []*node{part, {kind: kSeq}}}
+		}
+		seq.parts = append(seq.parts, part)
+	}
+	analyze(seq)
+	if !seq.sat {
+		return Expr{}, &SchemaError{Reason: "it allows no value"}
+	}
+	return Expr{seq}, nil
+}
+
+// restrict returns the part of n that writes values of JSON type typ
+// ("string": as raw text without forbidden), nil if none.
+func restrict(n *node, typ, forbidden string, seen map[*node]*node) *node {
+	if r, ok := seen[n]; ok {
+		return r
+	}
+	seen[n] = nil // a union reached again through itself adds nothing
+	var r *node
 	switch n.kind {
+	case kUnion:
+		u := &node{kind: kUnion}
+		for _, a := range n.alts {
+			if x := restrict(a, typ, forbidden, seen); x != nil {
+				u.alts = append(u.alts, x)
+			}
+		}
+		if len(u.alts) > 0 {
+			r = u
+		}
 	case kString:
-		return Expr{&node{kind: kText, minLen: n.minLen, maxLen: n.maxLen, until: []byte(forbidden), fail: failure([]byte(forbidden)), sat: n.sat}}, nil
+		if typ == "string" {
+			r = &node{kind: kText, minLen: n.minLen, maxLen: n.maxLen, until: []byte(forbidden), fail: failure([]byte(forbidden))}
+		}
+	case kNumber:
+		switch {
+		case typ == "number" || typ == "integer" && n.num.integer:
+			r = n
+		case typ == "integer":
+			spec := &numberSpec{integer: true}
+			var lo, hi *big.Rat
+			if n.num.bounded {
+				lo, hi = n.num.lo, n.num.hi
+			}
+			r = &node{kind: kNumber, num: spec, sat: spec.setBounds(lo, hi, false, false)}
+		}
+	case kObject, kArray:
+		if typ == map[kind]string{kObject: "object", kArray: "array"}[n.kind] {
+			r = n
+		}
 	case kLiteral:
 		var texts []string
+		var values []any
 		for _, v := range n.values {
-			s, ok := v.(string)
-			if !ok {
-				return Expr{}, &SchemaError{Reason: "an enum of raw text must hold strings only"}
+			var t string
+			switch x := v.(type) {
+			case string:
+				t = "string"
+				if typ == t && !strings.Contains(x, forbidden) {
+					texts = append(texts, x)
+				}
+			case json.Number:
+				t = "number"
+				if d, _ := decimalOf(string(x)); typ == "integer" && d.exp >= int64(len(d.digits)) {
+					t = "integer"
+				}
+			case bool:
+				t = "boolean"
+			case nil:
+				t = "null"
+			case *object:
+				t = "object"
+			case []any:
+				t = "array"
 			}
-			if !bytes.Contains([]byte(s), []byte(forbidden)) {
-				texts = append(texts, s)
+			if t == typ && typ != "string" {
+				values = append(values, v)
 			}
 		}
-		l := literal(texts...)
-		if !l.sat {
-			return Expr{}, &SchemaError{Reason: "it allows no value"}
+		switch {
+		case typ == "string" && len(texts) > 0:
+			r = literal(texts...)
+		case len(values) > 0:
+			r = literal()
+			for i, v := range values {
+				r.lit.insert(encode(v), i)
+			}
+			r.values = values
 		}
-		return Expr{l}, nil
 	}
-	return Expr{}, &SchemaError{Reason: "raw text needs a schema of type string"}
+	seen[n] = r
+	return r
+}
+
+// ObjectSchema is Schema restricted to the objects it allows (a tool's
+// arguments).
+func ObjectSchema(schema []byte) (Expr, error) {
+	e, err := Schema(schema)
+	if err != nil {
+		return Expr{}, err
+	}
+	n := restrict(e.n, "object", "", map[*node]*node{})
+	if n == nil {
+		return Expr{}, &SchemaError{Reason: "it allows no object"}
+	}
+	return Expr{n}, nil
 }

@@ -183,7 +183,10 @@ func TestExpressions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	text, err := Text([]byte(`{"type":"string","maxLength":20}`), "</parameter>")
+	record, err := Record([]byte(`{"type":"object","properties":{"p":{"type":"string","maxLength":20},"n":{"anyOf":[{"type":"integer"},{"type":"null"}]},`+
+		`"k":{"enum":["a b","c","x</parameter>"]}},"required":["p","k"]}`), func(name string) (string, string, string) {
+		return "<parameter=" + name + ">\n", "\n</parameter>\n", map[string]string{"p": "string", "n": "integer", "k": "string"}[name]
+	}, "</parameter>")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,9 +199,14 @@ func TestExpressions(t *testing.T) {
 		{Alt(Seq(Literal(`f", "arguments": `), args, Literal("}\n</tool_call>")), Seq(Literal(`g", "arguments": `), JSONValue(), Literal("}\n</tool_call>"))),
 			[]string{"f\", \"arguments\": {\"x\": 3}}\n</tool_call>", "g\", \"arguments\": [1]}\n</tool_call>"},
 			[]string{"f\", \"arguments\": {}}\n</tool_call>", "h\", \"arguments\": {}}\n</tool_call>"}},
-		{Seq(Literal("<parameter=p>\n"), text, Literal("\n</parameter>\n")),
-			[]string{"<parameter=p>\nline one\nline\n</parameter>\n", "<parameter=p>\n\n</parameter>\n"},
-			[]string{"<parameter=p>\nab</parameter>\n</parameter>\n", "<parameter=p>\n123456789012345678901\n</parameter>\n"}},
+		{record,
+			[]string{"<parameter=p>\nline one\nline\n</parameter>\n<parameter=k>\na b\n</parameter>\n",
+				"<parameter=p>\n\n</parameter>\n<parameter=n>\n-3\n</parameter>\n<parameter=k>\nc\n</parameter>\n"},
+			[]string{"<parameter=p>\nab</parameter>\n</parameter>\n<parameter=k>\nc\n</parameter>\n",
+				"<parameter=p>\n123456789012345678901\n</parameter>\n<parameter=k>\nc\n</parameter>\n",
+				"<parameter=p>\nx\n</parameter>\n<parameter=n>\nnull\n</parameter>\n<parameter=k>\nc\n</parameter>\n",
+				"<parameter=p>\nx\n</parameter>\n<parameter=k>\n\"c\"\n</parameter>\n",
+				"<parameter=p>\nx\n</parameter>\n<parameter=k>\nx</parameter>\n</parameter>\n"}},
 	} {
 		g := Compile(c.e, v)
 		for _, s := range c.ok {

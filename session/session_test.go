@@ -135,7 +135,7 @@ func TestPrepareNextTurn(t *testing.T) {
 func TestChatOutput(t *testing.T) {
 	f := testmodel.Load(t, "qwen3", testmodel.Options{})
 	s := New(nil, f.Tok, f.Tmpl, Options{})
-	_, parser, err := s.prompt(&Request{Messages: []chat.Message{{Role: "user", Content: "hi"}}})
+	_, parser, _, err := s.prompt(&Request{Messages: []chat.Message{{Role: "user", Content: "hi"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +164,7 @@ func TestForceToolCall(t *testing.T) {
 	s, f := newSession(t, "qwen3", testmodel.Options{ChatTemplate: "qwen3.jinja"}, engine.Options{}, Options{})
 	tools := []chat.Tool{chat.Tool(`{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}`)}
 	msgs := []chat.Message{{Role: "user", Content: "Weather in Paris?"}}
-	ids, _, err := s.prompt(&Request{Messages: msgs, Tools: tools, ForceToolCall: "get_weather"})
+	ids, _, _, err := s.prompt(&Request{Messages: msgs, Tools: tools, ForceToolCall: "get_weather"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -202,6 +202,15 @@ func (t *Tokenizer) Token(id int32) string {
 	return t.tokens[id]
 }
 
+// TokenBytes returns the bytes token id writes when decoded (nil for an id
+// outside the vocabulary); the caller must not modify them.
+func (t *Tokenizer) TokenBytes(id int32) []byte {
+	if id < 0 || int(id) >= len(t.bytes) {
+		return nil
+	}
+	return t.bytes[id]
+}
+
 // VocabSize returns one more than the largest id of the model vocabulary and
 // the added tokens. (A model's embedding table may be larger still.)
 func (t *Tokenizer) VocabSize() int { return len(t.tokens) }
