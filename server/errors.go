@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/kiln-llm/kiln/engine"
+	"github.com/kiln-llm/kiln/session"
 )
 
 // apiError is an error a client sees: an HTTP status and OpenAI's error
@@ -53,11 +54,18 @@ func notFound(code, format string, args ...any) *apiError {
 func asAPIError(err error) *apiError {
 	var ae *apiError
 	var se *engine.SamplingError
+	var ce *session.ConstraintError
 	switch {
 	case errors.As(err, &ae):
 		return ae
 	case errors.As(err, &se):
 		return badRequest(se.Param, "%s", se)
+	case errors.As(err, &ce):
+		param := "response_format"
+		if ce.Tools {
+			param = "tools"
+		}
+		return badRequest(param, "%s", ce)
 	case errors.Is(err, engine.ErrContextOverflow):
 		return newAPIError(http.StatusBadRequest, "invalid_request_error", "context_length_exceeded", "messages", "%v", err)
 	case errors.Is(err, engine.ErrQueueFull):

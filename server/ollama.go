@@ -58,9 +58,6 @@ func (s *Server) prepareOllama(c *ollamaCommon) (engine.Sampling, map[string]any
 	if err := s.checkModel(c.Model); err != nil {
 		return engine.Sampling{}, nil, err
 	}
-	if f := strings.TrimSpace(string(c.Format)); f != "" && f != "null" && f != `""` {
-		return engine.Sampling{}, nil, badRequest("format", "format (structured output) is not supported")
-	}
 	o := c.Options
 	f := samplingFields{Temperature: o.Temperature, TopP: o.TopP, TopK: o.TopK, MinP: o.MinP, Seed: o.Seed, Stop: o.Stop,
 		RepetitionPenalty: o.RepeatPenalty, PresencePenalty: o.PresencePenalty, FrequencyPenalty: o.FrequencyPenalty}
@@ -212,7 +209,11 @@ func (s *Server) ollamaChat(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	g, err := s.start(r, &session.Request{Messages: msgs, Tools: tools, TemplateKwargs: kwargs, Sampling: sp})
+	format, err := ollamaFormat(req.Format)
+	if err != nil {
+		return err
+	}
+	g, err := s.start(r, &session.Request{Messages: msgs, Tools: tools, Format: format, TemplateKwargs: kwargs, Sampling: sp})
 	if err != nil {
 		return err
 	}
@@ -261,7 +262,11 @@ func (s *Server) ollamaGenerate(w http.ResponseWriter, r *http.Request) error {
 			Response: &empty, Done: true, ollamaDone: ollamaDone{DoneReason: "load"}})
 		return nil
 	}
-	er := &session.Request{Prompt: req.Prompt, Sampling: sp}
+	format, err := ollamaFormat(req.Format)
+	if err != nil {
+		return err
+	}
+	er := &session.Request{Prompt: req.Prompt, Format: format, Sampling: sp}
 	if !req.Raw {
 		er.Prompt, er.TemplateKwargs = "", kwargs
 		if req.System != "" {
