@@ -33,11 +33,11 @@ type TokenMask interface {
 	// tokens the request has generated so far: allowed is a bitset of the
 	// vocabulary (token t is bit t%64 of word t/64, backend.MaskWords
 	// words), clear when Allow is called. The result says what else may
-	// follow. It is called on the scheduler goroutine before each token
-	// sampled for the request (on an asynchronous backend, while the
-	// device runs the pass whose logits it masks), so it must be quick and
-	// must not keep generated or allowed; after a preemption the same
-	// prefixes may be asked again.
+	// follow. It is called before each token sampled for the request (on
+	// an asynchronous backend, while the device runs the pass whose logits
+	// it masks), at the same time as other requests' masks, never twice at
+	// once for one request; it must be quick and must not keep generated
+	// or allowed. After a preemption the same prefixes may be asked again.
 	Allow(generated []int32, allowed []uint64) Allowance
 }
 

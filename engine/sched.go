@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/kiln-llm/kiln/backend"
@@ -526,12 +527,31 @@ func (s *scheduler) forward(seqs []model.Seq, rows []*seq) ([]backend.Sampled, e
 				p.Counts = append(p.Counts, backend.TokenCount{Token: t, Prompt: true})
 			}
 		}
-		if q.mask != nil {
-			p.Mask = s.allowed(q)
-		}
 		params[i] = p
 	}
+	s.masks(rows, params)
 	return s.m.Sample(logits, params)
+}
+
+// masks sets the token masks of the rows that have one, computing them at
+// the same time when there are several (a mask that meets new states of
+// its grammar walks the vocabulary, which takes a millisecond or two).
+func (s *scheduler) masks(rows []*seq, params []backend.SampleParams) {
+	var masked []int
+	for i, q := range rows {
+		if q.mask != nil {
+			masked = append(masked, i)
+		}
+	}
+	if len(masked) == 1 {
+		params[masked[0]].Mask = s.allowed(rows[masked[0]])
+		return
+	}
+	var wg sync.WaitGroup
+	for _, i := range masked {
+		wg.Go(func() { params[i].Mask = s.allowed(rows[i]) })
+	}
+	wg.Wait()
 }
 
 // allowed asks q's mask which tokens may follow its generated ones and

@@ -1,19 +1,24 @@
 package grammar
 
 import (
+	"compress/gzip"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"os"
+	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
 
 // syntheticVocab is a vocabulary of Qwen's size and make (151,643 byte
 // strings and 293 special tokens in a 151,936-token model) for measuring
-// masks: every byte; words and word pieces with and without a leading
-// space, in the cases code and prose use; punctuation runs, quotes
-// included, some ending in newlines; runs of spaces and indentation; CJK
-// characters and pairs, and pieces of UTF-8 characters. No real vocabulary
+// masks: every byte; runs of spaces and indentation; punctuation runs,
+// quotes included, some ending in newlines; CJK characters and pairs, and
+// pieces of UTF-8 characters; the words of testdata's tokenizer corpus
+// with and without a leading space; made-up words and word pieces. No real vocabulary
 // of that size is at hand here; what a mask walks is the trie of these
 // strings, which has the size and branching of a real one.
 func syntheticVocab() *Vocab {
@@ -35,6 +40,11 @@ func syntheticVocab() *Vocab {
 		add("\n" + strings.Repeat(" ", i))
 		add(strings.Repeat("\t", 1+i%8))
 		add(strings.Repeat("\n", 1+i%4))
+	}
+	for _, p := range []string{`": "`, `", "`, `": `, "\",\n", `"},`, `{"`, `"}`, `["`, `"]`, `": [`, `": {"`, `",`, `":`, `},`, `}]`, `"],`,
+		`": ["`, `"],"`, `":"`, `","`, `":{"`, `":["`, "{\n", "\n}", "],\n", "},\n", ".\n", `@`, `.com`, `.edu`} {
+		add(p)
+		add(" " + p)
 	}
 	punct := []string{`"`, `'`, ",", ".", ":", ";", "(", ")", "[", "]", "{", "}", "=", "-", "_", "/", "\\", "*", "#", "!", "?", "<", ">", "&", "|", "+", "%", "@", "$", "`"}
 	for len(toks) < 6000 {
@@ -61,6 +71,23 @@ func syntheticVocab() *Vocab {
 		if r.IntN(8) == 0 {
 			add(s[:len(s)-1]) // a piece of a character
 		}
+	}
+	// The words of an English and Python corpus, in the forms a BPE
+	// vocabulary holds them, then made-up words to Qwen's size.
+	corpus, err := os.Open("../testdata/tokenizer/corpus.txt.gz")
+	if err != nil {
+		panic(err)
+	}
+	defer corpus.Close()
+	zr, err := gzip.NewReader(corpus)
+	if err != nil {
+		panic(err)
+	}
+	text, _ := io.ReadAll(zr)
+	for _, w := range regexp.MustCompile(`[A-Za-z]{2,}`).FindAllString(string(text), -1) {
+		add(w)
+		add(" " + w)
+		add(" " + strings.ToUpper(w[:1]) + w[1:])
 	}
 	cons, vow := "bcdfghjklmnprstvwxyz", "aeiou"
 	word := func() string {
@@ -101,53 +128,94 @@ const benchSchema = `{"type":"object","properties":{
 	"active":{"type":"boolean"}},
 	"required":["name","age","role","active"],"additionalProperties":false}`
 
+// benchAnswers are answers to benchSchema as a model writes them; the
+// first four warm a grammar up, the others are measured.
+var benchAnswers = []string{
+	`{"name": "Ada Lovelace", "age": 36, "email": "ada@example.com", "role": "admin", "score": 97.5, "tags": ["math", "poetry"], "address": {"city": "London", "zip": "W1J 7"}, "active": true}`,
+	"{\n  \"name\": \"Alan Turing\",\n  \"age\": 41,\n  \"role\": \"user\",\n  \"tags\": [\"logic\"],\n  \"active\": false\n}",
+	`{"name":"Grace Hopper","age":85,"email":"grace@navy.mil","role":"guest","score":88,"address":{"city":"Arlington"},"active":true}`,
+	`{"name": "Edsger W. Dijkstra", "age": 72, "role": "user", "score": 91.25, "tags": ["graphs", "semaphores", "structured"], "active": true}`,
+	`{"name": "Barbara Liskov", "age": 84, "email": "liskov@mit.edu", "role": "admin", "tags": ["abstraction", "distributed"], "address": {"city": "Cambridge", "zip": "02139"}, "active": true}`,
+	"{\n  \"name\": \"Donald Knuth\",\n  \"age\": 86,\n  \"email\": \"knuth@cs.stanford.edu\",\n  \"role\": \"guest\",\n  \"score\": 100,\n  \"active\": true\n}",
+	`{"name": "Margaret Hamilton", "age": 87, "role": "user", "score": 99.9, "tags": ["apollo", "software", "reliability"], "address": {"city": "Boston"}, "active": false}`,
+	`{"name":"Ken Thompson","age":81,"email":"ken@bell-labs.com","role":"admin","score":95,"tags":["unix","go","utf-8"],"address":{"city":"Murray Hill","zip":"07974"},"active":true}`,
+}
+
+// tokenize splits text into the vocabulary's tokens, longest first.
+func tokenize(v *Vocab, text string) []int32 {
+	var ids []int32
+	for i := 0; i < len(text); {
+		node, best, n := int32(0), int32(-1), 0
+		for j := i; j < len(text); j++ {
+			next := int32(-1)
+			nd := v.nodes[node]
+			for _, e := range v.edges[nd.edges:nd.edgesEnd] {
+				if e.b == text[j] {
+					next = e.node
+					break
+				}
+			}
+			if next < 0 {
+				break
+			}
+			node = next
+			if c := v.nodes[node]; c.endsEnd > c.ends {
+				best, n = v.ends[c.ends], j+1-i
+			}
+		}
+		ids = append(ids, best)
+		i += n
+	}
+	return ids
+}
+
 // BenchmarkMask measures the host's work per generated token of a
 // constrained request on a vocabulary of Qwen's size, as the engine does
-// it (clear the sequence's mask, fill it, look for a set bit): over whole
-// generations of random allowed tokens, for a schema seen for the first
-// time (every state's mask computed) and seen before (masks remembered).
+// it (clear the sequence's mask, fill it, look for a set bit), writing the
+// answers a model would: for a schema seen for the first time (each new
+// state's mask is a walk of the vocabulary) and for one whose grammar other
+// answers have warmed up.
 func BenchmarkMask(b *testing.B) {
 	v := syntheticVocab()
 	e, err := Schema([]byte(benchSchema))
 	if err != nil {
 		b.Fatal(err)
 	}
+	var answers [][]int32
+	for _, a := range benchAnswers {
+		answers = append(answers, tokenize(v, a))
+	}
 	for _, warm := range []bool{false, true} {
 		b.Run(fmt.Sprintf("warm=%v", warm), func(b *testing.B) {
 			g := Compile(e, v)
 			if warm {
-				for i := range 20 {
-					run(b, g, uint64(i))
+				for _, a := range answers[:4] {
+					write(b, g, a)
 				}
 			}
 			steps, elapsed := 0, time.Duration(0)
-			for i := 0; b.Loop(); i++ {
+			for b.Loop() {
 				if !warm {
 					g = Compile(e, v)
 				}
-				s, d := run(b, g, uint64(100+i))
-				steps += s
-				elapsed += d
+				for _, a := range answers[4:] {
+					elapsed += write(b, g, a)
+					steps += len(a) + 1
+				}
 			}
-			b.ReportMetric(float64(elapsed.Microseconds())/float64(steps), "µs/token")
-			b.ReportMetric(float64(steps)/float64(b.N), "tokens/op")
+			b.ReportMetric(float64(elapsed.Nanoseconds())/1e3/float64(steps), "µs/token")
 		})
 	}
 }
 
-// run generates one output of g with random allowed tokens (ending where
-// it may with probability 1/4) and returns its tokens and the time spent
-// in masks.
-func run(b *testing.B, g *Grammar, seed uint64) (int, time.Duration) {
-	r := rand.New(rand.NewPCG(seed, 1))
+// write follows one answer through g and returns the time its masks took.
+func write(b *testing.B, g *Grammar, answer []int32) time.Duration {
 	mt := g.Matcher()
 	mask := make([]uint64, g.v.words())
-	var gen []int32
-	var spent time.Duration
-	for len(gen) < 2000 {
-		start := time.Now()
+	start := time.Now()
+	for i := 0; i <= len(answer); i++ {
 		clear(mask)
-		end := mt.Allow(gen, mask)
+		end := mt.Allow(answer[:i], mask)
 		any := false
 		for _, w := range mask {
 			if w != 0 {
@@ -155,20 +223,91 @@ func run(b *testing.B, g *Grammar, seed uint64) (int, time.Duration) {
 				break
 			}
 		}
-		spent += time.Since(start)
-		if end && (!any || r.IntN(4) == 0) {
-			break
-		}
-		// A random allowed token: a random word, then its lowest bit.
-		for {
-			i := r.IntN(len(mask))
-			if w := mask[i]; w != 0 {
-				gen = append(gen, int32(64*i+trailingZeros(w)))
-				break
-			}
+		if i < len(answer) && (!any || mask[answer[i]/64]>>(answer[i]%64)&1 == 0) || i == len(answer) && !end {
+			b.Fatalf("answer refused after %d tokens", i)
 		}
 	}
-	return len(gen), spent
+	return time.Since(start)
+}
+
+// BenchmarkMaskBatch16 measures a step of 16 constrained sequences as the
+// engine takes it (the sequences' masks at the same time, on as many cores
+// as there are): 16 schemas of the same make, new and warmed up, each
+// sequence writing one of the measured answers.
+func BenchmarkMaskBatch16(b *testing.B) {
+	v := syntheticVocab()
+	var exprs []Expr
+	var answers [][]int32
+	for i := range 16 {
+		key := fmt.Sprintf(`"name%d"`, i)
+		e, err := Schema([]byte(strings.ReplaceAll(benchSchema, `"name"`, key)))
+		if err != nil {
+			b.Fatal(err)
+		}
+		exprs = append(exprs, e)
+		answers = append(answers, tokenize(v, strings.ReplaceAll(benchAnswers[4+i%4], `"name"`, key)))
+	}
+	for _, warm := range []bool{false, true} {
+		b.Run(fmt.Sprintf("warm=%v", warm), func(b *testing.B) {
+			gs := make([]*Grammar, len(exprs))
+			compile := func() {
+				for i, e := range exprs {
+					gs[i] = Compile(e, v)
+				}
+			}
+			compile()
+			if warm {
+				for i, g := range gs {
+					for _, a := range benchAnswers[:4] {
+						write(b, g, tokenize(v, strings.ReplaceAll(a, `"name"`, fmt.Sprintf(`"name%d"`, i))))
+					}
+				}
+			}
+			steps, elapsed := 0, time.Duration(0)
+			for b.Loop() {
+				if !warm {
+					compile()
+				}
+				s, d := batch(gs, answers)
+				steps += s
+				elapsed += d
+			}
+			b.ReportMetric(float64(elapsed.Nanoseconds())/1e3/float64(steps), "µs/step")
+		})
+	}
+}
+
+// batch follows answers[i] through gs[i] in lockstep, the masks of a step
+// computed at once, and returns the steps and the time the masks took.
+func batch(gs []*Grammar, answers [][]int32) (int, time.Duration) {
+	mts := make([]*Matcher, len(gs))
+	masks := make([][]uint64, len(gs))
+	for i, g := range gs {
+		mts[i], masks[i] = g.Matcher(), make([]uint64, g.v.words())
+	}
+	steps := 0
+	var spent time.Duration
+	for step := 0; ; step++ {
+		start := time.Now()
+		var wg sync.WaitGroup
+		live := 0
+		for i, a := range answers {
+			if step > len(a) {
+				continue
+			}
+			live++
+			wg.Go(func() {
+				clear(masks[i])
+				mts[i].Allow(a[:step], masks[i])
+			})
+		}
+		wg.Wait()
+		if live == 0 {
+			return steps, spent
+		}
+		spent += time.Since(start)
+		steps++
+	}
 }
 
 func TestSyntheticVocab(t *testing.T) {
@@ -181,4 +320,12 @@ func TestSyntheticVocab(t *testing.T) {
 		bytes += len(tok)
 	}
 	t.Logf("%d tokens, %d bytes, %d trie nodes", len(v.tokens), bytes, len(v.nodes))
+	for _, a := range benchAnswers {
+		e, _ := Schema([]byte(benchSchema))
+		g := Compile(e, v)
+		if !g.Valid([]byte(a)) {
+			t.Errorf("%s: not valid", a)
+		}
+		t.Logf("%d bytes in %d tokens", len(a), len(tokenize(v, a)))
+	}
 }

@@ -125,27 +125,35 @@ func (g *Grammar) mask(s *State) *tokenSet {
 		g.maskBytes = 0
 	}
 	bits := make([]uint64, g.v.words())
-	g.walk(0, s, bits)
+	var skip *State
+	if g.m.openString(s) {
+		// Plain tokens lead s back to itself: all allowed, and the walk
+		// leaves their subtrees alone.
+		copy(bits, g.v.plain)
+		skip = s
+	}
+	g.walk(0, s, skip, bits)
 	s.mask = newTokenSet(bits)
 	g.maskBytes += s.mask.bytes()
 	return s.mask
 }
 
-// walk sets the tokens under trie node vn that state s allows.
-func (g *Grammar) walk(vn int32, s *State, bits []uint64) {
+// walk sets the tokens under trie node vn that state s allows, leaving
+// alone the plain subtrees entered in state skip (see mask).
+func (g *Grammar) walk(vn int32, s, skip *State, bits []uint64) {
 	v := g.v
 	nd := v.nodes[vn]
 	for _, e := range v.edges[nd.edges:nd.edgesEnd] {
 		next := g.m.step(s, e.b)
-		if len(next.stacks) == 0 {
+		c := &v.nodes[e.node]
+		if len(next.stacks) == 0 || next == skip && c.plain {
 			continue
 		}
-		c := &v.nodes[e.node]
 		for _, t := range v.ends[c.ends:c.endsEnd] {
 			bits[t>>6] |= 1 << (t & 63)
 		}
 		if c.edgesEnd > c.edges {
-			g.walk(e.node, next, bits)
+			g.walk(e.node, next, skip, bits)
 		}
 	}
 }

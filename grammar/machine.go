@@ -682,3 +682,16 @@ func (m *machine) relaxed(s *State) (r *State, need, room int32, ok bool) {
 	}
 	return m.intern(stacks), need, room, true
 }
+
+// openString reports whether every stack of s is between the characters
+// of a JSON string without bounds or excluded values: a plain token (see
+// Vocab.plain) leads s back to itself.
+func (m *machine) openString(s *State) bool {
+	for _, st := range s.stacks {
+		f := &st.f
+		if f.n.kind != kString || f.phase != sBody || f.a != 0 || f.b >= 0 || f.n.exclude != nil {
+			return false
+		}
+	}
+	return len(s.stacks) > 0
+}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"slices"
 	"sync"
+	"unicode/utf8"
 )
 
 // Vocab is a tokenizer's vocabulary as the bytes each token writes,
@@ -17,6 +18,10 @@ type Vocab struct {
 	nodes  []vocabNode
 	edges  []vocabEdge
 	ends   []int32 // the tokens ending at each node, node by node
+	// plain is the bitset of the tokens that are plain JSON string
+	// content: whole UTF-8 characters, none a control character, quote or
+	// backslash. Such a token leaves an unbounded string where it was.
+	plain []uint64
 
 	strOnce sync.Once
 	str     *stringTable
@@ -25,6 +30,7 @@ type Vocab struct {
 type vocabNode struct {
 	edges, edgesEnd int32 // children: edges[edges:edgesEnd], by byte
 	ends, endsEnd   int32 // tokens spelled by the path to this node
+	plain           bool  // every token of the subtree is plain
 }
 
 type vocabEdge struct {
@@ -36,12 +42,15 @@ type vocabEdge struct {
 // for tokens a grammar never allows, such as special tokens) for masks of
 // size bits (the model's vocabulary, which may exceed the tokenizer's).
 func NewVocab(tokens [][]byte, size int) *Vocab {
-	v := &Vocab{size: size, tokens: make([][]byte, size)}
+	v := &Vocab{size: size, tokens: make([][]byte, size), plain: make([]uint64, (size+63)/64)}
 	var ids []int32
 	for id, b := range tokens[:min(len(tokens), size)] {
 		if len(b) > 0 {
 			v.tokens[id] = b
 			ids = append(ids, int32(id))
+			if plainString(b) {
+				v.plain[id>>6] |= 1 << (id & 63)
+			}
 		}
 	}
 	slices.SortFunc(ids, func(a, b int32) int {
@@ -59,10 +68,11 @@ func NewVocab(tokens [][]byte, size int) *Vocab {
 func (v *Vocab) build(ids []int32, depth int) int32 {
 	at := int32(len(v.nodes))
 	v.nodes = append(v.nodes, vocabNode{})
-	nd := vocabNode{ends: int32(len(v.ends))}
+	nd := vocabNode{ends: int32(len(v.ends)), plain: true}
 	i := 0
 	for i < len(ids) && len(v.tokens[ids[i]]) == depth {
 		v.ends = append(v.ends, ids[i])
+		nd.plain = nd.plain && plainString(v.tokens[ids[i]])
 		i++
 	}
 	nd.endsEnd = int32(len(v.ends))
@@ -86,9 +96,19 @@ func (v *Vocab) build(ids []int32, depth int) int32 {
 	for k, g := range groups {
 		child := v.build(ids[g.lo:g.hi], depth+1)
 		v.edges[int(nd.edges)+k] = vocabEdge{g.b, child}
+		nd.plain = nd.plain && v.nodes[child].plain
 	}
 	v.nodes[at] = nd
 	return at
+}
+
+func plainString(b []byte) bool {
+	for _, c := range b {
+		if c < 0x20 || c == '"' || c == '\\' {
+			return false
+		}
+	}
+	return utf8.Valid(b)
 }
 
 // Size is the number of tokens a mask covers.
@@ -140,37 +160,50 @@ func (t *tokenSet) fill(dst []uint64) {
 }
 
 // stringTable is what each token writes into a JSON string it starts in
-// between two characters: chars, the characters it begins before a closing
-// quote (or its end), and whether it closes the string; with bitsets of
-// the tokens that begin more than k characters, and of those that close
-// after fewer than k, built as asked.
+// between two characters: the characters it begins before a closing quote
+// (or its end), and whether it closes the string. For the bounds of a
+// string's length: longer[k] is the bitset of the tokens that begin more
+// than k characters (k < denseChars), long the tokens that begin at least
+// denseChars, closing the tokens that close a string.
 type stringTable struct {
-	chars  []int32
-	closes []bool
-	mu     sync.Mutex
-	longer map[int32][]uint64
-	early  map[int32][]uint64
+	chars   []int32
+	longer  [denseChars][]uint64
+	long    []int32
+	closing []int32
 }
+
+const denseChars = 64
 
 // strings returns the vocabulary's string table, built on first use.
 func (v *Vocab) strings() *stringTable {
 	v.strOnce.Do(func() {
-		t := &stringTable{chars: make([]int32, v.size), closes: make([]bool, v.size),
-			longer: map[int32][]uint64{}, early: map[int32][]uint64{}}
+		t := &stringTable{chars: make([]int32, v.size)}
+		words := v.words()
+		for k := range t.longer {
+			t.longer[k] = make([]uint64, words)
+		}
 		var m machine
 		for id, b := range v.tokens {
 			f := frame{phase: sBody, b: -1}
+			n := int32(0)
 			for _, c := range b {
 				if f.phase == sBody && c == '"' {
-					t.closes[id] = true
+					t.closing = append(t.closing, int32(id))
 					break
 				}
 				if f.phase == sBody {
-					t.chars[id]++
+					n++
 				}
 				if !m.char(&f, c, true) {
-					break // never allowed in a string: not in any mask there
+					break // never allowed in a string: in no mask there
 				}
+			}
+			t.chars[id] = n
+			for k := range min(n, denseChars) {
+				t.longer[k][id>>6] |= 1 << (id & 63)
+			}
+			if n >= denseChars {
+				t.long = append(t.long, int32(id))
 			}
 		}
 		v.str = t
@@ -178,50 +211,27 @@ func (v *Vocab) strings() *stringTable {
 	return v.str
 }
 
-// set returns (building it once) the bitset of the tokens for which keep
-// holds, cached in cache under k.
-func (t *stringTable) set(cache map[int32][]uint64, k int32, keep func(id int) bool) []uint64 {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if b, ok := cache[k]; ok {
-		return b
-	}
-	b := make([]uint64, (len(t.chars)+63)/64)
-	for id := range t.chars {
-		if keep(id) {
-			b[id>>6] |= 1 << (id & 63)
-		}
-	}
-	cache[k] = b
-	return b
-}
-
 // fillWithin sets in dst the tokens of the set that a string needing need
 // more characters and allowing room more (-1: any) takes.
 func (ts *tokenSet) fillWithin(dst []uint64, t *stringTable, need, room int32) {
-	var longer, early []uint64
-	if room >= 0 {
-		longer = t.set(t.longer, room, func(id int) bool { return t.chars[id] > room })
+	ts.fill(dst)
+	switch {
+	case room >= denseChars:
+		for _, id := range t.long {
+			if t.chars[id] > room {
+				dst[id>>6] &^= 1 << (id & 63)
+			}
+		}
+	case room >= 0:
+		for i, w := range t.longer[room] {
+			dst[i] &^= w
+		}
 	}
 	if need > 0 {
-		early = t.set(t.early, need, func(id int) bool { return t.closes[id] && t.chars[id] < need })
-	}
-	if ts.list != nil {
-		for _, id := range ts.list {
-			if longer != nil && longer[id>>6]>>(id&63)&1 != 0 || early != nil && early[id>>6]>>(id&63)&1 != 0 {
-				continue
+		for _, id := range t.closing {
+			if t.chars[id] < need {
+				dst[id>>6] &^= 1 << (id & 63)
 			}
-			dst[id>>6] |= 1 << (id & 63)
 		}
-		return
-	}
-	for i, w := range ts.bits {
-		if longer != nil {
-			w &^= longer[i]
-		}
-		if early != nil {
-			w &^= early[i]
-		}
-		dst[i] |= w
 	}
 }
