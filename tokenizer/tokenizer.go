@@ -29,11 +29,14 @@ type Tokenizer struct {
 	rawAdded  *addedMatcher // added tokens matched before normalization
 	normAdded *addedMatcher // added tokens matched in normalized text
 
-	tokens  []string // id -> token as written in tokenizer.json
-	bytes   [][]byte // id -> bytes the ByteLevel decoder gives
-	special []bool
-	ids     map[string]int32
-	scratch sync.Pool // *encodeScratch
+	tokens []string // id -> token as written in tokenizer.json
+	bytes  [][]byte // id -> bytes the ByteLevel decoder gives
+	// prefix, suffix: the special tokens the post-processor puts around a
+	// text (add_special_tokens=True).
+	prefix, suffix []int32
+	special        []bool
+	ids            map[string]int32
+	scratch        sync.Pool // *encodeScratch
 }
 
 type encodeScratch struct {
@@ -117,6 +120,12 @@ func (t *Tokenizer) Encode(text string) []int32 {
 	t.scratch.Put(sc)
 	return ids
 }
+
+// SpecialTokens returns the special tokens HF's encode(text,
+// add_special_tokens=True) puts before and after the text's tokens, as the
+// tokenizer.json's post-processor says (Qwen3-Embedding appends
+// <|endoftext|>); the caller must not modify them.
+func (t *Tokenizer) SpecialTokens() (prefix, suffix []int32) { return t.prefix, t.suffix }
 
 // encodeText pre-tokenizes and BPE-encodes text free of added tokens.
 func (t *Tokenizer) encodeText(s string, ids []int32, sc *encodeScratch) []int32 {
