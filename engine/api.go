@@ -15,6 +15,11 @@ type Request struct {
 	// Mask, when set, constrains which tokens the request may generate.
 	Mask TokenMask
 
+	// Embed computes the prompt and ends (FinishStop, no tokens) with its
+	// embedding in the final event: the only request an embedding model
+	// (model.Config.Embedding) serves, and one a generative model refuses.
+	Embed bool
+
 	// PrefillOnly computes the prompt into the caches and ends (FinishLength,
 	// no tokens), for a prompt that a later request will start with. Such a
 	// request defers to every other: Generate refuses it with ErrBusy while
@@ -144,6 +149,10 @@ type Event struct {
 	Finish   FinishReason
 	Usage    *Usage // on the final event
 	Err      error  // on the final event, with FinishError
+	// Embedding is an Embed request's embedding (final event): the final
+	// normed hidden state of the prompt's last token, L2-normalised when
+	// the model's sentence-transformers modules say so.
+	Embedding []float32
 }
 
 // Logprob is a generated token's log-probability under the model's
@@ -223,6 +232,10 @@ var (
 	// ErrMaskEmpty (a stream's Err): the request's TokenMask allowed no
 	// token and not the end.
 	ErrMaskEmpty = errors.New("the token mask allows no token")
+	// ErrEmbeddingModel: a generation request to an embedding model.
+	ErrEmbeddingModel = errors.New("the model is an embedding model: it computes embeddings, not text")
+	// ErrNotEmbedding: an Embed request to a generative model.
+	ErrNotEmbedding = errors.New("the model is not an embedding model (its directory has no sentence-transformers pooling)")
 	// ErrKVFull (a stream's Err): the sequence needs more KV blocks than
 	// the whole cache has, even running alone.
 	ErrKVFull = errors.New("the sequence does not fit in the KV cache")

@@ -181,6 +181,26 @@ func (e *Engine) Options() Options { return e.opts }
 // VocabSize is the model's vocabulary: the tokens a TokenMask covers.
 func (e *Engine) VocabSize() int { return e.cfg.VocabSize }
 
+// EmbeddingInfo describes the embeddings of an embedding model.
+type EmbeddingInfo struct {
+	Dims       int  // components of an embedding
+	MaxTokens  int  // the most tokens of an input
+	Normalized bool // embeddings have unit length
+}
+
+// Embedding describes the model's embeddings; false for a generative model.
+func (e *Engine) Embedding() (EmbeddingInfo, bool) {
+	c := e.cfg.Embedding
+	if c == nil {
+		return EmbeddingInfo{}, false
+	}
+	info := EmbeddingInfo{Dims: e.cfg.Hidden, MaxTokens: e.cfg.ContextLength, Normalized: c.Normalize}
+	if c.MaxTokens > 0 {
+		info.MaxTokens = min(info.MaxTokens, c.MaxTokens)
+	}
+	return info, true
+}
+
 // Generate submits a request and returns its stream. It fails at once for
 // invalid requests (a *SamplingError for sampling parameters out of
 // bounds), prompts that do not fit the context (ErrContextOverflow), a full
@@ -255,7 +275,18 @@ func (e *Engine) prepare(req *Request) (*seq, error) {
 	if len(ids) == 0 {
 		return nil, errors.New("engine: empty prompt")
 	}
-	if len(ids)+1 > e.cfg.ContextLength {
+	switch embeds := e.cfg.Embedding != nil; {
+	case embeds && !req.Embed && !req.PrefillOnly:
+		return nil, ErrEmbeddingModel
+	case req.Embed && !embeds:
+		return nil, ErrNotEmbedding
+	case req.Embed && req.Mask != nil:
+		return nil, errors.New("engine: an embedding request has no token mask")
+	}
+	if req.Embed && len(ids) > e.cfg.ContextLength {
+		return nil, fmt.Errorf("%w: %d tokens, context %d", ErrContextOverflow, len(ids), e.cfg.ContextLength)
+	}
+	if !req.Embed && len(ids)+1 > e.cfg.ContextLength {
 		return nil, fmt.Errorf("%w: %d prompt tokens, context %d", ErrContextOverflow, len(ids), e.cfg.ContextLength)
 	}
 	s := &seq{

@@ -3,7 +3,9 @@ package engine
 import (
 	"cmp"
 	"context"
+	"encoding/binary"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -399,7 +401,7 @@ func (s *scheduler) step() {
 		}
 	}
 	start := time.Now()
-	sampled, err := s.forward(seqs, rows)
+	sampled, embeddings, err := s.forward(seqs, rows)
 	s.account(plan, start)
 	if err != nil {
 		s.e.log.Error("forward step failed", "err", err)
@@ -433,6 +435,10 @@ func (s *scheduler) step() {
 	}
 	for i, q := range rows {
 		if q.done {
+			continue
+		}
+		if embeddings != nil {
+			s.finishWith(q, FinishStop, nil, Event{Embedding: embeddings[i]})
 			continue
 		}
 		switch q.maskEnd {
@@ -504,14 +510,18 @@ func (s *scheduler) ensure(q *seq, n int) bool {
 }
 
 // forward runs the model and samples a token for each sequence of rows.
-func (s *scheduler) forward(seqs []model.Seq, rows []*seq) ([]backend.Sampled, error) {
+func (s *scheduler) forward(seqs []model.Seq, rows []*seq) ([]backend.Sampled, [][]float32, error) {
 	logits, err := s.m.Forward(seqs)
 	s.flush() // while the device runs this pass
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if len(rows) == 0 {
-		return nil, nil
+		return nil, nil, nil
+	}
+	if s.e.cfg.Embedding != nil {
+		emb, err := s.embeddings(logits)
+		return nil, emb, err
 	}
 	params := make([]backend.SampleParams, len(rows))
 	for i, q := range rows {
@@ -530,7 +540,44 @@ func (s *scheduler) forward(seqs []model.Seq, rows []*seq) ([]backend.Sampled, e
 		params[i] = p
 	}
 	s.masks(rows, params)
-	return s.m.Sample(logits, params)
+	sampled, err := s.m.Sample(logits, params)
+	return sampled, nil, err
+}
+
+// embeddings reads an embedding model's output rows (final normed hidden
+// states of the prompts' last tokens) and L2-normalises them when the
+// model's Normalize module says so, as torch's F.normalize does.
+func (s *scheduler) embeddings(out backend.Tensor) ([][]float32, error) {
+	R, H := out.Shape()[0], out.Shape()[1]
+	buf := make([]byte, 4*R*H)
+	if err := s.m.Backend().Read(out, buf); err != nil {
+		return nil, err
+	}
+	rows := make([][]float32, R)
+	for r := range rows {
+		v := make([]float32, H)
+		for i := range v {
+			v[i] = math.Float32frombits(binary.LittleEndian.Uint32(buf[4*(r*H+i):]))
+		}
+		if s.e.cfg.Embedding.Normalize {
+			Normalize(v)
+		}
+		rows[r] = v
+	}
+	return rows, nil
+}
+
+// Normalize scales v to unit length (a zero vector stays zero), summing in
+// float64.
+func Normalize(v []float32) {
+	var ss float64
+	for _, x := range v {
+		ss += float64(x) * float64(x)
+	}
+	n := max(math.Sqrt(ss), 1e-12)
+	for i := range v {
+		v[i] = float32(float64(v[i]) / n)
+	}
 }
 
 // masks sets the token masks of the rows that have one, computing them at
