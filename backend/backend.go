@@ -289,6 +289,17 @@ type SampleParams struct {
 // token t is bit t%64 of word t/64.
 func MaskWords(V int) int { return (V + 63) / 64 }
 
+// NewMask returns the mask over V tokens that allows those allow holds for.
+func NewMask(V int, allow func(t int32) bool) []uint64 {
+	m := make([]uint64, MaskWords(V))
+	for t := range int32(V) {
+		if allow(t) {
+			m[t>>6] |= 1 << (t & 63)
+		}
+	}
+	return m
+}
+
 // Allowed reports whether mask allows token t (a nil mask allows all).
 func Allowed(mask []uint64, t int32) bool {
 	return mask == nil || mask[t>>6]>>(t&63)&1 != 0

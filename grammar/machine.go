@@ -558,18 +558,7 @@ func (m *machine) feedObject(st *stack, f frame, c byte, out []*stack) []*stack 
 		f.phase, f.ws, f.b = oAfter, 0, 0
 		return m.feedInto(v, m.top(st, f), c, out)
 	case oAfter:
-		if isSpace(c) {
-			return m.space(st, f, out)
-		}
-		switch {
-		case c == ',' && n.more(int(f.a)):
-			f.phase = oComma
-		case c == '}' && n.closable(int(f.a)):
-			f.phase = oDone
-		default:
-			return out
-		}
-		f.ws = 0
+		return m.afterValue(st, f, c, '}', n.more(int(f.a)), n.closable(int(f.a)), oComma, oDone, out)
 	default:
 		return out
 	}
@@ -601,21 +590,28 @@ func (m *machine) feedArray(st *stack, f frame, c byte, out []*stack) []*stack {
 		}
 		return m.feedInto(n.items, m.top(st, f), c, out)
 	case aAfter:
-		if isSpace(c) {
-			return m.space(st, f, out)
-		}
-		switch {
-		case c == ',' && (n.maxItems < 0 || int(f.a) < n.maxItems):
-			f.phase = aNext
-		case c == ']' && int(f.a) >= n.minItems:
-			f.phase = aDone
-		default:
-			return out
-		}
-		f.ws = 0
+		return m.afterValue(st, f, c, ']', n.maxItems < 0 || int(f.a) < n.maxItems, int(f.a) >= n.minItems, aNext, aDone, out)
 	default:
 		return out
 	}
+	return m.settle(m.top(st, f), out)
+}
+
+// afterValue advances a container frame f after one of its values by byte
+// c: whitespace; ',' (to phase comma) when more may come; its closing byte
+// (to phase done) when it may end.
+func (m *machine) afterValue(st *stack, f frame, c, closing byte, more, closable bool, comma, done uint8, out []*stack) []*stack {
+	switch {
+	case isSpace(c):
+		return m.space(st, f, out)
+	case c == ',' && more:
+		f.phase = comma
+	case c == closing && closable:
+		f.phase = done
+	default:
+		return out
+	}
+	f.ws = 0
 	return m.settle(m.top(st, f), out)
 }
 

@@ -299,15 +299,10 @@ func (c *compiler) typed(t string, s *object, path string) (*node, error) {
 	case "boolean":
 		return literalValues("true", "false"), nil
 	case "string":
-		n := &node{kind: kString, maxLen: -1}
+		n := &node{kind: kString}
 		var err error
-		if n.minLen, err = c.count(s, "minLength", path, 0); err != nil {
-			return nil, err
-		}
-		if n.maxLen, err = c.count(s, "maxLength", path, -1); err != nil {
-			return nil, err
-		}
-		return n, nil
+		n.minLen, n.maxLen, err = c.counts(s, "minLength", "maxLength", path)
+		return n, err
 	case "number", "integer":
 		return c.number(t == "integer", s, path)
 	case "array":
@@ -324,6 +319,17 @@ func literalValues(texts ...string) *node {
 		n.values = append(n.values, v)
 	}
 	return n
+}
+
+// counts reads a pair of bounds on a count (minimum 0 and maximum -1 when
+// absent).
+func (c *compiler) counts(s *object, lo, hi, path string) (int, int, error) {
+	min, err := c.count(s, lo, path, 0)
+	if err != nil {
+		return 0, 0, err
+	}
+	max, err := c.count(s, hi, path, -1)
+	return min, max, err
 }
 
 // count reads a non-negative integer keyword (def when absent).
@@ -395,12 +401,9 @@ func (c *compiler) number(integer bool, s *object, path string) (*node, error) {
 }
 
 func (c *compiler) array(s *object, path string) (*node, error) {
-	n := &node{kind: kArray, maxItems: -1}
+	n := &node{kind: kArray}
 	var err error
-	if n.minItems, err = c.count(s, "minItems", path, 0); err != nil {
-		return nil, err
-	}
-	if n.maxItems, err = c.count(s, "maxItems", path, -1); err != nil {
+	if n.minItems, n.maxItems, err = c.counts(s, "minItems", "maxItems", path); err != nil {
 		return nil, err
 	}
 	items, ok := s.get("items")

@@ -41,6 +41,9 @@ import transformers
 from sentence_transformers import SentenceTransformer
 from tokenizers import Tokenizer, processors
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_fixtures import BASE  # noqa: E402  the fixtures' shapes
+
 QUERY_PROMPT = "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:"
 MAX_SEQ_LENGTH = 128
 DIMS = 16
@@ -82,17 +85,11 @@ def main():
         json.dump(tcfg, f, indent=2)
 
     # Model: a tiny Qwen3 with random weights, every norm perturbed too.
+    assert tok.get_vocab_size() == BASE["vocab_size"]
     cfg = transformers.Qwen3Config(
-        vocab_size=tok.get_vocab_size(),
-        hidden_size=64,
+        **BASE,
         intermediate_size=128,
         num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        rms_norm_eps=1e-6,
-        max_position_embeddings=4096,
-        hidden_act="silu",
         tie_word_embeddings=True,
         initializer_range=0.1,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},

@@ -143,58 +143,54 @@ type ollamaEmbedRequest struct {
 	KeepAlive  json.RawMessage `json:"keep_alive"`
 }
 
-func (s *Server) ollamaEmbed(w http.ResponseWriter, r *http.Request) error {
-	var req ollamaEmbedRequest
-	if err := decodeBody(w, r, s.opts.MaxBodyBytes, &req); err != nil {
-		return err
-	}
-	if err := s.checkModel(req.Model); err != nil {
-		return err
-	}
-	var texts []string
-	var one string
-	var list []string
-	switch {
-	case len(req.Input) == 0 || string(req.Input) == "null":
-	case json.Unmarshal(req.Input, &one) == nil:
-		texts = []string{one}
-	case json.Unmarshal(req.Input, &list) == nil:
-		texts = list
-	default:
-		return badRequest("input", "input must be a string or an array of strings")
-	}
-	if len(texts) == 0 {
-		// Ollama answers an empty input by loading the model.
-		writeJSON(w, http.StatusOK, map[string]any{"model": s.opts.ModelName, "embeddings": [][]float32{}})
+// ollamaEmbed serves /api/embed (input: a string or strings; embeddings)
+// and, legacy, Ollama's older /api/embeddings (prompt: one string;
+// embedding).
+func (s *Server) ollamaEmbed(legacy bool) func(http.ResponseWriter, *http.Request) error {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		var req ollamaEmbedRequest
+		if err := decodeBody(w, r, s.opts.MaxBodyBytes, &req); err != nil {
+			return err
+		}
+		if err := s.checkModel(req.Model); err != nil {
+			return err
+		}
+		var texts []string
+		var one string
+		var list []string
+		switch {
+		case legacy:
+			if req.Prompt != nil && *req.Prompt != "" {
+				texts = []string{*req.Prompt}
+			}
+		case len(req.Input) == 0 || string(req.Input) == "null":
+		case json.Unmarshal(req.Input, &one) == nil:
+			texts = []string{one}
+		case json.Unmarshal(req.Input, &list) == nil:
+			texts = list
+		default:
+			return badRequest("input", "input must be a string or an array of strings")
+		}
+		start := time.Now()
+		vectors := [][]float32{}
+		tokens := 0
+		if len(texts) > 0 { // none: Ollama answers by loading the model
+			res, err := s.embed(r, &session.EmbedRequest{Inputs: texts, Dimensions: req.Dimensions, Truncate: req.Truncate == nil || *req.Truncate})
+			if err != nil {
+				return err
+			}
+			vectors, tokens = res.Vectors, res.PromptTokens
+		}
+		if legacy {
+			v := []float32{}
+			if len(vectors) > 0 {
+				v = vectors[0]
+			}
+			writeJSON(w, http.StatusOK, map[string]any{"embedding": v})
+			return nil
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"model": s.opts.ModelName, "embeddings": vectors,
+			"total_duration": int64(time.Since(start)), "load_duration": 0, "prompt_eval_count": tokens})
 		return nil
 	}
-	start := time.Now()
-	res, err := s.embed(r, &session.EmbedRequest{Inputs: texts, Dimensions: req.Dimensions, Truncate: req.Truncate == nil || *req.Truncate})
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"model": s.opts.ModelName, "embeddings": res.Vectors,
-		"total_duration": int64(time.Since(start)), "load_duration": 0, "prompt_eval_count": res.PromptTokens})
-	return nil
-}
-
-// ollamaEmbeddings is Ollama's older route: one prompt, one embedding.
-func (s *Server) ollamaEmbeddings(w http.ResponseWriter, r *http.Request) error {
-	var req ollamaEmbedRequest
-	if err := decodeBody(w, r, s.opts.MaxBodyBytes, &req); err != nil {
-		return err
-	}
-	if err := s.checkModel(req.Model); err != nil {
-		return err
-	}
-	if req.Prompt == nil || *req.Prompt == "" {
-		writeJSON(w, http.StatusOK, map[string]any{"embedding": []float32{}})
-		return nil
-	}
-	res, err := s.embed(r, &session.EmbedRequest{Inputs: []string{*req.Prompt}, Truncate: true})
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"embedding": res.Vectors[0]})
-	return nil
 }

@@ -185,8 +185,8 @@ func (s *Server) routes() http.Handler {
 	route("POST", "/api/show", s.ollama(s.ollamaShow))
 	route("POST", "/api/chat", s.ollama(s.ollamaChat))
 	route("POST", "/api/generate", s.ollama(s.ollamaGenerate))
-	route("POST", "/api/embed", s.ollama(s.ollamaEmbed))
-	route("POST", "/api/embeddings", s.ollama(s.ollamaEmbeddings))
+	route("POST", "/api/embed", s.ollama(s.ollamaEmbed(false)))
+	route("POST", "/api/embeddings", s.ollama(s.ollamaEmbed(true)))
 	route("POST", "/api/pull", s.ollama(s.ollamaPull))
 	route("DELETE", "/api/delete", s.ollama(s.ollamaDelete))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {

@@ -3,6 +3,7 @@ package cpu
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"testing"
 
@@ -199,20 +200,10 @@ func TestSampleBatch(t *testing.T) {
 
 // maskOf allows the tokens listed.
 func maskOf(V int, toks ...int32) []uint64 {
-	m := make([]uint64, backend.MaskWords(V))
-	for _, t := range toks {
-		m[t/64] |= 1 << (t % 64)
-	}
-	return m
+	return backend.NewMask(V, func(t int32) bool { return slices.Contains(toks, t) })
 }
 
-func everyThird(V int) []uint64 {
-	var toks []int32
-	for t := 0; t < V; t += 3 {
-		toks = append(toks, int32(t))
-	}
-	return maskOf(V, toks...)
-}
+func everyThird(V int) []uint64 { return backend.NewMask(V, func(t int32) bool { return t%3 == 0 }) }
 
 // A mask excludes tokens whatever their logits and bias: greedy takes the
 // best allowed token, log-probabilities are those of the allowed tokens

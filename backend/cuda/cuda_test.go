@@ -496,9 +496,9 @@ func TestSample(t *testing.T) {
 		// Token masks (constrained decoding): a few tokens, with more top
 		// log-probabilities asked for than allowed; every third token under
 		// filters, with a masked token's bias and penalty on top.
-		{Mask: maskOf(V, 17, 4000, 151935), Logprob: true, TopLogprobs: 5},
-		{Temperature: 0.9, Uniform: 0.42, Mask: maskOf(V, 17, 4000, 151935), Logprob: true},
-		{Temperature: 0.8, TopK: 50, TopP: 0.9, MinP: 0.01, Uniform: 0.7, Logprob: true, TopLogprobs: 4, Mask: everyThird(V),
+		{Mask: backend.NewMask(V, func(t int32) bool { return t == 17 || t == 4000 || t == 151935 }), Logprob: true, TopLogprobs: 5},
+		{Temperature: 0.9, Uniform: 0.42, Mask: backend.NewMask(V, func(t int32) bool { return t == 17 || t == 4000 || t == 151935 }), Logprob: true},
+		{Temperature: 0.8, TopK: 50, TopP: 0.9, MinP: 0.01, Uniform: 0.7, Logprob: true, TopLogprobs: 4, Mask: backend.NewMask(V, func(t int32) bool { return t%3 == 0 }),
 			Bias: []backend.TokenBias{{Token: 7, Bias: 50}}, Counts: []backend.TokenCount{{Token: 9, Count: 3}}, FrequencyPenalty: 1},
 	}
 	R := len(params)
@@ -791,21 +791,4 @@ func TestDeltaNet(t *testing.T) {
 		cst.Free()
 		gst.Free()
 	}
-}
-
-// maskOf allows the tokens listed.
-func maskOf(V int, toks ...int32) []uint64 {
-	m := make([]uint64, backend.MaskWords(V))
-	for _, t := range toks {
-		m[t/64] |= 1 << (t % 64)
-	}
-	return m
-}
-
-func everyThird(V int) []uint64 {
-	m := make([]uint64, backend.MaskWords(V))
-	for t := 0; t < V; t += 3 {
-		m[t/64] |= 1 << (t % 64)
-	}
-	return m
 }
