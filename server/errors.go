@@ -66,6 +66,8 @@ func asAPIError(err error) *apiError {
 			param = "tools"
 		}
 		return badRequest(param, "%s", ce)
+	case errors.Is(err, engine.ErrEmbeddingModel):
+		return badRequest("model", "%v: use /v1/embeddings or /api/embed", err)
 	case errors.Is(err, engine.ErrContextOverflow):
 		return newAPIError(http.StatusBadRequest, "invalid_request_error", "context_length_exceeded", "messages", "%v", err)
 	case errors.Is(err, engine.ErrQueueFull):

@@ -100,10 +100,15 @@ type Request struct {
 }
 
 // Generate renders and tokenizes req, submits it to the engine and returns
-// its stream. Its errors are those of the template and of engine.Generate
-// (sampling parameters out of bounds, context overflow, a full queue, a
-// closed engine). Cancelling ctx ends the stream with FinishCancelled.
+// its stream. Its errors are those of the template, of the constraint
+// (*ConstraintError) and of engine.Generate (sampling parameters out of
+// bounds, context overflow, a full queue, a closed engine,
+// engine.ErrEmbeddingModel). Cancelling ctx ends the stream with
+// FinishCancelled.
 func (s *Session) Generate(ctx context.Context, req *Request) (*Stream, error) {
+	if _, ok := s.eng.Embedding(); ok {
+		return nil, engine.ErrEmbeddingModel // before a chat template it has no need of
+	}
 	ids, parser, mask, err := s.prompt(req)
 	if err != nil {
 		return nil, err
