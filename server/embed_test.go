@@ -125,7 +125,7 @@ func TestEmbeddings(t *testing.T) {
 		{"/v1/embeddings", `{"input":[]}`, "input"},
 		{"/v1/embeddings", `{"input":{"a":1}}`, "input"},
 		{"/v1/embeddings", `{"input":"` + long + `"}`, "input"},
-		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}]}`, ""},
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}]}`, "model"},
 	} {
 		status, v := rawPost(t, ts.url, c.path, "application/json", []byte(c.body))
 		e, _ := v["error"].(map[string]any)
