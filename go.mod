@@ -8,6 +8,7 @@ require (
 	github.com/nikolalohinski/gonja/v2 v2.9.1
 	github.com/openai/openai-go/v3 v3.96.0
 	github.com/reeflective/readline v1.3.0
+	github.com/santhosh-tekuri/jsonschema/v6 v6.0.3
 	golang.org/x/sys v0.48.0
 	golang.org/x/text v0.43.0
 )

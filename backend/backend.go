@@ -263,8 +263,9 @@ type StateCache interface {
 }
 
 // SampleParams selects how one row of logits becomes a token. Penalties and
-// bias are applied first, then temperature, then the top-k / top-p / min-p
-// filters; Uniform in [0,1) draws from what remains. Temperature 0 is greedy.
+// bias are applied first, then the mask, then temperature, then the top-k /
+// top-p / min-p filters; Uniform in [0,1) draws from what remains.
+// Temperature 0 is greedy.
 type SampleParams struct {
 	Temperature       float32
 	TopK              int     // 0: no limit
@@ -276,8 +277,32 @@ type SampleParams struct {
 	RepetitionPenalty float32      // 1 or 0: none
 	Counts            []TokenCount // tokens seen so far, for the penalties (each token once)
 	Bias              []TokenBias
-	TopLogprobs       int // >0: also return this many most likely tokens
-	Logprob           bool
+	// Mask, when set, is a bitset of the tokens that may be drawn (see
+	// MaskWords; at least one): the others count as logits of -Inf, for the
+	// draw and for the log-probabilities, and are never among Top.
+	Mask        []uint64
+	TopLogprobs int // >0: also return this many most likely tokens
+	Logprob     bool
+}
+
+// MaskWords is the length of a token mask over a vocabulary of V tokens:
+// token t is bit t%64 of word t/64.
+func MaskWords(V int) int { return (V + 63) / 64 }
+
+// NewMask returns the mask over V tokens that allows those allow holds for.
+func NewMask(V int, allow func(t int32) bool) []uint64 {
+	m := make([]uint64, MaskWords(V))
+	for t := range int32(V) {
+		if allow(t) {
+			m[t>>6] |= 1 << (t & 63)
+		}
+	}
+	return m
+}
+
+// Allowed reports whether mask allows token t (a nil mask allows all).
+func Allowed(mask []uint64, t int32) bool {
+	return mask == nil || mask[t>>6]>>(t&63)&1 != 0
 }
 
 // TokenCount is where a token occurred, for the penalties: the presence

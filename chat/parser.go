@@ -20,6 +20,9 @@ const (
 type ParserOptions struct {
 	Tools      []Tool // tool schemas: XML-form parameter values are typed by them
 	InThinking bool   // the prompt opened <think> (see OpensThinking)
+	// NoToolCalls: the answer cannot call tools (its content is
+	// constrained to JSON), so "<tool_call>" in it is text.
+	NoToolCalls bool
 }
 
 // Delta is what a stretch of generated text adds to the reply.
@@ -57,6 +60,7 @@ type Parser struct {
 	sawContent  bool   // non-whitespace content was given out (no <think> after that)
 	dropNewline bool   // drop newlines until other text comes
 	searched    int    // in a tool call: how much of buf holds no closing tag
+	noCalls     bool
 }
 
 type parseMode int
@@ -69,7 +73,7 @@ const (
 
 // NewParser returns a parser for one generation.
 func NewParser(opts ParserOptions) *Parser {
-	p := &Parser{schemas: toolSchemas(opts.Tools)}
+	p := &Parser{schemas: toolSchemas(opts.Tools), noCalls: opts.NoToolCalls}
 	if opts.InThinking {
 		p.mode = modeReasoning
 	}
@@ -175,10 +179,14 @@ func (p *Parser) tags() []string {
 	if p.mode == modeReasoning {
 		return []string{thinkClose}
 	}
-	if p.sawContent {
-		return []string{toolCallOpen}
+	var tags []string
+	if !p.noCalls {
+		tags = append(tags, toolCallOpen)
 	}
-	return []string{toolCallOpen, thinkOpen}
+	if !p.sawContent {
+		tags = append(tags, thinkOpen)
+	}
+	return tags
 }
 
 // heldBack is the length of the longest suffix of s that a tag starts with.
@@ -358,39 +366,29 @@ func typedValue(v, typ string) []byte {
 func toolSchemas(tools []Tool) map[string]map[string]string {
 	out := map[string]map[string]string{}
 	for _, raw := range tools {
-		type fn struct {
-			Name       string `json:"name"`
-			Parameters struct {
-				Properties map[string]struct {
-					Type  json.RawMessage `json:"type"`
-					AnyOf []struct {
-						Type json.RawMessage `json:"type"`
-					} `json:"anyOf"`
-				} `json:"properties"`
-			} `json:"parameters"`
+		name, params := toolFunction(raw)
+		var schema struct {
+			Properties map[string]struct {
+				Type  json.RawMessage `json:"type"`
+				AnyOf []struct {
+					Type json.RawMessage `json:"type"`
+				} `json:"anyOf"`
+			} `json:"properties"`
 		}
-		var t struct {
-			Function *fn `json:"function"`
-			fn
-		}
-		if json.Unmarshal(raw, &t) != nil {
+		if name == "" || len(params) > 0 && json.Unmarshal(params, &schema) != nil {
 			continue
 		}
-		f := &t.fn
-		if t.Function != nil {
-			f = t.Function
-		}
 		types := map[string]string{}
-		for name, prop := range f.Parameters.Properties {
+		for p, prop := range schema.Properties {
 			typ := schemaType(prop.Type)
 			for _, alt := range prop.AnyOf {
 				if typ == "" {
 					typ = schemaType(alt.Type)
 				}
 			}
-			types[name] = typ
+			types[p] = typ
 		}
-		out[f.Name] = types
+		out[name] = types
 	}
 	return out
 }

@@ -213,3 +213,22 @@ func BenchmarkParser(b *testing.B) {
 		}
 	}
 }
+
+// With NoToolCalls (the content is constrained JSON), a "<tool_call>" in
+// the answer is text.
+func TestParserNoToolCalls(t *testing.T) {
+	p := NewParser(ParserOptions{NoToolCalls: true, InThinking: true})
+	text := "hm</think>\n\n{\"note\": \"<tool_call>\\n{}</tool_call>\"}"
+	var got Delta
+	for i := range len(text) {
+		d := p.Push(text[i : i+1])
+		got.Reasoning += d.Reasoning
+		got.Content += d.Content
+		got.ToolCalls = append(got.ToolCalls, d.ToolCalls...)
+	}
+	d := p.Finish()
+	got.Content += d.Content
+	if got.Reasoning != "hm" || got.Content != "{\"note\": \"<tool_call>\\n{}</tool_call>\"}" || len(got.ToolCalls) != 0 {
+		t.Errorf("%+v", got)
+	}
+}

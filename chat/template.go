@@ -381,6 +381,23 @@ var parseEnvironment = &exec.Environment{
 // <function=...> form of Qwen3-Coder and Qwen3.5), found by rendering a
 // call; a template that renders no <tool_call> is an error.
 func (t *Template) ToolCallStart(name string) (string, error) {
+	xml, err := t.callForm()
+	switch {
+	case err != nil:
+		return "", err
+	case xml && name == "":
+		return "<tool_call>\n<function=", nil
+	case xml:
+		return "<tool_call>\n<function=" + name + ">\n", nil
+	case name == "":
+		return "<tool_call>\n{\"name\": \"", nil
+	}
+	return "<tool_call>\n{\"name\": \"" + name + "\", \"arguments\": ", nil
+}
+
+// callForm finds, once, the template's tool call form: XML (<function=...>)
+// or JSON.
+func (t *Template) callForm() (xml bool, err error) {
 	t.callOnce.Do(func() {
 		const probe = "kiln_probe_function"
 		out, err := t.Render(&RenderInput{Messages: []Message{{Role: "user", Content: "x"},
@@ -393,15 +410,5 @@ func (t *Template) ToolCallStart(name string) (string, error) {
 		}
 		t.callXML = strings.Contains(out, "<function="+probe)
 	})
-	switch {
-	case t.callErr != nil:
-		return "", t.callErr
-	case t.callXML && name == "":
-		return "<tool_call>\n<function=", nil
-	case t.callXML:
-		return "<tool_call>\n<function=" + name + ">\n", nil
-	case name == "":
-		return "<tool_call>\n{\"name\": \"", nil
-	}
-	return "<tool_call>\n{\"name\": \"" + name + "\", \"arguments\": ", nil
+	return t.callXML, t.callErr
 }

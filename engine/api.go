@@ -15,6 +15,11 @@ type Request struct {
 	// Mask, when set, constrains which tokens the request may generate.
 	Mask TokenMask
 
+	// Embed computes the prompt and ends (FinishStop, no tokens) with its
+	// embedding in the final event: the only request an embedding model
+	// (model.Config.Embedding) serves, and one a generative model refuses.
+	Embed bool
+
 	// PrefillOnly computes the prompt into the caches and ends (FinishLength,
 	// no tokens), for a prompt that a later request will start with. Such a
 	// request defers to every other: Generate refuses it with ErrBusy while
@@ -36,16 +41,35 @@ type Request struct {
 // (a JSON schema, a tool call's grammar), which the session builds from a
 // request and hands the engine. The engine samples each token from the
 // allowed ones only, after penalties and bias, as if the others had no
-// probability.
+// probability (their log-probabilities too: see backend.SampleParams.Mask).
 type TokenMask interface {
-	// Allowed returns the tokens that may follow generated, the tokens the
-	// request has generated so far: nil allows any, an empty list none
-	// (the request then ends with FinishError). It is called on the
-	// scheduler goroutine before each token sampled for the request, so it
-	// must be quick and must not keep generated; after a preemption the
-	// same prefixes may be asked again.
-	Allowed(generated []int32) []int32
+	// Allow sets in allowed the tokens that may follow generated, the
+	// tokens the request has generated so far: allowed is a bitset of the
+	// vocabulary (token t is bit t%64 of word t/64, backend.MaskWords
+	// words), clear when Allow is called. The result says what else may
+	// follow. It is called before each token sampled for the request (on
+	// an asynchronous backend, while the device runs the pass whose logits
+	// it masks), at the same time as other requests' masks, never twice at
+	// once for one request; it must be quick and must not keep generated
+	// or allowed. After a preemption the same prefixes may be asked again.
+	Allow(generated []int32, allowed []uint64) Allowance
 }
+
+// Allowance is what a TokenMask allows besides the tokens it set.
+type Allowance uint8
+
+const (
+	// AllowSet: only the tokens set. None set ends the request with
+	// ErrMaskEmpty.
+	AllowSet Allowance = iota
+	// AllowSetOrEnd: those and the end of the output, that is the
+	// request's stop tokens (the model's end-of-sequence tokens unless
+	// IgnoreEOS, and StopTokenIDs). With none of either, the output is
+	// complete: the request ends with FinishStop.
+	AllowSetOrEnd
+	// AllowAny: any token (allowed is not read), as without a mask.
+	AllowAny
+)
 
 // Sampling holds a request's decoding parameters. The zero value is greedy
 // decoding up to the context length. Validate holds their bounds; Generate
@@ -134,6 +158,10 @@ type Event struct {
 	Finish   FinishReason
 	Usage    *Usage // on the final event
 	Err      error  // on the final event, with FinishError
+	// Embedding is an Embed request's embedding (final event): the final
+	// normed hidden state of the prompt's last token, L2-normalised when
+	// the model's sentence-transformers modules say so.
+	Embedding []float32
 }
 
 // Logprob is a generated token's log-probability under the model's
@@ -242,8 +270,12 @@ var (
 	// ErrBusy: a PrefillOnly request was submitted while others wait.
 	ErrBusy = errors.New("requests are waiting")
 	// ErrMaskEmpty (a stream's Err): the request's TokenMask allowed no
-	// token.
+	// token and not the end.
 	ErrMaskEmpty = errors.New("the token mask allows no token")
+	// ErrEmbeddingModel: a generation request to an embedding model.
+	ErrEmbeddingModel = errors.New("the model is an embedding model: it computes embeddings, not text")
+	// ErrNotEmbedding: an Embed request to a generative model.
+	ErrNotEmbedding = errors.New("the model is not an embedding model (its directory has no sentence-transformers pooling)")
 	// ErrKVFull (a stream's Err): the prompt needs more KV blocks than the
 	// whole cache has, even running alone (only with a context beyond the
 	// cache: see Options.Context).

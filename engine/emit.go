@@ -41,30 +41,37 @@ func (s *scheduler) emit(q *seq, smp backend.Sampled) {
 	} else if reason == "" && len(q.tokens) >= q.maxLen {
 		reason = FinishLength
 	}
-	switch {
-	case reason == "":
-		q.out.push(ev)
-	case stopped:
-		s.finishWith(q, reason, nil, ev)
-	default:
-		s.complete(q, reason, ev)
+	if reason != "" && !stopped {
+		reason = q.flushText(&ev, reason)
 	}
+	if reason == "" {
+		q.out.push(ev)
+		return
+	}
+	s.finishWith(q, reason, nil, ev)
 }
 
 // complete ends q for reason with ev as its final event, after the text
 // that its decoder and stop matcher still hold (a stop string it completes
 // makes the reason FinishStop).
 func (s *scheduler) complete(q *seq, reason FinishReason, ev Event) {
-	if q.dec != nil {
-		tail, hit := q.stop.push(q.dec.Flush())
-		ev.Text += tail
-		if hit {
-			reason = FinishStop
-		} else {
-			ev.Text += q.stop.flush()
-		}
+	s.finishWith(q, q.flushText(&ev, reason), nil, ev)
+}
+
+// flushText adds to ev the text q holds back (an unfinished character, what
+// may start a stop string) as it ends for reason, which becomes FinishStop
+// if that text completes a stop string.
+func (q *seq) flushText(ev *Event, reason FinishReason) FinishReason {
+	if q.dec == nil {
+		return reason
 	}
-	s.finishWith(q, reason, nil, ev)
+	tail, hit := q.stop.push(q.dec.Flush())
+	ev.Text += tail
+	if hit {
+		return FinishStop
+	}
+	ev.Text += q.stop.flush()
+	return reason
 }
 
 // logprobOf is a sampled token's log-probabilities in the engine's own type.

@@ -213,6 +213,29 @@ func (e *Engine) Options() Options { return e.opts }
 // or the KV cache.
 func (e *Engine) Context() (int, ContextLimit) { return e.ctx, e.ctxLimit }
 
+// VocabSize is the model's vocabulary: the tokens a TokenMask covers.
+func (e *Engine) VocabSize() int { return e.cfg.VocabSize }
+
+// EmbeddingInfo describes the embeddings of an embedding model.
+type EmbeddingInfo struct {
+	Dims       int  // components of an embedding
+	MaxTokens  int  // the most tokens of an input
+	Normalized bool // embeddings have unit length
+}
+
+// Embedding describes the model's embeddings; false for a generative model.
+func (e *Engine) Embedding() (EmbeddingInfo, bool) {
+	c := e.cfg.Embedding
+	if c == nil {
+		return EmbeddingInfo{}, false
+	}
+	info := EmbeddingInfo{Dims: e.cfg.Hidden, MaxTokens: e.cfg.ContextLength, Normalized: c.Normalize}
+	if c.MaxTokens > 0 {
+		info.MaxTokens = min(info.MaxTokens, c.MaxTokens)
+	}
+	return info, true
+}
+
 // Generate submits a request and returns its stream. It fails at once for
 // invalid requests (a *SamplingError for sampling parameters out of
 // bounds), prompts that do not fit the context (a *ContextError), a full
@@ -287,6 +310,14 @@ func (e *Engine) prepare(req *Request) (*seq, error) {
 	if len(ids) == 0 {
 		return nil, errors.New("engine: empty prompt")
 	}
+	switch embeds := e.cfg.Embedding != nil; {
+	case embeds && !req.Embed && !req.PrefillOnly:
+		return nil, ErrEmbeddingModel
+	case req.Embed && !embeds:
+		return nil, ErrNotEmbedding
+	case req.Embed && req.Mask != nil:
+		return nil, errors.New("engine: an embedding request has no token mask")
+	}
 	ctx, limit := e.ctx, e.ctxLimit
 	switch {
 	case req.Context < 0:
@@ -295,7 +326,12 @@ func (e *Engine) prepare(req *Request) (*seq, error) {
 		ctx, limit = req.Context, LimitRequest
 	}
 	n := len(ids)
-	if n+1 > ctx || sp.MaxTokens > 0 && n+sp.MaxTokens > ctx && !req.ClampMaxTokens {
+	if req.Embed {
+		// An embedding is the last position's hidden state: no token follows.
+		if n > ctx {
+			return nil, &ContextError{Prompt: n, Context: ctx, Limit: limit}
+		}
+	} else if n+1 > ctx || sp.MaxTokens > 0 && n+sp.MaxTokens > ctx && !req.ClampMaxTokens {
 		return nil, &ContextError{Prompt: n, MaxTokens: sp.MaxTokens, Context: ctx, Limit: limit}
 	}
 	s := &seq{

@@ -572,14 +572,23 @@ func TestSmallTokenBudget(t *testing.T) {
 	}
 }
 
-// maskFunc is a TokenMask of a function.
-type maskFunc func(generated []int32) []int32
+// maskFunc is a TokenMask of a function that lists the allowed tokens (nil:
+// any).
+type maskFunc func(generated []int32) ([]int32, Allowance)
 
-func (f maskFunc) Allowed(generated []int32) []int32 { return f(generated) }
+func (f maskFunc) Allow(generated []int32, allowed []uint64) Allowance {
+	toks, a := f(generated)
+	for _, t := range toks {
+		allowed[t/64] |= 1 << (t % 64)
+	}
+	return a
+}
 
 // A TokenMask decides every token of its request, sampled or greedy, alone
 // or beside unconstrained requests, and sees exactly the tokens generated
-// so far; a mask that allows nothing ends its request with ErrMaskEmpty.
+// so far; a mask that allows nothing ends its request with ErrMaskEmpty,
+// one that allows only the end ends it with a stop token, or without one
+// when the request has none.
 func TestTokenMask(t *testing.T) {
 	f := loadFixture(t, "qwen3")
 	e := newEngine(t, f, Options{overlap: true})
@@ -588,12 +597,12 @@ func TestTokenMask(t *testing.T) {
 	// After an even number of tokens 5, else 7 or 9; the answer must be the
 	// constrained tokens, whatever the model prefers.
 	var seen [][]int32
-	mask := maskFunc(func(gen []int32) []int32 {
+	mask := maskFunc(func(gen []int32) ([]int32, Allowance) {
 		seen = append(seen, slices.Clone(gen))
 		if len(gen)%2 == 0 {
-			return []int32{5}
+			return []int32{5}, AllowSet
 		}
-		return []int32{7, 9}
+		return []int32{7, 9}, AllowSet
 	})
 	seed := uint64(3)
 	free := generate(t, e, &Request{Prompt: prompt, Sampling: Sampling{MaxTokens: 8, IgnoreEOS: true}})
@@ -625,11 +634,11 @@ func TestTokenMask(t *testing.T) {
 			t.Errorf("an unconstrained request beside it: %v, alone %v", other.tokens, free.tokens)
 		}
 	}
-	none := maskFunc(func(gen []int32) []int32 {
+	none := maskFunc(func(gen []int32) ([]int32, Allowance) {
 		if len(gen) < 2 {
-			return nil
+			return nil, AllowAny
 		}
-		return []int32{}
+		return nil, AllowSet
 	})
 	st, err := e.Generate(context.Background(), &Request{Prompt: prompt, Sampling: Sampling{MaxTokens: 8, IgnoreEOS: true}, Mask: none})
 	if err != nil {
@@ -637,6 +646,28 @@ func TestTokenMask(t *testing.T) {
 	}
 	if r := collect(st); r.finish != FinishError || !errors.Is(r.err, ErrMaskEmpty) || !slices.Equal(r.tokens, free.tokens[:2]) {
 		t.Errorf("a mask that allows nothing after 2 tokens: %v %v, tokens %v (free %v)", r.finish, r.err, r.tokens, free.tokens)
+	}
+	// Only the end after 3 tokens: the end-of-sequence token, or with
+	// IgnoreEOS a stop token given, or with none the end itself.
+	eos := f.Model.Config().EOS[0]
+	end := maskFunc(func(gen []int32) ([]int32, Allowance) {
+		if len(gen) < 3 {
+			return []int32{5}, AllowSet
+		}
+		return nil, AllowSetOrEnd
+	})
+	for _, c := range []struct {
+		sp   Sampling
+		last []int32
+	}{
+		{Sampling{MaxTokens: 8}, []int32{eos}},
+		{Sampling{MaxTokens: 8, IgnoreEOS: true, StopTokenIDs: []int32{11}}, []int32{11}},
+		{Sampling{MaxTokens: 8, IgnoreEOS: true}, nil},
+	} {
+		r := generate(t, e, &Request{Prompt: prompt, Sampling: c.sp, Mask: end})
+		if want := append([]int32{5, 5, 5}, c.last...); r.finish != FinishStop || !slices.Equal(r.tokens, want) {
+			t.Errorf("%+v: the end alone after 3 tokens: %v, tokens %v, want %v", c.sp, r.finish, r.tokens, want)
+		}
 	}
 }
 

@@ -3,9 +3,12 @@ package engine
 import (
 	"cmp"
 	"context"
+	"encoding/binary"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/kiln-llm/kiln/backend"
@@ -50,7 +53,8 @@ type seq struct {
 	stopIDs  map[int32]bool
 	rng      *rand.Rand
 	mask     TokenMask // Request.Mask
-	masked   bool      // the mask allowed no token for the last sample
+	maskBits []uint64  // the sampler's mask, filled by mask for each token
+	maskEnd  maskEnd   // the mask's verdict when it allowed no token
 
 	dec  *tokenizer.Decoder
 	stop stopMatcher
@@ -59,6 +63,15 @@ type seq struct {
 }
 
 func (s *seq) pending() int { return len(s.tokens) - s.pos }
+
+// maskEnd is what a TokenMask that allows no token means for its sequence.
+type maskEnd uint8
+
+const (
+	maskGoes     maskEnd = iota // it allowed some token
+	maskEmpty                   // nothing: ErrMaskEmpty
+	maskComplete                // only the end, and the request has no stop token: FinishStop
+)
 
 const (
 	snapBoundary = iota
@@ -410,7 +423,7 @@ func (s *scheduler) step() {
 		}
 	}
 	start := time.Now()
-	sampled, err := s.forward(seqs, rows)
+	sampled, embeddings, err := s.forward(seqs, rows)
 	s.account(plan, start)
 	if err != nil {
 		s.e.log.Error("forward step failed", "err", err)
@@ -446,8 +459,17 @@ func (s *scheduler) step() {
 		if q.done {
 			continue
 		}
-		if q.masked {
+		if embeddings != nil {
+			s.finishWith(q, FinishStop, nil, Event{Embedding: embeddings[i]})
+			continue
+		}
+		switch q.maskEnd {
+		case maskEmpty:
 			s.finish(q, FinishError, ErrMaskEmpty)
+			continue
+		case maskComplete:
+			var ev Event
+			s.finishWith(q, q.flushText(&ev, FinishStop), nil, ev)
 			continue
 		}
 		s.generated++
@@ -532,14 +554,18 @@ func (s *scheduler) outgrown(q *seq, err error) {
 }
 
 // forward runs the model and samples a token for each sequence of rows.
-func (s *scheduler) forward(seqs []model.Seq, rows []*seq) ([]backend.Sampled, error) {
+func (s *scheduler) forward(seqs []model.Seq, rows []*seq) ([]backend.Sampled, [][]float32, error) {
 	logits, err := s.m.Forward(seqs)
 	s.flush() // while the device runs this pass
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if len(rows) == 0 {
-		return nil, nil
+		return nil, nil, nil
+	}
+	if s.e.cfg.Embedding != nil {
+		emb, err := s.embeddings(logits)
+		return nil, emb, err
 	}
 	params := make([]backend.SampleParams, len(rows))
 	for i, q := range rows {
@@ -555,45 +581,103 @@ func (s *scheduler) forward(seqs []model.Seq, rows []*seq) ([]backend.Sampled, e
 				p.Counts = append(p.Counts, backend.TokenCount{Token: t, Prompt: true})
 			}
 		}
-		if q.mask != nil {
-			p.Bias = s.maskBias(q, p.Bias)
-		}
 		params[i] = p
 	}
-	return s.m.Sample(logits, params)
+	s.masks(rows, params)
+	sampled, err := s.m.Sample(logits, params)
+	return sampled, nil, err
 }
 
-// maskedLogit is added to the logit of a token a mask excludes: far below
-// any logit, finite so that no sampler meets -Inf - -Inf.
-const maskedLogit = -1e30
+// embeddings reads an embedding model's output rows (final normed hidden
+// states of the prompts' last tokens) and L2-normalises them when the
+// model's Normalize module says so, as torch's F.normalize does.
+func (s *scheduler) embeddings(out backend.Tensor) ([][]float32, error) {
+	R, H := out.Shape()[0], out.Shape()[1]
+	buf := make([]byte, 4*R*H)
+	if err := s.m.Backend().Read(out, buf); err != nil {
+		return nil, err
+	}
+	rows := make([][]float32, R)
+	for r := range rows {
+		v := make([]float32, H)
+		for i := range v {
+			v[i] = math.Float32frombits(binary.LittleEndian.Uint32(buf[4*(r*H+i):]))
+		}
+		if s.e.cfg.Embedding.Normalize {
+			Normalize(v)
+		}
+		rows[r] = v
+	}
+	return rows, nil
+}
 
-// maskBias returns bias extended by q's mask: every token the mask does not
-// allow gets maskedLogit. A bias entry per excluded token is the general
-// form every backend's sampler takes already; a backend mask (a bit per
-// token) would move less when constrained decoding is common.
-func (s *scheduler) maskBias(q *seq, bias []backend.TokenBias) []backend.TokenBias {
-	allowed := q.mask.Allowed(q.tokens[q.nPrompt:])
-	if allowed == nil {
-		return bias
+// Normalize scales v to unit length (a zero vector stays zero), summing in
+// float64.
+func Normalize(v []float32) {
+	var ss float64
+	for _, x := range v {
+		ss += float64(x) * float64(x)
 	}
-	V := s.e.cfg.VocabSize
-	ok := make([]bool, V)
-	n := 0
-	for _, t := range allowed {
-		if t >= 0 && int(t) < V && !ok[t] {
-			ok[t] = true
-			n++
+	n := max(math.Sqrt(ss), 1e-12)
+	for i := range v {
+		v[i] = float32(float64(v[i]) / n)
+	}
+}
+
+// masks sets the token masks of the rows that have one, computing them at
+// the same time when there are several (a mask that meets new states of
+// its grammar walks the vocabulary, which takes a millisecond or two).
+func (s *scheduler) masks(rows []*seq, params []backend.SampleParams) {
+	var masked []int
+	for i, q := range rows {
+		if q.mask != nil {
+			masked = append(masked, i)
 		}
 	}
-	q.masked = n == 0
-	out := make([]backend.TokenBias, len(bias), len(bias)+V-n)
-	copy(out, bias)
-	for t := range V {
-		if !ok[t] {
-			out = append(out, backend.TokenBias{Token: int32(t), Bias: maskedLogit})
+	if len(masked) == 1 {
+		params[masked[0]].Mask = s.allowed(rows[masked[0]])
+		return
+	}
+	var wg sync.WaitGroup
+	for _, i := range masked {
+		wg.Go(func() { params[i].Mask = s.allowed(rows[i]) })
+	}
+	wg.Wait()
+}
+
+// allowed asks q's mask which tokens may follow its generated ones and
+// returns them as the sampler's mask (nil: any). When it allows none, the
+// verdict is left in q.maskEnd, the row is sampled unmasked and its token
+// dropped.
+func (s *scheduler) allowed(q *seq) []uint64 {
+	if q.maskBits == nil {
+		q.maskBits = make([]uint64, backend.MaskWords(s.e.cfg.VocabSize))
+	} else {
+		clear(q.maskBits)
+	}
+	q.maskEnd = maskGoes
+	a := q.mask.Allow(q.tokens[q.nPrompt:], q.maskBits)
+	if a == AllowAny {
+		return nil
+	}
+	if a == AllowSetOrEnd {
+		for t := range q.stopIDs {
+			q.maskBits[t>>6] |= 1 << (t & 63)
 		}
 	}
-	return out
+	if V := s.e.cfg.VocabSize; V%64 != 0 {
+		q.maskBits[len(q.maskBits)-1] &= 1<<(V%64) - 1 // no token past the vocabulary
+	}
+	for _, w := range q.maskBits {
+		if w != 0 {
+			return q.maskBits
+		}
+	}
+	q.maskEnd = maskEmpty
+	if a == AllowSetOrEnd {
+		q.maskEnd = maskComplete
+	}
+	return nil
 }
 
 // flush emits the held tokens of the last pass.

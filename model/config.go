@@ -67,6 +67,9 @@ type Config struct {
 	// FP8Block is the tile of a fine-grained FP8 checkpoint's weight
 	// scales (weight_block_size, rows then columns); zero otherwise.
 	FP8Block [2]int
+	// Embedding is set for an embedding model (a sentence-transformers
+	// directory): Forward gives final normed hidden states, not logits.
+	Embedding *EmbeddingConfig
 
 	arch *archInfo
 }
@@ -205,6 +208,12 @@ func ReadConfig(fsys fs.FS, name string) (*Config, error) {
 	c, err := ParseConfig(data, gen)
 	if err != nil {
 		return nil, fmt.Errorf("model %s: %w", name, err)
+	}
+	if c.Embedding, err = readEmbedding(fsys); err != nil {
+		return nil, fmt.Errorf("model %s: %w", name, err)
+	}
+	if c.Embedding != nil && c.arch.hybrid {
+		return nil, fmt.Errorf("model %s: embeddings of %s are not supported (Qwen3's are)", name, c.Arch)
 	}
 	c.Name = name
 	return c, nil

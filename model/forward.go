@@ -102,9 +102,10 @@ func bucket(n int) int {
 
 // Forward advances each sequence by its new tokens and returns the logits
 // [R, V] of the positions asked for: one row per LastLogits sequence, one
-// per new token of an AllLogits sequence, none for NoLogits, in order. The
-// logits live in the model's workspace and stay valid until the next
-// Forward. On a backend that captures graphs, decode steps (every sequence
+// per new token of an AllLogits sequence, none for NoLogits, in order; an
+// embedding model (Config.Embedding) returns those positions' final normed
+// hidden states [R, H] instead. The rows live in the model's workspace and
+// stay valid until the next Forward. On a backend that captures graphs, decode steps (every sequence
 // one token, each wanting logits) are padded to a batch-size bucket and run
 // through backend.Graph.
 func (m *Model) Forward(seqs []Seq) (logits backend.Tensor, err error) {
@@ -170,8 +171,12 @@ func (m *Model) Forward(seqs []Seq) (logits backend.Tensor, err error) {
 		ws = m.prefill
 	}
 	ws.T, ws.R, ws.kv, ws.state = len(bt.Tokens), len(bt.LogitRows), m.kv, m.state
-	ws.logits = m.b.Rows(ws.buffer("logits", backend.F32, max(ws.R, 1), m.cfg.VocabSize), 0, ws.R)
 	ws.gathered = m.b.Rows(ws.buffer("gathered", backend.F32, max(ws.R, 1), m.cfg.Hidden), 0, ws.R)
+	out := ws.gathered
+	if m.cfg.Embedding == nil {
+		ws.logits = m.b.Rows(ws.buffer("logits", backend.F32, max(ws.R, 1), m.cfg.VocabSize), 0, ws.R)
+		out = ws.logits
+	}
 	m.b.Begin(bt)
 	if decode && ws.warm {
 		m.b.Graph(fmt.Sprintf("%s/decode/%d/g%d", m.cfg.Name, ws.T, m.generation), func() { m.record(ws) })
@@ -180,7 +185,7 @@ func (m *Model) Forward(seqs []Seq) (logits backend.Tensor, err error) {
 		m.record(ws)
 		ws.warm = decode
 	}
-	return m.b.Rows(ws.logits, 0, R), nil
+	return m.b.Rows(out, 0, R), nil
 }
 
 // check validates one sequence of a step.
@@ -228,5 +233,7 @@ func (m *Model) record(ws *workspace) {
 	}
 	b.GatherRows(ws.gathered, x)
 	b.RMSNorm(ws.gathered, ws.gathered, m.norm, c.NormEps, c.Hybrid())
-	b.MatMul(ws.logits, ws.gathered, m.lmHead, false)
+	if c.Embedding == nil {
+		b.MatMul(ws.logits, ws.gathered, m.lmHead, false)
+	}
 }

@@ -145,6 +145,11 @@ func build(cfg *Config, b backend.Backend, bd *binder, kv backend.DType) (m *Mod
 		if _, ok := bd.src.Tensor("model.language_model.embed_tokens.weight"); ok {
 			prefix = "model.language_model."
 		}
+		// Embedding checkpoints are the bare transformer (saved from
+		// Qwen3Model): no prefix, no LM head.
+		if _, ok := bd.src.Tensor("embed_tokens.weight"); ok && cfg.Embedding != nil {
+			prefix = ""
+		}
 	}
 	params, deltaNets := m.declare(cfg, prefix)
 	for _, k := range cfg.Kinds {
@@ -193,7 +198,7 @@ func (m *Model) declare(cfg *Config, prefix string) ([]param, []*gatedDeltaNet) 
 	m.layers = layers
 	params = append(params, layerParams...)
 	params = append(params, weight(&m.norm, prefix+"norm.weight", normInit(cfg), H))
-	if !cfg.TieEmbeddings {
+	if !cfg.TieEmbeddings && cfg.Embedding == nil {
 		params = append(params, weight(&m.lmHead, "lm_head.weight", initNormal, V, H))
 	}
 	return params, deltaNets

@@ -56,6 +56,7 @@ func asAPIError(err error) *apiError {
 	var ae *apiError
 	var se *engine.SamplingError
 	var ce *engine.ContextError
+	var cse *session.ConstraintError
 	switch {
 	case errors.As(err, &ae):
 		return ae
@@ -63,6 +64,14 @@ func asAPIError(err error) *apiError {
 		return badRequest(se.Param, "%s", se)
 	case errors.As(err, &ce):
 		return newAPIError(http.StatusBadRequest, "invalid_request_error", "context_length_exceeded", "messages", "%s", contextMessage(ce))
+	case errors.As(err, &cse):
+		param := "response_format"
+		if cse.Tools {
+			param = "tools"
+		}
+		return badRequest(param, "%s", cse)
+	case errors.Is(err, engine.ErrEmbeddingModel):
+		return badRequest("model", "%v: use /v1/embeddings or /api/embed", err)
 	case errors.Is(err, engine.ErrContextOverflow):
 		return newAPIError(http.StatusBadRequest, "invalid_request_error", "context_length_exceeded", "messages", "%v", err)
 	case errors.Is(err, session.ErrNoFIM):

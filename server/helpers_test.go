@@ -24,12 +24,10 @@ import (
 // and thinking render as they do for hub models.
 const testModel = "kiln-test"
 
-// newSession loads the test model on the CPU backend and starts its engine
-// and session.
-func newSession(t testing.TB, opts engine.Options) (*session.Session, *tokenizer.Tokenizer) {
+// newSession starts an engine and a session on a loaded model.
+func newSession(t testing.TB, f testmodel.Fixture, opts engine.Options) (*session.Session, *tokenizer.Tokenizer) {
 	t.Helper()
 	opts.Logger = testmodel.Logger()
-	f := testmodel.Load(t, "qwen3", testmodel.Options{ChatTemplate: "qwen3.jinja", Threads: 2})
 	e, err := engine.New(f.Model, f.Tok, opts)
 	if err != nil {
 		t.Fatal(err)
@@ -50,7 +48,13 @@ type testServer struct {
 
 func startServer(t testing.TB, opts Options, eopts engine.Options) *testServer {
 	t.Helper()
-	sess, tok := newSession(t, eopts)
+	return serve(t, opts, eopts, testmodel.Load(t, "qwen3", testmodel.Options{ChatTemplate: "qwen3.jinja", Threads: 2}))
+}
+
+// serve starts a test server on a loaded model.
+func serve(t testing.TB, opts Options, eopts engine.Options, f testmodel.Fixture) *testServer {
+	t.Helper()
+	sess, tok := newSession(t, f, eopts)
 	opts.ModelName = testModel
 	opts.Logger = testmodel.Logger()
 	opts.TokenText = func(id int32) string { return tok.Decode([]int32{id}) }

@@ -87,8 +87,9 @@ func (s *Server) prepareOllama(c *ollamaCommon) (*session.Request, error) {
 	if err := s.checkModel(c.Model); err != nil {
 		return nil, err
 	}
-	if f := strings.TrimSpace(string(c.Format)); f != "" && f != "null" && f != `""` {
-		return nil, badRequest("format", "format (structured output) is not supported")
+	format, err := ollamaFormat(c.Format)
+	if err != nil {
+		return nil, err
 	}
 	if err := keepAlive(c.KeepAlive); err != nil {
 		return nil, err
@@ -104,7 +105,7 @@ func (s *Server) prepareOllama(c *ollamaCommon) (*session.Request, error) {
 	if err != nil {
 		return nil, err
 	}
-	req := &session.Request{Sampling: sp, ClampMaxTokens: true}
+	req := &session.Request{Sampling: sp, ClampMaxTokens: true, Format: format}
 	if n := o.NumCtx; n != nil {
 		if *n < 1 {
 			return nil, badRequest("num_ctx", "num_ctx must be at least 1, not %d", *n)

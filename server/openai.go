@@ -29,9 +29,7 @@ type chatRequest struct {
 	Logprobs            bool           `json:"logprobs"`
 	TopLogprobs         *int           `json:"top_logprobs"`
 	ChatTemplateKwargs  map[string]any `json:"chat_template_kwargs"`
-	ResponseFormat      *struct {
-		Type string `json:"type"`
-	} `json:"response_format"`
+	ResponseFormat      *wireFormat    `json:"response_format"`
 }
 
 // wireMessage is a message as OpenAI clients send it.
@@ -75,8 +73,7 @@ func convertMessages(in []wireMessage) ([]chat.Message, error) {
 // selectTools applies tool_choice. "none" drops the tools; "auto" keeps them
 // all; "required" keeps them and forces a call ("*"); a named function keeps
 // only that tool and forces a call of it (session.Request.ForceToolCall). The
-// answer then begins with a call; its arguments are the model's, not checked
-// against the schema.
+// answer is then a call, its arguments constrained to the tool's schema.
 func selectTools(tools []json.RawMessage, choice json.RawMessage) ([]chat.Tool, string, error) {
 	for i, t := range tools {
 		var def struct {
@@ -137,8 +134,9 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) error {
 	if err := s.checkModel(req.Model); err != nil {
 		return err
 	}
-	if f := req.ResponseFormat; f != nil && f.Type != "" && f.Type != "text" {
-		return badRequest("response_format", "response_format %q is not supported: kiln does not constrain output", f.Type)
+	format, err := req.ResponseFormat.format()
+	if err != nil {
+		return err
 	}
 	msgs, err := convertMessages(req.Messages)
 	if err != nil {
@@ -163,7 +161,8 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) error {
 	if err := s.setLogprobs(&sp, req.Logprobs, top); err != nil {
 		return err
 	}
-	g, err := s.start(r, &session.Request{Messages: msgs, Tools: tools, ForceToolCall: force, TemplateKwargs: req.ChatTemplateKwargs, Sampling: sp})
+	g, err := s.start(r, &session.Request{Messages: msgs, Tools: tools, ForceToolCall: force, Format: format,
+		TemplateKwargs: req.ChatTemplateKwargs, Sampling: sp})
 	if err != nil {
 		return err
 	}

@@ -1,8 +1,9 @@
 // Package server serves a session (package session) over HTTP: the OpenAI API
-// (/v1/chat/completions, /v1/completions, /v1/models), Ollama's API
-// (/api/chat, /api/generate, /api/tags, /api/ps, /api/show, /api/pull,
-// /api/delete, /api/version), /health, /status and /metrics (Prometheus),
-// on TCP listeners and on owner-only Unix sockets.
+// (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models),
+// Ollama's API (/api/chat, /api/generate, /api/embed, /api/embeddings,
+// /api/tags, /api/ps, /api/show, /api/pull, /api/delete, /api/version),
+// /health, /status and /metrics (Prometheus), on TCP listeners and on
+// owner-only Unix sockets.
 //
 // No request names a path: the model is loaded before the server starts,
 // and Ollama's model routes reach only the model stores (ModelStore).
@@ -185,12 +186,15 @@ func (s *Server) routes() http.Handler {
 	route("GET", "/v1/models/{id...}", s.getModel)
 	route("POST", "/v1/chat/completions", s.openAI(s.chatCompletions))
 	route("POST", "/v1/completions", s.openAI(s.completions))
+	route("POST", "/v1/embeddings", s.openAI(s.embeddings))
 	route("GET", "/api/tags", s.ollamaTags)
 	route("GET", "/api/ps", s.ollamaPs)
 	route("GET", "/api/version", s.ollamaVersion)
 	route("POST", "/api/show", s.ollama(s.ollamaShow))
 	route("POST", "/api/chat", s.ollama(s.ollamaChat))
 	route("POST", "/api/generate", s.ollama(s.ollamaGenerate))
+	route("POST", "/api/embed", s.ollama(s.ollamaEmbed(false)))
+	route("POST", "/api/embeddings", s.ollama(s.ollamaEmbed(true)))
 	route("POST", "/api/pull", s.ollama(s.ollamaPull))
 	route("DELETE", "/api/delete", s.ollama(s.ollamaDelete))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {

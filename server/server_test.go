@@ -21,6 +21,7 @@ import (
 	"github.com/openai/openai-go/v3/shared"
 
 	"github.com/kiln-llm/kiln/engine"
+	"github.com/kiln-llm/kiln/internal/schematest"
 )
 
 func greedy(msg string, maxTokens int64) openai.ChatCompletionNewParams {
@@ -366,7 +367,11 @@ func TestBadRequests(t *testing.T) {
 		{"bad tool_choice", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"tool_choice":"always"}`, 400, "tool_choice"},
 		{"bad logit_bias", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"logit_bias":{"the":5}}`, 400, "logit_bias"},
 		{"stop a number", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"stop":3}`, 400, "stop"},
-		{"json mode", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_object"}}`, 400, "response_format"},
+		{"unknown response_format", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"response_format":{"type":"xml"}}`, 400, "response_format"},
+		{"unsupported schema", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_schema",` +
+			`"json_schema":{"name":"x","schema":{"type":"object","properties":{"e":{"type":"string","pattern":"^a"}}}}}}`, 400, "response_format"},
+		{"unsupported tool schema", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"tool_choice":"required",` +
+			`"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"u":{"type":"string","format":"uri"}}}}}]}`, 400, "tools"},
 		{"unknown model", "/v1/chat/completions", `{"model":"gpt-9","messages":[{"role":"user","content":"hi"}]}`, 404, ""},
 		{"huge body", "/v1/chat/completions", huge, 413, ""},
 		{"context overflow", "/v1/chat/completions", long, 400, "messages"},
@@ -375,7 +380,7 @@ func TestBadRequests(t *testing.T) {
 		{"empty prompt", "/v1/completions", `{"prompt":""}`, 400, "prompt"},
 		{"null prompt", "/v1/completions", `{"prompt":null}`, 400, "prompt"},
 		{"prompt overflow", "/v1/completions", `{"prompt":"` + strings.Repeat("go func ", 3000) + `"}`, 400, "prompt"},
-		{"unknown route", "/v1/embeddings", `{}`, 404, ""},
+		{"unknown route", "/v1/audio/speech", `{}`, 404, ""},
 		{"suffix without FIM tokens", "/v1/completions", `{"prompt":"func f(","suffix":"}"}`, 400, "suffix"},
 		{"suffix with token ids", "/v1/completions", `{"prompt":[1,2],"suffix":"}"}`, 400, "suffix"},
 	}
@@ -451,7 +456,7 @@ func TestToolCallRoundTrip(t *testing.T) {
 		Name:        "get_weather",
 		Description: openai.String("Weather of a city"),
 		Parameters: shared.FunctionParameters{"type": "object", "properties": map[string]any{
-			"city": map[string]any{"type": "string"}}, "required": []string{"city"}},
+			"city": map[string]any{"type": "string", "maxLength": 20}}, "required": []string{"city"}},
 	})
 	ask := openai.UserMessage("What is the weather in Paris?")
 	plain, err := c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: testModel, MaxTokens: openai.Int(4),
@@ -476,26 +481,25 @@ func TestToolCallRoundTrip(t *testing.T) {
 	if none.Usage.PromptTokens != plain.Usage.PromptTokens {
 		t.Errorf("tool_choice none: %d prompt tokens, want %d", none.Usage.PromptTokens, plain.Usage.PromptTokens)
 	}
-	// tool_choice required or a named function: the answer begins with a
-	// call (the test model's arguments are noise, so it may come back as
-	// content that starts with the call), and the start is in the prompt.
+	// tool_choice required or a named function: the answer is a call of the
+	// tool, its arguments following the tool's schema, and the call's start
+	// is in the prompt.
 	for _, choice := range []openai.ChatCompletionToolChoiceOptionUnionParam{
 		{OfAuto: openai.String("required")},
 		openai.ToolChoiceOptionFunctionToolChoice(openai.ChatCompletionNamedToolChoiceFunctionParam{Name: "get_weather"}),
 	} {
-		forced, err := c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: testModel, MaxTokens: openai.Int(12),
+		forced, err := c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: testModel, MaxTokens: openai.Int(200),
 			Messages: []openai.ChatCompletionMessageParamUnion{ask}, Tools: []openai.ChatCompletionToolUnionParam{tool}, ToolChoice: choice})
 		if err != nil {
 			t.Fatal(err)
 		}
 		m := forced.Choices[0].Message
-		called := len(m.ToolCalls) > 0 && (choice.OfAuto.Value == "required" || m.ToolCalls[0].Function.Name == "get_weather")
-		start := "<tool_call>\n{\"name\": \""
-		if choice.OfAuto.Value != "required" {
-			start += "get_weather\", \"arguments\": "
+		if len(m.ToolCalls) != 1 || m.ToolCalls[0].Function.Name != "get_weather" || m.Content != "" || forced.Choices[0].FinishReason != "tool_calls" {
+			t.Fatalf("tool_choice %v: answer %q, calls %+v, finish %s", choice, m.Content, m.ToolCalls, forced.Choices[0].FinishReason)
 		}
-		if !called && !strings.HasPrefix(m.Content, start) {
-			t.Errorf("tool_choice %v: answer %q, calls %+v", choice, m.Content, m.ToolCalls)
+		if err := schematest.Validate([]byte(`{"type":"object","properties":{"city":{"type":"string","maxLength":20}},"required":["city"]}`),
+			[]byte(m.ToolCalls[0].Function.Arguments)); err != nil {
+			t.Errorf("tool_choice %v: arguments %s: %v", choice, m.ToolCalls[0].Function.Arguments, err)
 		}
 		if forced.Usage.PromptTokens <= withTools.Usage.PromptTokens {
 			t.Errorf("tool_choice %v: %d prompt tokens, %d without forcing", choice, forced.Usage.PromptTokens, withTools.Usage.PromptTokens)

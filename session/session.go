@@ -11,10 +11,12 @@
 // into the engine's caches (Options.PrepareNextTurn).
 //
 // Constrained decoding plugs in at Generate: a grammar the session builds
-// from a request (a JSON schema, the tools' call format) becomes the
+// from a request (a Format's JSON schema, a forced tool call's name and
+// arguments in the template's call form; package grammar) becomes the
 // engine.Request's Mask (engine.TokenMask), which the engine asks for the
 // tokens allowed after those generated so far; the constrained text comes
-// back through the same parser.
+// back through the same parser. A reasoning block the prompt opens stays
+// free: the constraint starts after it.
 package session
 
 import (
@@ -55,7 +57,8 @@ type Session struct {
 	closed bool
 	// turns counts the goroutines preparing a conversation's next turn;
 	// none starts after Close.
-	turns sync.WaitGroup
+	turns    sync.WaitGroup
+	grammars grammars
 }
 
 // New returns a session on eng, which it owns (Close closes it). tok
@@ -83,8 +86,13 @@ type Request struct {
 	// tool_choice "required" or a named function): "*" for any of Tools,
 	// else the function's name. The prompt is extended with the start of a
 	// call in the template's format (after closing an opened <think>), which
-	// the output parser reads as if generated.
+	// the output parser reads as if generated; the rest of the call is
+	// constrained to a tool's name and to arguments its parameter schema
+	// allows.
 	ForceToolCall string
+	// Format, when set, constrains the answer (after its reasoning) to
+	// JSON. A forced tool call takes precedence.
+	Format *Format
 
 	Prompt    string
 	PromptIDs []int32
@@ -111,15 +119,20 @@ var ErrNoFIM = errors.New("session: the model's vocabulary has no fill-in-the-mi
 var fimTokens = [3]string{"<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"}
 
 // Generate renders and tokenizes req, submits it to the engine and returns
-// its stream. Its errors are those of the template and of engine.Generate
-// (sampling parameters out of bounds, context overflow, a full queue, a
-// closed engine). Cancelling ctx ends the stream with FinishCancelled.
+// its stream. Its errors are those of the template, of the constraint
+// (*ConstraintError) and of engine.Generate (sampling parameters out of
+// bounds, context overflow, a full queue, a closed engine,
+// engine.ErrEmbeddingModel). Cancelling ctx ends the stream with
+// FinishCancelled.
 func (s *Session) Generate(ctx context.Context, req *Request) (*Stream, error) {
-	ids, parser, err := s.prompt(req)
+	if _, ok := s.eng.Embedding(); ok {
+		return nil, engine.ErrEmbeddingModel // before a chat template it has no need of
+	}
+	ids, parser, mask, err := s.prompt(req)
 	if err != nil {
 		return nil, err
 	}
-	es, err := s.eng.Generate(ctx, &engine.Request{Prompt: ids, Sampling: req.Sampling, Context: req.Context, ClampMaxTokens: req.ClampMaxTokens})
+	es, err := s.eng.Generate(ctx, &engine.Request{Prompt: ids, Sampling: req.Sampling, Mask: mask, Context: req.Context, ClampMaxTokens: req.ClampMaxTokens})
 	if err != nil {
 		return nil, err
 	}
@@ -130,9 +143,9 @@ func (s *Session) Generate(ctx context.Context, req *Request) (*Stream, error) {
 	return st, nil
 }
 
-// prompt returns a request's prompt ids and, for a conversation, the parser
-// of its answer.
-func (s *Session) prompt(req *Request) ([]int32, *chat.Parser, error) {
+// prompt returns a request's prompt ids, for a conversation the parser of
+// its answer, and the mask of its constrained output (nil: free).
+func (s *Session) prompt(req *Request) ([]int32, *chat.Parser, engine.TokenMask, error) {
 	set := 0
 	for _, ok := range []bool{len(req.Messages) > 0, req.Prompt != "", len(req.PromptIDs) > 0} {
 		if ok {
@@ -140,51 +153,65 @@ func (s *Session) prompt(req *Request) ([]int32, *chat.Parser, error) {
 		}
 	}
 	if set != 1 {
-		return nil, nil, errors.New("session: a request sets exactly one of Messages, Prompt and PromptIDs")
+		return nil, nil, nil, errors.New("session: a request sets exactly one of Messages, Prompt and PromptIDs")
 	}
 	if req.Suffix != "" && req.Prompt == "" {
-		return nil, nil, errors.New("session: a Suffix (fill-in-the-middle) needs a text Prompt")
+		return nil, nil, nil, errors.New("session: a Suffix (fill-in-the-middle) needs a text Prompt")
 	}
-	if len(req.PromptIDs) > 0 {
-		return req.PromptIDs, nil, nil
+	if req.ForceToolCall != "" && len(req.Messages) == 0 {
+		return nil, nil, nil, errors.New("session: ForceToolCall needs Messages")
+	}
+	if len(req.PromptIDs) > 0 || req.Prompt != "" {
+		ids := req.PromptIDs
+		if ids == nil {
+			if s.tok == nil {
+				return nil, nil, nil, errors.New("session: no tokenizer: only token id prompts are served")
+			}
+			if req.Suffix != "" {
+				var err error
+				if ids, err = s.fim(req.Prompt, req.Suffix); err != nil {
+					return nil, nil, nil, err
+				}
+			} else {
+				ids = s.tok.Encode(req.Prompt)
+			}
+		}
+		mask, err := s.constraint(req, "", false)
+		return ids, nil, mask, err
 	}
 	if s.tok == nil {
-		return nil, nil, errors.New("session: no tokenizer: only token id prompts are served")
-	}
-	if req.Suffix != "" {
-		ids, err := s.fim(req.Prompt, req.Suffix)
-		return ids, nil, err
-	}
-	if req.Prompt != "" {
-		return s.tok.Encode(req.Prompt), nil, nil
+		return nil, nil, nil, errors.New("session: no tokenizer: only token id prompts are served")
 	}
 	if s.tmpl == nil {
-		return nil, nil, errors.New("session: the model has no chat template")
+		return nil, nil, nil, errors.New("session: the model has no chat template")
 	}
 	text, err := s.tmpl.Render(&chat.RenderInput{Messages: req.Messages, Tools: req.Tools, AddGenerationPrompt: true, Kwargs: req.TemplateKwargs})
 	if err != nil {
-		return nil, nil, fmt.Errorf("session: render chat template: %w", err)
+		return nil, nil, nil, fmt.Errorf("session: render chat template: %w", err)
 	}
 	thinking := chat.OpensThinking(text)
-	var start string
+	var start, call string
 	if req.ForceToolCall != "" {
 		if len(req.Tools) == 0 {
-			return nil, nil, errors.New("session: ForceToolCall needs tools")
+			return nil, nil, nil, errors.New("session: ForceToolCall needs tools")
 		}
-		name := req.ForceToolCall
-		if name == "*" {
-			name = ""
+		if call = req.ForceToolCall; call == "*" {
+			call = ""
 		}
-		if start, err = s.tmpl.ToolCallStart(name); err != nil {
-			return nil, nil, fmt.Errorf("session: %w", err)
+		if start, err = s.tmpl.ToolCallStart(call); err != nil {
+			return nil, nil, nil, fmt.Errorf("session: %w", err)
 		}
 		if thinking {
 			start = "\n</think>\n\n" + start // an empty reasoning, as Qwen writes one
 		}
 	}
-	parser := chat.NewParser(chat.ParserOptions{Tools: req.Tools, InThinking: thinking})
+	mask, err := s.constraint(req, call, thinking && req.ForceToolCall == "")
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	parser := chat.NewParser(chat.ParserOptions{Tools: req.Tools, InThinking: thinking, NoToolCalls: req.ForceToolCall == "" && req.Format != nil})
 	parser.Push(start) // the parser reads the forced start as generated: an open call
-	return s.tok.Encode(text + start), parser, nil
+	return s.tok.Encode(text + start), parser, mask, nil
 }
 
 // fim returns the fill-in-the-middle prompt of prefix and suffix: the

@@ -14,14 +14,16 @@ import (
 )
 
 // fileJSON is the part of tokenizer.json that encoding and decoding use.
-// The post-processor is ignored: with add_special_tokens=False it adds
-// nothing, and ByteLevel's only changes offsets.
+// Of the post-processor only a TemplateProcessing's single-sequence
+// template is read (the special tokens add_special_tokens=True puts around
+// a text); ByteLevel's changes only offsets.
 type fileJSON struct {
-	AddedTokens  []addedToken    `json:"added_tokens"`
-	Normalizer   json.RawMessage `json:"normalizer"`
-	PreTokenizer json.RawMessage `json:"pre_tokenizer"`
-	Decoder      json.RawMessage `json:"decoder"`
-	Model        modelJSON       `json:"model"`
+	AddedTokens   []addedToken    `json:"added_tokens"`
+	Normalizer    json.RawMessage `json:"normalizer"`
+	PreTokenizer  json.RawMessage `json:"pre_tokenizer"`
+	Decoder       json.RawMessage `json:"decoder"`
+	PostProcessor json.RawMessage `json:"post_processor"`
+	Model         modelJSON       `json:"model"`
 }
 
 type modelJSON struct {
@@ -101,8 +103,74 @@ func parse(data []byte) (*Tokenizer, error) {
 	if err := checkAdded(f.AddedTokens); err != nil {
 		return nil, err
 	}
+	if t.prefix, t.suffix, err = parseTemplate(f.PostProcessor); err != nil {
+		return nil, err
+	}
 	t.buildVocab(&f)
 	return t, nil
+}
+
+// parseTemplate reads the special tokens a TemplateProcessing
+// post-processor (alone or in a Sequence) puts before and after a single
+// sequence.
+func parseTemplate(raw json.RawMessage) (prefix, suffix []int32, err error) {
+	if isNull(raw) {
+		return nil, nil, nil
+	}
+	var pp struct {
+		Type       string            `json:"type"`
+		Processors []json.RawMessage `json:"processors"`
+		Single     []struct {
+			Sequence *struct {
+				ID string `json:"id"`
+			} `json:"Sequence"`
+			SpecialToken *struct {
+				ID string `json:"id"`
+			} `json:"SpecialToken"`
+		} `json:"single"`
+		SpecialTokens map[string]struct {
+			IDs []int32 `json:"ids"`
+		} `json:"special_tokens"`
+	}
+	if err := json.Unmarshal(raw, &pp); err != nil {
+		return nil, nil, fmt.Errorf("post_processor: %w", err)
+	}
+	switch pp.Type {
+	case "Sequence":
+		for _, p := range pp.Processors {
+			pre, suf, err := parseTemplate(p)
+			if err != nil || pre != nil || suf != nil {
+				return pre, suf, err
+			}
+		}
+	case "TemplateProcessing":
+		seen := false
+		for _, piece := range pp.Single {
+			switch {
+			case piece.Sequence != nil:
+				if piece.Sequence.ID != "A" || seen {
+					return nil, nil, fmt.Errorf("post_processor: a single template of sequence %q", piece.Sequence.ID)
+				}
+				seen = true
+			case piece.SpecialToken != nil:
+				st, ok := pp.SpecialTokens[piece.SpecialToken.ID]
+				if !ok {
+					return nil, nil, fmt.Errorf("post_processor: special token %q not defined", piece.SpecialToken.ID)
+				}
+				for _, id := range st.IDs {
+					if id < 0 || id >= maxTokens {
+						return nil, nil, fmt.Errorf("post_processor: special token %q: id %d is outside 0 to %d", clip(piece.SpecialToken.ID), id, maxTokens-1)
+					}
+				}
+				if seen {
+					suffix = append(suffix, st.IDs...)
+				} else {
+					prefix = append(prefix, st.IDs...)
+				}
+			}
+		}
+	}
+	return prefix, suffix, nil
 }
 
 func parseNormalizer(raw json.RawMessage) (func(string) string, error) {

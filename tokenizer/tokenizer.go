@@ -29,11 +29,14 @@ type Tokenizer struct {
 	rawAdded  *addedMatcher // added tokens matched before normalization
 	normAdded *addedMatcher // added tokens matched in normalized text
 
-	tokens  []string // id -> token as written in tokenizer.json
-	bytes   [][]byte // id -> bytes the ByteLevel decoder gives
-	special []bool
-	ids     map[string]int32
-	scratch sync.Pool // *encodeScratch
+	tokens []string // id -> token as written in tokenizer.json
+	bytes  [][]byte // id -> bytes the ByteLevel decoder gives
+	// prefix, suffix: the special tokens the post-processor puts around a
+	// text (add_special_tokens=True).
+	prefix, suffix []int32
+	special        []bool
+	ids            map[string]int32
+	scratch        sync.Pool // *encodeScratch
 }
 
 type encodeScratch struct {
@@ -118,6 +121,12 @@ func (t *Tokenizer) Encode(text string) []int32 {
 	return ids
 }
 
+// SpecialTokens returns the special tokens HF's encode(text,
+// add_special_tokens=True) puts before and after the text's tokens, as the
+// tokenizer.json's post-processor says (Qwen3-Embedding appends
+// <|endoftext|>); the caller must not modify them.
+func (t *Tokenizer) SpecialTokens() (prefix, suffix []int32) { return t.prefix, t.suffix }
+
 // encodeText pre-tokenizes and BPE-encodes text free of added tokens.
 func (t *Tokenizer) encodeText(s string, ids []int32, sc *encodeScratch) []int32 {
 	if s == "" {
@@ -200,6 +209,15 @@ func (t *Tokenizer) Token(id int32) string {
 		return ""
 	}
 	return t.tokens[id]
+}
+
+// TokenBytes returns the bytes token id writes when decoded (nil for an id
+// outside the vocabulary); the caller must not modify them.
+func (t *Tokenizer) TokenBytes(id int32) []byte {
+	if id < 0 || int(id) >= len(t.bytes) {
+		return nil
+	}
+	return t.bytes[id]
 }
 
 // VocabSize returns one more than the largest id of the model vocabulary and

@@ -306,3 +306,26 @@ func FuzzLoad(f *testing.F) {
 		}
 	})
 }
+
+// A TemplateProcessing post-processor's special tokens around a single
+// sequence, alone or in a Sequence; ByteLevel's adds none.
+func TestSpecialTokens(t *testing.T) {
+	for _, c := range []struct {
+		pp             string
+		prefix, suffix []int32
+	}{
+		{`{"type":"ByteLevel","add_prefix_space":false,"trim_offsets":false,"use_regex":false}`, nil, nil},
+		{`{"type":"TemplateProcessing","single":[{"Sequence":{"id":"A","type_id":0}},{"SpecialToken":{"id":"<|endoftext|>","type_id":0}}],` +
+			`"pair":[],"special_tokens":{"<|endoftext|>":{"id":"<|endoftext|>","ids":[9],"tokens":["<|endoftext|>"]}}}`, nil, []int32{9}},
+		{`{"type":"Sequence","processors":[{"type":"ByteLevel"},{"type":"TemplateProcessing","single":[{"SpecialToken":{"id":"<s>","type_id":0}},` +
+			`{"Sequence":{"id":"A","type_id":0}}],"special_tokens":{"<s>":{"id":"<s>","ids":[1],"tokens":["<s>"]}}}]}`, []int32{1}, nil},
+	} {
+		pre, suf, err := parseTemplate(json.RawMessage(c.pp))
+		if err != nil || !slices.Equal(pre, c.prefix) || !slices.Equal(suf, c.suffix) {
+			t.Errorf("%s: %v %v %v", c.pp, pre, suf, err)
+		}
+	}
+	if _, _, err := parseTemplate(json.RawMessage(`{"type":"TemplateProcessing","single":[{"SpecialToken":{"id":"x"}}],"special_tokens":{}}`)); err == nil {
+		t.Error("an undefined special token accepted")
+	}
+}

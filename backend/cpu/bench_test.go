@@ -188,3 +188,33 @@ func BenchmarkDeltaNet(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkSample draws a token for each of 16 rows of a Qwen-sized
+// vocabulary, greedy and sampled, free and under token masks (a
+// constrained step: a third of the vocabulary, or 50 tokens).
+func BenchmarkSample(b *testing.B) {
+	const R, V = 16, 151936
+	be := New(Options{})
+	r := newRand(3)
+	logits := tensorF32(be, randVec(r, R*V, 3), R, V)
+	masks := map[string][]uint64{
+		"free":  nil,
+		"third": backend.NewMask(V, func(t int32) bool { return t%3 == 0 }),
+		"50":    backend.NewMask(V, func(t int32) bool { return t%3001 == 7 }),
+	}
+	for _, temp := range []float32{0, 0.8} {
+		for _, name := range []string{"free", "third", "50"} {
+			b.Run(fmt.Sprintf("temperature=%g/mask=%s", temp, name), func(b *testing.B) {
+				params := make([]backend.SampleParams, R)
+				for i := range params {
+					params[i] = backend.SampleParams{Temperature: temp, TopP: 0.95, Uniform: 0.5, Mask: masks[name]}
+				}
+				for b.Loop() {
+					if _, err := be.Sample(logits, params); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"math"
+	mathbits "math/bits"
 	"slices"
 
 	"github.com/kiln-llm/kiln/backend"
@@ -42,6 +43,14 @@ func checkSampleParams(p *backend.SampleParams, V int) error {
 			return fmt.Errorf("bias token %d outside vocabulary of %d", c.Token, V)
 		}
 	}
+	if p.Mask != nil {
+		if len(p.Mask) != backend.MaskWords(V) {
+			return fmt.Errorf("token mask of %d words for a vocabulary of %d", len(p.Mask), V)
+		}
+		if allowedCount(p.Mask, V) == 0 {
+			return fmt.Errorf("the token mask allows no token")
+		}
+	}
 	if p.Temperature < 0 || p.TopK < 0 || p.TopP < 0 || p.TopP > 1 || p.MinP < 0 || p.MinP > 1 || p.RepetitionPenalty < 0 || p.TopLogprobs < 0 {
 		return fmt.Errorf("invalid parameters %+v", *p)
 	}
@@ -55,8 +64,9 @@ func checkSampleParams(p *backend.SampleParams, V int) error {
 //     with a positive count, a repetition penalty r (unless 0 or 1) divides
 //     a positive logit by r and multiplies a non-positive one by r; for
 //     every token with a positive count the presence penalty is subtracted
-//     once and the frequency penalty count times; then Bias is added. The
-//     log-probabilities reported are log_softmax of these logits.
+//     once and the frequency penalty count times; then Bias is added, and
+//     the tokens Mask excludes get -Inf. The log-probabilities reported are
+//     log_softmax of these logits.
 //  2. Temperature 0 picks the largest logit (the lowest index among equals).
 //  3. Otherwise logits are divided by the temperature, sorted by decreasing
 //     value (ties: lower index first) and filtered: top-k keeps the first k;
@@ -65,7 +75,8 @@ func checkSampleParams(p *backend.SampleParams, V int) error {
 //     the largest. The token is the first whose cumulative probability,
 //     renormalised over what is kept, exceeds Uniform.
 //
-// Out-of-range tokens in Counts or Bias panic (Sample reports them as errors).
+// Out-of-range tokens in Counts or Bias and a mask that allows nothing panic
+// (Sample reports them as errors).
 func SampleRow(logits []float32, p *backend.SampleParams) backend.Sampled {
 	l := penalise(logits, p)
 	var tok int32
@@ -78,7 +89,11 @@ func SampleRow(logits []float32, p *backend.SampleParams) backend.Sampled {
 	if p.Logprob || p.TopLogprobs > 0 {
 		lse := logSumExp(l)
 		res.Logprob = float32(float64(l[tok]) - lse)
-		if n := min(p.TopLogprobs, len(l)); n > 0 {
+		n := min(p.TopLogprobs, len(l))
+		if p.Mask != nil {
+			n = min(n, allowedCount(p.Mask, len(l)))
+		}
+		if n > 0 {
 			idx := make([]int, n)
 			topK(l, idx)
 			for _, i := range idx {
@@ -89,7 +104,7 @@ func SampleRow(logits []float32, p *backend.SampleParams) backend.Sampled {
 	return res
 }
 
-// penalise returns a copy of logits with penalties and bias applied.
+// penalise returns a copy of logits with penalties, bias and mask applied.
 func penalise(logits []float32, p *backend.SampleParams) []float32 {
 	l := slices.Clone(logits)
 	rp := p.RepetitionPenalty
@@ -114,7 +129,29 @@ func penalise(logits []float32, p *backend.SampleParams) []float32 {
 	for _, b := range p.Bias {
 		l[b.Token] += b.Bias
 	}
+	if p.Mask != nil {
+		inf := float32(math.Inf(-1))
+		for w, bits := range p.Mask {
+			for out := ^bits; out != 0; out &= out - 1 {
+				if t := w*64 + mathbits.TrailingZeros64(out); t < len(l) {
+					l[t] = inf
+				}
+			}
+		}
+	}
 	return l
+}
+
+// allowedCount is the number of tokens below V that mask allows.
+func allowedCount(mask []uint64, V int) int {
+	n := 0
+	for w, bits := range mask {
+		if rest := V - 64*w; rest < 64 {
+			bits &= 1<<max(rest, 0) - 1
+		}
+		n += mathbits.OnesCount64(bits)
+	}
+	return n
 }
 
 // argmax returns the index of the largest value, the lowest among equals.
@@ -149,9 +186,12 @@ func draw(l []float32, p *backend.SampleParams) int32 {
 		tok   int32
 		logit float32
 	}
-	cands := make([]cand, len(l))
+	// Masked tokens cannot be drawn: they are left out from the start.
+	cands := make([]cand, 0, len(l))
 	for i, v := range l {
-		cands[i] = cand{int32(i), v * inv}
+		if backend.Allowed(p.Mask, int32(i)) {
+			cands = append(cands, cand{int32(i), v * inv})
+		}
 	}
 	byValue := func(a, b cand) int {
 		if c := cmp.Compare(b.logit, a.logit); c != 0 {

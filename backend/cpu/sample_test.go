@@ -3,6 +3,7 @@ package cpu
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"testing"
 
@@ -96,6 +97,11 @@ func refDist(logits []float32, p *backend.SampleParams) []float64 {
 	for _, bb := range p.Bias {
 		l[bb.Token] += bb.Bias
 	}
+	for i := range l {
+		if !backend.Allowed(p.Mask, int32(i)) {
+			l[i] = float32(math.Inf(-1))
+		}
+	}
 	rank := make([]int, len(l))
 	for i := range rank {
 		rank[i] = i
@@ -108,6 +114,9 @@ func refDist(logits []float32, p *backend.SampleParams) []float64 {
 	prob := make([]float64, len(l))
 	var z float64
 	for _, i := range rank[:keep] {
+		if math.IsInf(float64(l[i]), -1) {
+			continue // masked
+		}
 		prob[i] = math.Exp(float64(l[i]*(1/p.Temperature)) - float64(l[rank[0]]*(1/p.Temperature)))
 		z += prob[i]
 	}
@@ -149,6 +158,9 @@ func TestSampleDistribution(t *testing.T) {
 		{Temperature: 0.9, TopK: 50, TopP: 0.9, MinP: 0.02, RepetitionPenalty: 1.3, PresencePenalty: 0.4, FrequencyPenalty: 0.2,
 			Counts: []backend.TokenCount{{Token: 3, Count: 2}, {Token: 7, Count: 1, Prompt: true}, {Token: 100, Count: 5}, {Token: 12, Prompt: true}},
 			Bias:   []backend.TokenBias{{Token: 9, Bias: 2}, {Token: 11, Bias: -50}}},
+		{Temperature: 1, Mask: maskOf(V, 3, 7, 100, 12, 200, 299)},
+		{Temperature: 0.8, TopK: 3, TopP: 0.9, Bias: []backend.TokenBias{{Token: 9, Bias: 30}}, Mask: everyThird(V)},
+		{Temperature: 1.1, MinP: 0.1, Mask: everyThird(V)},
 	} {
 		t.Run(fmt.Sprint(i), func(t *testing.T) {
 			l := toF32(randVec(r, V, 2))
@@ -183,5 +195,45 @@ func TestSampleBatch(t *testing.T) {
 	}
 	if _, err := b.Sample(l, []backend.SampleParams{{}, {Counts: []backend.TokenCount{{Token: 3, Count: 1}}}, {}}); err == nil {
 		t.Error("penalty token outside the vocabulary accepted")
+	}
+}
+
+// maskOf allows the tokens listed.
+func maskOf(V int, toks ...int32) []uint64 {
+	return backend.NewMask(V, func(t int32) bool { return slices.Contains(toks, t) })
+}
+
+func everyThird(V int) []uint64 { return backend.NewMask(V, func(t int32) bool { return t%3 == 0 }) }
+
+// A mask excludes tokens whatever their logits and bias: greedy takes the
+// best allowed token, log-probabilities are those of the allowed tokens
+// alone, and the top log-probabilities list only allowed tokens.
+func TestSampleMask(t *testing.T) {
+	l := logits32(9, 1, 3, 2, 8)
+	mask := maskOf(5, 1, 2, 3)
+	p := backend.SampleParams{Mask: mask, Logprob: true, TopLogprobs: 5, Bias: []backend.TokenBias{{Token: 4, Bias: 5}}}
+	got := SampleRow(l, &p)
+	lse := math.Log(math.Exp(1) + math.Exp(3) + math.Exp(2))
+	if got.Token != 2 || math.Abs(float64(got.Logprob)-(3-lse)) > 1e-6 {
+		t.Errorf("greedy under a mask: token %d logprob %v, want 2 and %v", got.Token, got.Logprob, 3-lse)
+	}
+	if len(got.Top) != 3 || got.Top[0].Token != 2 || got.Top[1].Token != 3 || got.Top[2].Token != 1 {
+		t.Errorf("top logprobs under a mask: %+v", got.Top)
+	}
+	for k := range 100 {
+		q := backend.SampleParams{Temperature: 2, Uniform: float32(k) / 100, Mask: maskOf(5, 0, 3)}
+		if tok := SampleRow(l, &q).Token; tok != 0 && tok != 3 {
+			t.Fatalf("drew masked token %d", tok)
+		}
+	}
+	b := New(Options{Threads: 1})
+	lt := tensorF32(b, []float64{0, 1, 5, 3, 2, 1}, 2, 3)
+	if res, err := b.Sample(lt, []backend.SampleParams{{Mask: maskOf(3, 0)}, {Mask: maskOf(3, 1, 2)}}); err != nil || res[0].Token != 0 || res[1].Token != 1 {
+		t.Errorf("masked rows: %+v, %v", res, err)
+	}
+	for _, bad := range [][]uint64{{}, {0}, {1, 0}} {
+		if _, err := b.Sample(lt, []backend.SampleParams{{Mask: bad}, {}}); err == nil {
+			t.Errorf("mask %v accepted", bad)
+		}
 	}
 }

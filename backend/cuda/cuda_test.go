@@ -493,6 +493,13 @@ func TestSample(t *testing.T) {
 		{Temperature: 1, Uniform: 0.6, RepetitionPenalty: 1.3, PresencePenalty: 0.5, FrequencyPenalty: 0.2,
 			Counts: []backend.TokenCount{{Token: 3, Count: 2}, {Token: 10, Count: 1, Prompt: true}, {Token: 12, Prompt: true}}, Bias: []backend.TokenBias{{Token: 7, Bias: 5}}},
 		{Temperature: 0, RepetitionPenalty: 2, Counts: []backend.TokenCount{{Token: 0, Count: 1}, {Token: 5, Prompt: true}}, TopLogprobs: 3},
+		// Token masks (constrained decoding): a few tokens, with more top
+		// log-probabilities asked for than allowed; every third token under
+		// filters, with a masked token's bias and penalty on top.
+		{Mask: backend.NewMask(V, func(t int32) bool { return t == 17 || t == 4000 || t == 151935 }), Logprob: true, TopLogprobs: 5},
+		{Temperature: 0.9, Uniform: 0.42, Mask: backend.NewMask(V, func(t int32) bool { return t == 17 || t == 4000 || t == 151935 }), Logprob: true},
+		{Temperature: 0.8, TopK: 50, TopP: 0.9, MinP: 0.01, Uniform: 0.7, Logprob: true, TopLogprobs: 4, Mask: backend.NewMask(V, func(t int32) bool { return t%3 == 0 }),
+			Bias: []backend.TokenBias{{Token: 7, Bias: 50}}, Counts: []backend.TokenCount{{Token: 9, Count: 3}}, FrequencyPenalty: 1},
 	}
 	R := len(params)
 	logits := p.randn(R*V, 3)

@@ -10,6 +10,7 @@ import "C"
 import (
 	"fmt"
 	"math"
+	mathbits "math/bits"
 	"unsafe"
 
 	"github.com/kiln-llm/kiln/backend"
@@ -21,7 +22,7 @@ type sampleArgs struct {
 	temperature, topP, minP, uniform         float32
 	presence, frequency, repetition          float32
 	topK, cntOff, cntN, biasOff, biasN, nTop int32
-	wantLp                                   int32
+	wantLp, maskOff                          int32
 }
 
 var sampleRowsKernel = newKernel[sampleRowsArgs]("sample_rows")
@@ -29,8 +30,8 @@ var sampleRowsKernel = newKernel[sampleRowsArgs]("sample_rows")
 type sampleRowsArgs struct {
 	logits                devptr
 	V                     int32
-	args, cnt, bias, work devptr
-	outTok, outLp         devptr
+	args, cnt, bias, mask devptr
+	work, outTok, outLp   devptr
 	topTok, topLp         devptr
 	maxTop                int32
 }
@@ -53,6 +54,7 @@ func (b *Backend) Sample(logits backend.Tensor, params []backend.SampleParams) (
 	hargs := make([]sampleArgs, R)
 	var cnt []int32
 	var bias []float32
+	var mask []uint64
 	maxTop := 0
 	for i, p := range params {
 		if p.Temperature < 0 || math.IsNaN(float64(p.Temperature)) {
@@ -75,12 +77,26 @@ func (b *Backend) Sample(logits backend.Tensor, params []backend.SampleParams) (
 			bias = append(bias, math.Float32frombits(uint32(x.Token)), x.Bias)
 		}
 		a.nTop = int32(min(p.TopLogprobs, V))
+		a.maskOff = -1
+		if p.Mask != nil {
+			n, err := maskAllows(p.Mask, V)
+			if err != nil {
+				return nil, fmt.Errorf("cuda: sample row %d: %w", i, err)
+			}
+			a.maskOff = int32(len(mask))
+			mask = append(mask, p.Mask...)
+			a.nTop = min(a.nTop, int32(n)) // only allowed tokens are listed
+		}
 		a.wantLp = boolInt(p.Logprob)
 		maxTop = max(maxTop, int(a.nTop))
 	}
-	// One upload: args, counts, bias; one download: tokens, logprobs, tops.
+	// One upload: args, masks (8-byte aligned), counts, bias; one download:
+	// tokens, logprobs, tops.
 	argBytes := R * int(unsafe.Sizeof(sampleArgs{}))
-	in := argBytes + 4*len(cnt) + 4*len(bias)
+	maskAt := (argBytes + 7) &^ 7
+	cntAt := maskAt + 8*len(mask)
+	biasAt := cntAt + 4*len(cnt)
+	in := biasAt + 4*len(bias)
 	outN := 2*R + 2*R*max(maxTop, 1)
 	dIn := b.scratchBuf("samplein", in)
 	dOut := b.scratchBuf("sampleout", 4*outN)
@@ -91,18 +107,21 @@ func (b *Backend) Sample(logits backend.Tensor, params []backend.SampleParams) (
 	host := b.staging(inPad + 4*outN)
 	hb := unsafe.Slice((*byte)(host), in)
 	copy(hb, unsafe.Slice((*byte)(unsafe.Pointer(&hargs[0])), argBytes))
+	if len(mask) > 0 {
+		copy(hb[maskAt:], unsafe.Slice((*byte)(unsafe.Pointer(&mask[0])), 8*len(mask)))
+	}
 	if len(cnt) > 0 {
-		copy(hb[argBytes:], unsafe.Slice((*byte)(unsafe.Pointer(&cnt[0])), 4*len(cnt)))
+		copy(hb[cntAt:], unsafe.Slice((*byte)(unsafe.Pointer(&cnt[0])), 4*len(cnt)))
 	}
 	if len(bias) > 0 {
-		copy(hb[argBytes+4*len(cnt):], unsafe.Slice((*byte)(unsafe.Pointer(&bias[0])), 4*len(bias)))
+		copy(hb[biasAt:], unsafe.Slice((*byte)(unsafe.Pointer(&bias[0])), 4*len(bias)))
 	}
 	b.fail(check("cuMemcpyHtoDAsync", C.k_cuMemcpyHtoDAsync_v2(dIn, host, C.size_t(in), b.stream)))
 	mt := max(maxTop, 1)
 	outTok, outLp := dOut, dOut+devptr(4*R)
 	topTok, topLp := dOut+devptr(8*R), dOut+devptr(8*R+4*R*mt)
 	sampleRowsKernel.run(b, g1(R), 1024, 0, sampleRowsArgs{
-		logits: lt.ptr, V: int32(V), args: dIn, cnt: dIn + devptr(argBytes), bias: dIn + devptr(argBytes+4*len(cnt)),
+		logits: lt.ptr, V: int32(V), args: dIn, cnt: dIn + devptr(cntAt), bias: dIn + devptr(biasAt), mask: dIn + devptr(maskAt),
 		work: work, outTok: outTok, outLp: outLp, topTok: topTok, topLp: topLp, maxTop: int32(mt)})
 	resP := unsafe.Add(host, inPad)
 	b.fail(check("cuMemcpyDtoHAsync", C.k_cuMemcpyDtoHAsync_v2(resP, dOut, C.size_t(4*outN), b.stream)))
@@ -122,4 +141,23 @@ func (b *Backend) Sample(logits backend.Tensor, params []backend.SampleParams) (
 		}
 	}
 	return out, nil
+}
+
+// maskAllows checks a token mask's length against the vocabulary and
+// returns how many tokens it allows (at least one).
+func maskAllows(mask []uint64, V int) (int, error) {
+	if len(mask) != backend.MaskWords(V) {
+		return 0, fmt.Errorf("token mask of %d words for a vocabulary of %d", len(mask), V)
+	}
+	n := 0
+	for w, bits := range mask {
+		if rest := V - 64*w; rest < 64 {
+			bits &= 1<<rest - 1
+		}
+		n += mathbits.OnesCount64(bits)
+	}
+	if n == 0 {
+		return 0, fmt.Errorf("the token mask allows no token")
+	}
+	return n, nil
 }

@@ -124,12 +124,12 @@ func (f *modelFlags) load() (*loaded, error) {
 		m.Close()
 		return nil, err
 	}
+	cfg := m.Config()
 	tmpl, err := path.template()
-	if err != nil {
+	if err != nil && cfg.Embedding == nil { // an embedding model needs none
 		m.Close()
 		return nil, err
 	}
-	cfg := m.Config()
 	d := cfg.Defaults
 	defaults := engine.Sampling{Temperature: d.Temperature, TopP: d.TopP, TopK: d.TopK, MinP: d.MinP, RepetitionPenalty: d.RepetitionPenalty}
 	if err := defaults.Validate(); err != nil {

@@ -5,11 +5,15 @@
 package testmodel
 
 import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"testing"
 	"testing/fstest"
 
@@ -53,7 +57,14 @@ type Fixture struct {
 // owns its model's caches, so each engine of a test loads its own).
 func Load(t testing.TB, name string, opts Options) Fixture {
 	t.Helper()
-	dir := Dir(name)
+	return LoadDir(t, Dir(name), opts)
+}
+
+// LoadDir loads the model directory dir as Load loads a fixture (an
+// embedding model without its chat template).
+func LoadDir(t testing.TB, dir string, opts Options) Fixture {
+	t.Helper()
+	name := filepath.Base(dir)
 	m, err := model.Load(dir, cpu.New(cpu.Options{Threads: opts.Threads}), model.Options{})
 	if err != nil {
 		t.Fatalf("load %s: %v", name, err)
@@ -78,11 +89,91 @@ func Load(t testing.TB, name string, opts Options) Fixture {
 		}
 		fsys = files
 	}
-	tmpl, err := chat.LoadTemplate(fsys)
-	if err != nil {
+	f := Fixture{Model: m, Tok: tok}
+	if m.Config().Embedding != nil {
+		return f // an embedding model has no chat template to need
+	}
+	if f.Tmpl, err = chat.LoadTemplate(fsys); err != nil {
 		t.Fatalf("chat template of %s: %v", name, err)
 	}
-	return Fixture{Model: m, Tok: tok, Tmpl: tmpl}
+	return f
+}
+
+// AsEmbedding lays fixture name out as a sentence-transformers embedding
+// model, as Qwen3-Embedding's directory is (modules.json with last-token
+// Pooling and Normalize, a tokenizer that appends <|endoftext|>), in a
+// temporary directory, and returns the directory.
+func AsEmbedding(t testing.TB, name string) string {
+	t.Helper()
+	src, dir := Dir(name), t.TempDir()
+	// The weights of the bare transformer, as Qwen3Model saves them: no
+	// "model." prefix, no LM head.
+	st, err := os.ReadFile(filepath.Join(src, "model.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := binary.LittleEndian.Uint64(st)
+	var header map[string]json.RawMessage
+	if err := json.Unmarshal(st[8:8+n], &header); err != nil {
+		t.Fatal(err)
+	}
+	flat := map[string]json.RawMessage{}
+	for k, v := range header {
+		if k != "lm_head.weight" {
+			flat[strings.TrimPrefix(k, "model.")] = v
+		}
+	}
+	h, _ := json.Marshal(flat)
+	h = append(h, bytes.Repeat([]byte(" "), (8-len(h)%8)%8)...)
+	out := binary.LittleEndian.AppendUint64(nil, uint64(len(h)))
+	out = append(append(out, h...), st[8+n:]...)
+	if err := os.WriteFile(filepath.Join(dir, "model.safetensors"), out, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"config.json", "tokenizer_config.json"} {
+		b, err := os.ReadFile(filepath.Join(src, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, err := os.ReadFile(filepath.Join(src, "tokenizer.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tok map[string]any
+	if err := json.Unmarshal(b, &tok); err != nil {
+		t.Fatal(err)
+	}
+	var eot any
+	for _, a := range tok["added_tokens"].([]any) {
+		if a := a.(map[string]any); a["content"] == "<|endoftext|>" {
+			eot = a["id"]
+		}
+	}
+	tok["post_processor"] = map[string]any{"type": "TemplateProcessing",
+		"single":         []any{map[string]any{"Sequence": map[string]any{"id": "A", "type_id": 0}}, map[string]any{"SpecialToken": map[string]any{"id": "<|endoftext|>", "type_id": 0}}},
+		"pair":           []any{},
+		"special_tokens": map[string]any{"<|endoftext|>": map[string]any{"id": "<|endoftext|>", "ids": []any{eot}, "tokens": []any{"<|endoftext|>"}}}}
+	files := map[string]any{
+		"tokenizer.json": tok,
+		"modules.json": []any{
+			map[string]any{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+			map[string]any{"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+			map[string]any{"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}},
+		"1_Pooling/config.json":     map[string]any{"word_embedding_dimension": 64, "pooling_mode_lasttoken": true, "pooling_mode_mean_tokens": false, "include_prompt": true},
+		"sentence_bert_config.json": map[string]any{"max_seq_length": 256, "do_lower_case": false},
+	}
+	for f, v := range files {
+		b, _ := json.Marshal(v)
+		os.MkdirAll(filepath.Dir(filepath.Join(dir, f)), 0o755)
+		if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
 }
 
 // Logger returns a logger for the code under test: discarded unless the

@@ -6,6 +6,7 @@ struct SampleArgs {
 	float temperature, topP, minP, uniform;
 	float presence, frequency, repetition;
 	int topK, cntOff, cntN, biasOff, biasN, nTop, wantLp;
+	int maskOff;  // word offset of the row's token mask (bit set: allowed), -1: none
 };
 
 // key orders (value desc, index asc) as a descending unsigned 64-bit key.
@@ -59,7 +60,7 @@ __device__ unsigned long long select_desc(const float *z, int V, unsigned long l
 }
 
 extern "C" __global__ void __launch_bounds__(1024) sample_rows(const float *logits, int V, const SampleArgs *args,
-		const int *cnt, const float *bias, float *work, int *outTok, float *outLp, int *topTok, float *topLp, int maxTop) {
+		const int *cnt, const float *bias, const unsigned long long *mask, float *work, int *outTok, float *outLp, int *topTok, float *topLp, int maxTop) {
 	__shared__ float red[32];
 	__shared__ float hist[256];
 	__shared__ unsigned long long skey;
@@ -70,8 +71,9 @@ extern "C" __global__ void __launch_bounds__(1024) sample_rows(const float *logi
 	int r = blockIdx.x;
 	SampleArgs a = args[r];
 	const float *lg = logits + (long)r * V;
-	// Penalties and bias work on a copy; without them the logits are read in place.
-	bool pen = a.cntN > 0 || a.biasN > 0;
+	// Penalties, bias and mask work on a copy; without them the logits are
+	// read in place.
+	bool pen = a.cntN > 0 || a.biasN > 0 || a.maskOff >= 0;
 	const float *z = lg;
 	if (pen) {
 		float *zw = work + (long)r * V;
@@ -93,6 +95,14 @@ extern "C" __global__ void __launch_bounds__(1024) sample_rows(const float *logi
 			if (tok >= 0 && tok < V) zw[tok] += bias[2 * (a.biasOff + e) + 1];
 		}
 		__syncthreads();
+		// Masked tokens weigh nothing in any sum and lose every comparison
+		// (the host lists at most as many top tokens as the mask allows).
+		if (a.maskOff >= 0) {
+			const unsigned long long *m = mask + a.maskOff;
+			for (int i = threadIdx.x; i < V; i += blockDim.x)
+				if (!((m[i >> 6] >> (i & 63)) & 1ull)) zw[i] = -INF;
+			__syncthreads();
+		}
 		z = zw;
 	}
 	// The largest logit and its first index, in one pass: four at a time
