@@ -243,6 +243,7 @@ func fromGGUF(v *GGUFVocab) (*Tokenizer, error) {
 		t.bytes[a.ID] = []byte(a.Content)
 	}
 	t.rawAdded = newAddedMatcher(pats)
+	t.maxBytes = t.MaxTokenBytes(nil)
 	return t, nil
 }
 
