@@ -178,6 +178,10 @@ func New(m *model.Model, tok *tokenizer.Tokenizer, opts Options) (*Engine, error
 // Options returns the options in effect (defaults filled in).
 func (e *Engine) Options() Options { return e.opts }
 
+// ContextLength returns the most tokens one sequence may hold, prompt and
+// answer.
+func (e *Engine) ContextLength() int { return e.cfg.ContextLength }
+
 // Generate submits a request and returns its stream. It fails at once for
 // invalid requests (a *SamplingError for sampling parameters out of
 // bounds), prompts that do not fit the context (ErrContextOverflow), a full

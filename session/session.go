@@ -96,7 +96,7 @@ type Request struct {
 // (sampling parameters out of bounds, context overflow, a full queue, a
 // closed engine). Cancelling ctx ends the stream with FinishCancelled.
 func (s *Session) Generate(ctx context.Context, req *Request) (*Stream, error) {
-	ids, parser, err := s.prompt(req)
+	ids, parser, err := s.prompt(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -113,7 +113,7 @@ func (s *Session) Generate(ctx context.Context, req *Request) (*Stream, error) {
 
 // prompt returns a request's prompt ids and, for a conversation, the parser
 // of its answer.
-func (s *Session) prompt(req *Request) ([]int32, *chat.Parser, error) {
+func (s *Session) prompt(ctx context.Context, req *Request) ([]int32, *chat.Parser, error) {
 	set := 0
 	for _, ok := range []bool{len(req.Messages) > 0, req.Prompt != "", len(req.PromptIDs) > 0} {
 		if ok {
@@ -130,14 +130,15 @@ func (s *Session) prompt(req *Request) ([]int32, *chat.Parser, error) {
 		return nil, nil, errors.New("session: no tokenizer: only token id prompts are served")
 	}
 	if req.Prompt != "" {
-		return s.tok.Encode(req.Prompt), nil, nil
+		ids, err := s.encode(req.Prompt)
+		return ids, nil, err
 	}
 	if s.tmpl == nil {
 		return nil, nil, errors.New("session: the model has no chat template")
 	}
-	text, err := s.tmpl.Render(&chat.RenderInput{Messages: req.Messages, Tools: req.Tools, AddGenerationPrompt: true, Kwargs: req.TemplateKwargs})
+	text, err := s.render(ctx, &chat.RenderInput{Messages: req.Messages, Tools: req.Tools, AddGenerationPrompt: true, Kwargs: req.TemplateKwargs})
 	if err != nil {
-		return nil, nil, fmt.Errorf("session: render chat template: %w", err)
+		return nil, nil, err
 	}
 	thinking := chat.OpensThinking(text)
 	var start string
@@ -158,7 +159,8 @@ func (s *Session) prompt(req *Request) ([]int32, *chat.Parser, error) {
 	}
 	parser := chat.NewParser(chat.ParserOptions{Tools: req.Tools, InThinking: thinking})
 	parser.Push(start) // the parser reads the forced start as generated: an open call
-	return s.tok.Encode(text + start), parser, nil
+	ids, err := s.encode(text + start)
+	return ids, parser, err
 }
 
 // Close closes the engine, which ends every stream (FinishCancelled), and

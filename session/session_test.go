@@ -2,6 +2,7 @@ package session
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strings"
 	"testing"
@@ -135,7 +136,7 @@ func TestPrepareNextTurn(t *testing.T) {
 func TestChatOutput(t *testing.T) {
 	f := testmodel.Load(t, "qwen3", testmodel.Options{})
 	s := New(nil, f.Tok, f.Tmpl, Options{})
-	_, parser, err := s.prompt(&Request{Messages: []chat.Message{{Role: "user", Content: "hi"}}})
+	_, parser, err := s.prompt(context.Background(), &Request{Messages: []chat.Message{{Role: "user", Content: "hi"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +165,7 @@ func TestForceToolCall(t *testing.T) {
 	s, f := newSession(t, "qwen3", testmodel.Options{ChatTemplate: "qwen3.jinja"}, engine.Options{}, Options{})
 	tools := []chat.Tool{chat.Tool(`{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}`)}
 	msgs := []chat.Message{{Role: "user", Content: "Weather in Paris?"}}
-	ids, _, err := s.prompt(&Request{Messages: msgs, Tools: tools, ForceToolCall: "get_weather"})
+	ids, _, err := s.prompt(context.Background(), &Request{Messages: msgs, Tools: tools, ForceToolCall: "get_weather"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,5 +205,41 @@ func TestRequestErrors(t *testing.T) {
 	}
 	if st := s.eng.Stats(); st.PromptTokens != 0 {
 		t.Errorf("the engine saw %d prompt tokens", st.PromptTokens)
+	}
+}
+
+// A prompt over the context is refused before it is tokenized whole, and a
+// conversation before it is rendered whole (tokenizer.TestEncodeHugePiece
+// and chat.TestOutputLimit bound that work): ErrContextOverflow, the engine
+// never seeing them, for an 8 MiB text without a space and for one under
+// the byte bound that only counting refuses.
+func TestPromptOverContext(t *testing.T) {
+	s, f := newSession(t, "qwen3", testmodel.Options{ChatTemplate: "qwen3.jinja"}, engine.Options{}, Options{})
+	limit := s.eng.ContextLength() - 1
+	per := f.Tok.MaxTokenBytes(nil)
+	if per == 0 {
+		t.Fatal("the fixture's tokenizer has no bound on a token's bytes")
+	}
+	huge := strings.Repeat("x", 8<<20)
+	counted := strings.Repeat("qz", per*limit/2)
+	for name, c := range map[string]struct {
+		req  *Request
+		want string
+	}{
+		"huge prompt":          {&Request{Prompt: huge}, "the prompt has more than"},
+		"huge conversation":    {&Request{Messages: []chat.Message{{Role: "user", Content: huge}}}, "the rendered conversation is over"},
+		"counted prompt":       {&Request{Prompt: counted}, "the prompt has more than"},
+		"counted conversation": {&Request{Messages: []chat.Message{{Role: "user", Content: counted[:len(counted)/2]}}}, "the prompt has more than"},
+	} {
+		_, err := s.Generate(context.Background(), c.req)
+		if !errors.Is(err, engine.ErrContextOverflow) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	if st := s.eng.Stats(); st.PromptTokens != 0 {
+		t.Errorf("the engine saw %d prompt tokens", st.PromptTokens)
+	}
+	if len(f.Tok.Encode(counted[:len(counted)/2])) <= limit {
+		t.Error("the counted conversation fits the context: the test proves nothing")
 	}
 }

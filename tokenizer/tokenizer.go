@@ -89,7 +89,7 @@ func (t *Tokenizer) buildVocab(f *fileJSON) {
 	}
 	t.rawAdded = newAddedMatcher(raw)
 	t.normAdded = newAddedMatcher(normed)
-	t.maxBytes = t.MaxTokenBytes(nil)
+	t.maxBytes = t.weighTokens(func(byte) int { return 1 })
 }
 
 // Encode returns the ids of text as HF's encode(text,
@@ -241,8 +241,13 @@ func addPrefixSpace(pieces []string) []string {
 // the vocabulary lacks are dropped or fused into one unknown token.
 func (t *Tokenizer) MaxTokenBytes(weight func(byte) int) int {
 	if weight == nil {
-		weight = func(byte) int { return 1 }
+		return t.maxBytes
 	}
+	return t.weighTokens(weight)
+}
+
+// weighTokens is MaxTokenBytes(weight), computed.
+func (t *Tokenizer) weighTokens(weight func(byte) int) int {
 	most := 0
 	weigh := func(s string) {
 		w := 0
