@@ -128,6 +128,7 @@ type generation struct {
 func (s *Server) start(r *http.Request, req *session.Request) (*generation, error) {
 	ctx, cancel := context.WithTimeout(r.Context(), s.opts.RequestTimeout)
 	st, err := s.sess.Generate(ctx, req)
+	prepSlotOf(r).release() // the engine has the prompt, or refused it
 	if err != nil {
 		cancel()
 		return nil, err

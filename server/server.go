@@ -59,7 +59,7 @@ type Options struct {
 	// model), for its size, digest and details.
 	Served *catalog.Model
 
-	MaxBodyBytes   int64         // default 8 MiB
+	MaxBodyBytes   int64         // default DefaultMaxBody
 	RequestTimeout time.Duration // one generation, submission to end; default 10 min
 	WriteTimeout   time.Duration // one write to a client that stopped reading; default 30 s
 	Logger         *slog.Logger  // default slog.Default()
@@ -69,6 +69,7 @@ type Options struct {
 // with New, call Serve for each listener, and Shutdown to drain.
 type Server struct {
 	sess    *session.Session
+	prep    *prepGate
 	opts    Options
 	log     *slog.Logger
 	hs      *http.Server
@@ -84,7 +85,7 @@ type Server struct {
 // New returns a server for sess.
 func New(sess *session.Session, opts Options) *Server {
 	if opts.MaxBodyBytes <= 0 {
-		opts.MaxBodyBytes = 8 << 20
+		opts.MaxBodyBytes = DefaultMaxBody(sess)
 	}
 	if opts.RequestTimeout <= 0 {
 		opts.RequestTimeout = 10 * time.Minute
@@ -95,7 +96,7 @@ func New(sess *session.Session, opts Options) *Server {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	s := &Server{sess: sess, opts: opts, log: opts.Logger, started: time.Now()}
+	s := &Server{sess: sess, prep: newPrepGate(prepSlots()), opts: opts, log: opts.Logger, started: time.Now()}
 	s.baseCtx, s.cancelAll = context.WithCancelCause(context.Background())
 	s.handler = s.routes()
 	s.hs = &http.Server{
@@ -211,6 +212,8 @@ func (s *Server) generation(h func(http.ResponseWriter, *http.Request) error, wr
 		}
 		s.inFlight.Add(1)
 		defer s.inFlight.Add(-1)
+		r, release := s.withPrepSlot(r)
+		defer release()
 		// A streamed response leaves a write deadline on the connection;
 		// the next request on it must not inherit it.
 		defer http.NewResponseController(w).SetWriteDeadline(time.Time{})

@@ -70,6 +70,9 @@ func New(eng *engine.Engine, tok *tokenizer.Tokenizer, tmpl *chat.Template, opts
 // Engine returns the session's engine (for its Stats and Options).
 func (s *Session) Engine() *engine.Engine { return s.eng }
 
+// Tokenizer returns the session's tokenizer (nil: token id prompts only).
+func (s *Session) Tokenizer() *tokenizer.Tokenizer { return s.tok }
+
 // Request is one generation. Exactly one of Messages, Prompt and PromptIDs
 // is set: Messages are rendered with the model's chat template (with the
 // generation prompt), Prompt is tokenized as is (completions), PromptIDs

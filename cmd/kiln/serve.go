@@ -58,7 +58,7 @@ func (c *serveConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.apiKey, "api-key", os.Getenv("KILN_API_KEY"), "API key TCP clients must send as a bearer token (default $KILN_API_KEY)")
 	fs.DurationVar(&c.drainTimeout, "drain-timeout", 30*time.Second, "on SIGTERM/SIGINT, how long in-flight requests may finish before they are cancelled")
 	fs.DurationVar(&c.requestTimeout, "request-timeout", 10*time.Minute, "longest time one generation may take")
-	fs.Int64Var(&c.maxBody, "max-body", 8<<20, "largest request body in bytes")
+	fs.Int64Var(&c.maxBody, "max-body", 0, "largest request body in bytes (default: the largest request whose prompt can fit the context)")
 	fs.StringVar(&c.pidFile, "pid-file", "", "write the process id here while serving (kiln start sets it)")
 	fs.BoolVar(&c.verbose, "v", false, "debug logging")
 }
@@ -178,6 +178,11 @@ func (c *serveConfig) serve() error {
 	if len(listeners) > 0 && listeners[0].Addr().Network() == "tcp" {
 		info["tcp"] = listeners[0].Addr().String()
 	}
+	maxBody := c.maxBody
+	if maxBody <= 0 {
+		maxBody = server.DefaultMaxBody(lm.sess)
+	}
+	slog.Info("request limits", "max_body", maxBody, "context", lm.ctxLen)
 	srv := server.New(lm.sess, server.Options{
 		ModelName:      lm.name,
 		ContextLength:  lm.ctxLen,
@@ -187,7 +192,7 @@ func (c *serveConfig) serve() error {
 		Info:           info,
 		Models:         newCatalog(),
 		Served:         c.model.served(lm.name),
-		MaxBodyBytes:   c.maxBody,
+		MaxBodyBytes:   maxBody,
 		RequestTimeout: c.requestTimeout,
 		Logger:         slog.Default(),
 	})
