@@ -51,7 +51,9 @@ func startServer(t testing.TB, opts Options, eopts engine.Options) *testServer {
 	t.Helper()
 	sess, tok, ctxLen := newSession(t, eopts)
 	opts.ModelName = testModel
-	opts.Logger = testmodel.Logger()
+	if opts.Logger == nil {
+		opts.Logger = testmodel.Logger()
+	}
 	opts.ContextLength = ctxLen
 	opts.TokenText = func(id int32) string { return tok.Decode([]int32{id}) }
 	srv := New(sess, opts)

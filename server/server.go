@@ -61,8 +61,11 @@ type Options struct {
 
 	MaxBodyBytes   int64         // default DefaultMaxBody
 	RequestTimeout time.Duration // one generation, submission to end; default 10 min
-	WriteTimeout   time.Duration // one write to a client that stopped reading; default 30 s
-	Logger         *slog.Logger  // default slog.Default()
+	// WriteTimeout is how long a stream's client may take nothing of it
+	// while bytes wait for it (or one write may block) before the stream
+	// is cancelled and its sequence freed; default 10 s.
+	WriteTimeout time.Duration
+	Logger       *slog.Logger // default slog.Default()
 }
 
 // Server is an HTTP front end of one session and its engine. Create it
@@ -91,7 +94,7 @@ func New(sess *session.Session, opts Options) *Server {
 		opts.RequestTimeout = 10 * time.Minute
 	}
 	if opts.WriteTimeout <= 0 {
-		opts.WriteTimeout = 30 * time.Second
+		opts.WriteTimeout = 10 * time.Second
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -114,6 +117,9 @@ func New(sess *session.Session, opts Options) *Server {
 			if c.LocalAddr().Network() == "unix" {
 				ctx = context.WithValue(ctx, trustedConn{}, true)
 			}
+			if cc, ok := c.(*countingConn); ok {
+				ctx = context.WithValue(ctx, connKey{}, cc)
+			}
 			return ctx
 		},
 		ErrorLog: slog.NewLogLogger(opts.Logger.Handler(), slog.LevelWarn),
@@ -132,7 +138,7 @@ func (s *Server) Handler() http.Handler { return s.handler }
 // Serve accepts connections on l until Shutdown; it returns nil after a
 // Shutdown and the accept error otherwise.
 func (s *Server) Serve(l net.Listener) error {
-	err := s.hs.Serve(l)
+	err := s.hs.Serve(countingListener{l})
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
 	}
@@ -214,10 +220,22 @@ func (s *Server) generation(h func(http.ResponseWriter, *http.Request) error, wr
 		defer s.inFlight.Add(-1)
 		r, release := s.withPrepSlot(r)
 		defer release()
+		err := h(w, r)
+		if errors.Is(err, errClientWrite) {
+			// The client is gone or stopped reading: what is left to
+			// write must not wait for it, and the connection closes.
+			http.NewResponseController(w).SetWriteDeadline(time.Now())
+			level := slog.LevelDebug
+			if errors.Is(err, errNotReading) {
+				level = slog.LevelInfo
+			}
+			s.log.Log(r.Context(), level, "stream cancelled", "path", r.URL.Path, "err", err)
+			return
+		}
 		// A streamed response leaves a write deadline on the connection;
 		// the next request on it must not inherit it.
-		defer http.NewResponseController(w).SetWriteDeadline(time.Time{})
-		if err := h(w, r); err != nil {
+		http.NewResponseController(w).SetWriteDeadline(time.Time{})
+		if err != nil {
 			if hw, ok := w.(*statusWriter); ok && hw.wrote {
 				// Mid-stream: the handler already reported it in-band.
 				s.log.Debug("request ended with an error after the response started", "path", r.URL.Path, "err", err)

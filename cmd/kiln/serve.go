@@ -46,6 +46,7 @@ type serveConfig struct {
 	apiKey         string
 	drainTimeout   time.Duration
 	requestTimeout time.Duration
+	writeTimeout   time.Duration
 	maxBody        int64
 	pidFile        string
 	verbose        bool
@@ -58,6 +59,7 @@ func (c *serveConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.apiKey, "api-key", os.Getenv("KILN_API_KEY"), "API key TCP clients must send as a bearer token (default $KILN_API_KEY)")
 	fs.DurationVar(&c.drainTimeout, "drain-timeout", 30*time.Second, "on SIGTERM/SIGINT, how long in-flight requests may finish before they are cancelled")
 	fs.DurationVar(&c.requestTimeout, "request-timeout", 10*time.Minute, "longest time one generation may take")
+	fs.DurationVar(&c.writeTimeout, "write-timeout", 10*time.Second, "how long a streaming client may read nothing while its answer waits before the stream is cancelled")
 	fs.Int64Var(&c.maxBody, "max-body", 0, "largest request body in bytes (default: the largest request whose prompt can fit the context)")
 	fs.StringVar(&c.pidFile, "pid-file", "", "write the process id here while serving (kiln start sets it)")
 	fs.BoolVar(&c.verbose, "v", false, "debug logging")
@@ -194,6 +196,7 @@ func (c *serveConfig) serve() error {
 		Served:         c.model.served(lm.name),
 		MaxBodyBytes:   maxBody,
 		RequestTimeout: c.requestTimeout,
+		WriteTimeout:   c.writeTimeout,
 		Logger:         slog.Default(),
 	})
 
