@@ -55,6 +55,12 @@ type Options struct {
 	// the Hugging Face cache and /api/delete removes from it. Without it
 	// those routes know only the served model.
 	Models ModelStore
+	// AllowedHosts are the names, beyond this machine's (localhost, its
+	// IP addresses and host name), that a server without an API key
+	// answers to in the Host header: names such as kiln.example.com, *
+	// matching any part of one, or "*" for every name. See guardBrowsers
+	// and CheckHosts.
+	AllowedHosts []string
 	// Served is the served model's catalog entry (nil: the embedded demo
 	// model), for its size, digest and details.
 	Served *catalog.Model
@@ -196,7 +202,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeErrorFor(w, r, notFound("unknown_url", "unknown route %s %s", r.Method, r.URL.Path))
 	})
-	return s.logged(s.recovered(s.authorized(mux)))
+	return s.logged(s.recovered(s.guardBrowsers(s.authorized(mux))))
 }
 
 // openAI adapts a handler that returns its error to OpenAI's error shape.

@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -48,6 +49,7 @@ type serveConfig struct {
 	requestTimeout time.Duration
 	writeTimeout   time.Duration
 	maxBody        int64
+	allowedHosts   string
 	pidFile        string
 	verbose        bool
 }
@@ -61,6 +63,7 @@ func (c *serveConfig) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.requestTimeout, "request-timeout", 10*time.Minute, "longest time one generation may take")
 	fs.DurationVar(&c.writeTimeout, "write-timeout", 10*time.Second, "how long a streaming client may read nothing while its answer waits before the stream is cancelled")
 	fs.Int64Var(&c.maxBody, "max-body", 0, "largest request body in bytes (default: the largest request whose prompt can fit the context)")
+	fs.StringVar(&c.allowedHosts, "allowed-hosts", "", "comma-separated host names, beyond localhost, this machine's addresses and name, that browsers may reach the server by (patterns with *); without --api-key others are refused, against DNS rebinding")
 	fs.StringVar(&c.pidFile, "pid-file", "", "write the process id here while serving (kiln start sets it)")
 	fs.BoolVar(&c.verbose, "v", false, "debug logging")
 }
@@ -144,6 +147,10 @@ func (c *serveConfig) serve() error {
 			return err
 		}
 	}
+	allowedHosts := splitList(c.allowedHosts)
+	if err := server.CheckHosts(allowedHosts); err != nil {
+		return fmt.Errorf("--allowed-hosts: %w", err)
+	}
 	// Listen before loading, so that a busy port or a running daemon fails
 	// in milliseconds, not after the weights are read.
 	var listeners []net.Listener
@@ -194,6 +201,7 @@ func (c *serveConfig) serve() error {
 		Info:           info,
 		Models:         newCatalog(),
 		Served:         c.model.served(lm.name),
+		AllowedHosts:   allowedHosts,
 		MaxBodyBytes:   maxBody,
 		RequestTimeout: c.requestTimeout,
 		WriteTimeout:   c.writeTimeout,
@@ -228,4 +236,15 @@ func (c *serveConfig) serve() error {
 	}
 	slog.Info("stopped")
 	return serveErr
+}
+
+// splitList splits a comma-separated flag value, dropping empty items.
+func splitList(v string) []string {
+	var out []string
+	for _, item := range strings.Split(v, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			out = append(out, item)
+		}
+	}
+	return out
 }
