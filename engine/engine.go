@@ -281,8 +281,10 @@ func (e *Engine) prepare(req *Request) (*seq, error) {
 		s.stopIDs[t] = true
 	}
 	s.maxLen = e.cfg.ContextLength
-	if sp.MaxTokens > 0 {
-		s.maxLen = min(s.maxLen, len(ids)+sp.MaxTokens)
+	if sp.MaxTokens > 0 && sp.MaxTokens < s.maxLen-len(ids) {
+		// Compared with the room left: len(ids)+MaxTokens would wrap
+		// around for a max_tokens near 2^63.
+		s.maxLen = len(ids) + sp.MaxTokens
 	}
 	s.params = backend.SampleParams{
 		Temperature: sp.Temperature, TopK: sp.TopK, TopP: sp.TopP, MinP: sp.MinP,

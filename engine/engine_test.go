@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -595,5 +596,36 @@ func TestTokenMask(t *testing.T) {
 	}
 	if r := collect(st); r.finish != FinishError || !errors.Is(r.err, ErrMaskEmpty) || !slices.Equal(r.tokens, free.tokens[:2]) {
 		t.Errorf("a mask that allows nothing after 2 tokens: %v %v, tokens %v (free %v)", r.finish, r.err, r.tokens, free.tokens)
+	}
+}
+
+// A max_tokens near 2^63 means "until the context is full", as any over
+// the room left does: prompt + max_tokens used to wrap around to a
+// negative length, which ended the answer at once.
+func TestMaxTokensOverflow(t *testing.T) {
+	f := loadFixture(t, "qwen3")
+	e := newEngine(t, f, Options{})
+	prompt := []int32{1, 2, 3}
+	want := generate(t, e, &Request{Prompt: prompt, Sampling: Sampling{MaxTokens: 12, IgnoreEOS: true}}).tokens
+	for _, maxTokens := range []int{math.MaxInt - len(prompt) + 1, math.MaxInt, f.Model.Config().ContextLength} {
+		ctx, cancel := context.WithCancel(context.Background())
+		st, err := e.Generate(ctx, &Request{Prompt: prompt, Sampling: Sampling{MaxTokens: maxTokens, IgnoreEOS: true}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []int32
+		for ev := range st.Events() {
+			got = append(got, ev.Tokens...)
+			if ev.Done && len(got) < len(want) {
+				t.Errorf("max_tokens %d: ended (%s) after %d tokens", maxTokens, ev.Finish, len(got))
+			}
+			if len(got) >= len(want) {
+				cancel()
+			}
+		}
+		cancel()
+		if len(got) < len(want) || !slices.Equal(got[:len(want)], want) {
+			t.Errorf("max_tokens %d: %v, want %v first", maxTokens, got, want)
+		}
 	}
 }
