@@ -599,6 +599,38 @@ func TestTokenMask(t *testing.T) {
 	}
 }
 
+// Blocks the prefix cache holds count as free when admitting: with the
+// whole pool cached, requests still run side by side.
+func TestAdmitIntoAFullCache(t *testing.T) {
+	f := loadFixture(t, "qwen3")
+	e := newEngine(t, f, Options{BlockSize: 4, KVBlocks: 16})
+	rng := rand.New(rand.NewPCG(31, 32))
+	for range 4 {
+		generate(t, e, &Request{Prompt: randomPrompt(rng, f, 16), Sampling: Sampling{MaxTokens: 4, IgnoreEOS: true}})
+	}
+	if st := e.Stats(); st.KVBlocksCached < 15 {
+		t.Fatalf("the cache holds %d of 16 blocks, want it full", st.KVBlocksCached)
+	}
+	before := e.Stats()
+	var streams []*Stream
+	for range 3 {
+		st, err := e.Generate(context.Background(), &Request{Prompt: randomPrompt(rng, f, 6), Sampling: Sampling{MaxTokens: 8, IgnoreEOS: true}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		streams = append(streams, st)
+	}
+	for _, st := range streams {
+		if r := collect(st); len(r.tokens) != 8 {
+			t.Errorf("%d tokens, want 8 (%v)", len(r.tokens), r.err)
+		}
+	}
+	after := e.Stats()
+	if steps, tokens := after.DecodeSteps-before.DecodeSteps, after.DecodeTokens-before.DecodeTokens; tokens < 2*steps {
+		t.Errorf("%d tokens in %d decode-only passes: the requests did not run together", tokens, steps)
+	}
+}
+
 // A max_tokens near 2^63 means "until the context is full", as any over
 // the room left does: prompt + max_tokens used to wrap around to a
 // negative length, which ended the answer at once.

@@ -249,10 +249,10 @@ func (s *scheduler) start(q *seq) bool {
 		}
 	}
 	copies, err := q.table.Reserve(s.alloc, q.pos, n-q.pos)
-	if err == nil && s.alloc.Free() < len(s.running) {
+	if err == nil {
 		// Leave a block for each running sequence's next one: admitting
 		// into the last free blocks would only preempt the newcomer again.
-		err = kvcache.ErrNoBlocks
+		err = s.headroom(len(s.running))
 	}
 	if err != nil {
 		q.table.Release(s.alloc)
@@ -292,6 +292,28 @@ func (s *scheduler) start(q *seq) bool {
 		s.recomputed += int64(n - q.pos)
 	}
 	return true
+}
+
+// headroom makes n blocks free, taking them from the caches if need be
+// (blocks the caches could give back count as free when they do).
+func (s *scheduler) headroom(n int) error {
+	if s.alloc.Free() >= n {
+		return nil
+	}
+	taken := make([]int32, 0, n)
+	defer func() {
+		for _, b := range taken {
+			s.alloc.Release(b)
+		}
+	}()
+	for range n {
+		b, err := s.alloc.Alloc()
+		if err != nil {
+			return err
+		}
+		taken = append(taken, b)
+	}
+	return nil
 }
 
 // release gives back what a sequence holds in the scheduler.

@@ -131,6 +131,36 @@ func TestPrefixCacheMatchAndEviction(t *testing.T) {
 	checkRefs(t, a)
 }
 
+// Two sequences that computed the same prefix side by side: the second's
+// own blocks hang below the first's copy of the prefix, which the cache
+// gives back (with what hangs below it) once the first is gone, so that
+// the second can use every other block.
+func TestPrefixCacheReclaimBelowOthersCopy(t *testing.T) {
+	a := NewAllocator(8)
+	c := NewPrefixCache(a, 2)
+	seq := []int32{1, 2, 3, 4, 5, 6}
+	x, y := NewTable(2), NewTable(2)
+	var xc, yc Chain
+	for _, tb := range []*Table{x, y} {
+		if _, err := tb.Reserve(a, 0, 4); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.Insert(&xc, seq[:4], x.Blocks())
+	c.Insert(&yc, seq[:4], y.Blocks()) // the same prefix: x's copy is kept
+	if _, err := y.Reserve(a, 4, 2); err != nil {
+		t.Fatal(err)
+	}
+	c.Insert(&yc, seq, y.Blocks()) // y's third block hangs below x's second
+	x.Release(a)
+	if _, err := y.Reserve(a, 6, 10); err != nil {
+		t.Fatalf("y alone cannot grow to 8 blocks: %v (cache holds %d)", err, c.Len())
+	}
+	checkRefs(t, a, y.Blocks())
+	y.Release(a)
+	checkRefs(t, a)
+}
+
 // TestPrefixCacheRandomInvariants runs random sequences over a small pool:
 // whatever the interleaving, every match returns blocks whose cached tokens
 // equal the request's, reference counts equal the holders, and a cleared

@@ -9,9 +9,10 @@ import (
 // token prefix. Each cached block is keyed by a hash chain: the key of logical
 // block i hashes the key of block i-1 and the block's tokens, so a key names
 // the whole prefix up to the block's end. The cache holds one reference on
-// each cached block. Reclaim drops least recently used entries that are
-// leaves of the chain (no cached block extends them) and that no sequence
-// shares, so that a cached chain never has holes.
+// each cached block. Reclaim drops least recently used entries that no
+// sequence shares, leaves of the chain first (no cached block extends
+// them), and an entry only with everything below it, so that a cached
+// chain never has holes.
 type PrefixCache struct {
 	a         *Allocator
 	blockSize int
@@ -118,17 +119,44 @@ func (c *PrefixCache) Insert(ch *Chain, tokens []int32, blocks []int32) {
 	}
 }
 
-// Reclaim implements Reclaimer.
+// Reclaim implements Reclaimer: it drops the least recently used leaf that
+// no sequence shares or, when there is none, the least recently used entry
+// that no sequence shares with every entry below it (unreachable without
+// it). The second is for a sequence that computed a prefix beside another:
+// its own entries hang below the other's copies of that prefix, whose
+// blocks it does not hold, and they must not stay pinned while it runs
+// (it could then not grow to the context the cache was sized for).
 func (c *PrefixCache) Reclaim() bool {
+	var unshared *prefixEntry
 	for el := c.lru.Back(); el != nil; el = el.Prev() {
 		e := el.Value.(*prefixEntry)
-		if e.children > 0 || c.a.Refs(e.block) > 1 {
+		if c.a.Refs(e.block) > 1 {
 			continue
 		}
-		c.drop(e)
-		return true
+		if e.children == 0 {
+			c.drop(e)
+			return true
+		}
+		if unshared == nil {
+			unshared = e
+		}
 	}
-	return false
+	if unshared == nil {
+		return false
+	}
+	below := map[uint64]bool{unshared.key: true}
+	for grew := true; grew; {
+		grew = false
+		for k, e := range c.entries {
+			if !below[k] && below[e.parent] {
+				below[k], grew = true, true
+			}
+		}
+	}
+	for k := range below {
+		c.drop(c.entries[k])
+	}
+	return true
 }
 
 func (c *PrefixCache) drop(e *prefixEntry) {
