@@ -21,6 +21,15 @@ type Request struct {
 	// requests wait, and while it waits for admission, the arrival of a
 	// request that starts with its prompt ends it (FinishCancelled).
 	PrefillOnly bool
+
+	// Context bounds this sequence below the engine's context (Ollama's
+	// num_ctx); 0 or more than the engine's: the engine's.
+	Context int
+	// ClampMaxTokens cuts a Sampling.MaxTokens that the prompt leaves no
+	// room for to the room there is (Ollama's num_predict); without it,
+	// such a request is refused with a *ContextError, as OpenAI's and
+	// vLLM's max_tokens are.
+	ClampMaxTokens bool
 }
 
 // TokenMask constrains a request's tokens: the hook of constrained decoding
@@ -51,7 +60,7 @@ type Sampling struct {
 	FrequencyPenalty  float32
 	RepetitionPenalty float32 // 0 or 1: none
 	LogitBias         map[int32]float32
-	MaxTokens         int      // 0: until the context is full
+	MaxTokens         int      // 0: until the context is full; prompt + MaxTokens must fit the context (Request.ClampMaxTokens)
 	Stop              []string // stop strings, matched across token boundaries and not emitted
 	StopTokenIDs      []int32  // in addition to the model's end-of-sequence tokens
 	IgnoreEOS         bool
@@ -173,7 +182,8 @@ type Stats struct {
 	Preemptions       int64
 	RecomputedTokens  int64 // tokens computed again after preemptions (their cost)
 	RequestsCompleted int64
-	StateSnapshots    int // hybrid-model state snapshots held
+	GeneratedTokens   int64 // tokens sampled for requests, all time
+	StateSnapshots    int   // hybrid-model state snapshots held
 	StateBytes        int64
 
 	// Forward passes, all time: how many, the tokens they computed and the
@@ -191,9 +201,55 @@ type Stats struct {
 	HostTime time.Duration
 }
 
+// ContextLimit says what bounds a context length.
+type ContextLimit string
+
+const (
+	LimitModel   ContextLimit = "model"    // the model's context length
+	LimitOption  ContextLimit = "option"   // Options.Context
+	LimitKVCache ContextLimit = "kv_cache" // what the KV cache holds for one sequence
+	LimitRequest ContextLimit = "request"  // Request.Context
+)
+
+// ContextError is a request that does not fit its context: the prompt
+// leaves no room for a token, or no room for MaxTokens. It is an
+// ErrContextOverflow.
+type ContextError struct {
+	Prompt    int // prompt tokens
+	MaxTokens int // tokens asked for; 0: none
+	Context   int // the sequence's context length
+	Limit     ContextLimit
+	// AtLeast: Prompt is a lower bound, the session having stopped
+	// tokenizing once the prompt passed the context.
+	AtLeast bool
+}
+
+func (e *ContextError) Error() string {
+	if e.MaxTokens > 0 && e.Prompt < e.Context {
+		return fmt.Sprintf("%d prompt tokens and max_tokens %d (%d in all) exceed the context of %d tokens",
+			e.Prompt, e.MaxTokens, e.Requested(), e.Context)
+	}
+	return fmt.Sprintf("%s prompt tokens leave no room for an answer in the context of %d tokens", e.Count(uint64(e.Prompt)), e.Context)
+}
+
+// Count writes n, a count that includes the prompt, as "at least n" when
+// the prompt's is a lower bound.
+func (e *ContextError) Count(n uint64) string {
+	if e.AtLeast {
+		return fmt.Sprintf("at least %d", n)
+	}
+	return fmt.Sprint(n)
+}
+
+func (e *ContextError) Unwrap() error { return ErrContextOverflow }
+
+// Requested is the tokens the request asked for, its prompt and at least
+// one more: a uint64, which a max_tokens near 2^63 cannot wrap around.
+func (e *ContextError) Requested() uint64 { return uint64(e.Prompt) + uint64(max(e.MaxTokens, 1)) }
+
 var (
-	// ErrContextOverflow: the prompt (plus at least one generated token)
-	// does not fit in the model's context.
+	// ErrContextOverflow: the prompt (plus at least one generated token,
+	// or plus MaxTokens) does not fit in the context; see ContextError.
 	ErrContextOverflow = errors.New("prompt exceeds the context length")
 	// ErrQueueFull: too many requests are waiting.
 	ErrQueueFull = errors.New("request queue is full")
@@ -204,7 +260,8 @@ var (
 	// ErrMaskEmpty (a stream's Err): the request's TokenMask allowed no
 	// token.
 	ErrMaskEmpty = errors.New("the token mask allows no token")
-	// ErrKVFull (a stream's Err): the sequence needs more KV blocks than
-	// the whole cache has, even running alone.
+	// ErrKVFull (a stream's Err): the prompt needs more KV blocks than the
+	// whole cache has, even running alone (only with a context beyond the
+	// cache: see Options.Context).
 	ErrKVFull = errors.New("the sequence does not fit in the KV cache")
 )

@@ -41,7 +41,21 @@ func (s *scheduler) emit(q *seq, smp backend.Sampled) {
 	} else if reason == "" && len(q.tokens) >= q.maxLen {
 		reason = FinishLength
 	}
-	if reason != "" && !stopped && q.dec != nil {
+	switch {
+	case reason == "":
+		q.out.push(ev)
+	case stopped:
+		s.finishWith(q, reason, nil, ev)
+	default:
+		s.complete(q, reason, ev)
+	}
+}
+
+// complete ends q for reason with ev as its final event, after the text
+// that its decoder and stop matcher still hold (a stop string it completes
+// makes the reason FinishStop).
+func (s *scheduler) complete(q *seq, reason FinishReason, ev Event) {
+	if q.dec != nil {
 		tail, hit := q.stop.push(q.dec.Flush())
 		ev.Text += tail
 		if hit {
@@ -49,10 +63,6 @@ func (s *scheduler) emit(q *seq, smp backend.Sampled) {
 		} else {
 			ev.Text += q.stop.flush()
 		}
-	}
-	if reason == "" {
-		q.out.push(ev)
-		return
 	}
 	s.finishWith(q, reason, nil, ev)
 }

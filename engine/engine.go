@@ -9,7 +9,8 @@
 //
 // Requests wait in a FCFS queue and join the running batch (at most
 // MaxRunning sequences) as soon as a sequence's whole remaining prompt fits
-// in free KV blocks, leaving one block per running sequence. Each step runs
+// in free KV blocks (blocks the caches could give back count as free),
+// leaving one block per running sequence. Each step runs
 // one forward pass of at most MaxBatchTokens tokens: every decoding sequence
 // advances by one token, and prompts being prefilled share the rest in
 // chunks, oldest first, so a long prompt never stalls running streams. When a
@@ -17,8 +18,9 @@
 // gave theirs back, the youngest running sequence is preempted: its blocks
 // and slot are freed and it goes back to the head of the queue, to be
 // recomputed (prompt and generated tokens, from whatever the caches still
-// hold) when admitted again. A sequence that does not fit alone fails with
-// ErrKVFull.
+// hold) when admitted again. The context a request may fill (Context) is
+// at most what the cache holds for one sequence, so every sequence fits
+// alone and runs to its end.
 //
 // # Reuse
 //
@@ -59,6 +61,12 @@ type Options struct {
 	BlockSize int   // tokens per KV block; 16
 	KVBlocks  int   // KV blocks; 0: as many as KVMemory holds
 	KVMemory  int64 // bytes for the KV cache when KVBlocks is 0; 1 GiB
+	// Context bounds one sequence, prompt and answer; 0: the model's
+	// context length. Either way the engine's context (Engine.Context) is
+	// at most what the KV cache holds for one sequence, so that a request
+	// it accepts can always run to its end; New refuses a Context the
+	// model or the cache cannot give.
+	Context int
 	// MaxBatchTokens is the token budget of one step: decoding sequences
 	// take one token each, prompts being prefilled share the rest in chunks.
 	// 256.
@@ -80,6 +88,7 @@ type Options struct {
 
 	checkAccounting bool // tests: verify block accounting after every step
 	overlap         bool // tests: hold tokens over the next pass on any backend
+	beyondCache     bool // tests: a context beyond the KV cache, so that a lone sequence can outgrow it
 }
 
 func (o *Options) setDefaults() error {
@@ -108,7 +117,7 @@ func (o *Options) setDefaults() error {
 		o.Logger = slog.Default()
 	}
 	switch {
-	case o.BlockSize < 1 || o.MaxBatchTokens < 1 || o.MaxRunning < 1 || o.MaxQueue < 1 || o.KVBlocks < 0 || o.KVMemory < 0 || o.StateMemory < 0:
+	case o.BlockSize < 1 || o.MaxBatchTokens < 1 || o.MaxRunning < 1 || o.MaxQueue < 1 || o.KVBlocks < 0 || o.KVMemory < 0 || o.StateMemory < 0 || o.Context < 0:
 		return fmt.Errorf("engine: invalid options %+v", *o)
 	case o.MaxRunning > o.MaxBatchTokens:
 		return fmt.Errorf("engine: MaxRunning %d exceeds MaxBatchTokens %d: every running sequence needs a token per step", o.MaxRunning, o.MaxBatchTokens)
@@ -123,6 +132,9 @@ type Engine struct {
 	opts Options
 	cfg  *model.Config
 	log  *slog.Logger
+	// ctx is the most tokens of one sequence, and ctxLimit what bounds it.
+	ctx      int
+	ctxLimit ContextLimit
 
 	mu       sync.Mutex
 	closed   bool
@@ -147,6 +159,13 @@ func New(m *model.Model, tok *tokenizer.Tokenizer, opts Options) (*Engine, error
 		return nil, err
 	}
 	cfg := m.Config()
+	ctx, limit := cfg.ContextLength, LimitModel
+	if opts.Context > 0 {
+		if opts.Context > ctx {
+			return nil, fmt.Errorf("engine: Context %d exceeds the model's context length of %d tokens", opts.Context, ctx)
+		}
+		ctx, limit = opts.Context, LimitOption
+	}
 	if opts.KVBlocks == 0 {
 		per := m.KVBytesPerToken() * int64(opts.BlockSize)
 		if per <= 0 {
@@ -154,23 +173,34 @@ func New(m *model.Model, tok *tokenizer.Tokenizer, opts Options) (*Engine, error
 		}
 		// More than every running sequence at full context (twice over,
 		// for the caches) would never be used.
-		ctxBlocks := (cfg.ContextLength + opts.BlockSize - 1) / opts.BlockSize
+		ctxBlocks := (ctx + opts.BlockSize - 1) / opts.BlockSize
 		opts.KVBlocks = int(min(opts.KVMemory/per, int64(2*opts.MaxRunning*ctxBlocks)))
 		if opts.KVBlocks < 1 {
 			return nil, fmt.Errorf("engine: KVMemory %d bytes holds no block of %d bytes", opts.KVMemory, per)
 		}
 	}
+	// One sequence may take every block but one: the spare lets it copy a
+	// block it shares with the prefix cache before writing it.
+	if pool := (opts.KVBlocks - 1) * opts.BlockSize; pool < ctx && !opts.beyondCache {
+		if limit == LimitOption {
+			return nil, fmt.Errorf("engine: the KV cache holds a sequence of %d tokens, fewer than Context %d: give it more memory or ask for less context", max(pool, 0), ctx)
+		}
+		ctx, limit = pool, LimitKVCache
+	}
+	if ctx < 2 {
+		return nil, fmt.Errorf("engine: a KV cache of %d blocks of %d tokens leaves no context", opts.KVBlocks, opts.BlockSize)
+	}
 	if err := m.AllocCache(model.CacheSpec{Blocks: opts.KVBlocks, BlockSize: opts.BlockSize, Slots: opts.MaxRunning}); err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
 	e := &Engine{
-		m: m, tok: tok, opts: opts, cfg: cfg, log: opts.Logger,
+		m: m, tok: tok, opts: opts, cfg: cfg, log: opts.Logger, ctx: ctx, ctxLimit: limit,
 		wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}),
 	}
 	e.sched = newScheduler(e)
 	e.stats.KVBlocksTotal = opts.KVBlocks
 	opts.Logger.Info("engine started", "model", cfg.Name, "kv_blocks", opts.KVBlocks, "block_size", opts.BlockSize,
-		"max_batch_tokens", opts.MaxBatchTokens, "max_running", opts.MaxRunning, "hybrid", m.Hybrid())
+		"max_batch_tokens", opts.MaxBatchTokens, "max_running", opts.MaxRunning, "context", ctx, "context_limit", limit, "hybrid", m.Hybrid())
 	go e.sched.loop()
 	return e, nil
 }
@@ -178,13 +208,14 @@ func New(m *model.Model, tok *tokenizer.Tokenizer, opts Options) (*Engine, error
 // Options returns the options in effect (defaults filled in).
 func (e *Engine) Options() Options { return e.opts }
 
-// ContextLength returns the most tokens one sequence may hold, prompt and
-// answer.
-func (e *Engine) ContextLength() int { return e.cfg.ContextLength }
+// Context returns the most tokens one sequence may hold, prompt and
+// answer, and what bounds it: the model's context length, Options.Context
+// or the KV cache.
+func (e *Engine) Context() (int, ContextLimit) { return e.ctx, e.ctxLimit }
 
 // Generate submits a request and returns its stream. It fails at once for
 // invalid requests (a *SamplingError for sampling parameters out of
-// bounds), prompts that do not fit the context (ErrContextOverflow), a full
+// bounds), prompts that do not fit the context (a *ContextError), a full
 // queue (ErrQueueFull), a closed engine (ErrClosed) and a prefill-only
 // request while others wait (ErrBusy). Cancelling ctx ends the stream with
 // FinishCancelled and frees what the request held.
@@ -256,8 +287,16 @@ func (e *Engine) prepare(req *Request) (*seq, error) {
 	if len(ids) == 0 {
 		return nil, errors.New("engine: empty prompt")
 	}
-	if len(ids)+1 > e.cfg.ContextLength {
-		return nil, fmt.Errorf("%w: %d prompt tokens, context %d", ErrContextOverflow, len(ids), e.cfg.ContextLength)
+	ctx, limit := e.ctx, e.ctxLimit
+	switch {
+	case req.Context < 0:
+		return nil, fmt.Errorf("engine: a request's context must be positive, not %d", req.Context)
+	case req.Context > 0 && req.Context < ctx:
+		ctx, limit = req.Context, LimitRequest
+	}
+	n := len(ids)
+	if n+1 > ctx || sp.MaxTokens > ctx-n && !req.ClampMaxTokens {
+		return nil, &ContextError{Prompt: n, MaxTokens: sp.MaxTokens, Context: ctx, Limit: limit}
 	}
 	s := &seq{
 		mask:        req.Mask,
@@ -280,11 +319,11 @@ func (e *Engine) prepare(req *Request) (*seq, error) {
 		}
 		s.stopIDs[t] = true
 	}
-	s.maxLen = e.cfg.ContextLength
-	if sp.MaxTokens > 0 && sp.MaxTokens < s.maxLen-len(ids) {
-		// Compared with the room left: len(ids)+MaxTokens would wrap
-		// around for a max_tokens near 2^63.
-		s.maxLen = len(ids) + sp.MaxTokens
+	s.maxLen = ctx
+	if sp.MaxTokens > 0 && sp.MaxTokens < ctx-n {
+		// Compared with the room left: n+MaxTokens would wrap around for
+		// a max_tokens near 2^63.
+		s.maxLen = n + sp.MaxTokens
 	}
 	s.params = backend.SampleParams{
 		Temperature: sp.Temperature, TopK: sp.TopK, TopP: sp.TopP, MinP: sp.MinP,

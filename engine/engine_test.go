@@ -418,28 +418,69 @@ func TestErrors(t *testing.T) {
 	}
 }
 
-// TestTooBigForTheCache: a sequence that cannot fit in the KV cache even
-// alone fails with ErrKVFull, at admission or when it outgrows the cache,
-// and the engine goes on serving.
-func TestTooBigForTheCache(t *testing.T) {
+// TestContextFromTheCache: the engine's context is what the KV cache holds
+// for one sequence (all its blocks but one), a request that fills it
+// exactly is served, one token more is refused with a ContextError, and
+// the engine goes on serving.
+func TestContextFromTheCache(t *testing.T) {
 	f := loadFixture(t, "qwen3")
-	e := newEngine(t, f, Options{BlockSize: 4, KVBlocks: 2})
-	st, err := e.Generate(context.Background(), &Request{Prompt: make([]int32, 10)})
-	if err != nil {
-		t.Fatal(err)
+	e := newEngine(t, f, Options{BlockSize: 4, KVBlocks: 3})
+	if ctx, limit := e.Context(); ctx != 8 || limit != LimitKVCache {
+		t.Fatalf("context %d (%s), want 8 (the cache)", ctx, limit)
 	}
-	if r := collect(st); r.finish != FinishError || !errors.Is(r.err, ErrKVFull) {
-		t.Errorf("10-token prompt in 8 tokens of cache: finish %s, err %v", r.finish, r.err)
+	prompt := make([]int32, 5)
+	r := generate(t, e, &Request{Prompt: prompt, Sampling: Sampling{MaxTokens: 3, IgnoreEOS: true}})
+	if len(r.tokens) != 3 || r.finish != FinishLength {
+		t.Errorf("5 + 3 tokens in a context of 8: %d tokens, finish %s", len(r.tokens), r.finish)
 	}
-	st, err = e.Generate(context.Background(), &Request{Prompt: make([]int32, 6), Sampling: Sampling{MaxTokens: 10, IgnoreEOS: true}})
-	if err != nil {
-		t.Fatal(err)
+	for name, req := range map[string]*Request{
+		"prompt + max_tokens": {Prompt: prompt, Sampling: Sampling{MaxTokens: 4}},
+		"prompt":              {Prompt: make([]int32, 8)},
+		"request context":     {Prompt: prompt, Context: 6, Sampling: Sampling{MaxTokens: 2}},
+	} {
+		_, err := e.Generate(context.Background(), req)
+		var ce *ContextError
+		if !errors.As(err, &ce) || !errors.Is(err, ErrContextOverflow) {
+			t.Errorf("%s: %v", name, err)
+		} else if want := map[bool]ContextLimit{true: LimitRequest, false: LimitKVCache}[req.Context > 0]; ce.Limit != want {
+			t.Errorf("%s: limited by %s, want %s", name, ce.Limit, want)
+		}
 	}
-	if r := collect(st); r.finish != FinishError || !errors.Is(r.err, ErrKVFull) || len(r.tokens) != 3 {
-		t.Errorf("growing past 8 tokens of cache: finish %s, err %v, %d tokens", r.finish, r.err, len(r.tokens))
+	// Ollama's num_predict: cut to the room there is.
+	r = generate(t, e, &Request{Prompt: prompt, ClampMaxTokens: true, Sampling: Sampling{MaxTokens: 100, IgnoreEOS: true}})
+	if len(r.tokens) != 3 || r.finish != FinishLength {
+		t.Errorf("clamped max_tokens: %d tokens, finish %s", len(r.tokens), r.finish)
 	}
-	if r := generate(t, e, &Request{Prompt: make([]int32, 3), Sampling: Sampling{MaxTokens: 4, IgnoreEOS: true}}); len(r.tokens) != 4 {
-		t.Errorf("then a request that fits: %d tokens", len(r.tokens))
+	// A context the cache cannot give is refused.
+	if _, err := New(f.Model, f.Tok, Options{BlockSize: 4, KVBlocks: 3, Context: 12, Logger: testmodel.Logger()}); err == nil {
+		t.Error("Context 12 over a cache of 8 accepted")
+	}
+}
+
+// TestOutgrowTheCache: with a context beyond the cache (tests only), a
+// prompt that cannot fit alone fails with ErrKVFull, and an answer that
+// outgrows the cache ends with FinishLength and every token it generated,
+// its text included.
+func TestOutgrowTheCache(t *testing.T) {
+	f := loadFixture(t, "qwen3")
+	for _, overlap := range []bool{false, true} {
+		e := newEngine(t, f, Options{BlockSize: 4, KVBlocks: 2, beyondCache: true, overlap: overlap})
+		st, err := e.Generate(context.Background(), &Request{Prompt: make([]int32, 10)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := collect(st); r.finish != FinishError || !errors.Is(r.err, ErrKVFull) {
+			t.Errorf("10-token prompt in 8 tokens of cache: finish %s, err %v", r.finish, r.err)
+		}
+		prompt := randomPrompt(rand.New(rand.NewPCG(5, 6)), f, 6)
+		r := generate(t, e, &Request{Prompt: prompt, Sampling: Sampling{MaxTokens: 10, IgnoreEOS: true}})
+		if r.finish != FinishLength || len(r.tokens) != 3 || r.usage.CompletionTokens != 3 || r.text != f.Tok.Decode(r.tokens) {
+			t.Errorf("overlap %v: growing past 8 tokens of cache: finish %s, %d tokens (usage %d), text %q of %q",
+				overlap, r.finish, len(r.tokens), r.usage.CompletionTokens, r.text, f.Tok.Decode(r.tokens))
+		}
+		if r := generate(t, e, &Request{Prompt: make([]int32, 3), Sampling: Sampling{MaxTokens: 4, IgnoreEOS: true}}); len(r.tokens) != 4 {
+			t.Errorf("then a request that fits: %d tokens", len(r.tokens))
+		}
 	}
 }
 
@@ -523,8 +564,9 @@ func TestSmallTokenBudget(t *testing.T) {
 	// The prompt in chunks of 8, 8 and 4 (which gives the first token),
 	// then a pass for each further token.
 	st := e.Stats()
-	if st.Steps != 6 || st.StepTokens != 23 || st.DecodeSteps != 3 || st.DecodeTokens != 3 {
-		t.Errorf("passes %d of %d tokens, decode-only %d of %d; want 6, 23, 3, 3", st.Steps, st.StepTokens, st.DecodeSteps, st.DecodeTokens)
+	if st.Steps != 6 || st.StepTokens != 23 || st.DecodeSteps != 3 || st.DecodeTokens != 3 || st.GeneratedTokens != 4 || st.PromptTokens != 20 {
+		t.Errorf("passes %d of %d tokens, decode-only %d of %d, %d tokens generated for %d prompt tokens; want 6, 23, 3, 3, 4, 20",
+			st.Steps, st.StepTokens, st.DecodeSteps, st.DecodeTokens, st.GeneratedTokens, st.PromptTokens)
 	}
 	if st.StepTime <= 0 || st.DecodeStepTime <= 0 || st.DecodeStepTime >= st.StepTime || st.HostTime <= 0 {
 		t.Errorf("times: passes %v, decode-only %v, host %v", st.StepTime, st.DecodeStepTime, st.HostTime)
@@ -631,17 +673,24 @@ func TestAdmitIntoAFullCache(t *testing.T) {
 	}
 }
 
-// A max_tokens near 2^63 means "until the context is full", as any over
-// the room left does: prompt + max_tokens used to wrap around to a
-// negative length, which ended the answer at once.
+// A max_tokens near 2^63 is over the room the prompt leaves, as any
+// larger than it is: refused (a ContextError whose numbers do not wrap),
+// or with ClampMaxTokens cut to the room. prompt + max_tokens wrapped
+// around to a negative length, which passed the check and ended the
+// answer after one token.
 func TestMaxTokensOverflow(t *testing.T) {
 	f := loadFixture(t, "qwen3")
 	e := newEngine(t, f, Options{})
 	prompt := []int32{1, 2, 3}
 	want := generate(t, e, &Request{Prompt: prompt, Sampling: Sampling{MaxTokens: 12, IgnoreEOS: true}}).tokens
-	for _, maxTokens := range []int{math.MaxInt - len(prompt) + 1, math.MaxInt, f.Model.Config().ContextLength} {
+	for _, maxTokens := range []int{math.MaxInt - len(prompt) + 1, math.MaxInt} {
+		_, err := e.Generate(context.Background(), &Request{Prompt: prompt, Sampling: Sampling{MaxTokens: maxTokens}})
+		var ce *ContextError
+		if !errors.As(err, &ce) || ce.Requested() != uint64(len(prompt))+uint64(maxTokens) || strings.Contains(err.Error(), "-") {
+			t.Errorf("max_tokens %d: %v", maxTokens, err)
+		}
 		ctx, cancel := context.WithCancel(context.Background())
-		st, err := e.Generate(ctx, &Request{Prompt: prompt, Sampling: Sampling{MaxTokens: maxTokens, IgnoreEOS: true}})
+		st, err := e.Generate(ctx, &Request{Prompt: prompt, Sampling: Sampling{MaxTokens: maxTokens, IgnoreEOS: true}, ClampMaxTokens: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -649,7 +698,7 @@ func TestMaxTokensOverflow(t *testing.T) {
 		for ev := range st.Events() {
 			got = append(got, ev.Tokens...)
 			if ev.Done && len(got) < len(want) {
-				t.Errorf("max_tokens %d: ended (%s) after %d tokens", maxTokens, ev.Finish, len(got))
+				t.Errorf("max_tokens %d, clamped: ended (%s) after %d tokens", maxTokens, ev.Finish, len(got))
 			}
 			if len(got) >= len(want) {
 				cancel()
@@ -657,7 +706,7 @@ func TestMaxTokensOverflow(t *testing.T) {
 		}
 		cancel()
 		if len(got) < len(want) || !slices.Equal(got[:len(want)], want) {
-			t.Errorf("max_tokens %d: %v, want %v first", maxTokens, got, want)
+			t.Errorf("max_tokens %d, clamped: %v, want %v first", maxTokens, got, want)
 		}
 	}
 }

@@ -89,7 +89,7 @@ type scheduler struct {
 	held    []heldToken
 
 	preemptions, completed, hitTokens int64
-	recomputed                        int64
+	recomputed, generated             int64
 
 	steps, stepTokens, decodeSteps, decodeTokens int64
 	stepTime, decodeTime, hostTime               time.Duration
@@ -206,7 +206,7 @@ func (s *scheduler) admit() {
 		if !s.start(q) {
 			if len(s.running) == 0 {
 				s.waiting = s.waiting[1:]
-				s.finish(q, FinishError, fmt.Errorf("%w: %d tokens need %d blocks of %d tokens, the cache has %d",
+				s.outgrown(q, fmt.Errorf("%w: %d tokens need %d blocks of %d tokens, the cache has %d",
 					ErrKVFull, len(q.tokens), (len(q.tokens)+s.e.opts.BlockSize-1)/s.e.opts.BlockSize, s.e.opts.BlockSize, s.alloc.Blocks()))
 				continue
 			}
@@ -450,6 +450,7 @@ func (s *scheduler) step() {
 			s.finish(q, FinishError, ErrMaskEmpty)
 			continue
 		}
+		s.generated++
 		if ends := q.accept(sampled[i].Token); ends || !s.overlap {
 			// Emitted now: an ending sequence's slot and blocks are free for
 			// the next pass, and its client hears of it at once.
@@ -499,7 +500,7 @@ func (s *scheduler) ensure(q *seq, n int) bool {
 			return true
 		}
 		if len(s.running) == 1 {
-			s.finish(q, FinishError, fmt.Errorf("%w: %d tokens, the cache has %d blocks of %d tokens",
+			s.outgrown(q, fmt.Errorf("%w: %d tokens, the cache has %d blocks of %d tokens",
 				ErrKVFull, q.pos+n, s.alloc.Blocks(), s.e.opts.BlockSize))
 			return false
 		}
@@ -507,6 +508,27 @@ func (s *scheduler) ensure(q *seq, n int) bool {
 			return false
 		}
 	}
+}
+
+// outgrown ends a sequence that does not fit in the KV cache even alone
+// (possible only with a context beyond the cache, see Options.Context): a
+// prompt fails with err, an answer ends as if it had reached the context
+// length, with every token it generated emitted.
+func (s *scheduler) outgrown(q *seq, err error) {
+	if len(q.tokens) == q.nPrompt {
+		s.finish(q, FinishError, err)
+		return
+	}
+	s.e.log.Warn("an answer outgrew the KV cache; it ends here", "seq", q.id, "tokens", len(q.tokens), "err", err)
+	for _, h := range s.held {
+		if h.q == q && !q.done {
+			s.emit(q, h.smp)
+		}
+	}
+	if q.done { // its held token ended it
+		return
+	}
+	s.complete(q, FinishLength, Event{})
 }
 
 // forward runs the model and samples a token for each sequence of rows.
@@ -703,6 +725,7 @@ func (s *scheduler) publish() {
 	st.Preemptions = s.preemptions
 	st.RecomputedTokens = s.recomputed
 	st.RequestsCompleted = s.completed
+	st.GeneratedTokens = s.generated
 	st.Steps, st.StepTokens, st.StepTime = s.steps, s.stepTokens, s.stepTime
 	st.DecodeSteps, st.DecodeTokens, st.DecodeStepTime = s.decodeSteps, s.decodeTokens, s.decodeTime
 	st.HostTime = s.hostTime

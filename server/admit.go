@@ -149,7 +149,8 @@ func DefaultMaxBody(sess *session.Session) int64 {
 		}
 		per = max(per, w)
 	}
-	return 1<<20 + int64(sess.Engine().ContextLength())*int64(per)
+	ctx, _ := sess.Engine().Context()
+	return 1<<20 + int64(ctx)*int64(per)
 }
 
 // jsonBytes is the most bytes a JSON encoder writes for a byte of a

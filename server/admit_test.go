@@ -152,7 +152,7 @@ func TestDefaultMaxBody(t *testing.T) {
 			heavy, weight = text, w
 		}
 	}
-	ctx := ts.eng.ContextLength()
+	ctx, _ := ts.eng.Context()
 	body := `{"prompt":` + jsonEscaped(strings.Repeat(heavy, ctx-1)) + `,"max_tokens":1}`
 	t.Logf("heaviest token %q: %d JSON bytes; a context of it %d bytes, the limit %d", heavy, weight, len(body), limit)
 	if int64(len(body)) > limit {

@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"github.com/kiln-llm/kiln/engine"
+	"github.com/kiln-llm/kiln/session"
 )
 
 // apiError is an error a client sees: an HTTP status and OpenAI's error
@@ -53,13 +55,18 @@ func notFound(code, format string, args ...any) *apiError {
 func asAPIError(err error) *apiError {
 	var ae *apiError
 	var se *engine.SamplingError
+	var ce *engine.ContextError
 	switch {
 	case errors.As(err, &ae):
 		return ae
 	case errors.As(err, &se):
 		return badRequest(se.Param, "%s", se)
+	case errors.As(err, &ce):
+		return newAPIError(http.StatusBadRequest, "invalid_request_error", "context_length_exceeded", "messages", "%s", contextMessage(ce))
 	case errors.Is(err, engine.ErrContextOverflow):
 		return newAPIError(http.StatusBadRequest, "invalid_request_error", "context_length_exceeded", "messages", "%v", err)
+	case errors.Is(err, session.ErrNoFIM):
+		return badRequest("suffix", "suffix (fill-in-the-middle) is not possible: %s", strings.TrimPrefix(err.Error(), "session: "))
 	case errors.Is(err, engine.ErrQueueFull):
 		return newAPIError(http.StatusTooManyRequests, "rate_limit_error", "queue_full", "", "the server is busy: %v; retry later", err)
 	case errors.Is(err, engine.ErrClosed), errors.Is(err, errDraining):
@@ -74,6 +81,22 @@ func asAPIError(err error) *apiError {
 	// errors do; a client gets the sentence without it.
 	msg := strings.TrimPrefix(strings.TrimPrefix(err.Error(), "session: "), "engine: ")
 	return newAPIError(http.StatusBadRequest, "invalid_request_error", "", "", "%s", msg)
+}
+
+// contextMessage is vLLM's sentence for a request over the context, and
+// what would raise the context.
+func contextMessage(ce *engine.ContextError) string {
+	msg := fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %s tokens (%s in the prompt, %d in the completion).",
+		ce.Context, ce.Count(ce.Requested()), ce.Count(uint64(ce.Prompt)), max(ce.MaxTokens, 1))
+	switch ce.Limit {
+	case engine.LimitKVCache:
+		msg += " The server's KV cache bounds its context: start it with more --kv-memory (or a model with a smaller KV cache)."
+	case engine.LimitOption:
+		msg += " The server was started with --context " + strconv.Itoa(ce.Context) + ": a larger --context raises it, up to the model's own."
+	case engine.LimitRequest:
+		msg += " The request's num_ctx sets it: raise num_ctx (up to the context_length of /api/show)."
+	}
+	return msg + " Please reduce the length of the prompt or of the completion (max_tokens)."
 }
 
 var errDraining = errors.New("server is draining")

@@ -117,11 +117,13 @@ func thinkingKwargs(kwargs map[string]any, on bool) map[string]any {
 
 // generation is one submitted request.
 type generation struct {
-	ctx    context.Context
-	cancel context.CancelFunc
-	read   func() session.Event // the stream's next event (session.Stream.Next)
-	log    *slog.Logger         // nil: no log line
-	final  session.Event
+	ctx     context.Context
+	cancel  context.CancelFunc
+	read    func() session.Event // the stream's next event (session.Stream.Next)
+	log     *slog.Logger         // nil: no log line
+	metrics *serverMetrics       // nil: not recorded
+	final   session.Event
+	counted bool // recorded in metrics
 }
 
 // start submits req under the request's context, bounded by the server's
@@ -134,13 +136,17 @@ func (s *Server) start(r *http.Request, req *session.Request) (*generation, erro
 		cancel()
 		return nil, err
 	}
-	return &generation{ctx: ctx, cancel: cancel, read: st.Next, log: s.log}, nil
+	return &generation{ctx: ctx, cancel: cancel, read: st.Next, log: s.log, metrics: s.metrics}, nil
 }
 
 // close cancels the request if it is still running, which makes the engine
-// free its sequence, and logs what it cost.
+// free its sequence, and records and logs what it cost.
 func (g *generation) close() {
 	g.cancel()
+	if !g.final.Done { // the handler left before the end: the client is gone
+		g.final = session.Event{Done: true, Finish: engine.FinishCancelled}
+	}
+	g.count()
 	if g.log == nil {
 		return
 	}
@@ -160,8 +166,17 @@ func (g *generation) next() session.Event {
 	ev := g.read()
 	if ev.Done {
 		g.final = ev
+		g.count() // before the client hears of the end
 	}
 	return ev
+}
+
+// count records the generation's end in the server's metrics, once.
+func (g *generation) count() {
+	if g.metrics != nil && !g.counted {
+		g.counted = true
+		g.metrics.observe(g.final)
+	}
 }
 
 // failure is the error a final event reports, nil when it finished normally.

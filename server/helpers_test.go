@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"net"
 	"net/http"
 	"os"
@@ -25,7 +26,7 @@ const testModel = "kiln-test"
 
 // newSession loads the test model on the CPU backend and starts its engine
 // and session.
-func newSession(t testing.TB, opts engine.Options) (*session.Session, *tokenizer.Tokenizer, int) {
+func newSession(t testing.TB, opts engine.Options) (*session.Session, *tokenizer.Tokenizer) {
 	t.Helper()
 	opts.Logger = testmodel.Logger()
 	f := testmodel.Load(t, "qwen3", testmodel.Options{ChatTemplate: "qwen3.jinja", Threads: 2})
@@ -35,7 +36,7 @@ func newSession(t testing.TB, opts engine.Options) (*session.Session, *tokenizer
 	}
 	s := session.New(e, f.Tok, f.Tmpl, session.Options{Logger: opts.Logger})
 	t.Cleanup(func() { s.Close() })
-	return s, f.Tok, f.Model.Config().ContextLength
+	return s, f.Tok
 }
 
 // testServer is a server listening on a loopback port and a Unix socket.
@@ -49,12 +50,11 @@ type testServer struct {
 
 func startServer(t testing.TB, opts Options, eopts engine.Options) *testServer {
 	t.Helper()
-	sess, tok, ctxLen := newSession(t, eopts)
+	sess, tok := newSession(t, eopts)
 	opts.ModelName = testModel
 	if opts.Logger == nil {
 		opts.Logger = testmodel.Logger()
 	}
-	opts.ContextLength = ctxLen
 	opts.TokenText = func(id int32) string { return tok.Decode([]int32{id}) }
 	srv := New(sess, opts)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -114,4 +114,19 @@ func waitIdle(t testing.TB, e *engine.Engine, blocks int) engine.Stats {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// rawGet gets url and decodes its JSON body.
+func rawGet(t *testing.T, url string) (int, map[string]any) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var v map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
+		t.Fatalf("%s: status %d: %v", url, resp.StatusCode, err)
+	}
+	return resp.StatusCode, v
 }

@@ -140,9 +140,7 @@ func (s *Server) ollamaShow(w http.ResponseWriter, r *http.Request) error {
 	}
 	in := s.describe(m)
 	info := map[string]any{"general.architecture": "qwen3"}
-	if s.opts.ContextLength > 0 && m == s.opts.Served {
-		info["qwen3.context_length"] = s.opts.ContextLength
-	}
+	family := "qwen3"
 	caps := []string{"completion", "tools", "thinking"}
 	template, modified := "", s.started
 	if in != nil {
@@ -154,12 +152,17 @@ func (s *Server) ollamaShow(w http.ResponseWriter, r *http.Request) error {
 			caps = append(caps, "thinking")
 		}
 		a := in.Family
+		family = a
 		info = map[string]any{"general.architecture": a, "general.parameter_count": in.Params, "general.file_type": m.Quant,
 			a + ".context_length": in.Context, a + ".embedding_length": in.Hidden, a + ".block_count": in.Layers,
 			a + ".attention.head_count": in.Heads, a + ".attention.head_count_kv": in.KVHeads, a + ".vocab_size": in.Vocab}
 		if in.Experts > 0 {
 			info[a+".expert_count"], info[a+".expert_used_count"] = in.Experts, in.ExpertsUsed
 		}
+	}
+	if m == s.opts.Served {
+		// What a request can have, not what the model was trained for.
+		info[family+".context_length"] = s.contextLength()
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"modelfile": "", "parameters": "", "template": template,
 		"details": ollamaDetails(m, in), "model_info": info, "capabilities": caps,

@@ -3,18 +3,20 @@ package server
 import (
 	"encoding/json"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/kiln-llm/kiln/chat"
-	"github.com/kiln-llm/kiln/engine"
 	"github.com/kiln-llm/kiln/session"
 )
 
 // ollamaOptions are the "options" of an Ollama request that kiln honours;
-// the rest (num_ctx, num_gpu, ...) are about loading and are ignored, since
-// the model is already loaded.
+// the rest (num_gpu, num_thread, ...) are about loading and are ignored,
+// since the model is already loaded. num_ctx bounds the request's context
+// below the server's (a larger one is the server's).
 type ollamaOptions struct {
+	NumCtx           *int       `json:"num_ctx"`
 	Temperature      *float32   `json:"temperature"`
 	TopP             *float32   `json:"top_p"`
 	TopK             *int       `json:"top_k"`
@@ -34,6 +36,33 @@ type ollamaCommon struct {
 	Options ollamaOptions   `json:"options"`
 	Format  json.RawMessage `json:"format"`
 	Think   json.RawMessage `json:"think"`
+	// KeepAlive is how long Ollama keeps the model loaded after the
+	// request. kiln's server is its one model's life: the model stays
+	// until the server stops, so keep_alive is checked (keepAlive) and has
+	// no other effect.
+	KeepAlive json.RawMessage `json:"keep_alive"`
+}
+
+// keepAlive checks a keep_alive as Ollama reads it: a duration string
+// ("5m", "1h30m", "-1"), or a number of seconds (negative: forever).
+func keepAlive(raw json.RawMessage) error {
+	if v := strings.TrimSpace(string(raw)); v == "" || v == "null" {
+		return nil
+	}
+	var secs float64
+	if json.Unmarshal(raw, &secs) == nil {
+		return nil
+	}
+	var str string
+	if json.Unmarshal(raw, &str) == nil {
+		if _, err := time.ParseDuration(str); err == nil {
+			return nil
+		}
+		if _, err := strconv.ParseFloat(str, 64); err == nil {
+			return nil
+		}
+	}
+	return badRequest("keep_alive", "keep_alive must be a duration such as \"5m\" or a number of seconds, not %s", raw)
 }
 
 type ollamaMessage struct {
@@ -52,14 +81,17 @@ type ollamaToolCall struct {
 	} `json:"function"`
 }
 
-// prepare checks the shared fields and returns the sampling parameters and
-// template variables.
-func (s *Server) prepareOllama(c *ollamaCommon) (engine.Sampling, map[string]any, error) {
+// prepareOllama checks the shared fields and returns the request they make:
+// its sampling parameters, context and template variables.
+func (s *Server) prepareOllama(c *ollamaCommon) (*session.Request, error) {
 	if err := s.checkModel(c.Model); err != nil {
-		return engine.Sampling{}, nil, err
+		return nil, err
 	}
 	if f := strings.TrimSpace(string(c.Format)); f != "" && f != "null" && f != `""` {
-		return engine.Sampling{}, nil, badRequest("format", "format (structured output) is not supported")
+		return nil, badRequest("format", "format (structured output) is not supported")
+	}
+	if err := keepAlive(c.KeepAlive); err != nil {
+		return nil, err
 	}
 	o := c.Options
 	f := samplingFields{Temperature: o.Temperature, TopP: o.TopP, TopK: o.TopK, MinP: o.MinP, Seed: o.Seed, Stop: o.Stop,
@@ -70,9 +102,15 @@ func (s *Server) prepareOllama(c *ollamaCommon) (engine.Sampling, map[string]any
 	}
 	sp, err := s.sampling(&f, maxTokens)
 	if err != nil {
-		return sp, nil, err
+		return nil, err
 	}
-	var kwargs map[string]any
+	req := &session.Request{Sampling: sp, ClampMaxTokens: true}
+	if n := o.NumCtx; n != nil {
+		if *n < 1 {
+			return nil, badRequest("num_ctx", "num_ctx must be at least 1, not %d", *n)
+		}
+		req.Context = *n
+	}
 	if t := strings.TrimSpace(string(c.Think)); t != "" && t != "null" {
 		var on bool
 		var level string
@@ -81,11 +119,11 @@ func (s *Server) prepareOllama(c *ollamaCommon) (engine.Sampling, map[string]any
 		case json.Unmarshal(c.Think, &level) == nil:
 			on = level != "" && level != "none"
 		default:
-			return sp, nil, badRequest("think", "think must be a boolean or a level")
+			return nil, badRequest("think", "think must be a boolean or a level")
 		}
-		kwargs = thinkingKwargs(nil, on)
+		req.TemplateKwargs = thinkingKwargs(nil, on)
 	}
-	return sp, kwargs, nil
+	return req, nil
 }
 
 func streaming(c *ollamaCommon) bool { return c.Stream == nil || *c.Stream }
@@ -178,7 +216,7 @@ func (s *Server) ollamaChat(w http.ResponseWriter, r *http.Request) error {
 	if err := s.decodeRequest(w, r, &req); err != nil {
 		return err
 	}
-	sp, kwargs, err := s.prepareOllama(&req.ollamaCommon)
+	sr, err := s.prepareOllama(&req.ollamaCommon)
 	if err != nil {
 		return err
 	}
@@ -212,7 +250,8 @@ func (s *Server) ollamaChat(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	g, err := s.start(r, &session.Request{Messages: msgs, Tools: tools, TemplateKwargs: kwargs, Sampling: sp})
+	sr.Messages, sr.Tools = msgs, tools
+	g, err := s.start(r, sr)
 	if err != nil {
 		return err
 	}
@@ -245,15 +284,12 @@ func (s *Server) ollamaGenerate(w http.ResponseWriter, r *http.Request) error {
 	if err := s.decodeRequest(w, r, &req); err != nil {
 		return err
 	}
-	sp, kwargs, err := s.prepareOllama(&req.ollamaCommon)
+	er, err := s.prepareOllama(&req.ollamaCommon)
 	if err != nil {
 		return err
 	}
-	switch {
-	case len(req.Images) > 0:
+	if len(req.Images) > 0 {
 		return badRequest("images", "images are not supported; this model accepts only text")
-	case req.Suffix != "":
-		return badRequest("suffix", "suffix is not supported")
 	}
 	if req.Prompt == "" {
 		empty := ""
@@ -261,9 +297,14 @@ func (s *Server) ollamaGenerate(w http.ResponseWriter, r *http.Request) error {
 			Response: &empty, Done: true, ollamaDone: ollamaDone{DoneReason: "load"}})
 		return nil
 	}
-	er := &session.Request{Prompt: req.Prompt, Sampling: sp}
-	if !req.Raw {
-		er.Prompt, er.TemplateKwargs = "", kwargs
+	er.Prompt = req.Prompt
+	switch {
+	case req.Suffix != "":
+		// Fill-in-the-middle, as Ollama's FIM templates write it: the
+		// prompt and the suffix alone, without the chat template.
+		er.Suffix, er.TemplateKwargs = req.Suffix, nil
+	case !req.Raw:
+		er.Prompt = ""
 		if req.System != "" {
 			er.Messages = append(er.Messages, chat.Message{Role: "system", Content: req.System})
 		}
@@ -294,9 +335,7 @@ func (s *Server) ollamaPs(w http.ResponseWriter, r *http.Request) {
 	if sv := s.opts.Served; sv != nil {
 		m["size"], m["digest"] = sv.Size, sv.Digest
 	}
-	if s.opts.ContextLength > 0 {
-		m["context_length"] = s.opts.ContextLength
-	}
+	m["context_length"] = s.contextLength()
 	writeJSON(w, http.StatusOK, map[string]any{"models": []any{m}})
 }
 

@@ -308,8 +308,6 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) error {
 	switch {
 	case req.Echo:
 		return badRequest("echo", "echo is not supported")
-	case req.Suffix != "":
-		return badRequest("suffix", "suffix is not supported")
 	case req.BestOf != nil && *req.BestOf != 1:
 		return badRequest("best_of", "best_of must be 1")
 	}
@@ -339,7 +337,10 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) error {
 	if err := s.setLogprobs(&sp, req.Logprobs != nil, top); err != nil {
 		return err
 	}
-	g, err := s.start(r, &session.Request{Prompt: text, PromptIDs: ids, Sampling: sp})
+	if req.Suffix != "" && ids != nil {
+		return badRequest("suffix", "suffix (fill-in-the-middle) needs a text prompt, not token ids")
+	}
+	g, err := s.start(r, &session.Request{Prompt: text, PromptIDs: ids, Suffix: req.Suffix, Sampling: sp})
 	if err != nil {
 		ae := asAPIError(err)
 		if ae.Code != nil && *ae.Code == "context_length_exceeded" {
@@ -399,9 +400,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) error {
 
 func (s *Server) modelObject() map[string]any {
 	m := map[string]any{"id": s.opts.ModelName, "object": "model", "created": s.started.Unix(), "owned_by": "kiln"}
-	if s.opts.ContextLength > 0 {
-		m["max_model_len"] = s.opts.ContextLength
-	}
+	m["max_model_len"] = s.contextLength()
 	return m
 }
 

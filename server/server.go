@@ -1,8 +1,8 @@
 // Package server serves a session (package session) over HTTP: the OpenAI API
 // (/v1/chat/completions, /v1/completions, /v1/models), Ollama's API
 // (/api/chat, /api/generate, /api/tags, /api/ps, /api/show, /api/pull,
-// /api/delete, /api/version), /health and /status, on TCP listeners and on
-// owner-only Unix sockets.
+// /api/delete, /api/version), /health, /status and /metrics (Prometheus),
+// on TCP listeners and on owner-only Unix sockets.
 //
 // No request names a path: the model is loaded before the server starts,
 // and Ollama's model routes reach only the model stores (ModelStore).
@@ -35,8 +35,6 @@ type Options struct {
 	// ModelName is the id clients send as "model" ("" and the Ollama form
 	// "NAME:latest" are accepted too); others get 404.
 	ModelName string
-	// ContextLength is reported by /v1/models and /api/show.
-	ContextLength int
 	// APIKey, when set, is required as "Authorization: Bearer KEY" on every
 	// route except /health, on TCP listeners. Unix-socket clients are
 	// authenticated by their uid instead.
@@ -55,6 +53,13 @@ type Options struct {
 	// the Hugging Face cache and /api/delete removes from it. Without it
 	// those routes know only the served model.
 	Models ModelStore
+	// AllowedOrigins are the browser origins allowed to call the API
+	// (CORS) beyond this machine's pages (http(s)://localhost,
+	// 127.0.0.1, [::1], any port) and local apps' (app://, file://,
+	// tauri://, vscode-webview://): origins such as
+	// https://chat.example.com, * matching any part of one
+	// (https://*.example.com), or "*" for every origin. See CheckOrigins.
+	AllowedOrigins []string
 	// AllowedHosts are the names, beyond this machine's (localhost, its
 	// IP addresses and host name), that a server without an API key
 	// answers to in the Host header: names such as kiln.example.com, *
@@ -81,6 +86,7 @@ type Server struct {
 	prep    *prepGate
 	opts    Options
 	log     *slog.Logger
+	metrics *serverMetrics
 	hs      *http.Server
 	handler http.Handler
 	started time.Time
@@ -105,7 +111,7 @@ func New(sess *session.Session, opts Options) *Server {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	s := &Server{sess: sess, prep: newPrepGate(prepSlots()), opts: opts, log: opts.Logger, started: time.Now()}
+	s := &Server{sess: sess, prep: newPrepGate(prepSlots()), opts: opts, log: opts.Logger, started: time.Now(), metrics: newServerMetrics(opts.ModelName, sess.Engine())}
 	s.baseCtx, s.cancelAll = context.WithCancelCause(context.Background())
 	s.handler = s.routes()
 	s.hs = &http.Server{
@@ -187,6 +193,7 @@ func (s *Server) routes() http.Handler {
 	}
 	route("GET", "/health", s.health)
 	route("GET", "/status", s.status)
+	route("GET", "/metrics", s.metricsPage)
 	route("GET", "/v1/models", s.listModels)
 	route("GET", "/v1/models/{id...}", s.getModel)
 	route("POST", "/v1/chat/completions", s.openAI(s.chatCompletions))
@@ -202,7 +209,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeErrorFor(w, r, notFound("unknown_url", "unknown route %s %s", r.Method, r.URL.Path))
 	})
-	return s.logged(s.recovered(s.guardBrowsers(s.authorized(mux))))
+	return s.logged(s.recovered(s.guardBrowsers(s.cors(s.authorized(mux)))))
 }
 
 // openAI adapts a handler that returns its error to OpenAI's error shape.
@@ -328,7 +335,7 @@ func (s *Server) logged(next http.Handler) http.Handler {
 		sw := &statusWriter{ResponseWriter: w}
 		next.ServeHTTP(sw, r)
 		level := slog.LevelInfo
-		if r.URL.Path == "/health" {
+		if r.URL.Path == "/health" || r.URL.Path == "/metrics" {
 			level = slog.LevelDebug
 		}
 		s.log.Log(r.Context(), level, "request", "method", r.Method, "path", r.URL.Path, "status", sw.status,
@@ -437,6 +444,14 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request) {
 		Stats:    EngineStats(s.sess.Engine().Stats()),
 		Info:     s.opts.Info,
 	})
+}
+
+// contextLength is the most tokens one request may hold, prompt and
+// answer, as /v1/models, /api/show and /api/ps report it: the engine's
+// context, bounded by what its KV cache holds for one sequence.
+func (s *Server) contextLength() int {
+	n, _ := s.sess.Engine().Context()
+	return n
 }
 
 // checkModel accepts the loaded model's name, "" and Ollama's "NAME:latest"

@@ -376,6 +376,8 @@ func TestBadRequests(t *testing.T) {
 		{"null prompt", "/v1/completions", `{"prompt":null}`, 400, "prompt"},
 		{"prompt overflow", "/v1/completions", `{"prompt":"` + strings.Repeat("go func ", 3000) + `"}`, 400, "prompt"},
 		{"unknown route", "/v1/embeddings", `{}`, 404, ""},
+		{"suffix without FIM tokens", "/v1/completions", `{"prompt":"func f(","suffix":"}"}`, 400, "suffix"},
+		{"suffix with token ids", "/v1/completions", `{"prompt":[1,2],"suffix":"}"}`, 400, "suffix"},
 	}
 	for _, tc := range cases {
 		status, v := rawPost(t, ts.url, tc.path, "application/json", []byte(tc.body))

@@ -40,7 +40,7 @@ func replay(events []session.Event) *generation {
 }
 
 func TestToolCallStreamEncoding(t *testing.T) {
-	s := New(nil, Options{ModelName: testModel})
+	s := &Server{opts: Options{ModelName: testModel}} // the encoders alone
 	rec := httptest.NewRecorder()
 	if err := s.streamChat(rec, replay(toolCallEvents()), completionMeta{ID: "chatcmpl-1", Model: testModel}, true, false); err != nil {
 		t.Fatal(err)
@@ -99,7 +99,7 @@ func TestToolCallStreamEncoding(t *testing.T) {
 }
 
 func TestToolCallResponseEncoding(t *testing.T) {
-	s := New(nil, Options{ModelName: testModel})
+	s := &Server{opts: Options{ModelName: testModel}} // the encoders alone
 	res, err := replay(toolCallEvents()).collect()
 	if err != nil {
 		t.Fatal(err)
@@ -121,7 +121,7 @@ func TestToolCallResponseEncoding(t *testing.T) {
 
 // Ollama sends tool-call arguments as an object.
 func TestOllamaToolCallEncoding(t *testing.T) {
-	s := New(nil, Options{ModelName: testModel})
+	s := &Server{opts: Options{ModelName: testModel}} // the encoders alone
 	rec := httptest.NewRecorder()
 	err := s.respondOllama(rec, replay(toolCallEvents()), false, renderOllamaChat)
 	if err != nil {

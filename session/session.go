@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/kiln-llm/kiln/chat"
@@ -90,9 +91,27 @@ type Request struct {
 
 	Prompt    string
 	PromptIDs []int32
+	// Suffix makes a Prompt request a fill-in-the-middle: the model writes
+	// what goes between Prompt and Suffix, prompted in its FIM format
+	// (Qwen's <|fim_prefix|>, <|fim_suffix|>, <|fim_middle|>). A model
+	// whose vocabulary lacks those tokens fails with ErrNoFIM.
+	Suffix string
 
 	Sampling engine.Sampling
+	// Context and ClampMaxTokens are engine.Request's: a context below
+	// the engine's (Ollama's num_ctx), and a MaxTokens cut to the room
+	// the prompt leaves (Ollama's num_predict).
+	Context        int
+	ClampMaxTokens bool
 }
+
+// ErrNoFIM: a fill-in-the-middle request (Request.Suffix) for a model
+// whose vocabulary has no FIM tokens.
+var ErrNoFIM = errors.New("session: the model's vocabulary has no fill-in-the-middle tokens (" + strings.Join(fimTokens[:], ", ") + ")")
+
+// fimTokens are the prefix, suffix and middle tokens of Qwen's
+// fill-in-the-middle format (Qwen2.5-Coder's, in every Qwen3 vocabulary).
+var fimTokens = [3]string{"<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"}
 
 // Generate renders and tokenizes req, submits it to the engine and returns
 // its stream. Its errors are those of the template and of engine.Generate
@@ -103,7 +122,7 @@ func (s *Session) Generate(ctx context.Context, req *Request) (*Stream, error) {
 	if err != nil {
 		return nil, err
 	}
-	es, err := s.eng.Generate(ctx, &engine.Request{Prompt: ids, Sampling: req.Sampling})
+	es, err := s.eng.Generate(ctx, &engine.Request{Prompt: ids, Sampling: req.Sampling, Context: req.Context, ClampMaxTokens: req.ClampMaxTokens})
 	if err != nil {
 		return nil, err
 	}
@@ -126,20 +145,28 @@ func (s *Session) prompt(ctx context.Context, req *Request) ([]int32, *chat.Pars
 	if set != 1 {
 		return nil, nil, errors.New("session: a request sets exactly one of Messages, Prompt and PromptIDs")
 	}
+	if req.Suffix != "" && req.Prompt == "" {
+		return nil, nil, errors.New("session: a Suffix (fill-in-the-middle) needs a text Prompt")
+	}
 	if len(req.PromptIDs) > 0 {
 		return req.PromptIDs, nil, nil
 	}
 	if s.tok == nil {
 		return nil, nil, errors.New("session: no tokenizer: only token id prompts are served")
 	}
+	limit, over := s.promptLimit(req)
+	if req.Suffix != "" {
+		ids, err := s.fim(req.Prompt, req.Suffix, limit, over)
+		return ids, nil, err
+	}
 	if req.Prompt != "" {
-		ids, err := s.encode(req.Prompt)
+		ids, err := s.encode(req.Prompt, limit, over)
 		return ids, nil, err
 	}
 	if s.tmpl == nil {
 		return nil, nil, errors.New("session: the model has no chat template")
 	}
-	text, err := s.render(ctx, &chat.RenderInput{Messages: req.Messages, Tools: req.Tools, AddGenerationPrompt: true, Kwargs: req.TemplateKwargs})
+	text, err := s.render(ctx, &chat.RenderInput{Messages: req.Messages, Tools: req.Tools, AddGenerationPrompt: true, Kwargs: req.TemplateKwargs}, limit, over)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -162,8 +189,31 @@ func (s *Session) prompt(ctx context.Context, req *Request) ([]int32, *chat.Pars
 	}
 	parser := chat.NewParser(chat.ParserOptions{Tools: req.Tools, InThinking: thinking})
 	parser.Push(start) // the parser reads the forced start as generated: an open call
-	ids, err := s.encode(text + start)
+	ids, err := s.encode(text+start, limit, over)
 	return ids, parser, err
+}
+
+// fim returns the fill-in-the-middle prompt of prefix and suffix: the
+// vocabulary's FIM tokens around the texts, each encoded as a Prompt is,
+// in limit tokens at most (over them, the error is over).
+func (s *Session) fim(prefix, suffix string, limit int, over error) ([]int32, error) {
+	var ids [3]int32
+	for i, name := range fimTokens {
+		id, ok := s.tok.TokenID(name)
+		if !ok || !s.tok.IsSpecial(id) {
+			return nil, ErrNoFIM
+		}
+		ids[i] = id
+	}
+	pre, err := s.encode(prefix, limit-3, over)
+	if err != nil {
+		return nil, err
+	}
+	suf, err := s.encode(suffix, limit-3-len(pre), over)
+	if err != nil {
+		return nil, err
+	}
+	return slices.Concat([]int32{ids[0]}, pre, []int32{ids[1]}, suf, []int32{ids[2]}), nil
 }
 
 // Close closes the engine, which ends every stream (FinishCancelled), and

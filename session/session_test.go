@@ -3,13 +3,16 @@ package session
 import (
 	"context"
 	"errors"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/kiln-llm/kiln/chat"
+	"github.com/kiln-llm/kiln/demo"
 	"github.com/kiln-llm/kiln/engine"
 	"github.com/kiln-llm/kiln/internal/testmodel"
+	"github.com/kiln-llm/kiln/tokenizer"
 )
 
 // newSession starts an engine and its session on the fixture arch, with
@@ -208,14 +211,40 @@ func TestRequestErrors(t *testing.T) {
 	}
 }
 
+// A Suffix prompts the model in Qwen's fill-in-the-middle format when its
+// vocabulary has the FIM tokens (the demo model's does), and fails with
+// ErrNoFIM when it has not (the fixture's has only the chat tokens).
+func TestFillInTheMiddle(t *testing.T) {
+	s, f := newSession(t, "qwen3", testmodel.Options{}, engine.Options{}, Options{})
+	if _, err := s.Generate(context.Background(), &Request{Prompt: "func add(", Suffix: "}\n"}); !errors.Is(err, ErrNoFIM) {
+		t.Errorf("FIM without FIM tokens: %v", err)
+	}
+	tok, err := tokenizer.LoadFS(demo.FS())
+	if err != nil {
+		t.Fatal(err)
+	}
+	fim := New(nil, tok, f.Tmpl, Options{})
+	ids, _, err := fim.prompt(context.Background(), &Request{Prompt: "func add(a, b int) int {\n\treturn ", Suffix: "\n}\n"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := tok.Decode(ids), "<|fim_prefix|>func add(a, b int) int {\n\treturn <|fim_suffix|>\n}\n<|fim_middle|>"; got != want {
+		t.Errorf("FIM prompt %q, want %q", got, want)
+	}
+	if _, _, err := fim.prompt(context.Background(), &Request{PromptIDs: []int32{1}, Suffix: "x"}); err == nil {
+		t.Error("a Suffix with token ids accepted")
+	}
+}
+
 // A prompt over the context is refused before it is tokenized whole, and a
-// conversation before it is rendered whole (tokenizer.TestEncodeHugePiece
-// and chat.TestOutputLimit bound that work): ErrContextOverflow, the engine
-// never seeing them, for an 8 MiB text without a space and for one under
+// conversation before it is rendered whole: an engine.ContextError (its
+// prompt count a lower bound), the engine never seeing them, for an 8 MiB
+// text without a space, refused with next to no work, and for one under
 // the byte bound that only counting refuses.
 func TestPromptOverContext(t *testing.T) {
 	s, f := newSession(t, "qwen3", testmodel.Options{ChatTemplate: "qwen3.jinja"}, engine.Options{}, Options{})
-	limit := s.eng.ContextLength() - 1
+	ctx, _ := s.eng.Context()
+	limit := ctx - 1
 	per := f.Tok.MaxTokenBytes(nil)
 	if per == 0 {
 		t.Fatal("the fixture's tokenizer has no bound on a token's bytes")
@@ -223,17 +252,22 @@ func TestPromptOverContext(t *testing.T) {
 	huge := strings.Repeat("x", 8<<20)
 	counted := strings.Repeat("qz", per*limit/2)
 	for name, c := range map[string]struct {
-		req  *Request
-		want string
+		req *Request
+		max uint64 // bytes it may allocate; 0: any
 	}{
-		"huge prompt":          {&Request{Prompt: huge}, "the prompt has more than"},
-		"huge conversation":    {&Request{Messages: []chat.Message{{Role: "user", Content: huge}}}, "the rendered conversation is over"},
-		"counted prompt":       {&Request{Prompt: counted}, "the prompt has more than"},
-		"counted conversation": {&Request{Messages: []chat.Message{{Role: "user", Content: counted[:len(counted)/2]}}}, "the prompt has more than"},
+		"huge prompt":          {&Request{Prompt: huge}, 1 << 20},
+		"huge conversation":    {&Request{Messages: []chat.Message{{Role: "user", Content: huge}}}, 1 << 20},
+		"counted prompt":       {&Request{Prompt: counted}, 0},
+		"counted conversation": {&Request{Messages: []chat.Message{{Role: "user", Content: counted[:len(counted)/2]}}}, 0},
 	} {
-		_, err := s.Generate(context.Background(), c.req)
-		if !errors.Is(err, engine.ErrContextOverflow) || !strings.Contains(err.Error(), c.want) {
+		var err error
+		a := allocated(func() { _, err = s.Generate(context.Background(), c.req) })
+		var ce *engine.ContextError
+		if !errors.As(err, &ce) || !ce.AtLeast || ce.Prompt != ctx || ce.Context != ctx {
 			t.Errorf("%s: %v", name, err)
+		}
+		if c.max > 0 && a > c.max {
+			t.Errorf("%s: refusing it allocated %d KB", name, a>>10)
 		}
 	}
 	if st := s.eng.Stats(); st.PromptTokens != 0 {
@@ -242,4 +276,14 @@ func TestPromptOverContext(t *testing.T) {
 	if len(f.Tok.Encode(counted[:len(counted)/2])) <= limit {
 		t.Error("the counted conversation fits the context: the test proves nothing")
 	}
+}
+
+// allocated returns the bytes f allocates.
+func allocated(f func()) uint64 {
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	f()
+	runtime.ReadMemStats(&after)
+	return after.TotalAlloc - before.TotalAlloc
 }

@@ -203,7 +203,7 @@ func (c *benchConfig) startInProcess() (stop func(), err error) {
 	if c.vocab <= 0 {
 		c.vocab = lm.regularVocab()
 	}
-	srv := server.New(lm.sess, server.Options{ModelName: lm.name, ContextLength: lm.ctxLen, Defaults: lm.defaults, TokenText: lm.tokenText, Logger: slog.Default()})
+	srv := server.New(lm.sess, server.Options{ModelName: lm.name, Defaults: lm.defaults, TokenText: lm.tokenText, Logger: slog.Default()})
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		lm.sess.Close()
@@ -300,6 +300,11 @@ func (cl *benchClient) stream(ctx context.Context, path string, body map[string]
 	b, _ := json.Marshal(body)
 	req, _ := http.NewRequestWithContext(ctx, "POST", cl.cfg.baseURL+path, bytes.NewReader(b))
 	req.Header.Set("Content-Type", "application/json")
+	// Replayable: net/http then sends the request again on a new
+	// connection when the server closed the idle one it went out on before
+	// answering (llama-server does, under load), which would count as a
+	// failed request otherwise. The empty key is not sent.
+	req.Header["Idempotency-Key"] = nil
 	cl.auth(req)
 	r.start = time.Now()
 	resp, err := cl.http.Do(req)

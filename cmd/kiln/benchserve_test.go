@@ -1,12 +1,18 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"io"
 	"math"
 	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 )
 
@@ -150,5 +156,35 @@ func TestBenchServeMultiturn(t *testing.T) {
 	prompt, cached := rep["later_turn_prompt_tokens"].(float64), rep["later_turn_cached_tokens"].(float64)
 	if cached < prompt/3 {
 		t.Errorf("later turns: %v of %v prompt tokens from cache", cached, prompt)
+	}
+}
+
+// A server that closes an idle keep-alive connection as a request goes out
+// on it (llama-server does) costs the benchmark no request: it is sent
+// again on a new connection.
+func TestBenchRetriesClosedIdleConnection(t *testing.T) {
+	type connKey struct{}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n := r.Context().Value(connKey{}).(*atomic.Int32); n.Add(1) > 1 {
+			// The connection's second request: close without an answer.
+			conn, _, err := http.NewResponseController(w).Hijack()
+			if err == nil {
+				conn.Close()
+			}
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: {\"choices\":[{\"text\":\"hi\"}]}\n\ndata: [DONE]\n\n")
+	}))
+	srv.Config.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
+		return context.WithValue(ctx, connKey{}, new(atomic.Int32))
+	}
+	srv.Start()
+	defer srv.Close()
+	cl := &benchClient{cfg: &benchConfig{baseURL: srv.URL, servedModel: "m"}, http: &http.Client{Transport: &http.Transport{}}}
+	for i := range 4 {
+		if r, _ := cl.stream(context.Background(), "/v1/completions", map[string]any{"prompt": "x"}); !r.ok {
+			t.Fatalf("request %d failed: %s", i, r.err)
+		}
 	}
 }

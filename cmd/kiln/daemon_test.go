@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -175,7 +176,7 @@ func TestCLI(t *testing.T) {
 	t.Run("chat with a very long line", func(t *testing.T) {
 		in := strings.Repeat("func main() { ", 200_000) + "\nhi\n"
 		out, errOut, err := kiln(in, "chat", "--no-daemon", "--max-tokens", "4")
-		if err != nil || !strings.Contains(errOut, "exceeds the context") || strings.TrimSpace(out) == "" {
+		if err != nil || !strings.Contains(errOut, "no room for an answer in the context of 2048 tokens") || strings.TrimSpace(out) == "" {
 			t.Errorf("chat: %v\nstdout %q\nstderr %q", err, out, errOut)
 		}
 	})
@@ -327,7 +328,8 @@ func testRunInterrupted(t *testing.T, bin string, env []string) {
 		t.Fatalf("no answer: %v", err)
 	}
 	go io.Copy(io.Discard, stdout)
-	if err := interrupt(cmd); err == nil || strings.TrimSpace(errb.String()) != "kiln run: interrupted" {
-		t.Errorf("interrupted mid-answer: %v, stderr %q", err, errb.String())
+	var exit *exec.ExitError
+	if err := interrupt(cmd); !errors.As(err, &exit) || exit.ExitCode() != 130 || errb.Len() != 0 {
+		t.Errorf("interrupted mid-answer: %v (want exit status 130), stderr %q", err, errb.String())
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -24,6 +25,7 @@ type modelFlags struct {
 	maxRunning int
 	maxTokens  int
 	kvMiB      int64
+	context    int
 	kv         string
 	quantize   string
 	// conversations: the command serves multi-turn chats, so the session
@@ -43,7 +45,8 @@ func (f *modelFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.backend, "backend", "auto", "compute backend: auto, cpu or cuda")
 	fs.IntVar(&f.maxRunning, "max-running", 0, "most sequences decoded together (default: the engine's, 16)")
 	fs.IntVar(&f.maxTokens, "max-batch-tokens", 0, "most tokens in one forward step, prompt chunks and decoding sequences together (default: 256 on the CPU, 2048 on a GPU)")
-	fs.Int64Var(&f.kvMiB, "kv-memory", 0, "MiB of KV cache (default: 1024 on the CPU; on a GPU, what the weights leave free)")
+	fs.Int64Var(&f.kvMiB, "kv-memory", 0, "MiB of KV cache (default: on the CPU, half the memory available once the weights are loaded; on a GPU, what the weights leave free)")
+	fs.IntVar(&f.context, "context", 0, "most tokens of one request, prompt and answer (default: the model's context length, or what the KV cache holds for one sequence when that is less)")
 	fs.StringVar(&f.kv, "kv", "", kvFlagHelp)
 	fs.StringVar(&f.quantize, "quantize", "", quantizeFlagHelp)
 }
@@ -53,7 +56,6 @@ type loaded struct {
 	name    string
 	dir     string // absolute; "" for the embedded demo model
 	backend string
-	ctxLen  int
 	// defaults are the model's generation_config sampling parameters.
 	defaults engine.Sampling
 	tok      *tokenizer.Tokenizer
@@ -87,7 +89,7 @@ func (f *modelFlags) load() (*loaded, error) {
 	for _, v := range []struct {
 		flag string
 		n    int64
-	}{{"--max-running", int64(f.maxRunning)}, {"--max-batch-tokens", int64(f.maxTokens)}, {"--kv-memory", f.kvMiB}} {
+	}{{"--max-running", int64(f.maxRunning)}, {"--max-batch-tokens", int64(f.maxTokens)}, {"--kv-memory", f.kvMiB}, {"--context", int64(f.context)}} {
 		if v.n < 0 {
 			return nil, fmt.Errorf("%s must be positive, not %d (0: the engine's default)", v.flag, v.n)
 		}
@@ -95,7 +97,7 @@ func (f *modelFlags) load() (*loaded, error) {
 	if f.maxTokens > 0 && f.maxRunning > f.maxTokens {
 		return nil, fmt.Errorf("--max-running %d exceeds --max-batch-tokens %d: every running sequence needs a token per step", f.maxRunning, f.maxTokens)
 	}
-	opts := engine.Options{MaxRunning: f.maxRunning, MaxBatchTokens: f.maxTokens, KVMemory: f.kvMiB << 20}
+	opts := engine.Options{MaxRunning: f.maxRunning, MaxBatchTokens: f.maxTokens, KVMemory: f.kvMiB << 20, Context: f.context}
 	if opts.MaxBatchTokens == 0 && f.maxRunning > 256 {
 		opts.MaxBatchTokens = f.maxRunning // every running sequence needs a token per step
 	}
@@ -134,20 +136,40 @@ func (f *modelFlags) load() (*loaded, error) {
 		m.Close()
 		return nil, fmt.Errorf("%s: generation_config: %w", path, err)
 	}
-	if gpu, ok := b.(interface{ FreeMemory() int64 }); ok {
+	if f.context > cfg.ContextLength {
+		m.Close()
+		return nil, fmt.Errorf("--context %d exceeds the model's context length of %d tokens", f.context, cfg.ContextLength)
+	}
+	gpu, onGPU := b.(interface{ FreeMemory() int64 })
+	switch {
+	case onGPU && f.kvMiB == 0:
 		// On a GPU the KV pool takes the memory the weights left, less
-		// room for the step's workspace, and prompts prefill in larger
-		// chunks: the tensor cores need them to be busy.
-		if f.kvMiB == 0 {
-			opts.KVMemory = max(gpu.FreeMemory()*9/10-2<<30, 256<<20)
+		// room for the step's workspace.
+		opts.KVMemory = max(gpu.FreeMemory()*9/10-2<<30, 256<<20)
+	case f.kvMiB == 0:
+		// On the CPU, half of what the weights left (the rest for the
+		// system, the step's workspace and hybrid models' state
+		// snapshots), and at least what --context needs.
+		if avail := availableMemory(); avail > 0 {
+			opts.KVMemory = max(avail/2, 256<<20)
 		}
-		if opts.MaxBatchTokens == 0 {
-			opts.MaxBatchTokens = 2048
+		if f.context > 0 {
+			// All blocks but one go to a sequence (engine.Options.Context).
+			blocks := int64((f.context+15)/16 + 1) // of the engine's 16 tokens
+			opts.KVMemory = max(opts.KVMemory, blocks*16*m.KVBytesPerToken())
 		}
+	}
+	if onGPU && opts.MaxBatchTokens == 0 {
+		// Prompts prefill in larger chunks on a GPU: the tensor cores
+		// need them to be busy.
+		opts.MaxBatchTokens = 2048
 	}
 	eng, err := engine.New(m, tok, opts)
 	if err != nil {
 		m.Close()
+		if f.context > 0 {
+			return nil, fmt.Errorf("starting the engine: %w (--kv-memory sets the KV cache's MiB, --context the context)", err)
+		}
 		return nil, fmt.Errorf("starting the engine: %w", err)
 	}
 	name := cfg.Name
@@ -158,13 +180,33 @@ func (f *modelFlags) load() (*loaded, error) {
 		name = f.name
 	}
 	eo := eng.Options()
+	ctx, ctxLimit := eng.Context()
 	kv, _ := kvDType(f.kv, b) // as openModel resolved it
 	slog.Info("model loaded", "model", name, "backend", b.Name(), "weights", humanBytes(m.WeightBytes()), "kv", kv,
 		"kv_memory", humanBytes(int64(eo.KVBlocks*eo.BlockSize)*m.KVBytesPerToken()), "kv_tokens", eo.KVBlocks*eo.BlockSize,
 		"state_per_sequence", humanBytes(int64(m.SlotBytes())),
-		"context", cfg.ContextLength, "took", time.Since(start).Round(time.Millisecond))
+		"context", ctx, "context_limited_by", ctxLimit, "model_context", cfg.ContextLength, "took", time.Since(start).Round(time.Millisecond))
 	sess := session.New(eng, tok, tmpl, session.Options{PrepareNextTurn: f.conversations})
-	return &loaded{name: name, dir: dir, backend: b.Name(), ctxLen: cfg.ContextLength, defaults: defaults, tok: tok, sess: sess}, nil
+	return &loaded{name: name, dir: dir, backend: b.Name(), defaults: defaults, tok: tok, sess: sess}, nil
+}
+
+// availableMemory is the memory the system can give without swapping
+// (Linux's MemAvailable), or 0 where it cannot tell.
+func availableMemory() int64 {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	for line := range strings.Lines(string(b)) {
+		if rest, ok := strings.CutPrefix(line, "MemAvailable:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			if err != nil {
+				return 0
+			}
+			return kb << 10
+		}
+	}
+	return 0
 }
 
 // isTerminal reports whether f is a character device (a terminal, not a

@@ -8,7 +8,15 @@ import (
 	"fmt"
 	"os"
 	"sort"
+	"syscall"
 )
+
+// errSignal is a command stopped by a signal (Ctrl-C: SIGINT), which the
+// process exits with as shells report it: 128 + the signal's number, 130
+// for Ctrl-C.
+type errSignal struct{ syscall.Signal }
+
+func (e errSignal) Error() string { return e.Signal.String() }
 
 // command is one subcommand. Each lives in its own file and registers itself.
 type command struct {
@@ -49,8 +57,12 @@ func main() {
 		os.Exit(2)
 	}
 	if err := c.run(os.Args[2:]); err != nil {
-		if errors.As(err, new(errBadFlags)) {
+		var sig errSignal
+		switch {
+		case errors.As(err, new(errBadFlags)):
 			os.Exit(2)
+		case errors.As(err, &sig):
+			os.Exit(128 + int(sig.Signal))
 		}
 		fmt.Fprintf(os.Stderr, "kiln %s: %v\n", c.name, err)
 		os.Exit(1)

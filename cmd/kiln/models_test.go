@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kiln-llm/kiln/engine"
 	"github.com/kiln-llm/kiln/internal/hubtest"
 	"github.com/kiln-llm/kiln/internal/ollamatest"
 )
@@ -208,4 +209,28 @@ func treeState(t *testing.T, dir string) string {
 		return nil
 	})
 	return b.String()
+}
+
+// --context bounds the engine's context below the model's (the demo
+// model's is 2048), and more than the model's is refused; the CPU's KV
+// cache, sized from the memory available, holds the model's whole context.
+func TestContextFlag(t *testing.T) {
+	for _, c := range []struct {
+		flag, want int
+		limit      engine.ContextLimit
+	}{{0, 2048, engine.LimitModel}, {100, 100, engine.LimitOption}} {
+		f := modelFlags{backend: "cpu", context: c.flag}
+		lm, err := f.load()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ctx, limit := lm.sess.Engine().Context(); ctx != c.want || limit != c.limit {
+			t.Errorf("--context %d: context %d (%s), want %d (%s)", c.flag, ctx, limit, c.want, c.limit)
+		}
+		lm.sess.Close()
+	}
+	f := modelFlags{backend: "cpu", context: 4096}
+	if _, err := f.load(); err == nil || !strings.Contains(err.Error(), "context length of 2048") {
+		t.Errorf("--context 4096 over the model's 2048: %v", err)
+	}
 }

@@ -69,8 +69,7 @@ func (c *clientFlags) check() error {
 	case c.seed < -1:
 		return fmt.Errorf("--seed must be at least 0, not %d (-1: random)", c.seed)
 	}
-	sp := c.sampling(engine.Sampling{})
-	if err := sp.Validate(); err != nil {
+	if err := c.params().check(); err != nil {
 		var se *engine.SamplingError
 		if errors.As(err, &se) {
 			return fmt.Errorf("--%s %s", strings.ReplaceAll(se.Param, "_", "-"), se.Reason)
@@ -80,20 +79,19 @@ func (c *clientFlags) check() error {
 	return nil
 }
 
-// sampling returns defaults with the flags' sampling parameters set.
-func (c *clientFlags) sampling(defaults engine.Sampling) engine.Sampling {
-	sp := defaults
+// params are the sampling parameters the flags set.
+func (c *clientFlags) params() params {
+	p := params{}
 	if c.temperature != -1 {
-		sp.Temperature = float32(c.temperature)
+		p["temperature"] = c.temperature
 	}
 	if c.seed >= 0 {
-		seed := uint64(c.seed)
-		sp.Seed = &seed
+		p["seed"] = float64(c.seed)
 	}
 	if c.maxTokens > 0 {
-		sp.MaxTokens = c.maxTokens
+		p["max_tokens"] = float64(c.maxTokens)
 	}
-	return sp
+	return p
 }
 
 // parseInterspersed parses flags that may come before or after the
@@ -117,6 +115,7 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 type turn struct {
 	messages []chat.Message
 	think    bool
+	params   params
 }
 
 // answerStats is what one answer cost, measured where it was received.
@@ -195,7 +194,7 @@ func (a *localAnswerer) close() { a.lm.sess.Close() }
 
 func (a *localAnswerer) answer(ctx context.Context, t *turn, out func(text, reasoning string)) (answerStats, error) {
 	st, err := a.lm.sess.Generate(ctx, &session.Request{Messages: t.messages,
-		TemplateKwargs: map[string]any{"enable_thinking": t.think}, Sampling: a.c.sampling(a.lm.defaults)})
+		TemplateKwargs: map[string]any{"enable_thinking": t.think}, Sampling: t.params.sampling(a.lm.defaults)})
 	if err != nil {
 		return answerStats{}, err
 	}
@@ -237,15 +236,7 @@ func (a *daemonAnswerer) answer(ctx context.Context, t *turn, out func(text, rea
 		"stream_options":       map[string]bool{"include_usage": true},
 		"chat_template_kwargs": map[string]bool{"enable_thinking": t.think},
 	}
-	if a.c.maxTokens > 0 {
-		body["max_tokens"] = a.c.maxTokens
-	}
-	if a.c.temperature != -1 {
-		body["temperature"] = a.c.temperature
-	}
-	if a.c.seed >= 0 {
-		body["seed"] = a.c.seed
-	}
+	t.params.request(body)
 	b, _ := json.Marshal(body)
 	req, err := http.NewRequestWithContext(ctx, "POST", "http://kiln/v1/chat/completions", bytes.NewReader(b))
 	if err != nil {
@@ -397,8 +388,7 @@ func runOnce(args []string) error {
 		return err
 	}
 	defer a.close()
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	ctx, stopped := interruptible()
 	var msgs []chat.Message
 	if c.system != "" {
 		msgs = append(msgs, chat.Message{Role: "system", Content: c.system})
@@ -407,7 +397,7 @@ func runOnce(args []string) error {
 	showReasoning := c.think && isTerminal(os.Stderr)
 	stdout := bufio.NewWriter(os.Stdout)
 	last := byte('\n')
-	_, err = a.answer(ctx, &turn{messages: msgs, think: c.think}, func(text, reasoning string) {
+	_, err = a.answer(ctx, &turn{messages: msgs, think: c.think, params: c.params()}, func(text, reasoning string) {
 		if reasoning != "" && showReasoning {
 			fmt.Fprint(os.Stderr, "\033[2m"+reasoning+"\033[0m")
 		}
@@ -421,8 +411,27 @@ func runOnce(args []string) error {
 		stdout.WriteByte('\n')
 	}
 	stdout.Flush()
-	if err != nil && ctx.Err() != nil {
-		return errors.New("interrupted")
+	if sig := stopped(); sig != nil {
+		return sig
 	}
 	return err
+}
+
+// interruptible returns a context that Ctrl-C (SIGINT) or SIGTERM cancels,
+// and a function that returns that signal, as an errSignal, once one came.
+func interruptible() (context.Context, func() error) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		sig := <-sigs
+		signal.Stop(sigs) // a second one ends the process at once
+		cancel(errSignal{sig.(syscall.Signal)})
+	}()
+	return ctx, func() error {
+		if ctx.Err() == nil {
+			return nil
+		}
+		return context.Cause(ctx)
+	}
 }

@@ -49,8 +49,9 @@ type serveConfig struct {
 	requestTimeout time.Duration
 	writeTimeout   time.Duration
 	maxBody        int64
-	allowedHosts   string
 	pidFile        string
+	origins        []string
+	hosts          []string
 	verbose        bool
 }
 
@@ -63,8 +64,11 @@ func (c *serveConfig) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.requestTimeout, "request-timeout", 10*time.Minute, "longest time one generation may take")
 	fs.DurationVar(&c.writeTimeout, "write-timeout", 10*time.Second, "how long a streaming client may read nothing while its answer waits before the stream is cancelled")
 	fs.Int64Var(&c.maxBody, "max-body", 0, "largest request body in bytes (default: the largest request whose prompt can fit the context)")
-	fs.StringVar(&c.allowedHosts, "allowed-hosts", "", "comma-separated host names, beyond localhost, this machine's addresses and name, that browsers may reach the server by (patterns with *); without --api-key others are refused, against DNS rebinding")
 	fs.StringVar(&c.pidFile, "pid-file", "", "write the process id here while serving (kiln start sets it)")
+	listFlag(fs, "allowed-origins", "comma-separated browser origins that may call the API (CORS), * for any part (https://*.example.com) or any origin; this machine's pages (http://localhost:*, 127.0.0.1, [::1]) always may",
+		&c.origins, func(o string) string { return strings.TrimSuffix(o, "/") }, server.CheckOrigins)
+	listFlag(fs, "allowed-hosts", "comma-separated host names, beyond localhost, this machine's addresses and name, that the server answers to without --api-key (patterns with *); others are refused, against DNS rebinding",
+		&c.hosts, strings.ToLower, server.CheckHosts)
 	fs.BoolVar(&c.verbose, "v", false, "debug logging")
 }
 
@@ -147,10 +151,6 @@ func (c *serveConfig) serve() error {
 			return err
 		}
 	}
-	allowedHosts := splitList(c.allowedHosts)
-	if err := server.CheckHosts(allowedHosts); err != nil {
-		return fmt.Errorf("--allowed-hosts: %w", err)
-	}
 	// Listen before loading, so that a busy port or a running daemon fails
 	// in milliseconds, not after the weights are read.
 	var listeners []net.Listener
@@ -191,17 +191,17 @@ func (c *serveConfig) serve() error {
 	if maxBody <= 0 {
 		maxBody = server.DefaultMaxBody(lm.sess)
 	}
-	slog.Info("request limits", "max_body", maxBody, "context", lm.ctxLen)
+	slog.Info("request limits", "max_body", maxBody)
 	srv := server.New(lm.sess, server.Options{
 		ModelName:      lm.name,
-		ContextLength:  lm.ctxLen,
 		APIKey:         c.apiKey,
 		Defaults:       lm.defaults,
 		TokenText:      lm.tokenText,
 		Info:           info,
 		Models:         newCatalog(),
 		Served:         c.model.served(lm.name),
-		AllowedHosts:   allowedHosts,
+		AllowedOrigins: c.origins,
+		AllowedHosts:   c.hosts,
 		MaxBodyBytes:   maxBody,
 		RequestTimeout: c.requestTimeout,
 		WriteTimeout:   c.writeTimeout,
@@ -238,13 +238,15 @@ func (c *serveConfig) serve() error {
 	return serveErr
 }
 
-// splitList splits a comma-separated flag value, dropping empty items.
-func splitList(v string) []string {
-	var out []string
-	for _, item := range strings.Split(v, ",") {
-		if item = strings.TrimSpace(item); item != "" {
-			out = append(out, item)
+// listFlag registers a flag of comma-separated items, appended to *dst
+// once clean has trimmed them and check has accepted the whole list.
+func listFlag(fs *flag.FlagSet, name, usage string, dst *[]string, clean func(string) string, check func([]string) error) {
+	fs.Func(name, usage, func(v string) error {
+		for _, item := range strings.Split(v, ",") {
+			if item = clean(strings.TrimSpace(item)); item != "" {
+				*dst = append(*dst, item)
+			}
 		}
-	}
-	return out
+		return check(*dst)
+	})
 }

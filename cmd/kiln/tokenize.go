@@ -6,23 +6,30 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"unicode/utf8"
 )
 
 func init() {
 	register(&command{
 		name:    "tokenize",
-		summary: "print the token ids of stdin as a JSON array (kiln tokenize [--model DIR])",
+		summary: "print the token ids of a text as a JSON array: kiln tokenize \"text\" (or stdin)",
 		run:     func(args []string) error { return tokenize(args, os.Stdin, os.Stdout) },
 	})
 }
 
-// tokenize encodes all of in, byte for byte, as HF's
-// encode(text, add_special_tokens=False) would, and writes the ids to out.
+// tokenize encodes the text arguments (joined by spaces), or else all of
+// in, byte for byte, as HF's encode(text, add_special_tokens=False) would,
+// and writes the ids to out.
 func tokenize(args []string, in io.Reader, out io.Writer) error {
 	fs := flag.NewFlagSet("tokenize", flag.ContinueOnError)
-	model := fs.String("model", "", "model directory (tokenizer.json) or GGUF file; default: the embedded demo model")
-	if err := parseFlags(fs, args); err != nil {
+	model := fs.String("model", "", "model: a name, a directory (tokenizer.json) or a GGUF file; default: the embedded demo model")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: kiln tokenize [--model M] [\"text\"]   (without text, stdin)\n")
+		fs.PrintDefaults()
+	}
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
 		return err
 	}
 	path, err := resolveModel(*model)
@@ -33,12 +40,15 @@ func tokenize(args []string, in io.Reader, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	text, err := io.ReadAll(in)
-	if err != nil {
-		return fmt.Errorf("read stdin: %w", err)
+	text, source := []byte(strings.Join(pos, " ")), "the text"
+	if len(pos) == 0 {
+		if text, err = io.ReadAll(in); err != nil {
+			return fmt.Errorf("read stdin: %w", err)
+		}
+		source = "stdin"
 	}
 	if off := invalidUTF8Offset(text); off >= 0 {
-		return fmt.Errorf("stdin is not valid UTF-8: invalid byte 0x%02x at offset %d", text[off], off)
+		return fmt.Errorf("%s is not valid UTF-8: invalid byte 0x%02x at offset %d", source, text[off], off)
 	}
 	ids, err := json.Marshal(tok.Encode(string(text)))
 	if err != nil {

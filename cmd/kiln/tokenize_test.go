@@ -50,6 +50,24 @@ func TestTokenizeDemo(t *testing.T) {
 	}
 }
 
+// kiln tokenize "text" tokenizes its argument (flags before or after it),
+// not stdin.
+func TestTokenizeArgument(t *testing.T) {
+	tok, err := tokenizer.Load(tokenizeTestModel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"hello world", "--model", tokenizeTestModel}, {"--model", tokenizeTestModel, "hello", "world"}} {
+		var out strings.Builder
+		if err := tokenize(args, strings.NewReader("not this"), &out); err != nil {
+			t.Fatal(err)
+		}
+		if want, _ := json.Marshal(tok.Encode("hello world")); strings.TrimSpace(out.String()) != string(want) {
+			t.Errorf("%q: printed %s, want %s", args, out.String(), want)
+		}
+	}
+}
+
 func TestTokenizeCommandErrors(t *testing.T) {
 	for _, c := range []struct {
 		args       []string
