@@ -3,7 +3,6 @@ package session
 import (
 	"context"
 	"errors"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -261,7 +260,7 @@ func TestPromptOverContext(t *testing.T) {
 		"counted conversation": {&Request{Messages: []chat.Message{{Role: "user", Content: counted[:len(counted)/2]}}}, 0},
 	} {
 		var err error
-		a := allocated(func() { _, err = s.Generate(context.Background(), c.req) })
+		a := testmodel.Allocated(func() { _, err = s.Generate(context.Background(), c.req) })
 		var ce *engine.ContextError
 		if !errors.As(err, &ce) || !ce.AtLeast || ce.Prompt != ctx || ce.Context != ctx {
 			t.Errorf("%s: %v", name, err)
@@ -276,14 +275,4 @@ func TestPromptOverContext(t *testing.T) {
 	if len(f.Tok.Encode(counted[:len(counted)/2])) <= limit {
 		t.Error("the counted conversation fits the context: the test proves nothing")
 	}
-}
-
-// allocated returns the bytes f allocates.
-func allocated(f func()) uint64 {
-	var before, after runtime.MemStats
-	runtime.GC()
-	runtime.ReadMemStats(&before)
-	f()
-	runtime.ReadMemStats(&after)
-	return after.TotalAlloc - before.TotalAlloc
 }
