@@ -73,11 +73,22 @@ func orDefault[T int | time.Duration](v, def T) T {
 // at one of its Limits.
 var ErrLimit = errors.New("chat template limit")
 
-// LimitError is a rendering stopped at one of its Limits.
-type LimitError struct{ msg string }
+// ErrOutputLimit is matched (errors.Is) by a rendering stopped at
+// Limits.Output: the prompt, or a value the template built, would have
+// been longer. A caller that sets Output from a context (the most bytes
+// its tokens can stand for) reads it as a prompt over the context.
+var ErrOutputLimit = errors.New("chat template output limit")
 
-func (e *LimitError) Error() string        { return "chat template: " + e.msg }
-func (e *LimitError) Is(target error) bool { return target == ErrLimit }
+// LimitError is a rendering stopped at one of its Limits.
+type LimitError struct {
+	msg    string
+	output bool // at Limits.Output
+}
+
+func (e *LimitError) Error() string { return "chat template: " + e.msg }
+func (e *LimitError) Is(target error) bool {
+	return target == ErrLimit || target == ErrOutputLimit && e.output
+}
 
 // budget is one rendering's account against its Limits. Its checks panic
 // with *abort, which Render recovers: that unwinds gonja at once, whatever
@@ -98,18 +109,27 @@ type abort struct{ err error }
 func newBudget(ctx context.Context, lim Limits) (*budget, context.CancelFunc) {
 	b := &budget{lim: lim.withDefaults()}
 	ctx, cancel := context.WithTimeoutCause(ctx, b.lim.Time,
-		&LimitError{fmt.Sprintf("rendering took more than %v", b.lim.Time)})
+		&LimitError{msg: fmt.Sprintf("rendering took more than %v", b.lim.Time)})
 	b.ctx = ctx
 	stop := context.AfterFunc(ctx, func() { b.canceled.Store(true) })
 	return b, func() { stop(); cancel() }
 }
 
 func (b *budget) fail(format string, a ...any) {
+	panic(&abort{b.limitError(false, format, a...)})
+}
+
+// failOutput stops the rendering at Limits.Output.
+func (b *budget) failOutput(format string, a ...any) {
+	panic(&abort{b.limitError(true, format, a...)})
+}
+
+func (b *budget) limitError(output bool, format string, a ...any) *LimitError {
 	msg := fmt.Sprintf(format, a...)
 	if b.line > 0 {
 		msg = fmt.Sprintf("line %d: %s", b.line, msg)
 	}
-	panic(&abort{&LimitError{msg}})
+	return &LimitError{msg, output}
 }
 
 // step charges n steps and stops a rendering whose context is done.
@@ -141,7 +161,7 @@ func (b *budget) leave() { b.depth-- }
 // counts whether or not it is kept.
 func (b *budget) build(n int) {
 	if n > b.lim.Output {
-		b.fail("an operation would build %d bytes, over the limit of %d", n, b.lim.Output)
+		b.failOutput("an operation would build %d bytes, over the limit of %d", n, b.lim.Output)
 	}
 	if b.memory += n; b.memory > b.lim.Memory {
 		b.fail("rendering built more than %d bytes", b.lim.Memory)
@@ -156,7 +176,7 @@ type limitWriter struct {
 
 func (w *limitWriter) Write(p []byte) (int, error) {
 	if w.buf.Len()+len(p) > w.b.lim.Output {
-		w.b.fail("the rendered prompt is over %d bytes", w.b.lim.Output)
+		w.b.failOutput("the rendered prompt is over %d bytes", w.b.lim.Output)
 	}
 	if w.buf.Cap()-w.buf.Len() < len(p) {
 		w.buf.Grow(len(p)) // doubles, where append would grow by a quarter

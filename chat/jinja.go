@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/nikolalohinski/gonja/v2/exec"
 )
@@ -397,6 +398,22 @@ func clampIndex(i, n int) int {
 	return max(0, min(i, n))
 }
 
+// runeSpan is s[lo:hi] in characters.
+func runeSpan(s string, lo, hi int) string {
+	start, end, n := len(s), len(s), 0
+	for i := range s {
+		if n == lo {
+			start = i
+		}
+		if n == hi {
+			end = i
+			break
+		}
+		n++
+	}
+	return s[start:end]
+}
+
 // affixTest is str.startswith / str.endswith: the affix may be a tuple.
 func affixTest(self string, va *exec.VarArgs, match func(s, affix string) bool) (any, error) {
 	a, err := args(va, "prefix", "start", "end")
@@ -406,12 +423,18 @@ func affixTest(self string, va *exec.VarArgs, match func(s, affix string) bool) 
 	if a[0] == nil {
 		return nil, errors.New("takes at least 1 argument (0 given)")
 	}
-	r := []rune(self)
-	lo, hi := pySlice(len(r), a[1], a[2])
-	if lo > hi {
-		return false, nil
+	s := self
+	if given(a[1]) || given(a[2]) {
+		// Python's bounds count characters; the string is not copied (a
+		// prompt's message can be megabytes, and Qwen's templates test
+		// every message).
+		n := utf8.RuneCountInString(self)
+		lo, hi := pySlice(n, a[1], a[2])
+		if lo > hi || given(a[1]) && a[1].Integer() > n { // Python: a start past the end matches nothing, not even ""
+			return false, nil
+		}
+		s = runeSpan(self, lo, hi)
 	}
-	s := string(r[lo:hi])
 	if a[0].IsList() {
 		for i := 0; i < a[0].Len(); i++ {
 			if match(s, a[0].Index(i).String()) {

@@ -143,9 +143,23 @@ func TestOutputLimit(t *testing.T) {
 	}
 	in := &RenderInput{Messages: []Message{{Role: "user", Content: strings.Repeat("x", 600)}, {Role: "user", Content: strings.Repeat("y", 600)}}}
 	in.Limits.Output = 1000
-	if _, err := tpl.Render(in); !errors.Is(err, ErrLimit) || !strings.Contains(err.Error(), "prompt is over 1000 bytes") {
+	if _, err := tpl.Render(in); !errors.Is(err, ErrOutputLimit) || !errors.Is(err, ErrLimit) || !strings.Contains(err.Error(), "prompt is over 1000 bytes") {
 		t.Fatalf("got %v", err)
 	}
+	// A value built over the limit, printed or not, stops it there too;
+	// the other limits are not output limits.
+	built, err := compile(`{% set x = messages[0].content + messages[1].content %}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := built.Render(in); !errors.Is(err, ErrOutputLimit) || !strings.Contains(err.Error(), "would build 1200 bytes") {
+		t.Fatalf("built: got %v", err)
+	}
+	in.Limits.Steps = 3
+	if _, err := tpl.Render(in); !errors.Is(err, ErrLimit) || errors.Is(err, ErrOutputLimit) {
+		t.Fatalf("steps: got %v", err)
+	}
+	in.Limits.Steps = 0
 	in.Limits.Output = 2000
 	if out, err := tpl.Render(in); err != nil || len(out) != 1200 {
 		t.Fatalf("got %d bytes, %v", len(out), err)

@@ -166,6 +166,7 @@ func TestJinjaCompat(t *testing.T) {
 		{`{{ "a b  c ".split() }}|{{ "a,b,,c".split(",") }}|{{ "a,b,c".rsplit(",", 1) }}|{{ " a b c ".split(none, 1) }}`, "['a', 'b', 'c']|['a', 'b', '', 'c']|['a,b', 'c']|['a', 'b c ']"},
 		{`{{ "x".split("</think>")[-1] }}|{{ "a</think>b".split("</think>")[0] }}`, "x|a"},
 		{`{{ "abc".startswith(("x", "a")) }}{{ "abc".endswith("bc") }}{{ "abc".startswith("b", 1) }}`, "TrueTrueTrue"},
+		{`{{ "héllo".startswith("é", 1) }}{{ "héllo".endswith("l", 0, 3) }}{{ "héllo".endswith("o", -1) }}{{ "héllo".startswith("", 9) }}{{ "héllo".startswith("l", 3, 2) }}`, "TrueTrueTrueFalseFalse"},
 		{`{{ "aaa".replace("a", "b", 2) }}`, "bba"},
 		{`{% set ns = namespace(n=0) %}{% for i in [1, 2, 3] %}{% set ns.n = ns.n + i %}{% endfor %}{{ ns.n }}`, "6"},
 		{`{% for k, v in {"z": 1, "a": 2} | items %}{{ k }}={{ v }};{% endfor %}`, "z=1;a=2;"},

@@ -247,17 +247,33 @@ type ContextError struct {
 	MaxTokens int // tokens asked for; 0: none
 	Context   int // the sequence's context length
 	Limit     ContextLimit
+	// AtLeast: Prompt is a lower bound, the session having stopped
+	// tokenizing once the prompt passed the context.
+	AtLeast bool
 }
 
 func (e *ContextError) Error() string {
 	if e.MaxTokens > 0 && e.Prompt < e.Context {
 		return fmt.Sprintf("%d prompt tokens and max_tokens %d (%d in all) exceed the context of %d tokens",
-			e.Prompt, e.MaxTokens, e.Prompt+e.MaxTokens, e.Context)
+			e.Prompt, e.MaxTokens, e.Requested(), e.Context)
 	}
-	return fmt.Sprintf("%d prompt tokens leave no room for an answer in the context of %d tokens", e.Prompt, e.Context)
+	return fmt.Sprintf("%s prompt tokens leave no room for an answer in the context of %d tokens", e.Count(uint64(e.Prompt)), e.Context)
+}
+
+// Count writes n, a count that includes the prompt, as "at least n" when
+// the prompt's is a lower bound.
+func (e *ContextError) Count(n uint64) string {
+	if e.AtLeast {
+		return fmt.Sprintf("at least %d", n)
+	}
+	return fmt.Sprint(n)
 }
 
 func (e *ContextError) Unwrap() error { return ErrContextOverflow }
+
+// Requested is the tokens the request asked for, its prompt and at least
+// one more: a uint64, which a max_tokens near 2^63 cannot wrap around.
+func (e *ContextError) Requested() uint64 { return uint64(e.Prompt) + uint64(max(e.MaxTokens, 1)) }
 
 var (
 	// ErrContextOverflow: the prompt (plus at least one generated token,

@@ -331,7 +331,7 @@ func (e *Engine) prepare(req *Request) (*seq, error) {
 		if n > ctx {
 			return nil, &ContextError{Prompt: n, Context: ctx, Limit: limit}
 		}
-	} else if n+1 > ctx || sp.MaxTokens > 0 && n+sp.MaxTokens > ctx && !req.ClampMaxTokens {
+	} else if n+1 > ctx || sp.MaxTokens > ctx-n && !req.ClampMaxTokens {
 		return nil, &ContextError{Prompt: n, MaxTokens: sp.MaxTokens, Context: ctx, Limit: limit}
 	}
 	s := &seq{
@@ -356,8 +356,10 @@ func (e *Engine) prepare(req *Request) (*seq, error) {
 		s.stopIDs[t] = true
 	}
 	s.maxLen = ctx
-	if sp.MaxTokens > 0 {
-		s.maxLen = min(s.maxLen, len(ids)+sp.MaxTokens)
+	if sp.MaxTokens > 0 && sp.MaxTokens < ctx-n {
+		// Compared with the room left: n+MaxTokens would wrap around for
+		// a max_tokens near 2^63.
+		s.maxLen = n + sp.MaxTokens
 	}
 	s.params = backend.SampleParams{
 		Temperature: sp.Temperature, TopK: sp.TopK, TopP: sp.TopP, MinP: sp.MinP,

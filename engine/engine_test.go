@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -700,5 +701,68 @@ func TestAdmitIntoAFullCache(t *testing.T) {
 	after := e.Stats()
 	if steps, tokens := after.DecodeSteps-before.DecodeSteps, after.DecodeTokens-before.DecodeTokens; tokens < 2*steps {
 		t.Errorf("%d tokens in %d decode-only passes: the requests did not run together", tokens, steps)
+	}
+}
+
+// A max_tokens near 2^63 is over the room the prompt leaves, as any
+// larger than it is: refused (a ContextError whose numbers do not wrap),
+// or with ClampMaxTokens cut to the room. prompt + max_tokens wrapped
+// around to a negative length, which passed the check and ended the
+// answer after one token.
+func TestMaxTokensOverflow(t *testing.T) {
+	f := loadFixture(t, "qwen3")
+	e := newEngine(t, f, Options{})
+	prompt := []int32{1, 2, 3}
+	want := generate(t, e, &Request{Prompt: prompt, Sampling: Sampling{MaxTokens: 12, IgnoreEOS: true}}).tokens
+	for _, maxTokens := range []int{math.MaxInt - len(prompt) + 1, math.MaxInt} {
+		_, err := e.Generate(context.Background(), &Request{Prompt: prompt, Sampling: Sampling{MaxTokens: maxTokens}})
+		var ce *ContextError
+		if !errors.As(err, &ce) || ce.Requested() != uint64(len(prompt))+uint64(maxTokens) || strings.Contains(err.Error(), "-") {
+			t.Errorf("max_tokens %d: %v", maxTokens, err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		st, err := e.Generate(ctx, &Request{Prompt: prompt, Sampling: Sampling{MaxTokens: maxTokens, IgnoreEOS: true}, ClampMaxTokens: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []int32
+		for ev := range st.Events() {
+			got = append(got, ev.Tokens...)
+			if ev.Done && len(got) < len(want) {
+				t.Errorf("max_tokens %d, clamped: ended (%s) after %d tokens", maxTokens, ev.Finish, len(got))
+			}
+			if len(got) >= len(want) {
+				cancel()
+			}
+		}
+		cancel()
+		if len(got) < len(want) || !slices.Equal(got[:len(want)], want) {
+			t.Errorf("max_tokens %d, clamped: %v, want %v first", maxTokens, got, want)
+		}
+	}
+}
+
+// Two requests of one prompt admitted together compute it side by side;
+// the cache keeps the first's copy and the second's later blocks hang
+// below it. Once the first ends, the second must still grow to every
+// block but the spare: the first's copy, pinned by what hung below it,
+// made it fail with ErrKVFull (41 tokens in 14 blocks of 4), which
+// TestRandomizedNoLeaks hit about once in 40 runs when its requests met
+// so.
+func TestPrefixComputedSideBySide(t *testing.T) {
+	f := loadFixture(t, "qwen3")
+	e := newEngine(t, f, Options{BlockSize: 4, KVBlocks: 14, MaxBatchTokens: 24})
+	p := randomPrompt(rand.New(rand.NewPCG(5, 6)), f, 17)
+	short, err := e.Generate(context.Background(), &Request{Prompt: p, Sampling: Sampling{MaxTokens: 1, IgnoreEOS: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	long, err := e.Generate(context.Background(), &Request{Prompt: p, Sampling: Sampling{MaxTokens: 13*4 - 17, IgnoreEOS: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	collect(short)
+	if r := collect(long); r.err != nil || len(r.tokens) != 13*4-17 {
+		t.Errorf("the longer request: %d tokens, %s %v", len(r.tokens), r.finish, r.err)
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"time"
@@ -21,20 +20,50 @@ const bodyTimeout = time.Minute
 // encoding/json would silently replace), not JSON, or have a field of the
 // wrong type get 400 naming the field.
 func decodeBody(w http.ResponseWriter, r *http.Request, limit int64, v any) error {
+	body, err := readBody(w, r, limit)
+	if err != nil {
+		return err
+	}
+	return parseBody(body, v)
+}
+
+// readBody reads a request body of at most limit bytes, into one buffer of
+// its declared length. On an error it returns what it read.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	if r.ContentLength > limit {
+		// Refused before a byte of it is read: a client that sent
+		// "Expect: 100-continue" then never sends the body, and one that
+		// did not is not cut off mid-upload by the limit's close.
+		return nil, tooLarge(limit)
+	}
 	rc := http.NewResponseController(w)
 	rc.SetReadDeadline(time.Now().Add(bodyTimeout))
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	var buf bytes.Buffer
+	if n := r.ContentLength; n > 0 && n <= limit {
+		buf.Grow(int(n) + bytes.MinRead) // ReadFrom wants room to see the end
+	}
+	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, limit))
 	// Cleared at once: an expired read deadline during the response would
 	// cancel the request (see Server.hs).
 	rc.SetReadDeadline(time.Time{})
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			return newAPIError(http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", "",
-				"request body exceeds the server's limit of %d bytes", limit)
+			return buf.Bytes(), tooLarge(limit)
 		}
-		return badRequest("", "reading the request body: %v", err)
+		return buf.Bytes(), badRequest("", "reading the request body: %v", err)
 	}
+	return buf.Bytes(), nil
+}
+
+// tooLarge is the error of a body over the server's limit.
+func tooLarge(limit int64) error {
+	return newAPIError(http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", "",
+		"request body exceeds the server's limit of %d bytes (kiln serve --max-body)", limit)
+}
+
+// parseBody decodes a JSON request body into v.
+func parseBody(body []byte, v any) error {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return badRequest("", "the request body is empty; send a JSON object")
 	}

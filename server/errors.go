@@ -95,8 +95,8 @@ func asAPIError(err error) *apiError {
 // contextMessage is vLLM's sentence for a request over the context, and
 // what would raise the context.
 func contextMessage(ce *engine.ContextError) string {
-	msg := fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the prompt, %d in the completion).",
-		ce.Context, ce.Prompt+max(ce.MaxTokens, 1), ce.Prompt, max(ce.MaxTokens, 1))
+	msg := fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %s tokens (%s in the prompt, %d in the completion).",
+		ce.Context, ce.Count(ce.Requested()), ce.Count(uint64(ce.Prompt)), max(ce.MaxTokens, 1))
 	switch ce.Limit {
 	case engine.LimitKVCache:
 		msg += " The server's KV cache bounds its context: start it with more --kv-memory (or a model with a smaller KV cache)."

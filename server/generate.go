@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -130,6 +131,7 @@ type generation struct {
 func (s *Server) start(r *http.Request, req *session.Request) (*generation, error) {
 	ctx, cancel := context.WithTimeout(r.Context(), s.opts.RequestTimeout)
 	st, err := s.sess.Generate(ctx, req)
+	prepSlotOf(r).release() // the engine has the prompt, or refused it
 	if err != nil {
 		cancel()
 		return nil, err
@@ -147,6 +149,12 @@ func (g *generation) close() {
 	g.count()
 	if g.log == nil {
 		return
+	}
+	for !g.final.Done {
+		// The handler stopped reading (its client is gone): once
+		// cancelled, the stream drops what is unread and ends, within a
+		// step, with the final event, which says what was generated.
+		g.next()
 	}
 	u := usageOf(g.final)
 	g.log.Info("generation", "finish", g.final.Finish, "prompt_tokens", u.PromptTokens, "cached_tokens", u.CachedTokens,
@@ -226,7 +234,8 @@ func usageOf(ev session.Event) engine.Usage {
 }
 
 // streamWriter writes a streamed response (SSE or NDJSON). A write that
-// fails or does not complete within the server's write timeout cancels the
+// fails or does not complete within the server's write timeout, or a
+// client that took nothing of it for as long (stall.go), cancels the
 // generation, so that a client that disconnects or stops reading frees its
 // sequence.
 type streamWriter struct {
@@ -234,6 +243,7 @@ type streamWriter struct {
 	rc      *http.ResponseController
 	timeout time.Duration
 	cancel  context.CancelFunc
+	prog    *progress
 	err     error
 }
 
@@ -243,27 +253,36 @@ func (s *Server) newStreamWriter(w http.ResponseWriter, g *generation, contentTy
 	h.Set("Cache-Control", "no-cache")
 	h.Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
-	return &streamWriter{w: w, rc: http.NewResponseController(w), timeout: s.opts.WriteTimeout, cancel: g.cancel}
+	c, _ := g.ctx.Value(connKey{}).(*countingConn)
+	return &streamWriter{w: w, rc: http.NewResponseController(w), timeout: s.opts.WriteTimeout, cancel: g.cancel, prog: newProgress(c)}
 }
 
 func (sw *streamWriter) write(b []byte) error {
 	if sw.err != nil {
 		return sw.err
 	}
-	sw.rc.SetWriteDeadline(time.Now().Add(sw.timeout))
-	if _, err := sw.w.Write(b); err != nil {
-		sw.fail(err)
-		return err
+	now := time.Now()
+	if sw.prog.stalled(now, sw.timeout) {
+		sw.fail(fmt.Errorf("%w: it took nothing for %v", errNotReading, sw.timeout))
+		return sw.err
 	}
-	if err := sw.rc.Flush(); err != nil {
+	sw.rc.SetWriteDeadline(now.Add(sw.timeout))
+	_, err := sw.w.Write(b)
+	if err == nil {
+		err = sw.rc.Flush()
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		err = fmt.Errorf("%w: a write waited %v", errNotReading, sw.timeout)
+	}
+	if err != nil {
 		sw.fail(err)
-		return err
+		return sw.err
 	}
 	return nil
 }
 
 func (sw *streamWriter) fail(err error) {
-	sw.err = fmt.Errorf("writing to the client: %w", err)
+	sw.err = fmt.Errorf("%w: %w", errClientWrite, err)
 	sw.cancel()
 }
 

@@ -56,7 +56,9 @@ func serve(t testing.TB, opts Options, eopts engine.Options, f testmodel.Fixture
 	t.Helper()
 	sess, tok := newSession(t, f, eopts)
 	opts.ModelName = testModel
-	opts.Logger = testmodel.Logger()
+	if opts.Logger == nil {
+		opts.Logger = testmodel.Logger()
+	}
 	opts.TokenText = func(id int32) string { return tok.Decode([]int32{id}) }
 	srv := New(sess, opts)
 	l, err := net.Listen("tcp", "127.0.0.1:0")

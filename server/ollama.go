@@ -214,7 +214,7 @@ type ollamaChatRequest struct {
 
 func (s *Server) ollamaChat(w http.ResponseWriter, r *http.Request) error {
 	var req ollamaChatRequest
-	if err := decodeBody(w, r, s.opts.MaxBodyBytes, &req); err != nil {
+	if err := s.decodeRequest(w, r, &req); err != nil {
 		return err
 	}
 	sr, err := s.prepareOllama(&req.ollamaCommon)
@@ -282,7 +282,7 @@ type ollamaGenerateRequest struct {
 
 func (s *Server) ollamaGenerate(w http.ResponseWriter, r *http.Request) error {
 	var req ollamaGenerateRequest
-	if err := decodeBody(w, r, s.opts.MaxBodyBytes, &req); err != nil {
+	if err := s.decodeRequest(w, r, &req); err != nil {
 		return err
 	}
 	er, err := s.prepareOllama(&req.ollamaCommon)

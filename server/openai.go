@@ -128,7 +128,7 @@ func selectTools(tools []json.RawMessage, choice json.RawMessage) ([]chat.Tool, 
 
 func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) error {
 	var req chatRequest
-	if err := decodeBody(w, r, s.opts.MaxBodyBytes, &req); err != nil {
+	if err := s.decodeRequest(w, r, &req); err != nil {
 		return err
 	}
 	if err := s.checkModel(req.Model); err != nil {
@@ -298,7 +298,7 @@ func parsePrompt(raw json.RawMessage) (string, []int32, error) {
 
 func (s *Server) completions(w http.ResponseWriter, r *http.Request) error {
 	var req completionRequest
-	if err := decodeBody(w, r, s.opts.MaxBodyBytes, &req); err != nil {
+	if err := s.decodeRequest(w, r, &req); err != nil {
 		return err
 	}
 	if err := s.checkModel(req.Model); err != nil {

@@ -61,20 +61,30 @@ type Options struct {
 	// https://chat.example.com, * matching any part of one
 	// (https://*.example.com), or "*" for every origin. See CheckOrigins.
 	AllowedOrigins []string
+	// AllowedHosts are the names, beyond this machine's (localhost, its
+	// IP addresses and host name), that a server without an API key
+	// answers to in the Host header: names such as kiln.example.com, *
+	// matching any part of one, or "*" for every name. See guardBrowsers
+	// and CheckHosts.
+	AllowedHosts []string
 	// Served is the served model's catalog entry (nil: the embedded demo
 	// model), for its size, digest and details.
 	Served *catalog.Model
 
-	MaxBodyBytes   int64         // default 8 MiB
+	MaxBodyBytes   int64         // default DefaultMaxBody
 	RequestTimeout time.Duration // one generation, submission to end; default 10 min
-	WriteTimeout   time.Duration // one write to a client that stopped reading; default 30 s
-	Logger         *slog.Logger  // default slog.Default()
+	// WriteTimeout is how long a stream's client may take nothing of it
+	// while bytes wait for it (or one write may block) before the stream
+	// is cancelled and its sequence freed; default 10 s.
+	WriteTimeout time.Duration
+	Logger       *slog.Logger // default slog.Default()
 }
 
 // Server is an HTTP front end of one session and its engine. Create it
 // with New, call Serve for each listener, and Shutdown to drain.
 type Server struct {
 	sess    *session.Session
+	prep    *prepGate
 	opts    Options
 	log     *slog.Logger
 	metrics *serverMetrics
@@ -91,18 +101,18 @@ type Server struct {
 // New returns a server for sess.
 func New(sess *session.Session, opts Options) *Server {
 	if opts.MaxBodyBytes <= 0 {
-		opts.MaxBodyBytes = 8 << 20
+		opts.MaxBodyBytes = DefaultMaxBody(sess)
 	}
 	if opts.RequestTimeout <= 0 {
 		opts.RequestTimeout = 10 * time.Minute
 	}
 	if opts.WriteTimeout <= 0 {
-		opts.WriteTimeout = 30 * time.Second
+		opts.WriteTimeout = 10 * time.Second
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	s := &Server{sess: sess, opts: opts, log: opts.Logger, started: time.Now(), metrics: newServerMetrics(opts.ModelName, sess.Engine())}
+	s := &Server{sess: sess, prep: newPrepGate(prepSlots()), opts: opts, log: opts.Logger, started: time.Now(), metrics: newServerMetrics(opts.ModelName, sess.Engine())}
 	s.baseCtx, s.cancelAll = context.WithCancelCause(context.Background())
 	s.handler = s.routes()
 	s.hs = &http.Server{
@@ -119,6 +129,9 @@ func New(sess *session.Session, opts Options) *Server {
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			if c.LocalAddr().Network() == "unix" {
 				ctx = context.WithValue(ctx, trustedConn{}, true)
+			}
+			if cc, ok := c.(*countingConn); ok {
+				ctx = context.WithValue(ctx, connKey{}, cc)
 			}
 			return ctx
 		},
@@ -138,7 +151,7 @@ func (s *Server) Handler() http.Handler { return s.handler }
 // Serve accepts connections on l until Shutdown; it returns nil after a
 // Shutdown and the accept error otherwise.
 func (s *Server) Serve(l net.Listener) error {
-	err := s.hs.Serve(l)
+	err := s.hs.Serve(countingListener{l})
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
 	}
@@ -200,7 +213,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeErrorFor(w, r, notFound("unknown_url", "unknown route %s %s", r.Method, r.URL.Path))
 	})
-	return s.logged(s.recovered(s.cors(s.authorized(mux))))
+	return s.logged(s.recovered(s.guardBrowsers(s.cors(s.authorized(mux)))))
 }
 
 // openAI adapts a handler that returns its error to OpenAI's error shape.
@@ -222,10 +235,24 @@ func (s *Server) generation(h func(http.ResponseWriter, *http.Request) error, wr
 		}
 		s.inFlight.Add(1)
 		defer s.inFlight.Add(-1)
+		r, release := s.withPrepSlot(r)
+		defer release()
+		err := h(w, r)
+		if errors.Is(err, errClientWrite) {
+			// The client is gone or stopped reading: what is left to
+			// write must not wait for it, and the connection closes.
+			http.NewResponseController(w).SetWriteDeadline(time.Now())
+			level := slog.LevelDebug
+			if errors.Is(err, errNotReading) {
+				level = slog.LevelInfo
+			}
+			s.log.Log(r.Context(), level, "stream cancelled", "path", r.URL.Path, "err", err)
+			return
+		}
 		// A streamed response leaves a write deadline on the connection;
 		// the next request on it must not inherit it.
-		defer http.NewResponseController(w).SetWriteDeadline(time.Time{})
-		if err := h(w, r); err != nil {
+		http.NewResponseController(w).SetWriteDeadline(time.Time{})
+		if err != nil {
 			if hw, ok := w.(*statusWriter); ok && hw.wrote {
 				// Mid-stream: the handler already reported it in-band.
 				s.log.Debug("request ended with an error after the response started", "path", r.URL.Path, "err", err)

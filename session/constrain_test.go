@@ -104,7 +104,7 @@ func TestFormatObject(t *testing.T) {
 	t.Logf("%d of 8 answers ended within 300 tokens", ended)
 
 	s, f := newSession(t, "qwen35", testmodel.Options{ChatTemplate: "qwen3.8.jinja"}, engine.Options{}, Options{})
-	_, parser, mask, err := s.prompt(&Request{Messages: []chat.Message{{Role: "user", Content: "hi"}}, Format: &Format{}})
+	_, parser, mask, err := s.prompt(context.Background(), &Request{Messages: []chat.Message{{Role: "user", Content: "hi"}}, Format: &Format{}})
 	if err != nil || mask == nil {
 		t.Fatal(err, mask)
 	}

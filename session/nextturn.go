@@ -33,11 +33,12 @@ func (s *Session) prepareNextTurn(c *turn) {
 		return
 	}
 	s.turns.Go(func() {
+		limit, over := s.promptLimit(&Request{})
 		var texts [2]string
 		for i, probe := range []string{"a", "b"} {
 			reply := chat.Message{Role: "assistant", Content: c.content.String(), ToolCalls: c.toolCalls}
 			msgs := append(slices.Clone(c.messages), reply, chat.Message{Role: "user", Content: probe})
-			t, err := s.tmpl.Render(&chat.RenderInput{Messages: msgs, Tools: c.tools, AddGenerationPrompt: true, Kwargs: c.kwargs})
+			t, err := s.render(context.Background(), &chat.RenderInput{Messages: msgs, Tools: c.tools, AddGenerationPrompt: true, Kwargs: c.kwargs}, limit, over)
 			if err != nil {
 				s.log.Debug("next turn not prepared", "err", err)
 				return
@@ -48,9 +49,9 @@ func (s *Session) prepareNextTurn(c *turn) {
 		for n < len(texts[0]) && n < len(texts[1]) && texts[0][n] == texts[1][n] {
 			n++
 		}
-		ids := s.tok.Encode(texts[0][:n])
-		if len(ids) < s.eng.Options().BlockSize {
-			return // too short to cache
+		ids, err := s.encode(texts[0][:n], limit, over)
+		if err != nil || len(ids) < s.eng.Options().BlockSize {
+			return // too short to cache, or over the context
 		}
 		st, err := s.eng.Generate(context.Background(), &engine.Request{Prompt: ids, PrefillOnly: true})
 		if err != nil {

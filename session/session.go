@@ -74,6 +74,9 @@ func New(eng *engine.Engine, tok *tokenizer.Tokenizer, tmpl *chat.Template, opts
 // Engine returns the session's engine (for its Stats and Options).
 func (s *Session) Engine() *engine.Engine { return s.eng }
 
+// Tokenizer returns the session's tokenizer (nil: token id prompts only).
+func (s *Session) Tokenizer() *tokenizer.Tokenizer { return s.tok }
+
 // Request is one generation. Exactly one of Messages, Prompt and PromptIDs
 // is set: Messages are rendered with the model's chat template (with the
 // generation prompt), Prompt is tokenized as is (completions), PromptIDs
@@ -128,7 +131,7 @@ func (s *Session) Generate(ctx context.Context, req *Request) (*Stream, error) {
 	if _, ok := s.eng.Embedding(); ok {
 		return nil, engine.ErrEmbeddingModel // before a chat template it has no need of
 	}
-	ids, parser, mask, err := s.prompt(req)
+	ids, parser, mask, err := s.prompt(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -144,8 +147,9 @@ func (s *Session) Generate(ctx context.Context, req *Request) (*Stream, error) {
 }
 
 // prompt returns a request's prompt ids, for a conversation the parser of
-// its answer, and the mask of its constrained output (nil: free).
-func (s *Session) prompt(req *Request) ([]int32, *chat.Parser, engine.TokenMask, error) {
+// its answer, and the mask of its constrained output (nil: free). Rendering
+// and tokenizing stop once the prompt cannot fit the request's context.
+func (s *Session) prompt(ctx context.Context, req *Request) ([]int32, *chat.Parser, engine.TokenMask, error) {
 	set := 0
 	for _, ok := range []bool{len(req.Messages) > 0, req.Prompt != "", len(req.PromptIDs) > 0} {
 		if ok {
@@ -167,13 +171,15 @@ func (s *Session) prompt(req *Request) ([]int32, *chat.Parser, engine.TokenMask,
 			if s.tok == nil {
 				return nil, nil, nil, errors.New("session: no tokenizer: only token id prompts are served")
 			}
+			limit, over := s.promptLimit(req)
+			var err error
 			if req.Suffix != "" {
-				var err error
-				if ids, err = s.fim(req.Prompt, req.Suffix); err != nil {
-					return nil, nil, nil, err
-				}
+				ids, err = s.fim(req.Prompt, req.Suffix, limit, over)
 			} else {
-				ids = s.tok.Encode(req.Prompt)
+				ids, err = s.encode(req.Prompt, limit, over)
+			}
+			if err != nil {
+				return nil, nil, nil, err
 			}
 		}
 		mask, err := s.constraint(req, "", false)
@@ -185,9 +191,10 @@ func (s *Session) prompt(req *Request) ([]int32, *chat.Parser, engine.TokenMask,
 	if s.tmpl == nil {
 		return nil, nil, nil, errors.New("session: the model has no chat template")
 	}
-	text, err := s.tmpl.Render(&chat.RenderInput{Messages: req.Messages, Tools: req.Tools, AddGenerationPrompt: true, Kwargs: req.TemplateKwargs})
+	limit, over := s.promptLimit(req)
+	text, err := s.render(ctx, &chat.RenderInput{Messages: req.Messages, Tools: req.Tools, AddGenerationPrompt: true, Kwargs: req.TemplateKwargs}, limit, over)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("session: render chat template: %w", err)
+		return nil, nil, nil, err
 	}
 	thinking := chat.OpensThinking(text)
 	var start, call string
@@ -211,12 +218,14 @@ func (s *Session) prompt(req *Request) ([]int32, *chat.Parser, engine.TokenMask,
 	}
 	parser := chat.NewParser(chat.ParserOptions{Tools: req.Tools, InThinking: thinking, NoToolCalls: req.ForceToolCall == "" && req.Format != nil})
 	parser.Push(start) // the parser reads the forced start as generated: an open call
-	return s.tok.Encode(text + start), parser, mask, nil
+	ids, err := s.encode(text+start, limit, over)
+	return ids, parser, mask, err
 }
 
 // fim returns the fill-in-the-middle prompt of prefix and suffix: the
-// vocabulary's FIM tokens around the texts, each encoded as a Prompt is.
-func (s *Session) fim(prefix, suffix string) ([]int32, error) {
+// vocabulary's FIM tokens around the texts, each encoded as a Prompt is,
+// in limit tokens at most (over them, the error is over).
+func (s *Session) fim(prefix, suffix string, limit int, over error) ([]int32, error) {
 	var ids [3]int32
 	for i, name := range fimTokens {
 		id, ok := s.tok.TokenID(name)
@@ -225,9 +234,15 @@ func (s *Session) fim(prefix, suffix string) ([]int32, error) {
 		}
 		ids[i] = id
 	}
-	out := append([]int32{ids[0]}, s.tok.Encode(prefix)...)
-	out = append(append(out, ids[1]), s.tok.Encode(suffix)...)
-	return append(out, ids[2]), nil
+	pre, err := s.encode(prefix, limit-3, over)
+	if err != nil {
+		return nil, err
+	}
+	suf, err := s.encode(suffix, limit-3-len(pre), over)
+	if err != nil {
+		return nil, err
+	}
+	return slices.Concat([]int32{ids[0]}, pre, []int32{ids[1]}, suf, []int32{ids[2]}), nil
 }
 
 // Close closes the engine, which ends every stream (FinishCancelled), and

@@ -138,7 +138,7 @@ func TestPrepareNextTurn(t *testing.T) {
 func TestChatOutput(t *testing.T) {
 	f := testmodel.Load(t, "qwen3", testmodel.Options{})
 	s := New(nil, f.Tok, f.Tmpl, Options{})
-	_, parser, _, err := s.prompt(&Request{Messages: []chat.Message{{Role: "user", Content: "hi"}}})
+	_, parser, _, err := s.prompt(context.Background(), &Request{Messages: []chat.Message{{Role: "user", Content: "hi"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +167,7 @@ func TestForceToolCall(t *testing.T) {
 	s, f := newSession(t, "qwen3", testmodel.Options{ChatTemplate: "qwen3.jinja"}, engine.Options{}, Options{})
 	tools := []chat.Tool{chat.Tool(`{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}`)}
 	msgs := []chat.Message{{Role: "user", Content: "Weather in Paris?"}}
-	ids, _, _, err := s.prompt(&Request{Messages: msgs, Tools: tools, ForceToolCall: "get_weather"})
+	ids, _, _, err := s.prompt(context.Background(), &Request{Messages: msgs, Tools: tools, ForceToolCall: "get_weather"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,14 +223,56 @@ func TestFillInTheMiddle(t *testing.T) {
 		t.Fatal(err)
 	}
 	fim := New(nil, tok, f.Tmpl, Options{})
-	ids, _, _, err := fim.prompt(&Request{Prompt: "func add(a, b int) int {\n\treturn ", Suffix: "\n}\n"})
+	ids, _, _, err := fim.prompt(context.Background(), &Request{Prompt: "func add(a, b int) int {\n\treturn ", Suffix: "\n}\n"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got, want := tok.Decode(ids), "<|fim_prefix|>func add(a, b int) int {\n\treturn <|fim_suffix|>\n}\n<|fim_middle|>"; got != want {
 		t.Errorf("FIM prompt %q, want %q", got, want)
 	}
-	if _, _, _, err := fim.prompt(&Request{PromptIDs: []int32{1}, Suffix: "x"}); err == nil {
+	if _, _, _, err := fim.prompt(context.Background(), &Request{PromptIDs: []int32{1}, Suffix: "x"}); err == nil {
 		t.Error("a Suffix with token ids accepted")
+	}
+}
+
+// A prompt over the context is refused before it is tokenized whole, and a
+// conversation before it is rendered whole: an engine.ContextError (its
+// prompt count a lower bound), the engine never seeing them, for an 8 MiB
+// text without a space, refused with next to no work, and for one under
+// the byte bound that only counting refuses.
+func TestPromptOverContext(t *testing.T) {
+	s, f := newSession(t, "qwen3", testmodel.Options{ChatTemplate: "qwen3.jinja"}, engine.Options{}, Options{})
+	ctx, _ := s.eng.Context()
+	limit := ctx - 1
+	per := f.Tok.MaxTokenBytes(nil)
+	if per == 0 {
+		t.Fatal("the fixture's tokenizer has no bound on a token's bytes")
+	}
+	huge := strings.Repeat("x", 8<<20)
+	counted := strings.Repeat("qz", per*limit/2)
+	for name, c := range map[string]struct {
+		req *Request
+		max uint64 // bytes it may allocate; 0: any
+	}{
+		"huge prompt":          {&Request{Prompt: huge}, 1 << 20},
+		"huge conversation":    {&Request{Messages: []chat.Message{{Role: "user", Content: huge}}}, 1 << 20},
+		"counted prompt":       {&Request{Prompt: counted}, 0},
+		"counted conversation": {&Request{Messages: []chat.Message{{Role: "user", Content: counted[:len(counted)/2]}}}, 0},
+	} {
+		var err error
+		a := testmodel.Allocated(func() { _, err = s.Generate(context.Background(), c.req) })
+		var ce *engine.ContextError
+		if !errors.As(err, &ce) || !ce.AtLeast || ce.Prompt != ctx || ce.Context != ctx {
+			t.Errorf("%s: %v", name, err)
+		}
+		if c.max > 0 && a > c.max {
+			t.Errorf("%s: refusing it allocated %d KB", name, a>>10)
+		}
+	}
+	if st := s.eng.Stats(); st.PromptTokens != 0 {
+		t.Errorf("the engine saw %d prompt tokens", st.PromptTokens)
+	}
+	if len(f.Tok.Encode(counted[:len(counted)/2])) <= limit {
+		t.Error("the counted conversation fits the context: the test proves nothing")
 	}
 }

@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"sync"
+	"unicode/utf8"
 )
 
 // bpe is HF's BPE model over raw bytes: vocabulary strings made of
@@ -67,6 +68,9 @@ func (m *bpe) encode(piece string, ids []int32) []int32 {
 			return append(ids, id)
 		}
 	}
+	if len(piece) > maxMergeBytes {
+		return m.mergeChunks(piece, ids)
+	}
 	start := len(ids)
 	ids = m.merge(piece, ids)
 	if len(piece) > cacheMaxPiece {
@@ -78,6 +82,27 @@ func (m *bpe) encode(piece string, ids []int32) []int32 {
 	}
 	m.cacheMu.Unlock()
 	return ids
+}
+
+// maxMergeBytes bounds the text one merge works on. A longer piece (a run
+// of 16K letters, spaces or symbols: a hostile prompt, not text) is merged
+// in chunks cut at character starts, so that its cost follows the chunk:
+// merging takes ~30 bytes of memory a byte, and an 8 MiB prompt without a
+// space is one piece. Its ids may differ from HF's at the cuts; every
+// shorter piece is merged whole, as HF merges.
+const maxMergeBytes = 16 << 10
+
+// mergeChunks merges piece maxMergeBytes (or a few bytes less) at a time.
+func (m *bpe) mergeChunks(piece string, ids []int32) []int32 {
+	for len(piece) > maxMergeBytes {
+		cut := maxMergeBytes
+		for cut > maxMergeBytes-utf8.UTFMax && !utf8.RuneStart(piece[cut]) {
+			cut--
+		}
+		ids = m.merge(piece[:cut], ids)
+		piece = piece[cut:]
+	}
+	return m.merge(piece, ids)
 }
 
 // merge applies the merges by rank, lowest first and leftmost among equal

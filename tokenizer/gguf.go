@@ -243,6 +243,7 @@ func fromGGUF(v *GGUFVocab) (*Tokenizer, error) {
 		t.bytes[a.ID] = []byte(a.Content)
 	}
 	t.rawAdded = newAddedMatcher(pats)
+	t.maxBytes = t.weighTokens(func(byte) int { return 1 })
 	return t, nil
 }
 

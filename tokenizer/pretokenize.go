@@ -6,9 +6,10 @@ import (
 	"strings"
 )
 
-// splitter cuts text into pieces; split appends each piece's end offset.
+// splitter cuts text into pieces; split appends each piece's end offset,
+// and may stop once it has appended more than max.
 type splitter interface {
-	split(s string, ends []int) []int
+	split(s string, ends []int, max int) []int
 }
 
 // Onig-syntax patterns that have a hand-written scanner. Qwen2/Qwen3 use
@@ -53,7 +54,7 @@ func knownScanner(pattern string) *scanner {
 // backtracking engine would, so the pieces agree.
 type regexSplitter struct{ re *regexp.Regexp }
 
-func (r *regexSplitter) split(s string, ends []int) []int {
+func (r *regexSplitter) split(s string, ends []int, _ int) []int {
 	prev := 0
 	for _, m := range r.re.FindAllStringIndex(s, -1) {
 		if m[0] > prev {

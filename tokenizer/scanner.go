@@ -85,9 +85,10 @@ func (sc *scanner) letterMask() uint8 {
 	return clsL
 }
 
-// split appends the end offset of every piece of s to ends.
-func (sc *scanner) split(s string, ends []int) []int {
-	for i := 0; i < len(s); {
+// split appends the end offset of every piece of s to ends, or of the
+// first max+1 pieces.
+func (sc *scanner) split(s string, ends []int, max int) []int {
+	for i, n := 0, 0; i < len(s) && n <= max; n++ {
 		i = sc.next(s, i)
 		ends = append(ends, i)
 	}

@@ -11,6 +11,7 @@
 package tokenizer
 
 import (
+	"math"
 	"strings"
 	"sync"
 )
@@ -28,6 +29,10 @@ type Tokenizer struct {
 
 	rawAdded  *addedMatcher // added tokens matched before normalization
 	normAdded *addedMatcher // added tokens matched in normalized text
+
+	// maxBytes is the most bytes of text one token stands for
+	// (MaxTokenBytes); 0: no bound.
+	maxBytes int
 
 	tokens []string // id -> token as written in tokenizer.json
 	bytes  [][]byte // id -> bytes the ByteLevel decoder gives
@@ -87,21 +92,39 @@ func (t *Tokenizer) buildVocab(f *fileJSON) {
 	}
 	t.rawAdded = newAddedMatcher(raw)
 	t.normAdded = newAddedMatcher(normed)
+	t.maxBytes = t.weighTokens(func(byte) int { return 1 })
 }
 
 // Encode returns the ids of text as HF's encode(text,
 // add_special_tokens=False) does: added and special tokens written in the
 // text are recognised as such. text must be valid UTF-8.
 func (t *Tokenizer) Encode(text string) []int32 {
+	ids, _ := t.encode(text, math.MaxInt)
+	return ids
+}
+
+// EncodeLimit is Encode for a text that may have at most limit tokens (a
+// prompt and its context): it returns false as soon as the text is known
+// to have more, having done work in proportion to limit rather than to the
+// text. A text of n bytes has at least n / MaxTokenBytes(nil) tokens, so a
+// longer one is refused before it is split or merged.
+func (t *Tokenizer) EncodeLimit(text string, limit int) ([]int32, bool) {
+	return t.encode(text, max(limit, 0))
+}
+
+func (t *Tokenizer) encode(text string, limit int) ([]int32, bool) {
 	sc, _ := t.scratch.Get().(*encodeScratch)
 	if sc == nil {
 		sc = &encodeScratch{}
 	}
-	ids := make([]int32, 0, len(text)/3+4)
+	defer t.putScratch(sc)
+	ids := make([]int32, 0, min(len(text)/3, limit)+4)
 	sc.segs = t.rawAdded.split(text, sc.segs[:0])
 	for _, seg := range sc.segs {
 		if seg.tok != nil {
-			ids = append(ids, seg.tok.ID)
+			if ids = append(ids, seg.tok.ID); len(ids) > limit {
+				return nil, false
+			}
 			continue
 		}
 		s := seg.text
@@ -111,14 +134,18 @@ func (t *Tokenizer) Encode(text string) []int32 {
 		sc.norm = t.normAdded.split(s, sc.norm[:0])
 		for _, ns := range sc.norm {
 			if ns.tok != nil {
-				ids = append(ids, ns.tok.ID)
+				if ids = append(ids, ns.tok.ID); len(ids) > limit {
+					return nil, false
+				}
 				continue
 			}
-			ids = t.encodeText(ns.text, ids, sc)
+			var ok bool
+			if ids, ok = t.encodeText(ns.text, ids, limit, sc); !ok {
+				return nil, false
+			}
 		}
 	}
-	t.scratch.Put(sc)
-	return ids
+	return ids, true
 }
 
 // SpecialTokens returns the special tokens HF's encode(text,
@@ -127,20 +154,49 @@ func (t *Tokenizer) Encode(text string) []int32 {
 // <|endoftext|>); the caller must not modify them.
 func (t *Tokenizer) SpecialTokens() (prefix, suffix []int32) { return t.prefix, t.suffix }
 
-// encodeText pre-tokenizes and BPE-encodes text free of added tokens.
-func (t *Tokenizer) encodeText(s string, ids []int32, sc *encodeScratch) []int32 {
+// putScratch returns sc to the pool without the text it points into, and
+// drops it after a text so large that keeping its buffers would hold
+// memory a burst of huge prompts made the process take.
+func (t *Tokenizer) putScratch(sc *encodeScratch) {
+	const keep = 1 << 12
+	if cap(sc.segs) > keep || cap(sc.norm) > keep || cap(sc.pieces) > keep || cap(sc.next) > keep || cap(sc.ends) > keep<<4 {
+		return
+	}
+	clear(sc.segs[:cap(sc.segs)])
+	clear(sc.norm[:cap(sc.norm)])
+	clear(sc.pieces[:cap(sc.pieces)])
+	clear(sc.next[:cap(sc.next)])
+	t.scratch.Put(sc)
+}
+
+// encodeText pre-tokenizes and BPE-encodes text free of added tokens,
+// returning false once ids would hold more than limit tokens.
+func (t *Tokenizer) encodeText(s string, ids []int32, limit int, sc *encodeScratch) ([]int32, bool) {
 	if s == "" {
-		return ids
+		return ids, true
+	}
+	// Every piece gives at least one token, and one token at most
+	// maxBytes bytes.
+	room := limit - len(ids)
+	if t.maxBytes == 0 {
+		room = math.MaxInt // a piece may give no token
+	} else if (len(s)-1)/t.maxBytes >= room {
+		return ids, false
 	}
 	if len(t.splits) == 1 && t.prefixBefore < 0 {
 		// The usual case, a single split step: no piece list needed.
-		sc.ends = t.splits[0].split(s, sc.ends[:0])
+		sc.ends = t.splits[0].split(s, sc.ends[:0], room)
+		if len(sc.ends) > room {
+			return ids, false
+		}
 		start := 0
 		for _, end := range sc.ends {
-			ids = t.model.encode(s[start:end], ids)
+			if ids = t.model.encode(s[start:end], ids); len(ids) > limit {
+				return ids, false
+			}
 			start = end
 		}
-		return ids
+		return ids, true
 	}
 	pieces := append(sc.pieces[:0], s)
 	for i, sp := range t.splits {
@@ -149,7 +205,7 @@ func (t *Tokenizer) encodeText(s string, ids []int32, sc *encodeScratch) []int32
 		}
 		next := sc.next[:0]
 		for _, p := range pieces {
-			sc.ends = sp.split(p, sc.ends[:0])
+			sc.ends = sp.split(p, sc.ends[:0], room-len(next))
 			start := 0
 			for _, end := range sc.ends {
 				if end > start {
@@ -157,17 +213,23 @@ func (t *Tokenizer) encodeText(s string, ids []int32, sc *encodeScratch) []int32
 				}
 				start = end
 			}
+			if len(next) > room {
+				sc.pieces, sc.next = pieces, next
+				return ids, false
+			}
 		}
 		pieces, sc.next = next, pieces
 	}
 	if t.prefixBefore == len(t.splits) {
 		pieces = addPrefixSpace(pieces)
 	}
-	for _, p := range pieces {
-		ids = t.model.encode(p, ids)
-	}
 	sc.pieces = pieces
-	return ids
+	for _, p := range pieces {
+		if ids = t.model.encode(p, ids); len(ids) > limit {
+			return ids, false
+		}
+	}
+	return ids, true
 }
 
 // addPrefixSpace gives every piece a leading space it lacks, as ByteLevel's
@@ -179,6 +241,54 @@ func addPrefixSpace(pieces []string) []string {
 		}
 	}
 	return pieces
+}
+
+// MaxTokenBytes returns the most bytes of text one token stands for, each
+// byte weighed by weight (nil: 1 each), so that a text of n bytes has at
+// least n / MaxTokenBytes(nil) tokens. It returns 0 when there is no bound:
+// an added token takes the whitespace around it (lstrip, rstrip), or bytes
+// the vocabulary lacks are dropped or fused into one unknown token.
+func (t *Tokenizer) MaxTokenBytes(weight func(byte) int) int {
+	if weight == nil {
+		return t.maxBytes
+	}
+	return t.weighTokens(weight)
+}
+
+// weighTokens is MaxTokenBytes(weight), computed.
+func (t *Tokenizer) weighTokens(weight func(byte) int) int {
+	most := 0
+	weigh := func(s string) {
+		w := 0
+		for i := 0; i < len(s); i++ {
+			w += weight(s[i])
+		}
+		most = max(most, w)
+	}
+	m := t.model
+	for b, id := range m.byteID {
+		if id >= 0 {
+			continue
+		}
+		if m.unk < 0 || m.fuseUnk {
+			return 0
+		}
+		weigh(string([]byte{byte(b)})) // the unknown token stands for one byte
+	}
+	for piece := range m.vocab {
+		weigh(piece)
+	}
+	for _, am := range []*addedMatcher{t.rawAdded, t.normAdded} {
+		for _, pats := range am.byFirst {
+			for _, p := range pats {
+				if p.tok.LStrip || p.tok.RStrip {
+					return 0
+				}
+				weigh(p.text)
+			}
+		}
+	}
+	return most
 }
 
 // Decode returns the text of ids as HF's decode(ids,

@@ -178,6 +178,12 @@ func FuzzEncodeDecode(f *testing.F) {
 		if got, want := tok.Decode(ids), norm.NFC.String(s); got != want {
 			t.Fatalf("Decode(Encode(%q)) = %q, want %q (ids %v)", s, got, want, ids)
 		}
+		if got, ok := tok.EncodeLimit(s, len(ids)); !ok || !slices.Equal(got, ids) {
+			t.Fatalf("EncodeLimit(%q, %d) = %v, %v; Encode gives %v", s, len(ids), got, ok, ids)
+		}
+		if _, ok := tok.EncodeLimit(s, len(ids)-1); ok && len(ids) > 0 {
+			t.Fatalf("EncodeLimit(%q, %d) accepted %d tokens", s, len(ids)-1, len(ids))
+		}
 	})
 }
 

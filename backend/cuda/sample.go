@@ -66,7 +66,7 @@ func (b *Backend) Sample(logits backend.Tensor, params []backend.SampleParams) (
 		a := &hargs[i]
 		a.temperature, a.topP, a.minP, a.uniform = p.Temperature, p.TopP, p.MinP, p.Uniform
 		a.presence, a.frequency, a.repetition = p.PresencePenalty, p.FrequencyPenalty, p.RepetitionPenalty
-		a.topK = int32(p.TopK)
+		a.topK = int32(min(p.TopK, V)) // a top_k over the vocabulary limits nothing; int32 would wrap
 		a.cntOff, a.cntN = int32(len(cnt)/2), int32(len(p.Counts))
 		for _, c := range p.Counts {
 			// The count and the prompt flag share an int: 2*count + prompt.

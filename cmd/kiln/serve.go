@@ -47,9 +47,11 @@ type serveConfig struct {
 	apiKey         string
 	drainTimeout   time.Duration
 	requestTimeout time.Duration
+	writeTimeout   time.Duration
 	maxBody        int64
 	pidFile        string
 	origins        []string
+	hosts          []string
 	verbose        bool
 }
 
@@ -60,16 +62,13 @@ func (c *serveConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.apiKey, "api-key", os.Getenv("KILN_API_KEY"), "API key TCP clients must send as a bearer token (default $KILN_API_KEY)")
 	fs.DurationVar(&c.drainTimeout, "drain-timeout", 30*time.Second, "on SIGTERM/SIGINT, how long in-flight requests may finish before they are cancelled")
 	fs.DurationVar(&c.requestTimeout, "request-timeout", 10*time.Minute, "longest time one generation may take")
-	fs.Int64Var(&c.maxBody, "max-body", 8<<20, "largest request body in bytes")
+	fs.DurationVar(&c.writeTimeout, "write-timeout", 10*time.Second, "how long a streaming client may read nothing while its answer waits before the stream is cancelled")
+	fs.Int64Var(&c.maxBody, "max-body", 0, "largest request body in bytes (default: the largest request whose prompt can fit the context)")
 	fs.StringVar(&c.pidFile, "pid-file", "", "write the process id here while serving (kiln start sets it)")
-	fs.Func("allowed-origins", "comma-separated browser origins that may call the API (CORS), * for any part (https://*.example.com) or any origin; this machine's pages (http://localhost:*, 127.0.0.1, [::1]) always may", func(v string) error {
-		for _, o := range strings.Split(v, ",") {
-			if o = strings.TrimSuffix(strings.TrimSpace(o), "/"); o != "" {
-				c.origins = append(c.origins, o)
-			}
-		}
-		return server.CheckOrigins(c.origins)
-	})
+	listFlag(fs, "allowed-origins", "comma-separated browser origins that may call the API (CORS), * for any part (https://*.example.com) or any origin; this machine's pages (http://localhost:*, 127.0.0.1, [::1]) always may",
+		&c.origins, func(o string) string { return strings.TrimSuffix(o, "/") }, server.CheckOrigins)
+	listFlag(fs, "allowed-hosts", "comma-separated host names, beyond localhost, this machine's addresses and name, that the server answers to without --api-key (patterns with *); others are refused, against DNS rebinding",
+		&c.hosts, strings.ToLower, server.CheckHosts)
 	fs.BoolVar(&c.verbose, "v", false, "debug logging")
 }
 
@@ -188,6 +187,11 @@ func (c *serveConfig) serve() error {
 	if len(listeners) > 0 && listeners[0].Addr().Network() == "tcp" {
 		info["tcp"] = listeners[0].Addr().String()
 	}
+	maxBody := c.maxBody
+	if maxBody <= 0 {
+		maxBody = server.DefaultMaxBody(lm.sess)
+	}
+	slog.Info("request limits", "max_body", maxBody)
 	srv := server.New(lm.sess, server.Options{
 		ModelName:      lm.name,
 		APIKey:         c.apiKey,
@@ -197,8 +201,10 @@ func (c *serveConfig) serve() error {
 		Models:         newCatalog(),
 		Served:         c.model.served(lm.name),
 		AllowedOrigins: c.origins,
-		MaxBodyBytes:   c.maxBody,
+		AllowedHosts:   c.hosts,
+		MaxBodyBytes:   maxBody,
 		RequestTimeout: c.requestTimeout,
+		WriteTimeout:   c.writeTimeout,
 		Logger:         slog.Default(),
 	})
 
@@ -230,4 +236,17 @@ func (c *serveConfig) serve() error {
 	}
 	slog.Info("stopped")
 	return serveErr
+}
+
+// listFlag registers a flag of comma-separated items, appended to *dst
+// once clean has trimmed them and check has accepted the whole list.
+func listFlag(fs *flag.FlagSet, name, usage string, dst *[]string, clean func(string) string, check func([]string) error) {
+	fs.Func(name, usage, func(v string) error {
+		for _, item := range strings.Split(v, ",") {
+			if item = clean(strings.TrimSpace(item)); item != "" {
+				*dst = append(*dst, item)
+			}
+		}
+		return check(*dst)
+	})
 }

@@ -184,3 +184,14 @@ func Logger() *slog.Logger {
 	}
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
+
+// Allocated returns the bytes f allocates (a bound on the work a hostile
+// input may cost is asserted in bytes, never in time).
+func Allocated(f func()) uint64 {
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	f()
+	runtime.ReadMemStats(&after)
+	return after.TotalAlloc - before.TotalAlloc
+}
