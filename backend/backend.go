@@ -177,13 +177,6 @@ func (s *DeltaNetSpec) ConvDim() int {
 	return 2*s.KeyHeads*s.KeyDim + s.ValueHeads*s.ValueDim
 }
 
-// DeltaNetWeights are a DeltaNet layer's non-projection weights.
-type DeltaNetWeights struct {
-	ConvW  Tensor // [ConvDim, ConvKernel]
-	ALog   Tensor // [HV]
-	DtBias Tensor // [HV]
-}
-
 // MoESpec fixes the routing of a mixture-of-experts layer.
 type MoESpec struct {
 	Experts, TopK int
@@ -406,14 +399,26 @@ type Backend interface {
 	// spec.Gated. out is [T, Heads*HeadDim]; qkv and out are f32 or of
 	// ActivationType.
 	Attention(out, qkv Tensor, w AttnWeights, spec *AttnSpec, kv KVCache, layer int)
-	// GatedDeltaNet runs the recurrent core of a DeltaNet layer on mixed
-	// [T, ConvDim] = [q | k | v] (before the conv) and ba [T, 2*HV] = [b | a]:
-	// causal conv1d with the slot's conv history, silu, per-head L2 norm of q
-	// and k, q scaled by 1/sqrt(dk), beta = sigmoid(b), g = -exp(ALog) *
-	// softplus(a + DtBias), then the gated delta rule from the slot's state
-	// (chunked or token by token, see DeltaNetSpec.Chunk). Both states are
-	// updated. out is [T, HV*dv].
-	GatedDeltaNet(out, mixed, ba Tensor, w DeltaNetWeights, spec *DeltaNetSpec, st StateCache, layer int)
+	// The steps of a Gated DeltaNet layer between its projections and its
+	// gated norm.
+
+	// CausalConv1d runs the layer's short causal convolution over each
+	// sequence's inputs x [T, ConvDim] ([q | k | v] before the conv),
+	// preceded by the slot's conv history (zeros for a sequence at position
+	// 0): out[t, c] = silu(sum_j w[c, j] * in[t-(K-1)+j, c]) with w
+	// [ConvDim, K]. The history becomes the last K-1 inputs. out and x are
+	// f32 [T, ConvDim].
+	CausalConv1d(out, x, w Tensor, st StateCache, layer int)
+	// GatedDeltaRule runs the gated delta rule over each sequence's
+	// recurrent state (chunked or token by token, see DeltaNetSpec.Chunk)
+	// on qkv [T, ConvDim] = [q | k | v] (after the conv) and ba [T, 2*HV] =
+	// [b | a]: per token and value head h, reading key head
+	// spec.KeyHead(h), q and k L2-normalised (q then scaled by
+	// 1/sqrt(dk)), beta = sigmoid(b), g = -exp(aLog) * softplus(a +
+	// dtBias), and S = exp(g) S; S += k (beta (v - S^T k))^T; o = S^T q.
+	// aLog and dtBias are [HV]; out is f32 [T, HV*dv]. Inputs are not
+	// modified.
+	GatedDeltaRule(out, qkv, ba, aLog, dtBias Tensor, spec *DeltaNetSpec, st StateCache, layer int)
 	// GatedRMSNorm computes out = w * rmsnorm(x) * silu(z) per head, x and z
 	// [T, heads*dim], w [dim].
 	GatedRMSNorm(out, x, z, w Tensor, eps float32)

@@ -672,8 +672,9 @@ func TestSkinnySplits(t *testing.T) {
 	}
 }
 
-// TestDeltaNet runs Gated DeltaNet steps on both backends: sequences that
-// start, continue across steps and decode, and prompts long enough for the
+// TestDeltaNet runs Gated DeltaNet steps (CausalConv1d, then
+// GatedDeltaRule on its output) on both backends: sequences that start,
+// continue across steps and decode, and prompts long enough for the
 // chunked form, several in one step beside short and decoding ones, with
 // partial last chunks, continuing from the state of earlier chunked and
 // recurrent steps; at Qwen3-Next's head shape (HK 16, HV 32, dk = dv = 128)
@@ -699,15 +700,16 @@ func TestDeltaNet(t *testing.T) {
 			t.Fatal(err)
 		}
 		CD, HV := sp.ConvDim(), sp.ValueHeads
-		var w [layers]struct{ c, g backend.DeltaNetWeights }
+		type weights struct{ conv, aLog, dtBias backend.Tensor }
+		var w [layers]struct{ c, g weights }
 		for l := range w {
-			w[l].c.ConvW, w[l].g.ConvW = p.load(backend.BF16, p.randn(CD*sp.ConvKernel, 0.5), CD, sp.ConvKernel)
+			w[l].c.conv, w[l].g.conv = p.load(backend.BF16, p.randn(CD*sp.ConvKernel, 0.5), CD, sp.ConvKernel)
 			aLog := p.randn(HV, 0.3)
 			for h := range aLog {
 				aLog[h] += -5 + 5*float32(h)/float32(HV)
 			}
-			w[l].c.ALog, w[l].g.ALog = p.load(backend.F32, aLog, HV)
-			w[l].c.DtBias, w[l].g.DtBias = p.load(backend.BF16, p.randn(HV, 0.5), HV)
+			w[l].c.aLog, w[l].g.aLog = p.load(backend.F32, aLog, HV)
+			w[l].c.dtBias, w[l].g.dtBias = p.load(backend.BF16, p.randn(HV, 0.5), HV)
 		}
 		// Each step: new tokens per slot (0: the slot sits the step out),
 		// and whether that slot starts over at position 0.
@@ -741,10 +743,14 @@ func TestDeltaNet(t *testing.T) {
 			for l := range layers {
 				cm, gm := p.load(backend.F32, p.randn(T*CD, 1), T, CD)
 				cb, gb := p.load(backend.F32, p.randn(T*2*HV, 1), T, 2*HV)
+				cx, gx := p.out(T, CD)
+				p.c.CausalConv1d(cx, cm, w[l].c.conv, cst, l)
+				p.g.CausalConv1d(gx, gm, w[l].g.conv, gst, l)
+				p.compare(fmt.Sprintf("causal conv %+v step %v layer %d", sp, step, l), cx, gx, 1e-5)
 				co, gout := p.out(T, HV*sp.ValueDim)
-				p.c.GatedDeltaNet(co, cm, cb, w[l].c, &sp, cst, l)
-				p.g.GatedDeltaNet(gout, gm, gb, w[l].g, &sp, gst, l)
-				p.compare(fmt.Sprintf("deltanet %+v step %v layer %d", sp, step, l), co, gout, tol)
+				p.c.GatedDeltaRule(co, cx, cb, w[l].c.aLog, w[l].c.dtBias, &sp, cst, l)
+				p.g.GatedDeltaRule(gout, gx, gb, w[l].g.aLog, w[l].g.dtBias, &sp, gst, l)
+				p.compare(fmt.Sprintf("delta rule %+v step %v layer %d", sp, step, l), co, gout, tol)
 			}
 			for s, n := range step {
 				pos[s] += n
