@@ -422,10 +422,26 @@ type Backend interface {
 	// GatedRMSNorm computes out = w * rmsnorm(x) * silu(z) per head, x and z
 	// [T, heads*dim], w [dim].
 	GatedRMSNorm(out, x, z, w Tensor, eps float32)
-	// MoE adds to out [T, H] the mixture of experts applied to x [T, H]:
-	// router softmax in f32 over all experts, top-k, optional renormalisation,
-	// SwiGLU experts, plus the gated shared expert when present.
-	MoE(out, x Tensor, e *Experts, spec *MoESpec)
+	// The steps of a mixture-of-experts block, as the model runs them where
+	// the backend has no FusedMoE.
+
+	// Route picks each token's experts: the router logits x . router^T
+	// [T, E] in float32 (a rounding-sized change can flip the choice),
+	// softmax over all experts, the spec.TopK largest (ties to the lower
+	// index) in decreasing order, renormalised to sum to 1 when
+	// spec.NormTopK. experts is I32 [T, TopK], weights f32 [T, TopK]; x is
+	// f32 [T, H].
+	Route(experts, weights, x, router Tensor, spec *MoESpec)
+	// Experts adds to out [T, H], for each token and each of its experts e
+	// with weight w, w * down_e(silu(gate_e(x)) * up_e(x)), with gateUp
+	// [E, 2I, H] (per expert the gate rows, then the up rows) and down [E,
+	// H, I]; x is f32 [T, H], experts and weights come from Route.
+	Experts(out, x, experts, weights, gateUp, down Tensor)
+	// SharedExpert adds to out [T, H] the expert every token takes,
+	// weighed by its own gate: sigmoid(x . gate) * down(silu(x . g^T) *
+	// (x . u^T)) with gateUp [2I, H] = [g | u], down [H, I], gate [1, H].
+	SharedExpert(out, x, gateUp, down, gate Tensor)
+
 	// GatherRows writes out[r] = x[LogitRows[r]] for the current batch.
 	GatherRows(out, x Tensor)
 	// CopyCols writes x [T, w] into columns [col, col+w) of out [T, W]
@@ -437,3 +453,21 @@ type Backend interface {
 	// log-probabilities) cross from the device.
 	Sample(logits Tensor, params []SampleParams) ([]Sampled, error)
 }
+
+// FusedMoE is implemented by a backend that runs a mixture-of-experts
+// block as one operation (on CUDA the routed and the shared experts' sums
+// join the residual in one kernel). A model calls it where the backend has
+// it, and the steps one by one elsewhere.
+type FusedMoE interface {
+	// MoE adds to out [T, H] what Route, Experts and, when e has a shared
+	// expert, SharedExpert add for x [T, H].
+	MoE(out, x Tensor, e *Experts, spec *MoESpec)
+}
+
+// Unfused returns b without its fused operations (FusedMoE), so that a
+// model on it runs every layer step by step: the tests compare the two
+// paths through it.
+func Unfused(b Backend) Backend { return unfused{b} }
+
+// unfused has the methods of Backend only.
+type unfused struct{ Backend }

@@ -172,8 +172,21 @@ func (m *sparseMLP) weights(c *Config, p string) []param {
 	return ps
 }
 
+// forward: the router picks each token's top-k experts (softmax over all,
+// renormalised when norm_topk_prob); x += the chosen experts' outputs,
+// weighed; x += sigmoid(shared_expert_gate(h)) * shared_expert(h).
 func (m *sparseMLP) forward(s *workspace, h, x backend.Tensor) {
-	s.b.MoE(x, h, &m.experts, &m.spec)
+	b, e := s.b, &m.experts
+	if fused, ok := b.(backend.FusedMoE); ok {
+		fused.MoE(x, h, e, &m.spec) // the steps below, as one operation
+		return
+	}
+	chosen, weights := s.ids("experts", m.spec.TopK), s.get("expert weights", m.spec.TopK)
+	b.Route(chosen, weights, h, e.Router, &m.spec)
+	b.Experts(x, h, chosen, weights, e.GateUp, e.Down)
+	if e.SharedGateUp != nil {
+		b.SharedExpert(x, h, e.SharedGateUp, e.SharedDown, e.SharedGate)
+	}
 }
 
 // feedForward returns layer i's MLP and its params.

@@ -120,6 +120,20 @@ func read(t *testing.T, b backend.Backend, x backend.Tensor) []float32 {
 	return out
 }
 
+// readI32 copies an int32 tensor to the host.
+func readI32(t *testing.T, b backend.Backend, x backend.Tensor) []int32 {
+	t.Helper()
+	buf := make([]byte, 4*backend.Numel(x))
+	if err := b.Read(x, buf); err != nil {
+		t.Fatal(err)
+	}
+	out := make([]int32, len(buf)/4)
+	for i := range out {
+		out[i] = int32(binary.LittleEndian.Uint32(buf[4*i:]))
+	}
+	return out
+}
+
 // relL2 is ||a - b|| / ||b||; NaN anywhere gives +Inf.
 func relL2(a, b []float32) float64 {
 	var d, n float64
@@ -610,7 +624,25 @@ func TestMoE(t *testing.T) {
 				spec := &backend.MoESpec{Experts: E, TopK: K, NormTopK: norm}
 				p.c.MoE(co, cx, &ce, spec)
 				p.g.MoE(gout, gx, &ge, spec)
-				p.compare(fmt.Sprintf("moe %d tokens, %d experts top %d shared=%v norm=%v", T, E, K, shared, norm), co, gout, tol)
+				what := fmt.Sprintf("%d tokens, %d experts top %d shared=%v norm=%v", T, E, K, shared, norm)
+				p.compare("moe "+what, co, gout, tol)
+				// The steps: the GPU's on its own choices, from the same
+				// residual as the fused operation.
+				gsteps := p.poisoned(backend.F32, T, H)
+				p.g.Write(gsteps, init)
+				gsel, gw := p.g.Alloc(backend.I32, T, K), p.poisoned(backend.F32, T, K)
+				p.g.Route(gsel, gw, gx, ge.Router, spec)
+				csel, cw := p.c.Alloc(backend.I32, T, K), p.c.Alloc(backend.F32, T, K)
+				p.c.Route(csel, cw, cx, ce.Router, spec)
+				p.compare("route weights "+what, cw, gw, 1e-5)
+				if want, got := readI32(t, p.c, csel), readI32(t, p.g, gsel); !slices.Equal(got, want) {
+					t.Errorf("route %s: experts %v, CPU %v", what, got, want)
+				}
+				p.g.Experts(gsteps, gx, gsel, gw, ge.GateUp, ge.Down)
+				if shared {
+					p.g.SharedExpert(gsteps, gx, ge.SharedGateUp, ge.SharedDown, ge.SharedGate)
+				}
+				p.compare("moe steps "+what, co, gsteps, tol)
 			}
 		}
 	}

@@ -12,8 +12,9 @@
 // and cuBLASLt), skinny (the tensor-core GEMM of a few tokens), quant
 // (products of block-quantized weights; qlayout is their device layout),
 // attention (the paged KV cache and Attention), deltanet (the state cache,
-// CausalConv1d and GatedDeltaRule), moe and sample; step holds a step's
-// metadata and the
+// CausalConv1d and GatedDeltaRule), moe (the steps Route, Experts and
+// SharedExpert, and FusedMoE) and sample; step holds a step's metadata and
+// the
 // graph capture. Each kernel is launched through a struct of its parameters
 // (kernel.go), which TestKernelSignatures checks against the sources
 // without a GPU; the constants both sides use are defined once, in
