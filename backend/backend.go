@@ -1,12 +1,18 @@
 // Package backend defines the device interface that model code is written against.
 //
-// A Backend owns device memory and runs coarse, fused operations on it. The
-// interface is shaped for GPUs: tensors live on the device, operations are
-// queued (a GPU backend launches them asynchronously on one stream) and report
-// failures at the next Sync or Read, and the metadata of a forward step (token
-// ids, positions, block tables, state slots) is uploaded once by Begin into
-// buffers the backend owns, so that a step's operations depend only on device
-// memory and can be captured once and replayed (see Graph).
+// A Backend owns device memory and runs on it the steps a model's layers
+// are written in (RMSNorm, RoPE, attention over the paged cache, the delta
+// rule, routing, SwiGLU experts), each as coarse as a GPU wants it. Where a
+// backend runs several steps as one kernel it says so through an optional
+// interface (FusedAttention, FusedMoE), which the model calls instead of
+// the steps: the model file keeps the paper's steps and the device keeps
+// its fusion. The interface is shaped for GPUs: tensors live on the
+// device, operations are queued (a GPU backend launches them
+// asynchronously on one stream) and report failures at the next Sync or
+// Read, and the metadata of a forward step (token ids, positions, block
+// tables, state slots) is uploaded once by Begin into buffers the backend
+// owns, so that a step's operations depend only on device memory and can
+// be captured once and replayed (see Graph).
 //
 // Activations at this interface are float32 where precision matters (the
 // residual stream, router inputs, logits) and of the backend's
@@ -135,7 +141,8 @@ type AttnSpec struct {
 	Rope                    Rope
 }
 
-// QKVWidth returns the width of the fused projection that Attention reads.
+// QKVWidth returns the width of the fused projection that
+// FusedAttention.Attention reads.
 func (s *AttnSpec) QKVWidth() int {
 	q := s.Heads * s.HeadDim
 	if s.Gated {
@@ -144,7 +151,8 @@ func (s *AttnSpec) QKVWidth() int {
 	return q + 2*s.KVHeads*s.HeadDim
 }
 
-// AttnWeights are the per-head norms of an attention layer ([HeadDim] each).
+// AttnWeights are the per-head q/k norms of an attention layer ([HeadDim]
+// each), for FusedAttention.
 type AttnWeights struct {
 	QNorm, KNorm Tensor
 }
@@ -392,13 +400,31 @@ type Backend interface {
 	// fuse the activation into either product and keep the [T, I]
 	// intermediate in its own precision.
 	MLP(out, x, gateUp, down Tensor)
-	// Attention runs one attention layer on the fused projection qkv [T,
-	// spec.QKVWidth()]: per-head q/k RMSNorm, RoPE at each token's position,
-	// storing k and v in the layer's paged cache, causal attention over the
-	// sequence's cached and new tokens (GQA), and the sigmoid gate when
-	// spec.Gated. out is [T, Heads*HeadDim]; qkv and out are f32 or of
-	// ActivationType.
-	Attention(out, qkv Tensor, w AttnWeights, spec *AttnSpec, kv KVCache, layer int)
+
+	// The steps of an attention layer after its projections, as the model
+	// runs them where the backend has no FusedAttention: per-head q/k
+	// RMSNorm (RMSNorm over [T*heads, HeadDim] views), then these.
+
+	// RoPE rotates each head of x [T, heads*headDim] in place by its
+	// token's position p: the first 2*len(r.InvFreq) dims, NeoX style
+	// (x[i], x[i+half] by the angle p*InvFreq[i], rounded to float32 as
+	// transformers computes it), cos and sin scaled by r.AttnFactor. x is
+	// f32 or of ActivationType.
+	RoPE(x Tensor, headDim int, r *Rope)
+	// StoreKV writes each token's keys and values k, v [T, KVHeads*HeadDim]
+	// into the layer's paged cache at the token's position, in the cache's
+	// dtype; k and v are f32 or of ActivationType.
+	StoreKV(kv KVCache, layer int, k, v Tensor)
+	// Attend computes each token's causal attention over its sequence's
+	// cached keys and values (positions 0 to its own, stored by StoreKV):
+	// per query head h of q [T, H*HeadDim], softmax(scale * q_h . k_j)
+	// weighing the v_j of kv head h / (H / KVHeads). out [T, H*HeadDim];
+	// q and out are f32 or of ActivationType.
+	Attend(out, q Tensor, kv KVCache, layer int, scale float32)
+	// MulSigmoid multiplies x by sigmoid(gate) elementwise; x is f32 or of
+	// ActivationType, gate f32, of x's shape.
+	MulSigmoid(x, gate Tensor)
+
 	// The steps of a Gated DeltaNet layer between its projections and its
 	// gated norm.
 
@@ -448,10 +474,29 @@ type Backend interface {
 	// (same dtype): a projection computed in parts, whose weights a file
 	// stores in different types, joins its fused activation.
 	CopyCols(out, x Tensor, col int)
+	// SliceCols writes columns [col, col+w) of x [T, W] to out [T, w] (same
+	// dtype), CopyCols' converse: the query and the gate of a gated
+	// attention layer's q projection, interleaved per head, part.
+	SliceCols(out, x Tensor, col int)
 	// Sample draws one token from each row of logits [R, V] (len(params) ==
 	// R) and returns them to the host; only the tokens (and requested
 	// log-probabilities) cross from the device.
 	Sample(logits Tensor, params []SampleParams) ([]Sampled, error)
+}
+
+// FusedAttention is implemented by a backend that runs an attention
+// layer's steps between its projections as one operation (on CUDA: q/k
+// norm, RoPE and the cache write in one kernel, the gate in the attention
+// kernel's output). A model calls it where the backend has it, and the
+// steps one by one elsewhere.
+type FusedAttention interface {
+	// Attention runs on the fused projection qkv [T, spec.QKVWidth()] (the
+	// query heads, each [query | gate] when spec.Gated, then the keys, then
+	// the values): per-head q/k RMSNorm (eps spec.NormEps, weights
+	// w.QNorm and w.KNorm, (1 + w) when spec.UnitOffsetNorm), RoPE,
+	// StoreKV, Attend and, when spec.Gated, MulSigmoid by the gate. out is
+	// [T, Heads*HeadDim]; qkv and out are f32 or of ActivationType.
+	Attention(out, qkv Tensor, w AttnWeights, spec *AttnSpec, kv KVCache, layer int)
 }
 
 // FusedMoE is implemented by a backend that runs a mixture-of-experts
@@ -464,9 +509,9 @@ type FusedMoE interface {
 	MoE(out, x Tensor, e *Experts, spec *MoESpec)
 }
 
-// Unfused returns b without its fused operations (FusedMoE), so that a
-// model on it runs every layer step by step: the tests compare the two
-// paths through it.
+// Unfused returns b without its fused operations (FusedAttention,
+// FusedMoE), so that a model on it runs every layer step by step: the
+// tests compare the two paths through it.
 func Unfused(b Backend) Backend { return unfused{b} }
 
 // unfused has the methods of Backend only.

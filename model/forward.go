@@ -69,6 +69,11 @@ func (w *workspace) ids(name string, width int) backend.Tensor {
 	return w.b.Rows(w.buffer(name, backend.I32, w.T, width), 0, w.T)
 }
 
+// heads views the step's activation x [T, n*dim] as its [T*n, dim] heads.
+func (w *workspace) heads(x backend.Tensor, dim int) backend.Tensor {
+	return w.b.Reshape(x, backend.Numel(x)/dim, dim)
+}
+
 func (w *workspace) free() {
 	for _, t := range w.bufs {
 		w.b.Free(t)

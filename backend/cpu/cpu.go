@@ -52,8 +52,9 @@ type Backend struct {
 }
 
 var (
-	_ backend.Backend  = (*Backend)(nil)
-	_ backend.FusedMoE = (*Backend)(nil)
+	_ backend.Backend        = (*Backend)(nil)
+	_ backend.FusedAttention = (*Backend)(nil)
+	_ backend.FusedMoE       = (*Backend)(nil)
 )
 
 // New returns a CPU backend.

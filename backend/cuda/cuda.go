@@ -76,8 +76,9 @@ type Backend struct {
 }
 
 var (
-	_ backend.Backend  = (*Backend)(nil)
-	_ backend.FusedMoE = (*Backend)(nil)
+	_ backend.Backend        = (*Backend)(nil)
+	_ backend.FusedAttention = (*Backend)(nil)
+	_ backend.FusedMoE       = (*Backend)(nil)
 )
 
 // New opens the driver and the device. It returns an error saying why when
