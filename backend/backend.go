@@ -1,12 +1,18 @@
 // Package backend defines the device interface that model code is written against.
 //
-// A Backend owns device memory and runs coarse, fused operations on it. The
-// interface is shaped for GPUs: tensors live on the device, operations are
-// queued (a GPU backend launches them asynchronously on one stream) and report
-// failures at the next Sync or Read, and the metadata of a forward step (token
-// ids, positions, block tables, state slots) is uploaded once by Begin into
-// buffers the backend owns, so that a step's operations depend only on device
-// memory and can be captured once and replayed (see Graph).
+// A Backend owns device memory and runs on it the steps a model's layers
+// are written in (RMSNorm, RoPE, attention over the paged cache, the delta
+// rule, routing, SwiGLU experts), each as coarse as a GPU wants it. Where a
+// backend runs several steps as one kernel it says so through an optional
+// interface (FusedAttention, FusedMoE), which the model calls instead of
+// the steps: the model file keeps the paper's steps and the device keeps
+// its fusion. The interface is shaped for GPUs: tensors live on the
+// device, operations are queued (a GPU backend launches them
+// asynchronously on one stream) and report failures at the next Sync or
+// Read, and the metadata of a forward step (token ids, positions, block
+// tables, state slots) is uploaded once by Begin into buffers the backend
+// owns, so that a step's operations depend only on device memory and can
+// be captured once and replayed (see Graph).
 //
 // Activations at this interface are float32 where precision matters (the
 // residual stream, router inputs, logits) and of the backend's
@@ -135,7 +141,8 @@ type AttnSpec struct {
 	Rope                    Rope
 }
 
-// QKVWidth returns the width of the fused projection that Attention reads.
+// QKVWidth returns the width of the fused projection that
+// FusedAttention.Attention reads.
 func (s *AttnSpec) QKVWidth() int {
 	q := s.Heads * s.HeadDim
 	if s.Gated {
@@ -144,7 +151,8 @@ func (s *AttnSpec) QKVWidth() int {
 	return q + 2*s.KVHeads*s.HeadDim
 }
 
-// AttnWeights are the per-head norms of an attention layer ([HeadDim] each).
+// AttnWeights are the per-head q/k norms of an attention layer ([HeadDim]
+// each), for FusedAttention.
 type AttnWeights struct {
 	QNorm, KNorm Tensor
 }
@@ -175,13 +183,6 @@ func (s *DeltaNetSpec) KeyHead(h int) int {
 // ConvDim returns the number of channels of the conv1d: [q | k | v].
 func (s *DeltaNetSpec) ConvDim() int {
 	return 2*s.KeyHeads*s.KeyDim + s.ValueHeads*s.ValueDim
-}
-
-// DeltaNetWeights are a DeltaNet layer's non-projection weights.
-type DeltaNetWeights struct {
-	ConvW  Tensor // [ConvDim, ConvKernel]
-	ALog   Tensor // [HV]
-	DtBias Tensor // [HV]
 }
 
 // MoESpec fixes the routing of a mixture-of-experts layer.
@@ -424,36 +425,119 @@ type Backend interface {
 	// fuse the activation into either product and keep the [T, I]
 	// intermediate in its own precision.
 	MLP(out, x, gateUp, down Tensor)
-	// Attention runs one attention layer on the fused projection qkv [T,
-	// spec.QKVWidth()]: per-head q/k RMSNorm, RoPE at each token's position,
-	// storing k and v in the layer's paged cache, causal attention over the
-	// sequence's cached and new tokens (GQA), and the sigmoid gate when
-	// spec.Gated. out is [T, Heads*HeadDim]; qkv and out are f32 or of
-	// ActivationType.
-	Attention(out, qkv Tensor, w AttnWeights, spec *AttnSpec, kv KVCache, layer int)
-	// GatedDeltaNet runs the recurrent core of a DeltaNet layer on mixed
-	// [T, ConvDim] = [q | k | v] (before the conv) and ba [T, 2*HV] = [b | a]:
-	// causal conv1d with the slot's conv history, silu, per-head L2 norm of q
-	// and k, q scaled by 1/sqrt(dk), beta = sigmoid(b), g = -exp(ALog) *
-	// softplus(a + DtBias), then the gated delta rule from the slot's state
-	// (chunked or token by token, see DeltaNetSpec.Chunk). Both states are
-	// updated. out is [T, HV*dv].
-	GatedDeltaNet(out, mixed, ba Tensor, w DeltaNetWeights, spec *DeltaNetSpec, st StateCache, layer int)
+
+	// The steps of an attention layer after its projections, as the model
+	// runs them where the backend has no FusedAttention: per-head q/k
+	// RMSNorm (RMSNorm over [T*heads, HeadDim] views), then these.
+
+	// RoPE rotates each head of x [T, heads*headDim] in place by its
+	// token's position p: the first 2*len(r.InvFreq) dims, NeoX style
+	// (x[i], x[i+half] by the angle p*InvFreq[i], rounded to float32 as
+	// transformers computes it), cos and sin scaled by r.AttnFactor. x is
+	// f32 or of ActivationType.
+	RoPE(x Tensor, headDim int, r *Rope)
+	// StoreKV writes each token's keys and values k, v [T, KVHeads*HeadDim]
+	// into the layer's paged cache at the token's position, in the cache's
+	// dtype; k and v are f32 or of ActivationType.
+	StoreKV(kv KVCache, layer int, k, v Tensor)
+	// Attend computes each token's causal attention over its sequence's
+	// cached keys and values (positions 0 to its own, stored by StoreKV):
+	// per query head h of q [T, H*HeadDim], softmax(scale * q_h . k_j)
+	// weighing the v_j of kv head h / (H / KVHeads). out [T, H*HeadDim];
+	// q and out are f32 or of ActivationType.
+	Attend(out, q Tensor, kv KVCache, layer int, scale float32)
+	// MulSigmoid multiplies x by sigmoid(gate) elementwise; x is f32 or of
+	// ActivationType, gate f32, of x's shape.
+	MulSigmoid(x, gate Tensor)
+
+	// The steps of a Gated DeltaNet layer between its projections and its
+	// gated norm.
+
+	// CausalConv1d runs the layer's short causal convolution over each
+	// sequence's inputs x [T, ConvDim] ([q | k | v] before the conv),
+	// preceded by the slot's conv history (zeros for a sequence at position
+	// 0): out[t, c] = silu(sum_j w[c, j] * in[t-(K-1)+j, c]) with w
+	// [ConvDim, K]. The history becomes the last K-1 inputs. out and x are
+	// f32 [T, ConvDim].
+	CausalConv1d(out, x, w Tensor, st StateCache, layer int)
+	// GatedDeltaRule runs the gated delta rule over each sequence's
+	// recurrent state (chunked or token by token, see DeltaNetSpec.Chunk)
+	// on qkv [T, ConvDim] = [q | k | v] (after the conv) and ba [T, 2*HV] =
+	// [b | a]: per token and value head h, reading key head
+	// spec.KeyHead(h), q and k L2-normalised (q then scaled by
+	// 1/sqrt(dk)), beta = sigmoid(b), g = -exp(aLog) * softplus(a +
+	// dtBias), and S = exp(g) S; S += k (beta (v - S^T k))^T; o = S^T q.
+	// aLog and dtBias are [HV]; out is f32 [T, HV*dv]. Inputs are not
+	// modified.
+	GatedDeltaRule(out, qkv, ba, aLog, dtBias Tensor, spec *DeltaNetSpec, st StateCache, layer int)
 	// GatedRMSNorm computes out = w * rmsnorm(x) * silu(z) per head, x and z
 	// [T, heads*dim], w [dim].
 	GatedRMSNorm(out, x, z, w Tensor, eps float32)
-	// MoE adds to out [T, H] the mixture of experts applied to x [T, H]:
-	// router softmax in f32 over all experts, top-k, optional renormalisation,
-	// SwiGLU experts, plus the gated shared expert when present.
-	MoE(out, x Tensor, e *Experts, spec *MoESpec)
+	// The steps of a mixture-of-experts block, as the model runs them where
+	// the backend has no FusedMoE.
+
+	// Route picks each token's experts: the router logits x . router^T
+	// [T, E] in float32 (a rounding-sized change can flip the choice),
+	// softmax over all experts, the spec.TopK largest (ties to the lower
+	// index) in decreasing order, renormalised to sum to 1 when
+	// spec.NormTopK. experts is I32 [T, TopK], weights f32 [T, TopK]; x is
+	// f32 [T, H].
+	Route(experts, weights, x, router Tensor, spec *MoESpec)
+	// Experts adds to out [T, H], for each token and each of its experts e
+	// with weight w, w * down_e(silu(gate_e(x)) * up_e(x)), with gateUp
+	// [E, 2I, H] (per expert the gate rows, then the up rows) and down [E,
+	// H, I]; x is f32 [T, H], experts and weights come from Route.
+	Experts(out, x, experts, weights, gateUp, down Tensor)
+	// SharedExpert adds to out [T, H] the expert every token takes,
+	// weighed by its own gate: sigmoid(x . gate) * down(silu(x . g^T) *
+	// (x . u^T)) with gateUp [2I, H] = [g | u], down [H, I], gate [1, H].
+	SharedExpert(out, x, gateUp, down, gate Tensor)
+
 	// GatherRows writes out[r] = x[LogitRows[r]] for the current batch.
 	GatherRows(out, x Tensor)
 	// CopyCols writes x [T, w] into columns [col, col+w) of out [T, W]
 	// (same dtype): a projection computed in parts, whose weights a file
 	// stores in different types, joins its fused activation.
 	CopyCols(out, x Tensor, col int)
+	// SliceCols writes columns [col, col+w) of x [T, W] to out [T, w] (same
+	// dtype), CopyCols' converse: the query and the gate of a gated
+	// attention layer's q projection, interleaved per head, part.
+	SliceCols(out, x Tensor, col int)
 	// Sample draws one token from each row of logits [R, V] (len(params) ==
 	// R) and returns them to the host; only the tokens (and requested
 	// log-probabilities) cross from the device.
 	Sample(logits Tensor, params []SampleParams) ([]Sampled, error)
 }
+
+// FusedAttention is implemented by a backend that runs an attention
+// layer's steps between its projections as one operation (on CUDA: q/k
+// norm, RoPE and the cache write in one kernel, the gate in the attention
+// kernel's output). A model calls it where the backend has it, and the
+// steps one by one elsewhere.
+type FusedAttention interface {
+	// Attention runs on the fused projection qkv [T, spec.QKVWidth()] (the
+	// query heads, each [query | gate] when spec.Gated, then the keys, then
+	// the values): per-head q/k RMSNorm (eps spec.NormEps, weights
+	// w.QNorm and w.KNorm, (1 + w) when spec.UnitOffsetNorm), RoPE,
+	// StoreKV, Attend and, when spec.Gated, MulSigmoid by the gate. out is
+	// [T, Heads*HeadDim]; qkv and out are f32 or of ActivationType.
+	Attention(out, qkv Tensor, w AttnWeights, spec *AttnSpec, kv KVCache, layer int)
+}
+
+// FusedMoE is implemented by a backend that runs a mixture-of-experts
+// block as one operation (on CUDA the routed and the shared experts' sums
+// join the residual in one kernel). A model calls it where the backend has
+// it, and the steps one by one elsewhere.
+type FusedMoE interface {
+	// MoE adds to out [T, H] what Route, Experts and, when e has a shared
+	// expert, SharedExpert add for x [T, H].
+	MoE(out, x Tensor, e *Experts, spec *MoESpec)
+}
+
+// Unfused returns b without its fused operations (FusedAttention,
+// FusedMoE), so that a model on it runs every layer step by step: the
+// tests compare the two paths through it.
+func Unfused(b Backend) Backend { return unfused{b} }
+
+// unfused has the methods of Backend only.
+type unfused struct{ Backend }

@@ -13,7 +13,7 @@ import (
 // workspace holds a step's activations: buffers of up to rows rows, viewed
 // at the step's token count, in f32 (get: the residual stream, what norms
 // and routers read) or in the backend's ActivationType (act: what only
-// feeds matrix products). Decode buckets keep their workspace for the
+// feeds matrix products), and the experts routers choose (ids). Decode buckets keep their workspace for the
 // model's life so that a captured graph stays valid.
 type workspace struct {
 	b        backend.Backend
@@ -62,6 +62,16 @@ func (w *workspace) get(name string, width int) backend.Tensor {
 // products, in the backend's ActivationType.
 func (w *workspace) act(name string, width int) backend.Tensor {
 	return w.b.Rows(w.buffer(name, w.b.ActivationType(), w.T, width), 0, w.T)
+}
+
+// ids returns a [T, width] int32 buffer (the experts a router chose).
+func (w *workspace) ids(name string, width int) backend.Tensor {
+	return w.b.Rows(w.buffer(name, backend.I32, w.T, width), 0, w.T)
+}
+
+// heads views the step's activation x [T, n*dim] as its [T*n, dim] heads.
+func (w *workspace) heads(x backend.Tensor, dim int) backend.Tensor {
+	return w.b.Reshape(x, backend.Numel(x)/dim, dim)
 }
 
 func (w *workspace) free() {

@@ -151,7 +151,7 @@ func build(cfg *Config, b backend.Backend, bd *binder, kv backend.DType) (m *Mod
 			prefix = ""
 		}
 	}
-	params, deltaNets := m.declare(cfg, prefix)
+	params := m.declare(cfg, prefix)
 	for _, k := range cfg.Kinds {
 		if k == FullAttention {
 			m.attnLayers++
@@ -183,25 +183,25 @@ func build(cfg *Config, b backend.Backend, bd *binder, kv backend.DType) (m *Mod
 	if cfg.TieEmbeddings {
 		m.lmHead = m.embed
 	}
-	for _, d := range deltaNets {
-		d.bound(b)
+	for _, l := range m.layers {
+		l.mixer.bound(b)
 	}
 	return m, nil
 }
 
 // declare makes the model's layers for cfg and lists their weights, in
 // the order a synthetic model numbers them (see binder.synthesize).
-func (m *Model) declare(cfg *Config, prefix string) ([]param, []*gatedDeltaNet) {
+func (m *Model) declare(cfg *Config, prefix string) []param {
 	V, H := cfg.VocabSize, cfg.Hidden
 	params := []param{weight(&m.embed, prefix+"embed_tokens.weight", initNormal, V, H)}
-	layers, layerParams, deltaNets := decoderLayers(cfg, prefix, &m.attnSpec, &m.dnSpec)
+	layers, layerParams := decoderLayers(cfg, prefix, &m.attnSpec, &m.dnSpec)
 	m.layers = layers
 	params = append(params, layerParams...)
 	params = append(params, weight(&m.norm, prefix+"norm.weight", normInit(cfg), H))
 	if !cfg.TieEmbeddings && cfg.Embedding == nil {
 		params = append(params, weight(&m.lmHead, "lm_head.weight", initNormal, V, H))
 	}
-	return params, deltaNets
+	return params
 }
 
 // Config returns the model's configuration.

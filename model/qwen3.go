@@ -20,7 +20,7 @@ import (
 // decoderLayer is one pre-norm transformer block.
 type decoderLayer struct {
 	inputNorm, postNorm backend.Tensor
-	mixer               block // attention or Gated DeltaNet
+	mixer               mixer // attention or Gated DeltaNet
 	mlp                 block // dense or sparse
 	eps                 float32
 	unitOffset          bool // norms weigh by (1 + w) (Qwen3-Next family)
@@ -30,6 +30,13 @@ type decoderLayer struct {
 // adds its output to the residual stream x [T, H].
 type block interface {
 	forward(s *workspace, h, x backend.Tensor)
+}
+
+// mixer is the block that mixes tokens; bound makes the views of its fused
+// weights once they are loaded.
+type mixer interface {
+	block
+	bound(b backend.Backend)
 }
 
 func (l *decoderLayer) forward(s *workspace, x backend.Tensor) {
@@ -63,12 +70,12 @@ func normInit(c *Config) initKind {
 	return initOnes
 }
 
-// attention is softmax self-attention over the paged KV cache; q, k and v
-// come from one fused projection, or from three when a file stores them
-// in different types.
+// attention is softmax self-attention over the paged KV cache (GQA: a kv
+// head serves Heads/KVHeads query heads).
 type attention struct {
-	qkv, o  backend.Tensor
-	q, k, v backend.Tensor // the parts, when qkv is nil
+	qkv     backend.Tensor // q|k|v fused, nil when a file stores them in different types
+	q, k, v backend.Tensor // q_proj, k_proj, v_proj: views of qkv, or the parts
+	o       backend.Tensor
 	norms   backend.AttnWeights
 	spec    *backend.AttnSpec
 	layer   int // index among the model's attention layers, in the KV cache
@@ -94,23 +101,85 @@ func (a *attention) weights(c *Config, p string) []param {
 	}
 }
 
-func (a *attention) forward(s *workspace, h, x backend.Tensor) {
-	qkv := s.act("qkv", a.spec.QKVWidth())
-	out := s.act("attn", a.spec.Heads*a.spec.HeadDim)
+// bound makes the views of a fused q|k|v weight once it is loaded.
+func (a *attention) bound(b backend.Backend) {
 	if a.qkv != nil {
-		s.b.MatMul(qkv, h, a.qkv, false)
+		q := a.qkv.Shape()[0] - 2*a.spec.KVHeads*a.spec.HeadDim
+		kv := a.spec.KVHeads * a.spec.HeadDim
+		a.q, a.k, a.v = b.Rows(a.qkv, 0, q), b.Rows(a.qkv, q, kv), b.Rows(a.qkv, q+kv, kv)
+	}
+}
+
+// forward: q, k, v = q_proj(h), k_proj(h), v_proj(h); q and k normalised
+// per head, then rotated by their positions; k and v join the cache; each
+// query attends over its sequence's keys so far; a gated layer multiplies
+// the result by sigmoid(gate); x += o_proj(o).
+func (a *attention) forward(s *workspace, h, x backend.Tensor) {
+	b, sp := s.b, a.spec
+	o := s.act("attn", sp.Heads*sp.HeadDim)
+	if fused, ok := b.(backend.FusedAttention); ok {
+		fused.Attention(o, a.projectQKV(s, h), a.norms, sp, s.kv, a.layer) // the steps below, as one operation
 	} else {
-		col := 0
-		for i, w := range []backend.Tensor{a.q, a.k, a.v} {
-			n := w.Shape()[0]
-			part := s.act(fmt.Sprintf("qkv%d", i), n)
-			s.b.MatMul(part, h, w, false)
-			s.b.CopyCols(qkv, part, col)
-			col += n
+		q, gate := a.query(s, h)
+		k, v := s.get("k", sp.KVHeads*sp.HeadDim), s.act("v", sp.KVHeads*sp.HeadDim)
+		b.MatMul(k, h, a.k, false)
+		b.MatMul(v, h, a.v, false)
+		a.headNorm(s, q, a.norms.QNorm)
+		a.headNorm(s, k, a.norms.KNorm)
+		b.RoPE(q, sp.HeadDim, &sp.Rope)
+		b.RoPE(k, sp.HeadDim, &sp.Rope)
+		b.StoreKV(s.kv, a.layer, k, v)
+		b.Attend(o, q, s.kv, a.layer, sp.Scale)
+		if sp.Gated {
+			b.MulSigmoid(o, gate)
 		}
 	}
-	s.b.Attention(out, qkv, a.norms, a.spec, s.kv, a.layer)
-	s.b.MatMul(x, out, a.o, true)
+	b.MatMul(x, o, a.o, true)
+}
+
+// query returns q_proj(h) [T, Heads*HeadDim] and, for a gated layer,
+// whose q_proj gives per head [query | gate], the gate apart.
+func (a *attention) query(s *workspace, h backend.Tensor) (q, gate backend.Tensor) {
+	b, sp := s.b, a.spec
+	n := sp.Heads * sp.HeadDim
+	q = s.get("q", n)
+	if !sp.Gated {
+		b.MatMul(q, h, a.q, false)
+		return q, nil
+	}
+	qg := s.get("qgate", 2*n)
+	b.MatMul(qg, h, a.q, false)
+	heads := b.Reshape(qg, s.T*sp.Heads, 2*sp.HeadDim)
+	gate = s.get("gate", n)
+	b.SliceCols(s.heads(q, sp.HeadDim), heads, 0)
+	b.SliceCols(s.heads(gate, sp.HeadDim), heads, sp.HeadDim)
+	return q, gate
+}
+
+// headNorm applies the RMSNorm of weight w to each head of x in place.
+func (a *attention) headNorm(s *workspace, x, w backend.Tensor) {
+	heads := s.heads(x, a.spec.HeadDim)
+	s.b.RMSNorm(heads, heads, w, a.spec.NormEps, a.spec.UnitOffsetNorm)
+}
+
+// projectQKV returns the fused projection [q | k | v] of h that
+// FusedAttention reads, in one product or, when the file stores the parts
+// in different types, joined from three.
+func (a *attention) projectQKV(s *workspace, h backend.Tensor) backend.Tensor {
+	qkv := s.act("qkv", a.spec.QKVWidth())
+	if a.qkv != nil {
+		s.b.MatMul(qkv, h, a.qkv, false)
+		return qkv
+	}
+	col := 0
+	for i, w := range []backend.Tensor{a.q, a.k, a.v} {
+		n := w.Shape()[0]
+		part := s.act(fmt.Sprintf("qkv%d", i), n)
+		s.b.MatMul(part, h, w, false)
+		s.b.CopyCols(qkv, part, col)
+		col += n
+	}
+	return qkv
 }
 
 // mlp is a SwiGLU feed-forward block: down(silu(gate(h)) * up(h)).
@@ -172,8 +241,21 @@ func (m *sparseMLP) weights(c *Config, p string) []param {
 	return ps
 }
 
+// forward: the router picks each token's top-k experts (softmax over all,
+// renormalised when norm_topk_prob); x += the chosen experts' outputs,
+// weighed; x += sigmoid(shared_expert_gate(h)) * shared_expert(h).
 func (m *sparseMLP) forward(s *workspace, h, x backend.Tensor) {
-	s.b.MoE(x, h, &m.experts, &m.spec)
+	b, e := s.b, &m.experts
+	if fused, ok := b.(backend.FusedMoE); ok {
+		fused.MoE(x, h, e, &m.spec) // the steps below, as one operation
+		return
+	}
+	chosen, weights := s.ids("experts", m.spec.TopK), s.get("expert weights", m.spec.TopK)
+	b.Route(chosen, weights, h, e.Router, &m.spec)
+	b.Experts(x, h, chosen, weights, e.GateUp, e.Down)
+	if e.SharedGateUp != nil {
+		b.SharedExpert(x, h, e.SharedGateUp, e.SharedDown, e.SharedGate)
+	}
 }
 
 // feedForward returns layer i's MLP and its params.
@@ -189,10 +271,9 @@ func feedForward(c *Config, i int, p string) (block, []param) {
 // decoderLayers builds the decoder layers of every architecture: attention
 // layers here, Gated DeltaNet layers (qwen3next.go) where the config's
 // layer kinds say linear_attention.
-func decoderLayers(c *Config, prefix string, attn *backend.AttnSpec, dn *backend.DeltaNetSpec) ([]*decoderLayer, []param, []*gatedDeltaNet) {
+func decoderLayers(c *Config, prefix string, attn *backend.AttnSpec, dn *backend.DeltaNetSpec) ([]*decoderLayer, []param) {
 	var layers []*decoderLayer
 	var params []param
-	var deltaNets []*gatedDeltaNet
 	var nAttn, nDelta int // each kind's layers are numbered apart in their caches
 	for i, kind := range c.Kinds {
 		p := fmt.Sprintf("%slayers.%d.", prefix, i)
@@ -208,7 +289,6 @@ func decoderLayers(c *Config, prefix string, attn *backend.AttnSpec, dn *backend
 			d := &gatedDeltaNet{spec: dn, layer: nDelta, eps: c.NormEps}
 			nDelta++
 			l.mixer = d
-			deltaNets = append(deltaNets, d)
 			params = append(params, d.weights(c, p+"linear_attn.")...)
 		}
 		ffn, ffnParams := feedForward(c, i, p+"mlp.")
@@ -216,5 +296,5 @@ func decoderLayers(c *Config, prefix string, attn *backend.AttnSpec, dn *backend
 		params = append(params, ffnParams...)
 		layers = append(layers, l)
 	}
-	return layers, params, deltaNets
+	return layers, params
 }

@@ -11,29 +11,30 @@ import "github.com/kiln-llm/kiln/backend"
 // layers are gated (o_proj(attn * sigmoid(gate)), partial RoPE), and every
 // RMSNorm weighs by (1 + w). A Gated DeltaNet layer:
 //
-//	[q | k | v] = conv1d(in_proj_qkv(h)) then silu;  z = in_proj_z(h)
+//	[q | k | v] = silu(conv1d(in_proj_qkv(h))) over the sequence's conv history;  z = in_proj_z(h)
 //	beta = sigmoid(in_proj_b(h));  g = -exp(A_log) * softplus(in_proj_a(h) + dt_bias)
-//	o = gated delta rule over the sequence's recurrent state
+//	o = gated delta rule over the sequence's recurrent state (q, k L2-normalised)
 //	x += out_proj(RMSNorm(o) * w * silu(z))   per value head
 
 // gatedDeltaNet is the linear-attention token mixer.
 type gatedDeltaNet struct {
-	qkv, z, ba backend.Tensor // projections to [q|k|v] (conv input), z and [b|a]
-	qkvz       backend.Tensor // Qwen3-Next: qkv and z in one weight, viewed by qkv and z
-	w          backend.DeltaNetWeights
-	norm, out  backend.Tensor
-	spec       *backend.DeltaNetSpec
-	layer      int // index among the model's DeltaNet layers, in the state cache
-	eps        float32
+	qkv, z, ba   backend.Tensor // projections to [q|k|v] (conv input), z and [b|a]
+	qkvz         backend.Tensor // Qwen3-Next: qkv and z in one weight, viewed by qkv and z
+	conv         backend.Tensor // [ConvDim, ConvKernel]
+	aLog, dtBias backend.Tensor // [HV]
+	norm, out    backend.Tensor
+	spec         *backend.DeltaNetSpec
+	layer        int // index among the model's DeltaNet layers, in the state cache
+	eps          float32
 }
 
 func (d *gatedDeltaNet) weights(c *Config, p string) []param {
 	s := d.spec
 	H, conv, vdim := c.Hidden, s.ConvDim(), s.ValueHeads*s.ValueDim
 	ps := []param{
-		weight(&d.w.ConvW, p+"conv1d.weight", initConv, conv, s.ConvKernel),
-		weight(&d.w.ALog, p+"A_log", initALog, s.ValueHeads),
-		weight(&d.w.DtBias, p+"dt_bias", initOnes, s.ValueHeads),
+		weight(&d.conv, p+"conv1d.weight", initConv, conv, s.ConvKernel),
+		weight(&d.aLog, p+"A_log", initALog, s.ValueHeads),
+		weight(&d.dtBias, p+"dt_bias", initOnes, s.ValueHeads),
 		weight(&d.norm, p+"norm.weight", initOnes, s.ValueDim),
 		weight(&d.out, p+"out_proj.weight", initNormal, H, vdim).linear(),
 	}
@@ -96,18 +97,20 @@ func baRows(s *backend.DeltaNetSpec) []int {
 	return rows
 }
 
+// forward follows the layer's description above; the delta rule takes b
+// and a as they are and makes beta and g itself (the GPU kernels compute
+// them as they read them).
 func (d *gatedDeltaNet) forward(s *workspace, h, x backend.Tensor) {
-	sp := d.spec
+	b, sp := s.b, d.spec
 	vdim := sp.ValueHeads * sp.ValueDim
-	mixed := s.get("mixed", sp.ConvDim())
-	z := s.get("z", vdim)
-	ba := s.get("ba", 2*sp.ValueHeads)
-	core := s.get("core", vdim)
-	gated := s.get("gated", vdim)
-	s.b.MatMul(mixed, h, d.qkv, false)
-	s.b.MatMul(z, h, d.z, false)
-	s.b.MatMul(ba, h, d.ba, false)
-	s.b.GatedDeltaNet(core, mixed, ba, d.w, sp, s.state, d.layer)
-	s.b.GatedRMSNorm(gated, core, z, d.norm, d.eps)
-	s.b.MatMul(x, gated, d.out, true)
+	mixed, qkv := s.get("mixed", sp.ConvDim()), s.get("conv", sp.ConvDim())
+	z, ba := s.get("z", vdim), s.get("ba", 2*sp.ValueHeads)
+	o, gated := s.get("core", vdim), s.get("gated", vdim)
+	b.MatMul(mixed, h, d.qkv, false) // [q | k | v]
+	b.MatMul(z, h, d.z, false)
+	b.MatMul(ba, h, d.ba, false) // [b | a]
+	b.CausalConv1d(qkv, mixed, d.conv, s.state, d.layer)
+	b.GatedDeltaRule(o, qkv, ba, d.aLog, d.dtBias, sp, s.state, d.layer)
+	b.GatedRMSNorm(gated, o, z, d.norm, d.eps)
+	b.MatMul(x, gated, d.out, true)
 }

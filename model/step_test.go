@@ -7,6 +7,7 @@ import (
 
 	"github.com/kiln-llm/kiln/backend"
 	"github.com/kiln-llm/kiln/backend/cpu"
+	"github.com/kiln-llm/kiln/model/reference"
 )
 
 // loadFixture loads a fixture on the CPU backend with a cache of 64 blocks
@@ -18,7 +19,7 @@ func loadFixture(t *testing.T, name string, slots int) *Model {
 
 // capturing is the CPU backend saying that it replays graphs, so that the
 // model pads decode batches to buckets as it does for the GPU.
-type capturing struct{ backend.Backend }
+type capturing struct{ *cpu.Backend }
 
 func (capturing) CapturesGraphs() bool { return true }
 
@@ -57,14 +58,18 @@ const stepTol = 2e-4
 // logits do not change. It covers a prefill chunk continued from a cached
 // prefix, and, on a backend that captures graphs, the decode bucket padding
 // (3 decoding sequences padded to 4, the padding rows sharing a spare block
-// and slot).
+// and slot), on the fused path and step by step.
 func TestMixedBatch(t *testing.T) {
-	for _, name := range []string{"qwen3", "qwen3next", "qwen35moe", "qwen3/padded", "qwen3next/padded"} {
+	for _, name := range []string{"qwen3", "qwen3next", "qwen35moe", "qwen3/padded", "qwen3next/padded", "qwen35moe/steps", "qwen3/padded/steps", "qwen3next/padded/steps"} {
 		t.Run(name, func(t *testing.T) {
 			var be backend.Backend = cpu.New(cpu.Options{})
+			name, steps := strings.CutSuffix(name, "/steps")
 			name, padded := strings.CutSuffix(name, "/padded")
 			if padded {
-				be = capturing{be}
+				be = capturing{cpu.New(cpu.Options{})}
+			}
+			if steps {
+				be = backend.Unfused(be)
 			}
 			m := loadFixtureOn(t, be, name, 8)
 			defer m.Close()
@@ -187,6 +192,40 @@ func TestSaveRestoreSlot(t *testing.T) {
 			c := run(Seq{Tokens: []int32{5}, Pos: 140, Blocks: fork, Slot: 2, Logits: LastLogits})
 			if d := maxDiff(a, c); d > stepTol {
 				t.Fatalf("forked sequence differs by %.3g", d)
+			}
+		})
+	}
+}
+
+// TestFusedAndSteps runs every fixture's long prompt in two chunks and a
+// decode step beside another sequence's prefill, through the backend's
+// fused operations and through the model files' steps, and compares the
+// logits of every position: the two paths compute the same things in the
+// same float32 operations on the CPU.
+func TestFusedAndSteps(t *testing.T) {
+	for _, name := range reference.Fixtures {
+		t.Run(name, func(t *testing.T) {
+			ref := readReference(t, fixtureDir(name))
+			long, short := ref.Prompts[2].IDs, ref.Prompts[1].IDs
+			var got [2][][]float32
+			for i, path := range paths {
+				m := loadFixtureOn(t, path.backend(), name, 2)
+				seq := Seq{Tokens: long[:150], Blocks: blocksFor(0, 230, testBlockSize), Logits: AllLogits}
+				other := Seq{Tokens: short, Blocks: blocksFor(20, 64, testBlockSize), Slot: 1, Logits: AllLogits}
+				for _, step := range [][]Seq{{seq}, {other, {Tokens: long[150:220], Pos: 150, Blocks: seq.Blocks, Logits: AllLogits}},
+					{{Tokens: long[220:221], Pos: 220, Blocks: seq.Blocks, Logits: LastLogits}, {Tokens: []int32{7}, Pos: len(short), Blocks: other.Blocks, Slot: 1, Logits: LastLogits}}} {
+					l, err := m.Forward(step)
+					if err != nil {
+						t.Fatal(err)
+					}
+					got[i] = append(got[i], readRows(t, m.Backend(), l)...)
+				}
+				m.Close()
+			}
+			for r := range got[0] {
+				if e := reference.MaxError(got[1][r], got[0][r]); e > 1e-6 {
+					t.Fatalf("logit row %d: steps differ from fused by %.3g of max(1, max|logit|)", r, e)
+				}
 			}
 		})
 	}

@@ -128,7 +128,7 @@ func WriteSyntheticGGUF(w io.Writer, name string, o SyntheticGGUFOptions) error 
 	}
 
 	m := &Model{cfg: cfg, attnSpec: cfg.AttnSpec(), dnSpec: cfg.DeltaNet}
-	params, _ := m.declare(cfg, "model.")
+	params := m.declare(cfg, "model.")
 	outs, err := ggufTensors(cfg, params, outType)
 	if err != nil {
 		return err

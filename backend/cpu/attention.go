@@ -124,38 +124,163 @@ func ropeTables(r *backend.Rope, pos int, cos, sin []float32) {
 	}
 }
 
-// Attention runs one attention layer; see backend.Backend.
-func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec *backend.AttnSpec, kvc backend.KVCache, layer int) {
-	ot, qt := asT(out), asT(qkv)
+// cacheOf returns kvc as this backend's cache after checking layer and
+// the step's block tables against it.
+func (b *Backend) cacheOf(what string, kvc backend.KVCache, layer int) *kvCache {
 	c, ok := kvc.(*kvCache)
 	if !ok {
-		panic(fmt.Sprintf("cpu: attention: kv cache of another backend (%T)", kvc))
+		panic(fmt.Sprintf("cpu: %s: kv cache of another backend (%T)", what, kvc))
 	}
+	if layer < 0 || layer >= c.spec.Layers {
+		panic(fmt.Sprintf("cpu: %s: layer %d of cache %+v", what, layer, c.spec))
+	}
+	bs := c.spec.BlockSize
+	for i, s := range b.step.seqs {
+		if need := (s.Pos + s.N + bs - 1) / bs; len(s.Blocks) < need {
+			panic(fmt.Sprintf("cpu: %s: sequence %d has %d blocks, needs %d for %d tokens", what, i, len(s.Blocks), need, s.Pos+s.N))
+		}
+		for _, blk := range s.Blocks {
+			if blk < 0 || int(blk) >= c.spec.Blocks {
+				panic(fmt.Sprintf("cpu: %s: sequence %d uses block %d of %d", what, i, blk, c.spec.Blocks))
+			}
+		}
+	}
+	return c
+}
+
+// call returns what the parts of an attention over layer share, for H
+// query heads q [T, H, hd] and the output o.
+func (c *kvCache) call(layer, H int, scale float32, q, o []float32) *attnCall {
+	KH := c.spec.KVHeads
+	if H <= 0 || H%KH != 0 {
+		panic(fmt.Sprintf("cpu: attention: %d query heads for %d kv heads", H, KH))
+	}
+	return &attnCall{H: H, KH: KH, G: H / KH, hd: c.spec.HeadDim, bs: c.spec.BlockSize, scale: scale, q: q, o: o, kp: c.k[layer], vp: c.v[layer]}
+}
+
+// RoPE rotates each head of x by its token's position; see
+// backend.Backend.
+func (b *Backend) RoPE(x backend.Tensor, headDim int, r *backend.Rope) {
+	xt := asT(x)
+	T, W := matrix(xt)
+	half := len(r.InvFreq)
+	if T != b.numTokens() || headDim <= 0 || W%headDim != 0 || 2*half > headDim {
+		panic(fmt.Sprintf("cpu: rope of %v: %d tokens, head dim %d, %d frequencies", xt, b.numTokens(), headDim, half))
+	}
+	xs := xt.out32()
+	b.pool.For(T, 1, func(lo, hi int) {
+		cos, sin := make([]float32, half), make([]float32, half)
+		for t := lo; t < hi; t++ {
+			ropeTables(r, int(b.step.tokPos[t]), cos, sin)
+			for h := t * W; h < (t+1)*W; h += headDim {
+				ropeRow(xs[h:h+headDim], cos, sin)
+			}
+		}
+	})
+}
+
+// StoreKV writes each token's keys and values into the cache; see
+// backend.Backend.
+func (b *Backend) StoreKV(kvc backend.KVCache, layer int, k, v backend.Tensor) {
+	kt, vt := asT(k), asT(v)
+	c := b.cacheOf("store kv", kvc, layer)
+	n := c.spec.KVHeads * c.spec.HeadDim
+	checkShape("store kv k", kt, b.numTokens(), n)
+	checkShape("store kv v", vt, b.numTokens(), n)
+	b.storeKV(c, layer, kt.f32(), n, vt.f32(), n)
+}
+
+// storeKV writes token t's keys k[t*kStride:] and values v[t*vStride:]
+// (KVHeads*HeadDim each) at its position in layer's pools. The writes run
+// serially: padding rows (see backend.SeqInfo) may all write one spare
+// block, so parallel stores would race. They are a small copy next to the
+// attention itself.
+func (b *Backend) storeKV(c *kvCache, layer int, k []float32, kStride int, v []float32, vStride int) {
+	st := &b.step
+	KH, hd, bs := c.spec.KVHeads, c.spec.HeadDim, c.spec.BlockSize
+	kp, vp := c.k[layer], c.v[layer]
+	for t := range st.tokens {
+		s := &st.seqs[st.tokSeq[t]]
+		pos := int(st.tokPos[t])
+		slot := (int(s.Blocks[pos/bs])*bs + pos%bs) * KH * hd
+		kp.store(slot, k[t*kStride:t*kStride+KH*hd])
+		vp.store(slot, v[t*vStride:t*vStride+KH*hd])
+	}
+}
+
+// Attend computes each token's causal attention over its sequence's
+// cache; see backend.Backend.
+func (b *Backend) Attend(out, q backend.Tensor, kvc backend.KVCache, layer int, scale float32) {
+	ot, qt := asT(out), asT(q)
+	c := b.cacheOf("attend", kvc, layer)
+	hd := c.spec.HeadDim
+	T, W := matrix(qt)
+	if T != b.numTokens() || W%hd != 0 {
+		panic(fmt.Sprintf("cpu: attend: q %v for %d tokens of heads of %d", qt, b.numTokens(), hd))
+	}
+	checkShape("attend out", ot, T, W)
+	b.attend(c.call(layer, W/hd, scale, qt.f32(), ot.out32()))
+}
+
+// attend computes every token of the step: long prefills through the
+// blocked kernel, other tokens one by one.
+func (b *Backend) attend(a *attnCall) {
+	st := &b.step
+	var direct []int32
+	for si, s := range st.seqs {
+		if s.N >= blockedMinTokens && a.hd%gemmCols == 0 {
+			b.attendBlocked(a, &st.seqs[si], st.seqStart[si])
+			continue
+		}
+		for i := range s.N {
+			direct = append(direct, int32(st.seqStart[si]+i))
+		}
+	}
+	b.attendDirect(a, direct)
+}
+
+// MulSigmoid multiplies x by sigmoid(gate); see backend.Backend.
+func (b *Backend) MulSigmoid(x, gate backend.Tensor) {
+	xt, gt := asT(x), asT(gate)
+	n, w := matrix(xt)
+	checkShape("mul sigmoid gate", gt, xt.shape...)
+	xs, gs := xt.out32(), gt.f32()
+	b.pool.For(n, max(1, 4096/max(w, 1)), func(lo, hi int) {
+		mulSigmoid(xs[lo*w:hi*w], gs[lo*w:hi*w])
+	})
+}
+
+// mulSigmoid sets x[i] *= sigmoid(gate[i]).
+func mulSigmoid(x, gate []float32) {
+	for i, g := range gate[:len(x)] {
+		x[i] *= sigmoid(g)
+	}
+}
+
+// Attention runs an attention layer's steps on its fused projection; see
+// backend.FusedAttention. The q/k norms and RoPE take one pass over the
+// projection and the gate reads it in place, so that no step's input is
+// copied out of it.
+func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec *backend.AttnSpec, kvc backend.KVCache, layer int) {
+	ot, qt := asT(out), asT(qkv)
 	T := b.numTokens()
 	H, KH, hd, rd := spec.Heads, spec.KVHeads, spec.HeadDim, spec.RotaryDim
 	if H <= 0 || KH <= 0 || H%KH != 0 || hd <= 0 || rd < 0 || rd > hd || rd%2 != 0 || len(spec.Rope.InvFreq) != rd/2 {
 		panic(fmt.Sprintf("cpu: attention: invalid spec %+v", *spec))
 	}
-	if c.spec.KVHeads != KH || c.spec.HeadDim != hd || layer < 0 || layer >= c.spec.Layers {
-		panic(fmt.Sprintf("cpu: attention: layer %d of cache %+v for spec %+v", layer, c.spec, *spec))
+	c := b.cacheOf("attention", kvc, layer)
+	if c.spec.KVHeads != KH || c.spec.HeadDim != hd {
+		panic(fmt.Sprintf("cpu: attention: cache %+v for spec %+v", c.spec, *spec))
 	}
 	width := spec.QKVWidth()
 	checkShape("attention qkv", qt, T, width)
 	checkShape("attention out", ot, T, H*hd)
+	if T == 0 {
+		return
+	}
 	qn := normWeights(w.QNorm, hd, spec.UnitOffsetNorm)
 	kn := normWeights(w.KNorm, hd, spec.UnitOffsetNorm)
-	bs := c.spec.BlockSize
 	st := &b.step
-	for i, s := range st.seqs {
-		if need := (s.Pos + s.N + bs - 1) / bs; len(s.Blocks) < need {
-			panic(fmt.Sprintf("cpu: attention: sequence %d has %d blocks, needs %d for %d tokens", i, len(s.Blocks), need, s.Pos+s.N))
-		}
-		for _, blk := range s.Blocks {
-			if blk < 0 || int(blk) >= c.spec.Blocks {
-				panic(fmt.Sprintf("cpu: attention: sequence %d uses block %d of %d", i, blk, c.spec.Blocks))
-			}
-		}
-	}
 	x := qt.f32()
 	o := ot.out32()
 	qStride := hd
@@ -163,11 +288,9 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 		qStride = 2 * hd
 	}
 	kOff, vOff := H*qStride, H*qStride+KH*hd
-	kp, vp := c.k[layer], c.v[layer]
 	// Queries (normed, rotated) go to a scratch buffer; keys and values into the cache.
 	q := make([]float32, T*H*hd)
 	k := make([]float32, T*KH*hd)
-	a := &attnCall{H: H, KH: KH, G: H / KH, hd: hd, bs: bs, scale: spec.Scale, q: q, o: o, kp: kp, vp: vp}
 	b.pool.For(T, 1, func(lo, hi int) {
 		half := rd / 2
 		cos, sin := make([]float32, half), make([]float32, half)
@@ -186,40 +309,13 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 			}
 		}
 	})
-	// The cache writes run serially: padding rows (see backend.SeqInfo) may
-	// all write one spare block, so parallel stores would race. They are a
-	// small copy next to the attention itself.
-	for t := range T {
-		s := &st.seqs[st.tokSeq[t]]
-		pos := int(st.tokPos[t])
-		row := x[t*width : (t+1)*width]
-		for h := range KH {
-			kp.store(a.slot(s, pos, h), k[(t*KH+h)*hd:(t*KH+h+1)*hd])
-			vp.store(a.slot(s, pos, h), row[vOff+h*hd:vOff+(h+1)*hd])
-		}
-	}
-
-	// Long prefills go through the blocked kernel, other tokens one by one.
-	var direct []int32
-	for si, s := range st.seqs {
-		if s.N >= blockedMinTokens && hd%gemmCols == 0 {
-			b.attendBlocked(a, &st.seqs[si], st.seqStart[si])
-			continue
-		}
-		for i := range s.N {
-			direct = append(direct, int32(st.seqStart[si]+i))
-		}
-	}
-	b.attendDirect(a, direct)
+	b.storeKV(c, layer, k, KH*hd, x[vOff:], width)
+	b.attend(c.call(layer, H, spec.Scale, q, o))
 	if spec.Gated {
 		b.pool.For(T, 1, func(lo, hi int) {
 			for t := lo; t < hi; t++ {
 				for h := range H {
-					gate := x[t*width+h*qStride+hd : t*width+h*qStride+2*hd]
-					oh := o[(t*H+h)*hd : (t*H+h+1)*hd]
-					for d := range oh {
-						oh[d] *= sigmoid(gate[d])
-					}
+					mulSigmoid(o[(t*H+h)*hd:(t*H+h+1)*hd], x[t*width+h*qStride+hd:])
 				}
 			}
 		})

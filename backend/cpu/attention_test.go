@@ -8,70 +8,98 @@ import (
 	"github.com/kiln-llm/kiln/backend"
 )
 
-// refAttention computes, in float64, the attention output of token pos of a
-// sequence whose fused projections for positions 0..pos are rows.
-func refAttention(rows [][]float64, pos int, spec *backend.AttnSpec, qn, kn []float64) []float64 {
-	H, KH, hd, rd := spec.Heads, spec.KVHeads, spec.HeadDim, spec.RotaryDim
-	qs := hd
-	if spec.Gated {
-		qs = 2 * hd
+// refNorm returns x * rsqrt(mean(x^2) + eps) * w in float64, with (1 + w)
+// when unit.
+func refNorm(x, w []float64, eps float32, unit bool) []float64 {
+	var ss float64
+	for _, v := range x {
+		ss += v * v
 	}
-	norm := func(x, w []float64) []float64 {
-		var ss float64
-		for _, v := range x {
-			ss += v * v
+	s := 1 / math.Sqrt(ss/float64(len(x))+float64(eps))
+	out := make([]float64, len(x))
+	for i, v := range x {
+		g := w[i]
+		if unit {
+			g++
 		}
-		s := 1 / math.Sqrt(ss/float64(len(x))+float64(spec.NormEps))
-		out := make([]float64, len(x))
-		for i, v := range x {
-			g := w[i]
-			if spec.UnitOffsetNorm {
-				g++
-			}
-			out[i] = v * s * g
-		}
-		return out
+		out[i] = v * s * g
 	}
-	rope := func(x []float64, p int) {
-		half := rd / 2
-		for i := range half {
-			a := float64(p) * float64(spec.Rope.InvFreq[i])
-			c, s := math.Cos(a)*float64(spec.Rope.AttnFactor), math.Sin(a)*float64(spec.Rope.AttnFactor)
-			x1, x2 := x[i], x[i+half]
-			x[i], x[i+half] = x1*c-x2*s, x2*c+x1*s
-		}
+	return out
+}
+
+// refRope rotates the first 2*len(r.InvFreq) dims of one head x at
+// position p in float64, from the angle rounded to float32 (the contract,
+// as transformers computes it).
+func refRope(x []float64, p int, r *backend.Rope) {
+	half := len(r.InvFreq)
+	for i := range half {
+		a := float64(float32(p) * r.InvFreq[i])
+		c, s := math.Cos(a)*float64(r.AttnFactor), math.Sin(a)*float64(r.AttnFactor)
+		x1, x2 := x[i], x[i+half]
+		x[i], x[i+half] = x1*c-x2*s, x2*c+x1*s
 	}
+}
+
+// refAttend computes in float64 the attention of the query heads q [H*hd]
+// over keys and values [n][KH*hd] (positions 0..n-1).
+func refAttend(q []float64, keys, values [][]float64, H, KH, hd int, scale float32) []float64 {
 	out := make([]float64, H*hd)
 	for h := range H {
 		kh := h / (H / KH)
-		row := rows[pos]
-		q := norm(row[h*qs:h*qs+hd], qn)
-		rope(q, pos)
-		scores := make([]float64, pos+1)
-		vs := make([][]float64, pos+1)
+		scores := make([]float64, len(keys))
 		m := math.Inf(-1)
-		for j := 0; j <= pos; j++ {
-			k := norm(rows[j][H*qs+kh*hd:H*qs+(kh+1)*hd], kn)
-			rope(k, j)
+		for j, k := range keys {
 			var s float64
 			for i := range hd {
-				s += q[i] * k[i]
+				s += q[h*hd+i] * k[kh*hd+i]
 			}
-			scores[j] = s * float64(spec.Scale)
+			scores[j] = s * float64(scale)
 			m = max(m, scores[j])
-			vs[j] = rows[j][H*qs+KH*hd+kh*hd : H*qs+KH*hd+(kh+1)*hd]
 		}
 		var sum float64
 		for j := range scores {
 			scores[j] = math.Exp(scores[j] - m)
 			sum += scores[j]
 		}
-		for j := range scores {
+		for j, v := range values {
 			for i := range hd {
-				out[h*hd+i] += scores[j] / sum * vs[j][i]
+				out[h*hd+i] += scores[j] / sum * v[kh*hd+i]
 			}
 		}
-		if spec.Gated {
+	}
+	return out
+}
+
+// refAttention computes, in float64, the attention output of token pos of a
+// sequence whose fused projections for positions 0..pos are rows: the
+// steps of an attention layer one by one.
+func refAttention(rows [][]float64, pos int, spec *backend.AttnSpec, qn, kn []float64) []float64 {
+	H, KH, hd := spec.Heads, spec.KVHeads, spec.HeadDim
+	qs := hd
+	if spec.Gated {
+		qs = 2 * hd
+	}
+	row := rows[pos]
+	var q []float64
+	for h := range H {
+		qh := refNorm(row[h*qs:h*qs+hd], qn, spec.NormEps, spec.UnitOffsetNorm)
+		refRope(qh, pos, &spec.Rope)
+		q = append(q, qh...)
+	}
+	var keys, values [][]float64
+	for j := 0; j <= pos; j++ {
+		var k []float64
+		for kh := range KH {
+			kj := refNorm(rows[j][H*qs+kh*hd:H*qs+(kh+1)*hd], kn, spec.NormEps, spec.UnitOffsetNorm)
+			refRope(kj, j, &spec.Rope)
+			k = append(k, kj...)
+		}
+		keys = append(keys, k)
+		values = append(values, rows[j][H*qs+KH*hd:H*qs+2*KH*hd])
+	}
+	out := refAttend(q, keys, values, H, KH, hd, spec.Scale)
+	if spec.Gated {
+		for h := range H {
 			for i := range hd {
 				out[h*hd+i] *= sig64(row[h*qs+hd+i])
 			}
@@ -83,9 +111,11 @@ func refAttention(rows [][]float64, pos int, spec *backend.AttnSpec, qn, kn []fl
 // seqStep is one sequence's part of a test step: n new tokens.
 type seqStep struct{ seq, n int }
 
-// attnCase runs steps of a scheduled batch through Attention and returns
-// the outputs of every token of every sequence, in sequence order.
+// attnCase runs steps of a scheduled batch through Attention (or layer,
+// when set) and returns the outputs of every token of every sequence, in
+// sequence order.
 type attnCase struct {
+	layer   func(b *Backend, out, qkv backend.Tensor, kv backend.KVCache)
 	spec    backend.AttnSpec
 	kvType  backend.DType
 	lengths []int         // final length of each sequence
@@ -152,7 +182,11 @@ func (c *attnCase) run(t *testing.T, b *Backend, seed uint64) [][][]float32 {
 		T := len(batch.Tokens)
 		b.Begin(&batch)
 		o := b.Alloc(backend.F32, T, c.spec.Heads*c.spec.HeadDim)
-		b.Attention(o, tensorF32(b, qkv, T, c.spec.QKVWidth()), w, &c.spec, kv, 1)
+		if c.layer != nil {
+			c.layer(b, o, tensorF32(b, qkv, T, c.spec.QKVWidth()), kv)
+		} else {
+			b.Attention(o, tensorF32(b, qkv, T, c.spec.QKVWidth()), w, &c.spec, kv, 1)
+		}
 		got := readF32(t, b, o)
 		row := c.spec.Heads * c.spec.HeadDim
 		for _, s := range st {
@@ -283,5 +317,67 @@ func TestKVCacheCopyBlock(t *testing.T) {
 	}
 	if _, err := b.NewKVCache(backend.KVSpec{Layers: 1, Blocks: 4, BlockSize: 4, KVHeads: 1, HeadDim: 8, DType: backend.F16}); err == nil {
 		t.Error("f16 kv cache accepted")
+	}
+}
+
+// TestStoreKVAttend runs the plain steps' StoreKV and Attend on raw
+// projections (no norms, no rotation) through the schedules of
+// TestAttention, keys and values parted from the rows by SliceCols,
+// against float64 attention.
+func TestStoreKVAttend(t *testing.T) {
+	lengths := []int{37, 5, 12}
+	steps := [][]seqStep{{{0, 30}, {2, 1}}, {{2, 1}, {0, 7}, {1, 5}}, {{2, 8}}, {{1, 0}, {2, 1}}, {{2, 1}}}
+	for i, kvt := range []backend.DType{backend.F32, backend.BF16} {
+		spec := attnSpec(6, 2, 16, 16, false, false)
+		H, KH, hd := spec.Heads, spec.KVHeads, spec.HeadDim
+		ac := newAttnCase(uint64(70+i), spec, lengths, steps)
+		ac.kvType = kvt
+		ac.layer = func(b *Backend, out, qkv backend.Tensor, kv backend.KVCache) {
+			T := qkv.Shape()[0]
+			q, k, v := b.Alloc(backend.F32, T, H*hd), b.Alloc(backend.F32, T, KH*hd), b.Alloc(backend.F32, T, KH*hd)
+			b.SliceCols(q, qkv, 0)
+			b.SliceCols(k, qkv, H*hd)
+			b.SliceCols(v, qkv, (H+KH)*hd)
+			b.StoreKV(kv, 1, k, v)
+			b.Attend(out, q, kv, 1, spec.Scale)
+		}
+		got := ac.run(t, New(Options{Threads: 2}), uint64(i))
+		tol := 2e-6
+		if kvt == backend.BF16 {
+			tol = 2e-2
+		}
+		for s := range lengths {
+			for p := range lengths[s] {
+				rows := ac.rows[s][:p+1]
+				var keys, values [][]float64
+				for _, r := range rows {
+					keys, values = append(keys, r[H*hd:(H+KH)*hd]), append(values, r[(H+KH)*hd:])
+				}
+				want := refAttend(rows[p][:H*hd], keys, values, H, KH, hd, spec.Scale)
+				compare(t, fmt.Sprintf("%v: seq %d pos %d", kvt, s, p), got[s][p], want, tol)
+			}
+		}
+	}
+}
+
+// TestRoPE rotates the heads of tokens at scattered positions against
+// float64, a partial rotation included.
+func TestRoPE(t *testing.T) {
+	b := New(Options{Threads: 2})
+	r := newRand(80)
+	for _, c := range []struct{ heads, hd, rd int }{{3, 16, 16}, {2, 32, 8}} {
+		spec := attnSpec(c.heads, c.heads, c.hd, c.rd, false, false)
+		b.Begin(&backend.Batch{Tokens: make([]int32, 7), Seqs: []backend.SeqInfo{{Pos: 0, N: 3}, {Pos: 1000, N: 1}, {Pos: 40000, N: 3}}})
+		W := c.heads * c.hd
+		xv := randVec(r, 7*W, 1)
+		x := tensorF32(b, xv, 7, W)
+		b.RoPE(x, c.hd, &spec.Rope)
+		want := toF64(toF32(xv))
+		for tok, pos := range []int{0, 1, 2, 1000, 40000, 40001, 40002} {
+			for h := range c.heads {
+				refRope(want[tok*W+h*c.hd:tok*W+(h+1)*c.hd], pos, &spec.Rope)
+			}
+		}
+		compare(t, fmt.Sprintf("rope %+v", c), readF32(t, b, x), want, 1e-5)
 	}
 }

@@ -172,18 +172,17 @@ func BenchmarkDeltaNet(b *testing.B) {
 			}
 			r := newRand(4)
 			CD, HV := spec.ConvDim(), spec.ValueHeads
-			w := backend.DeltaNetWeights{
-				ConvW:  tensorF32(be, randVec(r, CD*4, 0.5), CD, 4),
-				ALog:   tensorF32(be, randVec(r, HV, 0.5), HV),
-				DtBias: tensorF32(be, randVec(r, HV, 0.5), HV),
-			}
+			convW := tensorF32(be, randVec(r, CD*4, 0.5), CD, 4)
+			aLog, dtBias := tensorF32(be, randVec(r, HV, 0.5), HV), tensorF32(be, randVec(r, HV, 0.5), HV)
 			mixed := tensorF32(be, randVec(r, n*CD, 1), n, CD)
 			ba := tensorF32(be, randVec(r, n*2*HV, 1), n, 2*HV)
+			conv := be.Alloc(backend.F32, n, CD)
 			out := be.Alloc(backend.F32, n, HV*spec.ValueDim)
 			be.Begin(&backend.Batch{Tokens: make([]int32, n), Seqs: []backend.SeqInfo{{Pos: 1000, N: n}}})
 			b.ResetTimer()
 			for range b.N {
-				be.GatedDeltaNet(out, mixed, ba, w, &spec, st, 0)
+				be.CausalConv1d(conv, mixed, convW, st, 0)
+				be.GatedDeltaRule(out, conv, ba, aLog, dtBias, &spec, st, 0)
 			}
 		})
 	}

@@ -51,7 +51,11 @@ type Backend struct {
 	mlpBuf []float32
 }
 
-var _ backend.Backend = (*Backend)(nil)
+var (
+	_ backend.Backend        = (*Backend)(nil)
+	_ backend.FusedAttention = (*Backend)(nil)
+	_ backend.FusedMoE       = (*Backend)(nil)
+)
 
 // New returns a CPU backend.
 func New(opts Options) *Backend {

@@ -95,76 +95,73 @@ func (c *stateCache) Restore(slot int, src []byte) {
 
 func (c *stateCache) Free() { c.conv, c.rec = nil, nil }
 
-// GatedDeltaNet runs the recurrent core of a DeltaNet layer; see
-// backend.Backend. Each sequence uses the chunked algorithm when it advances
-// by at least spec.Chunk tokens, the token-by-token recurrence otherwise.
-// Sequences of one step that share a slot (padding rows) each start from
-// the slot's state; the slot keeps the state of the first of them.
-func (b *Backend) GatedDeltaNet(out, mixed, ba backend.Tensor, w backend.DeltaNetWeights, spec *backend.DeltaNetSpec, stc backend.StateCache, layer int) {
+// stateOf returns stc as this backend's state cache after checking layer.
+func stateOf(what string, stc backend.StateCache, layer int) *stateCache {
 	c, ok := stc.(*stateCache)
 	if !ok {
-		panic(fmt.Sprintf("cpu: deltanet: state cache of another backend (%T)", stc))
-	}
-	sp := *spec
-	sp.Chunk = c.spec.DeltaNet.Chunk // the chunk length may differ per call, the shapes may not
-	if sp != c.spec.DeltaNet {
-		panic(fmt.Sprintf("cpu: deltanet: spec %+v does not match the state cache's %+v", *spec, c.spec.DeltaNet))
+		panic(fmt.Sprintf("cpu: %s: state cache of another backend (%T)", what, stc))
 	}
 	if layer < 0 || layer >= c.spec.Layers {
-		panic(fmt.Sprintf("cpu: deltanet: layer %d of %d", layer, c.spec.Layers))
+		panic(fmt.Sprintf("cpu: %s: layer %d of %d", what, layer, c.spec.Layers))
 	}
-	T := b.numTokens()
-	HK, HV, dk, dv, K := spec.KeyHeads, spec.ValueHeads, spec.KeyDim, spec.ValueDim, spec.ConvKernel
-	CD := spec.ConvDim()
-	ot, mt, bt := asT(out), asT(mixed), asT(ba)
-	checkShape("deltanet mixed", mt, T, CD)
-	checkShape("deltanet ba", bt, T, 2*HV)
-	checkShape("deltanet out", ot, T, HV*dv)
-	convW := smallFloats(w.ConvW)
-	aLog, dtBias := smallFloats(w.ALog), smallFloats(w.DtBias)
-	if len(convW) != CD*K || len(aLog) != HV || len(dtBias) != HV {
-		panic(fmt.Sprintf("cpu: deltanet: weights conv %d, A_log %d, dt_bias %d; want %d, %d, %d", len(convW), len(aLog), len(dtBias), CD*K, HV, HV))
-	}
-	st := &b.step
-	// Each sequence's conv history and recurrent state. Sequences of one
-	// step that share a slot (a model's padding rows) each start from the
-	// slot's state, on private copies after the first, whose results the
-	// slot does not keep.
-	conv, rec := make([][]float32, len(st.seqs)), make([][]float32, len(st.seqs))
+	return c
+}
+
+// slotStates returns each sequence's part of a layer's state (of: convOf
+// or recOf), zeroed for a sequence at position 0. Sequences of one step
+// that share a slot (a model's padding rows) each start from the slot's
+// state, on private copies after the first, whose results the slot does
+// not keep.
+func (b *Backend) slotStates(c *stateCache, layer int, of func(layer, slot int) []float32) [][]float32 {
+	seqs := b.step.seqs
+	parts := make([][]float32, len(seqs))
 	owner := map[int]bool{}
-	for si, s := range st.seqs {
+	for si, s := range seqs {
 		if s.N == 0 {
 			continue
 		}
 		c.checkSlot(s.Slot)
-		conv[si], rec[si] = c.convOf(layer, s.Slot), c.recOf(layer, s.Slot)
+		parts[si] = of(layer, s.Slot)
 		if owner[s.Slot] {
-			conv[si], rec[si] = slices.Clone(conv[si]), slices.Clone(rec[si])
+			parts[si] = slices.Clone(parts[si])
 		}
 		owner[s.Slot] = true
 	}
-	for si, s := range st.seqs {
+	for si, s := range seqs {
 		if s.N > 0 && s.Pos == 0 {
-			clear(conv[si])
-			clear(rec[si])
+			clear(parts[si])
 		}
 	}
-	x, ab, o := mt.f32(), bt.f32(), ot.out32()
+	return parts
+}
 
-	// Causal depthwise conv over [history | new inputs], then silu.
-	qkv := make([]float32, T*CD)
+// CausalConv1d runs a DeltaNet layer's causal conv and silu over each
+// sequence's conv history; see backend.Backend.
+func (b *Backend) CausalConv1d(out, x, w backend.Tensor, stc backend.StateCache, layer int) {
+	c := stateOf("causal conv", stc, layer)
+	T, CD, K := b.numTokens(), c.spec.DeltaNet.ConvDim(), c.spec.DeltaNet.ConvKernel
+	ot, xt := asT(out), asT(x)
+	checkShape("causal conv x", xt, T, CD)
+	checkShape("causal conv out", ot, T, CD)
+	convW := smallFloats(w)
+	if len(convW) != CD*K {
+		panic(fmt.Sprintf("cpu: causal conv: weight %v for %d channels of width %d", asT(w), CD, K))
+	}
+	st := &b.step
+	hists := b.slotStates(c, layer, c.convOf)
+	xs, o := xt.f32(), ot.out32()
 	b.pool.For(T, max(1, 4096/CD), func(lo, hi int) {
 		for t := lo; t < hi; t++ {
 			si := st.tokSeq[t]
 			i := t - st.seqStart[si] // index within the sequence's new tokens
-			hist := conv[si]
-			dst := qkv[t*CD : (t+1)*CD]
+			hist := hists[si]
+			dst := o[t*CD : (t+1)*CD]
 			clear(dst)
 			for j := range K {
 				src := i - (K - 1) + j // input index; negative: from history
 				var row []float32
 				if src >= 0 {
-					row = x[(st.seqStart[si]+src)*CD : (st.seqStart[si]+src+1)*CD]
+					row = xs[(st.seqStart[si]+src)*CD : (st.seqStart[si]+src+1)*CD]
 				} else {
 					row = hist[(K-1+src)*CD : (K+src)*CD]
 				}
@@ -182,19 +179,48 @@ func (b *Backend) GatedDeltaNet(out, mixed, ba backend.Tensor, w backend.DeltaNe
 		if s.N == 0 {
 			continue
 		}
-		hist := conv[si]
-		all := append(append([]float32(nil), hist...), x[st.seqStart[si]*CD:(st.seqStart[si]+s.N)*CD]...)
+		hist := hists[si]
+		all := append(append([]float32(nil), hist...), xs[st.seqStart[si]*CD:(st.seqStart[si]+s.N)*CD]...)
 		copy(hist, all[len(all)-(K-1)*CD:])
 	}
+}
 
-	// Per token: L2-normalise q and k per head, scale q; beta and g per value head.
+// GatedDeltaRule runs the gated delta rule over each sequence's recurrent
+// state; see backend.Backend. Each sequence uses the chunked algorithm
+// when it advances by at least spec.Chunk tokens, the token-by-token
+// recurrence otherwise.
+func (b *Backend) GatedDeltaRule(out, qkv, ba, aLogW, dtBiasW backend.Tensor, spec *backend.DeltaNetSpec, stc backend.StateCache, layer int) {
+	c := stateOf("delta rule", stc, layer)
+	sp := *spec
+	sp.Chunk = c.spec.DeltaNet.Chunk // the chunk length may differ per call, the shapes may not
+	if sp != c.spec.DeltaNet {
+		panic(fmt.Sprintf("cpu: delta rule: spec %+v does not match the state cache's %+v", *spec, c.spec.DeltaNet))
+	}
+	T := b.numTokens()
+	HK, HV, dk, dv := spec.KeyHeads, spec.ValueHeads, spec.KeyDim, spec.ValueDim
+	CD := spec.ConvDim()
+	ot, xt, bt := asT(out), asT(qkv), asT(ba)
+	checkShape("delta rule qkv", xt, T, CD)
+	checkShape("delta rule ba", bt, T, 2*HV)
+	checkShape("delta rule out", ot, T, HV*dv)
+	aLog, dtBias := smallFloats(aLogW), smallFloats(dtBiasW)
+	if len(aLog) != HV || len(dtBias) != HV {
+		panic(fmt.Sprintf("cpu: delta rule: A_log %d, dt_bias %d for %d value heads", len(aLog), len(dtBias), HV))
+	}
+	st := &b.step
+	rec := b.slotStates(c, layer, c.recOf)
+	x, ab, o := xt.f32(), bt.f32(), ot.out32()
+
+	// Per token: q and k L2-normalised per head (q also scaled) into qk;
+	// beta and g per value head.
+	QK := 2 * HK * dk
+	qk := make([]float32, T*QK)
 	beta, gate := make([]float32, T*HV), make([]float32, T*HV)
 	qScale := float32(1 / math.Sqrt(float64(dk)))
 	b.pool.For(T, 1, func(lo, hi int) {
 		for t := lo; t < hi; t++ {
-			row := qkv[t*CD : (t+1)*CD]
 			for h := range 2 * HK {
-				v := row[h*dk : (h+1)*dk]
+				v := x[t*CD+h*dk : t*CD+(h+1)*dk]
 				var ss float64
 				for _, e := range v {
 					ss += float64(e) * float64(e)
@@ -203,8 +229,9 @@ func (b *Backend) GatedDeltaNet(out, mixed, ba backend.Tensor, w backend.DeltaNe
 				if h < HK {
 					inv *= qScale
 				}
-				for i := range v {
-					v[i] *= inv
+				dst := qk[t*QK+h*dk : t*QK+(h+1)*dk]
+				for i, e := range v {
+					dst[i] = e * inv
 				}
 			}
 			for h := range HV {
@@ -231,17 +258,18 @@ func (b *Backend) GatedDeltaNet(out, mixed, ba backend.Tensor, w backend.DeltaNe
 			s := &st.seqs[tk.seq]
 			h := tk.head
 			kh := spec.KeyHead(h)
+			t0 := st.seqStart[tk.seq]
 			d := deltaHead{
-				qkv: qkv[st.seqStart[tk.seq]*CD:], stride: CD,
-				qOff: kh * dk, kOff: (HK + kh) * dk, vOff: 2*HK*dk + h*dv,
-				beta: beta[st.seqStart[tk.seq]*HV+h:], gate: gate[st.seqStart[tk.seq]*HV+h:], gStride: HV,
-				out: o[st.seqStart[tk.seq]*HV*dv+h*dv:], oStride: HV * dv,
+				qk: qk[t0*QK:], qkStride: QK, qOff: kh * dk, kOff: (HK + kh) * dk,
+				v: x[t0*CD+2*HK*dk+h*dv:], vStride: CD,
+				beta: beta[t0*HV+h:], gate: gate[t0*HV+h:], gStride: HV,
+				out: o[t0*HV*dv+h*dv:], oStride: HV * dv,
 				dk: dk, dv: dv,
 			}
 			S := rec[tk.seq][h*dk*dv : (h+1)*dk*dv]
 			if spec.Chunk > 0 && s.N >= spec.Chunk {
-				for t0 := 0; t0 < s.N; t0 += spec.Chunk {
-					d.chunk(S, t0, min(spec.Chunk, s.N-t0), &ws)
+				for c0 := 0; c0 < s.N; c0 += spec.Chunk {
+					d.chunk(S, c0, min(spec.Chunk, s.N-c0), &ws)
 				}
 			} else {
 				for t := range s.N {
@@ -260,23 +288,25 @@ func softplus(x float64) float64 {
 	return math.Log1p(math.Exp(x))
 }
 
-// deltaHead addresses one (sequence, value head) of a GatedDeltaNet call:
-// token t's q, k, v rows, beta, g and output row.
+// deltaHead addresses one (sequence, value head) of a GatedDeltaRule
+// call: token t's normalised q and k rows, v row, beta, g and output row.
 type deltaHead struct {
-	qkv              []float32
-	stride           int
-	qOff, kOff, vOff int
-	beta, gate       []float32
-	gStride          int
-	out              []float32
-	oStride          int
-	dk, dv           int
+	qk         []float32
+	qkStride   int
+	qOff, kOff int
+	v          []float32
+	vStride    int
+	beta, gate []float32
+	gStride    int
+	out        []float32
+	oStride    int
+	dk, dv     int
 }
 
-func (d *deltaHead) q(t int) []float32 { return d.qkv[t*d.stride+d.qOff : t*d.stride+d.qOff+d.dk] }
-func (d *deltaHead) k(t int) []float32 { return d.qkv[t*d.stride+d.kOff : t*d.stride+d.kOff+d.dk] }
-func (d *deltaHead) v(t int) []float32 { return d.qkv[t*d.stride+d.vOff : t*d.stride+d.vOff+d.dv] }
-func (d *deltaHead) o(t int) []float32 { return d.out[t*d.oStride : t*d.oStride+d.dv] }
+func (d *deltaHead) q(t int) []float32  { return d.qk[t*d.qkStride+d.qOff : t*d.qkStride+d.qOff+d.dk] }
+func (d *deltaHead) k(t int) []float32  { return d.qk[t*d.qkStride+d.kOff : t*d.qkStride+d.kOff+d.dk] }
+func (d *deltaHead) vt(t int) []float32 { return d.v[t*d.vStride : t*d.vStride+d.dv] }
+func (d *deltaHead) o(t int) []float32  { return d.out[t*d.oStride : t*d.oStride+d.dv] }
 
 // deltaScratch is a worker's reusable scratch memory.
 type deltaScratch struct {
@@ -295,7 +325,7 @@ func grow(s *[]float32, n int) []float32 {
 // S = exp(g) S; delta = beta (v - S^T k); S += k delta^T; o = S^T q.
 func (d *deltaHead) step(S []float32, t int, ws *deltaScratch) {
 	dk, dv := d.dk, d.dv
-	k, q, v := d.k(t), d.q(t), d.v(t)
+	k, q, v := d.k(t), d.q(t), d.vt(t)
 	decay := float32(math.Exp(float64(d.gate[t*d.gStride])))
 	bt := d.beta[t*d.gStride]
 	u := grow(&ws.u, dv)
@@ -333,11 +363,11 @@ func (d *deltaHead) chunk(S []float32, t0, L int, ws *deltaScratch) {
 	beta := func(i int) float32 { return d.beta[(t0+i)*d.gStride] }
 	// A holds -A (strictly lower), qk the decayed, causally masked Q K^T.
 	A, qk := grow(&ws.a, L*L), grow(&ws.qk, L*L)
-	keys := d.qkv[t0*d.stride+d.kOff:]
+	keys := d.qk[t0*d.qkStride+d.kOff:]
 	for i := range L {
 		ai, qi := A[i*L:i*L+i+1], qk[i*L:i*L+i+1]
-		dotRowsF32(d.k(t0+i), keys, d.stride, ai)
-		dotRowsF32(d.q(t0+i), keys, d.stride, qi)
+		dotRowsF32(d.k(t0+i), keys, d.qkStride, ai)
+		dotRowsF32(d.q(t0+i), keys, d.qkStride, qi)
 		b := beta(i)
 		for j := range qi {
 			e := float32(math.Exp(float64(gam[i] - gam[j])))
@@ -350,7 +380,7 @@ func (d *deltaHead) chunk(S []float32, t0, L int, ws *deltaScratch) {
 		ui, wi := U[i*dv:(i+1)*dv], W[i*dk:(i+1)*dk]
 		b := beta(i)
 		eb := b * float32(math.Exp(float64(gam[i])))
-		for c, v := range d.v(t0 + i) {
+		for c, v := range d.vt(t0 + i) {
 			ui[c] = b * v
 		}
 		for c, v := range d.k(t0 + i) {

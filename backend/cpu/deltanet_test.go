@@ -3,6 +3,7 @@ package cpu
 import (
 	"fmt"
 	"math"
+	"slices"
 	"testing"
 
 	"github.com/kiln-llm/kiln/backend"
@@ -34,12 +35,11 @@ func newDNCase(seed uint64, spec backend.DeltaNetSpec, lengths []int) *dnCase {
 	return c
 }
 
-// ref computes in float64 the outputs of all tokens of sequence s from an
-// empty state: conv, silu, L2 norms, and the recurrence token by token.
-func (c *dnCase) ref(s int) [][]float64 {
+// refConv computes in float64 the conv outputs of all tokens of sequence
+// s from an empty history: silu(conv1d(mixed)).
+func (c *dnCase) refConv(s int) [][]float64 {
 	sp := c.spec
-	HK, HV, dk, dv, K, CD := sp.KeyHeads, sp.ValueHeads, sp.KeyDim, sp.ValueDim, sp.ConvKernel, sp.ConvDim()
-	S := make([]float64, HV*dk*dv)
+	K, CD := sp.ConvKernel, sp.ConvDim()
 	var outs [][]float64
 	for t := range c.mixed[s] {
 		x := make([]float64, CD)
@@ -52,6 +52,19 @@ func (c *dnCase) ref(s int) [][]float64 {
 			}
 			x[ch] = silu64(acc)
 		}
+		outs = append(outs, x)
+	}
+	return outs
+}
+
+// ref computes in float64 the outputs of all tokens of sequence s from an
+// empty state: conv, silu, L2 norms, and the recurrence token by token.
+func (c *dnCase) ref(s int) [][]float64 {
+	sp := c.spec
+	HK, HV, dk, dv := sp.KeyHeads, sp.ValueHeads, sp.KeyDim, sp.ValueDim
+	S := make([]float64, HV*dk*dv)
+	var outs [][]float64
+	for t, x := range c.refConv(s) {
 		l2 := func(v []float64, scale float64) {
 			var ss float64
 			for _, e := range v {
@@ -96,17 +109,17 @@ func (c *dnCase) ref(s int) [][]float64 {
 	return outs
 }
 
-// dnRun runs a schedule of steps through GatedDeltaNet with slot[s] as each
-// sequence's slot, starting every sequence at position 0, and returns each
-// sequence's outputs.
+// dnRun runs a schedule of steps through CausalConv1d and GatedDeltaRule
+// with slot[s] as each sequence's slot, starting every sequence at
+// position 0, and keeps each sequence's conv outputs and outputs.
 type dnRun struct {
-	b     *Backend
-	c     *dnCase
-	st    backend.StateCache
-	w     backend.DeltaNetWeights
-	pos   []int
-	slots []int
-	out   [][][]float32
+	b                   *Backend
+	c                   *dnCase
+	st                  backend.StateCache
+	convW, aLog, dtBias backend.Tensor
+	pos                 []int
+	slots               []int
+	conv, out           [][][]float32
 }
 
 func newDNRun(t *testing.T, b *Backend, c *dnCase, slots int, chunk int) *dnRun {
@@ -116,7 +129,7 @@ func newDNRun(t *testing.T, b *Backend, c *dnCase, slots int, chunk int) *dnRun 
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &dnRun{b: b, c: c, st: st, pos: make([]int, len(c.mixed)), out: make([][][]float32, len(c.mixed))}
+	r := &dnRun{b: b, c: c, st: st, pos: make([]int, len(c.mixed)), conv: make([][][]float32, len(c.mixed)), out: make([][][]float32, len(c.mixed))}
 	r.c = &dnCase{}
 	*r.c = *c
 	r.c.spec = spec
@@ -124,11 +137,9 @@ func newDNRun(t *testing.T, b *Backend, c *dnCase, slots int, chunk int) *dnRun 
 		r.slots = append(r.slots, i%slots)
 	}
 	HV := spec.ValueHeads
-	r.w = backend.DeltaNetWeights{
-		ConvW:  loadWeight(t, b, backend.F32, append([]float64(nil), c.convW...), spec.ConvDim(), spec.ConvKernel),
-		ALog:   loadWeight(t, b, backend.F32, append([]float64(nil), c.aLog...), HV),
-		DtBias: loadWeight(t, b, backend.F32, append([]float64(nil), c.dtBias...), HV),
-	}
+	r.convW = loadWeight(t, b, backend.F32, append([]float64(nil), c.convW...), spec.ConvDim(), spec.ConvKernel)
+	r.aLog = loadWeight(t, b, backend.F32, append([]float64(nil), c.aLog...), HV)
+	r.dtBias = loadWeight(t, b, backend.F32, append([]float64(nil), c.dtBias...), HV)
 	return r
 }
 
@@ -146,14 +157,21 @@ func (r *dnRun) step(t *testing.T, st []seqStep) {
 	}
 	T := len(batch.Tokens)
 	b.Begin(&batch)
-	o := b.Alloc(backend.F32, T, sp.ValueHeads*sp.ValueDim)
-	b.GatedDeltaNet(o, tensorF32(b, mixed, T, sp.ConvDim()), tensorF32(b, ba, T, 2*sp.ValueHeads), r.w, &sp, r.st, 1)
+	CD := sp.ConvDim()
+	x, o := b.Alloc(backend.F32, T, CD), b.Alloc(backend.F32, T, sp.ValueHeads*sp.ValueDim)
+	b.CausalConv1d(x, tensorF32(b, mixed, T, CD), r.convW, r.st, 1)
+	conv := readF32(t, b, x)
+	b.GatedDeltaRule(o, x, tensorF32(b, ba, T, 2*sp.ValueHeads), r.aLog, r.dtBias, &sp, r.st, 1)
+	if !slices.Equal(readF32(t, b, x), conv) {
+		t.Fatal("GatedDeltaRule modified its input")
+	}
 	got := readF32(t, b, o)
 	row := sp.ValueHeads * sp.ValueDim
 	for _, s := range st {
 		for range s.n {
+			r.conv[s.seq] = append(r.conv[s.seq], conv[:CD])
 			r.out[s.seq] = append(r.out[s.seq], got[:row])
-			got = got[row:]
+			conv, got = conv[CD:], got[row:]
 		}
 		r.pos[s.seq] += s.n
 	}
@@ -215,12 +233,13 @@ func TestDeltaNetContinue(t *testing.T) {
 	// Sequence 1 has the same tokens: it resumes at 100 from the snapshot.
 	r.st.Restore(2, saved)
 	r.pos[1] = 100
-	r.out[1] = r.out[0]
+	r.out[1], r.conv[1] = r.out[0], r.conv[0]
 	r.step(t, []seqStep{{1, 70}})
 	for range 3 {
 		r.step(t, []seqStep{{1, 1}})
 	}
 	compare(t, "continued", flat(r.out[1]), flat64(c.ref(0)), 1e-4)
+	compare(t, "continued conv", flat(r.conv[1][100:]), flat64(c.refConv(0)[100:]), 1e-5)
 	if err := r.st.Save(0, saved[1:]); err == nil {
 		t.Error("Save accepted a short buffer")
 	}
@@ -262,6 +281,7 @@ func TestDeltaNetMixedBatch(t *testing.T) {
 		}
 		compare(t, fmt.Sprintf("seq %d", s), flat(mixed.out[s]), toF64(flat(alone.out[s])), 0)
 		compare(t, fmt.Sprintf("seq %d vs float64", s), flat(mixed.out[s]), flat64(c.ref(s)), 1e-4)
+		compare(t, fmt.Sprintf("seq %d conv vs float64", s), flat(mixed.conv[s]), flat64(c.refConv(s)), 1e-5)
 	}
 }
 

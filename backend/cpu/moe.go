@@ -7,34 +7,29 @@ import (
 	"github.com/kiln-llm/kiln/backend"
 )
 
-// MoE adds to out the mixture of experts applied to x; see backend.Backend.
-// Tokens are grouped by expert so that each chosen expert's weights are read
-// once per call.
-func (b *Backend) MoE(out, x backend.Tensor, e *backend.Experts, spec *backend.MoESpec) {
-	ot, xt := asT(out), asT(x)
-	T, H := matrix(xt)
-	if on, oh := matrix(ot); on != T || oh != H {
-		panic(fmt.Sprintf("cpu: moe out %v, x %v", ot, xt))
+// Route picks each token's experts; see backend.Backend.
+func (b *Backend) Route(experts, weights, x, router backend.Tensor, spec *backend.MoESpec) {
+	et, wt, xt := asT(experts), asT(weights), asT(x)
+	T, _ := matrix(xt)
+	checkShape("route experts", et, T, spec.TopK)
+	checkShape("route weights", wt, T, spec.TopK)
+	if et.dt != backend.I32 || et.readOnly {
+		panic(fmt.Sprintf("cpu: route: experts %v", et))
 	}
-	E, K := spec.Experts, spec.TopK
-	if E <= 0 || K <= 0 || K > E {
-		panic(fmt.Sprintf("cpu: moe: invalid spec %+v", *spec))
-	}
-	router := weightsOf(asT(e.Router))
-	gu, down := asT(e.GateUp), asT(e.Down)
-	if router.rows != E || router.cols != H || len(gu.shape) != 3 || len(down.shape) != 3 {
-		panic(fmt.Sprintf("cpu: moe: router %v, gate_up %v, down %v for %d experts of width %d", asT(e.Router), gu, down, E, H))
-	}
-	I := gu.shape[1] / 2
-	checkShape("moe gate_up", gu, E, 2*I, H)
-	checkShape("moe down", down, E, H, I)
-	xs, o := xt.f32(), ot.out32()
+	b.route(bytesAs[int32](et.buf), wt.out32(), xt, router, spec)
+}
 
+// route writes each token's spec.TopK experts and their weights to ids and
+// wts ([T, TopK] each).
+func (b *Backend) route(ids []int32, wts []float32, xt *Tensor, router backend.Tensor, spec *backend.MoESpec) {
+	T, H := matrix(xt)
+	E, K := spec.Experts, spec.TopK
+	rw := weightsOf(asT(router))
+	if E <= 0 || K <= 0 || K > E || rw.rows != E || rw.cols != H {
+		panic(fmt.Sprintf("cpu: route: router %v for %+v and width %d", asT(router), *spec, H))
+	}
 	logits := make([]float32, T*E)
-	b.pool.matmul(logits, xs, T, router, false)
-	// Route: per expert, the tokens that chose it and their weights.
-	byExpert := make([][]int32, E)
-	weightsBy := make([][]float32, E)
+	b.pool.matmul(logits, xt.f32(), T, rw, false)
 	idx := make([]int, K)
 	for t := range T {
 		p := logits[t*E : (t+1)*E]
@@ -44,42 +39,95 @@ func (b *Backend) MoE(out, x backend.Tensor, e *backend.Experts, spec *backend.M
 		for _, ex := range idx {
 			sum += p[ex]
 		}
-		for _, ex := range idx {
+		for j, ex := range idx {
 			wt := p[ex]
 			if spec.NormTopK {
 				wt /= sum
 			}
-			byExpert[ex] = append(byExpert[ex], int32(t))
-			weightsBy[ex] = append(weightsBy[ex], wt)
+			ids[t*K+j], wts[t*K+j] = int32(ex), wt
 		}
+	}
+}
+
+// Experts adds each token's chosen experts to out; see backend.Backend.
+func (b *Backend) Experts(out, x, experts, weights, gateUp, down backend.Tensor) {
+	et, wt := asT(experts), asT(weights)
+	T, K := matrix(et)
+	if et.dt != backend.I32 {
+		panic(fmt.Sprintf("cpu: experts: expert ids %v", et))
+	}
+	checkShape("experts weights", wt, T, K)
+	b.experts(asT(out), asT(x), bytesAs[int32](et.buf), wt.f32(), K, gateUp, down)
+}
+
+// experts adds to out, for each token t and choice j < K, wts[t*K+j] times
+// expert ids[t*K+j] applied to x. Tokens are grouped by expert so that each
+// chosen expert's weights are read once per call.
+func (b *Backend) experts(ot, xt *Tensor, ids []int32, wts []float32, K int, gateUp, down backend.Tensor) {
+	T, H := matrix(xt)
+	if on, oh := matrix(ot); on != T || oh != H || len(ids) != T*K {
+		panic(fmt.Sprintf("cpu: experts: out %v, x %v, %d choices of %d", ot, xt, len(ids), K))
+	}
+	gu, dn := asT(gateUp), asT(down)
+	if len(gu.shape) != 3 || len(dn.shape) != 3 {
+		panic(fmt.Sprintf("cpu: experts: gate_up %v, down %v", gu, dn))
+	}
+	E, I := gu.shape[0], gu.shape[1]/2
+	checkShape("experts gate_up", gu, E, 2*I, H)
+	checkShape("experts down", dn, E, H, I)
+	byExpert := make([][]int32, E)
+	weightsBy := make([][]float32, E)
+	for i, ex := range ids {
+		if ex < 0 || int(ex) >= E {
+			panic(fmt.Sprintf("cpu: experts: expert %d of %d", ex, E))
+		}
+		byExpert[ex] = append(byExpert[ex], int32(i/K))
+		weightsBy[ex] = append(weightsBy[ex], wts[i])
 	}
 	// Both hold E matrices stacked along the rows.
-	guW, downW := weightsOf(gu), weightsOf(down)
+	guW, downW := weightsOf(gu), weightsOf(dn)
 	guW.rows, guW.cols = E*2*I, H
 	downW.rows, downW.cols = E*H, I
+	o, xs := ot.out32(), xt.f32()
 	for ex := range E {
-		if len(byExpert[ex]) == 0 {
-			continue
+		if len(byExpert[ex]) > 0 {
+			b.expert(o, xs, H, byExpert[ex], weightsBy[ex], guW.sub(ex*2*I, 2*I), downW.sub(ex*H, H))
 		}
-		b.expert(o, xs, H, byExpert[ex], weightsBy[ex], guW.sub(ex*2*I, 2*I), downW.sub(ex*H, H))
 	}
+}
 
-	if e.SharedGateUp == nil {
-		return
-	}
-	sgu, sdown, sg := weightsOf(asT(e.SharedGateUp)), weightsOf(asT(e.SharedDown)), weightsOf(asT(e.SharedGate))
-	if sgu.cols != H || sgu.rows%2 != 0 || sdown.rows != H || sdown.cols != sgu.rows/2 || sg.rows*sg.cols != H {
-		panic(fmt.Sprintf("cpu: moe: shared expert gate_up %v, down %v, gate %v for width %d", asT(e.SharedGateUp), asT(e.SharedDown), asT(e.SharedGate), H))
+// SharedExpert adds the gated shared expert to out; see backend.Backend.
+func (b *Backend) SharedExpert(out, x, gateUp, down, gate backend.Tensor) {
+	ot, xt := asT(out), asT(x)
+	T, H := matrix(xt)
+	sgu, sdown, sg := weightsOf(asT(gateUp)), weightsOf(asT(down)), weightsOf(asT(gate))
+	if on, oh := matrix(ot); on != T || oh != H || sgu.cols != H || sgu.rows%2 != 0 || sdown.rows != H || sdown.cols != sgu.rows/2 || sg.rows*sg.cols != H {
+		panic(fmt.Sprintf("cpu: shared expert: out %v, x %v, gate_up %v, down %v, gate %v", ot, xt, asT(gateUp), asT(down), asT(gate)))
 	}
 	sg.rows, sg.cols = 1, H
 	gates := make([]float32, T)
+	xs := xt.f32()
 	b.pool.matmul(gates, xs, T, sg, false)
 	tokens := make([]int32, T)
 	for t := range T {
 		tokens[t] = int32(t)
 		gates[t] = sigmoid(gates[t])
 	}
-	b.expert(o, xs, H, tokens, gates, sgu, sdown)
+	b.expert(ot.out32(), xs, H, tokens, gates, sgu, sdown)
+}
+
+// MoE runs Route, Experts and SharedExpert in one call; see
+// backend.FusedMoE. The CPU computes the steps as they are: the choices
+// stay in host memory of their own.
+func (b *Backend) MoE(out, x backend.Tensor, e *backend.Experts, spec *backend.MoESpec) {
+	xt := asT(x)
+	T, _ := matrix(xt)
+	ids, wts := make([]int32, T*spec.TopK), make([]float32, T*spec.TopK)
+	b.route(ids, wts, xt, e.Router, spec)
+	b.experts(asT(out), xt, ids, wts, spec.TopK, e.GateUp, e.Down)
+	if e.SharedGateUp != nil {
+		b.SharedExpert(out, x, e.SharedGateUp, e.SharedDown, e.SharedGate)
+	}
 }
 
 // expert adds wts[i] * down(silu(gate(x)) * up(x)) for x = xs[tokens[i]] to

@@ -49,8 +49,19 @@ func TestMoE(t *testing.T) {
 				e.SharedDown = loadWeight(t, b, c.dt, sdown, H, Is)
 				e.SharedGate = loadWeight(t, b, c.dt, sgate, 1, H)
 			}
-			out := tensorF32(b, init, T, H)
-			b.MoE(out, tensorF32(b, xv, T, H), e, &backend.MoESpec{Experts: E, TopK: c.topK, NormTopK: c.norm})
+			// The fused operation, and its steps one by one.
+			x, spec := tensorF32(b, xv, T, H), &backend.MoESpec{Experts: E, TopK: c.topK, NormTopK: c.norm}
+			fused, steps := tensorF32(b, init, T, H), tensorF32(b, init, T, H)
+			b.MoE(fused, x, e, spec)
+			chosen, weights := b.Alloc(backend.I32, T, c.topK), b.Alloc(backend.F32, T, c.topK)
+			b.Route(chosen, weights, x, e.Router, spec)
+			b.Experts(steps, x, chosen, weights, e.GateUp, e.Down)
+			if c.shared {
+				b.SharedExpert(steps, x, e.SharedGateUp, e.SharedDown, e.SharedGate)
+			}
+			ids := bytesAs[int32](asT(chosen).buf)
+			var wantIDs []float64
+			var wantWeights []float64
 
 			want := make([]float64, T*H)
 			for tok := range T {
@@ -88,6 +99,7 @@ func TestMoE(t *testing.T) {
 					if c.norm {
 						wt /= topSum
 					}
+					wantIDs, wantWeights = append(wantIDs, float64(ex)), append(wantWeights, wt)
 					y := refSwiGLU(x, gu[ex*2*I*H:(ex+1)*2*I*H], down[ex*H*I:(ex+1)*H*I], H, I)
 					for i := range o {
 						o[i] += wt * y[i]
@@ -104,7 +116,14 @@ func TestMoE(t *testing.T) {
 					}
 				}
 			}
-			compare(t, "moe", readF32(t, b, out), want, 1e-5)
+			gotIDs := make([]float32, len(ids))
+			for i, ex := range ids {
+				gotIDs[i] = float32(ex)
+			}
+			compare(t, "route: experts", gotIDs, wantIDs, 0)
+			compare(t, "route: weights", readF32(t, b, weights), wantWeights, 1e-6)
+			compare(t, "moe", readF32(t, b, fused), want, 1e-5)
+			compare(t, "moe steps", readF32(t, b, steps), want, 1e-5)
 		})
 	}
 }

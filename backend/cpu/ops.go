@@ -144,15 +144,27 @@ func (b *Backend) GatedRMSNorm(out, x, z, w backend.Tensor, eps float32) {
 
 // CopyCols writes x into columns [col, col+w) of out.
 func (b *Backend) CopyCols(out, x backend.Tensor, col int) {
-	ot, xt := asT(out), asT(x)
-	n, w := matrix(xt)
+	_, w := matrix(asT(x))
+	copyCols(asT(out), col, asT(x), 0, w)
+}
+
+// SliceCols writes columns [col, col+w) of x to out.
+func (b *Backend) SliceCols(out, x backend.Tensor, col int) {
+	_, w := matrix(asT(out))
+	copyCols(asT(out), 0, asT(x), col, w)
+}
+
+// copyCols copies columns [xcol, xcol+w) of each row of x to columns
+// [ocol, ocol+w) of the same row of out.
+func copyCols(ot *Tensor, ocol int, xt *Tensor, xcol, w int) {
+	n, xw := matrix(xt)
 	on, ow := matrix(ot)
-	if on != n || xt.dt != ot.dt || col < 0 || col+w > ow || ot.readOnly {
-		panic(fmt.Sprintf("cpu: copy cols: out %v, x %v at column %d", ot, xt, col))
+	if on != n || xt.dt != ot.dt || ocol < 0 || xcol < 0 || ocol+w > ow || xcol+w > xw || ot.readOnly {
+		panic(fmt.Sprintf("cpu: copy cols: %d columns from %v at %d to %v at %d", w, xt, xcol, ot, ocol))
 	}
 	es := xt.dt.Size()
 	for t := range n {
-		copy(ot.buf[(t*ow+col)*es:(t*ow+col+w)*es], xt.buf[t*w*es:(t+1)*w*es])
+		copy(ot.buf[(t*ow+ocol)*es:(t*ow+ocol+w)*es], xt.buf[(t*xw+xcol)*es:(t*xw+xcol+w)*es])
 	}
 }
 

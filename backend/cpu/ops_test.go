@@ -223,6 +223,32 @@ func TestGatedRMSNorm(t *testing.T) {
 	compare(t, "gated rmsnorm", readF32(t, b, out), want, 1e-6)
 }
 
+// TestMulSigmoid gates a gated attention layer's output by its gate,
+// parted from the q projection per head by SliceCols, against float64.
+func TestMulSigmoid(t *testing.T) {
+	b := New(Options{Threads: 2})
+	r := newRand(6)
+	const T, H, hd = 5, 3, 8
+	qg, ov := randVec(r, T*H*2*hd, 2), randVec(r, T*H*hd, 1)
+	heads := b.Reshape(tensorF32(b, qg, T, H*2*hd), T*H, 2*hd) // per head [query | gate]
+	gate, query := b.Alloc(backend.F32, T, H*hd), b.Alloc(backend.F32, T, H*hd)
+	b.SliceCols(b.Reshape(gate, T*H, hd), heads, hd)
+	b.SliceCols(b.Reshape(query, T*H, hd), heads, 0)
+	o := tensorF32(b, ov, T, H*hd)
+	b.MulSigmoid(o, gate)
+	want, wantQ := make([]float64, T*H*hd), make([]float64, T*H*hd)
+	for i := range want {
+		h, d := i/hd, i%hd
+		wantQ[i] = float64(float32(qg[h*2*hd+d]))
+		want[i] = float64(float32(ov[i])) * sig64(float64(float32(qg[h*2*hd+hd+d])))
+	}
+	compare(t, "slice cols", readF32(t, b, query), wantQ, 0)
+	compare(t, "mul sigmoid", readF32(t, b, o), want, 1e-6)
+	if !panics(func() { b.SliceCols(b.Reshape(query, T*H, hd), heads, hd+1) }) {
+		t.Error("SliceCols accepted columns past the end of x")
+	}
+}
+
 func TestGatherRows(t *testing.T) {
 	b := New(Options{})
 	b.Begin(&backend.Batch{Tokens: make([]int32, 4), Seqs: []backend.SeqInfo{{N: 3}, {N: 1}}, LogitRows: []int32{0, 2, 3}})

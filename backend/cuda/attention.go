@@ -11,6 +11,8 @@ import (
 // The kernels of kernels/attention.cu and flash.cu.
 var (
 	qkNormRopeKernel  = newKernel[qkNormRopeArgs]("qk_norm_rope")
+	ropeKernel        = newKernel[ropeArgs]("rope")
+	kvStoreKernel     = newKernel[kvStoreArgs]("kv_store")
 	attnCombineKernel = newKernel[attnCombineArgs]("attn_combine")
 	// The scalar decode kernels by cache type, head dim and query heads
 	// per kv head.
@@ -83,6 +85,26 @@ type qkNormRopeArgs struct {
 	eps, attnFactor                float32
 	bs, hpb                        int32
 	rf                             ropeFreq
+}
+
+type ropeArgs struct {
+	x             devptr
+	dt            int32
+	tokpos        devptr
+	heads, hd, rd int32
+	attnFactor    float32
+	rf            ropeFreq
+}
+
+type kvStoreArgs struct {
+	kc, vc                         devptr
+	kvdt                           int32
+	k                              devptr
+	kdt                            int32
+	v                              devptr
+	vdt                            int32
+	tokpos, tokseq, seqblk, blocks devptr
+	n, bs                          int32
 }
 
 type attnDecodeArgs struct {
@@ -180,25 +202,17 @@ func attnHeadDim(hd int) bool {
 	return false
 }
 
-// Attention runs one attention layer; see backend.Backend.
-func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec *backend.AttnSpec, kvc backend.KVCache, layer int) {
-	ot, qt := asT(out), asT(qkv)
+// cacheOf returns kvc as this backend's cache after checking layer and
+// the step's block tables against it.
+func (b *Backend) cacheOf(what string, kvc backend.KVCache, layer int) *kvCache {
 	c, ok := kvc.(*kvCache)
 	if !ok {
-		panic(fmt.Sprintf("cuda: attention: kv cache of another backend (%T)", kvc))
+		panic(fmt.Sprintf("cuda: %s: kv cache of another backend (%T)", what, kvc))
+	}
+	if layer < 0 || layer >= c.spec.Layers {
+		panic(fmt.Sprintf("cuda: %s: layer %d of cache %+v", what, layer, c.spec))
 	}
 	m := &b.meta
-	T := m.T
-	H, KH, hd, rd := spec.Heads, spec.KVHeads, spec.HeadDim, spec.RotaryDim
-	if H <= 0 || KH <= 0 || H%KH != 0 || !attnHeadDim(hd) || rd < 0 || rd > hd || rd%2 != 0 || len(spec.Rope.InvFreq) != rd/2 {
-		panic(fmt.Sprintf("cuda: attention: invalid or unsupported spec %+v", *spec))
-	}
-	if c.spec.KVHeads != KH || c.spec.HeadDim != hd || layer < 0 || layer >= c.spec.Layers {
-		panic(fmt.Sprintf("cuda: attention: layer %d of cache %+v for spec %+v", layer, c.spec, *spec))
-	}
-	checkRows("attention qkv", qt, T, spec.QKVWidth())
-	checkRows("attention out", ot, T, H*hd)
-	checkAct("attention", ot, qt)
 	bs := c.spec.BlockSize
 	seqN, seqPos := m.host[mSeqN], m.host[mSeqPos]
 	for i := range seqN {
@@ -207,19 +221,99 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 			blk = m.host[mBlocks][m.host[mSeqBlk][i]:m.host[mSeqBlk][i+1]]
 		}
 		if need := (int(seqPos[i]+seqN[i]) + bs - 1) / bs; len(blk) < need {
-			panic(fmt.Sprintf("cuda: attention: sequence %d has %d blocks, needs %d for %d tokens", i, len(blk), need, seqPos[i]+seqN[i]))
+			panic(fmt.Sprintf("cuda: %s: sequence %d has %d blocks, needs %d for %d tokens", what, i, len(blk), need, seqPos[i]+seqN[i]))
 		}
 		for _, x := range blk {
 			if x < 0 || int(x) >= c.spec.Blocks {
-				panic(fmt.Sprintf("cuda: attention: sequence %d uses block %d of %d", i, x, c.spec.Blocks))
+				panic(fmt.Sprintf("cuda: %s: sequence %d uses block %d of %d", what, i, x, c.spec.Blocks))
 			}
 		}
 	}
+	return c
+}
+
+// ropeFreqs is a rotary embedding's frequencies as the kernels take them.
+func ropeFreqs(r *backend.Rope) ropeFreq {
+	var rf ropeFreq
+	if len(r.InvFreq) > len(rf.f) {
+		panic(fmt.Sprintf("cuda: rope of %d frequencies (the kernels take %d)", len(r.InvFreq), len(rf.f)))
+	}
+	copy(rf.f[:], r.InvFreq)
+	return rf
+}
+
+// RoPE rotates each head of x by its token's position; see
+// backend.Backend.
+func (b *Backend) RoPE(x backend.Tensor, headDim int, r *backend.Rope) {
+	xt := asT(x)
+	T, W := b.meta.T, xt.cols()
+	half := len(r.InvFreq)
+	if xt.rows() != T || headDim <= 0 || W%headDim != 0 || 2*half > headDim {
+		panic(fmt.Sprintf("cuda: rope of %v: %d tokens, head dim %d, %d frequencies", xt, T, headDim, half))
+	}
+	checkAct("rope", xt)
+	ropeKernel.run(b, g1(T), 256, 0, ropeArgs{x: xt.ptr, dt: int32(xt.dt), tokpos: b.meta.dev[mTokPos],
+		heads: int32(W / headDim), hd: int32(headDim), rd: int32(2 * half), attnFactor: r.AttnFactor, rf: ropeFreqs(r)})
+}
+
+// StoreKV writes each token's keys and values into the cache; see
+// backend.Backend.
+func (b *Backend) StoreKV(kvc backend.KVCache, layer int, k, v backend.Tensor) {
+	kt, vt := asT(k), asT(v)
+	c := b.cacheOf("store kv", kvc, layer)
+	m := &b.meta
+	n := c.spec.KVHeads * c.spec.HeadDim
+	checkRows("store kv k", kt, m.T, n)
+	checkRows("store kv v", vt, m.T, n)
+	checkAct("store kv", kt, vt)
+	kvStoreKernel.run(b, g1(m.T), 256, 0, kvStoreArgs{kc: c.k(layer), vc: c.v(layer), kvdt: int32(c.spec.DType),
+		k: kt.ptr, kdt: int32(kt.dt), v: vt.ptr, vdt: int32(vt.dt),
+		tokpos: m.dev[mTokPos], tokseq: m.dev[mTokSeq], seqblk: m.dev[mSeqBlk], blocks: m.dev[mBlocks], n: int32(n), bs: int32(c.spec.BlockSize)})
+}
+
+// Attend computes each token's causal attention over its sequence's
+// cache; see backend.Backend. The queries are the kernels' in the cache's
+// type: others are converted first.
+func (b *Backend) Attend(out, q backend.Tensor, kvc backend.KVCache, layer int, scale float32) {
+	ot, qt := asT(out), asT(q)
+	c := b.cacheOf("attend", kvc, layer)
+	hd, T := c.spec.HeadDim, b.meta.T
+	if qt.cols()%hd != 0 {
+		panic(fmt.Sprintf("cuda: attend: q %v is not whole heads of %d", qt, hd))
+	}
+	checkRows("attend q", qt, T, qt.cols())
+	checkRows("attend out", ot, T, qt.cols())
+	checkAct("attend", ot, qt)
+	qbuf := qt.ptr
+	if qt.dt != c.spec.DType {
+		qbuf = b.scratchBuf("attnq", qt.numel()*c.spec.DType.Size())
+		b.cast(qbuf, c.spec.DType, qt.ptr, qt.dt, qt.numel())
+	}
+	b.attend(ot, qbuf, c, layer, qt.cols()/hd, scale, nil)
+}
+
+// Attention runs an attention layer's steps on its fused projection; see
+// backend.FusedAttention. qk_norm_rope normalises and rotates the queries
+// into a buffer of the cache's type and the keys into the cache, where it
+// also stores the values; the attention kernels gate their output.
+func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec *backend.AttnSpec, kvc backend.KVCache, layer int) {
+	ot, qt := asT(out), asT(qkv)
+	c := b.cacheOf("attention", kvc, layer)
+	m := &b.meta
+	T := m.T
+	H, KH, hd, rd := spec.Heads, spec.KVHeads, spec.HeadDim, spec.RotaryDim
+	if H <= 0 || KH <= 0 || H%KH != 0 || !attnHeadDim(hd) || rd < 0 || rd > hd || rd%2 != 0 || len(spec.Rope.InvFreq) != rd/2 {
+		panic(fmt.Sprintf("cuda: attention: invalid or unsupported spec %+v", *spec))
+	}
+	if c.spec.KVHeads != KH || c.spec.HeadDim != hd {
+		panic(fmt.Sprintf("cuda: attention: cache %+v for spec %+v", c.spec, *spec))
+	}
+	checkRows("attention qkv", qt, T, spec.QKVWidth())
+	checkRows("attention out", ot, T, H*hd)
+	checkAct("attention", ot, qt)
 	if T == 0 {
 		return
 	}
-	var rf ropeFreq
-	copy(rf.f[:], spec.Rope.InvFreq)
 	qn, kn := asT(w.QNorm), asT(w.KNorm)
 	if qn.numel() != hd || kn.numel() != hd || qn.dt != kn.dt {
 		panic(fmt.Sprintf("cuda: attention: q/k norms %v %v for head dim %d", qn, kn, hd))
@@ -240,8 +334,32 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 		qn: qn.ptr, kn: kn.ptr, wdt: int32(qn.dt), unitOffset: boolInt(spec.UnitOffsetNorm),
 		tokpos: m.dev[mTokPos], tokseq: m.dev[mTokSeq], seqblk: m.dev[mSeqBlk], blocks: m.dev[mBlocks],
 		H: int32(H), KH: int32(KH), hd: int32(hd), rd: int32(rd), gated: boolInt(spec.Gated),
-		eps: spec.NormEps, attnFactor: spec.Rope.AttnFactor, bs: int32(bs), hpb: int32(hpb), rf: rf})
+		eps: spec.NormEps, attnFactor: spec.Rope.AttnFactor, bs: int32(c.spec.BlockSize), hpb: int32(hpb), rf: ropeFreqs(&spec.Rope)})
+	var gates *tensor
+	if spec.Gated {
+		gates = qt
+	}
+	b.attend(ot, qbuf, c, layer, H, spec.Scale, gates)
+}
 
+// attend writes to out [T, H*hd] the attention of the queries at qbuf ([T,
+// H, hd] of the cache's type) over layer's cache; gates, when set, is a
+// gated layer's fused projection, whose gates multiply the output by their
+// sigmoid.
+func (b *Backend) attend(ot *tensor, qbuf devptr, c *kvCache, layer, H int, scale float32, gates *tensor) {
+	m := &b.meta
+	T, KH, hd := m.T, c.spec.KVHeads, c.spec.HeadDim
+	if H <= 0 || H%KH != 0 {
+		panic(fmt.Sprintf("cuda: attention: %d query heads for %d kv heads", H, KH))
+	}
+	if T == 0 {
+		return
+	}
+	var qkv devptr
+	var qdt int32
+	if gates != nil {
+		qkv, qdt = gates.ptr, int32(gates.dt)
+	}
 	G := H / KH
 	// Decode: tensor cores on bf16 caches of head dim 64 or 128 (any group
 	// of up to 16 query heads per kv head), else the scalar kernel (f32
@@ -268,16 +386,16 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 		pacc := b.scratchBuf("attnacc", T*H*S*hd*4)
 		k.runOverlapped(b, [3]int{T, KH, S}, 128, smem, attnDecodeArgs{
 			qbuf: qbuf, kc: c.k(layer), vc: c.v(layer), tokpos: m.dev[mTokPos], tokseq: m.dev[mTokSeq], seqpos: m.dev[mSeqPos],
-			seqblk: m.dev[mSeqBlk], blocks: m.dev[mBlocks], pm: pm, pl: pl, pacc: pacc, H: int32(H), KH: int32(KH), bs: int32(bs), scale: spec.Scale})
+			seqblk: m.dev[mSeqBlk], blocks: m.dev[mBlocks], pm: pm, pl: pl, pacc: pacc, H: int32(H), KH: int32(KH), bs: int32(c.spec.BlockSize), scale: scale})
 		attnCombineKernel.runOverlapped(b, [3]int{T, H, 1}, 4*hd, 0, attnCombineArgs{
-			out: ot.ptr, odt: int32(ot.dt), pm: pm, pl: pl, pacc: pacc, qkv: qt.ptr, qdt: int32(qt.dt), tokpos: m.dev[mTokPos],
-			H: int32(H), KH: int32(KH), HD: int32(hd), S: int32(S), gated: boolInt(spec.Gated)})
+			out: ot.ptr, odt: int32(ot.dt), pm: pm, pl: pl, pacc: pacc, qkv: qkv, qdt: qdt, tokpos: m.dev[mTokPos],
+			H: int32(H), KH: int32(KH), HD: int32(hd), S: int32(S), gated: boolInt(gates != nil)})
 		return
 	}
 	pa := attnPrefillArgs{
-		out: ot.ptr, odt: int32(ot.dt), qbuf: qbuf, kc: c.k(layer), vc: c.v(layer), qkv: qt.ptr, qdt: int32(qt.dt),
+		out: ot.ptr, odt: int32(ot.dt), qbuf: qbuf, kc: c.k(layer), vc: c.v(layer), qkv: qkv, qdt: qdt,
 		seqpos: m.dev[mSeqPos], seqn: m.dev[mSeqN], seqstart: m.dev[mSeqStart], seqblk: m.dev[mSeqBlk], blocks: m.dev[mBlocks],
-		H: int32(H), KH: int32(KH), bs: int32(bs), scale: spec.Scale, gated: boolInt(spec.Gated)}
+		H: int32(H), KH: int32(KH), bs: int32(c.spec.BlockSize), scale: scale, gated: boolInt(gates != nil)}
 	if c.spec.DType == backend.BF16 && (hd == 64 || hd == 128 || hd == 256) {
 		bq, bk := flashTile(m.maxN)
 		if hd == 256 {

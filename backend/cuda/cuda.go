@@ -75,7 +75,11 @@ type Backend struct {
 	ev         C.CUevent
 }
 
-var _ backend.Backend = (*Backend)(nil)
+var (
+	_ backend.Backend        = (*Backend)(nil)
+	_ backend.FusedAttention = (*Backend)(nil)
+	_ backend.FusedMoE       = (*Backend)(nil)
+)
 
 // New opens the driver and the device. It returns an error saying why when
 // no usable GPU is present (no libcuda, no device, kernel compilation failed).

@@ -120,6 +120,20 @@ func read(t *testing.T, b backend.Backend, x backend.Tensor) []float32 {
 	return out
 }
 
+// readI32 copies an int32 tensor to the host.
+func readI32(t *testing.T, b backend.Backend, x backend.Tensor) []int32 {
+	t.Helper()
+	buf := make([]byte, 4*backend.Numel(x))
+	if err := b.Read(x, buf); err != nil {
+		t.Fatal(err)
+	}
+	out := make([]int32, len(buf)/4)
+	for i := range out {
+		out[i] = int32(binary.LittleEndian.Uint32(buf[4*i:]))
+	}
+	return out
+}
+
 // relL2 is ||a - b|| / ||b||; NaN anywhere gives +Inf.
 func relL2(a, b []float32) float64 {
 	var d, n float64
@@ -363,8 +377,10 @@ func (c attnCase) spec() *backend.AttnSpec {
 
 // attnSteps runs prefill, decode and chunk steps on a few sequences through
 // both backends and compares each step's output; step wraps the GPU's
-// operation (a Graph in TestGraphReplay).
-func attnSteps(p *pair, c attnCase, act backend.DType, steps [][]int, step func(key string, f func())) {
+// operations (a Graph in TestGraphReplay). The operations are
+// FusedAttention's, or with steps StoreKV and Attend on random queries,
+// keys and values of the activation type act.
+func attnSteps(p *pair, c attnCase, act backend.DType, steps [][]int, plain bool, step func(key string, f func())) {
 	spec := c.spec()
 	const bs, blocks = 16, 512
 	kvs := backend.KVSpec{Layers: 2, Blocks: blocks, BlockSize: bs, KVHeads: c.KH, HeadDim: c.hd, DType: c.kv}
@@ -388,9 +404,15 @@ func attnSteps(p *pair, c attnCase, act backend.DType, steps [][]int, step func(
 		}
 	}
 	pos := make([]int, nseq)
-	// The GPU's input and output live in one buffer per key, as a model's
-	// activations do: a captured graph keeps reading the same memory.
-	type io struct{ x, out backend.Tensor }
+	// The input: the fused projection, or [q | k | v] parted by SliceCols.
+	width := spec.QKVWidth()
+	if plain {
+		width = (c.H + 2*c.KH) * c.hd
+	}
+	// The GPU's inputs and output live in buffers kept per key, as a
+	// model's activations do: a captured graph keeps reading the same
+	// memory.
+	type io struct{ x, q, k, v, out backend.Tensor }
 	bufs := map[string]io{}
 	for si, ns := range steps {
 		var b backend.Batch
@@ -403,21 +425,41 @@ func attnSteps(p *pair, c attnCase, act backend.DType, steps [][]int, step func(
 		}
 		T := len(b.Tokens)
 		p.begin(&b)
-		key := fmt.Sprint(ns)
+		key := fmt.Sprintf("attention steps=%v %v", plain, ns)
 		g, ok := bufs[key]
 		if !ok {
-			g = io{p.g.Alloc(act, T, spec.QKVWidth()), nil}
-			g.out = p.poisoned(act, T, c.H*c.hd)
+			g = io{x: p.g.Alloc(act, T, width), out: p.poisoned(act, T, c.H*c.hd)}
+			if plain {
+				g.q, g.k, g.v = p.g.Alloc(act, T, c.H*c.hd), p.g.Alloc(act, T, c.KH*c.hd), p.g.Alloc(act, T, c.KH*c.hd)
+			}
 			bufs[key] = g
 		}
-		x := roundTo(act, p.randn(T*spec.QKVWidth(), 1))
-		cx, _ := p.c.Load(backend.F32, []int{T, spec.QKVWidth()}, encode(backend.F32, x))
+		x := roundTo(act, p.randn(T*width, 1))
+		cx, _ := p.c.Load(backend.F32, []int{T, width}, encode(backend.F32, x))
 		p.g.Write(g.x, encode(act, x))
 		co := p.c.Alloc(backend.F32, T, c.H*c.hd)
-		p.c.Attention(co, cx, backend.AttnWeights{QNorm: cqn, KNorm: ckn}, spec, ckv, 1)
-		step(key, func() {
-			p.g.Attention(g.out, g.x, backend.AttnWeights{QNorm: gqn, KNorm: gkn}, spec, gkv, 1)
-		})
+		if plain {
+			cq, ck, cv := p.c.Alloc(backend.F32, T, c.H*c.hd), p.c.Alloc(backend.F32, T, c.KH*c.hd), p.c.Alloc(backend.F32, T, c.KH*c.hd)
+			for _, b := range []struct {
+				be         backend.Backend
+				x, q, k, v backend.Tensor
+			}{{p.c, cx, cq, ck, cv}, {p.g, g.x, g.q, g.k, g.v}} {
+				b.be.SliceCols(b.q, b.x, 0)
+				b.be.SliceCols(b.k, b.x, c.H*c.hd)
+				b.be.SliceCols(b.v, b.x, (c.H+c.KH)*c.hd)
+			}
+			p.c.StoreKV(ckv, 1, ck, cv)
+			p.c.Attend(co, cq, ckv, 1, spec.Scale)
+			step(key, func() {
+				p.g.StoreKV(gkv, 1, g.k, g.v)
+				p.g.Attend(g.out, g.q, gkv, 1, spec.Scale)
+			})
+		} else {
+			p.c.Attention(co, cx, backend.AttnWeights{QNorm: cqn, KNorm: ckn}, spec, ckv, 1)
+			step(key, func() {
+				p.g.Attention(g.out, g.x, backend.AttnWeights{QNorm: gqn, KNorm: gkn}, spec, gkv, 1)
+			})
+		}
 		tol := 2e-5
 		if act == backend.BF16 {
 			tol = 4e-3 // the output rounded to bf16
@@ -425,13 +467,17 @@ func attnSteps(p *pair, c attnCase, act backend.DType, steps [][]int, step func(
 		if c.kv == backend.BF16 {
 			tol = 1e-2 // bf16 keys and values; the tensor-core kernel also rounds q and p to bf16
 		}
-		p.compare(fmt.Sprintf("%+v %v in and out, step %d %v", c, act, si, ns), co, g.out, tol)
+		p.compare(fmt.Sprintf("%+v %v in and out, steps %v, step %d %v", c, act, plain, si, ns), co, g.out, tol)
 		for s, n := range ns {
 			pos[s] += n
 		}
 	}
 }
 
+// TestAttention compares FusedAttention, and the steps StoreKV and Attend
+// (queries of the activation type and f32, which Attend converts to the
+// cache's type), with the CPU: every decode and prefill kernel, on each
+// cache type.
 func TestAttention(t *testing.T) {
 	p := newPair(t, 3)
 	cases := []attnCase{
@@ -459,8 +505,66 @@ func TestAttention(t *testing.T) {
 	}
 	for _, c := range cases {
 		for _, out := range []backend.DType{backend.F32, backend.BF16} {
-			attnSteps(p, c, out, steps, func(_ string, f func()) { f() })
+			for _, plain := range []bool{false, true} {
+				attnSteps(p, c, out, steps, plain, func(_ string, f func()) { f() })
+			}
 		}
+	}
+}
+
+// TestRoPE rotates f32 and bf16 activations at scattered positions
+// (40000: the float32 angle's rounding matters) against the CPU, full and
+// partial rotations.
+func TestRoPE(t *testing.T) {
+	p := newPair(t, 13)
+	p.begin(&backend.Batch{Tokens: make([]int32, 7), Seqs: []backend.SeqInfo{{Pos: 0, N: 3}, {Pos: 1000, N: 1}, {Pos: 40000, N: 3}}})
+	for _, c := range []attnCase{{16, 16, 128, 128, false, false, 0}, {4, 4, 256, 64, false, false, 0}, {8, 8, 64, 32, false, false, 0}} {
+		spec := c.spec()
+		for _, act := range []backend.DType{backend.F32, backend.BF16} {
+			x := roundTo(act, p.randn(7*c.H*c.hd, 1))
+			cx, gx := p.c.Alloc(backend.F32, 7, c.H*c.hd), p.g.Alloc(act, 7, c.H*c.hd)
+			p.c.Write(cx, encode(backend.F32, x))
+			p.g.Write(gx, encode(act, x))
+			p.c.RoPE(cx, c.hd, &spec.Rope)
+			p.g.RoPE(gx, c.hd, &spec.Rope)
+			tol := 1e-6
+			if act == backend.BF16 {
+				tol = 4e-3
+			}
+			p.compare(fmt.Sprintf("rope %d heads of %d, %d rotated, %v", c.H, c.hd, c.rd, act), cx, gx, tol)
+		}
+	}
+}
+
+// TestMulSigmoid parts a gated layer's q projection into query and gate
+// (SliceCols) and gates an f32 and a bf16 output with it on both backends.
+func TestMulSigmoid(t *testing.T) {
+	p := newPair(t, 14)
+	const T, H, hd = 9, 4, 64
+	cqg, gqg := p.load(backend.F32, p.randn(T*H*2*hd, 2), T*H, 2*hd)
+	cgate, ggate := p.out(T, H*hd)
+	cq, gq := p.out(T, H*hd)
+	for _, b := range []struct {
+		be              backend.Backend
+		qg, gate, query backend.Tensor
+	}{{p.c, cqg, cgate, cq}, {p.g, gqg, ggate, gq}} {
+		b.be.SliceCols(b.be.Reshape(b.query, T*H, hd), b.qg, 0)
+		b.be.SliceCols(b.be.Reshape(b.gate, T*H, hd), b.qg, hd)
+	}
+	p.compare("slice cols: query", cq, gq, 0)
+	p.compare("slice cols: gate", cgate, ggate, 0)
+	for _, act := range []backend.DType{backend.F32, backend.BF16} {
+		o := roundTo(act, p.randn(T*H*hd, 1))
+		co, gout := p.c.Alloc(backend.F32, T, H*hd), p.g.Alloc(act, T, H*hd)
+		p.c.Write(co, encode(backend.F32, o))
+		p.g.Write(gout, encode(act, o))
+		p.c.MulSigmoid(co, cgate)
+		p.g.MulSigmoid(gout, ggate)
+		tol := 1e-6
+		if act == backend.BF16 {
+			tol = 4e-3
+		}
+		p.compare(fmt.Sprintf("mul sigmoid %v", act), co, gout, tol)
 	}
 }
 
@@ -473,7 +577,9 @@ func TestGraphReplay(t *testing.T) {
 		steps = append(steps, []int{1, 1})
 	}
 	before := len(p.g.graphs)
-	attnSteps(p, attnCase{8, 2, 128, 128, false, false, backend.BF16}, backend.BF16, steps, p.g.Graph)
+	for _, plain := range []bool{false, true} {
+		attnSteps(p, attnCase{8, 2, 128, 128, false, false, backend.BF16}, backend.BF16, steps, plain, p.g.Graph)
+	}
 	if len(p.g.graphs) == before {
 		t.Errorf("no graph was captured")
 	}
@@ -617,7 +723,25 @@ func TestMoE(t *testing.T) {
 				spec := &backend.MoESpec{Experts: E, TopK: K, NormTopK: norm}
 				p.c.MoE(co, cx, &ce, spec)
 				p.g.MoE(gout, gx, &ge, spec)
-				p.compare(fmt.Sprintf("moe %d tokens, %d experts top %d shared=%v norm=%v", T, E, K, shared, norm), co, gout, tol)
+				what := fmt.Sprintf("%d tokens, %d experts top %d shared=%v norm=%v", T, E, K, shared, norm)
+				p.compare("moe "+what, co, gout, tol)
+				// The steps: the GPU's on its own choices, from the same
+				// residual as the fused operation.
+				gsteps := p.poisoned(backend.F32, T, H)
+				p.g.Write(gsteps, init)
+				gsel, gw := p.g.Alloc(backend.I32, T, K), p.poisoned(backend.F32, T, K)
+				p.g.Route(gsel, gw, gx, ge.Router, spec)
+				csel, cw := p.c.Alloc(backend.I32, T, K), p.c.Alloc(backend.F32, T, K)
+				p.c.Route(csel, cw, cx, ce.Router, spec)
+				p.compare("route weights "+what, cw, gw, 1e-5)
+				if want, got := readI32(t, p.c, csel), readI32(t, p.g, gsel); !slices.Equal(got, want) {
+					t.Errorf("route %s: experts %v, CPU %v", what, got, want)
+				}
+				p.g.Experts(gsteps, gx, gsel, gw, ge.GateUp, ge.Down)
+				if shared {
+					p.g.SharedExpert(gsteps, gx, ge.SharedGateUp, ge.SharedDown, ge.SharedGate)
+				}
+				p.compare("moe steps "+what, co, gsteps, tol)
 			}
 		}
 	}
@@ -679,8 +803,9 @@ func TestSkinnySplits(t *testing.T) {
 	}
 }
 
-// TestDeltaNet runs Gated DeltaNet steps on both backends: sequences that
-// start, continue across steps and decode, and prompts long enough for the
+// TestDeltaNet runs Gated DeltaNet steps (CausalConv1d, then
+// GatedDeltaRule on its output) on both backends: sequences that start,
+// continue across steps and decode, and prompts long enough for the
 // chunked form, several in one step beside short and decoding ones, with
 // partial last chunks, continuing from the state of earlier chunked and
 // recurrent steps; at Qwen3-Next's head shape (HK 16, HV 32, dk = dv = 128)
@@ -706,15 +831,16 @@ func TestDeltaNet(t *testing.T) {
 			t.Fatal(err)
 		}
 		CD, HV := sp.ConvDim(), sp.ValueHeads
-		var w [layers]struct{ c, g backend.DeltaNetWeights }
+		type weights struct{ conv, aLog, dtBias backend.Tensor }
+		var w [layers]struct{ c, g weights }
 		for l := range w {
-			w[l].c.ConvW, w[l].g.ConvW = p.load(backend.BF16, p.randn(CD*sp.ConvKernel, 0.5), CD, sp.ConvKernel)
+			w[l].c.conv, w[l].g.conv = p.load(backend.BF16, p.randn(CD*sp.ConvKernel, 0.5), CD, sp.ConvKernel)
 			aLog := p.randn(HV, 0.3)
 			for h := range aLog {
 				aLog[h] += -5 + 5*float32(h)/float32(HV)
 			}
-			w[l].c.ALog, w[l].g.ALog = p.load(backend.F32, aLog, HV)
-			w[l].c.DtBias, w[l].g.DtBias = p.load(backend.BF16, p.randn(HV, 0.5), HV)
+			w[l].c.aLog, w[l].g.aLog = p.load(backend.F32, aLog, HV)
+			w[l].c.dtBias, w[l].g.dtBias = p.load(backend.BF16, p.randn(HV, 0.5), HV)
 		}
 		// Each step: new tokens per slot (0: the slot sits the step out),
 		// and whether that slot starts over at position 0.
@@ -748,10 +874,14 @@ func TestDeltaNet(t *testing.T) {
 			for l := range layers {
 				cm, gm := p.load(backend.F32, p.randn(T*CD, 1), T, CD)
 				cb, gb := p.load(backend.F32, p.randn(T*2*HV, 1), T, 2*HV)
+				cx, gx := p.out(T, CD)
+				p.c.CausalConv1d(cx, cm, w[l].c.conv, cst, l)
+				p.g.CausalConv1d(gx, gm, w[l].g.conv, gst, l)
+				p.compare(fmt.Sprintf("causal conv %+v step %v layer %d", sp, step, l), cx, gx, 1e-5)
 				co, gout := p.out(T, HV*sp.ValueDim)
-				p.c.GatedDeltaNet(co, cm, cb, w[l].c, &sp, cst, l)
-				p.g.GatedDeltaNet(gout, gm, gb, w[l].g, &sp, gst, l)
-				p.compare(fmt.Sprintf("deltanet %+v step %v layer %d", sp, step, l), co, gout, tol)
+				p.c.GatedDeltaRule(co, cx, cb, w[l].c.aLog, w[l].c.dtBias, &sp, cst, l)
+				p.g.GatedDeltaRule(gout, gx, gb, w[l].g.aLog, w[l].g.dtBias, &sp, gst, l)
+				p.compare(fmt.Sprintf("delta rule %+v step %v layer %d", sp, step, l), co, gout, tol)
 			}
 			for s, n := range step {
 				pos[s] += n

@@ -244,51 +244,76 @@ func (c *stateCache) Free() {
 	c.conv, c.rec = nil, nil
 }
 
-// GatedDeltaNet runs the recurrent core of a DeltaNet layer; see
-// backend.Backend. As on the CPU, a sequence advancing by spec.Chunk tokens
-// or more takes the chunked form (dn_chunk_prep, then dn_chunk_run, in
-// chunks of dnChunkLen tokens whatever spec.Chunk is: the results do not
-// depend on the chunk length), the others the recurrence token by token
-// (dn_recur, a block per sequence and value head).
-func (b *Backend) GatedDeltaNet(out, mixed, ba backend.Tensor, w backend.DeltaNetWeights, spec *backend.DeltaNetSpec, stc backend.StateCache, layer int) {
+// stateOf returns stc as this backend's state cache after checking layer
+// and the step's slots.
+func (b *Backend) stateOf(what string, stc backend.StateCache, layer int) *stateCache {
 	c, ok := stc.(*stateCache)
 	if !ok {
-		panic(fmt.Sprintf("cuda: deltanet: state cache of another backend (%T)", stc))
+		panic(fmt.Sprintf("cuda: %s: state cache of another backend (%T)", what, stc))
 	}
+	if layer < 0 || layer >= c.spec.Layers {
+		panic(fmt.Sprintf("cuda: %s: layer %d of %d", what, layer, c.spec.Layers))
+	}
+	for _, s := range b.meta.host[mSeqSlot] {
+		c.checkSlot(int(s))
+	}
+	return c
+}
+
+// CausalConv1d runs a DeltaNet layer's causal conv and silu over each
+// sequence's conv history; see backend.Backend. dn_conv reads the history
+// as it was, then dn_conv_hist moves it on.
+func (b *Backend) CausalConv1d(out, x, w backend.Tensor, stc backend.StateCache, layer int) {
+	c := b.stateOf("causal conv", stc, layer)
+	m := &b.meta
+	CD, K := c.spec.DeltaNet.ConvDim(), c.spec.DeltaNet.ConvKernel
+	ot, xt, cw := asT(out), asT(x), asT(w)
+	checkRows("causal conv x", xt, m.T, CD)
+	checkRows("causal conv out", ot, m.T, CD)
+	checkF32("causal conv", ot, xt)
+	if cw.numel() != CD*K {
+		panic(fmt.Sprintf("cuda: causal conv: weight %v for %d channels of width %d", cw, CD, K))
+	}
+	if m.T == 0 {
+		return
+	}
+	dnConvKernel.run(b, [3]int{m.T, (CD + 255) / 256, 1}, 256, 0, dnConvArgs{
+		y: ot.ptr, x: xt.ptr, w: cw.ptr, wdt: int32(cw.dt), hist: c.conv[layer], CD: int32(CD), K: int32(K), convN: int32(c.convN),
+		tokseq: m.dev[mTokSeq], seqpos: m.dev[mSeqPos], seqstart: m.dev[mSeqStart], slots: m.dev[mSeqSlot]})
+	dnConvHistKernel.run(b, [3]int{m.S, (CD + 255) / 256, 1}, 256, 0, dnConvHistArgs{
+		hist: c.conv[layer], x: xt.ptr, CD: int32(CD), K: int32(K), convN: int32(c.convN),
+		seqpos: m.dev[mSeqPos], seqn: m.dev[mSeqN], seqstart: m.dev[mSeqStart], slots: m.dev[mSeqSlot]})
+}
+
+// GatedDeltaRule runs the gated delta rule over each sequence's recurrent
+// state; see backend.Backend. As on the CPU, a sequence advancing by
+// spec.Chunk tokens or more takes the chunked form (dn_chunk_prep, then
+// dn_chunk_run, in chunks of dnChunkLen tokens whatever spec.Chunk is: the
+// results do not depend on the chunk length), the others the recurrence
+// token by token (dn_recur, a block per sequence and value head). Both
+// compute the norms and the gates as they read q, k, b and a.
+func (b *Backend) GatedDeltaRule(out, qkv, ba, aLog, dtBias backend.Tensor, spec *backend.DeltaNetSpec, stc backend.StateCache, layer int) {
+	c := b.stateOf("delta rule", stc, layer)
 	sp := *spec
 	sp.Chunk = c.spec.DeltaNet.Chunk
 	if sp != c.spec.DeltaNet {
-		panic(fmt.Sprintf("cuda: deltanet: spec %+v does not match the state cache's %+v", *spec, c.spec.DeltaNet))
-	}
-	if layer < 0 || layer >= c.spec.Layers {
-		panic(fmt.Sprintf("cuda: deltanet: layer %d of %d", layer, c.spec.Layers))
+		panic(fmt.Sprintf("cuda: delta rule: spec %+v does not match the state cache's %+v", *spec, c.spec.DeltaNet))
 	}
 	m := &b.meta
 	T, S := m.T, m.S
-	HK, HV, dk, dv, K := spec.KeyHeads, spec.ValueHeads, spec.KeyDim, spec.ValueDim, spec.ConvKernel
-	CD := spec.ConvDim()
-	ot, mt, bt := asT(out), asT(mixed), asT(ba)
-	checkRows("deltanet mixed", mt, T, CD)
-	checkRows("deltanet ba", bt, T, 2*HV)
-	checkRows("deltanet out", ot, T, HV*dv)
-	checkF32("deltanet", ot, mt, bt)
-	cw, al, db := asT(w.ConvW), asT(w.ALog), asT(w.DtBias)
-	if cw.numel() != CD*K || al.numel() != HV || db.numel() != HV {
-		panic(fmt.Sprintf("cuda: deltanet: weights conv %v, A_log %v, dt_bias %v for %d channels of kernel %d, %d heads", cw, al, db, CD, K, HV))
-	}
-	for _, s := range m.host[mSeqSlot] {
-		c.checkSlot(int(s))
+	HK, HV, dk, dv := spec.KeyHeads, spec.ValueHeads, spec.KeyDim, spec.ValueDim
+	ot, xt, bt := asT(out), asT(qkv), asT(ba)
+	checkRows("delta rule qkv", xt, T, spec.ConvDim())
+	checkRows("delta rule ba", bt, T, 2*HV)
+	checkRows("delta rule out", ot, T, HV*dv)
+	checkF32("delta rule", ot, xt, bt)
+	al, db := asT(aLog), asT(dtBias)
+	if al.numel() != HV || db.numel() != HV {
+		panic(fmt.Sprintf("cuda: delta rule: A_log %v, dt_bias %v for %d value heads", al, db, HV))
 	}
 	if T == 0 {
 		return
 	}
-	qkv := b.scratchBuf("deltanet.qkv", 4*T*CD)
-	dnConvKernel.run(b, [3]int{T, (CD + 255) / 256, 1}, 256, 0, dnConvArgs{
-		y: qkv, x: mt.ptr, w: cw.ptr, wdt: int32(cw.dt), hist: c.conv[layer], CD: int32(CD), K: int32(K), convN: int32(c.convN),
-		tokseq: m.dev[mTokSeq], seqpos: m.dev[mSeqPos], seqstart: m.dev[mSeqStart], slots: m.dev[mSeqSlot]})
-	dnConvHistKernel.run(b, [3]int{S, (CD + 255) / 256, 1}, 256, 0, dnConvHistArgs{
-		hist: c.conv[layer], x: mt.ptr, CD: int32(CD), K: int32(K), convN: int32(c.convN),
-		seqpos: m.dev[mSeqPos], seqn: m.dev[mSeqN], seqstart: m.dev[mSeqStart], slots: m.dev[mSeqSlot]})
 	chunkMin := math.MaxInt32
 	if c.chunk != nil && spec.Chunk > 0 {
 		chunkMin = spec.Chunk
@@ -319,7 +344,7 @@ func (b *Backend) GatedDeltaNet(out, mixed, ba backend.Tensor, w backend.DeltaNe
 			b.allowSmem(k.run.name, k.runSmem)
 		}
 		k.prep.run(b, [3]int{(m.maxN + dnChunkLen - 1) / dnChunkLen, HV, S}, 128, k.prepSmem, dnChunkPrepArgs{
-			qkv: qkv, ba: bt.ptr, aLog: al.ptr, adt: int32(al.dt), dtBias: db.ptr, bdt: int32(db.dt),
+			qkv: xt.ptr, ba: bt.ptr, aLog: al.ptr, adt: int32(al.dt), dtBias: db.ptr, bdt: int32(db.dt),
 			qg: qg, kd: kd, wg: wg, pg: pg, ug: ug, gg: gg, HK: int32(HK), HV: int32(HV), DV: int32(dv), chunkMin: int32(chunkMin),
 			tiled: boolInt(spec.TiledHeads), seqn: m.dev[mSeqN], seqstart: m.dev[mSeqStart]})
 		k.run.run(b, [3]int{dv / k.dvs, HV, S}, 128, k.runSmem, dnChunkRunArgs{
@@ -333,7 +358,7 @@ func (b *Backend) GatedDeltaNet(out, mixed, ba backend.Tensor, w backend.DeltaNe
 			b.allowSmem(dnRecurKernel.name, smem)
 		}
 		dnRecurKernel.run(b, [3]int{S, HV, 1}, dv, smem, dnRecurArgs{
-			out: ot.ptr, qkv: qkv, ba: bt.ptr, aLog: al.ptr, adt: int32(al.dt), dtBias: db.ptr, bdt: int32(db.dt), state: c.rec[layer],
+			out: ot.ptr, qkv: xt.ptr, ba: bt.ptr, aLog: al.ptr, adt: int32(al.dt), dtBias: db.ptr, bdt: int32(db.dt), state: c.rec[layer],
 			HK: int32(HK), HV: int32(HV), dk: int32(dk), dv: int32(dv), recN: int32(c.recN), chunkMin: int32(chunkMin), tiled: boolInt(spec.TiledHeads),
 			seqpos: m.dev[mSeqPos], seqn: m.dev[mSeqN], seqstart: m.dev[mSeqStart], slots: m.dev[mSeqSlot]})
 	}

@@ -11,12 +11,15 @@
 // (embedding, norms, activations, casts), matmul (MatMul and MLP: the GEMV
 // and cuBLASLt), skinny (the tensor-core GEMM of a few tokens), quant
 // (products of block-quantized weights; qlayout is their device layout),
-// attention (the paged KV cache and Attention), deltanet (the state cache
-// and GatedDeltaNet), moe and sample; step holds a step's metadata and the
-// graph capture. Each kernel is launched through a struct of its parameters
-// (kernel.go), which TestKernelSignatures checks against the sources
-// without a GPU; the constants both sides use are defined once, in
-// defines.go, from which kernels/defines.cuh is generated.
+// attention (the paged KV cache, the steps RoPE, StoreKV and Attend, and
+// FusedAttention's one kernel for q/k norm, RoPE and the cache write),
+// deltanet (the state cache, CausalConv1d and GatedDeltaRule), moe (the
+// steps Route, Experts and SharedExpert, and FusedMoE) and sample; step
+// holds a step's metadata and the graph capture. Each kernel is launched
+// through a struct of its parameters (kernel.go), which
+// TestKernelSignatures checks against the sources without a GPU; the
+// constants both sides use are defined once, in defines.go, from which
+// kernels/defines.cuh is generated.
 //
 // All work is queued on one stream. The activations between ops are bf16
 // (ActivationType) and the residual stream f32. bf16 weights are read by

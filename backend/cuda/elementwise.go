@@ -4,6 +4,7 @@ package cuda
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/kiln-llm/kiln/backend"
 )
@@ -17,6 +18,7 @@ var (
 	siluMulBF16Kernel  = newKernel[siluMulArgs]("silu_mul_bf16")
 	gatherRowsKernel   = newKernel[gatherRowsArgs]("gather_rows")
 	copyColsKernel     = newKernel[copyColsArgs]("copy_cols")
+	mulSigmoidKernel   = newKernel[mulSigmoidArgs]("mul_sigmoid")
 	castKernel         = newKernel[castArgs]("cast")
 	toHalfKernel       = newKernel[toHalfArgs]("to_half")
 	// rmsnormV4Kernels[i] holds rows of up to 1024 << i floats in
@@ -60,8 +62,18 @@ type gatherRowsArgs struct {
 }
 
 type copyColsArgs struct {
-	out, x    devptr
-	W, w, col int32
+	out      devptr
+	oW, ocol int32
+	x        devptr
+	xW, xcol int32
+	w        int32
+}
+
+type mulSigmoidArgs struct {
+	x    devptr
+	xdt  int32
+	gate devptr
+	n    int64
 }
 
 type castArgs struct {
@@ -169,16 +181,41 @@ func (b *Backend) siluMulBF16(out, gu devptr, n, I int) {
 
 // CopyCols writes x into columns [col, col+w) of out.
 func (b *Backend) CopyCols(out, x backend.Tensor, col int) {
-	ot, xt := asT(out), asT(x)
-	n, w, W := xt.rows(), xt.cols(), ot.cols()
-	if ot.rows() != n || xt.dt != ot.dt || col < 0 || col+w > W {
-		panic(fmt.Sprintf("cuda: copy cols: out %v, x %v at column %d", ot, xt, col))
+	xt := asT(x)
+	b.copyCols(asT(out), col, xt, 0, xt.cols())
+}
+
+// SliceCols writes columns [col, col+w) of x to out.
+func (b *Backend) SliceCols(out, x backend.Tensor, col int) {
+	ot := asT(out)
+	b.copyCols(ot, 0, asT(x), col, ot.cols())
+}
+
+// copyCols copies columns [xcol, xcol+w) of each row of x to columns
+// [ocol, ocol+w) of the same row of out.
+func (b *Backend) copyCols(ot *tensor, ocol int, xt *tensor, xcol, w int) {
+	n := xt.rows()
+	if ot.rows() != n || xt.dt != ot.dt || ocol < 0 || xcol < 0 || ocol+w > ot.cols() || xcol+w > xt.cols() {
+		panic(fmt.Sprintf("cuda: copy cols: %d columns from %v at %d to %v at %d", w, xt, xcol, ot, ocol))
 	}
 	if n == 0 {
 		return
 	}
 	u := xt.dt.Size() / 2
-	copyColsKernel.run(b, g1(n), 256, 0, copyColsArgs{out: ot.ptr, x: xt.ptr, W: int32(W * u), w: int32(w * u), col: int32(col * u)})
+	copyColsKernel.run(b, g1(n), 256, 0, copyColsArgs{out: ot.ptr, oW: int32(ot.cols() * u), ocol: int32(ocol * u),
+		x: xt.ptr, xW: int32(xt.cols() * u), xcol: int32(xcol * u), w: int32(w * u)})
+}
+
+// MulSigmoid multiplies x by sigmoid(gate); see backend.Backend.
+func (b *Backend) MulSigmoid(x, gate backend.Tensor) {
+	xt, gt := asT(x), asT(gate)
+	if !slices.Equal(xt.shape, gt.shape) {
+		panic(fmt.Sprintf("cuda: mul sigmoid: x %v, gate %v", xt, gt))
+	}
+	checkAct("mul sigmoid", xt)
+	checkF32("mul sigmoid gate", gt)
+	n := xt.numel()
+	mulSigmoidKernel.run(b, g1(b.blocksFor(n)), 256, 0, mulSigmoidArgs{x: xt.ptr, xdt: int32(xt.dt), gate: gt.ptr, n: int64(n)})
 }
 
 // GatherRows writes out[r] = x[LogitRows[r]] for the current batch.

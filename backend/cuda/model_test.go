@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/kiln-llm/kiln/backend"
@@ -50,12 +51,18 @@ func argmaxMargin(x []float32) (int32, float32) {
 // bf16 tolerance (relative L2 1e-2) of transformers' fp32 reference, the
 // CPU's argmax at every prompt position and the CPU's greedy continuation
 // wherever the CPU's top-2 margin exceeds 0.05 (decode steps go through the
-// captured graphs).
+// captured graphs). The GPU runs the models through its fused operations,
+// and (steps) as the model files write them, step by step.
 func TestFixturesEndToEnd(t *testing.T) {
 	p := newPair(t, 6)
 	dir := filepath.Join("..", "..", "testdata", "fixtures")
-	for _, name := range []string{"qwen3", "qwen3moe", "qwen3next", "qwen35", "qwen35moe"} {
-		t.Run(name, func(t *testing.T) {
+	for _, test := range []string{"qwen3", "qwen3moe", "qwen3next", "qwen35", "qwen35moe", "qwen3/steps", "qwen3moe/steps", "qwen3next/steps", "qwen35moe/steps"} {
+		t.Run(test, func(t *testing.T) {
+			name, steps := strings.CutSuffix(test, "/steps")
+			var gpu backend.Backend = p.g
+			if steps {
+				gpu = backend.Unfused(p.g)
+			}
 			fdir := filepath.Join(dir, name)
 			ref, err := reference.Read(fdir)
 			if err != nil {
@@ -74,7 +81,7 @@ func TestFixturesEndToEnd(t *testing.T) {
 				nblocks += n
 			}
 			cache := model.CacheSpec{Blocks: nblocks, BlockSize: 16, Slots: 4}
-			gm, err := model.Load(fdir, p.g, model.Options{KVDType: backend.BF16})
+			gm, err := model.Load(fdir, gpu, model.Options{KVDType: backend.BF16})
 			if err == nil {
 				err = gm.AllocCache(cache)
 			}

@@ -83,23 +83,27 @@ const (
 	moeGroupCols = 32
 )
 
-// MoE adds to out [T, H] the mixture of experts applied to x [T, H]: router
-// products and the shared expert through MatMul, routing and the chosen
-// experts' products in kernels that read expert indices from device memory.
-func (b *Backend) MoE(out, x backend.Tensor, e *backend.Experts, spec *backend.MoESpec) {
-	ot, xt := asT(out), asT(x)
-	T, H := xt.rows(), xt.cols()
-	checkRows("moe out", ot, T, H)
-	checkF32("moe", ot, xt)
-	E, K := spec.Experts, spec.TopK
-	router, gu, down := asT(e.Router), asT(e.GateUp), asT(e.Down)
-	checkFloatW("moe router", router)
-	if E <= 0 || E > 1024 || K <= 0 || K > E || router.rows() != E || router.cols() != H || len(gu.shape) != 3 || len(down.shape) != 3 {
-		panic(fmt.Sprintf("cuda: moe: router %v, gate_up %v, down %v for %d experts (top %d) of width %d", router, gu, down, E, K, H))
+// Route picks each token's experts; see backend.Backend.
+func (b *Backend) Route(experts, weights, x, router backend.Tensor, spec *backend.MoESpec) {
+	et, wt, xt := asT(experts), asT(weights), asT(x)
+	checkRows("route experts", et, xt.rows(), spec.TopK)
+	checkRows("route weights", wt, xt.rows(), spec.TopK)
+	if et.dt != backend.I32 {
+		panic(fmt.Sprintf("cuda: route: experts %v must be i32", et))
 	}
-	I := gu.shape[1] / 2
-	if gu.shape[0] != E || gu.shape[2] != H || down.shape[0] != E || down.shape[1] != H || down.shape[2] != I {
-		panic(fmt.Sprintf("cuda: moe: gate_up %v, down %v for %d experts of width %d", gu, down, E, H))
+	checkF32("route", wt)
+	b.route(et.ptr, wt.ptr, xt, asT(router), spec)
+}
+
+// route writes each token's spec.TopK experts and their weights to sel and
+// wts ([T, TopK] each).
+func (b *Backend) route(sel, wts devptr, xt, router *tensor, spec *backend.MoESpec) {
+	T, H := xt.rows(), xt.cols()
+	E, K := spec.Experts, spec.TopK
+	checkF32("route", xt)
+	checkFloatW("moe router", router)
+	if E <= 0 || E > 1024 || K <= 0 || K > E || router.rows() != E || router.cols() != H {
+		panic(fmt.Sprintf("cuda: route: router %v for %d experts (top %d) of width %d", router, E, K, H))
 	}
 	if T == 0 {
 		return
@@ -119,10 +123,43 @@ func (b *Backend) MoE(out, x backend.Tensor, e *backend.Experts, spec *backend.M
 	} else {
 		moeGemvKernel.run(b, [3]int{(E + 7) / 8, T, 1}, 256, 0, moeGemvArgs{y: logits.ptr, x: xt.ptr, xdiv: 1, w: router.ptr, wdt: int32(router.dt), sel: 0, O: int32(E), I: int32(H)})
 	}
-	sel := b.scratchBuf("moe.sel", 4*T*K)
-	wts := b.scratchBuf("moe.wts", 4*T*K)
 	moeRouteKernel.run(b, g1(T), 256, 0, moeRouteArgs{logits: logits.ptr, E: int32(E), K: int32(K), norm: boolInt(spec.NormTopK), sel: sel, wts: wts})
+}
+
+// Experts adds each token's chosen experts to out; see backend.Backend.
+func (b *Backend) Experts(out, x, experts, weights, gateUp, down backend.Tensor) {
+	ot, xt, et, wt := asT(out), asT(x), asT(experts), asT(weights)
+	T, H, K := xt.rows(), xt.cols(), et.cols()
+	checkRows("experts out", ot, T, H)
+	checkRows("experts ids", et, T, K)
+	checkRows("experts weights", wt, T, K)
+	checkF32("experts", ot, wt)
+	if et.dt != backend.I32 {
+		panic(fmt.Sprintf("cuda: experts: expert ids %v must be i32", et))
+	}
+	y := b.expertRows(xt, et.ptr, K, asT(gateUp), asT(down))
+	if T > 0 {
+		moeCombineKernel.run(b, g1(T), 256, 0, moeCombineArgs{out: ot.ptr, y: y.ptr, wts: wt.ptr, K: int32(K), H: int32(H)})
+	}
+}
+
+// expertRows returns y [T*K, H]: row t*K + j is token t's j-th chosen
+// expert (sel) applied to it.
+func (b *Backend) expertRows(xt *tensor, sel devptr, K int, gu, down *tensor) *tensor {
+	T, H := xt.rows(), xt.cols()
+	checkF32("experts", xt)
+	if len(gu.shape) != 3 || len(down.shape) != 3 {
+		panic(fmt.Sprintf("cuda: experts: gate_up %v, down %v", gu, down))
+	}
+	E, I := gu.shape[0], gu.shape[1]/2
+	if E > 1024 || gu.shape[2] != H || down.shape[0] != E || down.shape[1] != H || down.shape[2] != I {
+		panic(fmt.Sprintf("cuda: experts: gate_up %v, down %v for width %d", gu, down, H))
+	}
 	R := T * K
+	y := b.scratchF32("moe.y", R, H)
+	if R == 0 {
+		return y
+	}
 	// Each (token, choice) row is a product with its expert's weights: a
 	// GEMV per row, or (moeGrouped) tensor-core tiles of one expert's rows,
 	// which read an expert's weights once per tile of its rows instead of
@@ -174,7 +211,6 @@ func (b *Backend) MoE(out, x backend.Tensor, e *backend.Experts, spec *backend.M
 		act = b.scratchF32("moe.act", R, I)
 		b.siluMul(act, h)
 	}
-	y := b.scratchF32("moe.y", R, H)
 	switch {
 	case !grouped && down.dt.Quantized():
 		b.qmv(false, y.ptr, backend.F32, b.qx(act), 1, 1, down, H*down.rb(), sel, R, H, I, false)
@@ -186,18 +222,55 @@ func (b *Backend) MoE(out, x backend.Tensor, e *backend.Experts, spec *backend.M
 	default:
 		expertProduct(y.ptr, act.ptr, 1, down, H, I)
 	}
-	var ys, gate devptr
-	if e.SharedGateUp != nil {
-		sgu, sdown, sg := asT(e.SharedGateUp), asT(e.SharedDown), asT(e.SharedGate)
-		Is := sgu.rows() / 2
-		if sgu.cols() != H || sgu.rows()%2 != 0 || sdown.rows() != H || sdown.cols() != Is || sg.numel() != H {
-			panic(fmt.Sprintf("cuda: moe: shared expert gate_up %v, down %v, gate %v for width %d", sgu, sdown, sg, H))
-		}
-		g := b.scratchF32("moe.gate", T, 1)
-		b.MatMul(g, xt, b.Reshape(sg, 1, H), false)
-		so := b.scratchF32("moe.so", T, H)
-		b.mlp(so, xt, sgu, sdown, false)
-		ys, gate = so.ptr, g.ptr
+	return y
+}
+
+// SharedExpert adds the gated shared expert to out; see backend.Backend.
+func (b *Backend) SharedExpert(out, x, gateUp, down, gate backend.Tensor) {
+	ot, xt := asT(out), asT(x)
+	checkRows("shared expert out", ot, xt.rows(), xt.cols())
+	checkF32("shared expert", ot)
+	ys, g := b.sharedExpert(xt, asT(gateUp), asT(down), asT(gate))
+	if xt.rows() > 0 {
+		moeCombineKernel.run(b, g1(xt.rows()), 256, 0, moeCombineArgs{out: ot.ptr, H: int32(xt.cols()), ys: ys.ptr, gate: g.ptr})
 	}
-	moeCombineKernel.run(b, g1(T), 256, 0, moeCombineArgs{out: ot.ptr, y: y.ptr, wts: wts, K: int32(K), H: int32(H), ys: ys, gate: gate})
+}
+
+// sharedExpert returns the shared expert's output ys [T, H] and its gate
+// logits g [T, 1] (moe_combine takes their sigmoid).
+func (b *Backend) sharedExpert(xt, sgu, sdown, sg *tensor) (ys, g *tensor) {
+	T, H := xt.rows(), xt.cols()
+	Is := sgu.rows() / 2
+	if sgu.cols() != H || sgu.rows()%2 != 0 || sdown.rows() != H || sdown.cols() != Is || sg.numel() != H {
+		panic(fmt.Sprintf("cuda: shared expert gate_up %v, down %v, gate %v for width %d", sgu, sdown, sg, H))
+	}
+	g = b.scratchF32("moe.gate", T, 1)
+	b.MatMul(g, xt, b.Reshape(sg, 1, H), false)
+	ys = b.scratchF32("moe.so", T, H)
+	b.mlp(ys, xt, sgu, sdown, false)
+	return ys, g
+}
+
+// MoE runs a MoE block's steps as one operation; see backend.FusedMoE.
+// The choices stay in scratch memory, and one moe_combine adds the routed
+// experts and the shared one to the residual.
+func (b *Backend) MoE(out, x backend.Tensor, e *backend.Experts, spec *backend.MoESpec) {
+	ot, xt := asT(out), asT(x)
+	T, H, K := xt.rows(), xt.cols(), spec.TopK
+	checkRows("moe out", ot, T, H)
+	checkF32("moe", ot, xt)
+	if gu := asT(e.GateUp); len(gu.shape) != 3 || gu.shape[0] != spec.Experts {
+		panic(fmt.Sprintf("cuda: moe: gate_up %v for %d experts", gu, spec.Experts))
+	}
+	sel, wts := b.scratchBuf("moe.sel", 4*T*K), b.scratchBuf("moe.wts", 4*T*K)
+	b.route(sel, wts, xt, asT(e.Router), spec)
+	y := b.expertRows(xt, sel, K, asT(e.GateUp), asT(e.Down))
+	a := moeCombineArgs{out: ot.ptr, y: y.ptr, wts: wts, K: int32(K), H: int32(H)}
+	if e.SharedGateUp != nil {
+		ys, g := b.sharedExpert(xt, asT(e.SharedGateUp), asT(e.SharedDown), asT(e.SharedGate))
+		a.ys, a.gate = ys.ptr, g.ptr
+	}
+	if T > 0 {
+		moeCombineKernel.run(b, g1(T), 256, 0, a)
+	}
 }

@@ -1,4 +1,5 @@
-// Attention: q/k RMSNorm + RoPE + paged KV write, split-K decode attention
+// Attention: q/k RMSNorm + RoPE + paged KV write in one kernel (the fused
+// path), RoPE and the KV write apart (the steps), split-K decode attention
 // with a combine pass, and a causal flash-style kernel for prefill.
 //
 // Caches are [Blocks, BlockSize, KVHeads, HeadDim] per layer, bf16 or f32;
@@ -25,6 +26,50 @@ __device__ __forceinline__ void st4(void *p, long i, int dt, float4 v) {
 	else { st(p, i, dt, v.x); st(p, i + 1, dt, v.y); st(p, i + 2, dt, v.z); st(p, i + 3, dt, v.w); }
 }
 
+// rope_table fills cs and sn with the cos and sin (times attnFactor) of a
+// position's angles, rounded to float32 as transformers computes them,
+// then cos and sin in double; the block's threads share the work.
+__device__ __forceinline__ void rope_table(float *cs, float *sn, int pos, int half, float attnFactor, const RopeFreq &rf) {
+	for (int i = threadIdx.x; i < half; i += blockDim.x) {
+		float a = (float)pos * rf.f[i];
+		double s, c;
+		sincos((double)a, &s, &c);
+		cs[i] = (float)c * attnFactor;
+		sn[i] = (float)s * attnFactor;
+	}
+}
+
+// rope: grid (T), block 256. Rotates each of the heads of token t's row of
+// x [T, heads*hd] (f32, bf16 or f16) in place by the token's position: the
+// first rd dims, NeoX style (rotate-half within them).
+extern "C" __global__ void rope(void *x, int dt, const int *tokpos, int heads, int hd, int rd, float attnFactor, RopeFreq rf) {
+	__shared__ float cs[128], sn[128];
+	int t = blockIdx.x, half = rd / 2;
+	rope_table(cs, sn, tokpos[t], half, attnFactor, rf);
+	__syncthreads();
+	long row = (long)t * heads * hd;
+	for (int i = threadIdx.x; i < heads * half; i += blockDim.x) {
+		int j = i % half;
+		long a = row + (long)(i / half) * hd + j;
+		float x1 = ld(x, a, dt), x2 = ld(x, a + half, dt);
+		st(x, a, dt, x1 * cs[j] - x2 * sn[j]);
+		st(x, a + half, dt, x2 * cs[j] + x1 * sn[j]);
+	}
+}
+
+// kv_store: grid (T), block 256. Token t's keys and values (rows of n =
+// KH*hd elements of k and v, of types kdt and vdt) go to its position in
+// the paged caches kc and vc (of type kvdt).
+extern "C" __global__ void kv_store(void *kc, void *vc, int kvdt, const void *k, int kdt, const void *v, int vdt,
+		const int *tokpos, const int *tokseq, const int *seqblk, const int *blocks, int n, int bs) {
+	int t = blockIdx.x, pos = tokpos[t];
+	long slot = ((long)blocks[seqblk[tokseq[t]] + pos / bs] * bs + pos % bs) * n;
+	for (int i = threadIdx.x; i < n; i += blockDim.x) {
+		st(kc, slot + i, kvdt, ld(k, (long)t * n + i, kdt));
+		st(vc, slot + i, kvdt, ld(v, (long)t * n + i, vdt));
+	}
+}
+
 // qk_norm_rope: grid (T, ceil((H + 2*KH) / hpb)), block 256: hpb heads of a
 // token per block, one per warp at a time, each lane on four consecutive
 // elements (hd % 4 == 0), after the block made the token's cos/sin table
@@ -43,13 +88,7 @@ extern "C" __global__ void __launch_bounds__(256) qk_norm_rope(const void *qkv, 
 	int t = blockIdx.x;
 	int pos = tokpos[t];
 	int half = rd / 2;
-	for (int i = threadIdx.x; i < half; i += blockDim.x) {
-		float a = (float)pos * rf.f[i];
-		double s, c;
-		sincos((double)a, &s, &c);
-		cs[i] = (float)c * attnFactor;
-		sn[i] = (float)s * attnFactor;
-	}
+	rope_table(cs, sn, pos, half, attnFactor, rf);
 	float u = unitOffset ? 1.f : 0.f;
 	for (int i = threadIdx.x; i < hd; i += blockDim.x) {
 		wq[i] = ld(qn, i, wdt) + u;

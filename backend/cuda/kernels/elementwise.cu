@@ -113,12 +113,19 @@ extern "C" __global__ void gather_rows(float *out, const float *x, const int *ro
 	for (int i = threadIdx.x; i < H; i += blockDim.x) out[(long)blockIdx.x * H + i] = src[i];
 }
 
-// copy_cols: columns [col, col+w) of each row of out (W wide) take the row
-// of x (w wide), in 2-byte units (one block per row).
-extern "C" __global__ void copy_cols(u16 *out, const u16 *x, int W, int w, int col) {
-	const u16 *src = x + (long)blockIdx.x * w;
-	u16 *dst = out + (long)blockIdx.x * W + col;
+// copy_cols: columns [ocol, ocol+w) of each row of out (oW wide) take
+// columns [xcol, xcol+w) of the row of x (xW wide), in 2-byte units (one
+// block per row).
+extern "C" __global__ void copy_cols(u16 *out, int oW, int ocol, const u16 *x, int xW, int xcol, int w) {
+	const u16 *src = x + (long)blockIdx.x * xW + xcol;
+	u16 *dst = out + (long)blockIdx.x * oW + ocol;
 	for (int i = threadIdx.x; i < w; i += blockDim.x) dst[i] = src[i];
+}
+
+// mul_sigmoid: x[k] *= sigmoid(gate[k]) for n elements, x of type xdt.
+extern "C" __global__ void mul_sigmoid(void *x, int xdt, const float *gate, long n) {
+	for (long k = blockIdx.x * (long)blockDim.x + threadIdx.x; k < n; k += (long)gridDim.x * blockDim.x)
+		st(x, k, xdt, ld(x, k, xdt) * (1.f / (1.f + __expf(-gate[k]))));
 }
 
 // cast converts n elements of type idt to type odt (the rare conversions
