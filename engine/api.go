@@ -10,8 +10,14 @@ import (
 // follows. Text, chat templates and tool calls are the session's (package
 // session); the engine gives back token ids, their text and why they ended.
 type Request struct {
-	Prompt   []int32
-	Sampling Sampling
+	Prompt []int32
+	// Checkpoints are prompt positions, ascending, where requests that share
+	// this prompt's beginning tend to go another way: the session gives the
+	// start of each message (an edited or re-rendered answer, a changed
+	// message, a regenerated reply diverge there). Hybrid models keep their
+	// state at those the prefill crosses (see Reuse in the package doc).
+	Checkpoints []int
+	Sampling    Sampling
 	// Mask, when set, constrains which tokens the request may generate.
 	Mask TokenMask
 

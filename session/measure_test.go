@@ -15,7 +15,8 @@ import (
 
 // TestMeasureFollowUpPrompt measures the host work of a chat follow-up's
 // prompt after long histories, with Qwen3's tokenizer and chat template:
-// rendering the conversation and tokenizing it. It runs only when
+// rendering the conversation and tokenizing it, in full and reusing the
+// previous turn's ids. It runs only when
 // KILN_SESSION_MEASURE is set:
 //
 //	KILN_SESSION_MEASURE=1 go test -run MeasureFollowUpPrompt -v ./session
@@ -69,12 +70,26 @@ func TestMeasureFollowUpPrompt(t *testing.T) {
 		render := best(func() { prompt, _ = tmpl.Render(in) })
 		var ids []int32
 		encode := best(func() { ids = tok.Encode(prompt) })
-		fmt.Printf("history %6d tokens (%3d messages, %6d bytes): render %6.2f ms, tokenize %6.2f ms\n",
-			len(ids), len(msgs), len(prompt), ms(render), ms(encode))
+		// The previous turn's prompt, tokenized then; the follow-up reuses
+		// its ids up to the answer.
+		prev, err := tmpl.Render(&chat.RenderInput{Messages: msgs[:len(msgs)-2], AddGenerationPrompt: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		reuse, reused := time.Duration(1<<62), 0
+		for range 5 {
+			p := newPrompts(tok, promptCacheBytes)
+			p.encode(prev)
+			start := time.Now()
+			_, _, reused = p.encode(prompt)
+			reuse = min(reuse, time.Since(start))
+		}
+		fmt.Printf("history %6d tokens (%3d messages, %6d bytes): render %6.2f ms, tokenize %6.2f ms, tokenize after the previous turn %6.3f ms (%d ids reused)\n",
+			len(ids), len(msgs), len(prompt), ms(render), ms(encode), ms(reuse), reused)
 	}
 }
 
-func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+func ms(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }
 
 // corpusWords returns the words of the tokenizer's conformance corpus.
 func corpusWords(t *testing.T) []string {

@@ -48,11 +48,11 @@ func (s *Session) prepareNextTurn(c *turn) {
 		for n < len(texts[0]) && n < len(texts[1]) && texts[0][n] == texts[1][n] {
 			n++
 		}
-		ids := s.tok.Encode(texts[0][:n])
+		ids, marks, _ := s.prompts.encode(texts[0][:n])
 		if len(ids) < s.eng.Options().BlockSize {
 			return // too short to cache
 		}
-		st, err := s.eng.Generate(context.Background(), &engine.Request{Prompt: ids, PrefillOnly: true})
+		st, err := s.eng.Generate(context.Background(), &engine.Request{Prompt: ids, Checkpoints: marks, PrefillOnly: true})
 		if err != nil {
 			return // requests waiting, a full queue, a closed engine, a conversation at the context's end
 		}

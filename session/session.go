@@ -45,13 +45,14 @@ type Options struct {
 // Session serves text requests on an engine. It is safe for use by many
 // goroutines.
 type Session struct {
-	eng    *engine.Engine
-	tok    *tokenizer.Tokenizer
-	tmpl   *chat.Template
-	opts   Options
-	log    *slog.Logger
-	mu     sync.Mutex
-	closed bool
+	eng     *engine.Engine
+	tok     *tokenizer.Tokenizer
+	tmpl    *chat.Template
+	prompts *prompts
+	opts    Options
+	log     *slog.Logger
+	mu      sync.Mutex
+	closed  bool
 	// turns counts the goroutines preparing a conversation's next turn;
 	// none starts after Close.
 	turns sync.WaitGroup
@@ -64,7 +65,7 @@ func New(eng *engine.Engine, tok *tokenizer.Tokenizer, tmpl *chat.Template, opts
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	return &Session{eng: eng, tok: tok, tmpl: tmpl, opts: opts, log: opts.Logger}
+	return &Session{eng: eng, tok: tok, tmpl: tmpl, prompts: newPrompts(tok, promptCacheBytes), opts: opts, log: opts.Logger}
 }
 
 // Engine returns the session's engine (for its Stats and Options).
@@ -96,11 +97,12 @@ type Request struct {
 // (sampling parameters out of bounds, context overflow, a full queue, a
 // closed engine). Cancelling ctx ends the stream with FinishCancelled.
 func (s *Session) Generate(ctx context.Context, req *Request) (*Stream, error) {
-	ids, parser, err := s.prompt(req)
+	er, parser, err := s.prompt(req)
 	if err != nil {
 		return nil, err
 	}
-	es, err := s.eng.Generate(ctx, &engine.Request{Prompt: ids, Sampling: req.Sampling})
+	er.Sampling = req.Sampling
+	es, err := s.eng.Generate(ctx, &er)
 	if err != nil {
 		return nil, err
 	}
@@ -111,9 +113,10 @@ func (s *Session) Generate(ctx context.Context, req *Request) (*Stream, error) {
 	return st, nil
 }
 
-// prompt returns a request's prompt ids and, for a conversation, the parser
-// of its answer.
-func (s *Session) prompt(req *Request) ([]int32, *chat.Parser, error) {
+// prompt returns a request's prompt as the engine takes it (its ids and
+// message starts) and, for a conversation, the parser of its answer.
+func (s *Session) prompt(req *Request) (engine.Request, *chat.Parser, error) {
+	var er engine.Request
 	set := 0
 	for _, ok := range []bool{len(req.Messages) > 0, req.Prompt != "", len(req.PromptIDs) > 0} {
 		if ok {
@@ -121,36 +124,38 @@ func (s *Session) prompt(req *Request) ([]int32, *chat.Parser, error) {
 		}
 	}
 	if set != 1 {
-		return nil, nil, errors.New("session: a request sets exactly one of Messages, Prompt and PromptIDs")
+		return er, nil, errors.New("session: a request sets exactly one of Messages, Prompt and PromptIDs")
 	}
 	if len(req.PromptIDs) > 0 {
-		return req.PromptIDs, nil, nil
+		er.Prompt = req.PromptIDs
+		return er, nil, nil
 	}
 	if s.tok == nil {
-		return nil, nil, errors.New("session: no tokenizer: only token id prompts are served")
+		return er, nil, errors.New("session: no tokenizer: only token id prompts are served")
 	}
 	if req.Prompt != "" {
-		return s.tok.Encode(req.Prompt), nil, nil
+		er.Prompt, er.Checkpoints, _ = s.prompts.encode(req.Prompt)
+		return er, nil, nil
 	}
 	if s.tmpl == nil {
-		return nil, nil, errors.New("session: the model has no chat template")
+		return er, nil, errors.New("session: the model has no chat template")
 	}
 	text, err := s.tmpl.Render(&chat.RenderInput{Messages: req.Messages, Tools: req.Tools, AddGenerationPrompt: true, Kwargs: req.TemplateKwargs})
 	if err != nil {
-		return nil, nil, fmt.Errorf("session: render chat template: %w", err)
+		return er, nil, fmt.Errorf("session: render chat template: %w", err)
 	}
 	thinking := chat.OpensThinking(text)
 	var start string
 	if req.ForceToolCall != "" {
 		if len(req.Tools) == 0 {
-			return nil, nil, errors.New("session: ForceToolCall needs tools")
+			return er, nil, errors.New("session: ForceToolCall needs tools")
 		}
 		name := req.ForceToolCall
 		if name == "*" {
 			name = ""
 		}
 		if start, err = s.tmpl.ToolCallStart(name); err != nil {
-			return nil, nil, fmt.Errorf("session: %w", err)
+			return er, nil, fmt.Errorf("session: %w", err)
 		}
 		if thinking {
 			start = "\n</think>\n\n" + start // an empty reasoning, as Qwen writes one
@@ -158,7 +163,8 @@ func (s *Session) prompt(req *Request) ([]int32, *chat.Parser, error) {
 	}
 	parser := chat.NewParser(chat.ParserOptions{Tools: req.Tools, InThinking: thinking})
 	parser.Push(start) // the parser reads the forced start as generated: an open call
-	return s.tok.Encode(text + start), parser, nil
+	er.Prompt, er.Checkpoints, _ = s.prompts.encode(text + start)
+	return er, parser, nil
 }
 
 // Close closes the engine, which ends every stream (FinishCancelled), and

@@ -164,11 +164,11 @@ func TestForceToolCall(t *testing.T) {
 	s, f := newSession(t, "qwen3", testmodel.Options{ChatTemplate: "qwen3.jinja"}, engine.Options{}, Options{})
 	tools := []chat.Tool{chat.Tool(`{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}`)}
 	msgs := []chat.Message{{Role: "user", Content: "Weather in Paris?"}}
-	ids, _, err := s.prompt(&Request{Messages: msgs, Tools: tools, ForceToolCall: "get_weather"})
+	er, _, err := s.prompt(&Request{Messages: msgs, Tools: tools, ForceToolCall: "get_weather"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if prompt := f.Tok.Decode(ids); !strings.HasSuffix(prompt, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": ") {
+	if prompt := f.Tok.Decode(er.Prompt); !strings.HasSuffix(prompt, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": ") {
 		t.Errorf("forced prompt ends %q", prompt[max(0, len(prompt)-80):])
 	}
 	// The tiny model will not close the call: while it writes, the parser
