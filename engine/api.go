@@ -179,8 +179,9 @@ type Stats struct {
 	Preemptions       int64
 	RecomputedTokens  int64 // tokens computed again after preemptions (their cost)
 	RequestsCompleted int64
-	StateSnapshots    int // hybrid-model state snapshots held
-	StateBytes        int64
+	StateSnapshots    int   // hybrid-model state snapshots held
+	StateOnDevice     int   // of those, the ones in device slots (Options.SnapshotSlots)
+	StateBytes        int64 // the host memory of the others' state
 
 	// Forward passes, all time: how many, the tokens they computed and the
 	// time they took (model and sampling, and on an asynchronous backend

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"time"
@@ -33,11 +34,14 @@ type seq struct {
 	chain kvcache.Chain
 	slot  int
 
-	// Snapshots (hybrid models): the group of this turn's snapshots, the
-	// group of the snapshot the sequence resumed from (dropped at its first
-	// own snapshot: parent eviction), and the snapshot of the prompt's end.
-	group, resumedGroup, promptSnap uint64
-	prefilled                       bool // the prompt's end has been reached since (re)admission
+	// Snapshots (hybrid models): the request's group of snapshots, the
+	// group it resumed from, whether it saved one (parent eviction),
+	// Request.Checkpoints, and the positions still ahead where its state is
+	// saved (snapshotPoints).
+	group, parent uint64
+	saved         bool
+	checkpoints   []int
+	points        []int
 
 	admitted bool
 	done     bool // finished: its final event is sent
@@ -59,12 +63,6 @@ type seq struct {
 }
 
 func (s *seq) pending() int { return len(s.tokens) - s.pos }
-
-const (
-	snapBoundary = iota
-	snapPrompt
-	snapAnswer
-)
 
 // scheduler is the state of the engine's loop goroutine.
 type scheduler struct {
@@ -109,7 +107,11 @@ func newScheduler(e *Engine) *scheduler {
 	// snapshots hold the KV blocks they need, and full blocks alone (the
 	// prefix cache) are of no use to them.
 	if s.hybrid {
-		s.snaps = kvcache.NewSnapshots(s.alloc, e.opts.BlockSize, e.opts.StateMemory)
+		var spare []int
+		for i := range e.opts.SnapshotSlots {
+			spare = append(spare, e.opts.MaxRunning+i)
+		}
+		s.snaps = kvcache.NewSnapshots(s.alloc, e.opts.BlockSize, e.m, spare, e.opts.StateMemory)
 	} else {
 		s.prefix = kvcache.NewPrefixCache(s.alloc, e.opts.BlockSize)
 	}
@@ -134,6 +136,10 @@ func (s *scheduler) loop() {
 		if len(s.running) == 0 && len(s.waiting) == 0 {
 			s.flush()
 			s.lastStep = time.Time{}
+			if s.idleWork() {
+				s.publish()
+				continue // and look for requests again
+			}
 			s.publish()
 			select {
 			case <-e.wake:
@@ -230,7 +236,6 @@ func (s *scheduler) start(q *seq) bool {
 	q.table = kvcache.NewTable(s.e.opts.BlockSize)
 	q.chain = kvcache.Chain{}
 	q.pos = 0
-	q.promptSnap = 0
 	n := len(q.tokens)
 	var snap *kvcache.Snapshot
 	if !s.e.opts.NoCache {
@@ -265,24 +270,19 @@ func (s *scheduler) start(q *seq) bool {
 	if s.hybrid {
 		q.slot = s.slots[len(s.slots)-1]
 		s.slots = s.slots[:len(s.slots)-1]
-		if snap != nil {
-			s.m.RestoreSlot(q.slot, snap.State)
-			if len(snap.Tokens) == n-1 {
-				// The same prompt again: the snapshot is this turn's
-				// prompt snapshot, and the request joins its conversation.
-				q.group, q.promptSnap = snap.Group, snap.ID
-			} else {
-				q.resumedGroup = snap.Group
-			}
-		}
 		if q.group == 0 {
-			// One group per request: its snapshots replace each other, also
-			// across preemptions.
+			// One group per request, also across preemptions.
 			s.groups++
 			q.group = s.groups
 		}
+		if snap != nil {
+			s.snaps.Restore(snap, q.slot)
+			if snap.Group != q.group && !q.saved {
+				q.parent = snap.Group
+			}
+		}
+		q.points = snapshotPoints(q.checkpoints, q.pos, n, s.e.opts.BlockSize)
 	}
-	q.prefilled = false
 	if !q.admitted {
 		q.cached = q.pos
 		if !q.prefillOnly {
@@ -351,15 +351,9 @@ func (s *scheduler) step() {
 		}
 		n := min(q.pending(), budget)
 		if s.hybrid && !opts.NoCache {
-			// End the chunk at the next snapshot boundary inside the prompt,
-			if b := (q.pos/opts.SnapshotInterval + 1) * opts.SnapshotInterval; opts.SnapshotInterval > 0 && b < q.pos+n {
+			// End the chunk where the state is saved.
+			if b := s.nextPoint(q); b < q.pos+n {
 				n = b - q.pos
-			}
-			// and the prompt one token short of its end: the state there
-			// serves the same prompt again (a regenerated answer needs the
-			// last prompt token's logits) as well as any longer one.
-			if q.pos+n == len(q.tokens) && n > 1 && !q.prefilled {
-				n--
 			}
 		}
 		// The prompt's blocks were reserved at admission; this only copies
@@ -406,18 +400,10 @@ func (s *scheduler) step() {
 		if s.e.opts.NoCache {
 			continue
 		}
-		if s.hybrid {
-			switch {
-			case q.pos == len(q.tokens)-1 && !q.prefilled:
-				s.snapshot(q, snapPrompt)
-			case q.pos < len(q.tokens) && opts.SnapshotInterval > 0 && q.pos%opts.SnapshotInterval == 0:
-				s.snapshot(q, snapBoundary)
-			}
-		} else {
+		if !s.hybrid {
 			s.prefix.Insert(&q.chain, q.tokens[:q.pos], q.table.Blocks())
-		}
-		if q.pos == len(q.tokens) {
-			q.prefilled = true
+		} else if s.atPoint(q) {
+			s.snapshot(q, kvcache.Point)
 		}
 	}
 	for i, q := range rows {
@@ -563,34 +549,92 @@ func (s *scheduler) flush() {
 	s.held = s.held[:0]
 }
 
+// snapshotPoints are the positions in (pos, n) of an n-token prompt where a
+// hybrid sequence's state is saved: the checkpoints (the start of each
+// message), and the last block boundary before the prompt's end when the
+// last of those is a block or more before it, so that a request that goes
+// another way anywhere in the prompt recomputes at most a block beyond the
+// place it diverged (plus the message start, for a changed message). The
+// prefill ends a chunk at each (an extra pass per point: a follow-up chat
+// turn adds two, its user message's start and its answer's).
+func snapshotPoints(checkpoints []int, pos, n, blockSize int) []int {
+	var pts []int
+	last := pos
+	for _, c := range checkpoints {
+		if c > last && c < n {
+			pts = append(pts, c)
+			last = c
+		}
+	}
+	if n-1-last >= blockSize {
+		pts = append(pts, (n-1)/blockSize*blockSize)
+	}
+	return pts
+}
+
+// nextPoint returns the next position after q.pos where q's state is saved:
+// one of its points or a multiple of SnapshotInterval; MaxInt when none.
+func (s *scheduler) nextPoint(q *seq) int {
+	next := math.MaxInt
+	if len(q.points) > 0 {
+		next = q.points[0]
+	}
+	if iv := s.e.opts.SnapshotInterval; iv > 0 {
+		next = min(next, (q.pos/iv+1)*iv)
+	}
+	return next
+}
+
+// atPoint reports whether q's state is to be saved after its computed
+// tokens (and moves past the point).
+func (s *scheduler) atPoint(q *seq) bool {
+	at := false
+	for len(q.points) > 0 && q.points[0] <= q.pos {
+		at = at || q.points[0] == q.pos
+		q.points = q.points[1:]
+	}
+	iv := s.e.opts.SnapshotInterval
+	return at || (iv > 0 && q.pos%iv == 0)
+}
+
 // snapshot saves a hybrid sequence's state after its computed tokens.
-func (s *scheduler) snapshot(q *seq, kind int) {
-	if q.resumedGroup != 0 {
-		s.snaps.DropGroup(q.resumedGroup, 0)
-		q.resumedGroup = 0
+func (s *scheduler) snapshot(q *seq, kind kvcache.SnapshotKind) {
+	if !q.saved {
+		// Parent eviction, at a request's first snapshot: the turn before
+		// the one it resumed from (unless another request branched from
+		// that one too) is no longer needed. A conversation holds its last
+		// two turns: the places where they may be edited, and their ends.
+		q.saved = true
+		if gp, _ := s.snaps.Parent(q.parent); gp != 0 {
+			if _, children := s.snaps.Parent(gp); children <= 1 {
+				s.snaps.DropGroup(gp)
+			}
+		}
 	}
-	keep := uint64(0)
-	if kind == snapAnswer {
-		// The answer's snapshot is what the next turn extends unless the
-		// chat template renders the answer differently (it drops reasoning,
-		// say); the prompt's stays as the fallback until the next turn.
-		keep = q.promptSnap
-	}
-	s.snaps.DropGroup(q.group, keep)
-	state := make([]byte, s.m.SlotBytes())
-	if err := s.m.SaveSlot(q.slot, state); err != nil {
-		s.e.log.Warn("state snapshot failed", "seq", q.id, "err", err)
-		return
-	}
-	sn, err := s.snaps.Save(q.tokens[:q.pos], state, q.table.Blocks(), q.group)
-	if err != nil {
-		s.e.log.Warn("state snapshot not kept", "seq", q.id, "bytes", len(state), "err", err)
-		return
-	}
-	if kind == snapPrompt {
-		q.promptSnap = sn.ID
+	if _, err := s.snaps.Save(q.tokens[:q.pos], q.slot, q.table.Blocks(), q.group, q.parent, kind); err != nil {
+		s.e.log.Warn("state snapshot not kept", "seq", q.id, "bytes", s.m.SlotBytes(), "err", err)
 	}
 }
+
+// idleWork does one piece of the work kept for when no request runs or
+// waits, and reports whether there was any: a snapshot moves from a device
+// slot to host memory while fewer than idleFreeSlots are free, so that the
+// next prefill's snapshots are copies on the device, not waits for it.
+func (s *scheduler) idleWork() bool {
+	if s.snaps == nil {
+		return false
+	}
+	free := s.snaps.FreeSlots()
+	if free >= min(idleFreeSlots, s.e.opts.SnapshotSlots) {
+		return false
+	}
+	s.snaps.Offload(free + 1)
+	return s.snaps.FreeSlots() > free
+}
+
+// idleFreeSlots is how many spare state slots the scheduler frees when idle:
+// a chat turn saves two or three snapshots.
+const idleFreeSlots = 4
 
 // finish ends a sequence: it leaves the queues, gives back its blocks and
 // slot (after a last snapshot when it completed), and its stream gets the
@@ -616,7 +660,7 @@ func (s *scheduler) finishWith(q *seq, reason FinishReason, err error, ev Event)
 	}
 	if q.table != nil && !s.e.opts.NoCache && (reason == FinishStop || reason == FinishLength) {
 		if s.hybrid {
-			s.snapshot(q, snapAnswer)
+			s.snapshot(q, kvcache.Tip)
 		} else {
 			s.prefix.Insert(&q.chain, q.tokens[:q.pos], q.table.Blocks())
 		}
@@ -685,7 +729,7 @@ func (s *scheduler) publish() {
 	st.DecodeSteps, st.DecodeTokens, st.DecodeStepTime = s.decodeSteps, s.decodeTokens, s.decodeTime
 	st.HostTime = s.hostTime
 	if s.snaps != nil {
-		st.StateSnapshots, st.StateBytes = s.snaps.Len(), s.snaps.Bytes()
+		st.StateSnapshots, st.StateOnDevice, st.StateBytes = s.snaps.Len(), s.snaps.DeviceSlots(), s.snaps.Bytes()
 		st.KVBlocksCached = s.snaps.Blocks()
 	}
 	e.mu.Unlock()
