@@ -363,3 +363,28 @@ func TestSnapshotsDeviceSlots(t *testing.T) {
 		t.Fatalf("%d free slots after Clear", s.FreeSlots())
 	}
 }
+
+// BenchmarkPrefixMatch: the lookup of a follow-up's 100K-token prompt whose
+// history is cached.
+func BenchmarkPrefixMatch(b *testing.B) {
+	const n, bs = 100_000, 16
+	a := NewAllocator(n/bs + 8)
+	c := NewPrefixCache(a, bs)
+	rng := rand.New(rand.NewPCG(1, 2))
+	tokens := make([]int32, n)
+	for i := range tokens {
+		tokens[i] = int32(rng.IntN(150_000))
+	}
+	tab := NewTable(bs)
+	if _, err := tab.Reserve(a, 0, n); err != nil {
+		b.Fatal(err)
+	}
+	var ch Chain
+	c.Insert(&ch, tokens, tab.Blocks())
+	b.ResetTimer()
+	for range b.N {
+		if blocks, _ := c.Match(tokens); len(blocks) != n/bs {
+			b.Fatalf("%d blocks matched", len(blocks))
+		}
+	}
+}

@@ -34,21 +34,22 @@ type Chain struct {
 	key uint64
 }
 
-const chainRoot uint64 = 0xcbf29ce484222325 // FNV-1a offset basis
+const chainRoot uint64 = 0xcbf29ce484222325
 
+// chainKey hashes a block's tokens onto its parent's key: one multiply and
+// shift per token (the keys only find candidates; Match compares the
+// tokens), then a final mix (MurmurHash3's) so that the bits spread.
 func chainKey(parent uint64, tokens []int32) uint64 {
-	h := parent
-	mix := func(v uint64) {
-		for range 8 {
-			h ^= v & 0xff
-			h *= 0x100000001b3
-			v >>= 8
-		}
-	}
-	mix(uint64(len(tokens)))
+	h := parent ^ uint64(len(tokens))
 	for _, t := range tokens {
-		mix(uint64(uint32(t)))
+		h = (h ^ uint64(uint32(t))) * 0x9e3779b97f4a7c15
+		h ^= h >> 29
 	}
+	h ^= h >> 33
+	h *= 0xff51afd7ed558ccd
+	h ^= h >> 33
+	h *= 0xc4ceb9fe1a85ec53
+	h ^= h >> 33
 	return h
 }
 
