@@ -183,6 +183,14 @@ type Stats struct {
 	StateOnDevice     int   // of those, the ones in device slots (Options.SnapshotSlots)
 	StateBytes        int64 // the host memory of the others' state
 
+	// The state cache (Options.StateCache): its entries, their bytes in
+	// host memory and on disk, the prefixes restored from it and their
+	// tokens.
+	StateCacheEntries                       int
+	StateCacheRAMBytes, StateCacheDiskBytes int64
+	StateCacheRestores                      int64
+	StateCacheRestoredTokens                int64
+
 	// Forward passes, all time: how many, the tokens they computed and the
 	// time they took (model and sampling, and on an asynchronous backend
 	// the previous pass's token emission, done while the device runs); the

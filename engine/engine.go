@@ -56,6 +56,7 @@ import (
 	"time"
 
 	"github.com/kiln-llm/kiln/backend"
+	"github.com/kiln-llm/kiln/kvcache"
 	"github.com/kiln-llm/kiln/model"
 	"github.com/kiln-llm/kiln/tokenizer"
 )
@@ -88,10 +89,14 @@ type Options struct {
 	// NoCache turns prefix and state reuse off: every request computes its
 	// whole prompt (for measurements and debugging).
 	NoCache bool
-	Logger  *slog.Logger // nil: slog.Default()
+	// StateCache keeps conversations the device lets go in host memory and
+	// on disk (off when neither Dir nor RAMBytes is set, or with NoCache).
+	StateCache StateCache
+	Logger     *slog.Logger // nil: slog.Default()
 
-	checkAccounting bool // tests: verify block accounting after every step
-	overlap         bool // tests: hold tokens over the next pass on any backend
+	checkAccounting bool          // tests: verify block accounting after every step
+	overlap         bool          // tests: hold tokens over the next pass on any backend
+	spillAfter      time.Duration // tests: the idle time before spilling to the state cache (0: spillAfter)
 }
 
 func (o *Options) setDefaults() error {
@@ -117,6 +122,9 @@ func (o *Options) setDefaults() error {
 		o.StateMemory = 1 << 30
 	}
 	def(&o.SnapshotSlots, o.MaxRunning)
+	if o.spillAfter == 0 {
+		o.spillAfter = spillAfter
+	}
 	o.SnapshotSlots = max(o.SnapshotSlots, 0)
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -145,9 +153,11 @@ type Engine struct {
 	stats    Stats
 	nextID   uint64
 
-	wake chan struct{}
-	quit chan struct{}
-	done chan struct{}
+	wake    chan struct{}
+	quit    chan struct{}
+	done    chan struct{}
+	inspect chan func() // run by the scheduler (Conversations)
+	store   *kvcache.Store
 
 	// Owned by the scheduler goroutine.
 	sched *scheduler
@@ -185,7 +195,14 @@ func New(m *model.Model, tok *tokenizer.Tokenizer, opts Options) (*Engine, error
 	}
 	e := &Engine{
 		m: m, tok: tok, opts: opts, cfg: cfg, log: opts.Logger,
-		wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}),
+		wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}), inspect: make(chan func()),
+	}
+	if opts.StateCache.enabled() && !opts.NoCache {
+		st, err := openStore(m, &e.opts)
+		if err != nil {
+			return nil, fmt.Errorf("engine: %w", err)
+		}
+		e.store = st
 	}
 	e.sched = newScheduler(e)
 	e.stats.KVBlocksTotal = opts.KVBlocks

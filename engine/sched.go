@@ -45,6 +45,7 @@ type seq struct {
 
 	admitted bool
 	done     bool // finished: its final event is sent
+	noStore  bool // the state cache failed it: recompute instead
 	cached   int  // prompt tokens served from cache at first admission
 
 	params backend.SampleParams
@@ -72,7 +73,8 @@ type scheduler struct {
 	alloc   *kvcache.Allocator
 	prefix  *kvcache.PrefixCache
 	snaps   *kvcache.Snapshots
-	slots   []int // free state slots
+	store   *kvcache.Store // the state cache; nil: none
+	slots   []int          // free state slots
 	waiting []*seq
 	running []*seq // oldest first
 	groups  uint64
@@ -92,6 +94,7 @@ type scheduler struct {
 	steps, stepTokens, decodeSteps, decodeTokens int64
 	stepTime, decodeTime, hostTime               time.Duration
 	lastStep                                     time.Time // end of the last pass; zero after the loop idled
+	idleSince                                    time.Time // when the loop last found nothing to do; zero while busy
 }
 
 // heldToken is a sampled token accepted into its sequence but not emitted.
@@ -101,7 +104,7 @@ type heldToken struct {
 }
 
 func newScheduler(e *Engine) *scheduler {
-	s := &scheduler{e: e, m: e.m, hybrid: e.m.Hybrid(), alloc: kvcache.NewAllocator(e.opts.KVBlocks)}
+	s := &scheduler{e: e, m: e.m, hybrid: e.m.Hybrid(), alloc: kvcache.NewAllocator(e.opts.KVBlocks), store: e.store}
 	s.overlap = (e.m.Backend().Asynchronous() || e.opts.overlap) && !s.hybrid
 	// Hybrid models resume only where a state snapshot exists: their
 	// snapshots hold the KV blocks they need, and full blocks alone (the
@@ -112,8 +115,16 @@ func newScheduler(e *Engine) *scheduler {
 			spare = append(spare, e.opts.MaxRunning+i)
 		}
 		s.snaps = kvcache.NewSnapshots(s.alloc, e.opts.BlockSize, e.m, spare, e.opts.StateMemory)
+		s.snaps.Evicted = s.spillSnapshot
 	} else {
 		s.prefix = kvcache.NewPrefixCache(s.alloc, e.opts.BlockSize)
+		if s.store != nil {
+			s.prefix.Evicted = func(tokens, blocks []int32) {
+				if _, err := s.store.Put(tokens, blocks, nil, s.m.SaveBlocks); err != nil {
+					e.log.Warn("state cache: prefix not kept", "tokens", len(tokens), "err", err)
+				}
+			}
+		}
 	}
 	for i := e.opts.MaxRunning - 1; i >= 0; i-- {
 		s.slots = append(s.slots, i)
@@ -131,22 +142,34 @@ func (s *scheduler) loop() {
 			return
 		default:
 		}
+		s.inspect()
 		s.intake()
 		s.reap()
 		if len(s.running) == 0 && len(s.waiting) == 0 {
 			s.flush()
 			s.lastStep = time.Time{}
-			if s.idleWork() {
-				s.publish()
+			if s.idleSince.IsZero() {
+				s.idleSince = time.Now()
+			}
+			worked, wait := s.idleWork()
+			s.publish()
+			if worked {
 				continue // and look for requests again
 			}
-			s.publish()
+			var timer <-chan time.Time
+			if wait > 0 {
+				timer = time.After(wait)
+			}
 			select {
 			case <-e.wake:
 			case <-e.quit:
+			case f := <-e.inspect:
+				f()
+			case <-timer:
 			}
 			continue
 		}
+		s.idleSince = time.Time{}
 		s.admit()
 		if len(s.running) > 0 {
 			s.step()
@@ -159,6 +182,19 @@ func (s *scheduler) loop() {
 			}
 		}
 		s.publish()
+	}
+}
+
+// inspect runs the engine's requests to look at the scheduler's state
+// (Conversations).
+func (s *scheduler) inspect() {
+	for {
+		select {
+		case f := <-s.e.inspect:
+			f()
+		default:
+			return
+		}
 	}
 }
 
@@ -237,12 +273,23 @@ func (s *scheduler) start(q *seq) bool {
 	q.chain = kvcache.Chain{}
 	q.pos = 0
 	n := len(q.tokens)
+	bs := s.e.opts.BlockSize
 	var snap *kvcache.Snapshot
+	var stored *storedPrefix // a longer prefix from the state cache
 	if !s.e.opts.NoCache {
 		if s.hybrid {
 			// The last prompt token is always computed: its logits give the
 			// first new token.
+			dev := 0
 			if snap = s.snaps.Find(q.tokens, n-1); snap != nil {
+				dev = len(snap.Tokens)
+			}
+			if stored = s.fromStore(q, dev); stored != nil {
+				if snap != nil {
+					q.table.Adopt(s.alloc, snap.Blocks[:stored.from])
+				}
+				q.pos = stored.n
+			} else if snap != nil {
 				q.table.Adopt(s.alloc, snap.Blocks)
 				q.pos = len(snap.Tokens)
 			}
@@ -250,7 +297,10 @@ func (s *scheduler) start(q *seq) bool {
 			blocks, ch := s.prefix.Match(q.tokens)
 			q.table.Adopt(s.alloc, blocks)
 			q.chain = ch
-			q.pos = min(len(blocks)*s.e.opts.BlockSize, n-1)
+			q.pos = min(len(blocks)*bs, n-1)
+			if stored = s.fromStore(q, len(blocks)*bs); stored != nil {
+				q.pos = stored.n
+			}
 		}
 	}
 	copies, err := q.table.Reserve(s.alloc, q.pos, n-q.pos)
@@ -275,13 +325,28 @@ func (s *scheduler) start(q *seq) bool {
 			s.groups++
 			q.group = s.groups
 		}
-		if snap != nil {
+		if snap != nil && stored == nil {
 			s.snaps.Restore(snap, q.slot)
 			if snap.Group != q.group && !q.saved {
 				q.parent = snap.Group
 			}
 		}
-		q.points = snapshotPoints(q.checkpoints, q.pos, n, s.e.opts.BlockSize)
+		q.points = snapshotPoints(q.checkpoints, q.pos, n, bs)
+	}
+	if stored != nil {
+		if err := s.restore(q, stored); err != nil {
+			s.e.log.Error("state cache: restore failed; recomputing", "seq", q.id, "err", err)
+			q.noStore = true
+			s.release(q)
+			return s.start(q)
+		}
+		if s.hybrid {
+			// On the device from now on: a regenerated answer or another
+			// branch resumes here without the state cache.
+			if sn := s.snapshot(q, kvcache.Point); sn != nil {
+				sn.Stored = true
+			}
+		}
 	}
 	if !q.admitted {
 		q.cached = q.pos
@@ -598,7 +663,7 @@ func (s *scheduler) atPoint(q *seq) bool {
 }
 
 // snapshot saves a hybrid sequence's state after its computed tokens.
-func (s *scheduler) snapshot(q *seq, kind kvcache.SnapshotKind) {
+func (s *scheduler) snapshot(q *seq, kind kvcache.SnapshotKind) *kvcache.Snapshot {
 	if !q.saved {
 		// Parent eviction, at a request's first snapshot: the turn before
 		// the one it resumed from (unless another request branched from
@@ -611,25 +676,36 @@ func (s *scheduler) snapshot(q *seq, kind kvcache.SnapshotKind) {
 			}
 		}
 	}
-	if _, err := s.snaps.Save(q.tokens[:q.pos], q.slot, q.table.Blocks(), q.group, q.parent, kind); err != nil {
+	sn, err := s.snaps.Save(q.tokens[:q.pos], q.slot, q.table.Blocks(), q.group, q.parent, kind)
+	if err != nil {
 		s.e.log.Warn("state snapshot not kept", "seq", q.id, "bytes", s.m.SlotBytes(), "err", err)
 	}
+	return sn
 }
 
 // idleWork does one piece of the work kept for when no request runs or
-// waits, and reports whether there was any: a snapshot moves from a device
-// slot to host memory while fewer than idleFreeSlots are free, so that the
-// next prefill's snapshots are copies on the device, not waits for it.
-func (s *scheduler) idleWork() bool {
-	if s.snaps == nil {
-		return false
+// waits, and reports whether there was any, or else how long until there
+// may be: a snapshot moves from a device slot to host memory while fewer
+// than idleFreeSlots are free (so that the next prefill's snapshots are
+// copies on the device, not waits for it), and once the engine has idled
+// for spillAfter, the latest state of a conversation goes to the state
+// cache.
+func (s *scheduler) idleWork() (bool, time.Duration) {
+	if s.snaps != nil {
+		if free := s.snaps.FreeSlots(); free < min(idleFreeSlots, s.e.opts.SnapshotSlots) {
+			s.snaps.Offload(free + 1)
+			if s.snaps.FreeSlots() > free {
+				return true, 0
+			}
+		}
 	}
-	free := s.snaps.FreeSlots()
-	if free >= min(idleFreeSlots, s.e.opts.SnapshotSlots) {
-		return false
+	if s.store == nil {
+		return false, 0
 	}
-	s.snaps.Offload(free + 1)
-	return s.snaps.FreeSlots() > free
+	if wait := s.e.opts.spillAfter - time.Since(s.idleSince); wait > 0 {
+		return false, wait
+	}
+	return s.spillOne(), 0
 }
 
 // idleFreeSlots is how many spare state slots the scheduler frees when idle:
@@ -702,11 +778,18 @@ func (s *scheduler) shutdown() {
 	for len(s.waiting) > 0 {
 		s.finish(s.waiting[0], FinishCancelled, ErrClosed)
 	}
+	// What the state cache lacks of each conversation's latest past goes
+	// there before the caches are let go.
+	for s.spillOne() {
+	}
 	if s.prefix != nil {
 		s.prefix.Clear()
 	}
 	if s.snaps != nil {
 		s.snaps.Clear()
+	}
+	if s.store != nil {
+		s.store.Close()
 	}
 	s.publish()
 }
@@ -731,6 +814,11 @@ func (s *scheduler) publish() {
 	if s.snaps != nil {
 		st.StateSnapshots, st.StateOnDevice, st.StateBytes = s.snaps.Len(), s.snaps.DeviceSlots(), s.snaps.Bytes()
 		st.KVBlocksCached = s.snaps.Blocks()
+	}
+	if s.store != nil {
+		cs := s.store.Stats()
+		st.StateCacheEntries, st.StateCacheRAMBytes, st.StateCacheDiskBytes = cs.Entries, cs.RAMBytes, cs.DiskBytes
+		st.StateCacheRestores, st.StateCacheRestoredTokens = cs.Restores, cs.RestoredTokens
 	}
 	e.mu.Unlock()
 }

@@ -3,6 +3,7 @@ package kvcache
 import (
 	"container/list"
 	"slices"
+	"time"
 )
 
 // PrefixCache keeps full KV blocks for reuse by later sequences with the same
@@ -17,6 +18,11 @@ type PrefixCache struct {
 	blockSize int
 	entries   map[uint64]*prefixEntry
 	lru       list.List // *prefixEntry, most recently used first
+
+	// Evicted, when set, is called with the prefix (its tokens and blocks)
+	// that a leaf ends before Reclaim drops the leaf, unless the prefix was
+	// marked stored (MarkStored): a slower tier may keep it.
+	Evicted func(tokens, blocks []int32)
 }
 
 type prefixEntry struct {
@@ -24,6 +30,8 @@ type prefixEntry struct {
 	tokens      []int32
 	block       int32
 	children    int
+	stored      bool // a slower tier holds the prefix it ends
+	used        time.Time
 	elem        *list.Element
 }
 
@@ -77,6 +85,7 @@ func (c *PrefixCache) Match(tokens []int32) ([]int32, Chain) {
 			break
 		}
 		c.lru.MoveToFront(e.elem)
+		e.used = time.Now()
 		blocks = append(blocks, e.block)
 		ch = Chain{n: ch.n + 1, key: k}
 	}
@@ -105,7 +114,7 @@ func (c *PrefixCache) Insert(ch *Chain, tokens []int32, blocks []int32) {
 		k := chainKey(ch.key, blk)
 		e, ok := c.entries[k]
 		if !ok {
-			e = &prefixEntry{key: k, parent: ch.key, tokens: slices.Clone(blk), block: blocks[ch.n]}
+			e = &prefixEntry{key: k, parent: ch.key, tokens: slices.Clone(blk), block: blocks[ch.n], used: time.Now()}
 			c.a.Retain(e.block)
 			e.elem = c.lru.PushFront(e)
 			c.entries[k] = e
@@ -114,6 +123,7 @@ func (c *PrefixCache) Insert(ch *Chain, tokens []int32, blocks []int32) {
 			}
 		} else {
 			c.lru.MoveToFront(e.elem)
+			e.used = time.Now()
 		}
 		*ch = Chain{n: ch.n + 1, key: k}
 	}
@@ -125,6 +135,10 @@ func (c *PrefixCache) Reclaim() bool {
 		e := el.Value.(*prefixEntry)
 		if e.children > 0 || c.a.Refs(e.block) > 1 {
 			continue
+		}
+		if !e.stored && c.Evicted != nil {
+			tokens, blocks := c.prefix(e)
+			c.Evicted(tokens, blocks)
 		}
 		c.drop(e)
 		return true
@@ -139,6 +153,54 @@ func (c *PrefixCache) drop(e *prefixEntry) {
 		p.children--
 	}
 	c.a.Release(e.block)
+}
+
+// prefix returns the tokens and blocks of the prefix that e ends.
+func (c *PrefixCache) prefix(e *prefixEntry) (tokens, blocks []int32) {
+	var chain []*prefixEntry
+	for ; e != nil; e = c.entries[e.parent] {
+		chain = append(chain, e)
+	}
+	for i := len(chain) - 1; i >= 0; i-- {
+		tokens = append(tokens, chain[i].tokens...)
+		blocks = append(blocks, chain[i].block)
+	}
+	return tokens, blocks
+}
+
+// Leaf is a cached prefix that no cached block extends: a conversation's
+// latest computed past.
+type Leaf struct {
+	Tokens, Blocks []int32
+	Stored         bool
+	Used           time.Time
+	entry          *prefixEntry
+}
+
+// Leaves returns the cached prefixes no block extends, most recently used
+// first, at most max; unstored only keeps those not marked stored.
+func (c *PrefixCache) Leaves(max int, unstored bool) []Leaf {
+	var out []Leaf
+	for el := c.lru.Front(); el != nil && len(out) < max; el = el.Next() {
+		e := el.Value.(*prefixEntry)
+		if e.children > 0 || (unstored && e.stored) {
+			continue
+		}
+		tokens, blocks := c.prefix(e)
+		out = append(out, Leaf{Tokens: tokens, Blocks: blocks, Stored: e.stored, Used: e.used, entry: e})
+	}
+	return out
+}
+
+// MarkStored records that a slower tier holds the prefix of l and every
+// shorter one of its chain.
+func (c *PrefixCache) MarkStored(l Leaf) {
+	for e := l.entry; e != nil; e = c.entries[e.parent] {
+		if c.entries[e.key] != e {
+			return // dropped meanwhile
+		}
+		e.stored = true
+	}
 }
 
 // Clear drops every entry (when the engine closes).

@@ -3,6 +3,7 @@ package kvcache
 import (
 	"container/list"
 	"slices"
+	"time"
 )
 
 // SnapshotKind says what a snapshot is kept for.
@@ -28,6 +29,10 @@ type Snapshot struct {
 	Kind   SnapshotKind
 	Tokens []int32
 	Blocks []int32
+	// Stored is set by the store's user once a Store holds the snapshot.
+	Stored bool
+	// Used is when it was saved or last found.
+	Used time.Time
 
 	slot  int    // device slot holding the state; -1: none
 	state []byte // host copy; nil: none
@@ -115,8 +120,19 @@ func (s *Snapshots) Find(tokens []int32, maxLen int) *Snapshot {
 	}
 	if best != nil {
 		s.lru.MoveToFront(best.elem)
+		best.Used = time.Now()
 	}
 	return best
+}
+
+// State returns sn's state in host memory: its host copy, or a copy read
+// from its device slot (which waits for the device).
+func (s *Snapshots) State(sn *Snapshot) ([]byte, error) {
+	if sn.state != nil {
+		return sn.state, nil
+	}
+	state := make([]byte, s.dev.SlotBytes())
+	return state, s.dev.SaveSlot(sn.slot, state)
 }
 
 // Restore writes sn's state (a snapshot the store holds) into the device
@@ -142,7 +158,7 @@ func (s *Snapshots) Save(tokens []int32, from int, blocks []int32, group, parent
 			break
 		}
 	}
-	sn := &Snapshot{Group: group, Kind: kind, slot: -1}
+	sn := &Snapshot{Group: group, Kind: kind, slot: -1, Used: time.Now()}
 	if s.slots > 0 {
 		if len(s.free) == 0 {
 			s.offload(s.lru.Back())
