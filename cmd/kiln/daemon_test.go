@@ -32,7 +32,8 @@ func TestCLI(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(runtimeDir) })
-	env := append(os.Environ(), "XDG_RUNTIME_DIR="+runtimeDir, "KILN_API_KEY=")
+	// The state cache goes to $XDG_CACHE_HOME too, not the user's.
+	env := append(os.Environ(), "XDG_RUNTIME_DIR="+runtimeDir, "XDG_CACHE_HOME="+filepath.Join(runtimeDir, "cache"), "KILN_API_KEY=")
 	kiln := func(stdin string, args ...string) (string, string, error) {
 		cmd := exec.Command(bin, args...)
 		cmd.Env = env

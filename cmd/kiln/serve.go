@@ -49,6 +49,7 @@ type serveConfig struct {
 	maxBody        int64
 	pidFile        string
 	verbose        bool
+	stateCache     stateCacheFlags
 }
 
 func (c *serveConfig) register(fs *flag.FlagSet) {
@@ -61,6 +62,7 @@ func (c *serveConfig) register(fs *flag.FlagSet) {
 	fs.Int64Var(&c.maxBody, "max-body", 8<<20, "largest request body in bytes")
 	fs.StringVar(&c.pidFile, "pid-file", "", "write the process id here while serving (kiln start sets it)")
 	fs.BoolVar(&c.verbose, "v", false, "debug logging")
+	c.stateCache.register(fs)
 }
 
 // socketPath resolves the socket flag: "" is the default path (its
@@ -170,6 +172,9 @@ func (c *serveConfig) serve() error {
 	}
 
 	c.model.conversations = true
+	if c.model.stateCache, err = c.stateCache.resolve(); err != nil {
+		return err
+	}
 	lm, err := c.model.load()
 	if err != nil {
 		return err
