@@ -44,9 +44,10 @@ type seq struct {
 	points        []int
 
 	admitted bool
-	done     bool // finished: its final event is sent
-	noStore  bool // the state cache failed it: recompute instead
-	cached   int  // prompt tokens served from cache at first admission
+	done     bool          // finished: its final event is sent
+	noStore  bool          // the state cache failed it: recompute instead
+	stored   *storedPrefix // loaded from the state cache, until admitted
+	cached   int           // prompt tokens served from cache at first admission
 
 	params backend.SampleParams
 	counts map[int32]int32 // generated tokens, for the penalties
@@ -119,11 +120,7 @@ func newScheduler(e *Engine) *scheduler {
 	} else {
 		s.prefix = kvcache.NewPrefixCache(s.alloc, e.opts.BlockSize)
 		if s.store != nil {
-			s.prefix.Evicted = func(tokens, blocks []int32) {
-				if _, err := s.store.Put(tokens, blocks, nil, s.m.SaveBlocks); err != nil {
-					e.log.Warn("state cache: prefix not kept", "tokens", len(tokens), "err", err)
-				}
-			}
+			s.prefix.Evicted = s.spillPrefix
 		}
 	}
 	for i := e.opts.MaxRunning - 1; i >= 0; i-- {
@@ -348,6 +345,7 @@ func (s *scheduler) start(q *seq) bool {
 			}
 		}
 	}
+	q.stored = nil
 	if !q.admitted {
 		q.cached = q.pos
 		if !q.prefillOnly {

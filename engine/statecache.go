@@ -68,12 +68,19 @@ type storedPrefix struct {
 
 // fromStore loads the longest prefix of q's prompt that the state cache
 // holds, when it is at least a block longer than the dev tokens the device's
-// caches hold (whose whole blocks it keeps).
+// caches hold (whose whole blocks it keeps). A request that waits for
+// blocks keeps what it loaded for its next try.
 func (s *scheduler) fromStore(q *seq, dev int) *storedPrefix {
 	if s.store == nil || q.noStore {
 		return nil
 	}
 	bs := s.e.opts.BlockSize
+	if st := q.stored; st != nil {
+		if st.from == dev/bs {
+			return st
+		}
+		q.stored = nil
+	}
 	n := s.store.Match(q.tokens, len(q.tokens)-1, s.hybrid)
 	if n < dev+bs {
 		return nil
@@ -84,7 +91,8 @@ func (s *scheduler) fromStore(q *seq, dev int) *storedPrefix {
 		s.e.log.Warn("state cache: not restored", "seq", q.id, "tokens", n, "err", err)
 		return nil
 	}
-	return &storedPrefix{n: n, from: from, kv: kv, state: state}
+	q.stored = &storedPrefix{n: n, from: from, kv: kv, state: state}
+	return q.stored
 }
 
 // restore writes a stored prefix into q's blocks (reserved) and slot.
@@ -103,29 +111,28 @@ func (s *scheduler) restore(q *seq, st *storedPrefix) error {
 	return nil
 }
 
-// spillSnapshot copies a snapshot to the state cache, once.
+// spillSnapshot copies a snapshot to the state cache, once (a failure is
+// logged and not tried again).
 func (s *scheduler) spillSnapshot(sn *kvcache.Snapshot) {
 	if s.store == nil || sn.Stored {
 		return
 	}
+	sn.Stored = true
 	state, err := s.snaps.State(sn)
 	if err == nil {
 		_, err = s.store.Put(sn.Tokens, sn.Blocks, state, s.m.SaveBlocks)
 	}
 	if err != nil {
 		s.e.log.Warn("state cache: snapshot not kept", "tokens", len(sn.Tokens), "err", err)
-		return
 	}
-	sn.Stored = true
 }
 
-// spillLeaf copies a dense model's cached prefix to the state cache.
-func (s *scheduler) spillLeaf(l kvcache.Leaf) {
-	if _, err := s.store.Put(l.Tokens, l.Blocks, nil, s.m.SaveBlocks); err != nil {
-		s.e.log.Warn("state cache: prefix not kept", "tokens", len(l.Tokens), "err", err)
-		return
+// spillPrefix copies a dense model's cached prefix to the state cache (a
+// failure is logged).
+func (s *scheduler) spillPrefix(tokens, blocks []int32) {
+	if _, err := s.store.Put(tokens, blocks, nil, s.m.SaveBlocks); err != nil {
+		s.e.log.Warn("state cache: prefix not kept", "tokens", len(tokens), "err", err)
 	}
-	s.prefix.MarkStored(l)
 }
 
 // spillOne copies the most recently used conversation end that the state
@@ -152,7 +159,8 @@ func (s *scheduler) spillOne() bool {
 	if len(leaves) == 0 {
 		return false
 	}
-	s.spillLeaf(leaves[0])
+	s.spillPrefix(leaves[0].Tokens, leaves[0].Blocks)
+	s.prefix.MarkStored(leaves[0])
 	return true
 }
 

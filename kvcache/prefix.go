@@ -21,7 +21,8 @@ type PrefixCache struct {
 
 	// Evicted, when set, is called with the prefix (its tokens and blocks)
 	// that a leaf ends before Reclaim drops the leaf, unless the prefix was
-	// marked stored (MarkStored): a slower tier may keep it.
+	// marked stored (MarkStored): a slower tier may keep it. The prefix is
+	// marked stored then.
 	Evicted func(tokens, blocks []int32)
 }
 
@@ -139,6 +140,7 @@ func (c *PrefixCache) Reclaim() bool {
 		if !e.stored && c.Evicted != nil {
 			tokens, blocks := c.prefix(e)
 			c.Evicted(tokens, blocks)
+			c.MarkStored(Leaf{entry: e})
 		}
 		c.drop(e)
 		return true
@@ -192,8 +194,10 @@ func (c *PrefixCache) Leaves(max int, unstored bool) []Leaf {
 	return out
 }
 
-// MarkStored records that a slower tier holds the prefix of l and every
-// shorter one of its chain.
+// MarkStored records that a slower tier holds the prefix of l, and so the
+// shorter ones of its chain: those it keeps to the last whole unit it
+// stores (a chunk of kvcache.Store), which is close enough not to store
+// each again when Reclaim takes the chain's blocks one by one.
 func (c *PrefixCache) MarkStored(l Leaf) {
 	for e := l.entry; e != nil; e = c.entries[e.parent] {
 		if c.entries[e.key] != e {
