@@ -45,15 +45,29 @@ type Chain struct {
 
 const chainRoot uint64 = 0xcbf29ce484222325
 
-// chainKey hashes a block's tokens onto its parent's key: one multiply and
-// shift per token (the keys only find candidates; Match compares the
-// tokens), then a final mix (MurmurHash3's) so that the bits spread.
+// chainKey hashes a block's tokens onto its parent's key (the keys only
+// find candidates; Match compares the tokens).
 func chainKey(parent uint64, tokens []int32) uint64 {
-	h := parent ^ uint64(len(tokens))
+	h := prefixHash(parent ^ uint64(len(tokens)))
 	for _, t := range tokens {
-		h = (h ^ uint64(uint32(t))) * 0x9e3779b97f4a7c15
-		h ^= h >> 29
+		h = h.add(t)
 	}
+	return mix64(uint64(h))
+}
+
+// prefixHash is a running hash of tokens: one multiply and shift per token.
+type prefixHash uint64
+
+func (h prefixHash) add(t int32) prefixHash {
+	x := (uint64(h) ^ uint64(uint32(t))) * 0x9e3779b97f4a7c15
+	return prefixHash(x ^ x>>29)
+}
+
+// key names the prefix of n tokens the hash has consumed.
+func (h prefixHash) key(n int) uint64 { return mix64(uint64(h) ^ uint64(n)*0x2545f4914f6cdd1d) }
+
+// mix64 spreads the bits of a hash (MurmurHash3's finalizer).
+func mix64(h uint64) uint64 {
 	h ^= h >> 33
 	h *= 0xff51afd7ed558ccd
 	h ^= h >> 33

@@ -184,26 +184,6 @@ func modelSeed(model string) uint64 {
 	return mix64(h)
 }
 
-func mix64(h uint64) uint64 {
-	h ^= h >> 33
-	h *= 0xff51afd7ed558ccd
-	h ^= h >> 33
-	h *= 0xc4ceb9fe1a85ec53
-	h ^= h >> 33
-	return h
-}
-
-// prefixHash is the running hash of a token prefix; key names the prefix
-// of n tokens it has consumed.
-type prefixHash uint64
-
-func (h prefixHash) add(t int32) prefixHash {
-	x := (uint64(h) ^ uint64(uint32(t))) * 0x9e3779b97f4a7c15
-	return prefixHash(x ^ x>>29)
-}
-
-func (h prefixHash) key(n int) uint64 { return mix64(uint64(h) ^ uint64(n)*0x2545f4914f6cdd1d) }
-
 // The file format: a header, the entry's tokens, its KV blocks, its state,
 // and a CRC-32C (Castagnoli) of all that, little-endian.
 const (

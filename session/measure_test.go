@@ -1,13 +1,13 @@
 package session
 
 import (
-	"compress/gzip"
 	"fmt"
-	"io"
+	"math/rand/v2"
 	"os"
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/kiln-llm/kiln/chat"
 	"github.com/kiln-llm/kiln/tokenizer"
@@ -36,7 +36,7 @@ func TestMeasureFollowUpPrompt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	words := corpusWords(t)
+	words := vocabWords(tok, 20000)
 	next := 0
 	text := func(n int) string {
 		var b strings.Builder
@@ -91,20 +91,17 @@ func TestMeasureFollowUpPrompt(t *testing.T) {
 
 func ms(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }
 
-// corpusWords returns the words of the tokenizer's conformance corpus.
-func corpusWords(t *testing.T) []string {
-	f, err := os.Open("../testdata/tokenizer/corpus.txt.gz")
-	if err != nil {
-		t.Fatal(err)
+// vocabWords returns n words made of the tokenizer's own tokens (two of
+// its first 50000 ordinary ids each): text of the byte mix it was trained
+// on, as long as wanted.
+func vocabWords(tok *tokenizer.Tokenizer, n int) []string {
+	rng := rand.New(rand.NewPCG(1, 2))
+	words := make([]string, 0, n)
+	for len(words) < n {
+		a, b := int32(rng.IntN(50000)), int32(rng.IntN(50000))
+		if w := strings.TrimSpace(tok.Decode([]int32{a, b})); w != "" && utf8.ValidString(w) && !tok.IsSpecial(a) && !tok.IsSpecial(b) {
+			words = append(words, w)
+		}
 	}
-	defer f.Close()
-	zr, err := gzip.NewReader(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	data, err := io.ReadAll(zr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return strings.Fields(string(data))
+	return words
 }

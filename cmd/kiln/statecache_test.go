@@ -19,12 +19,7 @@ import (
 // (before the restart, after it, cold) goes to the test log.
 func TestStateCacheRestart(t *testing.T) {
 	bin := kilnBinary(t)
-	runtimeDir, err := os.MkdirTemp("", "kiln")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(runtimeDir) })
-	env := append(os.Environ(), "XDG_RUNTIME_DIR="+runtimeDir, "XDG_CACHE_HOME="+filepath.Join(runtimeDir, "cache"), "KILN_API_KEY=")
+	env, runtimeDir := cliEnv(t)
 	sock := filepath.Join(runtimeDir, "k.sock")
 	kiln := func(args ...string) {
 		t.Helper()
