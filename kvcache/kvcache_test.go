@@ -388,3 +388,38 @@ func BenchmarkPrefixMatch(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkSnapshotFind: the lookup of a follow-up's 100K-token prompt
+// among a conversation's snapshots (its last turns' message starts and
+// ends) and 24 other conversations sharing its 2K-token system prompt.
+func BenchmarkSnapshotFind(b *testing.B) {
+	const n = 100_000
+	rng := rand.New(rand.NewPCG(1, 2))
+	conv := make([]int32, n+64)
+	for i := range conv {
+		conv[i] = int32(rng.IntN(150_000))
+	}
+	a := NewAllocator(n/16 + 64)
+	s := NewSnapshots(a, 16, newSlotDevice(1, 8), nil, 1<<30)
+	tab := NewTable(16)
+	if _, err := tab.Reserve(a, 0, n+64); err != nil {
+		b.Fatal(err)
+	}
+	for i, l := range []int{n - 3000, n - 2990, n - 2000, n - 1990, n - 1000, n - 990, n - 40, n} {
+		if _, err := s.Save(conv[:l], 0, tab.Blocks(), uint64(1+i/2), 0, Point); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for i := range 24 {
+		other := append(slices.Clone(conv[:2000]), int32(i), 7, 7)
+		if _, err := s.Save(other, 0, tab.Blocks(), uint64(100+i), 0, Tip); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ResetTimer()
+	for range b.N {
+		if sn := s.Find(conv, n+63); len(sn.Tokens) != n {
+			b.Fatalf("found %d tokens", len(sn.Tokens))
+		}
+	}
+}

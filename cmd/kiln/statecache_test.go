@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,9 +17,26 @@ import (
 // stop and kiln start, is served from the state cache's directory (the
 // hybrid fixture: its DeltaNet state and attention KV), and answers as a
 // daemon with an empty cache does. The time to first token of the three
-// (before the restart, after it, cold) goes to the test log.
+// (before the restart, after it, cold) goes to the test log. On a GPU:
+//
+//	KILN_RESTART_MODEL=q.gguf KILN_RESTART_BACKEND=cuda KILN_RESTART_HISTORY=20000 \
+//	  go test -run TestStateCacheRestart -v ./cmd/kiln
+//
+// (the history in words of the first message).
 func TestStateCacheRestart(t *testing.T) {
 	bin := kilnBinary(t)
+	modelDir, backendName, words := testmodel.Dir("qwen3next"), "cpu", 780
+	if m := os.Getenv("KILN_RESTART_MODEL"); m != "" {
+		modelDir, backendName = m, "auto"
+	}
+	if b := os.Getenv("KILN_RESTART_BACKEND"); b != "" {
+		backendName = b
+	}
+	if h := os.Getenv("KILN_RESTART_HISTORY"); h != "" {
+		if _, err := fmt.Sscan(h, &words); err != nil {
+			t.Fatalf("KILN_RESTART_HISTORY: %v", err)
+		}
+	}
 	env, runtimeDir := cliEnv(t)
 	sock := filepath.Join(runtimeDir, "k.sock")
 	kiln := func(args ...string) {
@@ -30,8 +48,8 @@ func TestStateCacheRestart(t *testing.T) {
 		}
 	}
 	start := func(cache string) {
-		kiln("start", "--model", testmodel.Dir("qwen3next"), "--backend", "cpu", "--addr", "none", "--socket", sock,
-			"--state-cache", cache, "--state-cache-size", "64MB")
+		kiln("start", "--model", modelDir, "--backend", backendName, "--addr", "none", "--socket", sock,
+			"--state-cache", cache, "--state-cache-size", "4GB")
 	}
 	cl := &benchClient{cfg: &benchConfig{baseURL: "http://kiln"}, http: socketClient(sock)}
 	turn := func(msgs []map[string]string) (requestResult, string) {
@@ -44,8 +62,9 @@ func TestStateCacheRestart(t *testing.T) {
 		return r, text
 	}
 	var history strings.Builder
-	for i := 0; history.Len() < 4000; i++ {
-		history.WriteString("The tide rises and falls twice a day along the long grey shore. ")
+	sea := strings.Fields("The tide rises and falls twice a day along the long grey shore.")
+	for i := range words {
+		history.WriteString(sea[i%len(sea)] + " ")
 	}
 	msgs := []map[string]string{{"role": "system", "content": "You are a patient assistant."}, {"role": "user", "content": history.String()}}
 
