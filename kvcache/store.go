@@ -66,6 +66,7 @@ type Store struct {
 	ram, disk int64       // bytes held in each tier (disk: with files being written)
 	queue     []*storeEntry
 	touched   map[*storeEntry]bool // files whose use is not yet on their mtime
+	written   *sync.Cond           // signalled when the writer is done with an entry
 	wake      chan struct{}
 	closed    bool
 	done      chan struct{}
@@ -83,8 +84,7 @@ type StoreStats struct {
 	Dropped, Corrupted int64 // entries evicted for room; entries whose file failed its checks
 }
 
-// ChunkTokens is the tokens of a chunk entry (in blocks of the store's
-// block size: ChunkBlocks).
+// ChunkTokens is the tokens of a chunk entry: 16 blocks.
 func (s *Store) ChunkTokens() int { return chunkBlocks * s.opts.BlockSize }
 
 const chunkBlocks = 16
@@ -107,6 +107,7 @@ type storeEntry struct {
 	size    int64
 	data    []byte // the file's bytes while in host memory
 	onDisk  bool
+	queued  bool // waiting for the writer
 	writing bool // the writer is writing its file
 	gone    bool // dropped from the index
 	own     bool // this store's model (others' files only count for the budget)
@@ -136,6 +137,7 @@ func OpenStore(opts StoreOptions) (*Store, error) {
 	}
 	s := &Store{opts: opts, seed: modelSeed(opts.Model), log: opts.Logger, entries: map[entryID]*storeEntry{},
 		tipLens: map[int]int{}, touched: map[*storeEntry]bool{}, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	s.written = sync.NewCond(&s.mu)
 	if opts.Dir != "" {
 		if err := os.MkdirAll(opts.Dir, 0o700); err != nil {
 			return nil, fmt.Errorf("kvcache: state cache: %w", err)
@@ -434,24 +436,23 @@ func (s *Store) dropFile(e *storeEntry) {
 }
 
 // fitRAM drops host copies, least recently used first, until the budget
-// holds: copies on disk go first, then entries not written yet (lost).
+// holds: copies the directory has, and the entries it has not (without a
+// directory, or too large for it). Entries waiting for the writer stay (Put
+// waits for it).
 func (s *Store) fitRAM() {
-	for _, written := range []bool{true, false} {
-		for el := s.lru.Back(); s.ram > s.opts.RAMBytes && el != nil; {
-			prev := el.Prev()
-			e := el.Value.(*storeEntry)
-			switch {
-			case e.data == nil || e.writing:
-			case e.onDisk:
-				s.ram -= e.size
-				e.data = nil
-			case !written:
-				s.drop(e)
-				s.stats.Dropped++
-				prev = s.lru.Back()
-			}
-			el = prev
+	for el := s.lru.Back(); s.ram > s.opts.RAMBytes && el != nil; {
+		prev := el.Prev()
+		switch e := el.Value.(*storeEntry); {
+		case e.data == nil || e.writing || e.queued:
+		case e.onDisk:
+			s.ram -= e.size
+			e.data = nil
+		default: // no directory, or one that refused it
+			s.drop(e)
+			s.stats.Dropped++
+			prev = s.lru.Back()
 		}
+		el = prev
 	}
 }
 
@@ -468,8 +469,10 @@ func (s *Store) touch(e *storeEntry) {
 // state: the chunks the store lacks, and a tip for the tokens after the last
 // whole chunk and the state (none when the prefix ends a chunk and has no
 // state). read copies device blocks to host memory; Put reads the blocks of
-// new entries only, in one call. The entries go to host memory at once and
-// to the directory in the background. It returns how many entries it added.
+// new entries only, an entry at a time. The entries go to host memory, and
+// to the directory in the background; with a directory, Put waits for the
+// writer while entries not written yet fill the memory budget. It returns
+// how many entries it added.
 func (s *Store) Put(tokens []int32, blocks []int32, state []byte, read func(blocks []int, dst []byte) error) (int, error) {
 	n := len(tokens)
 	bs, C := s.opts.BlockSize, s.ChunkTokens()
@@ -478,7 +481,6 @@ func (s *Store) Put(tokens []int32, blocks []int32, state []byte, read func(bloc
 	}
 	var add []*storeEntry // new entries, ancestors first
 	var seen []*storeEntry
-	var need []int // their device blocks
 	h := prefixHash(s.seed)
 	parent := uint64(0)
 	s.mu.Lock()
@@ -494,7 +496,6 @@ func (s *Store) Put(tokens []int32, blocks []int32, state []byte, read func(bloc
 			} else {
 				add = append(add, &storeEntry{fileHeader: fileHeader{kind: kindChunk, start: start, n: C, blocks: chunkBlocks,
 					blockBytes: s.opts.BlockBytes, key: key, parent: parent, model: s.seed}})
-				need = appendRange(need, blocks, start/bs, end/bs)
 			}
 			parent = key
 		}
@@ -515,7 +516,6 @@ func (s *Store) Put(tokens []int32, blocks []int32, state []byte, read func(bloc
 		}
 		add = append(add, &storeEntry{fileHeader: fileHeader{kind: kindTip, start: base, n: n - base, blocks: (n+bs-1)/bs - base/bs,
 			blockBytes: s.opts.BlockBytes, stateBytes: len(state), key: key, parent: parent, model: s.seed}})
-		need = appendRange(need, blocks, base/bs, (n+bs-1)/bs)
 	}
 	for i := len(seen) - 1; i >= 0; i-- {
 		s.touch(seen[i])
@@ -524,25 +524,31 @@ func (s *Store) Put(tokens []int32, blocks []int32, state []byte, read func(bloc
 	if len(add) == 0 {
 		return 0, nil
 	}
-	kv := make([]byte, len(need)*s.opts.BlockBytes)
-	if err := read(need, kv); err != nil {
-		return 0, err
-	}
-	for _, e := range add {
-		part := kv[:e.blocks*s.opts.BlockBytes]
-		kv = kv[len(part):]
+	var ids []int
+	for i, e := range add {
+		ids = ids[:0]
+		for _, b := range blocks[e.start/bs : e.start/bs+e.blocks] {
+			ids = append(ids, int(b))
+		}
+		kv := make([]byte, e.blocks*s.opts.BlockBytes)
+		if err := read(ids, kv); err != nil {
+			return i, err
+		}
 		var st []byte
 		if e.kind == kindTip {
 			st = state
 		}
-		e.data = encodeEntry(&e.fileHeader, tokens[e.start:e.end()], part, st)
+		e.data = encodeEntry(&e.fileHeader, tokens[e.start:e.end()], kv, st)
 		e.size = int64(len(e.data))
 		e.own = true
 		e.path = filepath.Join(s.dir, entryName(e.id()))
-	}
-	s.mu.Lock()
-	for i := len(add) - 1; i >= 0; i-- { // ancestors most recently used
-		e := add[i]
+		s.mu.Lock()
+		for s.dir != "" && s.ram+e.size > s.opts.RAMBytes && len(s.queue) > 0 {
+			s.fitRAM()
+			if s.ram+e.size > s.opts.RAMBytes {
+				s.written.Wait()
+			}
+		}
 		if old := s.entries[e.id()]; old != nil {
 			s.drop(old) // a tip without state that this one replaces
 		}
@@ -550,19 +556,20 @@ func (s *Store) Put(tokens []int32, blocks []int32, state []byte, read func(bloc
 		s.ram += e.size
 		if s.dir != "" {
 			s.queue = append(s.queue, e)
+			e.queued = true
+		}
+		s.fitRAM()
+		s.mu.Unlock()
+		s.poke()
+	}
+	s.mu.Lock()
+	for i := len(add) - 1; i >= 0; i-- { // ancestors most recently used
+		if !add[i].gone {
+			s.lru.MoveToFront(add[i].elem)
 		}
 	}
-	s.fitRAM()
 	s.mu.Unlock()
-	s.poke()
 	return len(add), nil
-}
-
-func appendRange(dst []int, blocks []int32, from, to int) []int {
-	for _, b := range blocks[from:to] {
-		dst = append(dst, int(b))
-	}
-	return dst
 }
 
 // Match returns the length of the longest prefix of tokens[:maxLen] that the
@@ -742,6 +749,7 @@ func (s *Store) writer() {
 		if len(s.queue) > 0 {
 			e = s.queue[0]
 			s.queue = s.queue[1:]
+			e.queued = false
 			if e.gone || e.data == nil || e.onDisk || !s.fitDisk(e.size) || e.gone {
 				e = nil // dropped, written, or too large for the budget
 			} else {
@@ -750,6 +758,7 @@ func (s *Store) writer() {
 				data = e.data
 			}
 		}
+		s.written.Broadcast()
 		s.mu.Unlock()
 		now := time.Now()
 		for _, p := range touched {
@@ -772,6 +781,7 @@ func (s *Store) writer() {
 			e.onDisk = true
 			s.stats.Saved++
 		}
+		s.written.Broadcast()
 		s.mu.Unlock()
 	}
 }

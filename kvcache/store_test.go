@@ -274,6 +274,39 @@ func TestStoreBudget(t *testing.T) {
 	}
 }
 
+// A prefix larger than the memory budget goes to the directory whole: Put
+// waits for the writer instead of dropping what it has not written, and
+// memory stays within about an entry of the budget.
+func TestStoreBackpressure(t *testing.T) {
+	dir := t.TempDir()
+	rng := rand.New(rand.NewPCG(7, 8))
+	dev := &fakeKV{bb: 8, blocks: map[int][]byte{}}
+	s := testStoreModel(t, dir, "m")
+	conv := randTokens(rng, 40*s.ChunkTokens()+3)
+	if n, err := s.Put(conv, dev.compute(conv, 4), nil, dev.read); err != nil || n != 41 {
+		t.Fatalf("put: %d entries, %v", n, err)
+	}
+	if st := s.Stats(); st.RAMBytes > 600+2*500 || st.Dropped != 0 {
+		t.Fatalf("after the put: %+v", st)
+	}
+	s.Close()
+	s = testStoreModel(t, dir, "m")
+	defer s.Close()
+	if got := s.Match(conv, len(conv), false); got != len(conv) {
+		t.Fatalf("from the directory: %d of %d tokens", got, len(conv))
+	}
+}
+
+// testStoreModel opens a store of 600 bytes of memory: about one entry.
+func testStoreModel(t *testing.T, dir, model string) *Store {
+	t.Helper()
+	s, err := OpenStore(StoreOptions{Dir: dir, DiskBytes: 1 << 20, RAMBytes: 600, Model: model, BlockSize: 4, BlockBytes: 8, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
 // FuzzStoreEntry: any file is refused or decodes within its own bytes.
 func FuzzStoreEntry(f *testing.F) {
 	h := fileHeader{kind: kindTip, start: 64, n: 3, blocks: 1, blockBytes: 8, stateBytes: 2, key: 5, parent: 6, model: 7}
