@@ -687,7 +687,7 @@ func (s *scheduler) snapshot(q *seq, kind kvcache.SnapshotKind) *kvcache.Snapsho
 // than idleFreeSlots are free (so that the next prefill's snapshots are
 // copies on the device, not waits for it), and once the engine has idled
 // for spillAfter, the latest state of a conversation goes to the state
-// cache.
+// cache, then the other places it may be edited.
 func (s *scheduler) idleWork() (bool, time.Duration) {
 	if s.snaps != nil {
 		if free := s.snaps.FreeSlots(); free < min(idleFreeSlots, s.e.opts.SnapshotSlots) {
@@ -703,7 +703,7 @@ func (s *scheduler) idleWork() (bool, time.Duration) {
 	if wait := s.e.opts.spillAfter - time.Since(s.idleSince); wait > 0 {
 		return false, wait
 	}
-	return s.spillOne(), 0
+	return s.spillOne(true), 0
 }
 
 // idleFreeSlots is how many spare state slots the scheduler frees when idle:
@@ -777,8 +777,9 @@ func (s *scheduler) shutdown() {
 		s.finish(s.waiting[0], FinishCancelled, ErrClosed)
 	}
 	// What the state cache lacks of each conversation's latest past goes
-	// there before the caches are let go.
-	for s.spillOne() {
+	// there before the caches are let go (an idle engine has copied the
+	// places its conversations may be edited too).
+	for s.spillOne(false) {
 	}
 	if s.prefix != nil {
 		s.prefix.Clear()

@@ -14,8 +14,9 @@ import (
 // closes) is kept in host memory and then in a bounded directory, and
 // restored for requests that continue them, across restarts too (see
 // kvcache.Store). A hybrid model keeps the last state of each conversation
-// (its answers' ends) and any snapshot evicted for room; a dense model the
-// KV blocks of each cached prefix.
+// (its answers' ends), its other snapshots while the engine idles, and any
+// snapshot evicted for room; a dense model the KV blocks of each cached
+// prefix.
 type StateCache struct {
 	Dir       string // cache directory; "" keeps it in host memory only
 	DiskBytes int64  // most bytes in Dir
@@ -137,18 +138,27 @@ func (s *scheduler) spillPrefix(tokens, blocks []int32) {
 
 // spillOne copies the most recently used conversation end that the state
 // cache lacks (a hybrid model's answer end, a dense model's prefix-cache
-// leaf) and reports whether there was one.
-func (s *scheduler) spillOne() bool {
+// leaf), or with points, when every end is stored, a hybrid model's most
+// recently used other snapshot (where its conversation may be edited), and
+// reports whether there was one.
+func (s *scheduler) spillOne(points bool) bool {
 	if s.store == nil {
 		return false
 	}
 	if s.hybrid {
-		var tip *kvcache.Snapshot
+		var tip, point *kvcache.Snapshot
 		s.snaps.Each(func(sn *kvcache.Snapshot) {
-			if tip == nil && sn.Kind == kvcache.Tip && !sn.Stored {
+			switch {
+			case sn.Stored:
+			case sn.Kind == kvcache.Tip && tip == nil:
 				tip = sn
+			case sn.Kind == kvcache.Point && point == nil && points:
+				point = sn
 			}
 		})
+		if tip == nil {
+			tip = point
+		}
 		if tip == nil {
 			return false
 		}
