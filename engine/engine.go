@@ -43,6 +43,11 @@
 // turns: a request's first snapshot drops those of the turn before the one
 // it resumed from (unless another request branched from that one).
 //
+// With a state cache (Options.StateCache), what the caches let go is kept in
+// host memory and on disk, and admission restores the longest prefix stored
+// there when it is a block or more beyond what the device holds (see
+// StateCache).
+//
 // An Engine is safe for use by many goroutines.
 package engine
 
