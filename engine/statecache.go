@@ -76,6 +76,9 @@ func (s *scheduler) fromStore(q *seq, dev int) *storedPrefix {
 		return nil
 	}
 	bs := s.e.opts.BlockSize
+	if len(q.tokens)-1 < dev+bs {
+		return nil // the device holds all it could give
+	}
 	if st := q.stored; st != nil {
 		if st.from == dev/bs {
 			return st
