@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -50,19 +51,26 @@ func (f *stateCacheFlags) resolve() (engine.StateCache, error) {
 		}
 		return c, nil
 	}
-	c.Dir = f.dir
-	if c.Dir == "" {
+	if f.dir == "" {
+		// The default: a directory that cannot be made leaves the cache in
+		// memory, with a warning, rather than refusing to serve.
 		base, err := os.UserCacheDir()
-		if err != nil {
-			return c, fmt.Errorf("the state cache's default directory: %w (set --state-cache)", err)
+		if err == nil {
+			c.Dir = filepath.Join(base, "kiln", "state")
+			err = os.MkdirAll(c.Dir, 0o700)
 		}
-		c.Dir = filepath.Join(base, "kiln", "state")
-	}
-	if c.Dir, err = filepath.Abs(c.Dir); err != nil {
-		return c, err
-	}
-	if err := os.MkdirAll(c.Dir, 0o700); err != nil {
-		return c, fmt.Errorf("--state-cache: %w", err)
+		if err != nil {
+			slog.Warn("no state cache directory: conversations are kept in memory only (set --state-cache)", "err", err)
+			c.Dir = ""
+			return c, nil
+		}
+	} else {
+		if c.Dir, err = filepath.Abs(f.dir); err != nil {
+			return c, err
+		}
+		if err := os.MkdirAll(c.Dir, 0o700); err != nil {
+			return c, fmt.Errorf("--state-cache: %w", err)
+		}
 	}
 	if f.size != "" {
 		if c.DiskBytes, err = parseBytes(f.size); err != nil {

@@ -124,6 +124,16 @@ func TestStateCacheFlags(t *testing.T) {
 	if sc, err := (&stateCacheFlags{dir: "none", ram: "0"}).resolve(); err != nil || sc.Dir != "" || sc.RAMBytes != 0 {
 		t.Errorf("--state-cache none: %+v, %v", sc, err)
 	}
+	// A default directory that cannot be made leaves the cache in memory; a
+	// named one is an error.
+	os.WriteFile(filepath.Join(cache, "file"), nil, 0o600)
+	t.Setenv("XDG_CACHE_HOME", filepath.Join(cache, "file"))
+	if sc, err := (&stateCacheFlags{ram: "1GB"}).resolve(); err != nil || sc.Dir != "" || sc.RAMBytes != 1<<30 {
+		t.Errorf("unusable default directory: %+v, %v", sc, err)
+	}
+	if _, err := (&stateCacheFlags{dir: filepath.Join(cache, "file", "x"), ram: "1GB"}).resolve(); err == nil {
+		t.Error("an unusable --state-cache accepted")
+	}
 	if _, err := (&stateCacheFlags{dir: "none", size: "1GB", ram: "1GB"}).resolve(); err == nil {
 		t.Error("--state-cache-size without a directory accepted")
 	}
