@@ -92,6 +92,7 @@ func (c *PrefixCache) Match(tokens []int32) ([]int32, Chain) {
 	var blocks []int32
 	ch := Chain{key: chainRoot}
 	bs := c.blockSize
+	now := time.Now()
 	for (ch.n+1)*bs <= len(tokens) {
 		blk := tokens[ch.n*bs : (ch.n+1)*bs]
 		k := chainKey(ch.key, blk)
@@ -100,7 +101,7 @@ func (c *PrefixCache) Match(tokens []int32) ([]int32, Chain) {
 			break
 		}
 		c.lru.MoveToFront(e.elem)
-		e.used = time.Now()
+		e.used = now
 		blocks = append(blocks, e.block)
 		ch = Chain{n: ch.n + 1, key: k}
 	}
@@ -124,12 +125,13 @@ func (c *PrefixCache) Insert(ch *Chain, tokens []int32, blocks []int32) {
 	if ch.key == 0 {
 		ch.key = chainRoot
 	}
+	now := time.Now()
 	for (ch.n+1)*bs <= len(tokens) && ch.n < len(blocks) {
 		blk := tokens[ch.n*bs : (ch.n+1)*bs]
 		k := chainKey(ch.key, blk)
 		e, ok := c.entries[k]
 		if !ok {
-			e = &prefixEntry{key: k, parent: ch.key, tokens: slices.Clone(blk), block: blocks[ch.n], used: time.Now()}
+			e = &prefixEntry{key: k, parent: ch.key, tokens: slices.Clone(blk), block: blocks[ch.n], used: now}
 			c.a.Retain(e.block)
 			e.elem = c.lru.PushFront(e)
 			c.entries[k] = e
@@ -138,7 +140,7 @@ func (c *PrefixCache) Insert(ch *Chain, tokens []int32, blocks []int32) {
 			}
 		} else {
 			c.lru.MoveToFront(e.elem)
-			e.used = time.Now()
+			e.used = now
 		}
 		*ch = Chain{n: ch.n + 1, key: k}
 	}
