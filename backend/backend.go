@@ -209,12 +209,25 @@ type KVSpec struct {
 	DType                                       DType
 }
 
+// BlockBytes is the size of one block across layers as KVCache.SaveBlocks
+// writes it: per layer its K then its V, [BlockSize, KVHeads, HeadDim] in
+// the cache's type, little-endian.
+func (s KVSpec) BlockBytes() int {
+	return s.Layers * 2 * s.BlockSize * s.KVHeads * s.HeadDim * s.DType.Size()
+}
+
 // KVCache is a block-paged key/value store: per layer, K and V pools of
 // [Blocks, BlockSize, KVHeads, HeadDim].
 type KVCache interface {
 	Spec() KVSpec
 	// CopyBlock copies physical block src to dst in every layer (copy-on-write).
 	CopyBlock(dst, src int)
+	// SaveBlocks waits for queued work and copies blocks to host memory,
+	// one after the other (len(dst) == len(blocks) * Spec().BlockBytes()).
+	SaveBlocks(blocks []int, dst []byte) error
+	// RestoreBlocks writes blocks saved by SaveBlocks; it returns once the
+	// copies are done.
+	RestoreBlocks(blocks []int, src []byte) error
 	Free()
 }
 

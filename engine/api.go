@@ -10,8 +10,14 @@ import (
 // follows. Text, chat templates and tool calls are the session's (package
 // session); the engine gives back token ids, their text and why they ended.
 type Request struct {
-	Prompt   []int32
-	Sampling Sampling
+	Prompt []int32
+	// Checkpoints are prompt positions, ascending, where requests that share
+	// this prompt's beginning tend to go another way: the session gives the
+	// start of each message (an edited or re-rendered answer, a changed
+	// message, a regenerated reply diverge there). Hybrid models keep their
+	// state at those the prefill crosses (see Reuse in the package doc).
+	Checkpoints []int
+	Sampling    Sampling
 	// Mask, when set, constrains which tokens the request may generate.
 	Mask TokenMask
 
@@ -212,7 +218,16 @@ type Stats struct {
 	RequestsCompleted int64
 	GeneratedTokens   int64 // tokens sampled for requests, all time
 	StateSnapshots    int   // hybrid-model state snapshots held
-	StateBytes        int64
+	StateOnDevice     int   // of those, the ones in device slots (Options.SnapshotSlots)
+	StateBytes        int64 // the host memory of the others' state
+
+	// The state cache (Options.StateCache): its entries, their bytes in
+	// host memory and on disk, the prefixes restored from it and their
+	// tokens.
+	StateCacheEntries                       int
+	StateCacheRAMBytes, StateCacheDiskBytes int64
+	StateCacheRestores                      int64
+	StateCacheRestoredTokens                int64
 
 	// Forward passes, all time: how many, the tokens they computed and the
 	// time they took (model and sampling, and on an asynchronous backend

@@ -27,17 +27,28 @@
 // Dense and MoE models keep every full KV block in a prefix cache keyed by a
 // hash chain of its tokens; a request starts after the longest cached prefix
 // (its last prompt token is always computed, for its logits; a shared block
-// it writes is copied first). Hybrid models cannot truncate their DeltaNet
-// state, so they resume only from a state snapshot taken at exactly the
-// prefix: snapshots (host memory, LRU within StateMemory, each holding the KV
-// blocks of its prefix) are taken at every SnapshotInterval of a long
-// prompt, one token short of a prompt's end (which serves the same prompt
-// again as well as any longer one) and at the end of an answer (which the
-// next chat turn extends). A conversation holds one turn's snapshots: the
-// first snapshot of a request drops those of the turn it resumed from, and
-// each drops the request's earlier ones, except that the answer's keeps the
-// prompt's as a fallback for templates that re-render the answer otherwise
-// (without its reasoning, say).
+// it writes is copied first), so a request that diverges from an earlier one
+// recomputes at most the block it diverges in. Hybrid models cannot truncate
+// their DeltaNet state, so they resume only from a state snapshot taken at
+// exactly the prefix. Snapshots are taken where requests go different ways
+// (Points): at each of the prompt's checkpoints (the session gives the start
+// of each message) and at the last block boundary before the prompt's end,
+// when the last checkpoint is a block or more before it, so that an edited
+// or re-rendered answer, a regenerated reply or an edited message resumes at
+// most a block before the change, or at the start of the changed message;
+// and every SnapshotInterval tokens of a long prompt or answer. A request's
+// end (Tip) is snapshotted too, for its next turn. Saving and restoring is a
+// copy between device state slots (SnapshotSlots), queued with the passes;
+// the least recently used snapshots move to host memory (within
+// StateMemory, LRU) when the slots run out and when the engine idles.
+// Parent eviction keeps a conversation to the snapshots of its last two
+// turns: a request's first snapshot drops those of the turn before the one
+// it resumed from (unless another request branched from that one).
+//
+// With a state cache (Options.StateCache), what the caches let go is kept in
+// host memory and on disk, and admission restores the longest prefix stored
+// there when it is a block or more beyond what the device holds (see
+// StateCache).
 //
 // An Engine is safe for use by many goroutines.
 package engine
@@ -52,6 +63,7 @@ import (
 	"time"
 
 	"github.com/kiln-llm/kiln/backend"
+	"github.com/kiln-llm/kiln/kvcache"
 	"github.com/kiln-llm/kiln/model"
 	"github.com/kiln-llm/kiln/tokenizer"
 )
@@ -76,6 +88,12 @@ type Options struct {
 	// StateMemory bounds the host memory of hybrid models' state snapshots;
 	// 1 GiB.
 	StateMemory int64
+	// SnapshotSlots are device state slots for hybrid models' latest
+	// snapshots, beside the running sequences' (saving and restoring one
+	// is then a copy on the device, queued with the passes); they move to
+	// host memory when these run out, and when the engine idles beyond
+	// the last four. MaxRunning, at most a quarter of KVMemory; -1: none.
+	SnapshotSlots int
 	// SnapshotInterval: hybrid models also snapshot their state each time a
 	// prompt's prefill crosses a multiple of this many tokens (rounded up
 	// to whole blocks); 1024. -1: only
@@ -84,11 +102,15 @@ type Options struct {
 	// NoCache turns prefix and state reuse off: every request computes its
 	// whole prompt (for measurements and debugging).
 	NoCache bool
-	Logger  *slog.Logger // nil: slog.Default()
+	// StateCache keeps conversations the device lets go in host memory and
+	// on disk (off when neither Dir nor RAMBytes is set, or with NoCache).
+	StateCache StateCache
+	Logger     *slog.Logger // nil: slog.Default()
 
-	checkAccounting bool // tests: verify block accounting after every step
-	overlap         bool // tests: hold tokens over the next pass on any backend
-	beyondCache     bool // tests: a context beyond the KV cache, so that a lone sequence can outgrow it
+	checkAccounting bool          // tests: verify block accounting after every step
+	overlap         bool          // tests: hold tokens over the next pass on any backend
+	beyondCache     bool          // tests: a context beyond the KV cache, so that a lone sequence can outgrow it
+	spillAfter      time.Duration // tests: the idle time before spilling to the state cache (0: spillAfter)
 }
 
 func (o *Options) setDefaults() error {
@@ -113,6 +135,11 @@ func (o *Options) setDefaults() error {
 	if o.StateMemory == 0 {
 		o.StateMemory = 1 << 30
 	}
+	def(&o.SnapshotSlots, o.MaxRunning)
+	if o.spillAfter == 0 {
+		o.spillAfter = spillAfter
+	}
+	o.SnapshotSlots = max(o.SnapshotSlots, 0)
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -143,9 +170,11 @@ type Engine struct {
 	stats    Stats
 	nextID   uint64
 
-	wake chan struct{}
-	quit chan struct{}
-	done chan struct{}
+	wake    chan struct{}
+	quit    chan struct{}
+	done    chan struct{}
+	inspect chan func() // run by the scheduler (Conversations)
+	store   *kvcache.Store
 
 	// Owned by the scheduler goroutine.
 	sched *scheduler
@@ -166,6 +195,11 @@ func New(m *model.Model, tok *tokenizer.Tokenizer, opts Options) (*Engine, error
 		}
 		ctx, limit = opts.Context, LimitOption
 	}
+	if !m.Hybrid() || opts.NoCache {
+		opts.SnapshotSlots = 0
+	} else if sb := int64(m.SlotBytes()); sb > 0 {
+		opts.SnapshotSlots = int(min(int64(opts.SnapshotSlots), opts.KVMemory/4/sb))
+	}
 	if opts.KVBlocks == 0 {
 		per := m.KVBytesPerToken() * int64(opts.BlockSize)
 		if per <= 0 {
@@ -174,7 +208,8 @@ func New(m *model.Model, tok *tokenizer.Tokenizer, opts Options) (*Engine, error
 		// More than every running sequence at full context (twice over,
 		// for the caches) would never be used.
 		ctxBlocks := (ctx + opts.BlockSize - 1) / opts.BlockSize
-		opts.KVBlocks = int(min(opts.KVMemory/per, int64(2*opts.MaxRunning*ctxBlocks)))
+		kvMem := opts.KVMemory - int64(opts.SnapshotSlots)*int64(m.SlotBytes())
+		opts.KVBlocks = int(min(kvMem/per, int64(2*opts.MaxRunning*ctxBlocks)))
 		if opts.KVBlocks < 1 {
 			return nil, fmt.Errorf("engine: KVMemory %d bytes holds no block of %d bytes", opts.KVMemory, per)
 		}
@@ -190,12 +225,19 @@ func New(m *model.Model, tok *tokenizer.Tokenizer, opts Options) (*Engine, error
 	if ctx < 2 {
 		return nil, fmt.Errorf("engine: a KV cache of %d blocks of %d tokens leaves no context", opts.KVBlocks, opts.BlockSize)
 	}
-	if err := m.AllocCache(model.CacheSpec{Blocks: opts.KVBlocks, BlockSize: opts.BlockSize, Slots: opts.MaxRunning}); err != nil {
+	if err := m.AllocCache(model.CacheSpec{Blocks: opts.KVBlocks, BlockSize: opts.BlockSize, Slots: opts.MaxRunning + opts.SnapshotSlots}); err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
 	e := &Engine{
 		m: m, tok: tok, opts: opts, cfg: cfg, log: opts.Logger, ctx: ctx, ctxLimit: limit,
-		wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}),
+		wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}), inspect: make(chan func()),
+	}
+	if opts.StateCache.enabled() && !opts.NoCache {
+		st, err := openStore(m, &e.opts)
+		if err != nil {
+			return nil, fmt.Errorf("engine: %w", err)
+		}
+		e.store = st
 	}
 	e.sched = newScheduler(e)
 	e.stats.KVBlocksTotal = opts.KVBlocks
@@ -334,7 +376,13 @@ func (e *Engine) prepare(req *Request) (*seq, error) {
 	} else if n+1 > ctx || sp.MaxTokens > ctx-n && !req.ClampMaxTokens {
 		return nil, &ContextError{Prompt: n, MaxTokens: sp.MaxTokens, Context: ctx, Limit: limit}
 	}
+	for i, c := range req.Checkpoints {
+		if c < 0 || c >= len(ids) || (i > 0 && c <= req.Checkpoints[i-1]) {
+			return nil, fmt.Errorf("engine: checkpoints %v: not ascending positions inside the %d-token prompt", req.Checkpoints, len(ids))
+		}
+	}
 	s := &seq{
+		checkpoints: req.Checkpoints,
 		mask:        req.Mask,
 		prefillOnly: req.PrefillOnly,
 		tokens:      append(make([]int32, 0, len(ids)+64), ids...),

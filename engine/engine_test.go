@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/kiln-llm/kiln/internal/testmodel"
+	"github.com/kiln-llm/kiln/kvcache"
 )
 
 // loadFixture loads a fixture model with its own CPU backend (each engine
@@ -173,14 +174,18 @@ func TestCacheCorrectness(t *testing.T) {
 
 			// The same 32-token prompt three times (a regenerated answer):
 			// full hits whose last token is recomputed, in a shared block
-			// (copy-on-write) for dense models, from the state one token
-			// short of the prompt's end for hybrid ones.
+			// (copy-on-write) for dense models; hybrid ones resume from the
+			// state at the last block boundary before the prompt's end.
 			p3 := randomPrompt(rng, f, 32)
 			first := generate(t, cached, &Request{Prompt: p3, Sampling: Sampling{MaxTokens: 8}})
+			want := 31
+			if f.Model.Hybrid() {
+				want = 16
+			}
 			for range 2 {
 				again := generate(t, cached, &Request{Prompt: p3, Sampling: Sampling{MaxTokens: 8}})
-				if !slices.Equal(first.tokens, again.tokens) || again.usage.CachedTokens != 31 {
-					t.Errorf("repeated prompt: %v then %v, %d tokens cached (want 31)", first.tokens, again.tokens, again.usage.CachedTokens)
+				if !slices.Equal(first.tokens, again.tokens) || again.usage.CachedTokens != want {
+					t.Errorf("repeated prompt: %v then %v, %d tokens cached (want %d)", first.tokens, again.tokens, again.usage.CachedTokens, want)
 				}
 			}
 
@@ -190,10 +195,12 @@ func TestCacheCorrectness(t *testing.T) {
 				t.Errorf("idle engine: %d blocks used, %d kept by the cache", st.KVBlocksUsed, st.KVBlocksCached)
 			}
 			if f.Model.Hybrid() {
-				// Parent eviction: the conversations above hold one turn each
-				// (its prompt's and its answer's snapshots).
-				if st := cached.Stats(); st.StateSnapshots > 6 {
-					t.Errorf("%d snapshots held after three conversations", st.StateSnapshots)
+				// The two conversations above hold their points and ends:
+				// 2+2 for the first, for the second its last block boundary,
+				// the interval's multiple at its prompt's end and one end
+				// (its three identical answers replace each other's).
+				if st := cached.Stats(); st.StateSnapshots > 7 {
+					t.Errorf("%d snapshots held after two conversations", st.StateSnapshots)
 				}
 			}
 		})
@@ -485,20 +492,31 @@ func TestOutgrowTheCache(t *testing.T) {
 }
 
 // TestParentEviction: a hybrid conversation of many turns holds the
-// snapshots of its last turn only (its prompt's and its answer's), and
-// every turn resumes from the previous one.
+// snapshots of its last two turns only (where they may be edited, and their
+// answers' ends), and every turn resumes from the previous answer.
 func TestParentEviction(t *testing.T) {
 	f := loadFixture(t, "qwen3next")
 	e := newEngine(t, f, Options{SnapshotInterval: 16})
 	rng := rand.New(rand.NewPCG(21, 22))
 	conv := randomPrompt(rng, f, 40)
-	for turn := range 6 {
+	var starts []int // each turn's prompt length
+	for turn := range 12 {
 		r := generate(t, e, &Request{Prompt: conv, Sampling: Sampling{MaxTokens: 6, IgnoreEOS: true}})
 		if turn > 0 && r.usage.CachedTokens != len(conv)-20 {
 			t.Errorf("turn %d: %d of %d prompt tokens cached, want all but the new 20 and the last answer token", turn, r.usage.CachedTokens, len(conv))
 		}
-		if st := e.Stats(); st.StateSnapshots != 2 {
-			t.Errorf("turn %d: %d snapshots held, want 2", turn, st.StateSnapshots)
+		starts = append(starts, len(conv)-20)
+		tips := 0
+		e.sched.snaps.Each(func(sn *kvcache.Snapshot) {
+			if sn.Kind == kvcache.Tip {
+				tips++
+			}
+			if turn >= 2 && len(sn.Tokens) < starts[turn-1] {
+				t.Errorf("turn %d: a snapshot of %d tokens, from before the previous turn (%d)", turn, len(sn.Tokens), starts[turn-1])
+			}
+		})
+		if tips != min(turn+1, 2) {
+			t.Errorf("turn %d: %d answer ends held, want %d", turn, tips, min(turn+1, 2))
 		}
 		conv = append(append(conv, r.tokens...), randomPrompt(rng, f, 19)...)
 	}

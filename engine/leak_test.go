@@ -21,14 +21,16 @@ func TestRandomizedNoLeaks(t *testing.T) {
 		arch     string
 		requests int
 		overlap  bool
-	}{{"qwen3", 2000, false}, {"qwen3", 1000, true}, {"qwen3next", 1000, false}} {
-		t.Run(fmt.Sprintf("%s/overlap=%v", tc.arch, tc.overlap), func(t *testing.T) {
-			randomizedRun(t, tc.arch, tc.requests, tc.overlap)
+		store    bool // a state cache in host memory, small enough to drop entries
+	}{{"qwen3", 2000, false, false}, {"qwen3", 1000, true, false}, {"qwen3next", 1000, false, false},
+		{"qwen3", 1000, false, true}, {"qwen3next", 1000, false, true}} {
+		t.Run(fmt.Sprintf("%s/overlap=%v/store=%v", tc.arch, tc.overlap, tc.store), func(t *testing.T) {
+			randomizedRun(t, tc.arch, tc.requests, tc.overlap, tc.store)
 		})
 	}
 }
 
-func randomizedRun(t *testing.T, arch string, requests int, overlap bool) {
+func randomizedRun(t *testing.T, arch string, requests int, overlap, store bool) {
 	const maxGen = 24
 	f := loadFixture(t, arch)
 	ref := newEngine(t, loadFixture(t, arch), Options{NoCache: true})
@@ -48,7 +50,12 @@ func randomizedRun(t *testing.T, arch string, requests int, overlap bool) {
 	ref.Close()
 
 	before := runtime.NumGoroutine()
-	e := newEngine(t, f, Options{BlockSize: 4, KVBlocks: 14, MaxRunning: 8, MaxBatchTokens: 24, SnapshotInterval: 8, StateMemory: int64(6 * max(f.Model.SlotBytes(), 1)), overlap: overlap})
+	opts := Options{BlockSize: 4, KVBlocks: 14, MaxRunning: 8, MaxBatchTokens: 24, SnapshotInterval: 8, StateMemory: int64(6 * max(f.Model.SlotBytes(), 1)), overlap: overlap}
+	if store {
+		opts.StateCache = StateCache{RAMBytes: 64 << 10}
+		opts.spillAfter = time.Millisecond
+	}
+	e := newEngine(t, f, opts)
 	type job struct {
 		prompt, maxTokens int
 		cancelAfter       int // events read before cancelling; -1: never
@@ -130,6 +137,9 @@ func randomizedRun(t *testing.T, arch string, requests int, overlap bool) {
 	}
 	if completed == 0 || cancelled == 0 {
 		t.Errorf("%d completed, %d cancelled: the test did not exercise both", completed, cancelled)
+	}
+	if store && (st.StateCacheRestores == 0 || st.StateCacheRAMBytes > 64<<10) {
+		t.Errorf("state cache: %d restores, %d bytes", st.StateCacheRestores, st.StateCacheRAMBytes)
 	}
 	e.Close()
 	if used := e.sched.alloc.Used(); used != 0 {

@@ -60,10 +60,11 @@ func TestMeasureFollowUpTTFT(t *testing.T) {
 		t.Run(mc.name, func(t *testing.T) {
 			computed := map[int]bool{}
 			for _, history := range histories {
-				hit, hu := followUp(t, mc.name, mc.layers, history, false)
-				miss, _ := followUp(t, mc.name, mc.layers, history, true)
-				fmt.Printf("%s (layers %d): history %5d tokens: follow-up TTFT %8.1f ms with cache (%d cached, %d computed), %9.1f ms without: %.0fx\n",
-					mc.name, mc.layers, history, ms(hit), hu.CachedTokens, hu.PromptTokens-hu.CachedTokens, ms(miss), float64(miss)/float64(hit))
+				hit, hu, hs := followUp(t, mc.name, mc.layers, history, false)
+				miss, _, _ := followUp(t, mc.name, mc.layers, history, true)
+				fmt.Printf("%s (layers %d): history %5d tokens: follow-up TTFT %8.1f ms with cache (%d cached, %d computed; %d passes %.1f ms, host %.2f ms), %9.1f ms without: %.0fx\n",
+					mc.name, mc.layers, history, ms(hit), hu.CachedTokens, hu.PromptTokens-hu.CachedTokens, hs.Steps, ms(hs.StepTime), ms(hit-hs.StepTime),
+					ms(miss), float64(miss)/float64(hit))
 				// The hit computes only the new message whatever the history
 				// (its time still grows with the attention reading the
 				// history's KV).
@@ -99,8 +100,10 @@ func syntheticModel(t *testing.T, name string, layers int) *model.Model {
 }
 
 // followUp runs a first turn of history tokens (8 generated), then a second
-// turn adding 32 tokens, and returns the second turn's TTFT and usage.
-func followUp(t *testing.T, name string, layers, history int, noCache bool) (time.Duration, *Usage) {
+// turn adding 32 tokens, and returns the second turn's TTFT and usage, and
+// the forward passes until its first token (their count and time: the rest
+// of the TTFT is the host's).
+func followUp(t *testing.T, name string, layers, history int, noCache bool) (time.Duration, *Usage, Stats) {
 	m := syntheticModel(t, name, layers)
 	e, err := New(m, nil, Options{NoCache: noCache, MaxBatchTokens: 512, MaxRunning: 4, KVMemory: 4 << 30, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
@@ -123,8 +126,10 @@ func followUp(t *testing.T, name string, layers, history int, noCache bool) (tim
 		answer = generate(t, e, &Request{Prompt: p1, Sampling: Sampling{MaxTokens: 8, IgnoreEOS: true}}).tokens
 	}
 	p2 := append(append(slices.Clone(p1), answer...), ids(32)...)
+	before := e.Stats()
 	r2 := generate(t, e, &Request{Prompt: p2, Sampling: Sampling{MaxTokens: 1}})
-	return r2.usage.TTFT, r2.usage
+	after := e.Stats()
+	return r2.usage.TTFT, r2.usage, Stats{Steps: after.Steps - before.Steps, StepTime: after.StepTime - before.StepTime}
 }
 
 // measurePreemption runs the same 32 requests with a KV cache that holds

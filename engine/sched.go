@@ -36,15 +36,20 @@ type seq struct {
 	chain kvcache.Chain
 	slot  int
 
-	// Snapshots (hybrid models): the group of this turn's snapshots, the
-	// group of the snapshot the sequence resumed from (dropped at its first
-	// own snapshot: parent eviction), and the snapshot of the prompt's end.
-	group, resumedGroup, promptSnap uint64
-	prefilled                       bool // the prompt's end has been reached since (re)admission
+	// Snapshots (hybrid models): the request's group of snapshots, the
+	// group it resumed from, whether it saved one (parent eviction),
+	// Request.Checkpoints, and the positions still ahead where its state is
+	// saved (snapshotPoints).
+	group, parent uint64
+	saved         bool
+	checkpoints   []int
+	points        []int
 
 	admitted bool
-	done     bool // finished: its final event is sent
-	cached   int  // prompt tokens served from cache at first admission
+	done     bool          // finished: its final event is sent
+	noStore  bool          // the state cache failed it: recompute instead
+	stored   *storedPrefix // loaded from the state cache, until admitted
+	cached   int           // prompt tokens served from cache at first admission
 
 	params backend.SampleParams
 	counts map[int32]int32 // generated tokens, for the penalties
@@ -73,12 +78,6 @@ const (
 	maskComplete                // only the end, and the request has no stop token: FinishStop
 )
 
-const (
-	snapBoundary = iota
-	snapPrompt
-	snapAnswer
-)
-
 // scheduler is the state of the engine's loop goroutine.
 type scheduler struct {
 	e       *Engine
@@ -87,7 +86,8 @@ type scheduler struct {
 	alloc   *kvcache.Allocator
 	prefix  *kvcache.PrefixCache
 	snaps   *kvcache.Snapshots
-	slots   []int // free state slots
+	store   *kvcache.Store // the state cache; nil: none
+	slots   []int          // free state slots
 	waiting []*seq
 	running []*seq // oldest first
 	groups  uint64
@@ -107,6 +107,7 @@ type scheduler struct {
 	steps, stepTokens, decodeSteps, decodeTokens int64
 	stepTime, decodeTime, hostTime               time.Duration
 	lastStep                                     time.Time // end of the last pass; zero after the loop idled
+	idleSince                                    time.Time // when the loop last found nothing to do; zero while busy
 }
 
 // heldToken is a sampled token accepted into its sequence but not emitted.
@@ -116,15 +117,23 @@ type heldToken struct {
 }
 
 func newScheduler(e *Engine) *scheduler {
-	s := &scheduler{e: e, m: e.m, hybrid: e.m.Hybrid(), alloc: kvcache.NewAllocator(e.opts.KVBlocks)}
+	s := &scheduler{e: e, m: e.m, hybrid: e.m.Hybrid(), alloc: kvcache.NewAllocator(e.opts.KVBlocks), store: e.store}
 	s.overlap = (e.m.Backend().Asynchronous() || e.opts.overlap) && !s.hybrid
 	// Hybrid models resume only where a state snapshot exists: their
 	// snapshots hold the KV blocks they need, and full blocks alone (the
 	// prefix cache) are of no use to them.
 	if s.hybrid {
-		s.snaps = kvcache.NewSnapshots(s.alloc, e.opts.BlockSize, e.opts.StateMemory)
+		var spare []int
+		for i := range e.opts.SnapshotSlots {
+			spare = append(spare, e.opts.MaxRunning+i)
+		}
+		s.snaps = kvcache.NewSnapshots(s.alloc, e.opts.BlockSize, e.m, spare, e.opts.StateMemory)
+		s.snaps.Evicted = s.spillSnapshot
 	} else {
 		s.prefix = kvcache.NewPrefixCache(s.alloc, e.opts.BlockSize)
+		if s.store != nil {
+			s.prefix.Evicted = s.spillPrefix
+		}
 	}
 	for i := e.opts.MaxRunning - 1; i >= 0; i-- {
 		s.slots = append(s.slots, i)
@@ -142,18 +151,34 @@ func (s *scheduler) loop() {
 			return
 		default:
 		}
+		s.inspect()
 		s.intake()
 		s.reap()
 		if len(s.running) == 0 && len(s.waiting) == 0 {
 			s.flush()
 			s.lastStep = time.Time{}
+			if s.idleSince.IsZero() {
+				s.idleSince = time.Now()
+			}
+			worked, wait := s.idleWork()
 			s.publish()
+			if worked {
+				continue // and look for requests again
+			}
+			var timer <-chan time.Time
+			if wait > 0 {
+				timer = time.After(wait)
+			}
 			select {
 			case <-e.wake:
 			case <-e.quit:
+			case f := <-e.inspect:
+				f()
+			case <-timer:
 			}
 			continue
 		}
+		s.idleSince = time.Time{}
 		s.admit()
 		if len(s.running) > 0 {
 			s.step()
@@ -166,6 +191,19 @@ func (s *scheduler) loop() {
 			}
 		}
 		s.publish()
+	}
+}
+
+// inspect runs the engine's requests to look at the scheduler's state
+// (Conversations).
+func (s *scheduler) inspect() {
+	for {
+		select {
+		case f := <-s.e.inspect:
+			f()
+		default:
+			return
+		}
 	}
 }
 
@@ -243,14 +281,24 @@ func (s *scheduler) start(q *seq) bool {
 	q.table = kvcache.NewTable(s.e.opts.BlockSize)
 	q.chain = kvcache.Chain{}
 	q.pos = 0
-	q.promptSnap = 0
 	n := len(q.tokens)
+	bs := s.e.opts.BlockSize
 	var snap *kvcache.Snapshot
+	var stored *storedPrefix // a longer prefix from the state cache
 	if !s.e.opts.NoCache {
 		if s.hybrid {
 			// The last prompt token is always computed: its logits give the
 			// first new token.
+			dev := 0
 			if snap = s.snaps.Find(q.tokens, n-1); snap != nil {
+				dev = len(snap.Tokens)
+			}
+			if stored = s.fromStore(q, dev); stored != nil {
+				if snap != nil {
+					q.table.Adopt(s.alloc, snap.Blocks[:stored.from])
+				}
+				q.pos = stored.n
+			} else if snap != nil {
 				q.table.Adopt(s.alloc, snap.Blocks)
 				q.pos = len(snap.Tokens)
 			}
@@ -258,8 +306,25 @@ func (s *scheduler) start(q *seq) bool {
 			blocks, ch := s.prefix.Match(q.tokens)
 			q.table.Adopt(s.alloc, blocks)
 			q.chain = ch
-			q.pos = min(len(blocks)*s.e.opts.BlockSize, n-1)
+			q.pos = min(len(blocks)*bs, n-1)
+			if stored = s.fromStore(q, len(blocks)*bs); stored != nil {
+				q.pos = stored.n
+			}
 		}
+	}
+	if snap != nil {
+		// Held until its state and blocks are copied: the blocks found for
+		// q below may reclaim snapshots, and Reserve's copy on write gives
+		// the snapshot back the only reference to its last block.
+		held := slices.Clone(snap.Blocks)
+		for _, b := range held {
+			s.alloc.Retain(b)
+		}
+		defer func() {
+			for _, b := range held {
+				s.alloc.Release(b)
+			}
+		}()
 	}
 	copies, err := q.table.Reserve(s.alloc, q.pos, n-q.pos)
 	if err == nil {
@@ -278,24 +343,35 @@ func (s *scheduler) start(q *seq) bool {
 	if s.hybrid {
 		q.slot = s.slots[len(s.slots)-1]
 		s.slots = s.slots[:len(s.slots)-1]
-		if snap != nil {
-			s.m.RestoreSlot(q.slot, snap.State)
-			if len(snap.Tokens) == n-1 {
-				// The same prompt again: the snapshot is this turn's
-				// prompt snapshot, and the request joins its conversation.
-				q.group, q.promptSnap = snap.Group, snap.ID
-			} else {
-				q.resumedGroup = snap.Group
-			}
-		}
 		if q.group == 0 {
-			// One group per request: its snapshots replace each other, also
-			// across preemptions.
+			// One group per request, also across preemptions.
 			s.groups++
 			q.group = s.groups
 		}
+		if snap != nil && stored == nil {
+			s.snaps.Restore(snap, q.slot)
+			if snap.Group != q.group && !q.saved {
+				q.parent = snap.Group
+			}
+		}
+		q.points = snapshotPoints(q.checkpoints, q.pos, n, bs)
 	}
-	q.prefilled = false
+	if stored != nil {
+		if err := s.restore(q, stored); err != nil {
+			s.e.log.Error("state cache: restore failed; recomputing", "seq", q.id, "err", err)
+			q.noStore = true
+			s.release(q)
+			return s.start(q)
+		}
+		if s.hybrid {
+			// On the device from now on: a regenerated answer or another
+			// branch resumes here without the state cache.
+			if sn := s.snapshot(q, kvcache.Point); sn != nil {
+				sn.Stored = true
+			}
+		}
+	}
+	q.stored = nil
 	if !q.admitted {
 		q.cached = q.pos
 		if !q.prefillOnly {
@@ -386,15 +462,9 @@ func (s *scheduler) step() {
 		}
 		n := min(q.pending(), budget)
 		if s.hybrid && !opts.NoCache {
-			// End the chunk at the next snapshot boundary inside the prompt,
-			if b := (q.pos/opts.SnapshotInterval + 1) * opts.SnapshotInterval; opts.SnapshotInterval > 0 && b < q.pos+n {
+			// End the chunk where the state is saved.
+			if b := s.nextPoint(q); b < q.pos+n {
 				n = b - q.pos
-			}
-			// and the prompt one token short of its end: the state there
-			// serves the same prompt again (a regenerated answer needs the
-			// last prompt token's logits) as well as any longer one.
-			if q.pos+n == len(q.tokens) && n > 1 && !q.prefilled {
-				n--
 			}
 		}
 		// The prompt's blocks were reserved at admission; this only copies
@@ -441,18 +511,10 @@ func (s *scheduler) step() {
 		if s.e.opts.NoCache {
 			continue
 		}
-		if s.hybrid {
-			switch {
-			case q.pos == len(q.tokens)-1 && !q.prefilled:
-				s.snapshot(q, snapPrompt)
-			case q.pos < len(q.tokens) && opts.SnapshotInterval > 0 && q.pos%opts.SnapshotInterval == 0:
-				s.snapshot(q, snapBoundary)
-			}
-		} else {
+		if !s.hybrid {
 			s.prefix.Insert(&q.chain, q.tokens[:q.pos], q.table.Blocks())
-		}
-		if q.pos == len(q.tokens) {
-			q.prefilled = true
+		} else if s.atPoint(q) {
+			s.snapshot(q, kvcache.Point)
 		}
 	}
 	for i, q := range rows {
@@ -691,34 +753,103 @@ func (s *scheduler) flush() {
 	s.held = s.held[:0]
 }
 
-// snapshot saves a hybrid sequence's state after its computed tokens.
-func (s *scheduler) snapshot(q *seq, kind int) {
-	if q.resumedGroup != 0 {
-		s.snaps.DropGroup(q.resumedGroup, 0)
-		q.resumedGroup = 0
+// snapshotPoints are the positions in (pos, n) of an n-token prompt where a
+// hybrid sequence's state is saved: the checkpoints (the start of each
+// message), and the last block boundary before the prompt's end when the
+// last of those is a block or more before it, so that a request that goes
+// another way anywhere in the prompt recomputes at most a block beyond the
+// place it diverged (plus the message start, for a changed message). The
+// prefill ends a chunk at each (an extra pass per point: a follow-up chat
+// turn adds two, its user message's start and its answer's).
+func snapshotPoints(checkpoints []int, pos, n, blockSize int) []int {
+	var pts []int
+	last := pos
+	for _, c := range checkpoints {
+		if c > last && c < n {
+			pts = append(pts, c)
+			last = c
+		}
 	}
-	keep := uint64(0)
-	if kind == snapAnswer {
-		// The answer's snapshot is what the next turn extends unless the
-		// chat template renders the answer differently (it drops reasoning,
-		// say); the prompt's stays as the fallback until the next turn.
-		keep = q.promptSnap
+	if n-1-last >= blockSize {
+		pts = append(pts, (n-1)/blockSize*blockSize)
 	}
-	s.snaps.DropGroup(q.group, keep)
-	state := make([]byte, s.m.SlotBytes())
-	if err := s.m.SaveSlot(q.slot, state); err != nil {
-		s.e.log.Warn("state snapshot failed", "seq", q.id, "err", err)
-		return
-	}
-	sn, err := s.snaps.Save(q.tokens[:q.pos], state, q.table.Blocks(), q.group)
-	if err != nil {
-		s.e.log.Warn("state snapshot not kept", "seq", q.id, "bytes", len(state), "err", err)
-		return
-	}
-	if kind == snapPrompt {
-		q.promptSnap = sn.ID
-	}
+	return pts
 }
+
+// nextPoint returns the next position after q.pos where q's state is saved:
+// one of its points or a multiple of SnapshotInterval; MaxInt when none.
+func (s *scheduler) nextPoint(q *seq) int {
+	next := math.MaxInt
+	if len(q.points) > 0 {
+		next = q.points[0]
+	}
+	if iv := s.e.opts.SnapshotInterval; iv > 0 {
+		next = min(next, (q.pos/iv+1)*iv)
+	}
+	return next
+}
+
+// atPoint reports whether q's state is to be saved after its computed
+// tokens (and moves past the point).
+func (s *scheduler) atPoint(q *seq) bool {
+	at := false
+	for len(q.points) > 0 && q.points[0] <= q.pos {
+		at = at || q.points[0] == q.pos
+		q.points = q.points[1:]
+	}
+	iv := s.e.opts.SnapshotInterval
+	return at || (iv > 0 && q.pos%iv == 0)
+}
+
+// snapshot saves a hybrid sequence's state after its computed tokens.
+func (s *scheduler) snapshot(q *seq, kind kvcache.SnapshotKind) *kvcache.Snapshot {
+	if !q.saved {
+		// Parent eviction, at a request's first snapshot: the turn before
+		// the one it resumed from (unless another request branched from
+		// that one too) is no longer needed. A conversation holds its last
+		// two turns: the places where they may be edited, and their ends.
+		q.saved = true
+		if gp, _ := s.snaps.Parent(q.parent); gp != 0 {
+			if _, children := s.snaps.Parent(gp); children <= 1 {
+				s.snaps.DropGroup(gp)
+			}
+		}
+	}
+	sn, err := s.snaps.Save(q.tokens[:q.pos], q.slot, q.table.Blocks(), q.group, q.parent, kind)
+	if err != nil {
+		s.e.log.Warn("state snapshot not kept", "seq", q.id, "bytes", s.m.SlotBytes(), "err", err)
+	}
+	return sn
+}
+
+// idleWork does one piece of the work kept for when no request runs or
+// waits, and reports whether there was any, or else how long until there
+// may be: a snapshot moves from a device slot to host memory while fewer
+// than idleFreeSlots are free (so that the next prefill's snapshots are
+// copies on the device, not waits for it), and once the engine has idled
+// for spillAfter, the latest state of a conversation goes to the state
+// cache, then the other places it may be edited.
+func (s *scheduler) idleWork() (bool, time.Duration) {
+	if s.snaps != nil {
+		if free := s.snaps.FreeSlots(); free < min(idleFreeSlots, s.e.opts.SnapshotSlots) {
+			s.snaps.Offload(free + 1)
+			if s.snaps.FreeSlots() > free {
+				return true, 0
+			}
+		}
+	}
+	if s.store == nil {
+		return false, 0
+	}
+	if wait := s.e.opts.spillAfter - time.Since(s.idleSince); wait > 0 {
+		return false, wait
+	}
+	return s.spillOne(true), 0
+}
+
+// idleFreeSlots is how many spare state slots the scheduler frees when idle:
+// a chat turn saves two or three snapshots.
+const idleFreeSlots = 4
 
 // finish ends a sequence: it leaves the queues, gives back its blocks and
 // slot (after a last snapshot when it completed), and its stream gets the
@@ -744,7 +875,7 @@ func (s *scheduler) finishWith(q *seq, reason FinishReason, err error, ev Event)
 	}
 	if q.table != nil && !s.e.opts.NoCache && (reason == FinishStop || reason == FinishLength) {
 		if s.hybrid {
-			s.snapshot(q, snapAnswer)
+			s.snapshot(q, kvcache.Tip)
 		} else {
 			s.prefix.Insert(&q.chain, q.tokens[:q.pos], q.table.Blocks())
 		}
@@ -786,11 +917,19 @@ func (s *scheduler) shutdown() {
 	for len(s.waiting) > 0 {
 		s.finish(s.waiting[0], FinishCancelled, ErrClosed)
 	}
+	// What the state cache lacks of each conversation's latest past goes
+	// there before the caches are let go (an idle engine has copied the
+	// places its conversations may be edited too).
+	for s.spillOne(false) {
+	}
 	if s.prefix != nil {
 		s.prefix.Clear()
 	}
 	if s.snaps != nil {
 		s.snaps.Clear()
+	}
+	if s.store != nil {
+		s.store.Close()
 	}
 	s.publish()
 }
@@ -814,8 +953,13 @@ func (s *scheduler) publish() {
 	st.DecodeSteps, st.DecodeTokens, st.DecodeStepTime = s.decodeSteps, s.decodeTokens, s.decodeTime
 	st.HostTime = s.hostTime
 	if s.snaps != nil {
-		st.StateSnapshots, st.StateBytes = s.snaps.Len(), s.snaps.Bytes()
+		st.StateSnapshots, st.StateOnDevice, st.StateBytes = s.snaps.Len(), s.snaps.DeviceSlots(), s.snaps.Bytes()
 		st.KVBlocksCached = s.snaps.Blocks()
+	}
+	if s.store != nil {
+		cs := s.store.Stats()
+		st.StateCacheEntries, st.StateCacheRAMBytes, st.StateCacheDiskBytes = cs.Entries, cs.RAMBytes, cs.DiskBytes
+		st.StateCacheRestores, st.StateCacheRestoredTokens = cs.Restores, cs.RestoredTokens
 	}
 	e.mu.Unlock()
 }

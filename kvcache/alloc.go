@@ -2,14 +2,16 @@
 // blocks of a paged KV cache (an Allocator with reference counts and per
 // sequence block Tables with copy-on-write), a PrefixCache that keeps the full
 // blocks of finished and running sequences for later requests with the same
-// token prefix, and a Snapshots store of hybrid models' recurrent state, kept
-// in host memory, keyed by the exact token prefix it corresponds to.
+// token prefix, a Snapshots store of hybrid models' recurrent state, in spare
+// device slots and host memory, keyed by the exact token prefix it
+// corresponds to, and a Store that keeps both off the device (host memory,
+// then a bounded directory) for conversations the device let go.
 //
 // Caches hold references on the blocks they keep and give them back, least
 // recently used first, when the Allocator runs out of free blocks.
 //
-// None of the types is safe for concurrent use: one goroutine (the engine's
-// scheduler) owns them.
+// Except for the Store, none of the types is safe for concurrent use: one
+// goroutine (the engine's scheduler) owns them.
 package kvcache
 
 import (

@@ -240,16 +240,43 @@ func TestPrefixCacheRandomInvariants(t *testing.T) {
 	checkRefs(t, a)
 }
 
+// slotDevice is a StateDevice of n slots of size bytes in memory; each
+// slot's first byte tells its state apart.
+type slotDevice struct {
+	slots [][]byte
+	saves int // SaveSlot calls: waits for the device
+}
+
+func newSlotDevice(n, size int) *slotDevice {
+	d := &slotDevice{}
+	for range n {
+		d.slots = append(d.slots, make([]byte, size))
+	}
+	return d
+}
+
+func (d *slotDevice) SlotBytes() int        { return len(d.slots[0]) }
+func (d *slotDevice) CopySlot(dst, src int) { copy(d.slots[dst], d.slots[src]) }
+func (d *slotDevice) SaveSlot(slot int, dst []byte) error {
+	d.saves++
+	copy(dst, d.slots[slot])
+	return nil
+}
+func (d *slotDevice) RestoreSlot(slot int, src []byte) { copy(d.slots[slot], src) }
+
 func TestSnapshotsFindBudgetAndGroups(t *testing.T) {
 	a := NewAllocator(16)
-	s := NewSnapshots(a, 4, 30)
+	dev := newSlotDevice(1, 10)
+	s := NewSnapshots(a, 4, dev, nil, 25) // host memory only: two states
 	tab := NewTable(4)
 	if _, err := tab.Reserve(a, 0, 12); err != nil {
 		t.Fatal(err)
 	}
 	toks := []int32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}
-	p, _ := s.Save(toks[:5], make([]byte, 10), tab.Blocks(), 1)
-	q, _ := s.Save(toks[:9], make([]byte, 10), tab.Blocks(), 1)
+	dev.slots[0][0] = 'p'
+	p, _ := s.Save(toks[:5], 0, tab.Blocks(), 1, 0, Point)
+	dev.slots[0][0] = 'q'
+	q, _ := s.Save(toks[:9], 0, tab.Blocks(), 1, 0, Tip)
 	if len(p.Blocks) != 2 || len(q.Blocks) != 3 {
 		t.Fatalf("blocks held: %d and %d, want 2 and 3", len(p.Blocks), len(q.Blocks))
 	}
@@ -262,20 +289,34 @@ func TestSnapshotsFindBudgetAndGroups(t *testing.T) {
 	if got := s.Find(toks, 8); got != p {
 		t.Fatalf("maxLen 8: got %v", got)
 	}
+	s.Restore(p, 0)
+	if dev.slots[0][0] != 'p' {
+		t.Fatalf("restored state %q, want p's", dev.slots[0][0])
+	}
 	if got := s.Find([]int32{1, 2, 3, 4, 0, 6, 7, 8, 9, 10}, 10); got != nil {
 		t.Fatalf("diverging tokens matched %v", got.Tokens)
 	}
 	// Over budget: the least recently used (q, p was found last) goes.
-	r, _ := s.Save([]int32{7, 7}, make([]byte, 15), tab.Blocks(), 2)
-	if s.Len() != 2 || s.Bytes() != 25 || s.Find(toks, 12) != p {
+	r, _ := s.Save([]int32{7, 7}, 0, tab.Blocks(), 2, 1, Tip)
+	if s.Len() != 2 || s.Bytes() != 20 || s.Find(toks, 12) != p {
 		t.Fatalf("after budget eviction: %d snapshots, %d bytes", s.Len(), s.Bytes())
 	}
-	if _, err := s.Save(toks, make([]byte, 31), tab.Blocks(), 3); !errors.Is(err, ErrOverBudget) {
+	if parent, _ := s.Parent(2); parent != 1 {
+		t.Fatalf("group 2's parent %d, want 1", parent)
+	}
+	if _, children := s.Parent(1); children != 1 {
+		t.Fatalf("group 1 has %d children, want 1", children)
+	}
+	big := NewSnapshots(NewAllocator(4), 4, dev, nil, 9)
+	if _, err := big.Save(toks, 0, tab.Blocks(), 3, 0, Point); !errors.Is(err, ErrOverBudget) {
 		t.Fatalf("oversized snapshot: %v", err)
 	}
-	s.DropGroup(1, 0)
+	s.DropGroup(1)
 	if s.Len() != 1 || s.Find([]int32{7, 7, 1}, 3) != r {
 		t.Fatal("DropGroup dropped the wrong snapshots")
+	}
+	if _, children := s.Parent(1); children != 0 {
+		t.Fatal("a dropped group still counts")
 	}
 	if s.Blocks() != 1 {
 		t.Fatalf("one 2-token snapshot holds %d blocks, want 1", s.Blocks())
@@ -290,7 +331,125 @@ func TestSnapshotsFindBudgetAndGroups(t *testing.T) {
 	}
 	other.Release(a)
 	checkRefs(t, a)
-	if s.Blocks() != 0 {
-		t.Fatalf("an empty store holds %d blocks", s.Blocks())
+	if s.Blocks() != 0 || s.Bytes() != 0 {
+		t.Fatalf("an empty store holds %d blocks, %d bytes", s.Blocks(), s.Bytes())
+	}
+}
+
+// Snapshots live in the spare device slots while there are some: saving and
+// restoring copy on the device; the least recently used move to host
+// memory when the slots run out or Offload asks, and come back from there.
+func TestSnapshotsDeviceSlots(t *testing.T) {
+	a := NewAllocator(16)
+	dev := newSlotDevice(4, 8) // slot 0 runs the sequence, 1-3 are spare
+	var evicted []uint64
+	s := NewSnapshots(a, 4, dev, []int{1, 2, 3}, 16)
+	s.Evicted = func(sn *Snapshot) { evicted = append(evicted, sn.ID) }
+	tab := NewTable(4)
+	if _, err := tab.Reserve(a, 0, 16); err != nil {
+		t.Fatal(err)
+	}
+	toks := make([]int32, 16)
+	var snaps []*Snapshot
+	for i := range 3 {
+		toks[i] = int32(i + 1)
+		dev.slots[0][0] = byte('a' + i)
+		sn, err := s.Save(toks[:i+1], 0, tab.Blocks(), 1, 0, Point)
+		if err != nil {
+			t.Fatal(err)
+		}
+		snaps = append(snaps, sn)
+	}
+	if dev.saves != 0 || s.DeviceSlots() != 3 || s.Bytes() != 0 {
+		t.Fatalf("three snapshots in three slots: %d waits, %d slots, %d host bytes", dev.saves, s.DeviceSlots(), s.Bytes())
+	}
+	// A fourth moves the least recently used (the first) to host memory.
+	dev.slots[0][0] = 'd'
+	toks[3] = 4
+	d, _ := s.Save(toks[:4], 0, tab.Blocks(), 1, 0, Tip)
+	if snaps[0].OnDevice() || snaps[0].Bytes() != 8 || !d.OnDevice() || dev.saves != 1 {
+		t.Fatalf("after a fourth: first on device %v (%d host bytes), fourth on device %v, %d waits", snaps[0].OnDevice(), snaps[0].Bytes(), d.OnDevice(), dev.saves)
+	}
+	for i, sn := range append(snaps, d) {
+		s.Restore(sn, 0)
+		if dev.slots[0][0] != byte('a'+i) {
+			t.Fatalf("snapshot %d restored %q", i, dev.slots[0][0])
+		}
+	}
+	// Offload frees slots, least recently used first; the host budget (two
+	// states) evicts the oldest host copy beyond it.
+	s.Offload(3)
+	if s.FreeSlots() != 3 || s.Len() != 2 || len(evicted) != 2 || s.Bytes() != 16 {
+		t.Fatalf("after Offload(3): %d free slots, %d snapshots, evicted %v, %d bytes", s.FreeSlots(), s.Len(), evicted, s.Bytes())
+	}
+	s.Restore(d, 0)
+	if dev.slots[0][0] != 'd' {
+		t.Fatalf("offloaded snapshot restored %q", dev.slots[0][0])
+	}
+	s.Clear()
+	tab.Release(a)
+	checkRefs(t, a)
+	if s.FreeSlots() != 3 {
+		t.Fatalf("%d free slots after Clear", s.FreeSlots())
+	}
+}
+
+// BenchmarkPrefixMatch: the lookup of a follow-up's 100K-token prompt whose
+// history is cached.
+func BenchmarkPrefixMatch(b *testing.B) {
+	const n, bs = 100_000, 16
+	a := NewAllocator(n/bs + 8)
+	c := NewPrefixCache(a, bs)
+	rng := rand.New(rand.NewPCG(1, 2))
+	tokens := make([]int32, n)
+	for i := range tokens {
+		tokens[i] = int32(rng.IntN(150_000))
+	}
+	tab := NewTable(bs)
+	if _, err := tab.Reserve(a, 0, n); err != nil {
+		b.Fatal(err)
+	}
+	var ch Chain
+	c.Insert(&ch, tokens, tab.Blocks())
+	b.ResetTimer()
+	for range b.N {
+		if blocks, _ := c.Match(tokens); len(blocks) != n/bs {
+			b.Fatalf("%d blocks matched", len(blocks))
+		}
+	}
+}
+
+// BenchmarkSnapshotFind: the lookup of a follow-up's 100K-token prompt
+// among a conversation's snapshots (its last turns' message starts and
+// ends) and 24 other conversations sharing its 2K-token system prompt.
+func BenchmarkSnapshotFind(b *testing.B) {
+	const n = 100_000
+	rng := rand.New(rand.NewPCG(1, 2))
+	conv := make([]int32, n+64)
+	for i := range conv {
+		conv[i] = int32(rng.IntN(150_000))
+	}
+	a := NewAllocator(n/16 + 64)
+	s := NewSnapshots(a, 16, newSlotDevice(1, 8), nil, 1<<30)
+	tab := NewTable(16)
+	if _, err := tab.Reserve(a, 0, n+64); err != nil {
+		b.Fatal(err)
+	}
+	for i, l := range []int{n - 3000, n - 2990, n - 2000, n - 1990, n - 1000, n - 990, n - 40, n} {
+		if _, err := s.Save(conv[:l], 0, tab.Blocks(), uint64(1+i/2), 0, Point); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for i := range 24 {
+		other := append(slices.Clone(conv[:2000]), int32(i), 7, 7)
+		if _, err := s.Save(other, 0, tab.Blocks(), uint64(100+i), 0, Tip); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ResetTimer()
+	for range b.N {
+		if sn := s.Find(conv, n+63); len(sn.Tokens) != n {
+			b.Fatalf("found %d tokens", len(sn.Tokens))
+		}
 	}
 }

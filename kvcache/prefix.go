@@ -3,6 +3,7 @@ package kvcache
 import (
 	"container/list"
 	"slices"
+	"time"
 )
 
 // PrefixCache keeps full KV blocks for reuse by later sequences with the same
@@ -18,6 +19,12 @@ type PrefixCache struct {
 	blockSize int
 	entries   map[uint64]*prefixEntry
 	lru       list.List // *prefixEntry, most recently used first
+
+	// Evicted, when set, is called with the prefix (its tokens and blocks)
+	// that a leaf ends before Reclaim drops the leaf, unless the prefix was
+	// marked stored (MarkStored): a slower tier may keep it. The prefix is
+	// marked stored then.
+	Evicted func(tokens, blocks []int32)
 }
 
 type prefixEntry struct {
@@ -25,6 +32,8 @@ type prefixEntry struct {
 	tokens      []int32
 	block       int32
 	children    int
+	stored      bool // a slower tier holds the prefix it ends
+	used        time.Time
 	elem        *list.Element
 }
 
@@ -35,21 +44,36 @@ type Chain struct {
 	key uint64
 }
 
-const chainRoot uint64 = 0xcbf29ce484222325 // FNV-1a offset basis
+const chainRoot uint64 = 0xcbf29ce484222325
 
+// chainKey hashes a block's tokens onto its parent's key (the keys only
+// find candidates; Match compares the tokens).
 func chainKey(parent uint64, tokens []int32) uint64 {
-	h := parent
-	mix := func(v uint64) {
-		for range 8 {
-			h ^= v & 0xff
-			h *= 0x100000001b3
-			v >>= 8
-		}
-	}
-	mix(uint64(len(tokens)))
+	h := prefixHash(parent ^ uint64(len(tokens)))
 	for _, t := range tokens {
-		mix(uint64(uint32(t)))
+		h = h.add(t)
 	}
+	return mix64(uint64(h))
+}
+
+// prefixHash is a running hash of tokens: one multiply and shift per token.
+type prefixHash uint64
+
+func (h prefixHash) add(t int32) prefixHash {
+	x := (uint64(h) ^ uint64(uint32(t))) * 0x9e3779b97f4a7c15
+	return prefixHash(x ^ x>>29)
+}
+
+// key names the prefix of n tokens the hash has consumed.
+func (h prefixHash) key(n int) uint64 { return mix64(uint64(h) ^ uint64(n)*0x2545f4914f6cdd1d) }
+
+// mix64 spreads the bits of a hash (MurmurHash3's finalizer).
+func mix64(h uint64) uint64 {
+	h ^= h >> 33
+	h *= 0xff51afd7ed558ccd
+	h ^= h >> 33
+	h *= 0xc4ceb9fe1a85ec53
+	h ^= h >> 33
 	return h
 }
 
@@ -69,6 +93,7 @@ func (c *PrefixCache) Match(tokens []int32) ([]int32, Chain) {
 	var blocks []int32
 	ch := Chain{key: chainRoot}
 	bs := c.blockSize
+	now := time.Now()
 	for (ch.n+1)*bs <= len(tokens) {
 		blk := tokens[ch.n*bs : (ch.n+1)*bs]
 		k := chainKey(ch.key, blk)
@@ -77,6 +102,7 @@ func (c *PrefixCache) Match(tokens []int32) ([]int32, Chain) {
 			break
 		}
 		c.lru.MoveToFront(e.elem)
+		e.used = now
 		blocks = append(blocks, e.block)
 		ch = Chain{n: ch.n + 1, key: k}
 	}
@@ -100,12 +126,13 @@ func (c *PrefixCache) Insert(ch *Chain, tokens []int32, blocks []int32) {
 	if ch.key == 0 {
 		ch.key = chainRoot
 	}
+	now := time.Now()
 	for (ch.n+1)*bs <= len(tokens) && ch.n < len(blocks) {
 		blk := tokens[ch.n*bs : (ch.n+1)*bs]
 		k := chainKey(ch.key, blk)
 		e, ok := c.entries[k]
 		if !ok {
-			e = &prefixEntry{key: k, parent: ch.key, tokens: slices.Clone(blk), block: blocks[ch.n]}
+			e = &prefixEntry{key: k, parent: ch.key, tokens: slices.Clone(blk), block: blocks[ch.n], used: now}
 			c.a.Retain(e.block)
 			e.elem = c.lru.PushFront(e)
 			c.entries[k] = e
@@ -114,6 +141,7 @@ func (c *PrefixCache) Insert(ch *Chain, tokens []int32, blocks []int32) {
 			}
 		} else {
 			c.lru.MoveToFront(e.elem)
+			e.used = now
 		}
 		*ch = Chain{n: ch.n + 1, key: k}
 	}
@@ -134,6 +162,7 @@ func (c *PrefixCache) Reclaim() bool {
 			continue
 		}
 		if e.children == 0 {
+			c.spill(e)
 			c.drop(e)
 			return true
 		}
@@ -153,10 +182,25 @@ func (c *PrefixCache) Reclaim() bool {
 			}
 		}
 	}
+	for k := range below { // the leaves first: a spill reads the chain above it
+		if e := c.entries[k]; e.children == 0 {
+			c.spill(e)
+		}
+	}
 	for k := range below {
 		c.drop(c.entries[k])
 	}
 	return true
+}
+
+// spill hands the prefix that the leaf e ends to the slower tier (Evicted)
+// before e is dropped, unless that tier holds it already.
+func (c *PrefixCache) spill(e *prefixEntry) {
+	if !e.stored && c.Evicted != nil {
+		tokens, blocks := c.prefix(e)
+		c.Evicted(tokens, blocks)
+		c.MarkStored(Leaf{entry: e})
+	}
 }
 
 func (c *PrefixCache) drop(e *prefixEntry) {
@@ -166,6 +210,56 @@ func (c *PrefixCache) drop(e *prefixEntry) {
 		p.children--
 	}
 	c.a.Release(e.block)
+}
+
+// prefix returns the tokens and blocks of the prefix that e ends.
+func (c *PrefixCache) prefix(e *prefixEntry) (tokens, blocks []int32) {
+	var chain []*prefixEntry
+	for ; e != nil; e = c.entries[e.parent] {
+		chain = append(chain, e)
+	}
+	for i := len(chain) - 1; i >= 0; i-- {
+		tokens = append(tokens, chain[i].tokens...)
+		blocks = append(blocks, chain[i].block)
+	}
+	return tokens, blocks
+}
+
+// Leaf is a cached prefix that no cached block extends: a conversation's
+// latest computed past.
+type Leaf struct {
+	Tokens, Blocks []int32
+	Stored         bool
+	Used           time.Time
+	entry          *prefixEntry
+}
+
+// Leaves returns the cached prefixes no block extends, most recently used
+// first, at most max; unstored only keeps those not marked stored.
+func (c *PrefixCache) Leaves(max int, unstored bool) []Leaf {
+	var out []Leaf
+	for el := c.lru.Front(); el != nil && len(out) < max; el = el.Next() {
+		e := el.Value.(*prefixEntry)
+		if e.children > 0 || (unstored && e.stored) {
+			continue
+		}
+		tokens, blocks := c.prefix(e)
+		out = append(out, Leaf{Tokens: tokens, Blocks: blocks, Stored: e.stored, Used: e.used, entry: e})
+	}
+	return out
+}
+
+// MarkStored records that a slower tier holds the prefix of l, and so the
+// shorter ones of its chain: those it keeps to the last whole unit it
+// stores (a chunk of kvcache.Store), which is close enough not to store
+// each again when Reclaim takes the chain's blocks one by one.
+func (c *PrefixCache) MarkStored(l Leaf) {
+	for e := l.entry; e != nil; e = c.entries[e.parent] {
+		if c.entries[e.key] != e {
+			return // dropped meanwhile
+		}
+		e.stored = true
+	}
 }
 
 // Clear drops every entry (when the engine closes).

@@ -298,6 +298,16 @@ func (m *Model) freeCache() {
 // CopyBlock copies KV block src to dst in every layer (copy-on-write).
 func (m *Model) CopyBlock(dst, src int) { m.kv.CopyBlock(dst, src) }
 
+// BlockBytes is the size of one KV block across the attention layers, as
+// SaveBlocks writes it.
+func (m *Model) BlockBytes() int { return m.kv.Spec().BlockBytes() }
+
+// SaveBlocks copies KV blocks to host memory (see backend.KVCache).
+func (m *Model) SaveBlocks(blocks []int, dst []byte) error { return m.kv.SaveBlocks(blocks, dst) }
+
+// RestoreBlocks writes KV blocks saved by SaveBlocks.
+func (m *Model) RestoreBlocks(blocks []int, src []byte) error { return m.kv.RestoreBlocks(blocks, src) }
+
 // CopySlot copies the recurrent state of slot src to slot dst.
 func (m *Model) CopySlot(dst, src int) { m.state.CopySlot(dst, src) }
 

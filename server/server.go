@@ -364,6 +364,30 @@ type Status struct {
 	Draining bool              `json:"draining"`
 	Stats    EngineStats       `json:"stats"`
 	Info     map[string]string `json:"info,omitempty"`
+	// Conversations are those the engine's caches keep (most recently used
+	// first), with the memory each takes; Stored the prefixes its state
+	// cache holds.
+	Conversations []ConversationStatus `json:"conversations"`
+	Stored        []StoredStatus       `json:"stored,omitempty"`
+}
+
+// ConversationStatus is one conversation's latest computed past in the
+// engine (engine.Conversation).
+type ConversationStatus struct {
+	Tokens      int     `json:"tokens"`
+	DeviceBytes int64   `json:"device_bytes"` // its KV blocks, those it shares included, and a device state slot
+	HostBytes   int64   `json:"host_bytes"`   // its state in host memory
+	Stored      bool    `json:"stored"`       // the state cache holds it too
+	IdleS       float64 `json:"idle_s"`
+}
+
+// StoredStatus is a prefix the state cache holds (kvcache.StoredPrefix).
+type StoredStatus struct {
+	Tokens int   `json:"tokens"`
+	Bytes  int64 `json:"bytes"` // its entries, shared chunks included
+	State  bool  `json:"state"`
+	InRAM  bool  `json:"in_ram"`
+	OnDisk bool  `json:"on_disk"`
 }
 
 // EngineStats is engine.Stats as /status reports it: with snake_case keys
@@ -439,15 +463,25 @@ func snakeCase(name string) string {
 }
 
 func (s *Server) status(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, Status{
-		Model:    s.opts.ModelName,
-		PID:      os.Getpid(),
-		UptimeS:  time.Since(s.started).Seconds(),
-		InFlight: s.inFlight.Load(),
-		Draining: s.draining.Load(),
-		Stats:    EngineStats(s.sess.Engine().Stats()),
-		Info:     s.opts.Info,
-	})
+	st := Status{
+		Model:         s.opts.ModelName,
+		PID:           os.Getpid(),
+		UptimeS:       time.Since(s.started).Seconds(),
+		InFlight:      s.inFlight.Load(),
+		Draining:      s.draining.Load(),
+		Stats:         EngineStats(s.sess.Engine().Stats()),
+		Info:          s.opts.Info,
+		Conversations: []ConversationStatus{},
+	}
+	convs, stored := s.sess.Engine().Conversations()
+	for _, c := range convs {
+		st.Conversations = append(st.Conversations, ConversationStatus{Tokens: c.Tokens, DeviceBytes: c.DeviceBytes,
+			HostBytes: c.HostBytes, Stored: c.Stored, IdleS: c.Idle.Seconds()})
+	}
+	for _, p := range stored {
+		st.Stored = append(st.Stored, StoredStatus{Tokens: p.Tokens, Bytes: p.Bytes, State: p.State, InRAM: p.InRAM, OnDisk: p.OnDisk})
+	}
+	writeJSON(w, http.StatusOK, st)
 }
 
 // contextLength is the most tokens one request may hold, prompt and

@@ -639,11 +639,21 @@ func TestModelsAndHealth(t *testing.T) {
 	if st.Model != testModel || st.PID != os.Getpid() || st.Stats.KVBlocksTotal == 0 {
 		t.Errorf("status %+v", st)
 	}
-	// The wire keys are snake_case like the rest of the API.
+	// The wire keys are snake_case like the rest of the API; the
+	// conversations are a list, empty or not.
 	var raw struct {
-		Stats map[string]any `json:"stats"`
+		Stats         map[string]any   `json:"stats"`
+		Conversations []map[string]any `json:"conversations"`
 	}
 	json.Unmarshal(body, &raw)
+	if raw.Conversations == nil {
+		t.Errorf("status has no conversations list: %s", body)
+	}
+	for _, c := range raw.Conversations {
+		if _, ok := c["device_bytes"]; !ok {
+			t.Errorf("a conversation without its device bytes: %s", body)
+		}
+	}
 	for _, key := range []string{"running", "waiting", "kv_blocks_used", "kv_blocks_total", "cache_hit_tokens", "requests_completed", "state_bytes", "steps", "step_time_s", "host_time_s"} {
 		if _, ok := raw.Stats[key]; !ok {
 			t.Errorf("status stats lack %q: %s", key, body)

@@ -104,7 +104,8 @@ func TestFormatObject(t *testing.T) {
 	t.Logf("%d of 8 answers ended within 300 tokens", ended)
 
 	s, f := newSession(t, "qwen35", testmodel.Options{ChatTemplate: "qwen3.8.jinja"}, engine.Options{}, Options{})
-	_, parser, mask, err := s.prompt(context.Background(), &Request{Messages: []chat.Message{{Role: "user", Content: "hi"}}, Format: &Format{}})
+	er, parser, err := s.prompt(context.Background(), &Request{Messages: []chat.Message{{Role: "user", Content: "hi"}}, Format: &Format{}})
+	mask := er.Mask
 	if err != nil || mask == nil {
 		t.Fatal(err, mask)
 	}

@@ -57,3 +57,13 @@ func (s *Session) encode(text string, limit int, over error) ([]int32, error) {
 	}
 	return ids, nil
 }
+
+// encodePrompt is encode through the reuse of earlier prompts' ids
+// (prompts), also giving the prompt's message starts.
+func (s *Session) encodePrompt(text string, limit int, over error) ([]int32, []int, error) {
+	ids, marks, _, ok := s.prompts.encode(text, limit)
+	if !ok {
+		return nil, nil, over
+	}
+	return ids, marks, nil
+}

@@ -33,31 +33,46 @@ func (s *Session) prepareNextTurn(c *turn) {
 		return
 	}
 	s.turns.Go(func() {
-		limit, over := s.promptLimit(&Request{})
-		var texts [2]string
-		for i, probe := range []string{"a", "b"} {
-			reply := chat.Message{Role: "assistant", Content: c.content.String(), ToolCalls: c.toolCalls}
-			msgs := append(slices.Clone(c.messages), reply, chat.Message{Role: "user", Content: probe})
-			t, err := s.render(context.Background(), &chat.RenderInput{Messages: msgs, Tools: c.tools, AddGenerationPrompt: true, Kwargs: c.kwargs}, limit, over)
-			if err != nil {
-				s.log.Debug("next turn not prepared", "err", err)
-				return
-			}
-			texts[i] = t
+		req, err := s.nextTurn(c)
+		if err != nil {
+			s.log.Debug("next turn not prepared", "err", err)
+			return
 		}
-		n := 0
-		for n < len(texts[0]) && n < len(texts[1]) && texts[0][n] == texts[1][n] {
-			n++
+		if len(req.Prompt) < s.eng.Options().BlockSize {
+			return // too short to cache
 		}
-		ids, err := s.encode(texts[0][:n], limit, over)
-		if err != nil || len(ids) < s.eng.Options().BlockSize {
-			return // too short to cache, or over the context
-		}
-		st, err := s.eng.Generate(context.Background(), &engine.Request{Prompt: ids, PrefillOnly: true})
+		st, err := s.eng.Generate(context.Background(), req)
 		if err != nil {
 			return // requests waiting, a full queue, a closed engine, a conversation at the context's end
 		}
 		for range st.Events() {
 		}
 	})
+}
+
+// nextTurn returns the prefill-only request of the text that any next turn
+// of c's conversation begins with: the template rendered with two different
+// user messages after the answer, up to where they differ; an error when
+// that text is over the context.
+func (s *Session) nextTurn(c *turn) (*engine.Request, error) {
+	limit, over := s.promptLimit(&Request{})
+	var texts [2]string
+	for i, probe := range []string{"a", "b"} {
+		reply := chat.Message{Role: "assistant", Content: c.content.String(), ToolCalls: c.toolCalls}
+		msgs := append(slices.Clone(c.messages), reply, chat.Message{Role: "user", Content: probe})
+		t, err := s.render(context.Background(), &chat.RenderInput{Messages: msgs, Tools: c.tools, AddGenerationPrompt: true, Kwargs: c.kwargs}, limit, over)
+		if err != nil {
+			return nil, err
+		}
+		texts[i] = t
+	}
+	n := 0
+	for n < len(texts[0]) && n < len(texts[1]) && texts[0][n] == texts[1][n] {
+		n++
+	}
+	ids, marks, err := s.encodePrompt(texts[0][:n], limit, over)
+	if err != nil {
+		return nil, err
+	}
+	return &engine.Request{Prompt: ids, Checkpoints: marks, PrefillOnly: true}, nil
 }

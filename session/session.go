@@ -48,13 +48,14 @@ type Options struct {
 // Session serves text requests on an engine. It is safe for use by many
 // goroutines.
 type Session struct {
-	eng    *engine.Engine
-	tok    *tokenizer.Tokenizer
-	tmpl   *chat.Template
-	opts   Options
-	log    *slog.Logger
-	mu     sync.Mutex
-	closed bool
+	eng     *engine.Engine
+	tok     *tokenizer.Tokenizer
+	tmpl    *chat.Template
+	prompts *prompts
+	opts    Options
+	log     *slog.Logger
+	mu      sync.Mutex
+	closed  bool
 	// turns counts the goroutines preparing a conversation's next turn;
 	// none starts after Close.
 	turns    sync.WaitGroup
@@ -68,7 +69,7 @@ func New(eng *engine.Engine, tok *tokenizer.Tokenizer, tmpl *chat.Template, opts
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	return &Session{eng: eng, tok: tok, tmpl: tmpl, opts: opts, log: opts.Logger}
+	return &Session{eng: eng, tok: tok, tmpl: tmpl, prompts: newPrompts(tok, promptCacheBytes), opts: opts, log: opts.Logger}
 }
 
 // Engine returns the session's engine (for its Stats and Options).
@@ -131,11 +132,12 @@ func (s *Session) Generate(ctx context.Context, req *Request) (*Stream, error) {
 	if _, ok := s.eng.Embedding(); ok {
 		return nil, engine.ErrEmbeddingModel // before a chat template it has no need of
 	}
-	ids, parser, mask, err := s.prompt(ctx, req)
+	er, parser, err := s.prompt(ctx, req)
 	if err != nil {
 		return nil, err
 	}
-	es, err := s.eng.Generate(ctx, &engine.Request{Prompt: ids, Sampling: req.Sampling, Mask: mask, Context: req.Context, ClampMaxTokens: req.ClampMaxTokens})
+	er.Sampling, er.Context, er.ClampMaxTokens = req.Sampling, req.Context, req.ClampMaxTokens
+	es, err := s.eng.Generate(ctx, &er)
 	if err != nil {
 		return nil, err
 	}
@@ -146,10 +148,12 @@ func (s *Session) Generate(ctx context.Context, req *Request) (*Stream, error) {
 	return st, nil
 }
 
-// prompt returns a request's prompt ids, for a conversation the parser of
-// its answer, and the mask of its constrained output (nil: free). Rendering
-// and tokenizing stop once the prompt cannot fit the request's context.
-func (s *Session) prompt(ctx context.Context, req *Request) ([]int32, *chat.Parser, engine.TokenMask, error) {
+// prompt returns a request's prompt as the engine takes it (its ids, its
+// message starts, the mask of its constrained output; nil: free) and, for
+// a conversation, the parser of its answer. Rendering and tokenizing stop
+// once the prompt cannot fit the request's context.
+func (s *Session) prompt(ctx context.Context, req *Request) (engine.Request, *chat.Parser, error) {
+	var er engine.Request
 	set := 0
 	for _, ok := range []bool{len(req.Messages) > 0, req.Prompt != "", len(req.PromptIDs) > 0} {
 		if ok {
@@ -157,69 +161,69 @@ func (s *Session) prompt(ctx context.Context, req *Request) ([]int32, *chat.Pars
 		}
 	}
 	if set != 1 {
-		return nil, nil, nil, errors.New("session: a request sets exactly one of Messages, Prompt and PromptIDs")
+		return er, nil, errors.New("session: a request sets exactly one of Messages, Prompt and PromptIDs")
 	}
 	if req.Suffix != "" && req.Prompt == "" {
-		return nil, nil, nil, errors.New("session: a Suffix (fill-in-the-middle) needs a text Prompt")
+		return er, nil, errors.New("session: a Suffix (fill-in-the-middle) needs a text Prompt")
 	}
 	if req.ForceToolCall != "" && len(req.Messages) == 0 {
-		return nil, nil, nil, errors.New("session: ForceToolCall needs Messages")
+		return er, nil, errors.New("session: ForceToolCall needs Messages")
 	}
 	if len(req.PromptIDs) > 0 || req.Prompt != "" {
-		ids := req.PromptIDs
-		if ids == nil {
+		er.Prompt = req.PromptIDs
+		if er.Prompt == nil {
 			if s.tok == nil {
-				return nil, nil, nil, errors.New("session: no tokenizer: only token id prompts are served")
+				return er, nil, errors.New("session: no tokenizer: only token id prompts are served")
 			}
 			limit, over := s.promptLimit(req)
 			var err error
 			if req.Suffix != "" {
-				ids, err = s.fim(req.Prompt, req.Suffix, limit, over)
+				er.Prompt, err = s.fim(req.Prompt, req.Suffix, limit, over)
 			} else {
-				ids, err = s.encode(req.Prompt, limit, over)
+				er.Prompt, er.Checkpoints, err = s.encodePrompt(req.Prompt, limit, over)
 			}
 			if err != nil {
-				return nil, nil, nil, err
+				return er, nil, err
 			}
 		}
-		mask, err := s.constraint(req, "", false)
-		return ids, nil, mask, err
+		var err error
+		er.Mask, err = s.constraint(req, "", false)
+		return er, nil, err
 	}
 	if s.tok == nil {
-		return nil, nil, nil, errors.New("session: no tokenizer: only token id prompts are served")
+		return er, nil, errors.New("session: no tokenizer: only token id prompts are served")
 	}
 	if s.tmpl == nil {
-		return nil, nil, nil, errors.New("session: the model has no chat template")
+		return er, nil, errors.New("session: the model has no chat template")
 	}
 	limit, over := s.promptLimit(req)
 	text, err := s.render(ctx, &chat.RenderInput{Messages: req.Messages, Tools: req.Tools, AddGenerationPrompt: true, Kwargs: req.TemplateKwargs}, limit, over)
 	if err != nil {
-		return nil, nil, nil, err
+		return er, nil, err
 	}
 	thinking := chat.OpensThinking(text)
 	var start, call string
 	if req.ForceToolCall != "" {
 		if len(req.Tools) == 0 {
-			return nil, nil, nil, errors.New("session: ForceToolCall needs tools")
+			return er, nil, errors.New("session: ForceToolCall needs tools")
 		}
 		if call = req.ForceToolCall; call == "*" {
 			call = ""
 		}
 		if start, err = s.tmpl.ToolCallStart(call); err != nil {
-			return nil, nil, nil, fmt.Errorf("session: %w", err)
+			return er, nil, fmt.Errorf("session: %w", err)
 		}
 		if thinking {
 			start = "\n</think>\n\n" + start // an empty reasoning, as Qwen writes one
 		}
 	}
-	mask, err := s.constraint(req, call, thinking && req.ForceToolCall == "")
-	if err != nil {
-		return nil, nil, nil, err
+	if er.Mask, err = s.constraint(req, call, thinking && req.ForceToolCall == ""); err != nil {
+		return er, nil, err
 	}
 	parser := chat.NewParser(chat.ParserOptions{Tools: req.Tools, InThinking: thinking, NoToolCalls: req.ForceToolCall == "" && req.Format != nil})
 	parser.Push(start) // the parser reads the forced start as generated: an open call
-	ids, err := s.encode(text+start, limit, over)
-	return ids, parser, mask, err
+	er.Prompt, er.Checkpoints, err = s.encodePrompt(text+start, limit, over)
+	return er, parser, err
 }
 
 // fim returns the fill-in-the-middle prompt of prefix and suffix: the

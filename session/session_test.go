@@ -138,7 +138,7 @@ func TestPrepareNextTurn(t *testing.T) {
 func TestChatOutput(t *testing.T) {
 	f := testmodel.Load(t, "qwen3", testmodel.Options{})
 	s := New(nil, f.Tok, f.Tmpl, Options{})
-	_, parser, _, err := s.prompt(context.Background(), &Request{Messages: []chat.Message{{Role: "user", Content: "hi"}}})
+	_, parser, err := s.prompt(context.Background(), &Request{Messages: []chat.Message{{Role: "user", Content: "hi"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,11 +167,11 @@ func TestForceToolCall(t *testing.T) {
 	s, f := newSession(t, "qwen3", testmodel.Options{ChatTemplate: "qwen3.jinja"}, engine.Options{}, Options{})
 	tools := []chat.Tool{chat.Tool(`{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}`)}
 	msgs := []chat.Message{{Role: "user", Content: "Weather in Paris?"}}
-	ids, _, _, err := s.prompt(context.Background(), &Request{Messages: msgs, Tools: tools, ForceToolCall: "get_weather"})
+	er, _, err := s.prompt(context.Background(), &Request{Messages: msgs, Tools: tools, ForceToolCall: "get_weather"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if prompt := f.Tok.Decode(ids); !strings.HasSuffix(prompt, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": ") {
+	if prompt := f.Tok.Decode(er.Prompt); !strings.HasSuffix(prompt, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": ") {
 		t.Errorf("forced prompt ends %q", prompt[max(0, len(prompt)-80):])
 	}
 	// The tiny model will not close the call: while it writes, the parser
@@ -223,14 +223,14 @@ func TestFillInTheMiddle(t *testing.T) {
 		t.Fatal(err)
 	}
 	fim := New(nil, tok, f.Tmpl, Options{})
-	ids, _, _, err := fim.prompt(context.Background(), &Request{Prompt: "func add(a, b int) int {\n\treturn ", Suffix: "\n}\n"})
+	er, _, err := fim.prompt(context.Background(), &Request{Prompt: "func add(a, b int) int {\n\treturn ", Suffix: "\n}\n"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := tok.Decode(ids), "<|fim_prefix|>func add(a, b int) int {\n\treturn <|fim_suffix|>\n}\n<|fim_middle|>"; got != want {
+	if got, want := tok.Decode(er.Prompt), "<|fim_prefix|>func add(a, b int) int {\n\treturn <|fim_suffix|>\n}\n<|fim_middle|>"; got != want {
 		t.Errorf("FIM prompt %q, want %q", got, want)
 	}
-	if _, _, _, err := fim.prompt(context.Background(), &Request{PromptIDs: []int32{1}, Suffix: "x"}); err == nil {
+	if _, _, err := fim.prompt(context.Background(), &Request{PromptIDs: []int32{1}, Suffix: "x"}); err == nil {
 		t.Error("a Suffix with token ids accepted")
 	}
 }

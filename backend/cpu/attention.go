@@ -1,6 +1,7 @@
 package cpu
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 
@@ -60,6 +61,56 @@ func (c *kvCache) CopyBlock(dst, src int) {
 			}
 		}
 	}
+}
+
+// blockParts calls f with each layer's K and V of block b, in SaveBlocks'
+// order.
+func (c *kvCache) blockParts(blocks []int, size int, f func(p kvPool, off, at int)) error {
+	if size != len(blocks)*c.spec.BlockBytes() {
+		return fmt.Errorf("cpu: %d bytes for %d KV blocks of %d", size, len(blocks), c.spec.BlockBytes())
+	}
+	n := c.spec.BlockSize * c.spec.KVHeads * c.spec.HeadDim
+	at := 0
+	for _, b := range blocks {
+		if b < 0 || b >= c.spec.Blocks {
+			return fmt.Errorf("cpu: KV block %d of %d", b, c.spec.Blocks)
+		}
+		for l := range c.k {
+			for _, p := range []kvPool{c.k[l], c.v[l]} {
+				f(p, b*n, at)
+				at += n * c.spec.DType.Size()
+			}
+		}
+	}
+	return nil
+}
+
+// SaveBlocks copies blocks to dst (see backend.KVCache).
+func (c *kvCache) SaveBlocks(blocks []int, dst []byte) error {
+	n := c.spec.BlockSize * c.spec.KVHeads * c.spec.HeadDim
+	return c.blockParts(blocks, len(dst), func(p kvPool, off, at int) {
+		for i := range n {
+			if p.f32 != nil {
+				binary.LittleEndian.PutUint32(dst[at+4*i:], math.Float32bits(p.f32[off+i]))
+			} else {
+				binary.LittleEndian.PutUint16(dst[at+2*i:], p.b16[off+i])
+			}
+		}
+	})
+}
+
+// RestoreBlocks writes blocks saved by SaveBlocks.
+func (c *kvCache) RestoreBlocks(blocks []int, src []byte) error {
+	n := c.spec.BlockSize * c.spec.KVHeads * c.spec.HeadDim
+	return c.blockParts(blocks, len(src), func(p kvPool, off, at int) {
+		for i := range n {
+			if p.f32 != nil {
+				p.f32[off+i] = math.Float32frombits(binary.LittleEndian.Uint32(src[at+4*i:]))
+			} else {
+				p.b16[off+i] = binary.LittleEndian.Uint16(src[at+2*i:])
+			}
+		}
+	})
 }
 
 func (c *kvCache) Free() { c.k, c.v = nil, nil }

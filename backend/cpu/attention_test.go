@@ -1,6 +1,7 @@
 package cpu
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 	"testing"
@@ -379,5 +380,57 @@ func TestRoPE(t *testing.T) {
 			}
 		}
 		compare(t, fmt.Sprintf("rope %+v", c), readF32(t, b, x), want, 1e-5)
+	}
+}
+
+// SaveBlocks writes each block's layers, K then V, in the cache's type;
+// RestoreBlocks reads them back into other blocks.
+func TestKVCacheSaveRestoreBlocks(t *testing.T) {
+	b := New(Options{})
+	for _, dt := range []backend.DType{backend.F32, backend.BF16} {
+		spec := backend.KVSpec{Layers: 2, Blocks: 5, BlockSize: 4, KVHeads: 2, HeadDim: 4, DType: dt}
+		kvi, err := b.NewKVCache(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kv := kvi.(*kvCache)
+		n := spec.BlockSize * spec.KVHeads * spec.HeadDim
+		for l := range 2 {
+			for i := range 5 * n {
+				v := float32(1000*l + i)
+				kv.k[l].store(i, []float32{v})
+				kv.v[l].store(i, []float32{-v})
+			}
+		}
+		buf := make([]byte, 2*spec.BlockBytes())
+		if err := kv.SaveBlocks([]int{3, 1}, buf); err != nil {
+			t.Fatal(err)
+		}
+		// The first piece is layer 0's K of block 3, the second its V.
+		at := func(p kvPool, off int) float32 {
+			v := make([]float32, 1)
+			p.load(v, off)
+			return v[0]
+		}
+		if dt == backend.F32 && (binary.LittleEndian.Uint32(buf) != math.Float32bits(at(kv.k[0], 3*n)) ||
+			binary.LittleEndian.Uint32(buf[4*n:]) != math.Float32bits(at(kv.v[0], 3*n))) {
+			t.Fatalf("%v: saved %x, not layer 0's K then V of block 3", dt, buf[:8])
+		}
+		if err := kv.RestoreBlocks([]int{0, 4}, buf); err != nil {
+			t.Fatal(err)
+		}
+		for l := range 2 {
+			for i := range n {
+				if at(kv.k[l], i) != at(kv.k[l], 3*n+i) || at(kv.v[l], 4*n+i) != at(kv.v[l], n+i) {
+					t.Fatalf("%v: layer %d element %d not restored", dt, l, i)
+				}
+			}
+		}
+		if err := kv.SaveBlocks([]int{5}, buf[:spec.BlockBytes()]); err == nil {
+			t.Errorf("%v: block 5 of 5 saved", dt)
+		}
+		if err := kv.RestoreBlocks([]int{0}, buf); err == nil {
+			t.Errorf("%v: two blocks' bytes restored into one", dt)
+		}
 	}
 }

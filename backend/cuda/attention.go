@@ -4,6 +4,7 @@ package cuda
 
 import (
 	"fmt"
+	"unsafe"
 
 	"github.com/kiln-llm/kiln/backend"
 )
@@ -182,6 +183,64 @@ func (c *kvCache) CopyBlock(dst, src int) {
 		base := c.ptr + devptr(p*c.plane)
 		c.b.copyDtoD(base+devptr(dst*bs), base+devptr(src*bs), bs)
 	}
+}
+
+// blockCopies runs blocks through the pinned staging buffer in batches of
+// at most 64 MiB: for each batch, fill prepares the staging buffer, each
+// block's pieces (per layer its K then its V) are copied by piece, and done
+// follows the batch's wait.
+func (c *kvCache) blockCopies(blocks []int, size int, fill func(host unsafe.Pointer, from, n int),
+	piece func(host unsafe.Pointer, dev devptr, n int), done func(host unsafe.Pointer, from, n int)) error {
+	bb := c.spec.BlockBytes()
+	if size != len(blocks)*bb {
+		return fmt.Errorf("cuda: %d bytes for %d KV blocks of %d", size, len(blocks), bb)
+	}
+	per := c.plane / c.spec.Blocks // one block of one layer's K or V
+	batch := max(1, (64<<20)/bb)
+	b := c.b
+	for i := 0; i < len(blocks); i += batch {
+		part := blocks[i:min(i+batch, len(blocks))]
+		// The staging buffer may still feed queued copies: wait first.
+		if err := b.Sync(); err != nil {
+			return err
+		}
+		host := b.staging(len(part) * bb)
+		fill(host, i*bb, len(part)*bb)
+		off := 0
+		for _, blk := range part {
+			if blk < 0 || blk >= c.spec.Blocks {
+				return fmt.Errorf("cuda: KV block %d of %d", blk, c.spec.Blocks)
+			}
+			for p := 0; p < 2*c.spec.Layers; p++ {
+				piece(unsafe.Add(host, off), c.ptr+devptr(p*c.plane+blk*per), per)
+				off += per
+			}
+		}
+		if err := b.Sync(); err != nil {
+			return err
+		}
+		done(host, i*bb, len(part)*bb)
+	}
+	return nil
+}
+
+// SaveBlocks waits for queued work and copies blocks to dst (see
+// backend.KVCache).
+func (c *kvCache) SaveBlocks(blocks []int, dst []byte) error {
+	b := c.b
+	return c.blockCopies(blocks, len(dst), func(unsafe.Pointer, int, int) {},
+		func(host unsafe.Pointer, dev devptr, n int) { b.copyDtoH(host, dev, n) },
+		func(host unsafe.Pointer, from, n int) { copy(dst[from:from+n], unsafe.Slice((*byte)(host), n)) })
+}
+
+// RestoreBlocks writes blocks saved by SaveBlocks; it returns once the
+// copies are done.
+func (c *kvCache) RestoreBlocks(blocks []int, src []byte) error {
+	b := c.b
+	return c.blockCopies(blocks, len(src),
+		func(host unsafe.Pointer, from, n int) { copy(unsafe.Slice((*byte)(host), n), src[from:from+n]) },
+		func(host unsafe.Pointer, dev devptr, n int) { b.copyHtoD(dev, host, n) },
+		func(unsafe.Pointer, int, int) {})
 }
 
 func (c *kvCache) Free() {

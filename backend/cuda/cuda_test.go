@@ -922,3 +922,47 @@ func TestDeltaNet(t *testing.T) {
 		gst.Free()
 	}
 }
+
+// TestKVBlocksSaveRestore: blocks written with RestoreBlocks read back
+// with SaveBlocks as the CPU backend's do, in batches through the staging
+// buffer, and CopyBlock copies what they hold.
+func TestKVBlocksSaveRestore(t *testing.T) {
+	p := newPair(t, 12)
+	spec := backend.KVSpec{Layers: 4, Blocks: 320, BlockSize: 16, KVHeads: 8, HeadDim: 128, DType: backend.BF16}
+	g, err := p.g.NewKVCache(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Free()
+	c, err := p.c.NewKVCache(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := make([]int, 300) // more than one 64 MiB batch
+	for i := range blocks {
+		blocks[i] = (7 * i) % spec.Blocks
+	}
+	src := make([]byte, len(blocks)*spec.BlockBytes())
+	for i := range src {
+		src[i] = byte(p.r.IntN(256))
+	}
+	for _, kv := range []backend.KVCache{g, c} {
+		if err := kv.RestoreBlocks(blocks, src); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g.CopyBlock(1, blocks[5])
+	c.CopyBlock(1, blocks[5])
+	back := append(slices.Clone(blocks), 1)
+	gb := make([]byte, len(back)*spec.BlockBytes())
+	cb := make([]byte, len(gb))
+	if err := g.SaveBlocks(back, gb); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SaveBlocks(back, cb); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(gb, cb) || !slices.Equal(gb[:len(src)], src) {
+		t.Fatal("the blocks read back differ from those written, or from the CPU backend's")
+	}
+}

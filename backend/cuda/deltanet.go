@@ -203,7 +203,7 @@ func (c *stateCache) Save(slot int, dst []byte) error {
 	host := b.staging(len(dst))
 	off := 0
 	c.parts(slot, func(p devptr, n int) {
-		b.fail(check("cuMemcpyDtoHAsync", C.k_cuMemcpyDtoHAsync_v2(unsafe.Add(host, off), p, C.size_t(n), b.stream)))
+		b.copyDtoH(unsafe.Add(host, off), p, n)
 		off += n
 	})
 	if err := b.Sync(); err != nil {
@@ -227,7 +227,7 @@ func (c *stateCache) Restore(slot int, src []byte) {
 	copy(unsafe.Slice((*byte)(host), len(src)), src)
 	off := 0
 	c.parts(slot, func(p devptr, n int) {
-		b.fail(check("cuMemcpyHtoDAsync", C.k_cuMemcpyHtoDAsync_v2(p, unsafe.Add(host, off), C.size_t(n), b.stream)))
+		b.copyHtoD(p, unsafe.Add(host, off), n)
 		off += n
 	})
 	b.fail(b.Sync())

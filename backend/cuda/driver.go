@@ -118,6 +118,16 @@ func (b *Backend) copyDtoD(dst, src devptr, n int) {
 	b.fail(check("cuMemcpyDtoDAsync", C.k_cuMemcpyDtoDAsync_v2(dst, src, C.size_t(n), b.stream)))
 }
 
+// copyDtoH queues a copy from the device to pinned host memory.
+func (b *Backend) copyDtoH(dst unsafe.Pointer, src devptr, n int) {
+	b.fail(check("cuMemcpyDtoHAsync", C.k_cuMemcpyDtoHAsync_v2(dst, src, C.size_t(n), b.stream)))
+}
+
+// copyHtoD queues a copy from pinned host memory to the device.
+func (b *Backend) copyHtoD(dst devptr, src unsafe.Pointer, n int) {
+	b.fail(check("cuMemcpyHtoDAsync", C.k_cuMemcpyHtoDAsync_v2(dst, src, C.size_t(n), b.stream)))
+}
+
 func (b *Backend) freePtr(p devptr) {
 	b.fail(check("cuMemFree", C.k_cuMemFree_v2(p)))
 }

@@ -43,6 +43,7 @@ type benchConfig struct {
 	ignoreEOS      bool
 	rangeRatio     float64
 	turns          int
+	historyLen     int
 	thinkTime      time.Duration
 	requestRate    float64
 	burstiness     float64
@@ -69,6 +70,7 @@ func parseBenchFlags(args []string) (*benchConfig, error) {
 	fs.BoolVar(&c.ignoreEOS, "ignore-eos", true, "keep generating past end-of-sequence so that every answer has --output-len tokens (vLLM's ignore_eos)")
 	fs.Float64Var(&c.rangeRatio, "range-ratio", 0, "lengths are drawn uniformly from [len*(1-r), len*(1+r)]")
 	fs.IntVar(&c.turns, "turns", 4, "turns per conversation (multiturn)")
+	fs.IntVar(&c.historyLen, "history-len", 0, "the first turn of each conversation also carries a document of about this many tokens, so that later turns follow that much history (multiturn)")
 	fs.DurationVar(&c.thinkTime, "think-time", 0, "pause between a conversation's answer and its next turn, as a user reading and typing (multiturn)")
 	rate := fs.String("request-rate", "inf", "requests per second: inf sends them all at once, a number draws gamma-distributed gaps (Poisson when --burstiness is 1)")
 	fs.Float64Var(&c.burstiness, "burstiness", 1, "shape of the gamma arrival process: below 1 is burstier, above 1 more regular")
@@ -119,6 +121,10 @@ func parseBenchFlags(args []string) (*benchConfig, error) {
 		return nil, fmt.Errorf("--think-time must not be negative, not %v", c.thinkTime)
 	case c.numPrompts < 1, c.inputLen < 1, c.outputLen < 1, c.turns < 1:
 		return nil, errors.New("--num-prompts, --input-len, --output-len and --turns must be at least 1")
+	case c.historyLen < 0:
+		return nil, errors.New("--history-len must not be negative")
+	case c.historyLen > 0 && c.dataset != "multiturn":
+		return nil, errors.New("--history-len is for --dataset multiturn")
 	case c.rangeRatio < 0 || c.rangeRatio >= 1:
 		return nil, errors.New("--range-ratio must be in [0, 1)")
 	case c.burstiness <= 0:
@@ -479,7 +485,11 @@ func (cl *benchClient) run() (*benchResults, error) {
 				if t > 0 {
 					time.Sleep(c.thinkTime)
 				}
-				words := make([]string, j.turnLens[t])
+				n := j.turnLens[t]
+				if t == 0 {
+					n += c.historyLen // a document the conversation is about
+				}
+				words := make([]string, n)
 				for k := range words {
 					words[k] = benchWords[wrng.IntN(len(benchWords))]
 				}
@@ -608,6 +618,25 @@ type metrics struct {
 	ttft, tpot, itl, e2el                                stat
 	laterTurnTTFT, firstTurnTTFT                         stat
 	laterTurnPrompt, laterTurnCached                     int
+	laterTurns                                           int
+}
+
+// laterTurnHit is the share of later turns' prompt tokens served from the
+// server's cache, in percent.
+func (m *metrics) laterTurnHit() float64 {
+	if m.laterTurnPrompt == 0 {
+		return 0
+	}
+	return 100 * float64(m.laterTurnCached) / float64(m.laterTurnPrompt)
+}
+
+// laterTurnPromptMean is the mean prompt length of later turns: the
+// history they follow.
+func (m *metrics) laterTurnPromptMean() float64 {
+	if m.laterTurns == 0 {
+		return 0
+	}
+	return float64(m.laterTurnPrompt) / float64(m.laterTurns)
 }
 
 func (b *benchResults) metrics(c *benchConfig) metrics {
@@ -635,6 +664,7 @@ func (b *benchResults) metrics(c *benchConfig) metrics {
 			first = append(first, ms(r.ttft))
 		} else {
 			later = append(later, ms(r.ttft))
+			m.laterTurns++
 			m.laterTurnPrompt += r.promptTokens
 			m.laterTurnCached += r.cachedTokens
 		}
@@ -707,11 +737,12 @@ func (b *benchResults) print(w io.Writer, c *benchConfig) {
 		head("Multi-turn Conversation State")
 		line("Mean TTFT, first turns (ms)", m.firstTurnTTFT.Mean)
 		line("Mean TTFT, later turns (ms)", m.laterTurnTTFT.Mean)
-		hit := 0.0
-		if m.laterTurnPrompt > 0 {
-			hit = 100 * float64(m.laterTurnCached) / float64(m.laterTurnPrompt)
+		line("Median TTFT, later turns (ms)", m.laterTurnTTFT.Median)
+		for _, p := range c.percentiles {
+			line("P"+strconv.FormatFloat(p, 'f', -1, 64)+" TTFT, later turns (ms)", m.laterTurnTTFT.Percentiles[pctName(p)])
 		}
-		line("Later-turn prompt tokens from cache (%)", hit)
+		line("Mean later-turn prompt (tokens)", m.laterTurnPromptMean())
+		line("Later-turn prompt tokens from cache (%)", m.laterTurnHit())
 	}
 	if b.steps != nil {
 		head("Engine Steps (server)")
@@ -750,8 +781,14 @@ func (b *benchResults) jsonReport(c *benchConfig) map[string]any {
 		}
 	}
 	if c.dataset == "multiturn" {
+		rep["history_len"] = c.historyLen
 		rep["mean_ttft_first_turn_ms"], rep["mean_ttft_later_turns_ms"] = m.firstTurnTTFT.Mean, m.laterTurnTTFT.Mean
+		rep["median_ttft_later_turns_ms"] = m.laterTurnTTFT.Median
+		for k, v := range m.laterTurnTTFT.Percentiles {
+			rep[k+"_ttft_later_turns_ms"] = v
+		}
 		rep["later_turn_prompt_tokens"], rep["later_turn_cached_tokens"] = m.laterTurnPrompt, m.laterTurnCached
+		rep["later_turn_cached_pct"] = m.laterTurnHit()
 	}
 	if b.steps != nil {
 		steps := map[string]any{}

@@ -282,7 +282,18 @@ func daemonStatus(args []string) error {
 	}
 	fmt.Printf("  prompts   %d tokens, %.1f%% from cache; %d preemptions\n", s.PromptTokens, hit, s.Preemptions)
 	if s.StateSnapshots > 0 {
-		fmt.Printf("  states    %d snapshots, %s\n", s.StateSnapshots, humanBytes(s.StateBytes))
+		fmt.Printf("  states    %d snapshots, %d on the device, %s in host memory\n", s.StateSnapshots, s.StateOnDevice, humanBytes(s.StateBytes))
+	}
+	if n := len(st.Conversations); n > 0 {
+		var dev int64
+		for _, c := range st.Conversations {
+			dev += c.DeviceBytes
+		}
+		fmt.Printf("  chats     %d kept, %s of device memory (shared blocks counted in each)\n", n, humanBytes(dev))
+	}
+	if s.StateCacheEntries > 0 {
+		fmt.Printf("  cache     %d entries, %s in host memory, %s on disk; %d conversations restored from it\n",
+			s.StateCacheEntries, humanBytes(s.StateCacheRAMBytes), humanBytes(s.StateCacheDiskBytes), s.StateCacheRestores)
 	}
 	return nil
 }

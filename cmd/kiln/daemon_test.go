@@ -22,18 +22,25 @@ import (
 	"github.com/kiln-llm/kiln/internal/testmodel"
 )
 
-// TestCLI builds kiln and uses it as people do, on the embedded demo model:
-// serve with a SIGTERM drain, start/status/run/stop through the daemon, run
-// in-process with piped stdin, chat, and the error paths.
-func TestCLI(t *testing.T) {
-	bin := kilnBinary(t)
-	// Unix socket paths must stay under 108 bytes.
+// cliEnv returns the environment of a kiln process in a test: its runtime
+// directory (sockets, pid files; a short path: Unix socket paths must stay
+// under 108 bytes) and cache (the state cache) in a directory of the test,
+// and no API key.
+func cliEnv(t *testing.T) (env []string, runtimeDir string) {
 	runtimeDir, err := os.MkdirTemp("", "kiln")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(runtimeDir) })
-	env := append(os.Environ(), "XDG_RUNTIME_DIR="+runtimeDir, "KILN_API_KEY=")
+	return append(os.Environ(), "XDG_RUNTIME_DIR="+runtimeDir, "XDG_CACHE_HOME="+filepath.Join(runtimeDir, "cache"), "KILN_API_KEY="), runtimeDir
+}
+
+// TestCLI builds kiln and uses it as people do, on the embedded demo model:
+// serve with a SIGTERM drain, start/status/run/stop through the daemon, run
+// in-process with piped stdin, chat, and the error paths.
+func TestCLI(t *testing.T) {
+	bin := kilnBinary(t)
+	env, runtimeDir := cliEnv(t)
 	kiln := func(stdin string, args ...string) (string, string, error) {
 		cmd := exec.Command(bin, args...)
 		cmd.Env = env

@@ -32,6 +32,8 @@ type modelFlags struct {
 	// prepares each chat's next turn (session.Options.PrepareNextTurn); not
 	// for a one-shot kiln run, which would wait for it before exiting.
 	conversations bool
+	// stateCache: serve's state cache (none unless set).
+	stateCache engine.StateCache
 	// pull downloads a hub --model that is not cached (kiln run and chat's
 	// --pull; offerPull: the command has that flag). resolve fills name
 	// (the model's name in the API; "" for a path) and resolved.
@@ -164,6 +166,16 @@ func (f *modelFlags) load() (*loaded, error) {
 		// need them to be busy.
 		opts.MaxBatchTokens = 2048
 	}
+	if sc := f.stateCache; sc.Dir != "" || sc.RAMBytes > 0 {
+		digest, err := weightsDigest(path, f.resolved)
+		if err != nil {
+			m.Close()
+			return nil, fmt.Errorf("the state cache's key of %s: %w", path, err)
+		}
+		kv, _ := kvDType(f.kv, b)
+		sc.Model = fmt.Sprintf("weights %s|backend %s|quantize %q|kv %v", digest, b.Name(), f.quantize, kv)
+		opts.StateCache = sc
+	}
 	eng, err := engine.New(m, tok, opts)
 	if err != nil {
 		m.Close()
@@ -186,6 +198,9 @@ func (f *modelFlags) load() (*loaded, error) {
 		"kv_memory", humanBytes(int64(eo.KVBlocks*eo.BlockSize)*m.KVBytesPerToken()), "kv_tokens", eo.KVBlocks*eo.BlockSize,
 		"state_per_sequence", humanBytes(int64(m.SlotBytes())),
 		"context", ctx, "context_limited_by", ctxLimit, "model_context", cfg.ContextLength, "took", time.Since(start).Round(time.Millisecond))
+	if sc := opts.StateCache; sc.Dir != "" {
+		slog.Info("state cache", "dir", sc.Dir, "size", humanBytes(sc.DiskBytes), "ram", humanBytes(sc.RAMBytes))
+	}
 	sess := session.New(eng, tok, tmpl, session.Options{PrepareNextTurn: f.conversations})
 	return &loaded{name: name, dir: dir, backend: b.Name(), defaults: defaults, tok: tok, sess: sess}, nil
 }

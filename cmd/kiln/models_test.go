@@ -37,7 +37,7 @@ func modelsEnv(t *testing.T) (env []string, blob, store string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(runtimeDir) })
-	env = append(os.Environ(), "HOME="+home, "XDG_RUNTIME_DIR="+runtimeDir, "KILN_API_KEY=", "HF_ENDPOINT="+h.URL(),
+	env = append(os.Environ(), "HOME="+home, "XDG_RUNTIME_DIR="+runtimeDir, "XDG_CACHE_HOME="+filepath.Join(home, ".cache"), "KILN_API_KEY=", "HF_ENDPOINT="+h.URL(),
 		"HF_HUB_CACHE="+filepath.Join(home, "hf"), "OLLAMA_MODELS="+store, "HF_TOKEN=", "HF_HUB_OFFLINE=")
 	return env, blob, store
 }

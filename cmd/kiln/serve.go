@@ -53,6 +53,7 @@ type serveConfig struct {
 	origins        []string
 	hosts          []string
 	verbose        bool
+	stateCache     stateCacheFlags
 }
 
 func (c *serveConfig) register(fs *flag.FlagSet) {
@@ -70,6 +71,7 @@ func (c *serveConfig) register(fs *flag.FlagSet) {
 	listFlag(fs, "allowed-hosts", "comma-separated host names, beyond localhost, this machine's addresses and name, that the server answers to without --api-key (patterns with *); others are refused, against DNS rebinding",
 		&c.hosts, strings.ToLower, server.CheckHosts)
 	fs.BoolVar(&c.verbose, "v", false, "debug logging")
+	c.stateCache.register(fs)
 }
 
 // socketPath resolves the socket flag: "" is the default path (its
@@ -178,6 +180,9 @@ func (c *serveConfig) serve() error {
 	}
 
 	c.model.conversations = true
+	if c.model.stateCache, err = c.stateCache.resolve(); err != nil {
+		return err
+	}
 	lm, err := c.model.load()
 	if err != nil {
 		return err

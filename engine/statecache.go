@@ -1,0 +1,240 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/kiln-llm/kiln/kvcache"
+	"github.com/kiln-llm/kiln/model"
+)
+
+// StateCache configures the state cache: the computed past of conversations
+// that the device lets go (evicted for room, idle, or when the engine
+// closes) is kept in host memory and then in a bounded directory, and
+// restored for requests that continue them, across restarts too (see
+// kvcache.Store). A hybrid model keeps the last state of each conversation
+// (its answers' ends), its other snapshots while the engine idles, and any
+// snapshot evicted for room; a dense model the KV blocks of each cached
+// prefix.
+type StateCache struct {
+	Dir       string // cache directory; "" keeps it in host memory only
+	DiskBytes int64  // most bytes in Dir
+	RAMBytes  int64  // most bytes in host memory; 1 GiB
+	// Model identifies the model's weights (its name and a digest): the
+	// engine adds the model's shape and KV layout, and never loads what
+	// another identity saved.
+	Model string
+}
+
+// enabled reports whether the state cache is on.
+func (c *StateCache) enabled() bool { return c.Dir != "" || c.RAMBytes > 0 }
+
+// spillAfter is how long the engine idles before it copies the latest
+// state of its conversations to the state cache (a user reading an answer).
+const spillAfter = 2 * time.Second
+
+// openStore opens the state cache of m. A directory another process holds
+// leaves it in host memory only, with a warning.
+func openStore(m *model.Model, opts *Options) (*kvcache.Store, error) {
+	c := opts.StateCache
+	if c.RAMBytes == 0 {
+		c.RAMBytes = 1 << 30
+	}
+	cfg := m.Config()
+	so := kvcache.StoreOptions{
+		Dir: c.Dir, DiskBytes: c.DiskBytes, RAMBytes: c.RAMBytes, BlockSize: opts.BlockSize, BlockBytes: m.BlockBytes(),
+		Model: fmt.Sprintf("%s|%s|layers %d|block %d x %d bytes|state %d bytes", c.Model, cfg.Name, cfg.Layers,
+			opts.BlockSize, m.BlockBytes(), m.SlotBytes()),
+		Logger: opts.Logger,
+	}
+	if m.Hybrid() {
+		so.StateBytes = m.SlotBytes()
+	}
+	st, err := kvcache.OpenStore(so)
+	if err != nil && c.Dir != "" && errors.Is(err, kvcache.ErrStoreBusy) {
+		opts.Logger.Warn("state cache: the directory is in use; keeping conversations in host memory only", "err", err)
+		so.Dir = ""
+		st, err = kvcache.OpenStore(so)
+	}
+	return st, err
+}
+
+// storedPrefix is a prompt prefix loaded from the state cache: n tokens,
+// the KV blocks from block from on, and a hybrid model's state after them.
+type storedPrefix struct {
+	n, from   int
+	kv, state []byte
+}
+
+// fromStore loads the longest prefix of q's prompt that the state cache
+// holds, when it is at least a block longer than the dev tokens the device's
+// caches hold (whose whole blocks it keeps). A request that waits for
+// blocks keeps what it loaded for its next try.
+func (s *scheduler) fromStore(q *seq, dev int) *storedPrefix {
+	if s.store == nil || q.noStore {
+		return nil
+	}
+	bs := s.e.opts.BlockSize
+	if len(q.tokens)-1 < dev+bs {
+		return nil // the device holds all it could give
+	}
+	if st := q.stored; st != nil {
+		if st.from == dev/bs {
+			return st
+		}
+		q.stored = nil
+	}
+	n := s.store.Match(q.tokens, len(q.tokens)-1, s.hybrid)
+	if n < dev+bs {
+		return nil
+	}
+	from := dev / bs
+	kv, state, err := s.store.Load(q.tokens, n, from)
+	if err != nil {
+		s.e.log.Warn("state cache: not restored", "seq", q.id, "tokens", n, "err", err)
+		return nil
+	}
+	q.stored = &storedPrefix{n: n, from: from, kv: kv, state: state}
+	return q.stored
+}
+
+// restore writes a stored prefix into q's blocks (reserved) and slot.
+func (s *scheduler) restore(q *seq, st *storedPrefix) error {
+	bs := s.e.opts.BlockSize
+	var ids []int
+	for _, b := range q.table.Blocks()[st.from : (st.n+bs-1)/bs] {
+		ids = append(ids, int(b))
+	}
+	if err := s.m.RestoreBlocks(ids, st.kv); err != nil {
+		return err
+	}
+	if s.hybrid {
+		s.m.RestoreSlot(q.slot, st.state)
+	}
+	return nil
+}
+
+// spillSnapshot copies a snapshot to the state cache, once (a failure is
+// logged and not tried again).
+func (s *scheduler) spillSnapshot(sn *kvcache.Snapshot) {
+	if s.store == nil || sn.Stored {
+		return
+	}
+	sn.Stored = true
+	state, err := s.snaps.State(sn)
+	if err == nil {
+		_, err = s.store.Put(sn.Tokens, sn.Blocks, state, s.m.SaveBlocks)
+	}
+	if err != nil {
+		s.e.log.Warn("state cache: snapshot not kept", "tokens", len(sn.Tokens), "err", err)
+	}
+}
+
+// spillPrefix copies a dense model's cached prefix to the state cache (a
+// failure is logged).
+func (s *scheduler) spillPrefix(tokens, blocks []int32) {
+	if _, err := s.store.Put(tokens, blocks, nil, s.m.SaveBlocks); err != nil {
+		s.e.log.Warn("state cache: prefix not kept", "tokens", len(tokens), "err", err)
+	}
+}
+
+// spillOne copies the most recently used conversation end that the state
+// cache lacks (a hybrid model's answer end, a dense model's prefix-cache
+// leaf), or with points, when every end is stored, a hybrid model's most
+// recently used other snapshot (where its conversation may be edited), and
+// reports whether there was one.
+func (s *scheduler) spillOne(points bool) bool {
+	if s.store == nil {
+		return false
+	}
+	if s.hybrid {
+		var tip, point *kvcache.Snapshot
+		s.snaps.Each(func(sn *kvcache.Snapshot) {
+			switch {
+			case sn.Stored:
+			case sn.Kind == kvcache.Tip && tip == nil:
+				tip = sn
+			case sn.Kind == kvcache.Point && point == nil && points:
+				point = sn
+			}
+		})
+		if tip == nil {
+			tip = point
+		}
+		if tip == nil {
+			return false
+		}
+		s.spillSnapshot(tip)
+		return true
+	}
+	leaves := s.prefix.Leaves(1, true)
+	if len(leaves) == 0 {
+		return false
+	}
+	s.spillPrefix(leaves[0].Tokens, leaves[0].Blocks)
+	s.prefix.MarkStored(leaves[0])
+	return true
+}
+
+// Conversation is a conversation's latest computed past that the engine
+// keeps: a hybrid model's answer end, or a dense model's cached prefix that
+// no longer one extends.
+type Conversation struct {
+	Tokens      int
+	DeviceBytes int64 // its KV blocks (those it shares with others too) and its device state slot
+	HostBytes   int64 // its state in host memory
+	Stored      bool  // the state cache holds it
+	Idle        time.Duration
+}
+
+// conversations lists at most max conversations the device's caches keep,
+// most recently used first.
+func (s *scheduler) conversations(max int) []Conversation {
+	var out []Conversation
+	bb := int64(s.m.BlockBytes())
+	now := time.Now()
+	if s.hybrid {
+		s.snaps.Each(func(sn *kvcache.Snapshot) {
+			if sn.Kind != kvcache.Tip || len(out) >= max {
+				return
+			}
+			c := Conversation{Tokens: len(sn.Tokens), DeviceBytes: int64(len(sn.Blocks)) * bb, HostBytes: int64(sn.Bytes()),
+				Stored: sn.Stored, Idle: now.Sub(sn.Used)}
+			if sn.OnDevice() {
+				c.DeviceBytes += int64(s.m.SlotBytes())
+			}
+			out = append(out, c)
+		})
+		return out
+	}
+	for _, l := range s.prefix.Leaves(max, false) {
+		out = append(out, Conversation{Tokens: len(l.Tokens), DeviceBytes: int64(len(l.Blocks)) * bb, Stored: l.Stored, Idle: now.Sub(l.Used)})
+	}
+	return out
+}
+
+// Conversations returns the conversations the engine's caches keep, most
+// recently used first (at most 100), and the prefixes its state cache holds
+// (at most 100, most recently used first; nil without a state cache).
+func (e *Engine) Conversations() ([]Conversation, []kvcache.StoredPrefix) {
+	type result struct {
+		convs  []Conversation
+		stored []kvcache.StoredPrefix
+	}
+	ch := make(chan result, 1)
+	f := func() {
+		r := result{convs: e.sched.conversations(100)}
+		if e.sched.store != nil {
+			r.stored = e.sched.store.Prefixes(100)
+		}
+		ch <- r
+	}
+	select {
+	case e.inspect <- f:
+	case <-e.done:
+		return nil, nil
+	}
+	r := <-ch // the scheduler runs what it took
+	return r.convs, r.stored
+}

@@ -1,0 +1,125 @@
+package engine
+
+import (
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+)
+
+// A conversation survives the engine: closed, its latest state goes to the
+// state cache's directory, and a new engine on a new copy of the model
+// restores the next turn from there and answers as a cold engine does.
+func TestStateCacheRestart(t *testing.T) {
+	for _, arch := range []string{"qwen3", "qwen3next"} {
+		t.Run(arch, func(t *testing.T) {
+			dir := t.TempDir()
+			sc := StateCache{Dir: dir, DiskBytes: 64 << 20, Model: "fixture " + arch}
+			rng := rand.New(rand.NewPCG(7, 8))
+			f := loadFixture(t, arch)
+			p1 := randomPrompt(rng, f, 300)
+			e := newEngine(t, f, Options{StateCache: sc})
+			r1 := generate(t, e, &Request{Prompt: p1, Sampling: Sampling{MaxTokens: 12, IgnoreEOS: true}})
+			e.Close()
+			if st := e.Stats(); st.StateCacheEntries == 0 || st.StateCacheDiskBytes == 0 {
+				t.Fatalf("after Close: %+v", st)
+			}
+
+			p2 := append(append(slices.Clone(p1), r1.tokens...), randomPrompt(rng, f, 20)...)
+			e2 := newEngine(t, loadFixture(t, arch), Options{StateCache: sc})
+			r2 := generate(t, e2, &Request{Prompt: p2, Sampling: Sampling{MaxTokens: 10}})
+			cold := newEngine(t, loadFixture(t, arch), Options{NoCache: true})
+			ref := generate(t, cold, &Request{Prompt: p2, Sampling: Sampling{MaxTokens: 10}})
+			if !slices.Equal(r2.tokens, ref.tokens) {
+				t.Errorf("after a restart %v, cold %v", r2.tokens, ref.tokens)
+			}
+			// The first turn's prompt and answer but its last token (never
+			// fed); dense models keep whole blocks.
+			want := len(p1) + len(r1.tokens) - 1
+			if !f.Model.Hybrid() {
+				want = want / 16 * 16
+			}
+			if st := e2.Stats(); r2.usage.CachedTokens != want || st.StateCacheRestores != 1 {
+				t.Errorf("after a restart: %d tokens cached, want %d; %d restores", r2.usage.CachedTokens, want, st.StateCacheRestores)
+			}
+			// A regenerated answer then resumes on the device.
+			again := generate(t, e2, &Request{Prompt: p2, Sampling: Sampling{MaxTokens: 10}})
+			if st := e2.Stats(); !slices.Equal(again.tokens, ref.tokens) || st.StateCacheRestores != 1 || again.usage.CachedTokens < want {
+				t.Errorf("regenerated: %v (cold %v), %d cached, %d restores", again.tokens, ref.tokens, again.usage.CachedTokens, st.StateCacheRestores)
+			}
+		})
+	}
+}
+
+// Conversations the KV cache has no room for go to the state cache in host
+// memory and come back from there; an idle engine copies its conversations'
+// latest state there too.
+func TestStateCacheEviction(t *testing.T) {
+	for _, arch := range []string{"qwen3", "qwen3next"} {
+		t.Run(arch, func(t *testing.T) {
+			f := loadFixture(t, arch)
+			rng := rand.New(rand.NewPCG(9, 10))
+			e := newEngine(t, f, Options{KVBlocks: 40, StateCache: StateCache{RAMBytes: 64 << 20}, spillAfter: time.Millisecond})
+			cold := newEngine(t, loadFixture(t, arch), Options{NoCache: true})
+			var convs [][]int32
+			for range 6 { // 6 x 300 tokens: more than the 40 blocks of 16 hold
+				p := randomPrompt(rng, f, 300)
+				r := generate(t, e, &Request{Prompt: p, Sampling: Sampling{MaxTokens: 8, IgnoreEOS: true}})
+				convs = append(convs, append(append(p, r.tokens...), randomPrompt(rng, f, 10)...))
+			}
+			for i, p := range convs {
+				r := generate(t, e, &Request{Prompt: p, Sampling: Sampling{MaxTokens: 6}})
+				ref := generate(t, cold, &Request{Prompt: p, Sampling: Sampling{MaxTokens: 6}})
+				if !slices.Equal(r.tokens, ref.tokens) {
+					t.Errorf("conversation %d: %v, cold %v", i, r.tokens, ref.tokens)
+				}
+				if r.usage.CachedTokens < len(p)-10-16 {
+					t.Errorf("conversation %d: %d of %d tokens cached", i, r.usage.CachedTokens, len(p))
+				}
+			}
+			if st := e.Stats(); st.StateCacheRestores == 0 {
+				t.Errorf("nothing restored from the state cache: %+v", st)
+			}
+			// Idle: the latest conversation's end is copied.
+			deadline := time.Now().Add(5 * time.Second)
+			for time.Now().Before(deadline) {
+				if kept, _ := e.Conversations(); len(kept) > 0 && kept[0].Stored {
+					return
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			kept, stored := e.Conversations()
+			t.Errorf("an idle engine did not copy its latest conversation: %+v, stored %+v", kept, stored)
+		})
+	}
+}
+
+// A corrupt file is refused: the next turn recomputes and answers right.
+func TestStateCacheCorruptFile(t *testing.T) {
+	dir := t.TempDir()
+	sc := StateCache{Dir: dir, DiskBytes: 64 << 20, Model: "fixture"}
+	rng := rand.New(rand.NewPCG(11, 12))
+	f := loadFixture(t, "qwen3next")
+	p1 := randomPrompt(rng, f, 300)
+	e := newEngine(t, f, Options{StateCache: sc})
+	r1 := generate(t, e, &Request{Prompt: p1, Sampling: Sampling{MaxTokens: 8, IgnoreEOS: true}})
+	e.Close()
+	files, _ := filepath.Glob(filepath.Join(dir, "*", "*-*"))
+	if len(files) == 0 {
+		t.Fatal("no files")
+	}
+	for _, p := range files {
+		b, _ := os.ReadFile(p)
+		b[len(b)/2] ^= 0x40
+		os.WriteFile(p, b, 0o600)
+	}
+	p2 := append(append(slices.Clone(p1), r1.tokens...), randomPrompt(rng, f, 20)...)
+	e2 := newEngine(t, loadFixture(t, "qwen3next"), Options{StateCache: sc})
+	r2 := generate(t, e2, &Request{Prompt: p2, Sampling: Sampling{MaxTokens: 10}})
+	ref := generate(t, newEngine(t, loadFixture(t, "qwen3next"), Options{NoCache: true}), &Request{Prompt: p2, Sampling: Sampling{MaxTokens: 10}})
+	if !slices.Equal(r2.tokens, ref.tokens) || r2.usage.CachedTokens != 0 {
+		t.Errorf("over corrupt files: %v (%d cached), cold %v", r2.tokens, r2.usage.CachedTokens, ref.tokens)
+	}
+}

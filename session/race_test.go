@@ -1,0 +1,6 @@
+//go:build race
+
+package session
+
+// raceDetector: the tests run under the race detector, ten times slower.
+const raceDetector = true
