@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"slices"
+	"sync/atomic"
 
 	"github.com/kiln-llm/kiln/backend"
 	"github.com/kiln-llm/kiln/quant"
@@ -61,9 +62,10 @@ type Model struct {
 	cache   CacheSpec
 	kv      backend.KVCache
 	state   backend.StateCache
-	// generation changes with every AllocCache, so that graph keys never
-	// name a capture made against freed caches.
-	generation int
+	// generation is unique to each AllocCache of any model, so that graph
+	// keys never name a capture made against freed caches or another
+	// model's weights and buffers (two models of one name on a backend).
+	generation int64
 
 	prefill *workspace
 	decode  map[int]*workspace // by batch-size bucket
@@ -279,9 +281,12 @@ func (m *Model) AllocCache(spec CacheSpec) error {
 		m.state = st
 	}
 	m.cache = spec
-	m.generation++
+	m.generation = cacheGenerations.Add(1)
 	return nil
 }
+
+// cacheGenerations numbers the caches AllocCache makes (Model.generation).
+var cacheGenerations atomic.Int64
 
 func (m *Model) freeCache() {
 	if m.kv != nil {

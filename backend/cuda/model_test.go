@@ -122,7 +122,8 @@ func TestFixturesEndToEnd(t *testing.T) {
 				for i := range crows {
 					ct, margin := argmaxMargin(crows[i])
 					if gt, _ := argmaxMargin(grows[i]); gt != ct && margin > 0.05 {
-						t.Errorf("prompt %d position %d: GPU argmax %d, CPU %d (margin %.3g)", pi, i, gt, ct, margin)
+						t.Errorf("prompt %d position %d: GPU argmax %d, CPU %d (margin %.3g; logits relative L2 %.3g here, %.3g at the position before)",
+							pi, i, gt, ct, margin, relL2(grows[i], crows[i]), relL2(grows[max(i-1, 0)], crows[max(i-1, 0)]))
 					}
 				}
 				gtok, _ := argmaxMargin(grows[len(grows)-1])

@@ -363,7 +363,12 @@ func (cl *benchClient) stream(ctx context.Context, path string, body map[string]
 		r.outputTokens = chunks // a server that does not report usage
 	}
 	r.ok = chunks > 0
-	if !r.ok {
+	switch {
+	case !r.ok && r.outputTokens > 0:
+		// TTFT and ITL time text; a model whose tokens decode to none (a
+		// synthetic vocabulary of unused ids) cannot be timed.
+		r.err = fmt.Sprintf("%d tokens generated but no text", r.outputTokens)
+	case !r.ok:
 		r.err = "no tokens generated"
 	}
 	return r, sb.String()
