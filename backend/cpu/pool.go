@@ -59,8 +59,8 @@ func newPool(threads int) *pool {
 	return p
 }
 
-// For calls fn over [0, n) split into contiguous ranges of at least grain
-// items, in parallel. Ranges are handed out dynamically, so uneven work
+// For calls fn over [0, n) split into contiguous ranges of about grain
+// items or more, in parallel. Ranges are handed out dynamically, so uneven work
 // balances itself.
 func (p *pool) For(n, grain int, fn func(lo, hi int)) {
 	if n <= 0 {
