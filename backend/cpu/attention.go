@@ -416,11 +416,22 @@ func (b *Backend) attendDirect(a *attnCall, tokens []int32) {
 	// the values weighted by exp(score - max).
 	stats := make([]float32, len(parts)*H*2)
 	acc := make([]float32, len(parts)*H*hd)
-	b.pool.For(len(parts), 1, func(lo, hi int) {
+	// Too few parts to keep every thread busy (a short decode) are split
+	// further by kv heads, which write disjoint heads of the part's stats.
+	groups := 1
+	if len(parts) > 0 && len(parts) < 2*b.pool.threads {
+		groups = min(a.KH, (2*b.pool.threads+len(parts)-1)/len(parts))
+	}
+	per := (a.KH + groups - 1) / groups
+	b.pool.For(len(parts)*groups, 1, func(lo, hi int) {
 		scores := make([]float32, H*span)
 		for i := lo; i < hi; i++ {
-			p := parts[i]
-			a.attendSpan(&st.seqs[st.tokSeq[p.t]], p.t, p.j0, p.j1, scores, stats[i*2*H:(i+1)*2*H], acc[i*H*hd:(i+1)*H*hd])
+			p, kh0 := parts[i/groups], i%groups*per
+			if kh0 >= a.KH {
+				continue
+			}
+			pi := i / groups
+			a.attendSpan(&st.seqs[st.tokSeq[p.t]], p.t, p.j0, p.j1, kh0, min(kh0+per, a.KH), scores, stats[pi*2*H:(pi+1)*2*H], acc[pi*H*hd:(pi+1)*H*hd])
 		}
 	})
 	b.pool.For(len(tokens), 1, func(lo, hi int) {
@@ -447,17 +458,17 @@ func (b *Backend) attendDirect(a *attnCall, tokens []int32) {
 	})
 }
 
-// attendSpan computes, for token t and positions [j0, j1) of its sequence,
-// each query head h's max score stats[2h], sum of exp(score - max)
-// stats[2h+1], and acc[h] = sum of exp(score - max) * value. scores is
-// scratch of H*(j1-j0) floats.
-func (a *attnCall) attendSpan(s *backend.SeqInfo, t, j0, j1 int, scores, stats, acc []float32) {
+// attendSpan computes, for token t, positions [j0, j1) of its sequence and
+// the query heads of kv heads [kh0, kh1), each query head h's max score
+// stats[2h], sum of exp(score - max) stats[2h+1], and acc[h] = sum of
+// exp(score - max) * value. scores is scratch of H*(j1-j0) floats.
+func (a *attnCall) attendSpan(s *backend.SeqInfo, t, j0, j1, kh0, kh1 int, scores, stats, acc []float32) {
 	G, H, KH, hd, bs := a.G, a.H, a.KH, a.hd, a.bs
 	n := j1 - j0
 	stride := KH * hd
 	for b0 := j0; b0 < j1; b0 += bs { // j0 is block-aligned
 		rows := min(bs, j1-b0)
-		for kh := range KH {
+		for kh := kh0; kh < kh1; kh++ {
 			off := a.slot(s, b0, kh)
 			for g := range G {
 				h := kh*G + g
@@ -465,7 +476,7 @@ func (a *attnCall) attendSpan(s *backend.SeqInfo, t, j0, j1 int, scores, stats, 
 			}
 		}
 	}
-	for h := range H {
+	for h := kh0 * G; h < kh1*G; h++ {
 		row := scores[h*n : (h+1)*n]
 		m := float32(math.Inf(-1))
 		for j := range row {
@@ -474,10 +485,10 @@ func (a *attnCall) attendSpan(s *backend.SeqInfo, t, j0, j1 int, scores, stats, 
 		}
 		stats[2*h], stats[2*h+1] = m, expShift(row, m)
 	}
-	clear(acc)
+	clear(acc[kh0*G*hd : kh1*G*hd])
 	for b0 := j0; b0 < j1; b0 += bs {
 		rows := min(bs, j1-b0)
-		for kh := range KH {
+		for kh := kh0; kh < kh1; kh++ {
 			off := a.slot(s, b0, kh)
 			for g := range G {
 				h := kh*G + g

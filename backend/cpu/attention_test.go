@@ -230,6 +230,7 @@ func TestAttention(t *testing.T) {
 		{6, 2, 16, 4, true, true, backend.F32},
 		{4, 4, 8, 8, false, false, backend.BF16},
 		{8, 1, 16, 8, true, false, backend.BF16},
+		{6, 3, 8, 8, false, false, backend.F32}, // decode tasks split kv heads unevenly
 	} {
 		name := fmt.Sprintf("h%d_kv%d_hd%d_rot%d_gated%v_unit%v_%v", c.heads, c.kvHeads, c.hd, c.rd, c.gated, c.unit, c.kv)
 		t.Run(name, func(t *testing.T) {

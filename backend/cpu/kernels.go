@@ -25,11 +25,15 @@ var (
 	quantizeRow = quantizeRowGo
 	dotQ8_0     = dotQ8_0Go
 	dotQ4K      = dotQ4KGo
+	dotQ5K      = dotQ5KGo
 	dotQ6K      = dotQ6KGo
+	dotMXFP4    = dotMXFP4Go
 	dotFP8      = dotFP8Go
 	dotQ8_0x4   = dotQx4Go(dotQ8_0Go)
 	dotQ4Kx4    = dotQx4Go(dotQ4KGo)
+	dotQ5Kx4    = dotQx4Go(dotQ5KGo)
 	dotQ6Kx4    = dotQx4Go(dotQ6KGo)
+	dotMXFP4x4  = dotQx4Go(dotMXFP4Go)
 	dotFP8x4    = dotFP8x4Go
 )
 

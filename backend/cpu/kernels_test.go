@@ -16,6 +16,7 @@ func kernelSets() map[string]func() {
 		scaleAxpy, expShift = scaleAxpyGo, expShiftGo
 		quantizeRow, dotQ8_0, dotQ4K, dotQ6K, dotFP8 = quantizeRowGo, dotQ8_0Go, dotQ4KGo, dotQ6KGo, dotFP8Go
 		dotQ8_0x4, dotQ4Kx4, dotQ6Kx4, dotFP8x4 = dotQx4Go(dotQ8_0Go), dotQx4Go(dotQ4KGo), dotQx4Go(dotQ6KGo), dotFP8x4Go
+		dotQ5K, dotQ5Kx4, dotMXFP4, dotMXFP4x4 = dotQ5KGo, dotQx4Go(dotQ5KGo), dotMXFP4Go, dotQx4Go(dotMXFP4Go)
 		intDotKernels = false
 	}}
 	if asm, ok := asmKernels(); ok {
@@ -146,11 +147,13 @@ func saveKernels() func() {
 	g, h, i, j, k, l := dotRowsF32, dotRowsBF16, axpyRowsF32, axpyRowsBF16, scaleAxpy, expShift
 	m, n, o, p, q := quantizeRow, dotQ8_0, dotQ4K, dotQ6K, dotFP8
 	r, u, v, x, y := dotQ8_0x4, dotQ4Kx4, dotQ6Kx4, dotFP8x4, intDotKernels
+	z1, z2, z3, z4 := dotQ5K, dotQ5Kx4, dotMXFP4, dotMXFP4x4
 	return func() {
 		dotF32, dotBF16, dot4xBF16, axpy, axpyBF16, gemm6x16 = a, b, c, d, e, f
 		dotRowsF32, dotRowsBF16, axpyRowsF32, axpyRowsBF16, scaleAxpy, expShift = g, h, i, j, k, l
 		quantizeRow, dotQ8_0, dotQ4K, dotQ6K, dotFP8 = m, n, o, p, q
 		dotQ8_0x4, dotQ4Kx4, dotQ6Kx4, dotFP8x4, intDotKernels = r, u, v, x, y
+		dotQ5K, dotQ5Kx4, dotMXFP4, dotMXFP4x4 = z1, z2, z3, z4
 	}
 }
 

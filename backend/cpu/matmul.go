@@ -352,18 +352,18 @@ func (p *pool) matmulQuant(out, x []float32, n int, w weights, accumulate bool) 
 		kern, kern4 = dotQ8_0, dotQ8_0x4
 	case backend.Q4_K:
 		kern, kern4 = dotQ4K, dotQ4Kx4
+	case backend.Q5_K:
+		kern, kern4 = dotQ5K, dotQ5Kx4
 	case backend.Q6_K:
 		kern, kern4 = dotQ6K, dotQ6Kx4
+	case backend.MXFP4:
+		kern, kern4 = dotMXFP4, dotMXFP4x4
 	}
 	chunk := max(1, min(quantChunk, (16<<10)/max(rb, 1)))
 	tile := max(4, (64<<10)/xstride&^3)
-	if !isInt && w.dt != backend.FP8 {
-		tile = n // the weight row's dequantization is the cost: once
-	}
 	grain := max(16, 1<<16/max(k, 1))
 	p.For(o, grain, func(lo, hi int) {
 		var res [4 * quantChunk]float32
-		var buf []float32 // one dequantized row (Q5_K, MXFP4)
 		// put stores (or adds) v[j*stride] for j < nr at out[t, r0+j].
 		put := func(t, r0, nr int, v []float32, stride int) {
 			dst := out[t*o+r0 : t*o+r0+nr]
@@ -395,7 +395,7 @@ func (p *pool) matmulQuant(out, x []float32, n int, w weights, accumulate bool) 
 						kern(rows, rb, qx.row(t), res[:nr])
 						put(t, r0, nr, res[:], 1)
 					}
-				case w.dt == backend.FP8:
+				default: // FP8
 					t := t0
 					for ; t+4 <= t1; t += 4 {
 						dotFP8x4(rows, rb, x[t*k:(t+4)*k], k, res[:4*nr])
@@ -409,17 +409,6 @@ func (p *pool) matmulQuant(out, x []float32, n int, w weights, accumulate bool) 
 						dotFP8(rows, rb, xt, v)
 						fp8Tail(rows, rb, nr, xt, v, 1)
 						put(t, r0, nr, v, 1)
-					}
-				default:
-					if buf == nil {
-						buf = make([]float32, k)
-					}
-					for j := range nr {
-						dequantRow(w.dt, rows[j*rb:(j+1)*rb], buf)
-						for t := t0; t < t1; t++ {
-							res[0] = dotF32(x[t*k:(t+1)*k], buf)
-							put(t, r0+j, 1, res[:], 1)
-						}
 					}
 				}
 			}

@@ -12,25 +12,23 @@ import (
 
 // Block-quantized weights (backend/quant.go gives the layouts) are read in
 // place, like float weights; nothing is dequantized at load. A product
-// takes one of three paths (matmul, quantDirectRows):
+// takes one of two paths (matmul, quantDirectRows):
 //
-//   - Q8_0, Q4_K and Q6_K: the input rows are quantized once per MatMul to
-//     int8 blocks with a float32 scale each (x ≈ d*q, d = amax/127, rounded
-//     to nearest even): blocks of 32 for Q8_0, of 256 carrying the sums of
-//     every 16 quants for the K-quants (llama.cpp's Q8_K). A weight block is
-//     then an integer dot product (VPMADDUBSW/VPMADDWD on AVX2, four input
-//     rows sharing each unpacked weight block) and one float multiply-add
-//     by the two scales. The only error beyond float rounding is that of
-//     x's int8 rounding: below 1% relative L2 of a product for normal-like
-//     rows (the tests bound it). Integer dot products being several times
-//     cheaper than f32 ones, this path serves every row count on AVX2;
-//     without the assembly, prefill (more than directRows rows) takes the
-//     panels.
+//   - Q8_0, Q4_K, Q5_K, Q6_K and MXFP4: the input rows are quantized once
+//     per MatMul to int8 blocks with a float32 scale each (x ≈ d*q, d =
+//     amax/127, rounded to nearest even): blocks of 32 for Q8_0 and MXFP4,
+//     of 256 carrying the sums of every 16 quants for the K-quants
+//     (llama.cpp's Q8_K). A weight block is then an integer dot product
+//     (VPMADDUBSW/VPMADDWD on AVX2, four input rows sharing each unpacked
+//     weight block; MXFP4's e2m1 values doubled to int8 by a VPSHUFB table)
+//     and one float multiply-add by the two scales. The only error beyond
+//     float rounding is that of x's int8 rounding: below 1% relative L2 of
+//     a product for normal-like rows (the tests bound it). Integer dot
+//     products being several times cheaper than f32 ones, this path serves
+//     every row count on AVX2; without the assembly, prefill (more than
+//     directRows rows) takes the panels.
 //   - FP8 up to 64 input rows: e4m3 widened to f32 as it streams (through
 //     f16 on AVX2) and dotted in f32, the block scale factored out.
-//   - Q5_K and MXFP4 up to directRows input rows (portable Go): each weight
-//     row dequantized once into an L1 buffer and dotted with every input
-//     row.
 //   - Otherwise (prefill) blocks of 16 weight rows are dequantized into the
 //     k-major panels of the 6x16 f32 kernel: the products of the
 //     dequantized weights, to float32 rounding.
@@ -152,8 +150,12 @@ func kScales(s []byte) (sc, m [8]uint8) {
 	return
 }
 
-// e2m1Half holds twice the e2m1 values (quant.E8M0Half halves the scale).
-var e2m1Half = [16]float32{0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12}
+// e2m1Half holds twice the e2m1 values (quant.E8M0Half halves the scale),
+// e2m1Int the same as integers.
+var (
+	e2m1Half = [16]float32{0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12}
+	e2m1Int  = [16]int8{0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12}
+)
 
 var (
 	e4m3Once  sync.Once
@@ -175,9 +177,9 @@ func e4m3Lookup() *[256]float32 {
 // to blocks of how many elements.
 func intDot(dt backend.DType) (blk int, ok bool) {
 	switch dt {
-	case backend.Q8_0:
+	case backend.Q8_0, backend.MXFP4:
 		return 32, true
-	case backend.Q4_K, backend.Q6_K:
+	case backend.Q4_K, backend.Q5_K, backend.Q6_K:
 		return 256, true
 	}
 	return 0, false
@@ -281,46 +283,72 @@ func q8Block(x []byte, blk, b int) (d float32, qs []int8, sums []int16) {
 // (rows of rb bytes, consecutive in w) and one input row. They are the
 // reference for the assembly.
 
-// dotQ8_0Go: per block, (dw*dx) times the integer dot of the quants.
-func dotQ8_0Go(w []byte, rb int, x []byte, out []float32) {
-	tab := f16Lookup()
-	nb := rb / 34
+// dotQ8_0Go and dotMXFP4Go: per block, the weights' scale times dx times
+// the integer dot of their int8 values with the quants.
+func dotQ8_0Go(w []byte, rb int, x []byte, out []float32) { dot32Go(backend.Q8_0, w, rb, x, out) }
+
+func dotMXFP4Go(w []byte, rb int, x []byte, out []float32) { dot32Go(backend.MXFP4, w, rb, x, out) }
+
+func dot32Go(dt backend.DType, w []byte, rb int, x []byte, out []float32) {
+	_, bs := dt.Block()
+	nb := rb / bs
+	var v [32]int8
 	for r := range out {
 		row := w[r*rb : (r+1)*rb]
 		var s float32
 		for b := range nb {
 			dx, q, _ := q8Block(x, 32, b)
-			blk := row[b*34 : b*34+34]
+			d := int8Block(dt, row[b*bs:(b+1)*bs], &v)
 			var is int32
-			for i, v := range blk[2:34] {
-				is += int32(int8(v)) * int32(q[i])
+			for i, wv := range v {
+				is += int32(wv) * int32(q[i])
 			}
-			s += tab[binary.LittleEndian.Uint16(blk)] * dx * float32(is)
+			s += d * dx * float32(is)
 		}
 		out[r] = s
 	}
 }
 
-// dotQ4KGo: per block, d*dx times the scaled integer dots of the eight
-// sub-blocks, minus dmin*dx times the mins against the input sums.
-func dotQ4KGo(w []byte, rb int, x []byte, out []float32) {
+// int8Block writes the values of a Q8_0 or MXFP4 block as int8 to v and
+// returns their scale: Q8_0's f16 d, or MXFP4's e8m0 scale halved against
+// its e2m1 values doubled to integers.
+func int8Block(dt backend.DType, blk []byte, v *[32]int8) float32 {
+	if dt == backend.Q8_0 {
+		for i, b := range blk[2:34] {
+			v[i] = int8(b)
+		}
+		return f16At(blk)
+	}
+	for i, b := range blk[1:17] {
+		v[i], v[i+16] = e2m1Int[b&0xf], e2m1Int[b>>4]
+	}
+	return quant.E8M0Half(blk[0])
+}
+
+// dotQ4KGo and dotQ5KGo: per block, d*dx times the scaled integer dots of
+// the eight sub-blocks, minus dmin*dx times the mins against the input sums.
+func dotQ4KGo(w []byte, rb int, x []byte, out []float32) { dotKGo(backend.Q4_K, w, rb, x, out) }
+
+func dotQ5KGo(w []byte, rb int, x []byte, out []float32) { dotKGo(backend.Q5_K, w, rb, x, out) }
+
+func dotKGo(dt backend.DType, w []byte, rb int, x []byte, out []float32) {
 	tab := f16Lookup()
-	nb := rb / 144
+	_, bs := dt.Block()
+	nb := rb / bs
+	var sub [32]uint8
 	for r := range out {
 		row := w[r*rb : (r+1)*rb]
 		var s float32
 		for b := range nb {
 			dx, q, sums := q8Block(x, 256, b)
-			blk := row[b*144 : b*144+144]
+			blk := row[b*bs : (b+1)*bs]
 			sc, m := kScales(blk[4:16])
 			var sumi, summ int32
 			for j := range 8 {
-				src := blk[16+j/2*32 : 16+j/2*32+32]
-				qj := q[j*32 : j*32+32]
-				shift := uint(j%2) * 4
+				kSub(dt, blk, j, &sub)
 				var is int32
-				for l, v := range src {
-					is += int32(v>>shift&0xf) * int32(qj[l])
+				for l, v := range sub {
+					is += int32(v) * int32(q[j*32+l])
 				}
 				sumi += int32(sc[j]) * is
 				summ += int32(m[j]) * (int32(sums[2*j]) + int32(sums[2*j+1]))
@@ -329,6 +357,23 @@ func dotQ4KGo(w []byte, rb int, x []byte, out []float32) {
 			s += d*float32(sumi) - dmin*float32(summ)
 		}
 		out[r] = s
+	}
+}
+
+// kSub writes the unsigned quants of sub-block j of a Q4_K or Q5_K block:
+// sub-blocks 2i and 2i+1 are the low and high nibbles of 32 bytes, Q5_K's
+// fifth bits bit j of each of the 32 bytes qh.
+func kSub(dt backend.DType, blk []byte, j int, sub *[32]uint8) {
+	shift := uint(j%2) * 4
+	if dt == backend.Q4_K {
+		for l, v := range (*[32]byte)(blk[16+j/2*32:]) {
+			sub[l] = v >> shift & 0xf
+		}
+		return
+	}
+	qh := (*[32]byte)(blk[16:48])
+	for l, v := range (*[32]byte)(blk[48+j/2*32:]) {
+		sub[l] = v>>shift&0xf | qh[l]>>uint(j)&1<<4
 	}
 }
 

@@ -370,7 +370,13 @@ func TestQuantKernels(t *testing.T) {
 		one, g func(w []byte, rb int, x []byte, out []float32)
 		four   func(w []byte, rb int, x []byte, xstride int, out []float32)
 	}
-	for _, k := range []kern{{backend.Q8_0, dotQ8_0, dotQ8_0Go, dotQ8_0x4}, {backend.Q4_K, dotQ4K, dotQ4KGo, dotQ4Kx4}, {backend.Q6_K, dotQ6K, dotQ6KGo, dotQ6Kx4}} {
+	for _, k := range []kern{
+		{backend.Q8_0, dotQ8_0, dotQ8_0Go, dotQ8_0x4},
+		{backend.Q4_K, dotQ4K, dotQ4KGo, dotQ4Kx4},
+		{backend.Q5_K, dotQ5K, dotQ5KGo, dotQ5Kx4},
+		{backend.Q6_K, dotQ6K, dotQ6KGo, dotQ6Kx4},
+		{backend.MXFP4, dotMXFP4, dotMXFP4Go, dotMXFP4x4},
+	} {
 		e, bs := k.dt.Block()
 		blk, _ := intDot(k.dt)
 		for _, nb := range []int{1, 2, 3, 4, 5, 8, 9, 3072 / e} {
@@ -382,9 +388,11 @@ func TestQuantKernels(t *testing.T) {
 					switch k.dt {
 					case backend.Q8_0:
 						w[b*bs+1] &= 0x3b
-					case backend.Q4_K:
+					case backend.Q4_K, backend.Q5_K:
 						w[b*bs+1] &= 0x3b
 						w[b*bs+3] &= 0x3b
+					case backend.MXFP4:
+						w[b*bs] %= 200 // 2^71 at most: large products stay finite; 0 and 1 are subnormal
 					case backend.Q6_K:
 						w[b*bs+209] &= 0x3b
 					}
@@ -411,12 +419,16 @@ func TestQuantKernels(t *testing.T) {
 				for j := range 4 {
 					k.one(w, nb*bs, qx.row(j), got)
 					k.g(w, nb*bs, qx.row(j), want)
+					terms := make([]float64, rows)
+					for i := range rows {
+						terms[i] = absTerms(k.dt, w[i*nb*bs:(i+1)*nb*bs], qx.row(j), cols)
+					}
 					what := fmt.Sprintf("%v kernel nb=%d rows=%d input %d", k.dt, nb, rows, j)
-					compareRel(t, what, got, want, 1e-5)
+					compareTerms(t, what, got, want, terms)
 					for i := range got {
 						got[i] = got4[i*4+j]
 					}
-					compareRel(t, what+" (x4)", got, want, 1e-5)
+					compareTerms(t, what+" (x4)", got, want, terms)
 				}
 				q8Pool.Put(qx)
 			}
@@ -539,6 +551,56 @@ func compareRel(t *testing.T, what string, got, want []float32, tol float64) {
 	for i := range got {
 		if d := math.Abs(float64(got[i]) - float64(want[i])); !(d <= tol*(math.Abs(float64(want[i]))+scale)) {
 			t.Fatalf("%s: element %d is %v, want %v", what, i, got[i], want[i])
+		}
+	}
+}
+
+// absTerms returns the sum of the magnitudes of the products a kernel sums
+// for one weight row w of cols elements and one quantized input row x: the
+// kernels sum them in different orders (the assembly in int32 lanes
+// converted to float before they are added), so this bounds their
+// difference. A K-quant weight is a difference (d*sc*q - dmin*m for Q4_K
+// and Q5_K, d*sc*q - 32*d*sc for Q6_K) whose two parts are summed apart.
+func absTerms(dt backend.DType, w, x []byte, cols int) float64 {
+	blk, _ := intDot(dt)
+	_, bs := dt.Block()
+	deq := func(w []byte) []float32 {
+		f := make([]float32, cols)
+		quant.DequantizeRow(dt, w, f)
+		return f
+	}
+	a, b := deq(w), make([]float32, cols)
+	zero := func(off, n int) []float32 { // w with bytes [off, off+n) of each block zeroed
+		z := append([]byte(nil), w...)
+		for o := 0; o < len(z); o += bs {
+			clear(z[o+off : o+off+n])
+		}
+		return deq(z)
+	}
+	switch dt {
+	case backend.Q4_K, backend.Q5_K:
+		a, b = zero(2, 2), zero(0, 2) // dmin zero: d*sc*q; d zero: -dmin*m
+	case backend.Q6_K:
+		b = zero(0, 192) // quants zero: -32*d*sc
+		for i := range a {
+			a[i] -= b[i]
+		}
+	}
+	var sum float64
+	for i := range a {
+		d, q, _ := q8Block(x, blk, i/blk)
+		sum += (math.Abs(float64(a[i])) + math.Abs(float64(b[i]))) * math.Abs(float64(d)*float64(q[i%blk]))
+	}
+	return sum
+}
+
+// compareTerms checks got against want within 1e-5 of the sum of the
+// magnitudes of the products each is a sum of.
+func compareTerms(t *testing.T, what string, got, want []float32, terms []float64) {
+	t.Helper()
+	for i := range got {
+		if d := math.Abs(float64(got[i]) - float64(want[i])); !(d <= 1e-5*terms[i]) {
+			t.Fatalf("%s: element %d is %v, want %v (terms' magnitudes %.4g)", what, i, got[i], want[i], terms[i])
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"sort"
 	"strconv"
 	"strings"
@@ -65,6 +66,7 @@ func benchMicro(args []string) error {
 	mixed := fs.String("mixed", "", "mixed passes, as serving runs them: BxP[xN] is B sequences decoding at the first --contexts value beside N (default 1) prompts of P tokens (e.g. 15x512,12x512x4)")
 	steps := fs.Int("steps", 32, "timed decode steps per configuration")
 	asJSON := fs.Bool("json", false, "print the results as JSON")
+	cpuProfile := fs.String("cpuprofile", "", "write a Go CPU profile of the measured runs (after loading) to this file, for 'go tool pprof'")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -139,6 +141,17 @@ func benchMicro(args []string) error {
 	fp8Peak := 0.0
 	if f, ok := b.(backend.FP8Products); ok && f.FP8ProductTokens() > 0 && (wdt == backend.FP8 || *quantize == "fp8" || cfg.FP8Block != [2]int{}) {
 		fp8Peak = *peakFP8
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	rep := benchReport{Model: cfg.Name, Backend: b.Name(), Layers: cfg.Layers, Bandwidth: *bw, Peak: *peak, PeakFP8: fp8Peak,
 		Date: time.Now().UTC().Format(time.RFC3339)}
