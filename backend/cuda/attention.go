@@ -22,7 +22,10 @@ var (
 	attnDecodeMMAKernels = map[int]kernel[attnDecodeArgs]{}
 	// The flash prefill kernels of bf16 caches by query tile, key tile and
 	// head dim.
-	flashKernels = map[[3]int]kernel[attnPrefillArgs]{}
+	flashKernels = map[[3]int]kernel[flashArgs]{}
+	// flashSplitKernels are the 64-query tiles with split keys, by
+	// [key tile, head dim].
+	flashSplitKernels = map[[2]int]kernel[flashArgs]{}
 	// The prefill kernels of the other caches and head dims, by cache
 	// type and head dim (G 0).
 	attnPrefillKernels = map[attnShape]kernel[attnPrefillArgs]{}
@@ -61,7 +64,10 @@ func init() {
 		attnDecodeMMAKernels[hd] = newKernel[attnDecodeArgs](fmt.Sprintf("attn_decode_mma_%d", hd))
 	}
 	for _, t := range [][3]int{{128, 64, 64}, {128, 64, 128}, {64, 64, 64}, {64, 64, 128}, {64, 32, 64}, {64, 32, 128}, {64, 32, 256}} {
-		flashKernels[t] = newKernel[attnPrefillArgs](fmt.Sprintf("flash_prefill_%d_%d_%d", t[0], t[1], t[2]))
+		flashKernels[t] = newKernel[flashArgs](fmt.Sprintf("flash_prefill_%d_%d_%d", t[0], t[1], t[2]))
+		if t[0] == 64 {
+			flashSplitKernels[[2]int{t[1], t[2]}] = newKernel[flashArgs](fmt.Sprintf("flash_split_%d_%d", t[1], t[2]))
+		}
 	}
 	for _, s := range []attnShape{{backend.BF16, 16, 0}, {backend.BF16, 32, 0}, {backend.BF16, 256, 0},
 		{backend.F32, 16, 0}, {backend.F32, 32, 0}, {backend.F32, 64, 0}, {backend.F32, 128, 0}, {backend.F32, 256, 0}} {
@@ -125,6 +131,7 @@ type attnCombineArgs struct {
 	tokpos       devptr
 	H, KH, HD, S int32
 	gated        int32
+	all          int32
 }
 
 type attnPrefillArgs struct {
@@ -136,6 +143,14 @@ type attnPrefillArgs struct {
 	H, KH, bs                              int32
 	scale                                  float32
 	gated                                  int32
+}
+
+// flashArgs are the flash prefill kernel's: attn_prefill's, then where its
+// split partial results go.
+type flashArgs struct {
+	attnPrefillArgs
+	pm, pl, pacc     devptr
+	nsplit, splitLen int32
 }
 
 // kvCache is the paged cache: per layer, K then V, each [Blocks, BlockSize,
@@ -463,12 +478,25 @@ func (b *Backend) attend(ot *tensor, qbuf devptr, c *kvCache, layer, H int, scal
 			bq, bk = 64, 32
 		}
 		k := kernelFor(flashKernels, [3]int{bq, bk, hd})
+		fa := flashArgs{attnPrefillArgs: pa, nsplit: 1}
+		tiles := (m.maxN + bq - 1) / bq
+		if S, L := b.flashSplits(H*tiles*m.S, T*H*hd*4, bk); S > 1 && bq == 64 {
+			k = kernelFor(flashSplitKernels, [2]int{bk, hd})
+			fa.nsplit, fa.splitLen = int32(S), int32(L)
+			fa.pm, fa.pl = b.scratchBuf("attnm", T*H*S*4), b.scratchBuf("attnl", T*H*S*4)
+			fa.pacc = b.scratchBuf("attnacc", T*H*S*hd*4)
+		}
 		// Two stages of bk keys and values, then the bq queries, bf16.
 		smem := (2*2*bk + bq) * (hd + 8) * 2
 		if smem > 48<<10 {
 			b.allowSmem(k.name, smem)
 		}
-		k.run(b, [3]int{H, (m.maxN + bq - 1) / bq, m.S}, 128, smem, pa)
+		k.run(b, [3]int{H, tiles, m.S * int(fa.nsplit)}, 128, smem, fa)
+		if fa.nsplit > 1 {
+			attnCombineKernel.run(b, [3]int{T, H, 1}, 4*hd, 0, attnCombineArgs{
+				out: ot.ptr, odt: int32(ot.dt), pm: fa.pm, pl: fa.pl, pacc: fa.pacc, qkv: qkv, qdt: qdt, tokpos: m.dev[mTokPos],
+				H: int32(H), KH: int32(KH), HD: int32(hd), S: fa.nsplit, gated: boolInt(gates != nil), all: 1})
+		}
 		return
 	}
 	k := kernelFor(attnPrefillKernels, attnShape{c.spec.DType, hd, 0})
@@ -479,6 +507,28 @@ func (b *Backend) attend(ot *tensor, qbuf devptr, c *kvCache, layer, H int, scal
 	}
 	k.run(b, [3]int{(m.maxN + attnPrefillQueries - 1) / attnPrefillQueries, H, m.S}, 4*attnPrefillQueries, smem, pa)
 }
+
+// flashSplits returns how many ranges of how many keys (a multiple of bk)
+// the flash prefill kernel cuts the step's keys into, for a grid of blocks
+// blocks whose rows' partial results take rowBytes each: a step whose blocks
+// fill less than two waves and whose longest sequence has at least two
+// ranges of flashSplitKeys splits until they do (a follow-up turn's chunk
+// after a long conversation: a few blocks per head, each walking all the
+// keys), keeping the partial results within flashSplitBytes.
+func (b *Backend) flashSplits(blocks, rowBytes, bk int) (n, keys int) {
+	n = min((2*b.sms+blocks-1)/blocks, b.meta.maxCtx/flashSplitKeys, flashSplitBytes/rowBytes, 64)
+	if n <= 1 {
+		return 1, 0
+	}
+	keys = (b.meta.maxCtx + n - 1) / n
+	keys = (keys + bk - 1) / bk * bk
+	return (b.meta.maxCtx + keys - 1) / keys, keys
+}
+
+const (
+	flashSplitKeys  = 256      // the fewest keys a split range takes
+	flashSplitBytes = 64 << 20 // most bytes of split partial results
+)
 
 // flashTile returns the query and key tile of the flash prefill kernel for
 // a step whose longest sequence adds maxN tokens (kernels/flash.cu):

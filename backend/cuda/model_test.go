@@ -4,8 +4,10 @@ package cuda
 
 import (
 	"encoding/json"
+	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -51,8 +53,9 @@ func argmaxMargin(x []float32) (int32, float32) {
 // bf16 tolerance (relative L2 1e-2) of transformers' fp32 reference, the
 // CPU's argmax at every prompt position and the CPU's greedy continuation
 // wherever the CPU's top-2 margin exceeds 0.05 (decode steps go through the
-// captured graphs). The GPU runs the models through its fused operations,
-// and (steps) as the model files write them, step by step.
+// captured graphs), except at a token whose routing was a near tie in some
+// MoE layer (routeGaps). The GPU runs the models through its fused
+// operations, and (steps) as the model files write them, step by step.
 func TestFixturesEndToEnd(t *testing.T) {
 	p := newPair(t, 6)
 	dir := filepath.Join("..", "..", "testdata", "fixtures")
@@ -89,7 +92,8 @@ func TestFixturesEndToEnd(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer gm.Close()
-			cm, err := model.Load(fdir, p.c, model.Options{KVDType: backend.BF16})
+			rg := &routeGaps{Backend: p.c, t: t}
+			cm, err := model.Load(fdir, rg, model.Options{KVDType: backend.BF16})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -116,23 +120,31 @@ func TestFixturesEndToEnd(t *testing.T) {
 				}
 				crows := readLogits(t, p.c, cl)
 				// Every position: the CPU's argmax wherever its top-2 margin
-				// exceeds 0.05 (MoE routing may legitimately flip on a
-				// rounding-sized difference, so logits are not compared
-				// position by position).
+				// exceeds 0.05 and its routing was no near tie (logits are
+				// not compared position by position for the same reason).
+				ties := 0
 				for i := range crows {
 					ct, margin := argmaxMargin(crows[i])
+					if rg.nearTie(i) {
+						ties++
+						continue
+					}
 					if gt, _ := argmaxMargin(grows[i]); gt != ct && margin > 0.05 {
 						t.Errorf("prompt %d position %d: GPU argmax %d, CPU %d (margin %.3g; logits relative L2 %.3g here, %.3g at the position before)",
 							pi, i, gt, ct, margin, relL2(grows[i], crows[i]), relL2(grows[max(i-1, 0)], crows[max(i-1, 0)]))
 					}
 				}
+				if ties > 0 {
+					t.Logf("prompt %d: %d of %d positions not compared (routing near a tie)", pi, ties, len(crows))
+				}
 				gtok, _ := argmaxMargin(grows[len(grows)-1])
 				ctok, margin := argmaxMargin(crows[len(crows)-1])
+				tie := rg.nearTie(len(crows) - 1)
 				pos := len(pr.IDs)
 				for step := 0; step < extra; step++ {
 					if gtok != ctok {
 						// Allowed only where the CPU's choice is a near tie.
-						if margin > 0.05 {
+						if margin > 0.05 && !tie {
 							t.Errorf("prompt %d step %d: GPU token %d, CPU token %d (margin %.3g)", pi, step, gtok, ctok, margin)
 						}
 						break
@@ -149,10 +161,61 @@ func TestFixturesEndToEnd(t *testing.T) {
 					grows, crows = readLogits(t, p.g, gl), readLogits(t, p.c, cl)
 					gtok, _ = argmaxMargin(grows[0])
 					ctok, margin = argmaxMargin(crows[0])
+					tie = rg.nearTie(0)
 					pos++
 				}
 			}
 		})
+	}
+}
+
+// routeGaps is the CPU backend recording, for each token of the latest
+// forward step, the smallest gap over the MoE layers between the router's
+// probability for the last expert chosen and for the best one left out.
+// Where that gap is a rounding's size, the GPU's bf16 activations may
+// choose the other expert, and the token's logits then move by a whole
+// expert's output: the fixtures' failing tokens on the unfused path had
+// gaps of 2.5e-4 and 7.7e-4, and one token in ten has one under 2e-3.
+type routeGaps struct {
+	backend.Backend
+	t   *testing.T
+	gap []float32 // by token of the step Begin started
+}
+
+// nearTieGap is the gap under which a token's routing counts as a tie.
+const nearTieGap = 2e-3
+
+func (r *routeGaps) nearTie(i int) bool { return i < len(r.gap) && r.gap[i] < nearTieGap }
+
+func (r *routeGaps) Begin(b *backend.Batch) {
+	r.gap = nil
+	r.Backend.Begin(b)
+}
+
+func (r *routeGaps) Route(experts, weights, x, router backend.Tensor, spec *backend.MoESpec) {
+	r.Backend.Route(experts, weights, x, router, spec)
+	T, E, K := x.Shape()[0], spec.Experts, spec.TopK
+	logits := r.Alloc(backend.F32, T, E)
+	defer r.Free(logits)
+	r.MatMul(logits, x, router, false)
+	all := read(r.t, r.Backend, logits)
+	if r.gap == nil {
+		r.gap = make([]float32, T)
+		for i := range r.gap {
+			r.gap[i] = float32(math.Inf(1))
+		}
+	}
+	for i := range T {
+		p := all[i*E : (i+1)*E]
+		hi := slices.Max(p)
+		var sum float64
+		for j := range p {
+			sum += math.Exp(float64(p[j] - hi))
+		}
+		sorted := slices.Sorted(slices.Values(p))
+		kth, next := sorted[E-K], sorted[E-K-1]
+		gap := (math.Exp(float64(kth-hi)) - math.Exp(float64(next-hi))) / sum
+		r.gap[i] = min(r.gap[i], float32(gap))
 	}
 }
 

@@ -19,7 +19,7 @@ import (
 // daemon with an empty cache does. The time to first token of the three
 // (before the restart, after it, cold) goes to the test log. On a GPU:
 //
-//	KILN_RESTART_MODEL=q.gguf KILN_RESTART_BACKEND=cuda KILN_RESTART_HISTORY=20000 \
+//	KILN_BINARY=kiln KILN_RESTART_MODEL=q.gguf KILN_RESTART_BACKEND=cuda KILN_RESTART_HISTORY=20000 \
 //	  go test -run TestStateCacheRestart -v ./cmd/kiln
 //
 // (the history in words of the first message).

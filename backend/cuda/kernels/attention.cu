@@ -322,19 +322,21 @@ DECODE_G(float, f32, 128)
 DECODE_G(float, f32, 256)
 
 // attn_combine: grid (T, H), block 4*HD. Merges the active partials of
-// each head (four groups of threads take every fourth split, then add up),
+// each head (all S when all is set: the split prefill's, whose ranges do
+// not follow decode_chunk; four groups of threads take every fourth split,
+// then add up),
 // applies the sigmoid gate when gated and writes out [T, H*HD]. Launched
 // overlapped: its blocks are placed while the attention grid finishes and
 // wait for it in pdl_wait.
 extern "C" __global__ void attn_combine(void *out, int odt, const float *pm, const float *pl, const float *pacc,
-		const void *qkv, int qdt, const int *tokpos, int H, int KH, int HD, int S, int gated) {
+		const void *qkv, int qdt, const int *tokpos, int H, int KH, int HD, int S, int gated, int all) {
 	pdl_trigger();  // the output projection follows
 	__shared__ float wt[512];
 	__shared__ float part[3][256];
 	__shared__ float red[32];
 	int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x % HD, sg = threadIdx.x / HD;
 	int n = tokpos[t] + 1;  // step metadata, uploaded before the step
-	int act = min(S, (n + decode_chunk(n, S) - 1) / decode_chunk(n, S));
+	int act = all ? S : min(S, (n + decode_chunk(n, S) - 1) / decode_chunk(n, S));
 	pdl_wait();
 	long pi = ((long)t * H + h) * S;
 	float M = -INF;

@@ -9,17 +9,26 @@
 // is used; the scores stay in registers, the probabilities are fed back to
 // the second product straight from the accumulator layout, and V's fragments
 // come from transposing ldmatrix loads.
-template <int HD, int BK, int NW, int MT>
+//
+// A step of few queries over long contexts (a follow-up turn's chunk after
+// a long conversation) makes too few blocks to fill the GPU, each walking
+// every key: the SPLIT kernels cut the keys into nsplit ranges of splitLen
+// (a multiple of BK), block z = s * nsplit + split takes one, and write
+// unnormalised partial results (max and sum in log2 units, as the decode
+// kernels do) that attn_combine merges. (A template parameter: the split's
+// registers made the 128-query kernel spill 136 bytes instead of 16.)
+template <int HD, int BK, int NW, int MT, bool SPLIT>
 __device__ __forceinline__ void flash_prefill(void *out, int odt, const u16 *qbuf, const u16 *kc, const u16 *vc, const void *qkv, int qdt,
 		const int *seqpos, const int *seqn, const int *seqstart, const int *seqblk, const int *blocks,
-		int H, int KH, int bs, float scale, int gated) {
+		int H, int KH, int bs, float scale, int gated, float *pm, float *pl, float *pacc, int nsplit, int splitLen) {
 	constexpr int WQ = 16 * MT, BQ = WQ * NW, KS = HD / 16, NT = HD / 8, KP = HD + 8;
 	// Dynamic shared memory: 2 stages x (K + V) x BK rows of HD + 8 bf16,
 	// then the query tile, BQ rows of HD + 8 bf16.
 	extern __shared__ __align__(16) u16 fsm[];
 	// Heads vary fastest and query tiles run last to first, so the longest
 	// (latest) tiles of every head start first and the short ones fill the tail.
-	int s = blockIdx.z, h = blockIdx.x, qi0 = (gridDim.y - 1 - blockIdx.y) * BQ;
+	if (!SPLIT) nsplit = 1;
+	int s = blockIdx.z / nsplit, split = blockIdx.z % nsplit, h = blockIdx.x, qi0 = (gridDim.y - 1 - blockIdx.y) * BQ;
 	int nN = seqn[s];
 	if (qi0 >= nN) return;
 	int kh = h / (H / KH);
@@ -58,6 +67,8 @@ __device__ __forceinline__ void flash_prefill(void *out, int odt, const u16 *qbu
 		pos[t][1] = pos[t][0] + 8;
 	}
 	int kend = p0 + min(nN, qi0 + BQ);
+	// This block's keys: [k0, k1), all of them unless split.
+	int k0 = SPLIT ? split * splitLen : 0, k1 = SPLIT ? min(kend, k0 + splitLen) : kend;
 	// stage copies tile kt into buffer st with cp.async, consecutive threads
 	// taking consecutive 16 bytes of a key's row (keys past the end repeat
 	// the last key: finite values that the mask zeroes).
@@ -71,10 +82,10 @@ __device__ __forceinline__ void flash_prefill(void *out, int odt, const u16 *qbu
 		}
 		asm volatile("cp.async.commit_group;");
 	};
-	stage(0, 0);
+	if (k0 < k1) stage(0, k0);
 	int it = 0;
-	for (int kt = 0; kt < kend; kt += BK, it++) {
-		if (kt + BK < kend) {
+	for (int kt = k0; kt < k1; kt += BK, it++) {
+		if (kt + BK < k1) {
 			stage((it + 1) & 1, kt + BK);
 			asm volatile("cp.async.wait_group 1;");
 		} else {
@@ -113,7 +124,7 @@ __device__ __forceinline__ void flash_prefill(void *out, int odt, const u16 *qbu
 				}
 			}
 			// Only tiles crossing the diagonal or the end of the keys are masked.
-			if (kt + BK - 1 > p0 + w0 || kt + BK > kend) {
+			if (kt + BK - 1 > p0 + w0 || kt + BK > k1) {
 #pragma unroll
 				for (int t = 0; t < MT; t++)
 #pragma unroll
@@ -122,7 +133,7 @@ __device__ __forceinline__ void flash_prefill(void *out, int odt, const u16 *qbu
 #pragma unroll
 						for (int e = 0; e < 4; e++) {
 							int kk = key + (e & 1);
-							if (kk > pos[t][e >> 1] || kk >= kend) sc[t][n][e] = -INF;
+							if (kk > pos[t][e >> 1] || kk >= k1) sc[t][n][e] = -INF;
 						}
 					}
 			}
@@ -191,6 +202,21 @@ __device__ __forceinline__ void flash_prefill(void *out, int odt, const u16 *qbu
 			int r = w0 + t * 16 + quad + half * 8;
 			if (r >= nN) continue;
 			long tok = start + r;
+			if (SPLIT) {
+				// Rows that saw no key of this split leave m = -inf, l = 0
+				// and zeros, which attn_combine weighs zero.
+				long pi = (tok * H + h) * nsplit + split;
+				if ((lane & 3) == 0) {
+					pm[pi] = m[t][half];
+					pl[pi] = lt;
+				}
+#pragma unroll
+				for (int n = 0; n < NT; n++) {
+					pacc[pi * HD + n * 8 + qc] = o[t][n][half * 2];
+					pacc[pi * HD + n * 8 + qc + 1] = o[t][n][half * 2 + 1];
+				}
+				continue;
+			}
 			float inv = 1.f / lt;
 #pragma unroll
 			for (int n = 0; n < NT; n++) {
@@ -214,21 +240,27 @@ __device__ __forceinline__ void flash_prefill(void *out, int odt, const u16 *qbu
 // 128-query blocks to fill the GPU, and the longest one sets the time: 64
 // queries a block (one row tile a warp) there, with 32-key tiles (four
 // blocks a multiprocessor) up to 512 tokens. Which is used: flashTile in
-// attention.go.
-#define FLASH(BQ, BK, MINB, HD) \
-	extern "C" __global__ void __launch_bounds__(128, MINB) flash_prefill_##BQ##_##BK##_##HD(void *out, int odt, \
+// attention.go. flash_split_BK_HD: the 64-query tiles with split keys.
+#define FLASH(NAME, BQ, BK, MINB, HD, SPLIT) \
+	extern "C" __global__ void __launch_bounds__(128, MINB) NAME(void *out, int odt, \
 			const u16 *qbuf, const u16 *kc, const u16 *vc, const void *qkv, int qdt, const int *seqpos, const int *seqn, \
-			const int *seqstart, const int *seqblk, const int *blocks, int H, int KH, int bs, float scale, int gated) { \
-		flash_prefill<HD, BK, 4, BQ / 64>(out, odt, qbuf, kc, vc, qkv, qdt, seqpos, seqn, seqstart, seqblk, blocks, H, KH, bs, \
-				scale, gated); \
+			const int *seqstart, const int *seqblk, const int *blocks, int H, int KH, int bs, float scale, int gated, \
+			float *pm, float *pl, float *pacc, int nsplit, int splitLen) { \
+		flash_prefill<HD, BK, 4, BQ / 64, SPLIT>(out, odt, qbuf, kc, vc, qkv, qdt, seqpos, seqn, seqstart, seqblk, blocks, H, KH, \
+				bs, scale, gated, pm, pl, pacc, nsplit, splitLen); \
 	}
-FLASH(128, 64, 2, 64)
-FLASH(128, 64, 2, 128)
-FLASH(64, 64, 2, 64)
-FLASH(64, 64, 2, 128)
-FLASH(64, 32, 4, 64)
-FLASH(64, 32, 4, 128)
-FLASH(64, 32, 2, 256)
+FLASH(flash_prefill_128_64_64, 128, 64, 2, 64, false)
+FLASH(flash_prefill_128_64_128, 128, 64, 2, 128, false)
+FLASH(flash_prefill_64_64_64, 64, 64, 2, 64, false)
+FLASH(flash_prefill_64_64_128, 64, 64, 2, 128, false)
+FLASH(flash_prefill_64_32_64, 64, 32, 4, 64, false)
+FLASH(flash_prefill_64_32_128, 64, 32, 4, 128, false)
+FLASH(flash_prefill_64_32_256, 64, 32, 2, 256, false)
+FLASH(flash_split_64_64, 64, 64, 2, 64, true)
+FLASH(flash_split_64_128, 64, 64, 2, 128, true)
+FLASH(flash_split_32_64, 64, 32, 4, 64, true)
+FLASH(flash_split_32_128, 64, 32, 4, 128, true)
+FLASH(flash_split_32_256, 64, 32, 2, 256, true)
 
 // attn_decode_mma: the split-K decode attention of attn_decode (same grid
 // (T, KH, S), same partial results for attn_combine) on tensor cores, for
