@@ -105,7 +105,12 @@ type Options struct {
 	// StateCache keeps conversations the device lets go in host memory and
 	// on disk (off when neither Dir nor RAMBytes is set, or with NoCache).
 	StateCache StateCache
-	Logger     *slog.Logger // nil: slog.Default()
+	// WarmUp runs a prompt of this many tokens (at most MaxBatchTokens),
+	// and a decode step after it, through the model before New returns: a
+	// GPU loads its kernels, plans its products and sizes its buffers then,
+	// not in the first request's time to first token. 0: none.
+	WarmUp int
+	Logger *slog.Logger // nil: slog.Default()
 
 	checkAccounting bool          // tests: verify block accounting after every step
 	overlap         bool          // tests: hold tokens over the next pass on any backend
@@ -239,12 +244,54 @@ func New(m *model.Model, tok *tokenizer.Tokenizer, opts Options) (*Engine, error
 		}
 		e.store = st
 	}
+	if opts.WarmUp > 0 {
+		start := time.Now()
+		if err := warmUp(m, &opts, ctx); err != nil {
+			return nil, fmt.Errorf("engine: warming up: %w", err)
+		}
+		opts.Logger.Info("engine warmed up", "prompt_tokens", min(opts.WarmUp, opts.MaxBatchTokens), "took", time.Since(start).Round(time.Millisecond))
+	}
 	e.sched = newScheduler(e)
 	e.stats.KVBlocksTotal = opts.KVBlocks
 	opts.Logger.Info("engine started", "model", cfg.Name, "kv_blocks", opts.KVBlocks, "block_size", opts.BlockSize,
 		"max_batch_tokens", opts.MaxBatchTokens, "max_running", opts.MaxRunning, "context", ctx, "context_limit", limit, "hybrid", m.Hybrid())
 	go e.sched.loop()
 	return e, nil
+}
+
+// warmUp runs Options.WarmUp's prompt and one decode step, greedy, in the
+// first KV blocks and state slot, which the requests then overwrite (a
+// sequence at position 0 starts from a fresh state). The prompt's tokens
+// spread over the vocabulary, so that an MoE model routes them to many
+// experts.
+func warmUp(m *model.Model, o *Options, ctx int) error {
+	n := min(o.WarmUp, o.MaxBatchTokens, ctx-1, (o.KVBlocks-1)*o.BlockSize-1)
+	if n < 1 {
+		return nil
+	}
+	vocab := m.Config().VocabSize
+	tokens := make([]int32, n)
+	for i := range tokens {
+		tokens[i] = int32(i * 7919 % vocab)
+	}
+	blocks := make([]int32, (n+1+o.BlockSize-1)/o.BlockSize)
+	for i := range blocks {
+		blocks[i] = int32(i)
+	}
+	seq := model.Seq{Tokens: tokens, Blocks: blocks, Logits: model.LastLogits}
+	for range 2 {
+		logits, err := m.Forward([]model.Seq{seq})
+		if err != nil || m.Config().Embedding != nil {
+			return err // an embedding model has no decode step
+		}
+		next, err := m.Sample(logits, []backend.SampleParams{{}})
+		if err != nil {
+			return err
+		}
+		seq.Pos += len(seq.Tokens)
+		seq.Tokens = []int32{next[0].Token}
+	}
+	return nil
 }
 
 // Options returns the options in effect (defaults filled in).

@@ -784,3 +784,29 @@ func TestPrefixComputedSideBySide(t *testing.T) {
 		t.Errorf("the longer request: %d tokens, %s %v", len(r.tokens), r.finish, r.err)
 	}
 }
+
+// TestWarmUp: an engine that warmed up (a prompt and a decode step in its
+// first blocks and state slot) answers as one that did not, and holds no
+// block for it.
+func TestWarmUp(t *testing.T) {
+	for _, arch := range testmodel.Archs {
+		t.Run(arch, func(t *testing.T) {
+			t.Parallel()
+			f := loadFixture(t, arch)
+			warm := newEngine(t, f, Options{WarmUp: 40})
+			cold := newEngine(t, loadFixture(t, arch), Options{})
+			if st := warm.Stats(); st.KVBlocksUsed != 0 {
+				t.Errorf("after the warm-up %d blocks are in use", st.KVBlocksUsed)
+			}
+			rng := rand.New(rand.NewPCG(5, 6))
+			for _, n := range []int{7, 50} {
+				p := randomPrompt(rng, f, n)
+				req := Request{Prompt: p, Sampling: Sampling{MaxTokens: 10, IgnoreEOS: true}}
+				a, b := req, req
+				if w, c := generate(t, warm, &a), generate(t, cold, &b); !slices.Equal(w.tokens, c.tokens) {
+					t.Errorf("%d-token prompt: warmed up %v, cold %v", n, w.tokens, c.tokens)
+				}
+			}
+		})
+	}
+}

@@ -166,6 +166,11 @@ func (f *modelFlags) load() (*loaded, error) {
 		// need them to be busy.
 		opts.MaxBatchTokens = 2048
 	}
+	if onGPU {
+		// A full chunk: the first request's prefill then finds the kernels
+		// loaded and the step's buffers at their size.
+		opts.WarmUp = opts.MaxBatchTokens
+	}
 	if sc := f.stateCache; sc.Dir != "" || sc.RAMBytes > 0 {
 		digest, err := weightsDigest(path, f.resolved)
 		if err != nil {

@@ -95,6 +95,14 @@ func TestStateCacheRestart(t *testing.T) {
 	// All but the new message and the generation prompt, less a block.
 	if restarted.cachedTokens < restarted.promptTokens-40 || cold.cachedTokens != 0 {
 		t.Errorf("after a restart %d of %d prompt tokens cached; cold %d", restarted.cachedTokens, restarted.promptTokens, cold.cachedTokens)
+		// The daemons' warnings and state cache lines say why.
+		if log, err := os.ReadFile(filesFor(sock).log); err == nil {
+			for line := range strings.Lines(string(log)) {
+				if strings.Contains(line, "state") || strings.Contains(line, "WARN") || strings.Contains(line, "ERROR") {
+					t.Log(strings.TrimSpace(line))
+				}
+			}
+		}
 	}
 	ms := func(d time.Duration) string { return d.Round(10 * time.Microsecond).String() }
 	t.Logf("%d-token conversation: first turn TTFT %s (cold), next turn %s (%d cached); after kiln stop/start %s (%d cached), cold %s",
