@@ -917,10 +917,13 @@ func (s *scheduler) shutdown() {
 	for len(s.waiting) > 0 {
 		s.finish(s.waiting[0], FinishCancelled, ErrClosed)
 	}
-	// What the state cache lacks of each conversation's latest past goes
-	// there before the caches are let go (an idle engine has copied the
-	// places its conversations may be edited too).
-	for s.spillOne(false) {
+	// What the state cache lacks of each conversation goes there before
+	// the caches are let go: the latest past, then the places where it may
+	// be edited, as an idle engine copies them. A restarted server knows
+	// the answers by their text only: where one re-tokenizes to other ids
+	// than those generated, the conversation resumes from the start of
+	// that message.
+	for s.spillOne(true) {
 	}
 	if s.prefix != nil {
 		s.prefix.Clear()

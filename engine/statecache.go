@@ -65,6 +65,7 @@ func openStore(m *model.Model, opts *Options) (*kvcache.Store, error) {
 type storedPrefix struct {
 	n, from   int
 	kv, state []byte
+	took      time.Duration // finding and reading it
 }
 
 // fromStore loads the longest prefix of q's prompt that the state cache
@@ -85,6 +86,7 @@ func (s *scheduler) fromStore(q *seq, dev int) *storedPrefix {
 		}
 		q.stored = nil
 	}
+	start := time.Now()
 	n := s.store.Match(q.tokens, len(q.tokens)-1, s.hybrid)
 	if n < dev+bs {
 		return nil
@@ -95,7 +97,7 @@ func (s *scheduler) fromStore(q *seq, dev int) *storedPrefix {
 		s.e.log.Warn("state cache: not restored", "seq", q.id, "tokens", n, "err", err)
 		return nil
 	}
-	q.stored = &storedPrefix{n: n, from: from, kv: kv, state: state}
+	q.stored = &storedPrefix{n: n, from: from, kv: kv, state: state, took: time.Since(start)}
 	return q.stored
 }
 
@@ -106,12 +108,15 @@ func (s *scheduler) restore(q *seq, st *storedPrefix) error {
 	for _, b := range q.table.Blocks()[st.from : (st.n+bs-1)/bs] {
 		ids = append(ids, int(b))
 	}
+	start := time.Now()
 	if err := s.m.RestoreBlocks(ids, st.kv); err != nil {
 		return err
 	}
 	if s.hybrid {
 		s.m.RestoreSlot(q.slot, st.state)
 	}
+	s.e.log.Info("state cache: restored", "seq", q.id, "tokens", st.n, "kv_bytes", len(st.kv), "state_bytes", len(st.state),
+		"read", st.took.Round(time.Microsecond), "copied", time.Since(start).Round(time.Microsecond))
 	return nil
 }
 

@@ -104,6 +104,13 @@ func TestStateCacheRestart(t *testing.T) {
 			}
 		}
 	}
+	if log, err := os.ReadFile(filesFor(sock).log); err == nil {
+		for line := range strings.Lines(string(log)) {
+			if strings.Contains(line, "state cache: restored") {
+				t.Log(strings.TrimSpace(line)) // where the restored turn's time went
+			}
+		}
+	}
 	ms := func(d time.Duration) string { return d.Round(10 * time.Microsecond).String() }
 	t.Logf("%d-token conversation: first turn TTFT %s (cold), next turn %s (%d cached); after kiln stop/start %s (%d cached), cold %s",
 		restarted.promptTokens, ms(first.ttft), ms(warm.ttft), warm.cachedTokens, ms(restarted.ttft), restarted.cachedTokens, ms(cold.ttft))
