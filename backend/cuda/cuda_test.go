@@ -246,19 +246,12 @@ func TestMatMul(t *testing.T) {
 					tol = 8e-3 // activations rounded to bf16 / f16
 				}
 				cw, gw := p.load(c.dt, p.randn(c.o*c.i, 0.05), c.o, c.i)
-				cx, gx := p.activation(xdt, p.randn(c.n*c.i, 1), c.n, c.i)
-				co, gout := p.out(c.n, c.o)
+				odt := backend.F32
 				if !c.acc && xdt == backend.BF16 {
-					gout = p.poisoned(backend.BF16, c.n, c.o) // the fused q/k/v projection's case
+					odt = backend.BF16 // the fused q/k/v projection's case
 					tol = max(tol, 4e-3)
 				}
-				if c.acc {
-					init := encode(backend.F32, p.randn(c.n*c.o, 1))
-					p.c.Write(co, init)
-					p.g.Write(gout, init)
-				}
-				p.c.MatMul(co, cx, cw, c.acc)
-				p.g.MatMul(gout, gx, gw, c.acc)
+				co, gout, _ := p.matMuls(cw, gw, c.n, c.o, c.i, xdt, odt, c.acc)
 				p.compare(fmt.Sprintf("%s: matmul %d x %d x %d %v, x %v, acc=%v", kernel, c.n, c.o, c.i, c.dt, xdt, c.acc), co, gout, tol)
 			}
 		}

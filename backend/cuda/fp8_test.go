@@ -198,18 +198,7 @@ func (p *pair) fp8Skinny(t *testing.T) {
 				if odt == backend.BF16 && c.acc {
 					continue
 				}
-				cx, gx := p.activation(xdt, p.randn(c.n*c.in, 1), c.n, c.in)
-				co, gout := p.out(c.n, c.o)
-				if odt == backend.BF16 {
-					gout = p.poisoned(backend.BF16, c.n, c.o)
-				}
-				if c.acc {
-					init := encode(backend.F32, p.randn(c.n*c.o, 1))
-					p.c.Write(co, init)
-					p.g.Write(gout, init)
-				}
-				p.c.MatMul(co, cx, cw, c.acc)
-				seen := p.launches(func() { p.g.MatMul(gout, gx, gw, c.acc) })
+				co, gout, seen := p.matMuls(cw, gw, c.n, c.o, c.in, xdt, odt, c.acc)
 				what := fmt.Sprintf("%d x %d x %d, x %v, out %v, acc %v", c.n, c.o, c.in, xdt, odt, c.acc)
 				expect(t, what, seen, []string{skinnyFP8Kernels[fp8SkinnyTok(c.n)/skinnyMaxTokens].name}, []string{qmvName(false, backend.FP8, c.n), "cublasLt", "qdeq_fp8"})
 				cover.add("skinny", p.g.fp8SkinnySplits(c.n, c.o, c.in, false))

@@ -50,6 +50,26 @@ func (p *pair) launches(f func()) map[string]int {
 	return seen
 }
 
+// matMuls multiplies random activations x [n, in] of type xdt by the pair of
+// weights on both backends into outputs of type odt (a poisoned bf16 one on
+// the GPU, or f32; when acc, adding to the same random values), and returns
+// both outputs and the GPU's kernel launches.
+func (p *pair) matMuls(cw, gw backend.Tensor, n, o, in int, xdt, odt backend.DType, acc bool) (co, gout backend.Tensor, seen map[string]int) {
+	cx, gx := p.activation(xdt, p.randn(n*in, 1), n, in)
+	co, gout = p.out(n, o)
+	if odt == backend.BF16 {
+		gout = p.poisoned(backend.BF16, n, o)
+	}
+	if acc {
+		init := encode(backend.F32, p.randn(n*o, 1))
+		p.c.Write(co, init)
+		p.g.Write(gout, init)
+	}
+	p.c.MatMul(co, cx, cw, acc)
+	seen = p.launches(func() { p.g.MatMul(gout, gx, gw, acc) })
+	return co, gout, seen
+}
+
 // expect reports kernels that should have run and did not, or that ran
 // and should not have.
 func expect(t *testing.T, what string, seen map[string]int, want, not []string) {
@@ -257,18 +277,7 @@ func (p *pair) quantMatMul(dt backend.DType, c quantCase, mode string) {
 			if odt == backend.BF16 && (c.acc || xdt == backend.F32) {
 				continue // bf16 out: the fused q/k/v projection's case
 			}
-			cx, gx := p.activation(xdt, p.randn(c.n*c.in, 1), c.n, c.in)
-			co, gout := p.out(c.n, c.o)
-			if odt == backend.BF16 {
-				gout = p.poisoned(backend.BF16, c.n, c.o)
-			}
-			if c.acc {
-				init := encode(backend.F32, p.randn(c.n*c.o, 1))
-				p.c.Write(co, init)
-				p.g.Write(gout, init)
-			}
-			p.c.MatMul(co, cx, cw, c.acc)
-			seen := p.launches(func() { p.g.MatMul(gout, gx, gw, c.acc) })
+			co, gout, seen := p.matMuls(cw, gw, c.n, c.o, c.in, xdt, odt, c.acc)
 			what := fmt.Sprintf("%s: matmul %d x %d x %d %v, x %v, out %v, acc=%v", mode, c.n, c.o, c.in, dt, xdt, odt, c.acc)
 			p.compare(what, co, gout, 1e-2)
 			q, d := qmvName(false, dt, c.n), "qdeq_"+dt.String()

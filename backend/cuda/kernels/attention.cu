@@ -70,6 +70,20 @@ extern "C" __global__ void kv_store(void *kc, void *vc, int kvdt, const void *k,
 	}
 }
 
+// kv_move: grid (n, pieces), block 256. Block (i, p) copies piece p (per
+// layer its K, then its V) of KV block blocks[i] between the cache and buf,
+// where each block's pieces follow each other: into the cache, or with
+// gather out of it. per (a piece's bytes) is a multiple of 16.
+extern "C" __global__ void kv_move(char *cache, char *buf, const int *blocks, long plane, int per, int pieces, int gather) {
+	int i = blockIdx.x, p = blockIdx.y;
+	uint4 *dev = (uint4 *)(cache + p * plane + (long)blocks[i] * per);
+	uint4 *mem = (uint4 *)(buf + ((long)i * pieces + p) * per);
+	for (int k = threadIdx.x; k < per / 16; k += blockDim.x) {
+		if (gather) mem[k] = dev[k];
+		else dev[k] = mem[k];
+	}
+}
+
 // qk_norm_rope: grid (T, ceil((H + 2*KH) / hpb)), block 256: hpb heads of a
 // token per block, one per warp at a time, each lane on four consecutive
 // elements (hd % 4 == 0), after the block made the token's cos/sin table
