@@ -665,38 +665,56 @@ func (s *Store) Load(tokens []int32, n, fromBlock int) (kv, state []byte, err er
 	}
 	s.mu.Unlock()
 	total := (n+bs-1)/bs - fromBlock
-	kv = make([]byte, 0, total*s.opts.BlockBytes)
-	for _, sc := range srcs {
-		e := sc.e
-		data := sc.data
-		if data == nil {
-			if data, err = os.ReadFile(sc.path); err != nil {
-				return nil, nil, s.bad(e, err)
-			}
-		}
-		h, toks, part, st, err := decodeEntry(data)
-		switch {
-		case err != nil:
-		case *h != e.fileHeader:
-			err = errors.New("the header changed")
-		case !slices.Equal(toks, tokens[e.start:e.end()]):
-			err = errors.New("other tokens (a hash collision)")
-		}
-		if err != nil {
-			return nil, nil, s.bad(e, err)
-		}
-		// Chunks and the tip begin on block boundaries: their blocks follow
-		// each other.
-		if skip := fromBlock - e.start/bs; skip > 0 {
-			part = part[min(skip*s.opts.BlockBytes, len(part)):]
-		}
-		if e == tip {
-			state = st
-		}
-		kv = append(kv, part...)
+	kv = make([]byte, total*s.opts.BlockBytes)
+	// The entries are read, checked and copied in parallel: a restored
+	// conversation of 20K tokens is ~150 MB of files, and one core reading
+	// and checking them took 125-185 ms of a restarted turn's TTFT. Chunks
+	// and the tip begin on block boundaries: their blocks follow each other.
+	errs := make([]error, len(srcs))
+	offs := make([]int, len(srcs)+1)
+	for i, sc := range srcs {
+		offs[i+1] = offs[i] + max(sc.e.blocks-max(fromBlock-sc.e.start/bs, 0), 0)*s.opts.BlockBytes
 	}
-	if len(kv) != total*s.opts.BlockBytes {
-		return nil, nil, fmt.Errorf("kvcache: store: %d bytes of KV for %d blocks", len(kv), total)
+	if offs[len(srcs)] != len(kv) {
+		return nil, nil, fmt.Errorf("kvcache: store: %d bytes of KV for %d blocks", offs[len(srcs)], total)
+	}
+	var wg sync.WaitGroup
+	for i, sc := range srcs {
+		wg.Go(func() {
+			e, data := sc.e, sc.data
+			var err error
+			if data == nil {
+				if data, err = os.ReadFile(sc.path); err != nil {
+					errs[i] = err
+					return
+				}
+			}
+			h, toks, part, st, err := decodeEntry(data)
+			switch {
+			case err != nil:
+			case *h != e.fileHeader:
+				err = errors.New("the header changed")
+			case !slices.Equal(toks, tokens[e.start:e.end()]):
+				err = errors.New("other tokens (a hash collision)")
+			}
+			if err == nil && len(part) < offs[i+1]-offs[i] {
+				err = fmt.Errorf("%d bytes of KV, want %d", len(part), offs[i+1]-offs[i])
+			}
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			copy(kv[offs[i]:offs[i+1]], part[len(part)-(offs[i+1]-offs[i]):])
+			if e == tip {
+				state = st
+			}
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			return nil, nil, s.bad(srcs[i].e, err)
+		}
 	}
 	s.mu.Lock()
 	s.stats.Restores++

@@ -119,6 +119,7 @@ func TestStoreRoundTrip(t *testing.T) {
 	}
 	checkLoad(t, s, conv, len(conv), 0, state)
 	checkLoad(t, s, conv, len(conv), 5, state)
+	checkLoad(t, s, conv, len(conv), (len(conv)+3)/4, state) // the state alone
 	checkLoad(t, s, next, len(next), 2*C/4, []byte{4, 5, 6})
 	checkLoad(t, s, conv, 2*C, 3, nil)
 	if err := s.Close(); err != nil {
