@@ -247,6 +247,9 @@ func New(m *model.Model, tok *tokenizer.Tokenizer, opts Options) (*Engine, error
 	if opts.WarmUp > 0 {
 		start := time.Now()
 		if err := warmUp(m, &opts, ctx); err != nil {
+			if e.store != nil {
+				e.store.Close() // its directory's lock
+			}
 			return nil, fmt.Errorf("engine: warming up: %w", err)
 		}
 		opts.Logger.Info("engine warmed up", "prompt_tokens", min(opts.WarmUp, opts.MaxBatchTokens), "took", time.Since(start).Round(time.Millisecond))
