@@ -320,6 +320,16 @@ func TestSynthetic(t *testing.T) {
 			}
 		})
 	}
+	// A hybrid model cut before its first attention layer is refused by
+	// what it lacks, not as a corrupt config; cut at it, it loads.
+	for name, first := range map[string]int{"qwen3-next-80b-a3b": 4, "tiny-qwen35": 3} {
+		if _, err := syntheticConfig(name, first-1); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("give at least %d layers", first)) {
+			t.Errorf("%s cut to %d layers: %v", name, first-1, err)
+		}
+		if c, err := syntheticConfig(name, first); err != nil || c.Kinds[first-1] != FullAttention {
+			t.Errorf("%s cut to %d layers: %v", name, first, err)
+		}
+	}
 	m, err := Synthetic("qwen3-0.6b", cpu.New(cpu.Options{}), SyntheticOptions{Layers: 2, DType: backend.BF16})
 	if err != nil {
 		t.Fatal(err)

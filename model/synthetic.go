@@ -3,6 +3,7 @@ package model
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -113,6 +114,20 @@ func syntheticConfig(name string, layers int) (*Config, error) {
 		var m map[string]any
 		if err := json.Unmarshal([]byte(raw), &m); err != nil {
 			return nil, err
+		}
+		// A hybrid model cut before its first attention layer would have
+		// no KV cache to serve from.
+		first := 0
+		if iv, ok := m["full_attention_interval"].(float64); ok {
+			first = int(iv)
+		} else if types, ok := m["layer_types"].([]any); ok {
+			first = slices.Index(types, any("full_attention")) + 1
+			if first == 0 {
+				first = len(types) + 1
+			}
+		}
+		if layers < first {
+			return nil, fmt.Errorf("model %s: its first attention layer is layer %d (Gated DeltaNet before it): give at least %d layers", name, first, first)
 		}
 		if types, ok := m["layer_types"].([]any); ok && len(types) > layers {
 			m["layer_types"] = types[:layers]
