@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/kiln-llm/kiln/backend"
 )
 
 // Request is one generation: the prompt's token ids and how to sample what
@@ -180,10 +182,7 @@ type Logprob struct {
 }
 
 // TokenLogprob pairs a token with its log-probability.
-type TokenLogprob struct {
-	Token   int32
-	Logprob float32
-}
+type TokenLogprob = backend.TokenLogprob
 
 // FinishReason says why a stream ended.
 type FinishReason string

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"slices"
 	"time"
 
 	"github.com/kiln-llm/kiln/backend"
@@ -78,10 +79,7 @@ func (q *seq) flushText(ev *Event, reason FinishReason) FinishReason {
 func logprobOf(smp backend.Sampled) Logprob {
 	lp := Logprob{Token: smp.Token, Logprob: smp.Logprob}
 	if len(smp.Top) > 0 {
-		lp.Top = make([]TokenLogprob, len(smp.Top))
-		for i, t := range smp.Top {
-			lp.Top[i] = TokenLogprob(t)
-		}
+		lp.Top = slices.Clone(smp.Top) // the backend's may be reused
 	}
 	return lp
 }

@@ -338,13 +338,7 @@ func TestMLP(t *testing.T) {
 				}
 				cgu, ggu := p.load(c.dt, p.randn(2*c.i*c.h, 0.05), 2*c.i, c.h)
 				cd, gd := p.load(c.dt, p.randn(c.h*c.i, 0.05), c.h, c.i)
-				cx, gx := p.activation(xdt, p.randn(c.n*c.h, 1), c.n, c.h)
-				init := encode(backend.F32, p.randn(c.n*c.h, 0.1))
-				co, gout := p.out(c.n, c.h)
-				p.c.Write(co, init)
-				p.g.Write(gout, init)
-				p.c.MLP(co, cx, cgu, cd)
-				p.g.MLP(gout, gx, ggu, gd)
+				co, gout, _ := p.mlps(cgu, ggu, cd, gd, c.n, c.h, xdt)
 				p.compare(fmt.Sprintf("%s: mlp %d x %d x %d %v, x %v", kernel, c.n, c.h, c.i, c.dt, xdt), co, gout, tol)
 			}
 		}

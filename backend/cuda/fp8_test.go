@@ -212,13 +212,7 @@ func (p *pair) fp8Skinny(t *testing.T) {
 	cgu, ggu := p.qload(backend.FP8, 2*I, H)
 	cd, gd := p.qload(backend.FP8, H, I)
 	for _, n := range []int{1, 3, 8} {
-		cx, gx := p.activation(backend.BF16, p.randn(n*H, 1), n, H)
-		init := encode(backend.F32, p.randn(n*H, 0.1))
-		co, gout := p.out(n, H)
-		p.c.Write(co, init)
-		p.g.Write(gout, init)
-		p.c.MLP(co, cx, cgu, cd)
-		seen := p.launches(func() { p.g.MLP(gout, gx, ggu, gd) })
+		co, gout, seen := p.mlps(cgu, ggu, cd, gd, n, H, backend.BF16)
 		what := fmt.Sprintf("mlp %d x %d x %d", n, H, I)
 		k := fp8SkinnyTok(n) / skinnyMaxTokens
 		expect(t, what, seen, []string{skinnySwigluFP8Kernels[k].name, skinnyFP8Kernels[k].name}, []string{qmvName(true, backend.FP8, n), "cublasLt"})

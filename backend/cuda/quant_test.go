@@ -70,6 +70,20 @@ func (p *pair) matMuls(cw, gw backend.Tensor, n, o, in int, xdt, odt backend.DTy
 	return co, gout, seen
 }
 
+// mlps runs the MLP of the pair of gate|up and down weights on random
+// activations x [n, h] of type xdt on both backends, adding to the same
+// random values, and returns both outputs and the GPU's kernel launches.
+func (p *pair) mlps(cgu, ggu, cd, gd backend.Tensor, n, h int, xdt backend.DType) (co, gout backend.Tensor, seen map[string]int) {
+	cx, gx := p.activation(xdt, p.randn(n*h, 1), n, h)
+	init := encode(backend.F32, p.randn(n*h, 0.1))
+	co, gout = p.out(n, h)
+	p.c.Write(co, init)
+	p.g.Write(gout, init)
+	p.c.MLP(co, cx, cgu, cd)
+	seen = p.launches(func() { p.g.MLP(gout, gx, ggu, gd) })
+	return co, gout, seen
+}
+
 // expect reports kernels that should have run and did not, or that ran
 // and should not have.
 func expect(t *testing.T, what string, seen map[string]int, want, not []string) {
@@ -322,13 +336,7 @@ func TestQuantMLP(t *testing.T) {
 				}
 				p.withQ(qmv, qSlabElems, func() {
 					for _, xdt := range []backend.DType{backend.F32, backend.BF16} {
-						cx, gx := p.activation(xdt, p.randn(n*H, 1), n, H)
-						init := encode(backend.F32, p.randn(n*H, 0.1))
-						co, gout := p.out(n, H)
-						p.c.Write(co, init)
-						p.g.Write(gout, init)
-						p.c.MLP(co, cx, cgu, cd)
-						seen := p.launches(func() { p.g.MLP(gout, gx, ggu, gd) })
+						co, gout, seen := p.mlps(cgu, ggu, cd, gd, n, H, xdt)
 						what := fmt.Sprintf("%s: mlp %d x %d x %d %v / %v, x %v", mode, n, H, I, pr.gu, pr.down, xdt)
 						p.compare(what, co, gout, 1.5e-2)
 						sw, dq := qmvName(true, pr.gu, n), "qdeq_"+pr.gu.String()

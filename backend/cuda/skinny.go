@@ -130,18 +130,25 @@ func (b *Backend) fp8SkinnySplits(n, o, in int, swiglu bool) int {
 	return max(1, min(in/fp8SkinnyCols, b.wave(fp8SkinnySmem(fp8SkinnyTok(n)))/((o+rows-1)/rows)))
 }
 
-// skinnyFP8 is skinny for an FP8 weight w (fp8SkinnySplits): x bf16, its
-// activations quantized in the kernel (kernels/skinny.cu, SkFp8).
-func (b *Backend) skinnyFP8(swiglu bool, S int, out devptr, odt backend.DType, x devptr, w *tensor, n, o, in int, accumulate bool) {
+// skinnyGrid is the grid of a skinny product of n tokens and o outputs
+// (blocks of skinnyRows weight rows, or half as many outputs of gate|up
+// pairs with swiglu, by S splits of the inner dimension) and the f32
+// partial sums its splits add up through.
+func (b *Backend) skinnyGrid(swiglu bool, S, n, o int) (grid [3]int, part devptr) {
 	rows, wrows := skinnyRows, o
 	if swiglu {
 		rows, wrows = rows/2, 2*o
 	}
-	var part devptr
 	if S > 1 {
 		part = b.scratchBuf("skinny.part", 4*S*n*wrows)
 	}
-	grid := [3]int{(o + rows - 1) / rows, S, 1}
+	return [3]int{(o + rows - 1) / rows, S, 1}, part
+}
+
+// skinnyFP8 is skinny for an FP8 weight w (fp8SkinnySplits): x bf16, its
+// activations quantized in the kernel (kernels/skinny.cu, SkFp8).
+func (b *Backend) skinnyFP8(swiglu bool, S int, out devptr, odt backend.DType, x devptr, w *tensor, n, o, in int, accumulate bool) {
+	grid, part := b.skinnyGrid(swiglu, S, n, o)
 	tok := fp8SkinnyTok(n)
 	smem, k := fp8SkinnySmem(tok), tok/skinnyMaxTokens
 	if swiglu {
@@ -163,15 +170,7 @@ func (b *Backend) skinnyFP8(swiglu bool, S int, out devptr, odt backend.DType, x
 // [gate | up] of 2o rows; x is bf16, the inner dimension split S ways
 // (skinnySplits).
 func (b *Backend) skinny(swiglu bool, S int, out devptr, odt backend.DType, x, w devptr, n, o, in int, accumulate bool) {
-	rows, wrows := skinnyRows, o
-	if swiglu {
-		rows, wrows = rows/2, 2*o
-	}
-	var part devptr
-	if S > 1 {
-		part = b.scratchBuf("skinny.part", 4*S*n*wrows)
-	}
-	grid := [3]int{(o + rows - 1) / rows, S, 1}
+	grid, part := b.skinnyGrid(swiglu, S, n, o)
 	if swiglu {
 		b.allowSmem(skinnySwigluKernel.name, skinnySmem)
 		skinnySwigluKernel.runOverlapped(b, grid, 128, skinnySmem, skinnySwigluArgs{
