@@ -367,7 +367,7 @@ func (cl *benchClient) stream(ctx context.Context, path string, body map[string]
 	case !r.ok && r.outputTokens > 0:
 		// TTFT and ITL time text; a model whose tokens decode to none (a
 		// synthetic vocabulary of unused ids) cannot be timed.
-		r.err = fmt.Sprintf("%d tokens generated but no text", r.outputTokens)
+		r.err = fmt.Sprintf("%d tokens generated but no text (the time to first token is the first text's; a file of kiln synth without --vocab-from has only unused ids beyond its bytes)", r.outputTokens)
 	case !r.ok:
 		r.err = "no tokens generated"
 	}
