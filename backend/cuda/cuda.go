@@ -57,10 +57,11 @@ type Backend struct {
 	// kernel before them finishes (sm_90 on; KILN_CUDA_PDL=0 turns it off).
 	pdl  bool
 	prof *profiler
-	// qmvMax is the most tokens of a quantized product on the decode
-	// kernels (qmv); qSlab the most weight elements dequantized to bf16 at
-	// a time for cuBLASLt (see quant.go).
-	qmvMax, qSlab, qmvWarpsMax int
+	// qgemvMax is the most tokens of a quantized product on qgemv, and
+	// qgemvGrid the most blocks it launches; qmvMax the most tokens on
+	// qmv; qSlab the most weight elements dequantized to bf16 at a time
+	// for cuBLASLt (see quant.go).
+	qgemvMax, qgemvGrid, qmvMax, qSlab, qmvWarpsMax int
 	// fp8Min is the fewest tokens of a product with an FP8 weight that runs
 	// as a block-scaled FP8 GEMM (fp8.go); 0: never (before Hopper).
 	// fp8SkinnyMax is the most tokens of one on the FP8 skinny GEMM
@@ -159,6 +160,8 @@ func New(opts Options) (*Backend, error) {
 	b.mmaSplitBlocks = envInt("KILN_CUDA_MMA_SPLIT_BLOCKS", 2, 1, 64)
 	b.pdl = major >= 9 && envInt("KILN_CUDA_PDL", 1, 0, 1) == 1
 	b.skinnyMax = envInt("KILN_CUDA_SKINNY_MAX", skinnyMaxTokens, 0, skinnyMaxTokens)
+	b.qgemvMax = envInt("KILN_CUDA_QGEMV_MAX", qgemvMaxTokens, 0, qgemvTokens)
+	b.qgemvGrid = envInt("KILN_CUDA_QGEMV_GRID", qgemvBlocksSM*b.sms, 1, 1<<20)
 	b.qmvMax = envInt("KILN_CUDA_QMV_MAX", qmvMaxTokens, 0, qmvMaxTokens)
 	b.qSlab = qSlabElems
 	b.qmvWarpsMax = envInt("KILN_CUDA_QMV_WARPS", 8, 1, 8)

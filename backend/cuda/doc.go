@@ -26,8 +26,10 @@
 // the GEMV for a step of up to two tokens, by the skinny GEMM up to eight
 // and by cuBLASLt above. Block-quantized weights (backend/quant.go) are
 // stored in a device layout of their own (qlayout.go) and read directly by
-// the decode kernels (qmv, up to 32 tokens), which dequantize them in
-// registers; larger steps dequantize them to bf16 for cuBLASLt. Decode
+// the decode kernels: qgemv for one or two tokens of the integer types
+// (activations quantized to int8, dp4a) and qmv up to 32 tokens (weights
+// dequantized in registers, tensor cores); larger steps dequantize them to
+// bf16 for cuBLASLt. Decode
 // steps run inside Graph are captured once per key as CUDA graphs and
 // replayed: every kernel reads the step's metadata (token ids, positions,
 // block tables) from device buffers that Begin refreshes, so a replay stays
@@ -44,6 +46,8 @@
 //	KILN_CUDA_GEMV_MAX=n          the most tokens of a bf16 product on the GEMV (0-8, default 2)
 //	KILN_CUDA_GEMV_WARPS=n        the weight rows (warps) of a GEMV block (1-8, default 8)
 //	KILN_CUDA_SKINNY_MAX=n        the most tokens of the skinny GEMM (0-8, default 8; 0: off)
+//	KILN_CUDA_QGEMV_MAX=n         the most tokens of a Q8_0/K-quant product on qgemv (0-2, default 2; 0: off)
+//	KILN_CUDA_QGEMV_GRID=n        the most blocks of a qgemv launch (default 3 a multiprocessor)
 //	KILN_CUDA_QMV_MAX=n           the most tokens of a quantized product on qmv (0-32, default 32; 0: off)
 //	KILN_CUDA_FP8_SKINNY_MAX=n    the most tokens of an FP8 product on the FP8 skinny GEMM (0-8, default 2 on Hopper, 8 on sm_89; 0: off)
 //	KILN_CUDA_FP8_GEMM_MIN=n      the fewest tokens of an FP8 product on cuBLASLt's block-scaled FP8 GEMM (default 4; 0: off)

@@ -11,7 +11,10 @@ import (
 // Products with block-quantized weights (kernels/quant.cu; the device
 // layout is in qlayout.go).
 //
-// Up to qmvMaxTokens tokens (decode) a product is qmv: the weights are
+// With Q8_0 and K-quant weights a product of one or two tokens is qgemv:
+// the activations quantized to int8 blocks as the block's first step, then
+// integer dot products, a warp streaming each weight row. Up to
+// qmvMaxTokens tokens (decode) a product is qmv: the weights are
 // dequantized in registers and multiplied on tensor cores, the tokens as
 // the mma's rows, so that the kernel streams the quantized bytes once
 // whatever the token count; qmv_swiglu does the gate/up product of an MLP
@@ -29,11 +32,42 @@ import (
 // NOTES.md, "Figures behind the code").
 const qmvMaxTokens = 32
 
+// qgemvTokens is the most tokens of the qgemv kernels (qgemv1_, qgemv2_);
+// qgemvMaxTokens the most they take by default (KILN_CUDA_QGEMV_MAX: 0
+// to qgemvTokens).
+const (
+	qgemvTokens    = 2
+	qgemvMaxTokens = 2
+)
+
+// qgemvBlocksSM is the qgemv blocks a multiprocessor runs at once
+// (QGEMV_MINB); a launch has at most that many a multiprocessor, each
+// taking rounds of outputs (KILN_CUDA_QGEMV_GRID overrides the total).
+const qgemvBlocksSM = 3
+
+// qgemvSmemMax bounds the activations qgemv quantizes into shared memory
+// (three of its blocks run on a multiprocessor); wider products take qmv.
+const qgemvSmemMax = 48 << 10
+
+// qgemvType reports whether qgemv takes weights of dt: the integer types.
+// FP8's products of one and two tokens are the FP8 skinny GEMM's (on
+// sm_89 on) or qmv's; MXFP4 is an expert format (qmv's expert rows).
+func qgemvType(dt backend.DType) bool {
+	switch dt {
+	case backend.Q8_0, backend.Q4_K, backend.Q5_K, backend.Q6_K:
+		return true
+	}
+	return false
+}
+
 // quantKernels are the kernels of one quantized type (QKERNELS in
 // kernels/quant.cu).
 type quantKernels struct {
 	embed kernel[qembedArgs]
 	deq   kernel[qdeqArgs]
+	// The qgemv kernels by their tokens less one (integer types).
+	gv       [qgemvTokens]kernel[qgemvArgs]
+	gvSwiglu [qgemvTokens]kernel[qgemvSwigluArgs]
 	// The qmv kernels by the tokens they take (qmvKernel).
 	mv       [3]kernel[qmvArgs]
 	mvSwiglu [3]kernel[qmvSwigluArgs]
@@ -44,6 +78,12 @@ var quantKernelTable = map[backend.DType]*quantKernels{}
 func init() {
 	for _, dt := range []backend.DType{backend.Q8_0, backend.Q4_K, backend.Q5_K, backend.Q6_K, backend.MXFP4, backend.FP8} {
 		q := &quantKernels{embed: newKernel[qembedArgs]("qembed_" + dt.String()), deq: newKernel[qdeqArgs]("qdeq_" + dt.String())}
+		for i := range qgemvTokens {
+			if qgemvType(dt) {
+				q.gv[i] = newKernel[qgemvArgs](fmt.Sprintf("qgemv%d_%v", i+1, dt))
+				q.gvSwiglu[i] = newKernel[qgemvSwigluArgs](fmt.Sprintf("qgemv%d_swiglu_%v", i+1, dt))
+			}
+		}
 		for i, pre := range []string{"qmv_", "qmv16_", "qmv32_"} {
 			q.mv[i] = newKernel[qmvArgs](pre + dt.String())
 			q.mvSwiglu[i] = newKernel[qmvSwigluArgs](pre + "swiglu_" + dt.String())
@@ -87,6 +127,22 @@ type qmvSwigluArgs struct {
 // qmvArgs are qmv_swiglu's and the accumulate flag.
 type qmvArgs struct {
 	qmvSwigluArgs
+	acc int32
+}
+
+type qgemvSwigluArgs struct {
+	out  devptr
+	odt  int32
+	x    devptr
+	xdt  int32
+	w    devptr
+	rb   int64
+	O, I int32
+}
+
+// qgemvArgs are qgemv_swiglu's and the accumulate flag.
+type qgemvArgs struct {
+	qgemvSwigluArgs
 	acc int32
 }
 
@@ -171,6 +227,41 @@ func (b *Backend) qmv(swiglu bool, out devptr, odt backend.DType, x devptr, T, x
 	qk.mv[k].launch(b, overlap, grid, block, 0, qmvArgs{a, boolInt(accumulate)})
 }
 
+// qgemvSmem is the shared memory of a qgemv of n tokens with rows of in
+// elements (in % 32 == 0): each token's int8 activations, padded to 128
+// bytes, and a 16-byte XQ a block of 32.
+func qgemvSmem(n, in int) int { return n * ((in+127)/128*128 + in/32*16) }
+
+// qgemvFits reports whether qgemv takes a product of n tokens of x by rows
+// of in elements of dt.
+func (b *Backend) qgemvFits(dt backend.DType, xt *tensor, n, in int) bool {
+	return n <= b.qgemvMax && qgemvType(dt) && qmvFits(dt, in) && qgemvSmem(n, in) <= qgemvSmemMax && xt.ptr%16 == 0
+}
+
+// qgemv launches the quantized product of one or two tokens with integer
+// dot products (see qgemvFits): out[t, o] (+)= x[t] . w_o, or with swiglu
+// (w = [gate | up] of 2O rows) out = silu(gate) * up. x is f32 or bf16,
+// out f32 or bf16.
+func (b *Backend) qgemv(swiglu bool, out devptr, odt backend.DType, xt, w *tensor, O, I int, accumulate bool) {
+	n := xt.rows()
+	if w.qcols() != I {
+		panic(fmt.Sprintf("cuda: qgemv of %v with rows of %d", w, I))
+	}
+	qk, smem := quantKernelsOf(w.dt), qgemvSmem(n, I)
+	a := qgemvSwigluArgs{out: out, odt: int32(odt), x: xt.ptr, xdt: int32(xt.dt), w: w.ptr, rb: int64(w.rb()), O: int32(O), I: int32(I)}
+	// Blocks of eight warps take rounds of eight outputs, or four with
+	// swiglu (a warp a gate or up row).
+	if swiglu {
+		k := qk.gvSwiglu[n-1]
+		b.allowSmem(k.name, qgemvSmemMax)
+		k.runOverlapped(b, g1(min((O+3)/4, b.qgemvGrid)), 256, smem, a)
+		return
+	}
+	k := qk.gv[n-1]
+	b.allowSmem(k.name, qgemvSmemMax)
+	k.runOverlapped(b, g1(min((O+7)/8, b.qgemvGrid)), 256, smem, qgemvArgs{a, boolInt(accumulate)})
+}
+
 // qx returns x as bf16 at a 16-byte aligned address: x itself, or a
 // converted copy in scratch memory.
 func (b *Backend) qx(xt *tensor) devptr {
@@ -217,6 +308,10 @@ func (b *Backend) qgemm(out devptr, odt backend.DType, x devptr, w *tensor, n, o
 // qmatmul is MatMul with a quantized weight.
 func (b *Backend) qmatmul(ot, xt, wt *tensor, accumulate bool) {
 	n, in, o := xt.rows(), xt.cols(), wt.rows()
+	if b.qgemvFits(wt.dt, xt, n, in) {
+		b.qgemv(false, ot.ptr, ot.dt, xt, wt, o, in, accumulate)
+		return
+	}
 	if wt.dt == backend.FP8 {
 		if S := b.fp8SkinnySplits(n, o, in, false); S > 0 {
 			b.skinnyFP8(false, S, ot.ptr, ot.dt, b.qx(xt), wt, n, o, in, accumulate)
@@ -249,6 +344,9 @@ func (b *Backend) qmlp(ot, xt, gu, dn *tensor, accumulate bool) bool {
 		S = b.fp8SkinnySplits(n, I, H, true)
 	}
 	switch {
+	case b.qgemvFits(gu.dt, xt, n, H):
+		act.ptr = b.scratchBuf("mlp.act", 2*n*I)
+		b.qgemv(true, act.ptr, backend.BF16, xt, gu, I, H, false)
 	case S > 0:
 		act.ptr = b.scratchBuf("mlp.act", 2*n*I)
 		b.skinnyFP8(true, S, act.ptr, backend.BF16, b.qx(xt), gu, n, I, H, false)

@@ -100,13 +100,26 @@ func expect(t *testing.T, what string, seen map[string]int, want, not []string) 
 	}
 }
 
-// withQ runs f with the quantized decode kernels taking up to qmvMax tokens
-// and weights dequantized slab elements at a time, without the FP8 tensor
-// core products (TestFP8GEMM's and TestFP8Skinny's), then restores them.
-func (p *pair) withQ(qmvMax, slab int, f func()) {
-	defer func(m, s int) { p.g.qmvMax, p.g.qSlab = m, s }(p.g.qmvMax, p.g.qSlab)
-	p.g.qmvMax, p.g.qSlab = qmvMax, slab
+// withQ runs f with the quantized decode kernels taking up to qgemvMax
+// (qgemv) and qmvMax (qmv) tokens and weights dequantized slab elements at
+// a time, without the FP8 tensor core products (TestFP8GEMM's and
+// TestFP8Skinny's), then restores them.
+func (p *pair) withQ(qgemvMax, qmvMax, slab int, f func()) {
+	defer func(g, m, s int) { p.g.qgemvMax, p.g.qmvMax, p.g.qSlab = g, m, s }(p.g.qgemvMax, p.g.qmvMax, p.g.qSlab)
+	p.g.qgemvMax, p.g.qmvMax, p.g.qSlab = qgemvMax, qmvMax, slab
 	p.withFP8(0, 0, f)
+}
+
+// decodeName is the kernel of dt that takes a product (with swiglu, an
+// MLP's gate/up) of n tokens up to qmvMax: qgemv's or qmv's.
+func (p *pair) decodeName(swiglu bool, dt backend.DType, n int) string {
+	if n <= p.g.qgemvMax && qgemvType(dt) {
+		if swiglu {
+			return quantKernelsOf(dt).gvSwiglu[n-1].name
+		}
+		return quantKernelsOf(dt).gv[n-1].name
+	}
+	return qmvName(swiglu, dt, n)
 }
 
 // withFP8 runs f with FP8 products on the FP8 skinny GEMM up to skinnyMax
@@ -253,19 +266,12 @@ func TestQuantMatMul(t *testing.T) {
 			cs = append(slices.Clip(cs), quantCase{1, 300, 416, true}, quantCase{5, 64, 416, false}, quantCase{3, 64, 200, false}, quantCase{16, 64, 200, true})
 		}
 		for _, c := range cs {
-			for _, mode := range []string{"default", "dequantized"} {
-				qmv := p.g.qmvMax
-				if mode == "dequantized" {
-					if c.n > 3 {
-						continue
-					}
-					qmv = 0
-				}
-				p.withQ(qmv, qSlabElems, func() { p.quantMatMul(dt, c, mode) })
+			for _, mode := range decodeModes {
+				p.withDecode(mode, c.n, func() { p.quantMatMul(dt, c, mode) })
 			}
 		}
 		// A view of the middle third of a fused weight, in several slabs.
-		p.withQ(p.g.qmvMax, 64*512, func() {
+		p.withQ(p.g.qgemvMax, p.g.qmvMax, 64*512, func() {
 			const o, in = 256, 512
 			cw, gw := p.qload(dt, 3*o, in)
 			for _, n := range []int{2, 40, 70} {
@@ -294,7 +300,7 @@ func (p *pair) quantMatMul(dt backend.DType, c quantCase, mode string) {
 			co, gout, seen := p.matMuls(cw, gw, c.n, c.o, c.in, xdt, odt, c.acc)
 			what := fmt.Sprintf("%s: matmul %d x %d x %d %v, x %v, out %v, acc=%v", mode, c.n, c.o, c.in, dt, xdt, odt, c.acc)
 			p.compare(what, co, gout, 1e-2)
-			q, d := qmvName(false, dt, c.n), "qdeq_"+dt.String()
+			q, d := p.decodeName(false, dt, c.n), "qdeq_"+dt.String()
 			if c.n <= p.g.qmvMax && qmvFits(dt, c.in) {
 				expect(t, what, seen, []string{q}, []string{d, "cublasLt"})
 			} else {
@@ -326,24 +332,17 @@ func TestQuantMLP(t *testing.T) {
 			cd, gd = p.qload(pr.down, H, I)
 		}
 		for _, n := range []int{1, 2, 3, 8, 16, 64, 300} {
-			for _, mode := range []string{"default", "dequantized"} {
-				qmv := p.g.qmvMax
-				if mode == "dequantized" {
-					if n > 3 {
-						continue
-					}
-					qmv = 0
-				}
-				p.withQ(qmv, qSlabElems, func() {
+			for _, mode := range decodeModes {
+				p.withDecode(mode, n, func() {
 					for _, xdt := range []backend.DType{backend.F32, backend.BF16} {
 						co, gout, seen := p.mlps(cgu, ggu, cd, gd, n, H, xdt)
 						what := fmt.Sprintf("%s: mlp %d x %d x %d %v / %v, x %v", mode, n, H, I, pr.gu, pr.down, xdt)
 						p.compare(what, co, gout, 1.5e-2)
-						sw, dq := qmvName(true, pr.gu, n), "qdeq_"+pr.gu.String()
+						sw, dq := p.decodeName(true, pr.gu, n), "qdeq_"+pr.gu.String()
 						if n <= p.g.qmvMax {
 							expect(t, what, seen, []string{sw}, []string{dq, "silu_mul_bf16"})
 							if pr.down.Quantized() {
-								expect(t, what, seen, []string{qmvName(false, pr.down, n)}, []string{"cublasLt"})
+								expect(t, what, seen, []string{p.decodeName(false, pr.down, n)}, []string{"cublasLt"})
 							}
 						} else {
 							expect(t, what, seen, []string{dq, "silu_mul_bf16", "cublasLt"}, []string{sw})
@@ -385,7 +384,7 @@ func TestQuantMoE(t *testing.T) {
 				spec := &backend.MoESpec{Experts: E, TopK: K, NormTopK: true}
 				p.c.MoE(co, cx, &ce, spec)
 				var seen map[string]int
-				p.withQ(p.g.qmvMax, 3*2*I*H, func() { seen = p.launches(func() { p.g.MoE(gout, gx, &ge, spec) }) })
+				p.withQ(p.g.qgemvMax, p.g.qmvMax, 3*2*I*H, func() { seen = p.launches(func() { p.g.MoE(gout, gx, &ge, spec) }) })
 				what := fmt.Sprintf("moe %v %d tokens, %d experts top %d shared=%v", dt, T, E, K, shared)
 				p.compare(what, co, gout, 1.5e-2)
 				sw, mv, dq := "qmv_swiglu_"+dt.String(), "qmv_"+dt.String(), "qdeq_"+dt.String()
@@ -438,8 +437,9 @@ func TestQuantGraph(t *testing.T) {
 }
 
 func (p *pair) quantGraph(t *testing.T) {
-	const n, H, I = 4, 512, 512
-	for _, dt := range quantTypes {
+	const H, I = 512, 512
+	for i, dt := range quantTypes {
+		n := 2 + 2*(i%2) // qgemv and qmv in turn
 		cgu, ggu := p.qload(dt, 2*I, H)
 		cd, gd := p.qload(dt, H, I)
 		cw, gw := p.qload(dt, 384, H)
@@ -604,8 +604,12 @@ func TestQuantModels(t *testing.T) {
 		if dt == backend.Q5_K || dt == backend.Q6_K {
 			continue // which tensors a Q4_K_M / Q5_K_M file keeps in them is llama.cpp's choice
 		}
-		if seen["qmv_"+dt.String()]+seen["qmv_swiglu_"+dt.String()] == 0 || seen["qdeq_"+dt.String()] == 0 {
-			t.Errorf("%v: the models ran qmv %d, qmv_swiglu %d, qdeq %d times", dt, seen["qmv_"+dt.String()], seen["qmv_swiglu_"+dt.String()], seen["qdeq_"+dt.String()])
+		decode := 0
+		for _, k := range []string{"qgemv1_", "qgemv1_swiglu_", "qmv_", "qmv_swiglu_"} {
+			decode += seen[k+dt.String()]
+		}
+		if decode == 0 || seen["qdeq_"+dt.String()] == 0 {
+			t.Errorf("%v: the models ran the decode products (qgemv, qmv) %d and qdeq %d times", dt, decode, seen["qdeq_"+dt.String()])
 		}
 	}
 }
@@ -621,6 +625,40 @@ func medianRelL2(got, want [][]float32) float64 {
 		return (d[n/2-1] + d[n/2]) / 2
 	}
 	return d[len(d)/2]
+}
+
+// decodeModes are the paths a product of few tokens is checked on: the
+// defaults (qgemv up to two tokens, qmv up to qmvMaxTokens), qgemv with
+// three blocks (each taking several rounds of outputs), qmv alone, and the
+// weights dequantized for cuBLASLt.
+var decodeModes = []string{"default", "rounds", "qmv", "dequantized"}
+
+// withDecode runs f with the decode paths of mode for n tokens and reports
+// true, or reports false where the mode is not one for n (each covers what
+// the default does not, at a few tokens).
+func (p *pair) withDecode(mode string, n int, f func()) bool {
+	gv, qmv, grid := p.g.qgemvMax, p.g.qmvMax, p.g.qgemvGrid
+	switch mode {
+	case "rounds":
+		if n > qgemvTokens {
+			return false
+		}
+		grid = 3
+	case "qmv":
+		if n > qgemvTokens {
+			return false
+		}
+		gv = 0
+	case "dequantized":
+		if n > 3 {
+			return false
+		}
+		gv, qmv = 0, 0
+	}
+	defer func(g int) { p.g.qgemvGrid = g }(p.g.qgemvGrid)
+	p.g.qgemvGrid = grid
+	p.withQ(gv, qmv, qSlabElems, f)
+	return true
 }
 
 // qmvName is the qmv kernel of dt that takes n tokens.

@@ -617,6 +617,225 @@ __device__ __forceinline__ void qmv(void *out, int odt, const u16 *x, int T, int
 	}
 }
 
+// qgemv: the decode product of NT (1 or 2) tokens with integer dot
+// products, for the integer types (Q8_0 and the K-quants): out[t, o] (+)=
+// x[t] . w_o, or with SWIGLU (w = [gate | up] of 2O rows) out[t, o] =
+// silu(x[t] . gate_o) * (x[t] . up_o). Each block first quantizes the
+// activations into shared memory, as the CPU backend and llama.cpp do: int8
+// blocks of 32 columns, x ~ d * q with d = amax / 127 and q rounded to
+// nearest even, and the sums of each 16 q (XQ). A warp per weight row (with
+// SWIGLU a pair of warps takes an output's gate and up rows, and meets in
+// shared memory) streams it as the bf16 GEMV does: lane l takes the row's
+// units l, l + 32, ..., keeps QGEMV_U of them in flight (the first
+// requested before pdl_wait) and dots each with dp4a, its quants as bytes
+// against the activations' and the scales applied once a block of 16 or 32
+// (qidot). Dequantizing to float instead cost 3-5 instructions a weight,
+// which left the weight stream at 1.1-1.6 TB/s on an H100. The activations'
+// 16-byte chunks are XOR-swizzled within rows of 128 bytes (xs_chunk):
+// lanes read them 32 or 64 bytes apart, which would put a quarter warp on
+// the same banks.
+#ifndef QGEMV_U
+#define QGEMV_U 2
+#endif
+// QGEMV_U56: units in flight of Q5_K and Q6_K, whose larger units would
+// spill at QGEMV_U.
+#ifndef QGEMV_U56
+#define QGEMV_U56 1
+#endif
+#ifndef QGEMV_MINB
+#define QGEMV_MINB 3
+#endif
+
+struct XQ {
+	float d;
+	int s0, s1, pad;
+};
+
+__device__ __forceinline__ int xs_chunk(int c) { return c ^ ((c >> 3) & 7); }
+
+// dp4u is dp4a of four unsigned bytes a by four signed bytes b, plus c.
+__device__ __forceinline__ int dp4u(unsigned a, int b, int c) {
+	int r;
+	asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+	return r;
+}
+
+// xload reads the 32 activation quants of token t from column col (a
+// multiple of 32) as 8 words, and their block.
+__device__ __forceinline__ XQ xload(const uint4 *xq, const XQ *xb, int C, int NB, int t, int col, int (&x)[8]) {
+	uint4 a = xq[t * C + xs_chunk(col >> 4)], b = xq[t * C + xs_chunk((col >> 4) + 1)];
+	x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+	return xb[t * NB + (col >> 5)];
+}
+
+// qidot adds the products of unit u of a row with NT tokens' quantized
+// activations (xq: rows of C chunks, xb: rows of NB blocks) to acc.
+template <int QT, int NT>
+__device__ __forceinline__ void qidot(float (&acc)[NT], const typename Q<QT>::Raw &r, int u, const uint4 *xq, const XQ *xb, int C, int NB) {
+	typedef Q<QT> q;
+	if constexpr (QT == QT_Q8_0) {
+		float d = h2f((u16)r.d);
+#pragma unroll
+		for (int t = 0; t < NT; t++) {
+			int x[8], s = 0;
+			XQ b = xload(xq, xb, C, NB, t, q::col(u, 0), x);
+#pragma unroll
+			for (int j = 0; j < 8; j++) s = __dp4a((int)word(r.a, r.b, j), x[j], s);
+			acc[t] = fmaf(d * b.d, (float)s, acc[t]);
+		}
+	} else if constexpr (QT == QT_Q6_K) {
+		// Values d * sc * (q - 32), a scale each 16 columns.
+		float d = h2f((u16)r.d);
+#pragma unroll
+		for (int h = 0; h < 2; h++) {
+			unsigned sw = h ? r.sc.y : r.sc.x;
+			float S0 = d * (float)(signed char)byte_of(sw, 2 * (u & 1)), S1 = d * (float)(signed char)byte_of(sw, 2 * (u & 1) + 1);
+			int sh = 2 * (u & 1) + 4 * h;
+#pragma unroll
+			for (int t = 0; t < NT; t++) {
+				int x[8], s0 = 0, s1 = 0;
+				XQ b = xload(xq, xb, C, NB, t, q::col(u, h), x);
+#pragma unroll
+				for (int j = 0; j < 8; j++) {
+					unsigned w = word(r.a, r.b, j), hb = (word(r.qa, r.qb, j) >> sh) & 0x03030303u;
+					unsigned v = ((h ? w >> 4 : w) & 0x0f0f0f0fu) | (hb << 4);
+					if (j < 4) {
+						s0 = dp4u(v, x[j], s0);
+					} else {
+						s1 = dp4u(v, x[j], s1);
+					}
+				}
+				acc[t] = fmaf(b.d, fmaf(S0, (float)(s0 - 32 * b.s0), S1 * (float)(s1 - 32 * b.s1)), acc[t]);
+			}
+		}
+	} else {
+		// Q4_K and Q5_K: values S * q - M, a scale and min each 32 columns.
+		float S[2], M[2];
+		kscale(r.h, u & 3, S, M);
+#pragma unroll
+		for (int h = 0; h < 2; h++) {
+#pragma unroll
+			for (int t = 0; t < NT; t++) {
+				int x[8], s = 0;
+				XQ b = xload(xq, xb, C, NB, t, q::col(u, h), x);
+#pragma unroll
+				for (int j = 0; j < 8; j++) {
+					unsigned w = word(r.a, r.b, j), v = (h ? w >> 4 : w) & 0x0f0f0f0fu;
+					if constexpr (QT == QT_Q5_K) v |= ((word(r.qa, r.qb, j) >> (2 * (u & 3) + h)) & 0x01010101u) << 4;
+					s = dp4u(v, x[j], s);
+				}
+				acc[t] = fmaf(b.d, fmaf(S[h], (float)s, -M[h] * (float)(b.s0 + b.s1)), acc[t]);
+			}
+		}
+	}
+}
+
+template <int QT, int NT, bool SWIGLU>
+__device__ __forceinline__ void qgemv(void *out, int odt, const void *x, int xdt, const u8 *w, long rb, int O, int I, int accumulate) {
+	typedef Q<QT> q;
+	constexpr int U = QT == QT_Q5_K || QT == QT_Q6_K ? QGEMV_U56 : QGEMV_U;
+	extern __shared__ uint4 xq[];
+	__shared__ float up[2][4][NT];
+	pdl_trigger();
+	int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, W = blockDim.x >> 5;
+	// A block takes OB outputs a round, a warp each (with SWIGLU a pair of
+	// warps: 2i the gate row, 2i + 1 the up row): round j's are from OB *
+	// (blockIdx.x + j * gridDim.x). A lane's slots run over the rounds'
+	// rows, L slots a row (units lane, lane + 32, ...), so that its ring
+	// requests the next row's first units while it finishes a row.
+	int OB = SWIGLU ? W >> 1 : W, wo = SWIGLU ? warp >> 1 : warp;
+	int NU = q::units(I), L = (NU + 31) >> 5, NB = I >> 5, C = ((I >> 4) + 7) & ~7;
+	int S = (O - OB * (int)blockIdx.x + OB * (int)gridDim.x - 1) / (OB * (int)gridDim.x) * L;
+	auto output = [&](int j) { return OB * ((int)blockIdx.x + j * (int)gridDim.x) + wo; };
+	auto fetch = [&](typename q::Raw &r, int s) {
+		int u = lane + 32 * (s % L), o = min(output(s / L), O - 1);  // a warp past the end reads row O - 1 and writes nothing
+		if (s < S && u < NU) q::load(r, w + (long)(SWIGLU && (warp & 1) ? O + o : o) * rb, I, u);
+	};
+	typename q::Raw raw[U];
+#pragma unroll
+	for (int k = 0; k < U; k++) fetch(raw[k], k);
+	pdl_wait();
+	// A thread quantizes a block of 32 columns (a NaN makes its d NaN).
+	XQ *xb = (XQ *)(xq + NT * C);
+	for (int i = threadIdx.x; i < NT * NB; i += blockDim.x) {
+		int t = i / NB, blk = i - t * NB;
+		long at = (long)t * I + 32 * blk;
+		float v[32];
+		if (xdt == DT_BF16) {
+#pragma unroll
+			for (int j = 0; j < 4; j++) unpack8(((const uint4 *)((const u16 *)x + at))[j], v + 8 * j);
+		} else {
+#pragma unroll
+			for (int j = 0; j < 8; j++) {
+				float4 f = ((const float4 *)((const float *)x + at))[j];
+				v[4 * j] = f.x, v[4 * j + 1] = f.y, v[4 * j + 2] = f.z, v[4 * j + 3] = f.w;
+			}
+		}
+		float amax = 0.f, d = 0.f, id = 0.f;
+		bool nan = false;
+#pragma unroll
+		for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(v[j])), nan |= v[j] != v[j];
+		if (nan) {
+			d = __int_as_float(0x7fc00000);
+		} else if (amax > 0.f) {
+			d = __fdiv_rn(amax, 127.f), id = __fdiv_rn(127.f, amax);
+		}
+		unsigned wq[8];
+		int s0 = 0, s1 = 0;
+#pragma unroll
+		for (int j = 0; j < 8; j++) {
+			wq[j] = 0u;
+#pragma unroll
+			for (int k = 0; k < 4; k++) {
+				int qv = __float2int_rn(v[4 * j + k] * id);
+				wq[j] |= (unsigned)(qv & 0xff) << (8 * k);
+				if (j < 4) {
+					s0 += qv;
+				} else {
+					s1 += qv;
+				}
+			}
+		}
+		xq[t * C + xs_chunk(2 * blk)] = make_uint4(wq[0], wq[1], wq[2], wq[3]);
+		xq[t * C + xs_chunk(2 * blk + 1)] = make_uint4(wq[4], wq[5], wq[6], wq[7]);
+		xb[i] = XQ{d, s0, s1, 0};
+	}
+	__syncthreads();
+	float acc[NT];
+#pragma unroll
+	for (int t = 0; t < NT; t++) acc[t] = 0.f;
+	for (int s0 = 0; s0 < S; s0 += U) {
+#pragma unroll
+		for (int k = 0; k < U; k++) {
+			int s = s0 + k;
+			if (s >= S) break;
+			typename q::Raw cur = raw[k];
+			fetch(raw[k], s + U);
+			int u = lane + 32 * (s % L);
+			if (u < NU) qidot<QT, NT>(acc, cur, u, xq, xb, C, NB);
+			if (s % L != L - 1) continue;
+			// The row is done (the slots and rounds are the same for every warp of the block).
+			int j = s / L, o = output(j);
+#pragma unroll
+			for (int t = 0; t < NT; t++) acc[t] = warp_sum(acc[t]);
+			if constexpr (SWIGLU) {
+				if (lane == 0 && (warp & 1))
+#pragma unroll
+					for (int t = 0; t < NT; t++) up[j & 1][wo][t] = acc[t];
+				__syncthreads();
+				if (lane == 0 && !(warp & 1) && o < O)
+#pragma unroll
+					for (int t = 0; t < NT; t++) qstore(out, odt, 0, (long)t * O + o, acc[t] / (1.f + __expf(-acc[t])) * up[j & 1][wo][t]);
+			} else if (lane == 0 && o < O) {
+#pragma unroll
+				for (int t = 0; t < NT; t++) qstore(out, odt, accumulate, (long)t * O + o, acc[t]);
+			}
+#pragma unroll
+			for (int t = 0; t < NT; t++) acc[t] = 0.f;
+		}
+	}
+}
+
 // qdeq writes rows [rows, I] of w as bf16 (out rows of I). With start
 // (moe_group's expert row ranges), row r belongs to expert e0 + r / epr and
 // rows of experts without (token, choice) rows are skipped. Grid-stride
@@ -687,6 +906,17 @@ __device__ __forceinline__ void qembed(float *out, const u8 *w, long rb, const i
 			const u8 *w, long rb, long estride, const int *sel, int O, int I) { \
 		qmv<QT, true, TG, HI>(out, odt, x, T, xdiv, w, rb, estride, sel, O, I, 0); \
 	}
+// qgemv kernels (the integer types): qgemv1_ and qgemv2_ by their tokens.
+#define QGEMV(NAME, QT, NT) \
+	extern "C" __global__ void __launch_bounds__(256, QGEMV_MINB) qgemv##NT##_##NAME(void *out, int odt, const void *x, int xdt, \
+			const u8 *w, long rb, int O, int I, int acc) { \
+		qgemv<QT, NT, false>(out, odt, x, xdt, w, rb, O, I, acc); \
+	} \
+	extern "C" __global__ void __launch_bounds__(256, QGEMV_MINB) qgemv##NT##_swiglu_##NAME(void *out, int odt, const void *x, int xdt, \
+			const u8 *w, long rb, int O, int I) { \
+		qgemv<QT, NT, true>(out, odt, x, xdt, w, rb, O, I, 0); \
+	}
+#define QGEMVS(NAME, QT) QGEMV(NAME, QT, 1) QGEMV(NAME, QT, 2)
 #define QKERNELS(NAME, QT) \
 	QMV(qmv_, NAME, QT, 1, false, 2) \
 	QMV(qmv16_, NAME, QT, 1, true, 2) \
@@ -702,6 +932,10 @@ QKERNELS(q8_0, QT_Q8_0)
 QKERNELS(q4_k, QT_Q4_K)
 QKERNELS(q5_k, QT_Q5_K)
 QKERNELS(q6_k, QT_Q6_K)
+QGEMVS(q8_0, QT_Q8_0)
+QGEMVS(q4_k, QT_Q4_K)
+QGEMVS(q5_k, QT_Q5_K)
+QGEMVS(q6_k, QT_Q6_K)
 QKERNELS(mxfp4, QT_MXFP4)
 QKERNELS(fp8, QT_FP8)
 
