@@ -141,6 +141,17 @@ func TestBatchInvariance(t *testing.T) {
 	}
 }
 
+// followUpCached is the tokens a follow-up to prompt and its answer finds
+// cached: all but the answer's last token (never fed to the model); dense
+// models reuse whole blocks (16 tokens) only.
+func followUpCached(f testmodel.Fixture, prompt, answer []int32) int {
+	n := len(prompt) + len(answer) - 1
+	if !f.Model.Hybrid() {
+		n = n / 16 * 16
+	}
+	return n
+}
+
 // TestCacheCorrectness: a follow-up turn served from the prefix cache (dense,
 // MoE) or a state snapshot (hybrid) gives the tokens computed from scratch,
 // and reports the cached tokens.
@@ -162,12 +173,7 @@ func TestCacheCorrectness(t *testing.T) {
 			if !slices.Equal(r2.tokens, ref.tokens) {
 				t.Errorf("turn 2 from cache %v, from scratch %v", r2.tokens, ref.tokens)
 			}
-			// Everything but the answer's last token (never fed to the model)
-			// is cached; dense models reuse whole blocks only.
-			minCached := len(p1) + len(r1.tokens) - 1
-			if !f.Model.Hybrid() {
-				minCached = minCached / 16 * 16
-			}
+			minCached := followUpCached(f, p1, r1.tokens)
 			if r2.usage.CachedTokens < minCached {
 				t.Errorf("turn 2 cached %d tokens, want at least %d", r2.usage.CachedTokens, minCached)
 			}

@@ -35,12 +35,7 @@ func TestStateCacheRestart(t *testing.T) {
 			if !slices.Equal(r2.tokens, ref.tokens) {
 				t.Errorf("after a restart %v, cold %v", r2.tokens, ref.tokens)
 			}
-			// The first turn's prompt and answer but its last token (never
-			// fed); dense models keep whole blocks.
-			want := len(p1) + len(r1.tokens) - 1
-			if !f.Model.Hybrid() {
-				want = want / 16 * 16
-			}
+			want := followUpCached(f, p1, r1.tokens)
 			if st := e2.Stats(); r2.usage.CachedTokens != want || st.StateCacheRestores != 1 {
 				t.Errorf("after a restart: %d tokens cached, want %d; %d restores", r2.usage.CachedTokens, want, st.StateCacheRestores)
 			}
