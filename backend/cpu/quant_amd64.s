@@ -14,6 +14,21 @@
 // between AVX instructions costs about a hundred cycles on this code's
 // test machine (AMD Zen 3).
 
+// ARGS1 loads the arguments of a one-row kernel (w, rows, x, nb, out):
+// the prefetch distance in R14, rows in R8, out in R12, w in SI; ARGS4
+// those of a four-row kernel (w, rows, x, xstride, nb, out), xstride in R13.
+#define ARGS1 \
+	MOVQ ·prefetchBytes(SB), R14; \
+	MOVQ rows+8(FP), R8; \
+	MOVQ out+32(FP), R12; \
+	MOVQ w+0(FP), SI
+#define ARGS4 \
+	MOVQ ·prefetchBytes(SB), R14; \
+	MOVQ rows+8(FP), R8; \
+	MOVQ out+40(FP), R12; \
+	MOVQ w+0(FP), SI; \
+	MOVQ xstride+24(FP), R13
+
 // HSUMQ reduces the 8 lanes of ymm register Y to lane 0 of its xmm X, using T.
 #define HSUMQ(Y, X, T) \
 	VEXTRACTF128 $1, Y, T; \
@@ -48,10 +63,7 @@
 // product (VPSIGNB moves the weights' signs onto the input, so that
 // VPMADDUBSW sees |w| <= 128) times f16 d_w * d_x.
 TEXT ·dotQ8_0AVX(SB), NOSPLIT, $0-40
-	MOVQ ·prefetchBytes(SB), R14
-	MOVQ rows+8(FP), R8
-	MOVQ out+32(FP), R12
-	MOVQ w+0(FP), SI
+	ARGS1
 	BCAST32($0x00010001, X15, Y15) // int16 ones
 
 q8row:
@@ -166,11 +178,7 @@ q8done:
 // func dotQ8_0x4AVX(w *byte, rows int, x *byte, xstride int, nb int, out *float32)
 // dotQ8_0AVX against four input rows: |w|, d_w loaded once per block.
 TEXT ·dotQ8_0x4AVX(SB), NOSPLIT, $0-48
-	MOVQ ·prefetchBytes(SB), R14
-	MOVQ rows+8(FP), R8
-	MOVQ out+40(FP), R12
-	MOVQ w+0(FP), SI
-	MOVQ xstride+24(FP), R13
+	ARGS4
 	BCAST32($0x00010001, X15, Y15) // int16 ones
 
 q8x4row:
@@ -236,10 +244,7 @@ q8x4done:
 // per block the integer dot of the doubled e2m1 values with the quants
 // (signs moved onto the input as in dotQ8_0AVX) times 2^(e-128) * d_x.
 TEXT ·dotMXFP4AVX(SB), NOSPLIT, $0-40
-	MOVQ ·prefetchBytes(SB), R14
-	MOVQ rows+8(FP), R8
-	MOVQ out+32(FP), R12
-	MOVQ w+0(FP), SI
+	ARGS1
 	MXCONST
 
 mxrow:
@@ -281,11 +286,7 @@ mxdone:
 // func dotMXFP4x4AVX(w *byte, rows int, x *byte, xstride int, nb int, out *float32)
 // dotMXFP4AVX against four input rows: each block decoded once.
 TEXT ·dotMXFP4x4AVX(SB), NOSPLIT, $0-48
-	MOVQ ·prefetchBytes(SB), R14
-	MOVQ rows+8(FP), R8
-	MOVQ out+40(FP), R12
-	MOVQ w+0(FP), SI
-	MOVQ xstride+24(FP), R13
+	ARGS4
 	MXCONST
 
 mxx4row:
@@ -472,10 +473,7 @@ mxx4done:
 // func dotQ4KAVX(w *byte, rows int, x *byte, nb int, out *float32)
 // Q4_K rows of nb blocks of 144 bytes.
 TEXT ·dotQ4KAVX(SB), NOSPLIT, $0-40
-	MOVQ ·prefetchBytes(SB), R14
-	MOVQ rows+8(FP), R8
-	MOVQ out+32(FP), R12
-	MOVQ w+0(FP), SI
+	ARGS1
 	BCAST32($0x0f0f0f0f, X15, Y15) // low nibbles
 
 q4row:
@@ -506,10 +504,7 @@ q4done:
 // Q5_K rows of nb blocks of 176 bytes: dotQ4KAVX with the fifth bits (qh
 // in Y11) ORed into the nibbles.
 TEXT ·dotQ5KAVX(SB), NOSPLIT, $0-40
-	MOVQ ·prefetchBytes(SB), R14
-	MOVQ rows+8(FP), R8
-	MOVQ out+32(FP), R12
-	MOVQ w+0(FP), SI
+	ARGS1
 	BCAST32($0x0f0f0f0f, X15, Y15) // low nibbles
 	BCAST32($0x10101010, X14, Y14) // fifth bits
 
@@ -617,11 +612,7 @@ q5done:
 
 // func dotQ4Kx4AVX(w *byte, rows int, x *byte, xstride int, nb int, out *float32)
 TEXT ·dotQ4Kx4AVX(SB), NOSPLIT, $0-48
-	MOVQ ·prefetchBytes(SB), R14
-	MOVQ rows+8(FP), R8
-	MOVQ out+40(FP), R12
-	MOVQ w+0(FP), SI
-	MOVQ xstride+24(FP), R13
+	ARGS4
 	BCAST32($0x0f0f0f0f, X15, Y15) // low nibbles
 
 q4x4row:
@@ -653,11 +644,7 @@ q4x4done:
 // dotQ4Kx4AVX with Q5_K's fifth bits (qh reloaded into Y13, the 0x10 masks
 // from memory: no register is left).
 TEXT ·dotQ5Kx4AVX(SB), NOSPLIT, $0-48
-	MOVQ ·prefetchBytes(SB), R14
-	MOVQ rows+8(FP), R8
-	MOVQ out+40(FP), R12
-	MOVQ w+0(FP), SI
-	MOVQ xstride+24(FP), R13
+	ARGS4
 	BCAST32($0x0f0f0f0f, X15, Y15) // low nibbles
 
 q5x4row:
@@ -690,10 +677,7 @@ q5x4done:
 // the sixteen groups of 16 of scale * (q . x - 32 * sum x), q the unsigned
 // 6-bit quants (low 4 bits from ql, high 2 from qh).
 TEXT ·dotQ6KAVX(SB), NOSPLIT, $0-40
-	MOVQ ·prefetchBytes(SB), R14
-	MOVQ rows+8(FP), R8
-	MOVQ out+32(FP), R12
-	MOVQ w+0(FP), SI
+	ARGS1
 	BCAST32($0x0f0f0f0f, X15, Y15) // low nibbles
 	BCAST32($0x30303030, X14, Y14) // bits 4 and 5
 
@@ -830,11 +814,7 @@ q6done:
 // Y4-Y7, starting at -32 * sum of scale * 16-sum): each group's quants and
 // scales unpacked once.
 TEXT ·dotQ6Kx4AVX(SB), NOSPLIT, $0-48
-	MOVQ ·prefetchBytes(SB), R14
-	MOVQ rows+8(FP), R8
-	MOVQ out+40(FP), R12
-	MOVQ w+0(FP), SI
-	MOVQ xstride+24(FP), R13
+	ARGS4
 	BCAST32($0x0f0f0f0f, X15, Y15) // low nibbles
 	BCAST32($0x30303030, X14, Y14) // bits 4 and 5
 
