@@ -31,6 +31,7 @@ var kernelDefines = []struct {
 	{"", "MG_BN", moeGroupOuts},
 	{"", "MG_BK", moeGroupCols},
 	{"The tokens of a chunk of the chunked DeltaNet kernels (deltanet_chunk.cu).", "DN_C", dnChunkLen},
+	{"The token-by-token delta rule (deltanet.cu, dn_recur): each thread holds DR_ROWS\n// rows of a state column (four warps: key dims up to 4 * DR_ROWS).", "DR_ROWS", dnRecurRows},
 	{"The tensor-core decode attention (flash.cu): tiles of DM_BK keys, DM_STAGES\n// stages.", "DM_BK", decodeMMAKeys},
 	{"", "DM_STAGES", decodeMMAStages},
 	{"The scalar prefill attention (attention.cu): AP_BQ queries a block, tiles of\n// AP_BK keys.", "AP_BQ", attnPrefillQueries},

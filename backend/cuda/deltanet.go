@@ -113,9 +113,9 @@ func dnRunSmem(dk, dvs int) int {
 	return 3*4*c*(dk+8) + 4*c*(c+8) + 4*dk*(dvs+8) + 4*c*(dvs+8)
 }
 
-// dnRecurSmem is dn_recur's dynamic shared memory: a head's state [dk, dv],
-// then q and k, f32.
-func dnRecurSmem(dk, dv int) int { return 4 * (dk*dv + 2*dk) }
+// dnRecurRows is the rows of a state column each of dn_recur's threads
+// holds (DR_ROWS): its four warps take key dims up to 4 * dnRecurRows.
+const dnRecurRows = 32
 
 // NewStateCache allocates zeroed recurrent state for spec.Slots sequences.
 func (b *Backend) NewStateCache(spec backend.StateSpec) (backend.StateCache, error) {
@@ -123,9 +123,8 @@ func (b *Backend) NewStateCache(spec backend.StateSpec) (backend.StateCache, err
 		return nil, fmt.Errorf("cuda: %w", err)
 	}
 	d := spec.DeltaNet
-	// dn_recur runs a thread per column of a head's state, which sits in
-	// shared memory, and a thread per key element for the norms.
-	if d.KeyDim > d.ValueDim || d.ValueDim > 1024 || dnRecurSmem(d.KeyDim, d.ValueDim) > b.smemOp {
+	// dn_recur holds a head's state columns in its four warps' registers.
+	if d.KeyDim > 4*dnRecurRows {
 		return nil, fmt.Errorf("cuda: Gated DeltaNet heads of key dim %d, value dim %d are not supported; use --backend cpu", d.KeyDim, d.ValueDim)
 	}
 	c := &stateCache{b: b, spec: spec}
@@ -353,11 +352,7 @@ func (b *Backend) GatedDeltaRule(out, qkv, ba, aLog, dtBias backend.Tensor, spec
 		c.chunked += long
 	}
 	if short {
-		smem := dnRecurSmem(dk, dv)
-		if smem > 48<<10 {
-			b.allowSmem(dnRecurKernel.name, smem)
-		}
-		dnRecurKernel.run(b, [3]int{S, HV, 1}, dv, smem, dnRecurArgs{
+		dnRecurKernel.run(b, [3]int{S, HV, (dv + 31) / 32}, 128, 0, dnRecurArgs{
 			out: ot.ptr, qkv: xt.ptr, ba: bt.ptr, aLog: al.ptr, adt: int32(al.dt), dtBias: db.ptr, bdt: int32(db.dt), state: c.rec[layer],
 			HK: int32(HK), HV: int32(HV), dk: int32(dk), dv: int32(dv), recN: int32(c.recN), chunkMin: int32(chunkMin), tiled: boolInt(spec.TiledHeads),
 			seqpos: m.dev[mSeqPos], seqn: m.dev[mSeqN], seqstart: m.dev[mSeqStart], slots: m.dev[mSeqSlot]})

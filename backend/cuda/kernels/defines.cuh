@@ -29,6 +29,10 @@
 // The tokens of a chunk of the chunked DeltaNet kernels (deltanet_chunk.cu).
 #define DN_C 64
 
+// The token-by-token delta rule (deltanet.cu, dn_recur): each thread holds DR_ROWS
+// rows of a state column (four warps: key dims up to 4 * DR_ROWS).
+#define DR_ROWS 32
+
 // The tensor-core decode attention (flash.cu): tiles of DM_BK keys, DM_STAGES
 // stages.
 #define DM_BK 64
