@@ -124,6 +124,15 @@ func (b *Backend) mlp(ot, xt, gu, dn *tensor, accumulate bool) {
 	b.MatMul(ot, act, dn, accumulate)
 }
 
+// gemv is MatMul's product of up to b.gemvMax tokens with bf16 weights
+// (rows a multiple of 8): a warp per output streams its weight row, the
+// activations as they are (float32 ones keep their precision).
+func (b *Backend) gemv(ot, xt, wt *tensor, accumulate bool) {
+	n, o, in := xt.rows(), wt.rows(), xt.cols()
+	w := b.gemvWarps
+	gemvKernels[hx(xt)][n-1].runOverlapped(b, g1((o+w-1)/w), 32*w, 0, gemvArgs{out: ot.ptr, odt: int32(ot.dt), x: xt.ptr, w: wt.ptr, O: int32(o), I: int32(in), acc: boolInt(accumulate)})
+}
+
 // gemvMaxTokens is the largest token count served by the GEMV kernel by
 // default; larger batches go to the skinny GEMM or cuBLASLt, whose
 // tensor-core tiles win once the weights are reused by a few rows (each
@@ -152,8 +161,7 @@ func (b *Backend) MatMul(out, x, w backend.Tensor, accumulate bool) {
 		return
 	}
 	if wt.dt == backend.BF16 && n <= b.gemvMax && in%8 == 0 {
-		w := b.gemvWarps
-		gemvKernels[hx(xt)][n-1].runOverlapped(b, g1((o+w-1)/w), 32*w, 0, gemvArgs{out: ot.ptr, odt: int32(ot.dt), x: xt.ptr, w: wt.ptr, O: int32(o), I: int32(in), acc: boolInt(accumulate)})
+		b.gemv(ot, xt, wt, accumulate)
 		return
 	}
 	// The skinny GEMM copies rows in 16-byte pieces.

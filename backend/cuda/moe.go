@@ -21,6 +21,11 @@ var (
 	moeGatherKernel  = newKernel[moeGatherArgs]("moe_gather")
 	moeGroupMMKernel = newKernel[moeGroupMMArgs]("moe_group_mm")
 	moeCombineKernel = newKernel[moeCombineArgs]("moe_combine")
+	// moe_rows by [rows a block - 1][swiglu].
+	moeRowsKernels = [2][2]kernel[moeRowsArgs]{
+		{newKernel[moeRowsArgs]("moe_rows_plain"), newKernel[moeRowsArgs]("moe_rows_swiglu")},
+		{newKernel[moeRowsArgs]("moe_rows2_plain"), newKernel[moeRowsArgs]("moe_rows2_swiglu")},
+	}
 )
 
 type moeRouteArgs struct {
@@ -40,7 +45,7 @@ type moeGemvArgs struct {
 
 type moeGroupArgs struct {
 	sel                         devptr
-	R, E                        int32
+	R, E, tm                    int32
 	start, order, tiles, ntiles devptr
 }
 
@@ -64,7 +69,18 @@ type moeGroupMMArgs struct {
 type moeCombineArgs struct {
 	out, y, wts devptr
 	K, H        int32
-	ys, gate    devptr
+	ys, x, wg   devptr
+	wgdt        int32
+}
+
+type moeRowsArgs struct {
+	y, x                        devptr
+	xdiv, xsh                   int32
+	w, sel                      devptr
+	R                           int32
+	ws                          devptr
+	O, I                        int32
+	start, order, tiles, ntiles devptr
 }
 
 // moeGrouped reports whether R (token, choice) rows over E experts take the
@@ -73,6 +89,15 @@ type moeCombineArgs struct {
 // (four rows an expert won, 1.25 lost: NOTES.md, "Figures behind the
 // code").
 func moeGrouped(R, E int) bool { return R >= 2*E }
+
+// moeRowPairs reports whether R (token, choice) rows over E experts that
+// take moe_rows go in pairs of one expert's rows: from one row for every
+// two experts, where enough experts have two rows to pay for sorting them.
+func moeRowPairs(R, E int) bool { return 2*R >= E }
+
+// expertTiles is the most tiles of up to tm rows of one expert that R rows
+// over E experts make: an expert with n rows makes ceil(n / tm).
+func expertTiles(R, E, tm int) int { return (R + (tm-1)*min(E, R) + tm - 1) / tm }
 
 // The grouped expert products' tile (MG_BM, MG_BN and MG_BK of
 // kernels/moe.cu): moeGroupRows rows of one expert by moeGroupOuts outputs,
@@ -111,19 +136,21 @@ func (b *Backend) route(sel, wts devptr, xt, router *tensor, spec *backend.MoESp
 	// The router product keeps float32's precision (not cuBLASLt's bf16
 	// inputs): a rounding-sized change there can flip the choice of
 	// experts. Prompts take it on tensor cores as x = hi + lo, two bf16
-	// products accumulated in float32 (~16 bits of x, as the grouped
-	// expert products); decode steps take the float32 GEMV (NOTES.md,
-	// "Figures behind the code").
+	// products accumulated in float32 (~16 bits of x); decode steps take
+	// the bf16 GEMV with float32 activations (NOTES.md, "Figures behind
+	// the code").
 	logits := b.scratchF32("moe.logits", T, E)
 	if b.routerGemm > 0 && T >= b.routerGemm && router.dt == backend.BF16 {
 		hi, lo := b.scratchBuf("moe.xhi", 2*T*H), b.scratchBuf("moe.xlo", 2*T*H)
 		moeSplitKernel.run(b, g1(b.blocksFor(T*H)), 256, 0, moeSplitArgs{hi: hi, lo: lo, x: xt.ptr, n: int64(T * H)})
 		b.gemm(logits.ptr, hi, router.ptr, T, E, H, backend.BF16, backend.F32, false)
 		b.gemm(logits.ptr, lo, router.ptr, T, E, H, backend.BF16, backend.F32, true)
+	} else if router.dt == backend.BF16 && T <= b.gemvMax && H%8 == 0 {
+		b.gemv(logits, xt, router, false)
 	} else {
 		moeGemvKernel.run(b, [3]int{(E + 7) / 8, T, 1}, 256, 0, moeGemvArgs{y: logits.ptr, x: xt.ptr, xdiv: 1, w: router.ptr, wdt: int32(router.dt), sel: 0, O: int32(E), I: int32(H)})
 	}
-	moeRouteKernel.run(b, g1(T), 256, 0, moeRouteArgs{logits: logits.ptr, E: int32(E), K: int32(K), norm: boolInt(spec.NormTopK), sel: sel, wts: wts})
+	moeRouteKernel.run(b, g1(T), (E+31)/32*32, 0, moeRouteArgs{logits: logits.ptr, E: int32(E), K: int32(K), norm: boolInt(spec.NormTopK), sel: sel, wts: wts})
 }
 
 // Experts adds each token's chosen experts to out; see backend.Backend.
@@ -137,15 +164,15 @@ func (b *Backend) Experts(out, x, experts, weights, gateUp, down backend.Tensor)
 	if et.dt != backend.I32 {
 		panic(fmt.Sprintf("cuda: experts: expert ids %v must be i32", et))
 	}
-	y := b.expertRows(xt, et.ptr, K, asT(gateUp), asT(down))
-	if T > 0 {
-		moeCombineKernel.run(b, g1(T), 256, 0, moeCombineArgs{out: ot.ptr, y: y.ptr, wts: wt.ptr, K: int32(K), H: int32(H)})
-	}
+	y, _ := b.expertRows(xt, et.ptr, K, asT(gateUp), asT(down), nil, nil)
+	b.combine(ot, xt, y.ptr, wt.ptr, K, 0, nil)
 }
 
 // expertRows returns y [T*K, H]: row t*K + j is token t's j-th chosen
-// expert (sel) applied to it.
-func (b *Backend) expertRows(xt *tensor, sel devptr, K int, gu, down *tensor) *tensor {
+// expert (sel) applied to it. Given a shared expert (sgu, sdown) that the
+// decode GEMV can take among those rows, it does, and returns where in y
+// its rows (token t's at T*K + t) start; else ys is 0.
+func (b *Backend) expertRows(xt *tensor, sel devptr, K int, gu, down, sgu, sdown *tensor) (y *tensor, ys devptr) {
 	T, H := xt.rows(), xt.cols()
 	checkF32("experts", xt)
 	if len(gu.shape) != 3 || len(down.shape) != 3 {
@@ -156,9 +183,8 @@ func (b *Backend) expertRows(xt *tensor, sel devptr, K int, gu, down *tensor) *t
 		panic(fmt.Sprintf("cuda: experts: gate_up %v, down %v for width %d", gu, down, H))
 	}
 	R := T * K
-	y := b.scratchF32("moe.y", R, H)
 	if R == 0 {
-		return y
+		return b.scratchF32("moe.y", R, H), 0
 	}
 	// Each (token, choice) row is a product with its expert's weights: a
 	// GEMV per row, or (moeGrouped) tensor-core tiles of one expert's rows,
@@ -174,14 +200,17 @@ func (b *Backend) expertRows(xt *tensor, sel devptr, K int, gu, down *tensor) *t
 		}
 		grouped = true // FP8 rows that end inside a unit of qmv
 	}
+	if !grouped && gu.dt == backend.BF16 && down.dt == backend.BF16 && H%8 == 0 && I%8 == 0 {
+		return b.expertGemv(xt, sel, K, gu, down, sgu, sdown)
+	}
+	y = b.scratchF32("moe.y", R, H)
 	expertProduct := func(y, x devptr, xdiv int, w *tensor, O, in int) {
 		moeGemvKernel.run(b, [3]int{(O + 7) / 8, R, 1}, 256, 0, moeGemvArgs{y: y, x: x, xdiv: int32(xdiv), w: w.ptr, wdt: int32(w.dt), sel: sel, O: int32(O), I: int32(in)})
 	}
 	if grouped {
-		maxTiles := (R+moeGroupRows-1)/moeGroupRows + min(E, R)
-		start, order := b.scratchBuf("moe.start", 4*(E+1)), b.scratchBuf("moe.order", 4*R)
-		tiles, ntiles := b.scratchBuf("moe.tiles", 8*maxTiles), b.scratchBuf("moe.ntiles", 4)
-		moeGroupKernel.run(b, g1(1), 1024, 0, moeGroupArgs{sel: sel, R: int32(R), E: int32(E), start: start, order: order, tiles: tiles, ntiles: ntiles})
+		maxTiles := expertTiles(R, E, moeGroupRows)
+		g := b.groupRows(sel, R, E, moeGroupRows)
+		start, order, tiles, ntiles := g.start, g.order, g.tiles, g.ntiles
 		expertProduct = func(y, x devptr, xdiv int, w *tensor, O, in int) {
 			xg := b.scratchBuf("moe.xg", 4*R*in) // bf16 hi and lo parts
 			moeGatherKernel.run(b, g1(R), 256, 0, moeGatherArgs{xg: xg, x: x, xdiv: int32(xdiv), order: order, I: int32(in)})
@@ -222,33 +251,95 @@ func (b *Backend) expertRows(xt *tensor, sel devptr, K int, gu, down *tensor) *t
 	default:
 		expertProduct(y.ptr, act.ptr, 1, down, H, I)
 	}
-	return y
+	return y, 0
+}
+
+// expertGroups is moe_group's listing of rows by expert, in tiles.
+type expertGroups struct{ start, order, tiles, ntiles devptr }
+
+// groupRows lists the R rows of sel by expert, in tiles of up to tm rows
+// of one expert (moe_group).
+func (b *Backend) groupRows(sel devptr, R, E, tm int) expertGroups {
+	g := expertGroups{
+		start: b.scratchBuf("moe.start", 4*(E+1)), order: b.scratchBuf("moe.order", 4*R),
+		tiles: b.scratchBuf("moe.tiles", 8*expertTiles(R, E, tm)), ntiles: b.scratchBuf("moe.ntiles", 4),
+	}
+	moeGroupKernel.run(b, g1(1), 1024, 0, moeGroupArgs{sel: sel, R: int32(R), E: int32(E), tm: int32(tm), start: g.start, order: g.order, tiles: g.tiles, ntiles: g.ntiles})
+	return g
+}
+
+// expertGemv is expertRows for bf16 experts at decode: moe_rows streams
+// each row's expert (gate/up with the SwiGLU, then down), 16 bytes a load,
+// a row a block or (moeRowPairs) up to two rows of one expert, and takes a
+// shared expert of the experts' width as T more rows of its own.
+func (b *Backend) expertGemv(xt *tensor, sel devptr, K int, gu, down, sgu, sdown *tensor) (y *tensor, ys devptr) {
+	T, H := xt.rows(), xt.cols()
+	E, I, R := gu.shape[0], down.shape[2], T*K
+	pairs := moeRowPairs(R, E)
+	S, blocks := 0, R
+	var ws [2]devptr
+	var g expertGroups
+	if pairs {
+		g = b.groupRows(sel, R, E, 2)
+		blocks = expertTiles(R, E, 2)
+	} else if sgu != nil && sgu.dt == backend.BF16 && sdown.dt == backend.BF16 && sgu.rows() == 2*I && sgu.cols() == H && sdown.rows() == H && sdown.cols() == I {
+		S, ws = T, [2]devptr{sgu.ptr, sdown.ptr}
+		blocks += S
+	}
+	act := b.scratchF32("moe.act", R+S, I)
+	y = b.scratchF32("moe.y", R+S, H)
+	k := moeRowsKernels[boolInt(pairs)]
+	w := b.gemvWarps
+	a := moeRowsArgs{y: act.ptr, x: xt.ptr, xdiv: int32(K), xsh: 0, w: gu.ptr, sel: sel, R: int32(R), ws: ws[0], O: int32(I), I: int32(H),
+		start: g.start, order: g.order, tiles: g.tiles, ntiles: g.ntiles}
+	k[1].runOverlapped(b, [3]int{(I + w - 1) / w, blocks, 1}, 32*w, 0, a) // an output a warp
+	a.y, a.x, a.xdiv, a.xsh, a.w, a.ws, a.O, a.I = y.ptr, act.ptr, 1, int32(R), down.ptr, ws[1], int32(H), int32(I)
+	k[0].runOverlapped(b, [3]int{(H + 4*w - 1) / (4 * w), blocks, 1}, 32*w, 0, a) // four outputs a warp
+	if S > 0 {
+		ys = y.ptr + devptr(4*R*H)
+	}
+	return y, ys
+}
+
+// combine adds to out [T, H] the expert rows y [T*K, H] weighted by wts
+// and, where ys is set, the shared expert's rows ys [T, H] weighted by
+// sigmoid(x . gate).
+func (b *Backend) combine(ot, xt *tensor, y, wts devptr, K int, ys devptr, gate *tensor) {
+	T, H := xt.rows(), xt.cols()
+	if T == 0 {
+		return
+	}
+	a := moeCombineArgs{out: ot.ptr, y: y, wts: wts, K: int32(K), H: int32(H), ys: ys}
+	if ys != 0 {
+		checkFloatW("shared expert gate", gate)
+		if gate.numel() != H {
+			panic(fmt.Sprintf("cuda: shared expert gate %v for width %d", gate, H))
+		}
+		a.x, a.wg, a.wgdt = xt.ptr, gate.ptr, int32(gate.dt)
+	}
+	moeCombineKernel.run(b, [3]int{T, (H + 255) / 256, 1}, 256, 0, a)
 }
 
 // SharedExpert adds the gated shared expert to out; see backend.Backend.
 func (b *Backend) SharedExpert(out, x, gateUp, down, gate backend.Tensor) {
 	ot, xt := asT(out), asT(x)
 	checkRows("shared expert out", ot, xt.rows(), xt.cols())
-	checkF32("shared expert", ot)
-	ys, g := b.sharedExpert(xt, asT(gateUp), asT(down), asT(gate))
-	if xt.rows() > 0 {
-		moeCombineKernel.run(b, g1(xt.rows()), 256, 0, moeCombineArgs{out: ot.ptr, H: int32(xt.cols()), ys: ys.ptr, gate: g.ptr})
-	}
+	checkF32("shared expert", ot, xt)
+	ys := b.sharedExpert(xt, asT(gateUp), asT(down))
+	b.combine(ot, xt, 0, 0, 0, ys.ptr, asT(gate))
 }
 
-// sharedExpert returns the shared expert's output ys [T, H] and its gate
-// logits g [T, 1] (moe_combine takes their sigmoid).
-func (b *Backend) sharedExpert(xt, sgu, sdown, sg *tensor) (ys, g *tensor) {
+// sharedExpert returns the shared expert's output ys [T, H] (moe_combine
+// gates it).
+func (b *Backend) sharedExpert(xt, sgu, sdown *tensor) *tensor {
 	T, H := xt.rows(), xt.cols()
 	Is := sgu.rows() / 2
-	if sgu.cols() != H || sgu.rows()%2 != 0 || sdown.rows() != H || sdown.cols() != Is || sg.numel() != H {
-		panic(fmt.Sprintf("cuda: shared expert gate_up %v, down %v, gate %v for width %d", sgu, sdown, sg, H))
+	if sgu.cols() != H || sgu.rows()%2 != 0 || sdown.rows() != H || sdown.cols() != Is {
+		panic(fmt.Sprintf("cuda: shared expert gate_up %v, down %v for width %d", sgu, sdown, H))
 	}
-	g = b.scratchF32("moe.gate", T, 1)
-	b.MatMul(g, xt, b.Reshape(sg, 1, H), false)
-	ys = b.scratchF32("moe.so", T, H)
+	ys := b.scratchF32("moe.so", T, H)
 	b.mlp(ys, xt, sgu, sdown, false)
-	return ys, g
+	return ys
 }
 
 // MoE runs a MoE block's steps as one operation; see backend.FusedMoE.
@@ -264,13 +355,17 @@ func (b *Backend) MoE(out, x backend.Tensor, e *backend.Experts, spec *backend.M
 	}
 	sel, wts := b.scratchBuf("moe.sel", 4*T*K), b.scratchBuf("moe.wts", 4*T*K)
 	b.route(sel, wts, xt, asT(e.Router), spec)
-	y := b.expertRows(xt, sel, K, asT(e.GateUp), asT(e.Down))
-	a := moeCombineArgs{out: ot.ptr, y: y.ptr, wts: wts, K: int32(K), H: int32(H)}
+	var sgu, sdown *tensor
 	if e.SharedGateUp != nil {
-		ys, g := b.sharedExpert(xt, asT(e.SharedGateUp), asT(e.SharedDown), asT(e.SharedGate))
-		a.ys, a.gate = ys.ptr, g.ptr
+		sgu, sdown = asT(e.SharedGateUp), asT(e.SharedDown)
 	}
-	if T > 0 {
-		moeCombineKernel.run(b, g1(T), 256, 0, a)
+	y, ys := b.expertRows(xt, sel, K, asT(e.GateUp), asT(e.Down), sgu, sdown)
+	if sgu != nil && ys == 0 {
+		ys = b.sharedExpert(xt, sgu, sdown).ptr
 	}
+	var gate *tensor
+	if sgu != nil {
+		gate = asT(e.SharedGate)
+	}
+	b.combine(ot, xt, y.ptr, wts, K, ys, gate)
 }

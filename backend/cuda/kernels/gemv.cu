@@ -6,14 +6,28 @@
 __device__ __forceinline__ void x8(const float *x, float *f) { load8(x, f); }
 __device__ __forceinline__ void x8(const u16 *x, float *f) { load8(x, f); }
 
+// The activation rows a GEMV reads: a batch, row t at x + t I, or (the
+// grouped expert rows) a pointer a row.
+template <typename XT>
+struct XBatch {
+	const XT *x;
+	long I;
+	__device__ __forceinline__ const XT *operator[](int t) const { return x + t * I; }
+};
 template <int NT, typename XT>
-__device__ __forceinline__ void dot8(float (&acc)[NT], uint4 v, const XT *x, int I, int k) {
+struct XRows {
+	const XT *p[NT];
+	__device__ __forceinline__ const XT *operator[](int t) const { return p[t]; }
+};
+
+template <int NT, typename XR>
+__device__ __forceinline__ void dot8(float (&acc)[NT], uint4 v, const XR &x, int k) {
 	float w[8];
 	unpack8(v, w);
 #pragma unroll
 	for (int t = 0; t < NT; t++) {
 		float a[8];
-		x8(x + (long)t * I + k * 8, a);
+		x8(x[t] + k * 8, a);
 		acc[t] += w[0] * a[0] + w[1] * a[1] + w[2] * a[2] + w[3] * a[3] + w[4] * a[4] + w[5] * a[5] + w[6] * a[6] + w[7] * a[7];
 	}
 }
@@ -34,8 +48,8 @@ __device__ __forceinline__ uint4 ldw(const uint4 *p) {
 // Kernels using it are launched overlapped (programmatic dependent launch):
 // the first vectors are requested before pdl_wait, so the weight stream is
 // under way when the previous kernel (which writes x) finishes.
-template <int NT, int U, int R, typename XT>
-__device__ __forceinline__ void warp_dots(float (&acc)[R][NT], const uint4 *const (&wr)[R], const XT *x, int I, int lane) {
+template <int NT, int U, int R, typename XR>
+__device__ __forceinline__ void warp_dots(float (&acc)[R][NT], const uint4 *const (&wr)[R], const XR &x, int I, int lane) {
 	int rounds = (I >> 3) / (32 * U);
 #pragma unroll
 	for (int r = 0; r < R; r++)
@@ -61,7 +75,7 @@ __device__ __forceinline__ void warp_dots(float (&acc)[R][NT], const uint4 *cons
 #pragma unroll
 		for (int r = 0; r < R; r++)
 #pragma unroll
-			for (int u = 0; u < U; u++) dot8<NT>(acc[r], v[r][u], x, I, k + 32 * u);
+			for (int u = 0; u < U; u++) dot8<NT>(acc[r], v[r][u], x, k + 32 * u);
 #pragma unroll
 		for (int r = 0; r < R; r++)
 #pragma unroll
@@ -69,7 +83,7 @@ __device__ __forceinline__ void warp_dots(float (&acc)[R][NT], const uint4 *cons
 	}
 	for (int k = lane + rounds * 32 * U; k < (I >> 3); k += 32) {
 #pragma unroll
-		for (int r = 0; r < R; r++) dot8<NT>(acc[r], ldw(wr[r] + k - lane), x, I, k);
+		for (int r = 0; r < R; r++) dot8<NT>(acc[r], ldw(wr[r] + k - lane), x, k);
 	}
 #pragma unroll
 	for (int r = 0; r < R; r++)
@@ -87,7 +101,7 @@ __device__ __forceinline__ void gemv_bf16(void *out, int odt, const XT *x, const
 	if (row >= O) return;
 	const uint4 *const wr[1] = {(const uint4 *)(w + (long)row * I) + lane};
 	float acc[1][NT];
-	warp_dots<NT, 4, 1>(acc, wr, x, I, lane);
+	warp_dots<NT, 4, 1>(acc, wr, XBatch<XT>{x, I}, I, lane);
 	if (lane == 0) {
 #pragma unroll
 		for (int t = 0; t < NT; t++) {
@@ -115,7 +129,7 @@ __device__ __forceinline__ void gemv_swiglu_bf16(float *out, const XT *x, const 
 	if (row >= O) return;
 	const uint4 *const wr[2] = {(const uint4 *)(w + (long)row * I) + lane, (const uint4 *)(w + (long)(O + row) * I) + lane};
 	float acc[2][NT];
-	warp_dots<NT, U, 2>(acc, wr, x, I, lane);
+	warp_dots<NT, U, 2>(acc, wr, XBatch<XT>{x, I}, I, lane);
 	if (lane == 0) {
 #pragma unroll
 		for (int t = 0; t < NT; t++) {
@@ -148,3 +162,73 @@ GEMV(5)
 GEMV(6)
 GEMV(7)
 GEMV(8)
+
+// moe_rows: the expert products of decode steps, GEMVs whose weight matrix
+// changes with the row. Row r < R is a (token, choice) pair: its weights
+// are expert sel[r]'s (w holds the experts one after another) and its input
+// x[r / xdiv]; rows R and on are the shared expert (ws) on x[xsh + r - R].
+// SWIGLU: each expert is [gate | up] ([2O, I]) and y[r, o] = silu(x_r .
+// gate_o) * (x_r . up_o), a warp an output; else y[r, o] = x_r . w_o, a warp
+// four outputs (expert rows are short: four keep a lane's loads in flight).
+// NT 1: grid (ceil(O / outputs a block), rows), a row a block. NT 2: the
+// rows grouped by expert (moe_group with tiles of 2), grid (ceil(O /
+// outputs a block), tiles allowed for), a tile a block, so an expert's
+// weights are read once for up to two of its rows. sel and the tiles are
+// the previous kernels', so nothing is read before pdl_wait.
+template <bool SWIGLU, int NT>
+__device__ __forceinline__ void moe_rows(float *y, const float *x, int xdiv, int xsh, const u16 *w, const int *sel, int R,
+		const u16 *ws, int O, int I, const int *start, const int *order, const int *tiles, const int *ntiles) {
+	constexpr int RW = SWIGLU ? 2 : 4;  // weight rows a warp
+	pdl_trigger();
+	pdl_wait();
+	int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+	int o0 = (blockIdx.x * (blockDim.x >> 5) + warp) * (SWIGLU ? 1 : RW);
+	if (o0 >= O) return;
+	int rows[NT], n = NT;
+	const u16 *m;
+	if (NT == 1) {
+		rows[0] = blockIdx.y;
+		m = rows[0] < R ? w + (long)sel[rows[0]] * (SWIGLU ? 2 : 1) * O * I : ws;
+	} else {
+		if ((int)blockIdx.y >= *ntiles) return;
+		int e = tiles[2 * blockIdx.y], j0 = tiles[2 * blockIdx.y + 1];
+		n = min(NT, start[e + 1] - j0);
+#pragma unroll
+		for (int t = 0; t < NT; t++) rows[t] = order[j0 + min(t, n - 1)];  // a short tile repeats its last row
+		m = w + (long)e * (SWIGLU ? 2 : 1) * O * I;
+	}
+	XRows<NT, float> xr;
+#pragma unroll
+	for (int t = 0; t < NT; t++) xr.p[t] = x + (long)(rows[t] < R ? rows[t] / xdiv : xsh + rows[t] - R) * I;
+	const uint4 *wr[RW];
+#pragma unroll
+	for (int k = 0; k < RW; k++) {
+		int row = SWIGLU ? k * O + o0 : min(o0 + k, O - 1);  // past O: the last row again, not stored
+		wr[k] = (const uint4 *)(m + (long)row * I) + lane;
+	}
+	float acc[RW][NT];
+	warp_dots<NT, 2, RW>(acc, wr, xr, I, lane);
+	if (lane != 0) return;
+#pragma unroll
+	for (int t = 0; t < NT; t++) {
+		if (t >= n) break;
+		float *out = y + (long)rows[t] * O + o0;
+		if (SWIGLU) {
+			out[0] = acc[0][t] / (1.f + __expf(-acc[0][t])) * acc[1][t];
+		} else {
+#pragma unroll
+			for (int k = 0; k < RW; k++)
+				if (o0 + k < O) out[k] = acc[k][t];
+		}
+	}
+}
+
+#define MOE_ROWS(NAME, SWIGLU, NT) \
+	extern "C" __global__ void __launch_bounds__(256) NAME(float *y, const float *x, int xdiv, int xsh, const u16 *w, const int *sel, int R, \
+			const u16 *ws, int O, int I, const int *start, const int *order, const int *tiles, const int *ntiles) { \
+		moe_rows<SWIGLU, NT>(y, x, xdiv, xsh, w, sel, R, ws, O, I, start, order, tiles, ntiles); \
+	}
+MOE_ROWS(moe_rows_plain, false, 1)
+MOE_ROWS(moe_rows_swiglu, true, 1)
+MOE_ROWS(moe_rows2_plain, false, 2)
+MOE_ROWS(moe_rows2_swiglu, true, 2)
