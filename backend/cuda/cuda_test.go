@@ -692,7 +692,7 @@ func TestMoE(t *testing.T) {
 		for _, Is := range []int{0, I, 48} { // shared expert's width (0: none)
 			tol := 1e-5
 			if moeGrouped(T*K, E) {
-				tol = 1e-4 // rows as hi + lo bf16 parts: ~16 bits
+				tol = 5e-3 // rows in bf16, as cuBLASLt's inputs
 			}
 			if Is > 0 && T > 8 && (Is != I || moeRowPairs(T*K, E)) {
 				tol = 5e-3 // cuBLASLt's bf16 inputs

@@ -212,7 +212,7 @@ func (b *Backend) expertRows(xt *tensor, sel devptr, K int, gu, down, sgu, sdown
 		g := b.groupRows(sel, R, E, moeGroupRows)
 		start, order, tiles, ntiles := g.start, g.order, g.tiles, g.ntiles
 		expertProduct = func(y, x devptr, xdiv int, w *tensor, O, in int) {
-			xg := b.scratchBuf("moe.xg", 4*R*in) // bf16 hi and lo parts
+			xg := b.scratchBuf("moe.xg", 2*R*in) // bf16
 			moeGatherKernel.run(b, g1(R), 256, 0, moeGatherArgs{xg: xg, x: x, xdiv: int32(xdiv), order: order, I: int32(in)})
 			grid := [3]int{(O + moeGroupOuts - 1) / moeGroupOuts, maxTiles, 1}
 			mm := moeGroupMMArgs{y: y, xg: xg, w: w.ptr, start: start, order: order, tiles: tiles, ntiles: ntiles, O: int32(O), I: int32(in), e0: 0, e1: int32(E)}

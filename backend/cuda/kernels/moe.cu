@@ -63,17 +63,18 @@ extern "C" __global__ void moe_gemv(float *y, const float *x, int xdiv, const vo
 }
 
 // Grouped expert products on tensor cores: the (token, choice) rows are
-// listed expert by expert (moe_group), gathered in that order (moe_gather),
-// and multiplied by their expert's weights in tiles of MG_BM rows of one
-// expert by MG_BN outputs (moe_group_mm), so that an expert's weights are
-// read once per tile of its rows rather than once per row. The rows go in
-// as two bf16 parts, x = hi + lo, each multiplied by the bf16 weights: the
-// products keep ~16 bits of the float32 rows, as the GEMV path does, where
-// bf16 rows alone moved hidden states enough to flip the router's choice
-// downstream (the hybrid fixtures, 260-token prompt). The tile, MG_BM rows by
-// MG_BN outputs, MG_BK columns a stage, is in defines.cuh.
+// listed expert by expert (moe_group), gathered in that order as bf16
+// (moe_gather), and multiplied by their expert's weights in tiles of MG_BM
+// rows of one expert by MG_BN outputs (moe_group_mm), so that an expert's
+// weights are read once per tile of its rows rather than once per row.
+// The rows are rounded to bf16 as the dense products' inputs are (cuBLASLt
+// takes bf16): as two parts, x = hi + lo, the products kept ~16 bits of
+// the float32 rows at twice the tensor-core work, which a Qwen3-Next
+// prompt paid for with 61% of its prefill (NOTES.md, 2026-11-28). The
+// tile, MG_BM rows by MG_BN outputs, MG_BK columns a stage, is in
+// defines.cuh.
 #define MG_P (MG_BK + 8)
-#define MG_STAGES 2
+#define MG_STAGES 3
 
 // scan1024 returns the inclusive sum of v over threads 0..threadIdx.x of a
 // block of 1024 threads; buf holds 1024 ints.
@@ -131,16 +132,15 @@ extern "C" __global__ void moe_split(u16 *hi, u16 *lo, const float *x, long n) {
 	}
 }
 
-// moe_gather: row j of xg is x[order[j] / xdiv] as hi then lo (x = hi + lo,
-// both bf16), each of I elements. Grid R, block 256.
+// moe_gather: row j of xg is x[order[j] / xdiv] in bf16, I elements (a
+// multiple of 4). Grid R, block 256.
 extern "C" __global__ void moe_gather(u16 *xg, const float *x, int xdiv, const int *order, int I) {
 	int j = blockIdx.x;
-	const float *src = x + (long)(order[j] / xdiv) * I;
-	u16 *hi = xg + (long)j * 2 * I, *lo = hi + I;
-	for (int i = threadIdx.x; i < I; i += blockDim.x) {
-		u16 h = f2bf(src[i]);
-		hi[i] = h;
-		lo[i] = f2bf(src[i] - bf2f(h));
+	const float4 *src = (const float4 *)(x + (long)(order[j] / xdiv) * I);
+	uint2 *dst = (uint2 *)(xg + (long)j * I);
+	for (int i = threadIdx.x; i < I / 4; i += blockDim.x) {
+		float4 v = src[i];
+		dst[i] = make_uint2(f2bf(v.x) | (unsigned)f2bf(v.y) << 16, f2bf(v.z) | (unsigned)f2bf(v.w) << 16);
 	}
 }
 
@@ -149,10 +149,11 @@ extern "C" __global__ void moe_gather(u16 *xg, const float *x, int xdiv, const i
 // all of them, or a slab of quantized experts dequantized to bf16). Grid
 // (ceil(O / MG_BN), tiles allowed for), 128 threads: four warps of 32 rows
 // by 64 outputs, mma.sync m16n8k16 with the rows as A and the weight rows
-// as B, stages of MG_BK columns by cp.async. Requires I % MG_BK == 0.
+// as B, MG_STAGES stages of MG_BK columns by cp.async. Requires I % MG_BK
+// == 0.
 extern "C" __global__ void __launch_bounds__(128) moe_group_mm(float *y, const u16 *xg, const u16 *w, const int *start,
 		const int *order, const int *tiles, const int *ntiles, int O, int I, int e0, int e1) {
-	__shared__ __align__(16) u16 sA[MG_STAGES][2 * MG_BM * MG_P];  // hi rows, then lo rows
+	__shared__ __align__(16) u16 sA[MG_STAGES][MG_BM * MG_P];
 	__shared__ __align__(16) u16 sB[MG_STAGES][MG_BN * MG_P];
 	int tile = blockIdx.y;
 	if (tile >= *ntiles) return;
@@ -167,10 +168,9 @@ extern "C" __global__ void __launch_bounds__(128) moe_group_mm(float *y, const u
 	// output: finite values whose results are not stored.
 	auto load = [&](int st, int kt) {
 		int k0 = kt * MG_BK;
-		for (int c = threadIdx.x; c < 2 * MG_BM * (MG_BK / 8); c += 128) {
-			int r = c / (MG_BK / 8), col = c % (MG_BK / 8) * 8, part = r / MG_BM;
-			long row = (long)min(j0 + r % MG_BM, j1 - 1) * 2 * I + part * I;
-			cp_async16(smem_addr(&sA[st][r * MG_P + col]), xg + row + k0 + col);
+		for (int c = threadIdx.x; c < MG_BM * (MG_BK / 8); c += 128) {
+			int r = c / (MG_BK / 8), col = c % (MG_BK / 8) * 8;
+			cp_async16(smem_addr(&sA[st][r * MG_P + col]), xg + (long)min(j0 + r, j1 - 1) * I + k0 + col);
 		}
 		for (int c = threadIdx.x; c < MG_BN * (MG_BK / 8); c += 128) {
 			int r = c / (MG_BK / 8), col = c % (MG_BK / 8) * 8;
@@ -194,18 +194,18 @@ extern "C" __global__ void __launch_bounds__(128) moe_group_mm(float *y, const u
 		asm volatile("cp.async.commit_group;");
 		int st = kt % MG_STAGES;
 #pragma unroll
-		for (int part = 0; part < 2; part++) {
+		for (int ks = 0; ks < MG_BK / 32; ks++) {
 			unsigned a[2][2][4];  // [row tile][k step][fragment]
 #pragma unroll
 			for (int t = 0; t < 2; t++)
 #pragma unroll
 				for (int k = 0; k < 2; k++)
-					ldmatrix_x4(smem_addr(&sA[st][(part * MG_BM + wm * 32 + t * 16 + mr + (mi & 1) * 8) * MG_P + k * 16 + (mi >> 1) * 8]),
+					ldmatrix_x4(smem_addr(&sA[st][(wm * 32 + t * 16 + mr + (mi & 1) * 8) * MG_P + ks * 32 + k * 16 + (mi >> 1) * 8]),
 							a[t][k][0], a[t][k][1], a[t][k][2], a[t][k][3]);
 #pragma unroll
 			for (int n = 0; n < 8; n++) {
 				unsigned b0, b1, b2, b3;  // k step 0: b0, b1; k step 1: b2, b3
-				ldmatrix_x4(smem_addr(&sB[st][(wn * 64 + n * 8 + mr) * MG_P + mi * 8]), b0, b1, b2, b3);
+				ldmatrix_x4(smem_addr(&sB[st][(wn * 64 + n * 8 + mr) * MG_P + ks * 32 + mi * 8]), b0, b1, b2, b3);
 #pragma unroll
 				for (int t = 0; t < 2; t++) {
 					mma_bf16(acc[t][n], a[t][0][0], a[t][0][1], a[t][0][2], a[t][0][3], b0, b1);
