@@ -22,6 +22,7 @@ const (
 	attrSharedOptin     = 97
 	attrSharedPerSM     = 81
 	funcMaxDynamicSmem  = 8
+	funcSmemCarveout    = 9
 	captureRelaxed      = 2
 )
 
@@ -130,6 +131,19 @@ func (b *Backend) copyHtoD(dst devptr, src unsafe.Pointer, n int) {
 
 func (b *Backend) freePtr(p devptr) {
 	b.fail(check("cuMemFree", C.k_cuMemFree_v2(p)))
+}
+
+// preferSmem asks for the largest shared-memory carveout for a kernel
+// (once per kernel): left to itself the driver chose one that ran
+// moe_group_mm's 46 KB blocks two a multiprocessor where four fit (ncu,
+// H100, 2026-11-28).
+func (b *Backend) preferSmem(name string) {
+	key := name + "#carveout"
+	if _, ok := b.k.funcs[key]; ok {
+		return
+	}
+	b.fail(check("cuFuncSetAttribute", C.k_cuFuncSetAttribute(b.k.get(name), funcSmemCarveout, 100)))
+	b.k.funcs[key] = nil
 }
 
 // allowSmem raises a kernel's dynamic shared memory limit (once per kernel).

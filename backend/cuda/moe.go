@@ -216,6 +216,7 @@ func (b *Backend) expertRows(xt *tensor, sel devptr, K int, gu, down, sgu, sdown
 			moeGatherKernel.run(b, g1(R), 256, 0, moeGatherArgs{xg: xg, x: x, xdiv: int32(xdiv), order: order, I: int32(in)})
 			grid := [3]int{(O + moeGroupOuts - 1) / moeGroupOuts, maxTiles, 1}
 			mm := moeGroupMMArgs{y: y, xg: xg, w: w.ptr, start: start, order: order, tiles: tiles, ntiles: ntiles, O: int32(O), I: int32(in), e0: 0, e1: int32(E)}
+			b.preferSmem(moeGroupMMKernel.name)
 			if !w.dt.Quantized() {
 				moeGroupMMKernel.run(b, grid, 128, 0, mm)
 				return

@@ -149,9 +149,12 @@ extern "C" __global__ void moe_gather(u16 *xg, const float *x, int xdiv, const i
 // all of them, or a slab of quantized experts dequantized to bf16). Grid
 // (ceil(O / MG_BN), tiles allowed for), 128 threads: four warps of 32 rows
 // by 64 outputs, mma.sync m16n8k16 with the rows as A and the weight rows
-// as B, MG_STAGES stages of MG_BK columns by cp.async. Requires I % MG_BK
-// == 0.
-extern "C" __global__ void __launch_bounds__(128) moe_group_mm(float *y, const u16 *xg, const u16 *w, const int *start,
+// as B, MG_STAGES stages of MG_BK columns by cp.async; four blocks a
+// multiprocessor (their registers capped at 128, the shared-memory carveout
+// at its largest: preferSmem), where two left the schedulers without a
+// ready warp 68% of the time (ncu, H100, 2026-11-28). Requires I % MG_BK ==
+// 0.
+extern "C" __global__ void __launch_bounds__(128, 4) moe_group_mm(float *y, const u16 *xg, const u16 *w, const int *start,
 		const int *order, const int *tiles, const int *ntiles, int O, int I, int e0, int e1) {
 	__shared__ __align__(16) u16 sA[MG_STAGES][MG_BM * MG_P];
 	__shared__ __align__(16) u16 sB[MG_STAGES][MG_BN * MG_P];
