@@ -127,7 +127,8 @@ func (b *Backend) route(sel, wts devptr, xt, router *tensor, spec *backend.MoESp
 	E, K := spec.Experts, spec.TopK
 	checkF32("route", xt)
 	checkFloatW("moe router", router)
-	if E <= 0 || E > 1024 || K <= 0 || K > E || router.rows() != E || router.cols() != H {
+	// moe_route lists each warp's first K experts in its lanes: K <= 32.
+	if E <= 0 || E > 1024 || K <= 0 || K > E || K > 32 || router.rows() != E || router.cols() != H {
 		panic(fmt.Sprintf("cuda: route: router %v for %d experts (top %d) of width %d", router, E, K, H))
 	}
 	if T == 0 {
