@@ -114,7 +114,18 @@ type SeqInfo struct {
 	N      int     // new tokens this step
 	Blocks []int32 // KV block table: physical block of each logical block, covering Pos+N tokens
 	Slot   int     // recurrent-state slot (hybrid models); Pos == 0 means the slot's state is treated as empty
+	// Captures, on a StateCapturer, also leave the sequence's recurrent
+	// state as it stands after some of its new tokens in other slots.
+	Captures []Capture
 }
+
+// Capture asks a step to write a hybrid sequence's recurrent state (every
+// Gated DeltaNet layer's conv history and delta-rule state) as it stands
+// after the first Offset of its new tokens (0 < Offset < N, increasing
+// within a sequence) to state slot Slot, a slot no sequence of the step
+// uses: one pass then leaves the states that a prefill would otherwise end
+// a pass at each of to keep.
+type Capture struct{ Offset, Slot int }
 
 // Padding rows: a model pads decode batches to bucket sizes on a backend that
 // captures graphs, with sequences that all name one spare block and one spare
@@ -520,6 +531,14 @@ type Backend interface {
 	// R) and returns them to the host; only the tokens (and requested
 	// log-probabilities) cross from the device.
 	Sample(logits Tensor, params []SampleParams) ([]Sampled, error)
+}
+
+// StateCapturer is implemented by a backend whose Gated DeltaNet steps
+// honour SeqInfo.Captures when CapturesStates reports true. Elsewhere a
+// caller that wants the state at a place inside a prefill ends a pass
+// there.
+type StateCapturer interface {
+	CapturesStates() bool
 }
 
 // FusedAttention is implemented by a backend that runs an attention

@@ -167,6 +167,10 @@ type Engine struct {
 	// ctx is the most tokens of one sequence, and ctxLimit what bounds it.
 	ctx      int
 	ctxLimit ContextLimit
+	// captures is how many state slots, after the sequences' and the
+	// snapshots', a pass may leave states in (captureSlots; none where the
+	// model cannot capture states).
+	captures int
 
 	mu       sync.Mutex
 	closed   bool
@@ -200,6 +204,10 @@ func New(m *model.Model, tok *tokenizer.Tokenizer, opts Options) (*Engine, error
 		}
 		ctx, limit = opts.Context, LimitOption
 	}
+	captures := 0
+	if m.CapturesStates() && !opts.NoCache {
+		captures = captureSlots
+	}
 	if !m.Hybrid() || opts.NoCache {
 		opts.SnapshotSlots = 0
 	} else if sb := int64(m.SlotBytes()); sb > 0 {
@@ -213,7 +221,7 @@ func New(m *model.Model, tok *tokenizer.Tokenizer, opts Options) (*Engine, error
 		// More than every running sequence at full context (twice over,
 		// for the caches) would never be used.
 		ctxBlocks := (ctx + opts.BlockSize - 1) / opts.BlockSize
-		kvMem := opts.KVMemory - int64(opts.SnapshotSlots)*int64(m.SlotBytes())
+		kvMem := opts.KVMemory - int64(opts.SnapshotSlots+captures)*int64(m.SlotBytes())
 		opts.KVBlocks = int(min(kvMem/per, int64(2*opts.MaxRunning*ctxBlocks)))
 		if opts.KVBlocks < 1 {
 			return nil, fmt.Errorf("engine: KVMemory %d bytes holds no block of %d bytes", opts.KVMemory, per)
@@ -230,11 +238,11 @@ func New(m *model.Model, tok *tokenizer.Tokenizer, opts Options) (*Engine, error
 	if ctx < 2 {
 		return nil, fmt.Errorf("engine: a KV cache of %d blocks of %d tokens leaves no context", opts.KVBlocks, opts.BlockSize)
 	}
-	if err := m.AllocCache(model.CacheSpec{Blocks: opts.KVBlocks, BlockSize: opts.BlockSize, Slots: opts.MaxRunning + opts.SnapshotSlots}); err != nil {
+	if err := m.AllocCache(model.CacheSpec{Blocks: opts.KVBlocks, BlockSize: opts.BlockSize, Slots: opts.MaxRunning + opts.SnapshotSlots + captures}); err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
 	e := &Engine{
-		m: m, tok: tok, opts: opts, cfg: cfg, log: opts.Logger, ctx: ctx, ctxLimit: limit,
+		m: m, tok: tok, opts: opts, cfg: cfg, log: opts.Logger, ctx: ctx, ctxLimit: limit, captures: captures,
 		wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}), inspect: make(chan func()),
 	}
 	if opts.StateCache.enabled() && !opts.NoCache {

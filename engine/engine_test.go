@@ -213,6 +213,50 @@ func TestCacheCorrectness(t *testing.T) {
 	}
 }
 
+// TestFollowUpOnePass: a hybrid model's follow-up turn, whose prompt holds
+// two places its state is kept at (the new message's start, the last block
+// boundary), prefills in one pass on the CPU backend, which leaves those
+// states as it passes them (captures); the answers are those of an engine
+// without a cache, and a third turn that rewrites the new message resumes
+// from the state captured at its start.
+func TestFollowUpOnePass(t *testing.T) {
+	for _, arch := range testmodel.Archs {
+		f := loadFixture(t, arch)
+		if !f.Model.Hybrid() {
+			continue
+		}
+		t.Run(arch, func(t *testing.T) {
+			if !f.Model.CapturesStates() {
+				t.Fatal("the CPU backend does not capture states")
+			}
+			e := newEngine(t, f, Options{})
+			scratch := newEngine(t, loadFixture(t, arch), Options{NoCache: true})
+			rng := rand.New(rand.NewPCG(5, 6))
+			p1 := randomPrompt(rng, f, 50)
+			r1 := generate(t, e, &Request{Prompt: p1, Checkpoints: []int{0}, Sampling: Sampling{MaxTokens: 6, IgnoreEOS: true}})
+			start := len(p1) + len(r1.tokens) // the new message's start
+			p2 := append(append(slices.Clone(p1), r1.tokens...), randomPrompt(rng, f, 45)...)
+			before := e.Stats()
+			r2 := generate(t, e, &Request{Prompt: p2, Checkpoints: []int{0, start}, Sampling: Sampling{MaxTokens: 1}})
+			after := e.Stats()
+			if passes := (after.Steps - before.Steps) - (after.DecodeSteps - before.DecodeSteps); passes != 1 {
+				t.Errorf("the follow-up's prefill took %d passes, want 1", passes)
+			}
+			if ref := generate(t, scratch, &Request{Prompt: p2, Sampling: Sampling{MaxTokens: 1}}); !slices.Equal(r2.tokens, ref.tokens) {
+				t.Errorf("follow-up %v, without a cache %v", r2.tokens, ref.tokens)
+			}
+			p3 := append(slices.Clone(p2[:start]), randomPrompt(rng, f, 30)...)
+			r3 := generate(t, e, &Request{Prompt: p3, Checkpoints: []int{0, start}, Sampling: Sampling{MaxTokens: 4}})
+			if r3.usage.CachedTokens != start {
+				t.Errorf("the rewritten message reused %d tokens, want %d (its start)", r3.usage.CachedTokens, start)
+			}
+			if ref := generate(t, scratch, &Request{Prompt: p3, Sampling: Sampling{MaxTokens: 4}}); !slices.Equal(r3.tokens, ref.tokens) {
+				t.Errorf("rewritten turn %v, without a cache %v", r3.tokens, ref.tokens)
+			}
+		})
+	}
+}
+
 // TestSampling covers seeds, max tokens, stop tokens and stop strings, with
 // tokens emitted after their pass and while the next one runs (as on a GPU).
 func TestSampling(t *testing.T) {

@@ -80,17 +80,20 @@ const (
 
 // scheduler is the state of the engine's loop goroutine.
 type scheduler struct {
-	e       *Engine
-	m       *model.Model
-	hybrid  bool
-	alloc   *kvcache.Allocator
-	prefix  *kvcache.PrefixCache
-	snaps   *kvcache.Snapshots
-	store   *kvcache.Store // the state cache; nil: none
-	slots   []int          // free state slots
-	waiting []*seq
-	running []*seq // oldest first
-	groups  uint64
+	e      *Engine
+	m      *model.Model
+	hybrid bool
+	alloc  *kvcache.Allocator
+	prefix *kvcache.PrefixCache
+	snaps  *kvcache.Snapshots
+	store  *kvcache.Store // the state cache; nil: none
+	slots  []int          // free state slots
+	// captures are the state slots a pass leaves states at its points in
+	// (see chunk); freeCaptures is a pass's list of those not yet taken.
+	captures, freeCaptures []int
+	waiting                []*seq
+	running                []*seq // oldest first
+	groups                 uint64
 
 	// overlap: the tokens of a pass that do not end their sequence are
 	// emitted (detokenized, matched against stop strings, streamed) while
@@ -137,6 +140,9 @@ func newScheduler(e *Engine) *scheduler {
 	}
 	for i := e.opts.MaxRunning - 1; i >= 0; i-- {
 		s.slots = append(s.slots, i)
+	}
+	for i := range e.captures {
+		s.captures = append(s.captures, e.opts.MaxRunning+e.opts.SnapshotSlots+i)
 	}
 	return s
 }
@@ -431,9 +437,16 @@ func (s *scheduler) preempt() *seq {
 }
 
 type planned struct {
-	q *seq
-	n int
+	q    *seq
+	n    int
+	caps []backend.Capture // states the pass leaves at q's points inside it
 }
+
+// captureSlots is how many states a pass may leave at points inside its
+// chunks (backend.Capture): a follow-up chat turn has two (its user
+// message's start and the last block boundary), which would otherwise
+// cost a pass each.
+const captureSlots = 4
 
 // step runs one forward pass: every decoding sequence advances by one
 // token, prompts being prefilled by chunks that share the rest of the token
@@ -452,29 +465,29 @@ func (s *scheduler) step() {
 		if !s.ensure(q, 1) {
 			break // q was the youngest: nothing after it is running
 		}
-		plan = append(plan, planned{q, 1})
+		plan = append(plan, planned{q: q, n: 1})
 		budget--
 	}
+	free := append(s.freeCaptures[:0], s.captures...)
 	for i := 0; i < len(s.running) && budget > 0; i++ {
 		q := s.running[i]
 		if q.pending() <= 1 {
 			continue
 		}
 		n := min(q.pending(), budget)
+		var caps []backend.Capture
 		if s.hybrid && !opts.NoCache {
-			// End the chunk where the state is saved.
-			if b := s.nextPoint(q); b < q.pos+n {
-				n = b - q.pos
-			}
+			n, caps = s.chunk(q, n, &free)
 		}
 		// The prompt's blocks were reserved at admission; this only copies
 		// a block shared since (none, with block-aligned snapshots).
 		if !s.ensure(q, n) {
 			break
 		}
-		plan = append(plan, planned{q, n})
+		plan = append(plan, planned{q: q, n: n, caps: caps})
 		budget -= n
 	}
+	s.freeCaptures = free
 	// A prefill's reservation may have preempted a younger decoding sequence.
 	plan = slices.DeleteFunc(plan, func(p planned) bool { return p.q.table == nil })
 	if len(plan) == 0 {
@@ -486,7 +499,7 @@ func (s *scheduler) step() {
 	for i, p := range plan {
 		q := p.q
 		nb := (q.pos + p.n + opts.BlockSize - 1) / opts.BlockSize
-		seqs[i] = model.Seq{Tokens: q.tokens[q.pos : q.pos+p.n], Pos: q.pos, Blocks: q.table.Blocks()[:nb], Slot: q.slot, Logits: model.NoLogits}
+		seqs[i] = model.Seq{Tokens: q.tokens[q.pos : q.pos+p.n], Pos: q.pos, Blocks: q.table.Blocks()[:nb], Slot: q.slot, Logits: model.NoLogits, Captures: p.caps}
 		if q.pos+p.n == len(q.tokens) && !q.prefillOnly {
 			seqs[i].Logits = model.LastLogits
 			rows = append(rows, q)
@@ -506,6 +519,9 @@ func (s *scheduler) step() {
 		q := p.q
 		if q.done {
 			continue // ended by a stop string while this pass ran
+		}
+		for _, c := range p.caps {
+			s.snapshotOf(q, q.pos+c.Offset, c.Slot, kvcache.Point)
 		}
 		q.pos += p.n
 		if s.e.opts.NoCache {
@@ -758,9 +774,11 @@ func (s *scheduler) flush() {
 // message), and the last block boundary before the prompt's end when the
 // last of those is a block or more before it, so that a request that goes
 // another way anywhere in the prompt recomputes at most a block beyond the
-// place it diverged (plus the message start, for a changed message). The
-// prefill ends a chunk at each (an extra pass per point: a follow-up chat
-// turn adds two, its user message's start and its answer's).
+// place it diverged (plus the message start, for a changed message). A
+// pass leaves the state at each point inside it where the model can
+// capture states (see chunk), and ends at a point elsewhere (an extra pass
+// per point: a follow-up chat turn adds two, its user message's start and
+// the last block boundary).
 func snapshotPoints(checkpoints []int, pos, n, blockSize int) []int {
 	var pts []int
 	last := pos
@@ -776,17 +794,36 @@ func snapshotPoints(checkpoints []int, pos, n, blockSize int) []int {
 	return pts
 }
 
-// nextPoint returns the next position after q.pos where q's state is saved:
-// one of its points or a multiple of SnapshotInterval; MaxInt when none.
-func (s *scheduler) nextPoint(q *seq) int {
+// pointAfter returns the first position after pos where q's state is
+// saved: one of its points or a multiple of SnapshotInterval; MaxInt when
+// none.
+func (s *scheduler) pointAfter(q *seq, pos int) int {
 	next := math.MaxInt
-	if len(q.points) > 0 {
-		next = q.points[0]
+	if i, _ := slices.BinarySearch(q.points, pos+1); i < len(q.points) {
+		next = q.points[i]
 	}
 	if iv := s.e.opts.SnapshotInterval; iv > 0 {
-		next = min(next, (q.pos/iv+1)*iv)
+		next = min(next, (pos/iv+1)*iv)
 	}
 	return next
+}
+
+// chunk returns how many of q's next n tokens its pass takes, and where in
+// them the pass leaves q's state: each point inside the chunk takes a
+// capture slot from free, and the chunk ends at the first point that finds
+// none (at every point, where the model cannot capture), so that the state
+// there is saved after the pass.
+func (s *scheduler) chunk(q *seq, n int, free *[]int) (int, []backend.Capture) {
+	var caps []backend.Capture
+	for p := s.pointAfter(q, q.pos); p < q.pos+n; p = s.pointAfter(q, p) {
+		if len(*free) == 0 {
+			return p - q.pos, caps
+		}
+		slot := (*free)[len(*free)-1]
+		*free = (*free)[:len(*free)-1]
+		caps = append(caps, backend.Capture{Offset: p - q.pos, Slot: slot})
+	}
+	return n, caps
 }
 
 // atPoint reports whether q's state is to be saved after its computed
@@ -803,6 +840,12 @@ func (s *scheduler) atPoint(q *seq) bool {
 
 // snapshot saves a hybrid sequence's state after its computed tokens.
 func (s *scheduler) snapshot(q *seq, kind kvcache.SnapshotKind) *kvcache.Snapshot {
+	return s.snapshotOf(q, q.pos, q.slot, kind)
+}
+
+// snapshotOf saves q's state after its first n tokens, which state slot
+// from holds (q's own, or a capture's).
+func (s *scheduler) snapshotOf(q *seq, n, from int, kind kvcache.SnapshotKind) *kvcache.Snapshot {
 	if !q.saved {
 		// Parent eviction, at a request's first snapshot: the turn before
 		// the one it resumed from (unless another request branched from
@@ -815,7 +858,7 @@ func (s *scheduler) snapshot(q *seq, kind kvcache.SnapshotKind) *kvcache.Snapsho
 			}
 		}
 	}
-	sn, err := s.snaps.Save(q.tokens[:q.pos], q.slot, q.table.Blocks(), q.group, q.parent, kind)
+	sn, err := s.snaps.Save(q.tokens[:n], from, q.table.Blocks(), q.group, q.parent, kind)
 	if err != nil {
 		s.e.log.Warn("state snapshot not kept", "seq", q.id, "bytes", s.m.SlotBytes(), "err", err)
 	}

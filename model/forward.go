@@ -144,7 +144,7 @@ func (m *Model) Forward(seqs []Seq) (logits backend.Tensor, err error) {
 	for _, s := range seqs {
 		start := int32(len(bt.Tokens))
 		bt.Tokens = append(bt.Tokens, s.Tokens...)
-		bt.Seqs = append(bt.Seqs, backend.SeqInfo{Pos: s.Pos, N: len(s.Tokens), Blocks: s.Blocks, Slot: s.Slot})
+		bt.Seqs = append(bt.Seqs, backend.SeqInfo{Pos: s.Pos, N: len(s.Tokens), Blocks: s.Blocks, Slot: s.Slot, Captures: s.Captures})
 		switch s.Logits {
 		case LastLogits:
 			bt.LogitRows = append(bt.LogitRows, int32(len(bt.Tokens)-1))
@@ -222,6 +222,17 @@ func (m *Model) check(i int, s *Seq) error {
 	}
 	if m.Hybrid() && (s.Slot < 0 || s.Slot >= m.cache.Slots) {
 		return fmt.Errorf("model: sequence %d: state slot %d outside the cache (%d slots)", i, s.Slot, m.cache.Slots)
+	}
+	if len(s.Captures) > 0 && !m.CapturesStates() {
+		return fmt.Errorf("model: sequence %d: state captures on a model or backend that takes none", i)
+	}
+	for j, c := range s.Captures {
+		if c.Offset <= 0 || c.Offset >= len(s.Tokens) || (j > 0 && c.Offset <= s.Captures[j-1].Offset) {
+			return fmt.Errorf("model: sequence %d: capture offsets %v not increasing within its %d new tokens", i, s.Captures, len(s.Tokens))
+		}
+		if c.Slot < 0 || c.Slot >= m.cache.Slots || c.Slot == s.Slot {
+			return fmt.Errorf("model: sequence %d: capture slot %d outside the cache (%d slots) or its own", i, c.Slot, m.cache.Slots)
+		}
 	}
 	if s.Logits > AllLogits {
 		return fmt.Errorf("model: sequence %d: unknown Logits %d", i, s.Logits)

@@ -216,6 +216,14 @@ func (m *Model) Backend() backend.Backend { return m.b }
 // besides its KV cache; its sequences then need state slots.
 func (m *Model) Hybrid() bool { return m.dnLayers > 0 }
 
+// CapturesStates reports whether a step can leave a hybrid sequence's
+// state after some of its new tokens in other slots (Seq.Captures): the
+// model is hybrid and its backend a backend.StateCapturer that says so.
+func (m *Model) CapturesStates() bool {
+	c, ok := m.b.(backend.StateCapturer)
+	return m.Hybrid() && ok && c.CapturesStates()
+}
+
 // DecodeBytes is the weight memory one decode step of B sequences reads:
 // every weight but the embedding table once, and of each MoE layer's
 // experts as many as the batch can choose (B * top-k, at most all).

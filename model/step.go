@@ -1,5 +1,7 @@
 package model
 
+import "github.com/kiln-llm/kiln/backend"
+
 // Seq is one sequence's part of a forward step (see Model.Forward).
 type Seq struct {
 	Tokens []int32 // new tokens, at positions Pos, Pos+1, ...
@@ -7,6 +9,10 @@ type Seq struct {
 	Blocks []int32 // KV block table covering Pos+len(Tokens) tokens
 	Slot   int     // recurrent-state slot (hybrid models; ignored otherwise)
 	Logits Logits  // which of the new positions need logits
+	// Captures (hybrid models, where CapturesStates) also leave the
+	// sequence's recurrent state after some of its new tokens in spare
+	// slots: see backend.Capture.
+	Captures []backend.Capture
 }
 
 // Logits selects the positions of a Seq whose logits a step returns.

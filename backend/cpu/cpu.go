@@ -303,6 +303,9 @@ func (b *Backend) Graph(key string, record func()) { record() }
 // CapturesGraphs is false: the CPU backend runs every step as it comes.
 func (b *Backend) CapturesGraphs() bool { return false }
 
+// CapturesStates is true: the Gated DeltaNet steps honour SeqInfo.Captures.
+func (b *Backend) CapturesStates() bool { return true }
+
 // Asynchronous is false: every operation is done when its call returns.
 func (b *Backend) Asynchronous() bool { return false }
 
@@ -336,6 +339,12 @@ func (b *Backend) Begin(bt *backend.Batch) {
 			panic(fmt.Sprintf("cpu: begin: sequence %d has Pos %d, N %d", i, q.Pos, q.N))
 		}
 		q.Blocks = append([]int32(nil), q.Blocks...)
+		q.Captures = append([]backend.Capture(nil), q.Captures...)
+		for j, c := range q.Captures {
+			if c.Offset <= 0 || c.Offset >= q.N || (j > 0 && c.Offset <= q.Captures[j-1].Offset) || c.Slot == q.Slot {
+				panic(fmt.Sprintf("cpu: begin: sequence %d of %d new tokens in slot %d has captures %v", i, q.N, q.Slot, q.Captures))
+			}
+		}
 		s.seqs = append(s.seqs, q)
 		s.seqStart = append(s.seqStart, start)
 		for j := 0; j < q.N; j++ {

@@ -174,13 +174,19 @@ func (b *Backend) CausalConv1d(out, x, w backend.Tensor, stc backend.StateCache,
 			}
 		}
 	})
-	// The new history is the last K-1 inputs of [history | new inputs].
+	// The history after n new inputs is the last K-1 inputs of [history |
+	// the first n new inputs]: a capture's, then the sequence's own.
 	for si, s := range st.seqs {
 		if s.N == 0 {
 			continue
 		}
 		hist := hists[si]
 		all := append(append([]float32(nil), hist...), xs[st.seqStart[si]*CD:(st.seqStart[si]+s.N)*CD]...)
+		for _, cp := range s.Captures {
+			c.checkSlot(cp.Slot)
+			end := (K - 1 + cp.Offset) * CD
+			copy(c.convOf(layer, cp.Slot), all[end-(K-1)*CD:end])
+		}
 		copy(hist, all[len(all)-(K-1)*CD:])
 	}
 }
@@ -267,17 +273,36 @@ func (b *Backend) GatedDeltaRule(out, qkv, ba, aLogW, dtBiasW backend.Tensor, sp
 				dk: dk, dv: dv,
 			}
 			S := rec[tk.seq][h*dk*dv : (h+1)*dk*dv]
-			if spec.Chunk > 0 && s.N >= spec.Chunk {
-				for c0 := 0; c0 < s.N; c0 += spec.Chunk {
-					d.chunk(S, c0, min(spec.Chunk, s.N-c0), &ws)
+			// Each capture ends a segment, which runs as a step of its
+			// own would, and takes the state after it.
+			from := 0
+			for j := 0; j <= len(s.Captures); j++ {
+				to := s.N
+				if j < len(s.Captures) {
+					to = s.Captures[j].Offset
 				}
-			} else {
-				for t := range s.N {
-					d.step(S, t, &ws)
+				d.segment(S, from, to, spec.Chunk, &ws)
+				if j < len(s.Captures) {
+					copy(c.recOf(layer, s.Captures[j].Slot)[h*dk*dv:(h+1)*dk*dv], S)
 				}
+				from = to
 			}
 		}
 	})
+}
+
+// segment advances S by tokens t0..t1-1: chunk by chunk when they are at
+// least chunk many, else token by token.
+func (d *deltaHead) segment(S []float32, t0, t1, chunk int, ws *deltaScratch) {
+	if chunk > 0 && t1-t0 >= chunk {
+		for c0 := t0; c0 < t1; c0 += chunk {
+			d.chunk(S, c0, min(chunk, t1-c0), ws)
+		}
+		return
+	}
+	for t := t0; t < t1; t++ {
+		d.step(S, t, ws)
+	}
 }
 
 func softplus(x float64) float64 {

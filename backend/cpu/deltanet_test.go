@@ -143,12 +143,15 @@ func newDNRun(t *testing.T, b *Backend, c *dnCase, slots int, chunk int) *dnRun 
 	return r
 }
 
-func (r *dnRun) step(t *testing.T, st []seqStep) {
+func (r *dnRun) step(t *testing.T, st []seqStep, caps ...[]backend.Capture) {
 	b, sp := r.b, r.c.spec
 	var batch backend.Batch
 	var mixed, ba []float64
-	for _, s := range st {
+	for i, s := range st {
 		batch.Seqs = append(batch.Seqs, backend.SeqInfo{Pos: r.pos[s.seq], N: s.n, Slot: r.slots[s.seq]})
+		if i < len(caps) {
+			batch.Seqs[i].Captures = caps[i]
+		}
 		for i := range s.n {
 			batch.Tokens = append(batch.Tokens, 0)
 			mixed = append(mixed, r.c.mixed[s.seq][r.pos[s.seq]+i]...)
@@ -253,6 +256,53 @@ func TestDeltaNetContinue(t *testing.T) {
 	r2.out[1] = r2.out[0]
 	r2.step(t, []seqStep{{1, 73}})
 	compare(t, "after CopySlot", flat(r2.out[1]), toF64(flat(r.out[1])), 1e-5)
+}
+
+// TestDeltaNetCaptures checks that a step's captures leave in their slots
+// exactly the state that steps ending there leave in the sequence's own
+// slot, and change none of the step's outputs: captures inside and at the
+// edge of chunks, after a few tokens (a token-by-token segment) and beside
+// another sequence.
+func TestDeltaNetCaptures(t *testing.T) {
+	lengths := []int{150, 40}
+	c := newDNCase(24, dnSpec, lengths)
+	b := New(Options{Threads: 2})
+	const slots = 6
+	offsets := []int{5, 64, 100}
+	one := newDNRun(t, b, c, slots, 64)
+	one.slots = []int{0, 1}
+	caps := []backend.Capture{{Offset: 5, Slot: 2}, {Offset: 64, Slot: 3}, {Offset: 100, Slot: 4}}
+	one.step(t, []seqStep{{0, 150}, {1, 40}}, caps, []backend.Capture{{Offset: 39, Slot: 5}})
+
+	apart := newDNRun(t, b, c, slots, 64)
+	apart.slots = []int{0, 1}
+	state := func(st backend.StateCache, slot int) []byte {
+		buf := make([]byte, st.SlotBytes())
+		if err := st.Save(slot, buf); err != nil {
+			t.Fatal(err)
+		}
+		return buf
+	}
+	from := 0
+	for i, off := range append(offsets, 150) {
+		apart.step(t, []seqStep{{0, off - from}})
+		from = off
+		if i < len(offsets) && !slices.Equal(state(one.st, caps[i].Slot), state(apart.st, 0)) {
+			t.Errorf("capture at %d differs from the state of steps ending there", off)
+		}
+	}
+	apart.step(t, []seqStep{{1, 39}})
+	if !slices.Equal(state(one.st, 5), state(apart.st, 1)) {
+		t.Error("the second sequence's capture differs")
+	}
+	apart.step(t, []seqStep{{1, 1}})
+	for s := range lengths {
+		compare(t, fmt.Sprintf("seq %d with captures", s), flat(one.out[s]), toF64(flat(apart.out[s])), 0)
+		compare(t, fmt.Sprintf("seq %d conv with captures", s), flat(one.conv[s]), toF64(flat(apart.conv[s])), 0)
+		if !slices.Equal(state(one.st, s), state(apart.st, s)) {
+			t.Errorf("seq %d: the state after the step differs", s)
+		}
+	}
 }
 
 // TestDeltaNetMixedBatch checks that a batch mixing a long prefill and
