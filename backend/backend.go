@@ -533,6 +533,21 @@ type Backend interface {
 	Sample(logits Tensor, params []SampleParams) ([]Sampled, error)
 }
 
+// Collective is implemented by a backend that is one rank of a group
+// running a model split across devices (tensor parallel, docs/multigpu.md):
+// each rank holds its share of the heads and MLP columns, and a block's
+// partial outputs are summed over the group.
+type Collective interface {
+	// Rank is this backend's place in the group, 0 to Ranks-1.
+	Rank() int
+	Ranks() int
+	// AddAllReduced adds to dst [T, H] (f32) the sum of x [T, H] (f32)
+	// over every rank of the group, which all call it with the same
+	// shapes, in the same order; the sum is taken in rank order, so every
+	// rank gets the same bits.
+	AddAllReduced(dst, x Tensor)
+}
+
 // StateCapturer is implemented by a backend whose Gated DeltaNet steps
 // honour SeqInfo.Captures when CapturesStates reports true. Elsewhere a
 // caller that wants the state at a place inside a prefill ends a pass

@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -42,6 +43,31 @@ type param struct {
 	// when the file stores them in different types (the model then
 	// multiplies by each and joins the products), so nothing is widened.
 	split []*backend.Tensor
+	// tp is how the weight splits across the ranks of a tensor-parallel
+	// model; its declared shape is then a rank's share.
+	tp tpSplit
+}
+
+// tpSplit says how a weight splits across the ranks of a tensor-parallel
+// model (Options.Ranks): by whole heads or MLP rows, never inside one.
+type tpSplit uint8
+
+const (
+	tpWhole tpSplit = iota // every rank holds all of it
+	tpRows                 // each part's rows in equal ranges, rank r the r-th (q|k|v, gate|up)
+	tpCols                 // the columns in equal ranges (o_proj, down: their inputs are split)
+)
+
+// rowSplit marks p as split by rows across tensor-parallel ranks.
+func (p param) rowSplit() param {
+	p.tp = tpRows
+	return p
+}
+
+// colSplit marks p as split by columns across tensor-parallel ranks.
+func (p param) colSplit() param {
+	p.tp = tpCols
+	return p
 }
 
 // linear marks p as a linear layer's weight (see param.lin).
@@ -116,6 +142,9 @@ type binder struct {
 	// in place (fused, permuted, converted weights), so that a mapping kept
 	// for the rest can drop their pages (release).
 	copied [][]byte
+	// rank of ranks: the share of split weights (param.tp) to load; ranks
+	// 0 or 1 loads them whole.
+	rank, ranks int
 	// synthetic
 	dtype backend.DType
 	seed  uint64
@@ -207,7 +236,7 @@ func (bd *binder) layout(p *param) []part {
 		if found == nil {
 			found = l
 		}
-		if shapeFits(t.Shape, l[0].stored()) {
+		if shapeFits(t.Shape, bd.whole(p, l[0]).stored()) {
 			return l
 		}
 	}
@@ -258,6 +287,14 @@ func (bd *binder) load(p *param) error {
 	if layout == nil {
 		return bd.missing(p.layouts[0][0])
 	}
+	sharded := bd.ranks > 1 && p.tp != tpWhole
+	if sharded {
+		whole := make([]part, len(layout))
+		for i, pt := range layout {
+			whole[i] = bd.whole(p, pt)
+		}
+		layout = whole
+	}
 	parts := make([]stored, len(layout))
 	srcs := make([][]byte, 0, len(layout))
 	mixed := false
@@ -285,11 +322,14 @@ func (bd *binder) load(p *param) error {
 			}
 			st = stored{bd.quantize, q}
 		}
+		if sharded && st.dt.Quantized() {
+			return fmt.Errorf("model: tensor %q in %s is %v: tensor parallel splits float weights only, for now", pt.name, t.File, st.dt)
+		}
 		parts[i] = st
 		srcs = append(srcs, t.Data)
 		mixed = mixed || st.dt != parts[0].dt
 	}
-	if mixed && len(p.split) == len(parts) && p.rows == nil {
+	if mixed && len(p.split) == len(parts) && p.rows == nil && !sharded {
 		// A fused weight holds one type; a GGUF file may store its parts
 		// in several (Q4_K_M keeps some v projections in Q6_K).
 		for i, st := range parts {
@@ -309,9 +349,12 @@ func (bd *binder) load(p *param) error {
 	}
 	dt := parts[0].dt
 	var data []byte
-	if len(parts) == 1 && p.rows == nil {
+	switch {
+	case sharded:
+		data = bd.share(p, layout, dt, parts)
+	case len(parts) == 1 && p.rows == nil:
 		data = parts[0].data // used in place when read in place: the mapping stays open while the model lives
-	} else {
+	default:
 		data = make([]byte, 0, dt.Bytes(p.shape...))
 		for _, st := range parts {
 			data = append(data, st.data...)
@@ -329,6 +372,45 @@ func (bd *binder) load(p *param) error {
 	}
 	*p.dst = t
 	return nil
+}
+
+// whole returns the part pt of p as the checkpoint holds it: for a weight
+// split across tensor-parallel ranks, its declared share's shape times the
+// ranks along the split dimension.
+func (bd *binder) whole(p *param, pt part) part {
+	if bd.ranks <= 1 || p.tp == tpWhole {
+		return pt
+	}
+	s := slices.Clone(pt.shape)
+	if p.tp == tpRows {
+		s[0] *= bd.ranks
+	} else {
+		s[len(s)-1] *= bd.ranks
+	}
+	pt.shape = s
+	return pt
+}
+
+// share returns rank bd.rank's share of a split weight, from its parts as
+// the checkpoint holds them (whole, of the layout's shapes): the rank's
+// range of each part's rows, or of every row's columns.
+func (bd *binder) share(p *param, layout []part, dt backend.DType, parts []stored) []byte {
+	data := make([]byte, 0, dt.Bytes(p.shape...))
+	r, n := bd.rank, bd.ranks
+	for i, st := range parts {
+		rows, cols := matrixOf(layout[i].shape)
+		if p.tp == tpRows {
+			rb := dt.RowBytes(cols)
+			per := rows / n
+			data = append(data, st.data[r*per*rb:(r+1)*per*rb]...)
+			continue
+		}
+		per, es := cols/n, dt.Size()
+		for row := range rows {
+			data = append(data, st.data[(row*cols+r*per)*es:(row*cols+(r+1)*per)*es]...)
+		}
+	}
+	return data
 }
 
 // missing reports a tensor the checkpoint lacks, or (a GGUF file) holds in

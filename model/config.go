@@ -74,6 +74,21 @@ type Config struct {
 	arch *archInfo
 }
 
+// split returns the config of one rank of a model split across ranks
+// (tensor parallel): its share of the query and KV heads and of the dense
+// MLP's rows. Dense models only, for now (docs/multigpu.md).
+func (c *Config) split(ranks int) (*Config, error) {
+	if c.arch.hybrid || c.MoE.Experts > 0 {
+		return nil, fmt.Errorf("model %s: tensor parallel runs dense Qwen3 models only, for now (not %s)", c.Name, c.Arch)
+	}
+	if c.Heads%ranks != 0 || c.KVHeads%ranks != 0 || c.Intermediate%ranks != 0 {
+		return nil, fmt.Errorf("model %s: %d attention heads, %d KV heads and an MLP of %d do not split in %d ranks", c.Name, c.Heads, c.KVHeads, c.Intermediate, ranks)
+	}
+	s := *c
+	s.Heads, s.KVHeads, s.Intermediate = c.Heads/ranks, c.KVHeads/ranks, c.Intermediate/ranks
+	return &s, nil
+}
+
 // archInfo is what differs between the supported architectures.
 type archInfo struct {
 	hybrid        bool    // Qwen3-Next / Qwen3.5 family: DeltaNet layers, gated attention, 1+w norms

@@ -26,6 +26,10 @@ type workspace struct {
 	gathered backend.Tensor // [R, H] view
 	// warm: the buffers exist, so a graph capture allocates nothing.
 	warm bool
+	// tp is the group of a split model's rank (Model.tp), whose blocks'
+	// outputs are summed over the ranks; nil otherwise.
+	tp    backend.Collective
+	zeros []byte
 }
 
 func newWorkspace(b backend.Backend, rows int) *workspace {
@@ -67,6 +71,24 @@ func (w *workspace) act(name string, width int) backend.Tensor {
 // ids returns a [T, width] int32 buffer (the experts a router chose).
 func (w *workspace) ids(name string, width int) backend.Tensor {
 	return w.b.Rows(w.buffer(name, backend.I32, w.T, width), 0, w.T)
+}
+
+// addOutput adds a block's output to the residual stream x: add adds it
+// to the tensor it is given, x itself, or on a rank of a split model a
+// zeroed buffer of the rank's partial output, which the ranks' sum then
+// joins x.
+func (w *workspace) addOutput(x backend.Tensor, add func(out backend.Tensor)) {
+	if w.tp == nil {
+		add(x)
+		return
+	}
+	part := w.get("part", x.Shape()[1])
+	if n := 4 * backend.Numel(part); len(w.zeros) < n {
+		w.zeros = make([]byte, n)
+	}
+	w.b.Write(part, w.zeros[:4*backend.Numel(part)])
+	add(part)
+	w.tp.AddAllReduced(x, part)
 }
 
 // heads views the step's activation x [T, n*dim] as its [T*n, dim] heads.
@@ -180,7 +202,7 @@ func (m *Model) Forward(seqs []Seq) (logits backend.Tensor, err error) {
 		}
 		ws = m.prefill
 	}
-	ws.T, ws.R, ws.kv, ws.state = len(bt.Tokens), len(bt.LogitRows), m.kv, m.state
+	ws.T, ws.R, ws.kv, ws.state, ws.tp = len(bt.Tokens), len(bt.LogitRows), m.kv, m.state, m.tp
 	ws.gathered = m.b.Rows(ws.buffer("gathered", backend.F32, max(ws.R, 1), m.cfg.Hidden), 0, ws.R)
 	out := ws.gathered
 	if m.cfg.Embedding == nil {

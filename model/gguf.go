@@ -118,6 +118,10 @@ func loadGGUF(f *gguf.File, b backend.Backend, opts Options) (*Model, error) {
 	cfg.Name = name
 	src := &ggufSource{f: f, cfg: cfg, made: map[string]*safetensors.Tensor{}, errs: map[string]error{}}
 	bd := &binder{b: b, src: src, where: f.Name, progress: opts.Progress, quantize: opts.Quantize, dequantize: opts.Dequantize}
+	if bd.rank, bd.ranks, err = opts.tensorParallel(b); err != nil {
+		f.Close()
+		return nil, err
+	}
 	m, err := build(cfg, b, bd, opts.KVDType)
 	if err != nil {
 		return nil, err

@@ -37,6 +37,25 @@ type Options struct {
 	// Dequantize widens quantized weights to float32 exactly as they load:
 	// the reference a quantized model is checked against.
 	Dequantize bool
+	// Ranks > 1 loads rank Rank's share of a model split across Ranks
+	// backends (tensor parallel: its share of the query and KV heads and of
+	// the MLP's rows; docs/multigpu.md) onto a backend that is that rank of
+	// a backend.Collective group. The ranks step together, each on its own
+	// goroutine, and every attention and MLP output is summed over them.
+	// Dense models with float weights only, for now.
+	Rank, Ranks int
+}
+
+// tensorParallel returns the share of a split model that o asks b to load.
+func (o Options) tensorParallel(b backend.Backend) (rank, ranks int, err error) {
+	if o.Ranks <= 1 {
+		return 0, 1, nil
+	}
+	c, ok := b.(backend.Collective)
+	if !ok || c.Ranks() != o.Ranks || c.Rank() != o.Rank {
+		return 0, 0, fmt.Errorf("model: rank %d of %d needs a backend that is that rank of a group of %d", o.Rank, o.Ranks, o.Ranks)
+	}
+	return o.Rank, o.Ranks, nil
 }
 
 // Model is a loaded model on a backend. Like its backend it is used by one
@@ -70,6 +89,9 @@ type Model struct {
 	prefill *workspace
 	decode  map[int]*workspace // by batch-size bucket
 	batch   backend.Batch
+	// tp is the backend's group when the model is one rank's share of a
+	// split model (Options.Ranks); nil otherwise.
+	tp backend.Collective
 }
 
 // Load reads the model in dir (a Hugging Face model directory, a GGUF
@@ -112,6 +134,10 @@ func load(fsys fs.FS, name, where string, mapped bool, open func() (*safetensors
 		return nil, fmt.Errorf("model %s: kiln cannot quantize to %v (it can: fp8, q8_0, q4_k)", name, opts.Quantize)
 	}
 	bd := &binder{b: b, src: set, where: where, progress: opts.Progress, fp8Block: cfg.FP8Block, quantize: opts.Quantize, dequantize: opts.Dequantize}
+	if bd.rank, bd.ranks, err = opts.tensorParallel(b); err != nil {
+		set.Close()
+		return nil, err
+	}
 	m, err := build(cfg, b, bd, opts.KVDType)
 	if err != nil {
 		set.Close()
@@ -140,7 +166,14 @@ func build(cfg *Config, b backend.Backend, bd *binder, kv backend.DType) (m *Mod
 	if kv != backend.F32 && kv != backend.BF16 {
 		return nil, fmt.Errorf("model: KV cache dtype %v is not supported (f32 or bf16)", kv)
 	}
-	m = &Model{cfg: cfg, b: b, attnSpec: cfg.AttnSpec(), dnSpec: cfg.DeltaNet, kvDType: kv, decode: map[int]*workspace{}}
+	var tp backend.Collective
+	if bd.ranks > 1 {
+		if cfg, err = cfg.split(bd.ranks); err != nil {
+			return nil, err
+		}
+		tp = b.(backend.Collective)
+	}
+	m = &Model{tp: tp, cfg: cfg, b: b, attnSpec: cfg.AttnSpec(), dnSpec: cfg.DeltaNet, kvDType: kv, decode: map[int]*workspace{}}
 	prefix := "model."
 	if bd.src != nil {
 		// Multimodal checkpoints keep the language model under model.language_model.

@@ -91,11 +91,11 @@ func (a *attention) weights(c *Config, p string) []param {
 	init := normInit(c)
 	qkv := fused(&a.qkv, part{name: p + "q_proj.weight", shape: []int{q, c.Hidden}},
 		part{name: p + "k_proj.weight", shape: []int{kv, c.Hidden}},
-		part{name: p + "v_proj.weight", shape: []int{kv, c.Hidden}}).linear()
+		part{name: p + "v_proj.weight", shape: []int{kv, c.Hidden}}).linear().rowSplit()
 	qkv.split = []*backend.Tensor{&a.q, &a.k, &a.v}
 	return []param{
 		qkv,
-		weight(&a.o, p+"o_proj.weight", initNormal, c.Hidden, s.Heads*s.HeadDim).linear(),
+		weight(&a.o, p+"o_proj.weight", initNormal, c.Hidden, s.Heads*s.HeadDim).linear().colSplit(),
 		weight(&a.norms.QNorm, p+"q_norm.weight", init, s.HeadDim),
 		weight(&a.norms.KNorm, p+"k_norm.weight", init, s.HeadDim),
 	}
@@ -134,7 +134,7 @@ func (a *attention) forward(s *workspace, h, x backend.Tensor) {
 			b.MulSigmoid(o, gate)
 		}
 	}
-	b.MatMul(x, o, a.o, true)
+	s.addOutput(x, func(out backend.Tensor) { b.MatMul(out, o, a.o, true) })
 }
 
 // query returns q_proj(h) [T, Heads*HeadDim] and, for a gated layer,
@@ -191,13 +191,13 @@ type mlp struct {
 func (m *mlp) weights(c *Config, p string) []param {
 	return []param{
 		fused(&m.gateUp, part{name: p + "gate_proj.weight", shape: []int{m.inter, c.Hidden}},
-			part{name: p + "up_proj.weight", shape: []int{m.inter, c.Hidden}}).linear(),
-		weight(&m.down, p+"down_proj.weight", initNormal, c.Hidden, m.inter).linear(),
+			part{name: p + "up_proj.weight", shape: []int{m.inter, c.Hidden}}).linear().rowSplit(),
+		weight(&m.down, p+"down_proj.weight", initNormal, c.Hidden, m.inter).linear().colSplit(),
 	}
 }
 
 func (m *mlp) forward(s *workspace, h, x backend.Tensor) {
-	s.b.MLP(x, h, m.gateUp, m.down)
+	s.addOutput(x, func(out backend.Tensor) { s.b.MLP(out, h, m.gateUp, m.down) })
 }
 
 // sparseMLP is a mixture of SwiGLU experts: a router picks the top-k

@@ -49,6 +49,10 @@ type Backend struct {
 	kpack, vpack []float32
 	// mlpBuf holds the products and activations of a SwiGLU block.
 	mlpBuf []float32
+	// group, when set, is the tensor-parallel group the backend is rank
+	// rank of (NewGroup).
+	group *group
+	rank  int
 }
 
 var (

@@ -1,0 +1,89 @@
+package cpu
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/kiln-llm/kiln/backend"
+)
+
+// A group is CPU backends that run one model split across them (tensor
+// parallel) in one process: the reference for a split model's arithmetic,
+// which a group of GPUs computes through NCCL (docs/multigpu.md).
+type group struct {
+	n            int
+	mu           sync.Mutex
+	cond         *sync.Cond
+	arrived, gen int
+	parts        [][]float32
+}
+
+var _ backend.Collective = (*Backend)(nil)
+
+// NewGroup returns n CPU backends, ranks 0 to n-1 of one group, each with
+// opts's threads. A collective (AddAllReduced) returns once every rank has
+// called it, so each rank runs on a goroutine of its own.
+func NewGroup(n int, opts Options) []*Backend {
+	g := &group{n: n, parts: make([][]float32, n)}
+	g.cond = sync.NewCond(&g.mu)
+	bs := make([]*Backend, n)
+	for r := range bs {
+		bs[r] = New(opts)
+		bs[r].group, bs[r].rank = g, r
+	}
+	return bs
+}
+
+// wait returns once every rank of the group has called it.
+func (g *group) wait() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	gen := g.gen
+	if g.arrived++; g.arrived == g.n {
+		g.arrived = 0
+		g.gen++
+		g.cond.Broadcast()
+		return
+	}
+	for gen == g.gen {
+		g.cond.Wait()
+	}
+}
+
+// Rank is the backend's place in its group (0 outside one).
+func (b *Backend) Rank() int { return b.rank }
+
+// Ranks is the size of the backend's group (1 outside one).
+func (b *Backend) Ranks() int {
+	if b.group == nil {
+		return 1
+	}
+	return b.group.n
+}
+
+// AddAllReduced adds to dst the sum of x over the group's ranks; see
+// backend.Collective.
+func (b *Backend) AddAllReduced(dst, x backend.Tensor) {
+	dt, xt := asT(dst), asT(x)
+	if dt.dt != backend.F32 || xt.dt != backend.F32 || !slices.Equal(dt.shape, xt.shape) {
+		panic(fmt.Sprintf("cpu: add all-reduced: %v into %v", xt, dt))
+	}
+	d, g := dt.out32(), b.group
+	if g == nil {
+		for i, v := range xt.f32() {
+			d[i] += v
+		}
+		return
+	}
+	g.parts[b.rank] = xt.f32()
+	g.wait()
+	for i := range d {
+		var s float32
+		for _, p := range g.parts {
+			s += p[i]
+		}
+		d[i] += s
+	}
+	g.wait() // no rank writes its x again while another reads it
+}
