@@ -359,6 +359,18 @@ func (s *scheduler) start(q *seq) bool {
 			if snap.Group != q.group && !q.saved {
 				q.parent = snap.Group
 			}
+			// Resumed inside its last message (the prepared start of a
+			// next turn holds that message's header): the one message
+			// start after it is the reply's, past the message's text, so
+			// q keeps no state before where a request that changes that
+			// text diverges but the one it resumed from. That is q's to
+			// keep, not its parent's to lose as the conversation moves on
+			// (parent eviction).
+			if c := q.checkpoints; len(c) > 0 {
+				if i, _ := slices.BinarySearch(c, len(snap.Tokens)+1); len(c)-i <= 1 {
+					s.snaps.Adopt(snap, q.group, q.parent)
+				}
+			}
 		}
 		q.points = snapshotPoints(q.checkpoints, q.pos, n, bs)
 	}

@@ -336,6 +336,51 @@ func TestSnapshotsFindBudgetAndGroups(t *testing.T) {
 	}
 }
 
+// TestSnapshotsAdopt: a snapshot that a later request adopts stays when
+// the group that saved it is dropped, goes with the adopter's group, and
+// the groups' counts follow (a group that lost its last snapshot is gone,
+// and its parent has one child fewer).
+func TestSnapshotsAdopt(t *testing.T) {
+	a := NewAllocator(16)
+	s := NewSnapshots(a, 4, newSlotDevice(1, 10), nil, 100)
+	tab := NewTable(4)
+	if _, err := tab.Reserve(a, 0, 12); err != nil {
+		t.Fatal(err)
+	}
+	toks := []int32{1, 2, 3, 4, 5, 6, 7, 8, 9}
+	s.Save(toks[:3], 0, tab.Blocks(), 1, 0, Tip)
+	p, _ := s.Save(toks[:5], 0, tab.Blocks(), 2, 1, Point)
+	q, _ := s.Save(toks[:7], 0, tab.Blocks(), 2, 1, Tip)
+	if _, children := s.Parent(1); children != 1 {
+		t.Fatalf("group 1 has %d children, want 1", children)
+	}
+	s.Adopt(q, 3, 2)
+	if q.Group != 3 {
+		t.Fatalf("adopted snapshot in group %d, want 3", q.Group)
+	}
+	if parent, _ := s.Parent(3); parent != 2 {
+		t.Fatalf("group 3's parent %d, want 2", parent)
+	}
+	s.Adopt(p, 3, 2) // group 2's last: the group goes
+	if parent, children := s.Parent(2); parent != 0 || children != 0 {
+		t.Fatalf("an emptied group still counts: parent %d, %d children", parent, children)
+	}
+	if _, children := s.Parent(1); children != 0 {
+		t.Fatalf("group 1 has %d children once group 2 is gone, want 0", children)
+	}
+	s.DropGroup(2)
+	if s.Len() != 3 {
+		t.Fatalf("dropping the group that saved them dropped adopted snapshots: %d left", s.Len())
+	}
+	s.DropGroup(3)
+	if s.Len() != 1 || s.Find(toks, 9).Group != 1 {
+		t.Fatalf("dropping the adopter's group left %d snapshots", s.Len())
+	}
+	s.Clear()
+	tab.Release(a)
+	checkRefs(t, a)
+}
+
 // Snapshots live in the spare device slots while there are some: saving and
 // restoring copy on the device; the least recently used move to host
 // memory when the slots run out or Offload asks, and come back from there.

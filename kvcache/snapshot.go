@@ -158,7 +158,7 @@ func (s *Snapshots) Save(tokens []int32, from int, blocks []int32, group, parent
 			break
 		}
 	}
-	sn := &Snapshot{Group: group, Kind: kind, slot: -1, Used: time.Now()}
+	sn := &Snapshot{Kind: kind, slot: -1, Used: time.Now()}
 	if s.slots > 0 {
 		if len(s.free) == 0 {
 			s.offload(s.lru.Back())
@@ -189,6 +189,24 @@ func (s *Snapshots) Save(tokens []int32, from int, blocks []int32, group, parent
 		s.a.Retain(b)
 		s.held[b]++
 	}
+	s.join(sn, group, parent)
+	sn.elem = s.lru.PushFront(sn)
+	return sn, nil
+}
+
+// Adopt moves sn into group (which resumed from parent): a request that
+// resumed from a snapshot keeps it as its own, so that dropping the group
+// that saved it (DropGroup, as the conversation moves on) leaves it.
+func (s *Snapshots) Adopt(sn *Snapshot, group, parent uint64) {
+	if sn.elem == nil || sn.Group == group {
+		return
+	}
+	s.leave(sn)
+	s.join(sn, group, parent)
+}
+
+// join counts sn in group, made (resuming from parent) on its first one.
+func (s *Snapshots) join(sn *Snapshot, group, parent uint64) {
 	g := s.groups[group]
 	if g == nil {
 		g = &snapGroup{parent: parent}
@@ -198,8 +216,19 @@ func (s *Snapshots) Save(tokens []int32, from int, blocks []int32, group, parent
 		}
 	}
 	g.snaps++
-	sn.elem = s.lru.PushFront(sn)
-	return sn, nil
+	sn.Group = group
+}
+
+// leave stops counting sn in its group, which goes with its last one.
+func (s *Snapshots) leave(sn *Snapshot) {
+	if g := s.groups[sn.Group]; g != nil {
+		if g.snaps--; g.snaps == 0 {
+			delete(s.groups, sn.Group)
+			if p := s.groups[g.parent]; p != nil {
+				p.children--
+			}
+		}
+	}
 }
 
 // offload moves the least recently used snapshot at or before el (in LRU
@@ -324,14 +353,7 @@ func (s *Snapshots) drop(sn *Snapshot) {
 		}
 	}
 	sn.Blocks = nil
-	if g := s.groups[sn.Group]; g != nil {
-		if g.snaps--; g.snaps == 0 {
-			delete(s.groups, sn.Group)
-			if p := s.groups[g.parent]; p != nil {
-				p.children--
-			}
-		}
-	}
+	s.leave(sn)
 }
 
 // Clear drops every snapshot.

@@ -117,3 +117,48 @@ func TestDivergenceReuse(t *testing.T) {
 		})
 	}
 }
+
+// A follow-up's user message changed after it was answered (a client that
+// edits its last question and sends it again) resumes where the prepared
+// start of that message ends: the conversation moving on a turn (the next
+// turn prepared after the follow-up) keeps the state there. Hybrid models
+// resume exactly there, dense ones at its last whole block.
+func TestEditedFollowUpReuse(t *testing.T) {
+	const bs = 16
+	kwargs := map[string]any{"enable_thinking": false}
+	first := []chat.Message{{Role: "system", Content: "You are a helpful assistant who answers at length about the sea."},
+		{Role: "user", Content: "Tell me about the sea, the waves, the tides and the fish that live there."}}
+	for _, arch := range []string{"qwen3", "qwen3next"} {
+		t.Run(arch, func(t *testing.T) {
+			tmpl := testmodel.Options{ChatTemplate: "qwen3.jinja"}
+			cold, _ := newSession(t, arch, tmpl, engine.Options{NoCache: true}, Options{})
+			s, f := newSession(t, arch, tmpl, engine.Options{}, Options{PrepareNextTurn: true})
+			r1 := generate(t, s, &Request{Messages: first, TemplateKwargs: kwargs, Sampling: engine.Sampling{MaxTokens: 30}})
+			s.turns.Wait()
+			c := &turn{messages: first, kwargs: kwargs}
+			c.content.WriteString(r1.text)
+			prepared, err := s.nextTurn(c) // what every second turn starts with
+			if err != nil {
+				t.Fatal(err)
+			}
+			ask := func(q string) *Request {
+				m := append(slices.Clone(first), chat.Message{Role: "assistant", Content: r1.text}, chat.Message{Role: "user", Content: q})
+				return &Request{Messages: m, TemplateKwargs: kwargs, Sampling: engine.Sampling{MaxTokens: 10}}
+			}
+			generate(t, s, ask("And the mountains, and the forests on them?"))
+			s.turns.Wait()
+			edited := ask("And the rivers?")
+			r3 := generate(t, s, edited)
+			if ref := generate(t, cold, edited); !slices.Equal(r3.tokens, ref.tokens) {
+				t.Errorf("from cache %v, cold %v", r3.tokens, ref.tokens)
+			}
+			want := len(prepared.Prompt)
+			if !f.Model.Hybrid() {
+				want = want / bs * bs
+			}
+			if got := r3.final.Usage.CachedTokens; got < want {
+				t.Errorf("the edited follow-up reused %d tokens, want at least %d (the prepared start of its message)", got, want)
+			}
+		})
+	}
+}
