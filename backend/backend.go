@@ -200,6 +200,12 @@ func (s *DeltaNetSpec) ConvDim() int {
 type MoESpec struct {
 	Experts, TopK int
 	NormTopK      bool // renormalise the top-k probabilities to sum to 1
+	// First is the first expert that the Experts' GateUp and Down hold,
+	// when they hold a rank's range of them (expert parallel: the router
+	// still chooses among all Experts, and a chosen expert outside the
+	// range adds nothing here, its rank adds it). Only FusedMoE takes a
+	// range, and only backends that are a Collective's ranks.
+	First int
 }
 
 // Experts are a MoE layer's weights. GateUp is [E, 2I, H] (per expert, the

@@ -56,6 +56,7 @@ const (
 	tpWhole tpSplit = iota // every rank holds all of it
 	tpRows                 // each part's rows in equal ranges, rank r the r-th (q|k|v, gate|up)
 	tpCols                 // the columns in equal ranges (o_proj, down: their inputs are split)
+	tpStack                // the parts' rows together in equal ranges (stacked experts: whole experts a rank)
 )
 
 // rowSplit marks p as split by rows across tensor-parallel ranks.
@@ -322,8 +323,8 @@ func (bd *binder) load(p *param) error {
 			}
 			st = stored{bd.quantize, q}
 		}
-		if sharded && st.dt.Quantized() {
-			return fmt.Errorf("model: tensor %q in %s is %v: tensor parallel splits float weights only, for now", pt.name, t.File, st.dt)
+		if sharded && p.tp == tpCols && st.dt.Quantized() {
+			return fmt.Errorf("model: tensor %q in %s is %v: tensor parallel splits the columns of float weights only, for now", pt.name, t.File, st.dt)
 		}
 		parts[i] = st
 		srcs = append(srcs, t.Data)
@@ -378,8 +379,8 @@ func (bd *binder) load(p *param) error {
 // split across tensor-parallel ranks, its declared share's shape times the
 // ranks along the split dimension.
 func (bd *binder) whole(p *param, pt part) part {
-	if bd.ranks <= 1 || p.tp == tpWhole {
-		return pt
+	if bd.ranks <= 1 || p.tp == tpWhole || p.tp == tpStack {
+		return pt // a stack's parts are declared whole
 	}
 	s := slices.Clone(pt.shape)
 	if p.tp == tpRows {
@@ -393,10 +394,19 @@ func (bd *binder) whole(p *param, pt part) part {
 
 // share returns rank bd.rank's share of a split weight, from its parts as
 // the checkpoint holds them (whole, of the layout's shapes): the rank's
-// range of each part's rows, or of every row's columns.
+// range of each part's rows, of every row's columns, or of the rows of
+// the parts together.
 func (bd *binder) share(p *param, layout []part, dt backend.DType, parts []stored) []byte {
 	data := make([]byte, 0, dt.Bytes(p.shape...))
 	r, n := bd.rank, bd.ranks
+	if p.tp == tpStack {
+		var all []byte
+		for _, st := range parts {
+			all = append(all, st.data...)
+		}
+		size := len(all) / n
+		return append(data, all[r*size:(r+1)*size]...)
+	}
 	for i, st := range parts {
 		rows, cols := matrixOf(layout[i].shape)
 		if p.tp == tpRows {

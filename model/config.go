@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -72,20 +73,40 @@ type Config struct {
 	Embedding *EmbeddingConfig
 
 	arch *archInfo
+	// held is the range [first, first+n) of the MoE experts that a rank
+	// of a split model holds (split); n 0: all of them.
+	held [2]int
 }
 
-// split returns the config of one rank of a model split across ranks
-// (tensor parallel): its share of the query and KV heads and of the dense
-// MLP's rows. Dense models only, for now (docs/multigpu.md).
-func (c *Config) split(ranks int) (*Config, error) {
-	if c.arch.hybrid || c.MoE.Experts > 0 {
-		return nil, fmt.Errorf("model %s: tensor parallel runs dense Qwen3 models only, for now (not %s)", c.Name, c.Arch)
+// heldExperts returns the first MoE expert this model holds and how many.
+func (c *Config) heldExperts() (first, n int) {
+	if c.held[1] == 0 {
+		return 0, c.MoE.Experts
 	}
-	if c.Heads%ranks != 0 || c.KVHeads%ranks != 0 || c.Intermediate%ranks != 0 {
-		return nil, fmt.Errorf("model %s: %d attention heads, %d KV heads and an MLP of %d do not split in %d ranks", c.Name, c.Heads, c.KVHeads, c.Intermediate, ranks)
+	return c.held[0], c.held[1]
+}
+
+// split returns the config of rank of a model split across ranks (tensor
+// parallel): its share of the query and KV heads and of the dense MLPs'
+// rows, and (expert parallel) its range of whole experts. Qwen3 and
+// Qwen3-MoE without a shared expert, for now (docs/multigpu.md).
+func (c *Config) split(rank, ranks int) (*Config, error) {
+	if c.arch.hybrid || c.MoE.SharedIntermediate > 0 {
+		return nil, fmt.Errorf("model %s: tensor parallel runs Qwen3 and Qwen3-MoE models only, for now (not %s)", c.Name, c.Arch)
+	}
+	dense := c.Intermediate
+	if !slices.Contains(c.Sparse, false) {
+		dense = 0 // no dense MLP to split
+	}
+	if c.Heads%ranks != 0 || c.KVHeads%ranks != 0 || dense%ranks != 0 || c.MoE.Experts%ranks != 0 {
+		return nil, fmt.Errorf("model %s: %d attention heads, %d KV heads, a dense MLP of %d and %d experts do not split in %d ranks",
+			c.Name, c.Heads, c.KVHeads, dense, c.MoE.Experts, ranks)
 	}
 	s := *c
 	s.Heads, s.KVHeads, s.Intermediate = c.Heads/ranks, c.KVHeads/ranks, c.Intermediate/ranks
+	if n := c.MoE.Experts / ranks; n > 0 {
+		s.held = [2]int{rank * n, n}
+	}
 	return &s, nil
 }
 

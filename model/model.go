@@ -168,8 +168,13 @@ func build(cfg *Config, b backend.Backend, bd *binder, kv backend.DType) (m *Mod
 	}
 	var tp backend.Collective
 	if bd.ranks > 1 {
-		if cfg, err = cfg.split(bd.ranks); err != nil {
+		if cfg, err = cfg.split(bd.rank, bd.ranks); err != nil {
 			return nil, err
+		}
+		// A rank's experts are a range of them, which only the one-call
+		// MoE takes.
+		if _, fused := b.(backend.FusedMoE); cfg.MoE.Experts > 0 && !fused {
+			return nil, fmt.Errorf("model %s: expert parallel needs a backend with the fused MoE operation", cfg.Name)
 		}
 		tp = b.(backend.Collective)
 	}

@@ -210,6 +210,7 @@ type sparseMLP struct {
 
 func (m *sparseMLP) weights(c *Config, p string) []param {
 	E, I, H := c.MoE.Experts, c.MoE.Intermediate, c.Hidden
+	_, held := c.heldExperts() // a rank's range of them (expert parallel): the stacks' rows split
 	// Experts are stored one tensor per projection and expert, or fused:
 	// [E, 2I, H] gate|up and [E, H, I] as transformers 5 and the Qwen3.5
 	// hub checkpoints hold them, or with the last two dimensions swapped
@@ -227,8 +228,8 @@ func (m *sparseMLP) weights(c *Config, p string) []param {
 	tGateUp.transposed, tDown.transposed = true, true
 	ps := []param{
 		weight(&m.experts.Router, p+"gate.weight", initNormal, E, H),
-		{dst: &m.experts.GateUp, shape: []int{E, 2 * I, H}, layouts: [][]part{gateUp, {fusedGateUp}, {tGateUp}}, lin: true, expert: true},
-		{dst: &m.experts.Down, shape: []int{E, H, I}, layouts: [][]part{down, {fusedDown}, {tDown}}, lin: true, expert: true},
+		{dst: &m.experts.GateUp, shape: []int{held, 2 * I, H}, layouts: [][]part{gateUp, {fusedGateUp}, {tGateUp}}, lin: true, expert: true, tp: tpStack},
+		{dst: &m.experts.Down, shape: []int{held, H, I}, layouts: [][]part{down, {fusedDown}, {tDown}}, lin: true, expert: true, tp: tpStack},
 	}
 	if Is := c.MoE.SharedIntermediate; Is > 0 {
 		q := p + "shared_expert."
@@ -247,7 +248,7 @@ func (m *sparseMLP) weights(c *Config, p string) []param {
 func (m *sparseMLP) forward(s *workspace, h, x backend.Tensor) {
 	b, e := s.b, &m.experts
 	if fused, ok := b.(backend.FusedMoE); ok {
-		fused.MoE(x, h, e, &m.spec) // the steps below, as one operation
+		s.addOutput(x, func(out backend.Tensor) { fused.MoE(out, h, e, &m.spec) }) // the steps below, as one operation
 		return
 	}
 	chosen, weights := s.ids("experts", m.spec.TopK), s.get("expert weights", m.spec.TopK)
@@ -261,7 +262,8 @@ func (m *sparseMLP) forward(s *workspace, h, x backend.Tensor) {
 // feedForward returns layer i's MLP and its params.
 func feedForward(c *Config, i int, p string) (block, []param) {
 	if c.Sparse[i] {
-		m := &sparseMLP{spec: backend.MoESpec{Experts: c.MoE.Experts, TopK: c.MoE.TopK, NormTopK: c.MoE.NormTopK}}
+		first, _ := c.heldExperts()
+		m := &sparseMLP{spec: backend.MoESpec{Experts: c.MoE.Experts, TopK: c.MoE.TopK, NormTopK: c.MoE.NormTopK, First: first}}
 		return m, m.weights(c, p)
 	}
 	m := &mlp{inter: c.Intermediate}

@@ -10,13 +10,35 @@ import (
 	"github.com/kiln-llm/kiln/model/reference"
 )
 
-// TestTensorParallel splits the dense fixture across two CPU ranks (each
-// its share of the heads and MLP rows, every block's output summed over
-// the group) and checks each rank's logits against the whole model's, for
-// the reference prompts and greedy decode steps after them; and that what
-// does not split is refused with the reason.
+// TestTensorParallel splits the dense and the MoE fixture across two CPU
+// ranks (each its share of the heads and MLP rows, and its half of the
+// experts, every block's output summed over the group) and checks each
+// rank's logits against the whole model's, for the reference prompts and
+// greedy decode steps after them; and that what does not split is refused
+// with the reason.
 func TestTensorParallel(t *testing.T) {
-	dir := fixtureDir("qwen3")
+	for _, fixture := range []string{"qwen3", "qwen3moe"} {
+		t.Run(fixture, func(t *testing.T) { testTensorParallel(t, fixture) })
+	}
+	// Two KV heads do not split in four ranks; hybrid models do not split
+	// yet; a backend outside a group cannot take a share.
+	for _, c := range []struct {
+		fixture string
+		ranks   int
+		want    string
+	}{{"qwen3", 4, "do not split in 4 ranks"}, {"qwen3next", 2, "Qwen3 and Qwen3-MoE models only"}} {
+		g := cpu.NewGroup(c.ranks, cpu.Options{Threads: 1})
+		if _, err := Load(fixtureDir(c.fixture), g[0], Options{Ranks: c.ranks}); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s in %d ranks: %v, want an error saying %q", c.fixture, c.ranks, err, c.want)
+		}
+	}
+	if _, err := Load(fixtureDir("qwen3"), cpu.New(cpu.Options{}), Options{Rank: 1, Ranks: 2}); err == nil || !strings.Contains(err.Error(), "rank 1 of 2 needs a backend") {
+		t.Errorf("a share on a backend outside a group: %v", err)
+	}
+}
+
+func testTensorParallel(t *testing.T, fixture string) {
+	dir := fixtureDir(fixture)
 	ref := readReference(t, dir)
 	whole, err := Load(dir, cpu.New(cpu.Options{Threads: 1}), Options{})
 	if err != nil {
@@ -31,8 +53,10 @@ func TestTensorParallel(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer shares[r].Close()
-		if c, w := shares[r].Config(), whole.Config(); c.Heads != w.Heads/ranks || c.KVHeads != w.KVHeads/ranks || c.Intermediate != w.Intermediate/ranks {
-			t.Fatalf("rank %d: %d heads, %d KV heads, MLP %d", r, c.Heads, c.KVHeads, c.Intermediate)
+		c, w := shares[r].Config(), whole.Config()
+		if first, n := c.heldExperts(); c.Heads != w.Heads/ranks || c.KVHeads != w.KVHeads/ranks || c.Intermediate != w.Intermediate/ranks ||
+			n != w.MoE.Experts/ranks || first != r*n {
+			t.Fatalf("rank %d: %d heads, %d KV heads, MLP %d, experts %d from %d", r, c.Heads, c.KVHeads, c.Intermediate, n, first)
 		}
 	}
 	spec := CacheSpec{Blocks: 128, BlockSize: testBlockSize, Slots: 4}
@@ -94,19 +118,4 @@ func TestTensorParallel(t *testing.T) {
 		}
 	}
 
-	// Two KV heads do not split in four ranks; the MoE fixture does not
-	// split at all yet; a backend outside a group cannot take a share.
-	for _, c := range []struct {
-		fixture string
-		ranks   int
-		want    string
-	}{{"qwen3", 4, "do not split in 4 ranks"}, {"qwen3moe", 2, "dense Qwen3 models only"}} {
-		g := cpu.NewGroup(c.ranks, cpu.Options{Threads: 1})
-		if _, err := Load(fixtureDir(c.fixture), g[0], Options{Ranks: c.ranks}); err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%s in %d ranks: %v, want an error saying %q", c.fixture, c.ranks, err, c.want)
-		}
-	}
-	if _, err := Load(dir, cpu.New(cpu.Options{}), Options{Rank: 1, Ranks: 2}); err == nil || !strings.Contains(err.Error(), "rank 1 of 2 needs a backend") {
-		t.Errorf("a share on a backend outside a group: %v", err)
-	}
 }

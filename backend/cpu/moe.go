@@ -57,13 +57,15 @@ func (b *Backend) Experts(out, x, experts, weights, gateUp, down backend.Tensor)
 		panic(fmt.Sprintf("cpu: experts: expert ids %v", et))
 	}
 	checkShape("experts weights", wt, T, K)
-	b.experts(asT(out), asT(x), bytesAs[int32](et.buf), wt.f32(), K, gateUp, down)
+	b.experts(asT(out), asT(x), bytesAs[int32](et.buf), wt.f32(), K, gateUp, down, 0, false)
 }
 
 // experts adds to out, for each token t and choice j < K, wts[t*K+j] times
-// expert ids[t*K+j] applied to x. Tokens are grouped by expert so that each
+// expert ids[t*K+j] applied to x, where gateUp and down hold experts first
+// to first+E-1: all of them, or (ranged) a rank's range, a choice outside
+// which is another rank's. Tokens are grouped by expert so that each
 // chosen expert's weights are read once per call.
-func (b *Backend) experts(ot, xt *Tensor, ids []int32, wts []float32, K int, gateUp, down backend.Tensor) {
+func (b *Backend) experts(ot, xt *Tensor, ids []int32, wts []float32, K int, gateUp, down backend.Tensor, first int, ranged bool) {
 	T, H := matrix(xt)
 	if on, oh := matrix(ot); on != T || oh != H || len(ids) != T*K {
 		panic(fmt.Sprintf("cpu: experts: out %v, x %v, %d choices of %d", ot, xt, len(ids), K))
@@ -78,8 +80,11 @@ func (b *Backend) experts(ot, xt *Tensor, ids []int32, wts []float32, K int, gat
 	byExpert := make([][]int32, E)
 	weightsBy := make([][]float32, E)
 	for i, ex := range ids {
-		if ex < 0 || int(ex) >= E {
-			panic(fmt.Sprintf("cpu: experts: expert %d of %d", ex, E))
+		if ex -= int32(first); ex < 0 || int(ex) >= E {
+			if !ranged {
+				panic(fmt.Sprintf("cpu: experts: expert %d of %d", ex, E))
+			}
+			continue
 		}
 		byExpert[ex] = append(byExpert[ex], int32(i/K))
 		weightsBy[ex] = append(weightsBy[ex], wts[i])
@@ -124,7 +129,8 @@ func (b *Backend) MoE(out, x backend.Tensor, e *backend.Experts, spec *backend.M
 	T, _ := matrix(xt)
 	ids, wts := make([]int32, T*spec.TopK), make([]float32, T*spec.TopK)
 	b.route(ids, wts, xt, e.Router, spec)
-	b.experts(asT(out), xt, ids, wts, spec.TopK, e.GateUp, e.Down)
+	ranged := asT(e.GateUp).shape[0] < spec.Experts
+	b.experts(asT(out), xt, ids, wts, spec.TopK, e.GateUp, e.Down, spec.First, ranged)
 	if e.SharedGateUp != nil {
 		b.SharedExpert(out, x, e.SharedGateUp, e.SharedDown, e.SharedGate)
 	}

@@ -350,6 +350,9 @@ func (b *Backend) sharedExpert(xt, sgu, sdown *tensor) *tensor {
 func (b *Backend) MoE(out, x backend.Tensor, e *backend.Experts, spec *backend.MoESpec) {
 	ot, xt := asT(out), asT(x)
 	T, H, K := xt.rows(), xt.cols(), spec.TopK
+	if spec.First != 0 {
+		panic("cuda: moe: a range of the experts (expert parallel) is not supported")
+	}
 	checkRows("moe out", ot, T, H)
 	checkF32("moe", ot, xt)
 	if gu := asT(e.GateUp); len(gu.shape) != 3 || gu.shape[0] != spec.Experts {
