@@ -46,6 +46,11 @@ type param struct {
 	// tp is how the weight splits across the ranks of a tensor-parallel
 	// model; its declared shape is then a rank's share.
 	tp tpSplit
+	// sections, for a weight split by rows, are the rows of a rank's share
+	// of each section of the (permuted) whole, where one part holds
+	// several ([q | k | v] of a DeltaNet): each section splits apart. Nil:
+	// each part is a section.
+	sections []int
 }
 
 // tpSplit says how a weight splits across the ranks of a tensor-parallel
@@ -54,7 +59,7 @@ type tpSplit uint8
 
 const (
 	tpWhole tpSplit = iota // every rank holds all of it
-	tpRows                 // each part's rows in equal ranges, rank r the r-th (q|k|v, gate|up)
+	tpRows                 // each part's (or section's) rows in equal ranges, rank r the r-th (q|k|v, gate|up)
 	tpCols                 // the columns in equal ranges (o_proj, down: their inputs are split)
 	tpStack                // the parts' rows together in equal ranges (stacked experts: whole experts a rank)
 )
@@ -399,13 +404,25 @@ func (bd *binder) whole(p *param, pt part) part {
 func (bd *binder) share(p *param, layout []part, dt backend.DType, parts []stored) []byte {
 	data := make([]byte, 0, dt.Bytes(p.shape...))
 	r, n := bd.rank, bd.ranks
-	if p.tp == tpStack {
+	if p.tp == tpStack || p.sections != nil {
 		var all []byte
 		for _, st := range parts {
 			all = append(all, st.data...)
 		}
-		size := len(all) / n
-		return append(data, all[r*size:(r+1)*size]...)
+		if p.rows != nil {
+			all = permuteRows(all, p.rows)
+		}
+		if p.tp == tpStack {
+			size := len(all) / n
+			return append(data, all[r*size:(r+1)*size]...)
+		}
+		rb := len(all) / (n * p.shape[0]) // the rank's shape holds 1/n of the rows
+		for _, rows := range p.sections {
+			sec := all[:n*rows*rb]
+			all = all[n*rows*rb:]
+			data = append(data, sec[r*rows*rb:(r+1)*rows*rb]...)
+		}
+		return data
 	}
 	for i, st := range parts {
 		rows, cols := matrixOf(layout[i].shape)

@@ -76,6 +76,9 @@ type Config struct {
 	// held is the range [first, first+n) of the MoE experts that a rank
 	// of a split model holds (split); n 0: all of them.
 	held [2]int
+	// ranks is how many ranks a split model's config is one of (split);
+	// 0: not split.
+	ranks int
 }
 
 // heldExperts returns the first MoE expert this model holds and how many.
@@ -87,26 +90,33 @@ func (c *Config) heldExperts() (first, n int) {
 }
 
 // split returns the config of rank of a model split across ranks (tensor
-// parallel): its share of the query and KV heads and of the dense MLPs'
-// rows, and (expert parallel) its range of whole experts. Qwen3 and
-// Qwen3-MoE without a shared expert, for now (docs/multigpu.md).
+// parallel): its share of the query and KV heads, of the Gated DeltaNet's
+// key and value heads, of the dense MLPs' and the shared expert's rows,
+// and (expert parallel) its range of whole experts (docs/multigpu.md).
 func (c *Config) split(rank, ranks int) (*Config, error) {
-	if c.arch.hybrid || c.MoE.SharedIntermediate > 0 {
-		return nil, fmt.Errorf("model %s: tensor parallel runs Qwen3 and Qwen3-MoE models only, for now (not %s)", c.Name, c.Arch)
+	d := c.DeltaNet
+	if d.TiledHeads {
+		// Value head h reads key head h % HK: no range of value heads
+		// reads one range of key heads.
+		return nil, fmt.Errorf("model %s: tensor parallel cannot split Gated DeltaNet heads stored tiled (llama.cpp's Qwen3.5 order), for now", c.Name)
 	}
 	dense := c.Intermediate
 	if !slices.Contains(c.Sparse, false) {
 		dense = 0 // no dense MLP to split
 	}
-	if c.Heads%ranks != 0 || c.KVHeads%ranks != 0 || dense%ranks != 0 || c.MoE.Experts%ranks != 0 {
-		return nil, fmt.Errorf("model %s: %d attention heads, %d KV heads, a dense MLP of %d and %d experts do not split in %d ranks",
-			c.Name, c.Heads, c.KVHeads, dense, c.MoE.Experts, ranks)
+	if c.Heads%ranks != 0 || c.KVHeads%ranks != 0 || dense%ranks != 0 || c.MoE.Experts%ranks != 0 || c.MoE.SharedIntermediate%ranks != 0 ||
+		d.KeyHeads%ranks != 0 || d.ValueHeads%ranks != 0 {
+		return nil, fmt.Errorf("model %s: %d attention heads, %d KV heads, %d/%d DeltaNet key/value heads, a dense MLP of %d, %d experts and a shared expert of %d do not split in %d ranks",
+			c.Name, c.Heads, c.KVHeads, d.KeyHeads, d.ValueHeads, dense, c.MoE.Experts, c.MoE.SharedIntermediate, ranks)
 	}
 	s := *c
 	s.Heads, s.KVHeads, s.Intermediate = c.Heads/ranks, c.KVHeads/ranks, c.Intermediate/ranks
+	s.MoE.SharedIntermediate /= ranks
+	s.DeltaNet.KeyHeads, s.DeltaNet.ValueHeads = d.KeyHeads/ranks, d.ValueHeads/ranks
 	if n := c.MoE.Experts / ranks; n > 0 {
 		s.held = [2]int{rank * n, n}
 	}
+	s.ranks = ranks
 	return &s, nil
 }
 

@@ -235,8 +235,8 @@ func (m *sparseMLP) weights(c *Config, p string) []param {
 		q := p + "shared_expert."
 		ps = append(ps,
 			fused(&m.experts.SharedGateUp, part{name: q + "gate_proj.weight", shape: []int{Is, H}},
-				part{name: q + "up_proj.weight", shape: []int{Is, H}}).linear(),
-			weight(&m.experts.SharedDown, q+"down_proj.weight", initNormal, H, Is).linear(),
+				part{name: q + "up_proj.weight", shape: []int{Is, H}}).linear().rowSplit(),
+			weight(&m.experts.SharedDown, q+"down_proj.weight", initNormal, H, Is).linear().colSplit(),
 			weight(&m.experts.SharedGate, p+"shared_expert_gate.weight", initNormal, 1, H))
 	}
 	return ps

@@ -31,28 +31,40 @@ type gatedDeltaNet struct {
 func (d *gatedDeltaNet) weights(c *Config, p string) []param {
 	s := d.spec
 	H, conv, vdim := c.Hidden, s.ConvDim(), s.ValueHeads*s.ValueDim
+	// A rank of a split model holds its range of the key heads and of the
+	// value heads that read them, in each section of [q | k | v (| z)].
+	qk, v := s.KeyHeads*s.KeyDim, vdim
+	convParam := weight(&d.conv, p+"conv1d.weight", initConv, conv, s.ConvKernel).rowSplit()
+	convParam.sections = []int{qk, qk, v}
 	ps := []param{
-		weight(&d.conv, p+"conv1d.weight", initConv, conv, s.ConvKernel),
-		weight(&d.aLog, p+"A_log", initALog, s.ValueHeads),
-		weight(&d.dtBias, p+"dt_bias", initOnes, s.ValueHeads),
+		convParam,
+		weight(&d.aLog, p+"A_log", initALog, s.ValueHeads).colSplit(),
+		weight(&d.dtBias, p+"dt_bias", initOnes, s.ValueHeads).colSplit(),
 		weight(&d.norm, p+"norm.weight", initOnes, s.ValueDim),
-		weight(&d.out, p+"out_proj.weight", initNormal, H, vdim).linear(),
+		weight(&d.out, p+"out_proj.weight", initNormal, H, vdim).linear().colSplit(),
 	}
 	if c.arch.fusedQKVZ {
 		// Qwen3-Next interleaves the projections per key-head group; reorder
 		// the rows once so that the output is [q all | k all | v all | z all]
-		// and [b all | a all], the layout Qwen3.5 stores directly.
-		qkvz := weight(&d.qkvz, p+"in_proj_qkvz.weight", initNormal, conv+vdim, H).linear()
-		qkvz.rows = qkvzRows(s)
-		ba := weight(&d.ba, p+"in_proj_ba.weight", initNormal, 2*s.ValueHeads, H)
-		ba.rows = baRows(s)
+		// and [b all | a all], the layout Qwen3.5 stores directly (over the
+		// whole model's heads: a rank then takes its share of each).
+		whole := *s
+		if c.ranks > 1 {
+			whole.KeyHeads, whole.ValueHeads = s.KeyHeads*c.ranks, s.ValueHeads*c.ranks
+		}
+		qkvz := weight(&d.qkvz, p+"in_proj_qkvz.weight", initNormal, conv+vdim, H).linear().rowSplit()
+		qkvz.rows, qkvz.sections = qkvzRows(&whole), []int{qk, qk, v, v}
+		ba := weight(&d.ba, p+"in_proj_ba.weight", initNormal, 2*s.ValueHeads, H).rowSplit()
+		ba.rows, ba.sections = baRows(&whole), []int{s.ValueHeads, s.ValueHeads}
 		return append(ps, qkvz, ba)
 	}
+	qkv := weight(&d.qkv, p+"in_proj_qkv.weight", initNormal, conv, H).linear().rowSplit()
+	qkv.sections = []int{qk, qk, v}
 	return append(ps,
-		weight(&d.qkv, p+"in_proj_qkv.weight", initNormal, conv, H).linear(),
-		weight(&d.z, p+"in_proj_z.weight", initNormal, vdim, H).linear(),
+		qkv,
+		weight(&d.z, p+"in_proj_z.weight", initNormal, vdim, H).linear().rowSplit(),
 		fused(&d.ba, part{name: p + "in_proj_b.weight", shape: []int{s.ValueHeads, H}},
-			part{name: p + "in_proj_a.weight", shape: []int{s.ValueHeads, H}}))
+			part{name: p + "in_proj_a.weight", shape: []int{s.ValueHeads, H}}).rowSplit())
 }
 
 // bound makes the views of a fused qkvz weight once it is loaded.
@@ -112,5 +124,5 @@ func (d *gatedDeltaNet) forward(s *workspace, h, x backend.Tensor) {
 	b.CausalConv1d(qkv, mixed, d.conv, s.state, d.layer)
 	b.GatedDeltaRule(o, qkv, ba, d.aLog, d.dtBias, sp, s.state, d.layer)
 	b.GatedRMSNorm(gated, o, z, d.norm, d.eps)
-	b.MatMul(x, gated, d.out, true)
+	s.addOutput(x, func(out backend.Tensor) { b.MatMul(out, gated, d.out, true) })
 }

@@ -10,26 +10,28 @@ import (
 	"github.com/kiln-llm/kiln/model/reference"
 )
 
-// TestTensorParallel splits the dense and the MoE fixture across two CPU
-// ranks (each its share of the heads and MLP rows, and its half of the
-// experts, every block's output summed over the group) and checks each
+// TestTensorParallel splits every architecture's fixture across two CPU
+// ranks (each its share of the attention heads, the Gated DeltaNet's key
+// and value heads, the MLPs' and shared expert's rows, and its half of
+// the experts; every block's output summed over the group) and checks each
 // rank's logits against the whole model's, for the reference prompts and
 // greedy decode steps after them; and that what does not split is refused
 // with the reason.
 func TestTensorParallel(t *testing.T) {
-	for _, fixture := range []string{"qwen3", "qwen3moe"} {
+	for _, fixture := range []string{"qwen3", "qwen3moe", "qwen3next", "qwen35", "qwen35moe"} {
 		t.Run(fixture, func(t *testing.T) { testTensorParallel(t, fixture) })
 	}
-	// Two KV heads do not split in four ranks; hybrid models do not split
-	// yet; a backend outside a group cannot take a share.
+	// Two KV heads do not split in four ranks; DeltaNet heads in
+	// llama.cpp's tiled order do not split by ranges; a backend outside a
+	// group cannot take a share.
 	for _, c := range []struct {
-		fixture string
-		ranks   int
-		want    string
-	}{{"qwen3", 4, "do not split in 4 ranks"}, {"qwen3next", 2, "Qwen3 and Qwen3-MoE models only"}} {
+		path  string
+		ranks int
+		want  string
+	}{{fixtureDir("qwen3"), 4, "do not split in 4 ranks"}, {"../testdata/quant/qwen35-f32.gguf", 2, "stored tiled"}} {
 		g := cpu.NewGroup(c.ranks, cpu.Options{Threads: 1})
-		if _, err := Load(fixtureDir(c.fixture), g[0], Options{Ranks: c.ranks}); err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%s in %d ranks: %v, want an error saying %q", c.fixture, c.ranks, err, c.want)
+		if _, err := Load(c.path, g[0], Options{Ranks: c.ranks}); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s in %d ranks: %v, want an error saying %q", c.path, c.ranks, err, c.want)
 		}
 	}
 	if _, err := Load(fixtureDir("qwen3"), cpu.New(cpu.Options{}), Options{Rank: 1, Ranks: 2}); err == nil || !strings.Contains(err.Error(), "rank 1 of 2 needs a backend") {
@@ -59,7 +61,7 @@ func testTensorParallel(t *testing.T, fixture string) {
 			t.Fatalf("rank %d: %d heads, %d KV heads, MLP %d, experts %d from %d", r, c.Heads, c.KVHeads, c.Intermediate, n, first)
 		}
 	}
-	spec := CacheSpec{Blocks: 128, BlockSize: testBlockSize, Slots: 4}
+	spec := CacheSpec{Blocks: 128, BlockSize: testBlockSize, Slots: len(ref.Prompts)}
 	for _, m := range append([]*Model{whole}, shares...) {
 		if err := m.AllocCache(spec); err != nil {
 			t.Fatal(err)
