@@ -83,6 +83,8 @@ func (w *workspace) addOutput(x backend.Tensor, add func(out backend.Tensor)) {
 		return
 	}
 	part := w.get("part", x.Shape()[1])
+	// Zeroed by a host write: the CPU's ranks; a device rank will want a
+	// memset instead.
 	if n := 4 * backend.Numel(part); len(w.zeros) < n {
 		w.zeros = make([]byte, n)
 	}
