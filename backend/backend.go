@@ -22,7 +22,10 @@
 // goroutine at a time.
 package backend
 
-import "fmt"
+import (
+	"errors"
+	"fmt"
+)
 
 // DType is the element type of a tensor.
 type DType uint8
@@ -552,7 +555,15 @@ type Collective interface {
 	// shapes, in the same order; the sum is taken in rank order, so every
 	// rank gets the same bits.
 	AddAllReduced(dst, x Tensor)
+	// Abort ends the group: a rank that failed mid-step calls it, and every
+	// rank waiting in a collective, or calling one later, panics with
+	// ErrGroupAborted instead of waiting for it forever.
+	Abort()
 }
+
+// ErrGroupAborted is the panic of a collective of a group that a failed
+// rank ended (Collective.Abort).
+var ErrGroupAborted = errors.New("a rank of the group failed: the split model cannot step any more")
 
 // StateCapturer is implemented by a backend whose Gated DeltaNet steps
 // honour SeqInfo.Captures when CapturesStates reports true. Elsewhere a

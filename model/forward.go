@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/bits"
 	"runtime/debug"
+	"sync"
 
 	"github.com/kiln-llm/kiln/backend"
 	"github.com/kiln-llm/kiln/internal/mapfile"
@@ -143,6 +144,47 @@ func bucket(n int) int {
 // one token, each wanting logits) are padded to a batch-size bucket and run
 // through backend.Graph.
 func (m *Model) Forward(seqs []Seq) (logits backend.Tensor, err error) {
+	if len(m.peers) == 0 {
+		return m.forward(seqs)
+	}
+	// A split model (Group): every rank runs the step, each on a goroutine
+	// of its own (their collectives wait for each other). The sequences are
+	// checked first, once: a refused step fails on no rank.
+	for i := range seqs {
+		if err := m.check(i, &seqs[i]); err != nil {
+			return nil, err
+		}
+	}
+	errs := make([]error, len(m.peers)+1)
+	var wg sync.WaitGroup
+	for i, p := range m.peers {
+		wg.Go(func() { _, errs[i+1] = p.rankForward(seqs) })
+	}
+	logits, errs[0] = m.rankForward(seqs)
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return logits, nil
+}
+
+// rankForward runs one rank's step of a split model; a rank that fails
+// ends the group's collectives (Abort), so that the others fail too
+// instead of waiting for it.
+func (m *Model) rankForward(seqs []Seq) (logits backend.Tensor, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("model: rank %d of %d: %v", m.tp.Rank(), m.tp.Ranks(), r)
+		}
+		if err != nil {
+			m.tp.Abort()
+		}
+	}()
+	return m.forward(seqs)
+}
+
+// forward is Forward on one model (or one rank of a split one).
+func (m *Model) forward(seqs []Seq) (logits backend.Tensor, err error) {
 	// On the CPU the weights are read from the files' mappings, and a file
 	// rewritten in place (cp, curl -o, a re-download) faults the next read
 	// of its pages: with SetPanicOnFault that is a panic (the backend's

@@ -92,7 +92,29 @@ type Model struct {
 	// tp is the backend's group when the model is one rank's share of a
 	// split model (Options.Ranks); nil otherwise.
 	tp backend.Collective
+	// peers are the other ranks of a split model whose face this rank 0
+	// is (Group); their steps, caches and states follow its calls.
+	peers []*Model
 }
+
+// Group makes the ranks of a split model (ranks[i] loaded with
+// Options{Rank: i, Ranks: len(ranks)} from one checkpoint) one model:
+// ranks[0], whose calls then run on every rank (a step on each rank's
+// goroutine, the caches and states of all), so that an engine, its
+// caches and its sampler work above a split model as above a whole one.
+// Closing it closes every rank.
+func Group(ranks []*Model) (*Model, error) {
+	for i, r := range ranks {
+		if r.tp == nil || r.tp.Rank() != i || r.tp.Ranks() != len(ranks) || r.cfg.Name != ranks[0].cfg.Name {
+			return nil, fmt.Errorf("model: group: model %d is not rank %d of %d of %s", i, i, len(ranks), ranks[0].cfg.Name)
+		}
+	}
+	ranks[0].peers = ranks[1:]
+	return ranks[0], nil
+}
+
+// group returns the model's ranks: itself, then its peers.
+func (m *Model) group() []*Model { return append([]*Model{m}, m.peers...) }
 
 // Load reads the model in dir (a Hugging Face model directory, a GGUF
 // file, or a directory holding one GGUF file); its weights are
@@ -273,11 +295,13 @@ func (m *Model) DecodeBytes(B int) int64 {
 	return m.denseBytes + m.expertBytes*min(E, int64(B*m.cfg.MoE.TopK))/E
 }
 
-// WeightBytes is the device memory the weights take.
+// WeightBytes is the device memory the weights take (on all ranks).
 func (m *Model) WeightBytes() int64 {
 	var n int64
-	for _, t := range m.tensors {
-		n += int64(t.DType().Bytes(t.Shape()...))
+	for _, r := range m.group() {
+		for _, t := range r.tensors {
+			n += int64(t.DType().Bytes(t.Shape()...))
+		}
 	}
 	return n
 }
@@ -289,8 +313,17 @@ func (m *Model) KVBytesPerToken() int64 {
 }
 
 // SlotBytes is the size of one sequence's recurrent state (as SaveSlot
-// writes it); 0 for models without DeltaNet layers.
+// writes it: every rank's); 0 for models without DeltaNet layers.
 func (m *Model) SlotBytes() int {
+	n := 0
+	for _, r := range m.group() {
+		n += r.rankSlotBytes()
+	}
+	return n
+}
+
+// rankSlotBytes is SlotBytes of this rank alone.
+func (m *Model) rankSlotBytes() int {
 	if m.state != nil {
 		return m.state.SlotBytes()
 	}
@@ -303,6 +336,11 @@ func (m *Model) SlotBytes() int {
 // BlockSize tokens and slots 0..Slots-1. One more block and slot are kept
 // for the padding sequences of batch-size buckets.
 func (m *Model) AllocCache(spec CacheSpec) error {
+	for _, p := range m.peers {
+		if err := p.AllocCache(spec); err != nil {
+			return err
+		}
+	}
 	if spec.Blocks <= 0 || spec.BlockSize <= 0 {
 		return fmt.Errorf("model: cache needs positive Blocks and BlockSize, have %+v", spec)
 	}
@@ -347,32 +385,104 @@ func (m *Model) freeCache() {
 }
 
 // CopyBlock copies KV block src to dst in every layer (copy-on-write).
-func (m *Model) CopyBlock(dst, src int) { m.kv.CopyBlock(dst, src) }
+func (m *Model) CopyBlock(dst, src int) {
+	for _, r := range m.group() {
+		r.kv.CopyBlock(dst, src)
+	}
+}
 
-// BlockBytes is the size of one KV block across the attention layers, as
-// SaveBlocks writes it.
-func (m *Model) BlockBytes() int { return m.kv.Spec().BlockBytes() }
+// BlockBytes is the size of one KV block across the attention layers (of
+// every rank), as SaveBlocks writes it.
+func (m *Model) BlockBytes() int {
+	n := 0
+	for _, r := range m.group() {
+		n += r.kv.Spec().BlockBytes()
+	}
+	return n
+}
 
-// SaveBlocks copies KV blocks to host memory (see backend.KVCache).
-func (m *Model) SaveBlocks(blocks []int, dst []byte) error { return m.kv.SaveBlocks(blocks, dst) }
+// SaveBlocks copies KV blocks to host memory, one after the other (see
+// backend.KVCache); a split model's block holds every rank's part of it,
+// rank after rank.
+func (m *Model) SaveBlocks(blocks []int, dst []byte) error {
+	if len(m.peers) == 0 {
+		return m.kv.SaveBlocks(blocks, dst)
+	}
+	return m.rankBlocks(blocks, dst, func(r *Model, part []byte) error { return r.kv.SaveBlocks(blocks, part) }, true)
+}
 
 // RestoreBlocks writes KV blocks saved by SaveBlocks.
-func (m *Model) RestoreBlocks(blocks []int, src []byte) error { return m.kv.RestoreBlocks(blocks, src) }
+func (m *Model) RestoreBlocks(blocks []int, src []byte) error {
+	if len(m.peers) == 0 {
+		return m.kv.RestoreBlocks(blocks, src)
+	}
+	return m.rankBlocks(blocks, src, func(r *Model, part []byte) error { return r.kv.RestoreBlocks(blocks, part) }, false)
+}
+
+// rankBlocks runs copy on each rank of a split model with that rank's
+// part of blocks, gathered from (save: into) buf, where each block holds
+// the ranks' parts one after the other.
+func (m *Model) rankBlocks(blocks []int, buf []byte, copyRank func(r *Model, part []byte) error, save bool) error {
+	bb := m.BlockBytes()
+	if len(buf) != len(blocks)*bb {
+		return fmt.Errorf("model: %d bytes for %d KV blocks of %d", len(buf), len(blocks), bb)
+	}
+	off := 0
+	for _, r := range m.group() {
+		rb := r.kv.Spec().BlockBytes()
+		part := make([]byte, len(blocks)*rb)
+		if !save {
+			for i := range blocks {
+				copy(part[i*rb:(i+1)*rb], buf[i*bb+off:])
+			}
+		}
+		if err := copyRank(r, part); err != nil {
+			return err
+		}
+		if save {
+			for i := range blocks {
+				copy(buf[i*bb+off:i*bb+off+rb], part[i*rb:(i+1)*rb])
+			}
+		}
+		off += rb
+	}
+	return nil
+}
 
 // CopySlot copies the recurrent state of slot src to slot dst.
-func (m *Model) CopySlot(dst, src int) { m.state.CopySlot(dst, src) }
+func (m *Model) CopySlot(dst, src int) {
+	for _, r := range m.group() {
+		r.state.CopySlot(dst, src)
+	}
+}
 
 // SaveSlot copies a slot's recurrent state to host memory (len(dst) ==
-// SlotBytes()).
+// SlotBytes()): each rank's in turn.
 func (m *Model) SaveSlot(slot int, dst []byte) error {
 	if m.state == nil {
 		return errors.New("model: no state cache (not a hybrid model, or AllocCache not called)")
 	}
-	return m.state.Save(slot, dst)
+	if len(dst) != m.SlotBytes() {
+		return fmt.Errorf("model: save slot: %d bytes, a slot has %d", len(dst), m.SlotBytes())
+	}
+	for _, r := range m.group() {
+		n := r.state.SlotBytes()
+		if err := r.state.Save(slot, dst[:n]); err != nil {
+			return err
+		}
+		dst = dst[n:]
+	}
+	return nil
 }
 
 // RestoreSlot writes a slot's recurrent state saved by SaveSlot.
-func (m *Model) RestoreSlot(slot int, src []byte) { m.state.Restore(slot, src) }
+func (m *Model) RestoreSlot(slot int, src []byte) {
+	for _, r := range m.group() {
+		n := r.state.SlotBytes()
+		r.state.Restore(slot, src[:n])
+		src = src[n:]
+	}
+}
 
 // Sample draws one token from each row of logits returned by Forward.
 func (m *Model) Sample(logits backend.Tensor, p []backend.SampleParams) ([]backend.Sampled, error) {
@@ -381,6 +491,10 @@ func (m *Model) Sample(logits backend.Tensor, p []backend.SampleParams) ([]backe
 
 // Close frees the model's caches and weights and unmaps its files.
 func (m *Model) Close() {
+	for _, p := range m.peers {
+		p.Close()
+	}
+	m.peers = nil
 	m.freeCache()
 	for _, ws := range m.decode {
 		ws.free()

@@ -16,6 +16,7 @@ type group struct {
 	mu           sync.Mutex
 	cond         *sync.Cond
 	arrived, gen int
+	aborted      bool
 	parts        [][]float32
 }
 
@@ -35,10 +36,14 @@ func NewGroup(n int, opts Options) []*Backend {
 	return bs
 }
 
-// wait returns once every rank of the group has called it.
+// wait returns once every rank of the group has called it; it panics with
+// backend.ErrGroupAborted once the group is aborted.
 func (g *group) wait() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if g.aborted {
+		panic(backend.ErrGroupAborted)
+	}
 	gen := g.gen
 	if g.arrived++; g.arrived == g.n {
 		g.arrived = 0
@@ -46,8 +51,21 @@ func (g *group) wait() {
 		g.cond.Broadcast()
 		return
 	}
-	for gen == g.gen {
+	for gen == g.gen && !g.aborted {
 		g.cond.Wait()
+	}
+	if g.aborted {
+		panic(backend.ErrGroupAborted)
+	}
+}
+
+// Abort ends the backend's group; see backend.Collective.
+func (b *Backend) Abort() {
+	if g := b.group; g != nil {
+		g.mu.Lock()
+		g.aborted = true
+		g.cond.Broadcast()
+		g.mu.Unlock()
 	}
 }
 

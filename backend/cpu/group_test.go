@@ -5,6 +5,8 @@ import (
 	"slices"
 	"sync"
 	"testing"
+
+	"github.com/kiln-llm/kiln/backend"
 )
 
 // TestAddAllReduced: three ranks, each adding the group's sum of their
@@ -55,4 +57,35 @@ func TestAddAllReduced(t *testing.T) {
 			t.Errorf("rank %d: %v, want %v", r, got[r][:4], want[:4])
 		}
 	}
+}
+
+// TestGroupAbort: a rank that aborts the group releases the others from
+// the collective they wait in, and every later collective fails too.
+func TestGroupAbort(t *testing.T) {
+	g := NewGroup(3, Options{Threads: 1})
+	panics := make([]any, 3)
+	var wg sync.WaitGroup
+	for r, b := range g[:2] {
+		wg.Go(func() {
+			defer func() { panics[r] = recover() }()
+			x := tensorF32(b, make([]float64, 4), 2, 2)
+			b.AddAllReduced(x, tensorF32(b, []float64{1, 2, 3, 4}, 2, 2))
+		})
+	}
+	g[2].Abort()
+	wg.Wait()
+	for r, p := range panics[:2] {
+		if p != backend.ErrGroupAborted {
+			t.Errorf("rank %d: %v, want ErrGroupAborted", r, p)
+		}
+	}
+	func() {
+		defer func() {
+			if p := recover(); p != backend.ErrGroupAborted {
+				t.Errorf("a collective after the abort: %v", p)
+			}
+		}()
+		b := g[2]
+		b.AddAllReduced(tensorF32(b, make([]float64, 4), 2, 2), tensorF32(b, make([]float64, 4), 2, 2))
+	}()
 }
