@@ -7,6 +7,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/kiln-llm/kiln/internal/testmodel"
 )
 
 // A conversation survives the engine: closed, its latest state goes to the
@@ -57,26 +59,7 @@ func TestStateCacheEviction(t *testing.T) {
 			f := loadFixture(t, arch)
 			rng := rand.New(rand.NewPCG(9, 10))
 			e := newEngine(t, f, Options{KVBlocks: 40, StateCache: StateCache{RAMBytes: 64 << 20}, spillAfter: time.Millisecond})
-			cold := newEngine(t, loadFixture(t, arch), Options{NoCache: true})
-			var convs [][]int32
-			for range 6 { // 6 x 300 tokens: more than the 40 blocks of 16 hold
-				p := randomPrompt(rng, f, 300)
-				r := generate(t, e, &Request{Prompt: p, Sampling: Sampling{MaxTokens: 8, IgnoreEOS: true}})
-				convs = append(convs, append(append(p, r.tokens...), randomPrompt(rng, f, 10)...))
-			}
-			for i, p := range convs {
-				r := generate(t, e, &Request{Prompt: p, Sampling: Sampling{MaxTokens: 6}})
-				ref := generate(t, cold, &Request{Prompt: p, Sampling: Sampling{MaxTokens: 6}})
-				if !slices.Equal(r.tokens, ref.tokens) {
-					t.Errorf("conversation %d: %v, cold %v", i, r.tokens, ref.tokens)
-				}
-				if r.usage.CachedTokens < len(p)-10-16 {
-					t.Errorf("conversation %d: %d of %d tokens cached", i, r.usage.CachedTokens, len(p))
-				}
-			}
-			if st := e.Stats(); st.StateCacheRestores == 0 {
-				t.Errorf("nothing restored from the state cache: %+v", st)
-			}
+			evictAndReturn(t, e, newEngine(t, loadFixture(t, arch), Options{NoCache: true}), f, rng, 6)
 			// Idle: the latest conversation's end is copied.
 			deadline := time.Now().Add(5 * time.Second)
 			for time.Now().Before(deadline) {
@@ -88,6 +71,37 @@ func TestStateCacheEviction(t *testing.T) {
 			kept, stored := e.Conversations()
 			t.Errorf("an idle engine did not copy its latest conversation: %+v, stored %+v", kept, stored)
 		})
+	}
+}
+
+// evictAndReturn runs n conversations of 300 tokens on e, whose KV cache
+// of 40 blocks of 16 holds fewer, then their next turns: each answer is
+// cold's (an engine without a cache), the next turns resume from the
+// caches, some from the state cache.
+func evictAndReturn(t *testing.T, e, cold *Engine, f testmodel.Fixture, rng *rand.Rand, n int) {
+	t.Helper()
+	var convs [][]int32
+	for range n {
+		p := randomPrompt(rng, f, 300)
+		req := &Request{Prompt: p, Sampling: Sampling{MaxTokens: 8, IgnoreEOS: true}}
+		r := generate(t, e, req)
+		if ref := generate(t, cold, req); !slices.Equal(r.tokens, ref.tokens) {
+			t.Errorf("%v, cold %v", r.tokens, ref.tokens)
+		}
+		convs = append(convs, append(append(p, r.tokens...), randomPrompt(rng, f, 10)...))
+	}
+	for i, p := range convs {
+		req := &Request{Prompt: p, Sampling: Sampling{MaxTokens: 6}}
+		r := generate(t, e, req)
+		if ref := generate(t, cold, req); !slices.Equal(r.tokens, ref.tokens) {
+			t.Errorf("conversation %d: %v, cold %v", i, r.tokens, ref.tokens)
+		}
+		if r.usage.CachedTokens < len(p)-10-16 {
+			t.Errorf("conversation %d: %d of %d tokens cached", i, r.usage.CachedTokens, len(p))
+		}
+	}
+	if st := e.Stats(); st.StateCacheRestores == 0 {
+		t.Errorf("nothing restored from the state cache: %+v", st)
 	}
 }
 
