@@ -51,6 +51,11 @@ type param struct {
 	// several ([q | k | v] of a DeltaNet): each section splits apart. Nil:
 	// each part is a section.
 	sections []int
+	// ways, for a weight split by rows, is into how many equal ranges each
+	// part splits, where fewer than the ranks (the KV heads of a model
+	// with fewer of them than ranks: rank r holds range r*ways/ranks, which
+	// other ranks hold too); nil or 0: the ranks.
+	ways []int
 }
 
 // tpSplit says how a weight splits across the ranks of a tensor-parallel
@@ -242,7 +247,7 @@ func (bd *binder) layout(p *param) []part {
 		if found == nil {
 			found = l
 		}
-		if shapeFits(t.Shape, bd.whole(p, l[0]).stored()) {
+		if shapeFits(t.Shape, bd.whole(p, 0, l[0]).stored()) {
 			return l
 		}
 	}
@@ -297,7 +302,7 @@ func (bd *binder) load(p *param) error {
 	if sharded {
 		whole := make([]part, len(layout))
 		for i, pt := range layout {
-			whole[i] = bd.whole(p, pt)
+			whole[i] = bd.whole(p, i, pt)
 		}
 		layout = whole
 	}
@@ -380,21 +385,29 @@ func (bd *binder) load(p *param) error {
 	return nil
 }
 
-// whole returns the part pt of p as the checkpoint holds it: for a weight
+// whole returns part i, pt, of p as the checkpoint holds it: for a weight
 // split across tensor-parallel ranks, its declared share's shape times the
-// ranks along the split dimension.
-func (bd *binder) whole(p *param, pt part) part {
+// ranges it splits into along the split dimension.
+func (bd *binder) whole(p *param, i int, pt part) part {
 	if bd.ranks <= 1 || p.tp == tpWhole || p.tp == tpStack {
 		return pt // a stack's parts are declared whole
 	}
 	s := slices.Clone(pt.shape)
 	if p.tp == tpRows {
-		s[0] *= bd.ranks
+		s[0] *= bd.ways(p, i)
 	} else {
 		s[len(s)-1] *= bd.ranks
 	}
 	pt.shape = s
 	return pt
+}
+
+// ways returns into how many ranges part i of p splits (param.ways).
+func (bd *binder) ways(p *param, i int) int {
+	if i < len(p.ways) && p.ways[i] > 0 {
+		return p.ways[i]
+	}
+	return bd.ranks
 }
 
 // share returns rank bd.rank's share of a split weight, from its parts as
@@ -427,9 +440,9 @@ func (bd *binder) share(p *param, layout []part, dt backend.DType, parts []store
 	for i, st := range parts {
 		rows, cols := matrixOf(layout[i].shape)
 		if p.tp == tpRows {
-			rb := dt.RowBytes(cols)
-			per := rows / n
-			data = append(data, st.data[r*per*rb:(r+1)*per*rb]...)
+			rb, w := dt.RowBytes(cols), bd.ways(p, i)
+			per, k := rows/w, r*w/n
+			data = append(data, st.data[k*per*rb:(k+1)*per*rb]...)
 			continue
 		}
 		per, es := cols/n, dt.Size()

@@ -79,6 +79,10 @@ type Config struct {
 	// ranks is how many ranks a split model's config is one of (split);
 	// 0: not split.
 	ranks int
+	// kvWays, when a split model has fewer KV heads than ranks, is the
+	// whole model's KV heads: each rank holds the one its query heads read
+	// (other ranks hold it too); 0 otherwise.
+	kvWays int
 }
 
 // heldExperts returns the first MoE expert this model holds and how many.
@@ -104,13 +108,19 @@ func (c *Config) split(rank, ranks int) (*Config, error) {
 	if !slices.Contains(c.Sparse, false) {
 		dense = 0 // no dense MLP to split
 	}
-	if c.Heads%ranks != 0 || c.KVHeads%ranks != 0 || dense%ranks != 0 || c.MoE.Experts%ranks != 0 || c.MoE.SharedIntermediate%ranks != 0 ||
+	// Fewer KV heads than ranks: each rank holds the KV head of its query
+	// heads (as vLLM replicates them), where the ranks divide by them.
+	kvShared := c.KVHeads < ranks && ranks%c.KVHeads == 0
+	if c.Heads%ranks != 0 || (c.KVHeads%ranks != 0 && !kvShared) || dense%ranks != 0 || c.MoE.Experts%ranks != 0 || c.MoE.SharedIntermediate%ranks != 0 ||
 		d.KeyHeads%ranks != 0 || d.ValueHeads%ranks != 0 {
 		return nil, fmt.Errorf("model %s: %d attention heads, %d KV heads, %d/%d DeltaNet key/value heads, a dense MLP of %d, %d experts and a shared expert of %d do not split in %d ranks",
 			c.Name, c.Heads, c.KVHeads, d.KeyHeads, d.ValueHeads, dense, c.MoE.Experts, c.MoE.SharedIntermediate, ranks)
 	}
 	s := *c
 	s.Heads, s.KVHeads, s.Intermediate = c.Heads/ranks, c.KVHeads/ranks, c.Intermediate/ranks
+	if kvShared {
+		s.KVHeads, s.kvWays = 1, c.KVHeads
+	}
 	s.MoE.SharedIntermediate /= ranks
 	s.DeltaNet.KeyHeads, s.DeltaNet.ValueHeads = d.KeyHeads/ranks, d.ValueHeads/ranks
 	if n := c.MoE.Experts / ranks; n > 0 {

@@ -93,6 +93,9 @@ func (a *attention) weights(c *Config, p string) []param {
 		part{name: p + "k_proj.weight", shape: []int{kv, c.Hidden}},
 		part{name: p + "v_proj.weight", shape: []int{kv, c.Hidden}}).linear().rowSplit()
 	qkv.split = []*backend.Tensor{&a.q, &a.k, &a.v}
+	if c.kvWays > 0 {
+		qkv.ways = []int{0, c.kvWays, c.kvWays} // the KV head of the rank's query heads
+	}
 	return []param{
 		qkv,
 		weight(&a.o, p+"o_proj.weight", initNormal, c.Hidden, s.Heads*s.HeadDim).linear().colSplit(),

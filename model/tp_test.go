@@ -19,16 +19,20 @@ import (
 // with the reason.
 func TestTensorParallel(t *testing.T) {
 	for _, fixture := range []string{"qwen3", "qwen3moe", "qwen3next", "qwen35", "qwen35moe"} {
-		t.Run(fixture, func(t *testing.T) { testTensorParallel(t, fixture) })
+		t.Run(fixture, func(t *testing.T) { testTensorParallel(t, fixture, 2) })
 	}
-	// Two KV heads do not split in four ranks; DeltaNet heads in
+	// Four ranks of two KV heads: each rank holds its query head's.
+	for _, fixture := range []string{"qwen3", "qwen3moe"} {
+		t.Run(fixture+"/4", func(t *testing.T) { testTensorParallel(t, fixture, 4) })
+	}
+	// Four attention heads do not split in three ranks; DeltaNet heads in
 	// llama.cpp's tiled order do not split by ranges; a backend outside a
 	// group cannot take a share.
 	for _, c := range []struct {
 		path  string
 		ranks int
 		want  string
-	}{{fixtureDir("qwen3"), 4, "do not split in 4 ranks"}, {"../testdata/quant/qwen35-f32.gguf", 2, "stored tiled"}} {
+	}{{fixtureDir("qwen3"), 3, "do not split in 3 ranks"}, {"../testdata/quant/qwen35-f32.gguf", 2, "stored tiled"}} {
 		g := cpu.NewGroup(c.ranks, cpu.Options{Threads: 1})
 		if _, err := Load(c.path, g[0], Options{Ranks: c.ranks}); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s in %d ranks: %v, want an error saying %q", c.path, c.ranks, err, c.want)
@@ -39,7 +43,7 @@ func TestTensorParallel(t *testing.T) {
 	}
 }
 
-func testTensorParallel(t *testing.T, fixture string) {
+func testTensorParallel(t *testing.T, fixture string, ranks int) {
 	dir := fixtureDir(fixture)
 	ref := readReference(t, dir)
 	whole, err := Load(dir, cpu.New(cpu.Options{Threads: 1}), Options{})
@@ -47,7 +51,6 @@ func testTensorParallel(t *testing.T, fixture string) {
 		t.Fatal(err)
 	}
 	defer whole.Close()
-	const ranks = 2
 	group := cpu.NewGroup(ranks, cpu.Options{Threads: 1})
 	shares := make([]*Model, ranks)
 	for r, b := range group {
@@ -56,7 +59,7 @@ func testTensorParallel(t *testing.T, fixture string) {
 		}
 		defer shares[r].Close()
 		c, w := shares[r].Config(), whole.Config()
-		if first, n := c.heldExperts(); c.Heads != w.Heads/ranks || c.KVHeads != w.KVHeads/ranks || c.Intermediate != w.Intermediate/ranks ||
+		if first, n := c.heldExperts(); c.Heads != w.Heads/ranks || c.KVHeads != max(w.KVHeads/ranks, 1) || c.Intermediate != w.Intermediate/ranks ||
 			n != w.MoE.Experts/ranks || first != r*n {
 			t.Fatalf("rank %d: %d heads, %d KV heads, MLP %d, experts %d from %d", r, c.Heads, c.KVHeads, c.Intermediate, n, first)
 		}
