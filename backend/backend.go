@@ -555,6 +555,14 @@ type Collective interface {
 	// shapes, in the same order; the sum is taken in rank order, so every
 	// rank gets the same bits.
 	AddAllReduced(dst, x Tensor)
+	// EmbedShare writes out[t] = table[Tokens[t] - first] (out [T, H]
+	// f32) for the step's tokens in [first, first+V) of the rank's share
+	// of the embedding table [V, H], and zeros for the others, whose rows
+	// other ranks hold.
+	EmbedShare(out, table Tensor, first int)
+	// GatherCols writes to out [R, ranks*W] (f32) each rank's x [R, W]
+	// (f32) as columns r*W to (r+1)*W, on every rank.
+	GatherCols(out, x Tensor)
 	// Abort ends the group: a rank that failed mid-step calls it, and every
 	// rank waiting in a collective, or calling one later, panics with
 	// ErrGroupAborted instead of waiting for it forever.

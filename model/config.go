@@ -83,6 +83,18 @@ type Config struct {
 	// whole model's KV heads: each rank holds the one its query heads read
 	// (other ranks hold it too); 0 otherwise.
 	kvWays int
+	// vocab is the range [first, first+n) of the vocabulary whose
+	// embedding and LM head rows a rank of a split model holds; n 0: all.
+	vocab [2]int
+}
+
+// vocabShare returns the first token whose embedding and LM head rows the
+// model holds, and how many.
+func (c *Config) vocabShare() (first, n int) {
+	if c.vocab[1] == 0 {
+		return 0, c.VocabSize
+	}
+	return c.vocab[0], c.vocab[1]
 }
 
 // heldExperts returns the first MoE expert this model holds and how many.
@@ -112,9 +124,9 @@ func (c *Config) split(rank, ranks int) (*Config, error) {
 	// heads (as vLLM replicates them), where the ranks divide by them.
 	kvShared := c.KVHeads < ranks && ranks%c.KVHeads == 0
 	if c.Heads%ranks != 0 || (c.KVHeads%ranks != 0 && !kvShared) || dense%ranks != 0 || c.MoE.Experts%ranks != 0 || c.MoE.SharedIntermediate%ranks != 0 ||
-		d.KeyHeads%ranks != 0 || d.ValueHeads%ranks != 0 {
-		return nil, fmt.Errorf("model %s: %d attention heads, %d KV heads, %d/%d DeltaNet key/value heads, a dense MLP of %d, %d experts and a shared expert of %d do not split in %d ranks",
-			c.Name, c.Heads, c.KVHeads, d.KeyHeads, d.ValueHeads, dense, c.MoE.Experts, c.MoE.SharedIntermediate, ranks)
+		d.KeyHeads%ranks != 0 || d.ValueHeads%ranks != 0 || c.VocabSize%ranks != 0 {
+		return nil, fmt.Errorf("model %s: %d attention heads, %d KV heads, %d/%d DeltaNet key/value heads, a dense MLP of %d, %d experts, a shared expert of %d and a vocabulary of %d do not split in %d ranks",
+			c.Name, c.Heads, c.KVHeads, d.KeyHeads, d.ValueHeads, dense, c.MoE.Experts, c.MoE.SharedIntermediate, c.VocabSize, ranks)
 	}
 	s := *c
 	s.Heads, s.KVHeads, s.Intermediate = c.Heads/ranks, c.KVHeads/ranks, c.Intermediate/ranks
@@ -126,6 +138,8 @@ func (c *Config) split(rank, ranks int) (*Config, error) {
 	if n := c.MoE.Experts / ranks; n > 0 {
 		s.held = [2]int{rank * n, n}
 	}
+	v := c.VocabSize / ranks
+	s.vocab = [2]int{rank * v, v}
 	s.ranks = ranks
 	return &s, nil
 }

@@ -84,14 +84,19 @@ func (w *workspace) addOutput(x backend.Tensor, add func(out backend.Tensor)) {
 		return
 	}
 	part := w.get("part", x.Shape()[1])
-	// Zeroed by a host write: the CPU's ranks; a device rank will want a
-	// memset instead.
-	if n := 4 * backend.Numel(part); len(w.zeros) < n {
-		w.zeros = make([]byte, n)
-	}
-	w.b.Write(part, w.zeros[:4*backend.Numel(part)])
+	w.zero(part)
 	add(part)
 	w.tp.AddAllReduced(x, part)
+}
+
+// zero writes zeros to the f32 tensor t: by a host write, which the CPU's
+// ranks take; a device rank will want a memset instead.
+func (w *workspace) zero(t backend.Tensor) {
+	n := 4 * backend.Numel(t)
+	if len(w.zeros) < n {
+		w.zeros = make([]byte, n)
+	}
+	w.b.Write(t, w.zeros[:n])
 }
 
 // heads views the step's activation x [T, n*dim] as its [T*n, dim] heads.
@@ -311,7 +316,15 @@ func (m *Model) check(i int, s *Seq) error {
 func (m *Model) record(ws *workspace) {
 	b, c := m.b, m.cfg
 	x := ws.get("x", c.Hidden)
-	b.Embed(x, m.embed)
+	if m.tp == nil {
+		b.Embed(x, m.embed)
+	} else {
+		// Each rank holds a range of the vocabulary's rows: the sum over
+		// the ranks is each token's.
+		first, _ := c.vocabShare()
+		ws.zero(x)
+		ws.addOutput(x, func(out backend.Tensor) { m.tp.EmbedShare(out, m.embed, first) })
+	}
 	for _, l := range m.layers {
 		l.forward(ws, x)
 	}
@@ -320,7 +333,13 @@ func (m *Model) record(ws *workspace) {
 	}
 	b.GatherRows(ws.gathered, x)
 	b.RMSNorm(ws.gathered, ws.gathered, m.norm, c.NormEps, c.Hybrid())
-	if c.Embedding == nil {
+	if c.Embedding == nil && m.tp == nil {
 		b.MatMul(ws.logits, ws.gathered, m.lmHead, false)
+	} else if c.Embedding == nil {
+		// Each rank's LM head rows give its range of the logits.
+		_, V := c.vocabShare()
+		part := b.Rows(ws.buffer("logits part", backend.F32, ws.R, V), 0, ws.R)
+		b.MatMul(part, ws.gathered, m.lmHead, false)
+		m.tp.GatherCols(ws.logits, part)
 	}
 }

@@ -254,14 +254,15 @@ func build(cfg *Config, b backend.Backend, bd *binder, kv backend.DType) (m *Mod
 // declare makes the model's layers for cfg and lists their weights, in
 // the order a synthetic model numbers them (see binder.synthesize).
 func (m *Model) declare(cfg *Config, prefix string) []param {
-	V, H := cfg.VocabSize, cfg.Hidden
-	params := []param{weight(&m.embed, prefix+"embed_tokens.weight", initNormal, V, H)}
+	_, V := cfg.vocabShare() // a rank of a split model: its range of the vocabulary
+	H := cfg.Hidden
+	params := []param{weight(&m.embed, prefix+"embed_tokens.weight", initNormal, V, H).rowSplit()}
 	layers, layerParams := decoderLayers(cfg, prefix, &m.attnSpec, &m.dnSpec)
 	m.layers = layers
 	params = append(params, layerParams...)
 	params = append(params, weight(&m.norm, prefix+"norm.weight", normInit(cfg), H))
 	if !cfg.TieEmbeddings && cfg.Embedding == nil {
-		params = append(params, weight(&m.lmHead, "lm_head.weight", initNormal, V, H))
+		params = append(params, weight(&m.lmHead, "lm_head.weight", initNormal, V, H).rowSplit())
 	}
 	return params
 }

@@ -105,3 +105,47 @@ func (b *Backend) AddAllReduced(dst, x backend.Tensor) {
 	}
 	g.wait() // no rank writes its x again while another reads it
 }
+
+// EmbedShare writes the embeddings of the step's tokens that the rank's
+// share of the table holds, zeros for the others; see backend.Collective.
+func (b *Backend) EmbedShare(out, table backend.Tensor, first int) {
+	ot := asT(out)
+	w := weightsOf(asT(table))
+	T, H := b.numTokens(), w.cols
+	checkShape("embed share out", ot, T, H)
+	o := ot.out32()
+	for t, tok := range b.step.tokens {
+		row := o[t*H : (t+1)*H]
+		if i := int(tok) - first; i >= 0 && i < w.rows {
+			w.decode(i, row)
+		} else {
+			clear(row)
+		}
+	}
+}
+
+// GatherCols joins the ranks' column blocks; see backend.Collective.
+func (b *Backend) GatherCols(out, x backend.Tensor) {
+	ot, xt := asT(out), asT(x)
+	R, W := matrix(xt)
+	n := b.Ranks()
+	checkShape("gather cols out", ot, R, n*W)
+	if ot.dt != backend.F32 || xt.dt != backend.F32 {
+		panic(fmt.Sprintf("cpu: gather cols: %v into %v", xt, ot))
+	}
+	o := ot.out32()
+	parts := [][]float32{xt.f32()}
+	if g := b.group; g != nil {
+		g.parts[b.rank] = xt.f32()
+		g.wait()
+		parts = g.parts
+	}
+	for r, p := range parts {
+		for i := range R {
+			copy(o[i*n*W+r*W:i*n*W+(r+1)*W], p[i*W:(i+1)*W])
+		}
+	}
+	if b.group != nil {
+		b.group.wait() // no rank writes its x again while another reads it
+	}
+}
