@@ -108,21 +108,7 @@ func (b *Backend) AddAllReduced(dst, x backend.Tensor) {
 
 // EmbedShare writes the embeddings of the step's tokens that the rank's
 // share of the table holds, zeros for the others; see backend.Collective.
-func (b *Backend) EmbedShare(out, table backend.Tensor, first int) {
-	ot := asT(out)
-	w := weightsOf(asT(table))
-	T, H := b.numTokens(), w.cols
-	checkShape("embed share out", ot, T, H)
-	o := ot.out32()
-	for t, tok := range b.step.tokens {
-		row := o[t*H : (t+1)*H]
-		if i := int(tok) - first; i >= 0 && i < w.rows {
-			w.decode(i, row)
-		} else {
-			clear(row)
-		}
-	}
-}
+func (b *Backend) EmbedShare(out, table backend.Tensor, first int) { b.embed(out, table, first, true) }
 
 // GatherCols joins the ranks' column blocks; see backend.Collective.
 func (b *Backend) GatherCols(out, x backend.Tensor) {

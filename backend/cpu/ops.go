@@ -8,20 +8,30 @@ import (
 )
 
 // Embed writes out[t] = table[Tokens[t]]; out [T, H] f32, table [V, H].
-func (b *Backend) Embed(out, table backend.Tensor) {
+func (b *Backend) Embed(out, table backend.Tensor) { b.embed(out, table, 0, false) }
+
+// embed writes out[t] = table[Tokens[t] - first]; a token outside the
+// table's rows is refused, or (share: the table is a rank's share of the
+// vocabulary) gets zeros.
+func (b *Backend) embed(out, table backend.Tensor, first int, share bool) {
 	ot := asT(out)
 	w := weightsOf(asT(table))
 	T, H := b.numTokens(), w.cols
 	checkShape("embed out", ot, T, H)
 	o := ot.out32()
 	for _, tok := range b.step.tokens {
-		if tok < 0 || int(tok) >= w.rows {
+		if i := int(tok) - first; !share && (i < 0 || i >= w.rows) {
 			panic(fmt.Sprintf("cpu: embed: token %d outside vocabulary of %d", tok, w.rows))
 		}
 	}
 	b.pool.For(T, max(1, 8192/max(H, 1)), func(lo, hi int) {
 		for t := lo; t < hi; t++ {
-			w.decode(int(b.step.tokens[t]), o[t*H:(t+1)*H])
+			row := o[t*H : (t+1)*H]
+			if i := int(b.step.tokens[t]) - first; i >= 0 && i < w.rows {
+				w.decode(i, row)
+			} else {
+				clear(row)
+			}
 		}
 	})
 }
