@@ -149,7 +149,7 @@ func bucket(n int) int {
 // one token, each wanting logits) are padded to a batch-size bucket and run
 // through backend.Graph.
 func (m *Model) Forward(seqs []Seq) (logits backend.Tensor, err error) {
-	if len(m.peers) == 0 {
+	if len(m.ranks) == 1 {
 		return m.forward(seqs)
 	}
 	// A split model (Group): every rank runs the step, each on a goroutine
@@ -160,9 +160,9 @@ func (m *Model) Forward(seqs []Seq) (logits backend.Tensor, err error) {
 			return nil, err
 		}
 	}
-	errs := make([]error, len(m.peers)+1)
+	errs := make([]error, len(m.ranks))
 	var wg sync.WaitGroup
-	for i, p := range m.peers {
+	for i, p := range m.peers() {
 		wg.Go(func() { _, errs[i+1] = p.rankForward(seqs) })
 	}
 	logits, errs[0] = m.rankForward(seqs)

@@ -92,9 +92,9 @@ type Model struct {
 	// tp is the backend's group when the model is one rank's share of a
 	// split model (Options.Ranks); nil otherwise.
 	tp backend.Collective
-	// peers are the other ranks of a split model whose face this rank 0
-	// is (Group); their steps, caches and states follow its calls.
-	peers []*Model
+	// ranks are this model, then the other ranks of a split model whose
+	// face it is (Group): their steps, caches and states follow its calls.
+	ranks []*Model
 }
 
 // Group makes the ranks of a split model (ranks[i] loaded with
@@ -109,12 +109,12 @@ func Group(ranks []*Model) (*Model, error) {
 			return nil, fmt.Errorf("model: group: model %d is not rank %d of %d of %s", i, i, len(ranks), ranks[0].cfg.Name)
 		}
 	}
-	ranks[0].peers = ranks[1:]
+	ranks[0].ranks = ranks
 	return ranks[0], nil
 }
 
-// group returns the model's ranks: itself, then its peers.
-func (m *Model) group() []*Model { return append([]*Model{m}, m.peers...) }
+// peers returns the other ranks of a split model whose face m is.
+func (m *Model) peers() []*Model { return m.ranks[1:] }
 
 // Load reads the model in dir (a Hugging Face model directory, a GGUF
 // file, or a directory holding one GGUF file); its weights are
@@ -201,6 +201,7 @@ func build(cfg *Config, b backend.Backend, bd *binder, kv backend.DType) (m *Mod
 		tp = b.(backend.Collective)
 	}
 	m = &Model{tp: tp, cfg: cfg, b: b, attnSpec: cfg.AttnSpec(), dnSpec: cfg.DeltaNet, kvDType: kv, decode: map[int]*workspace{}}
+	m.ranks = []*Model{m}
 	prefix := "model."
 	if bd.src != nil {
 		// Multimodal checkpoints keep the language model under model.language_model.
@@ -299,7 +300,7 @@ func (m *Model) DecodeBytes(B int) int64 {
 // WeightBytes is the device memory the weights take (on all ranks).
 func (m *Model) WeightBytes() int64 {
 	var n int64
-	for _, r := range m.group() {
+	for _, r := range m.ranks {
 		for _, t := range r.tensors {
 			n += int64(t.DType().Bytes(t.Shape()...))
 		}
@@ -317,7 +318,7 @@ func (m *Model) KVBytesPerToken() int64 {
 // writes it: every rank's); 0 for models without DeltaNet layers.
 func (m *Model) SlotBytes() int {
 	n := 0
-	for _, r := range m.group() {
+	for _, r := range m.ranks {
 		n += r.rankSlotBytes()
 	}
 	return n
@@ -337,7 +338,7 @@ func (m *Model) rankSlotBytes() int {
 // BlockSize tokens and slots 0..Slots-1. One more block and slot are kept
 // for the padding sequences of batch-size buckets.
 func (m *Model) AllocCache(spec CacheSpec) error {
-	for _, p := range m.peers {
+	for _, p := range m.peers() {
 		if err := p.AllocCache(spec); err != nil {
 			return err
 		}
@@ -387,7 +388,7 @@ func (m *Model) freeCache() {
 
 // CopyBlock copies KV block src to dst in every layer (copy-on-write).
 func (m *Model) CopyBlock(dst, src int) {
-	for _, r := range m.group() {
+	for _, r := range m.ranks {
 		r.kv.CopyBlock(dst, src)
 	}
 }
@@ -396,7 +397,7 @@ func (m *Model) CopyBlock(dst, src int) {
 // every rank), as SaveBlocks writes it.
 func (m *Model) BlockBytes() int {
 	n := 0
-	for _, r := range m.group() {
+	for _, r := range m.ranks {
 		n += r.kv.Spec().BlockBytes()
 	}
 	return n
@@ -406,7 +407,7 @@ func (m *Model) BlockBytes() int {
 // backend.KVCache); a split model's block holds every rank's part of it,
 // rank after rank.
 func (m *Model) SaveBlocks(blocks []int, dst []byte) error {
-	if len(m.peers) == 0 {
+	if len(m.ranks) == 1 {
 		return m.kv.SaveBlocks(blocks, dst)
 	}
 	return m.rankBlocks(blocks, dst, func(r *Model, part []byte) error { return r.kv.SaveBlocks(blocks, part) }, true)
@@ -414,7 +415,7 @@ func (m *Model) SaveBlocks(blocks []int, dst []byte) error {
 
 // RestoreBlocks writes KV blocks saved by SaveBlocks.
 func (m *Model) RestoreBlocks(blocks []int, src []byte) error {
-	if len(m.peers) == 0 {
+	if len(m.ranks) == 1 {
 		return m.kv.RestoreBlocks(blocks, src)
 	}
 	return m.rankBlocks(blocks, src, func(r *Model, part []byte) error { return r.kv.RestoreBlocks(blocks, part) }, false)
@@ -429,7 +430,7 @@ func (m *Model) rankBlocks(blocks []int, buf []byte, copyRank func(r *Model, par
 		return fmt.Errorf("model: %d bytes for %d KV blocks of %d", len(buf), len(blocks), bb)
 	}
 	off := 0
-	for _, r := range m.group() {
+	for _, r := range m.ranks {
 		rb := r.kv.Spec().BlockBytes()
 		part := make([]byte, len(blocks)*rb)
 		if !save {
@@ -452,7 +453,7 @@ func (m *Model) rankBlocks(blocks []int, buf []byte, copyRank func(r *Model, par
 
 // CopySlot copies the recurrent state of slot src to slot dst.
 func (m *Model) CopySlot(dst, src int) {
-	for _, r := range m.group() {
+	for _, r := range m.ranks {
 		r.state.CopySlot(dst, src)
 	}
 }
@@ -466,7 +467,7 @@ func (m *Model) SaveSlot(slot int, dst []byte) error {
 	if len(dst) != m.SlotBytes() {
 		return fmt.Errorf("model: save slot: %d bytes, a slot has %d", len(dst), m.SlotBytes())
 	}
-	for _, r := range m.group() {
+	for _, r := range m.ranks {
 		n := r.state.SlotBytes()
 		if err := r.state.Save(slot, dst[:n]); err != nil {
 			return err
@@ -478,7 +479,7 @@ func (m *Model) SaveSlot(slot int, dst []byte) error {
 
 // RestoreSlot writes a slot's recurrent state saved by SaveSlot.
 func (m *Model) RestoreSlot(slot int, src []byte) {
-	for _, r := range m.group() {
+	for _, r := range m.ranks {
 		n := r.state.SlotBytes()
 		r.state.Restore(slot, src[:n])
 		src = src[n:]
@@ -492,10 +493,10 @@ func (m *Model) Sample(logits backend.Tensor, p []backend.SampleParams) ([]backe
 
 // Close frees the model's caches and weights and unmaps its files.
 func (m *Model) Close() {
-	for _, p := range m.peers {
+	for _, p := range m.peers() {
 		p.Close()
 	}
-	m.peers = nil
+	m.ranks = m.ranks[:1]
 	m.freeCache()
 	for _, ws := range m.decode {
 		ws.free()
