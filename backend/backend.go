@@ -550,11 +550,15 @@ type Collective interface {
 	// Rank is this backend's place in the group, 0 to Ranks-1.
 	Rank() int
 	Ranks() int
-	// AddAllReduced adds to dst [T, H] (f32) the sum of x [T, H] (f32)
-	// over every rank of the group, which all call it with the same
-	// shapes, in the same order; the sum is taken in rank order, so every
-	// rank gets the same bits.
-	AddAllReduced(dst, x Tensor)
+	// Partial returns the tensor that a block adds its output on this rank
+	// to, before AllReduce(x, that tensor) sums the ranks' into the
+	// residual x [T, H] (f32): x itself on rank 0, and elsewhere part (of
+	// x's shape and type) zeroed.
+	Partial(part, x Tensor) Tensor
+	// AllReduce writes to dst [T, H] (f32) the sum of x [T, H] (f32) over
+	// every rank of the group, which all call it with the same shapes, in
+	// the same order; x may be dst.
+	AllReduce(dst, x Tensor)
 	// EmbedShare writes out[t] = table[Tokens[t] - first] (out [T, H]
 	// f32) for the step's tokens in [first, first+V) of the rank's share
 	// of the embedding table [V, H], and zeros for the others, whose rows

@@ -29,8 +29,7 @@ type workspace struct {
 	warm bool
 	// tp is the group of a split model's rank (Model.tp), whose blocks'
 	// outputs are summed over the ranks; nil otherwise.
-	tp    backend.Collective
-	zeros []byte
+	tp backend.Collective
 }
 
 func newWorkspace(b backend.Backend, rows int) *workspace {
@@ -75,28 +74,17 @@ func (w *workspace) ids(name string, width int) backend.Tensor {
 }
 
 // addOutput adds a block's output to the residual stream x: add adds it
-// to the tensor it is given, x itself, or on a rank of a split model a
-// zeroed buffer of the rank's partial output, which the ranks' sum then
-// joins x.
+// to the tensor it is given, x itself, or on a rank of a split model what
+// Collective.Partial gives (x on rank 0, zeros elsewhere), whose sum over
+// the ranks becomes x.
 func (w *workspace) addOutput(x backend.Tensor, add func(out backend.Tensor)) {
 	if w.tp == nil {
 		add(x)
 		return
 	}
-	part := w.get("part", x.Shape()[1])
-	w.zero(part)
+	part := w.tp.Partial(w.get("part", x.Shape()[1]), x)
 	add(part)
-	w.tp.AddAllReduced(x, part)
-}
-
-// zero writes zeros to the f32 tensor t: by a host write, which the CPU's
-// ranks take; a device rank will want a memset instead.
-func (w *workspace) zero(t backend.Tensor) {
-	n := 4 * backend.Numel(t)
-	if len(w.zeros) < n {
-		w.zeros = make([]byte, n)
-	}
-	w.b.Write(t, w.zeros[:n])
+	w.tp.AllReduce(x, part)
 }
 
 // heads views the step's activation x [T, n*dim] as its [T*n, dim] heads.
@@ -322,8 +310,9 @@ func (m *Model) record(ws *workspace) {
 		// Each rank holds a range of the vocabulary's rows: the sum over
 		// the ranks is each token's.
 		first, _ := c.vocabShare()
-		ws.zero(x)
-		ws.addOutput(x, func(out backend.Tensor) { m.tp.EmbedShare(out, m.embed, first) })
+		part := ws.get("part", c.Hidden)
+		m.tp.EmbedShare(part, m.embed, first)
+		m.tp.AllReduce(x, part)
 	}
 	for _, l := range m.layers {
 		l.forward(ws, x)

@@ -37,19 +37,20 @@ type Options struct {
 	// Dequantize widens quantized weights to float32 exactly as they load:
 	// the reference a quantized model is checked against.
 	Dequantize bool
-	// Ranks > 1 loads rank Rank's share of a model split across Ranks
+	// Ranks > 0 loads rank Rank's share of a model split across Ranks
 	// backends (tensor parallel: its share of the query and KV heads and of
 	// the MLP's rows; docs/multigpu.md) onto a backend that is that rank of
 	// a backend.Collective group. The ranks step together, each on its own
 	// goroutine, and every attention and MLP output is summed over them.
-	// Dense models with float weights only, for now.
+	// Ranks 1 is the whole model run through a group of one (on a GPU,
+	// through NCCL), which must equal the model run without a group.
 	Rank, Ranks int
 }
 
 // tensorParallel returns the share of a split model that o asks b to load.
 func (o Options) tensorParallel(b backend.Backend) (rank, ranks int, err error) {
-	if o.Ranks <= 1 {
-		return 0, 1, nil
+	if o.Ranks <= 0 {
+		return 0, 0, nil
 	}
 	c, ok := b.(backend.Collective)
 	if !ok || c.Ranks() != o.Ranks || c.Rank() != o.Rank {
@@ -112,6 +113,9 @@ func Group(ranks []*Model) (*Model, error) {
 	ranks[0].ranks = ranks
 	return ranks[0], nil
 }
+
+// Ranks is how many devices the model is split across (1: not split).
+func (m *Model) Ranks() int { return len(m.ranks) }
 
 // peers returns the other ranks of a split model whose face m is.
 func (m *Model) peers() []*Model { return m.ranks[1:] }
@@ -189,7 +193,7 @@ func build(cfg *Config, b backend.Backend, bd *binder, kv backend.DType) (m *Mod
 		return nil, fmt.Errorf("model: KV cache dtype %v is not supported (f32 or bf16)", kv)
 	}
 	var tp backend.Collective
-	if bd.ranks > 1 {
+	if bd.ranks > 0 {
 		if cfg, err = cfg.split(bd.rank, bd.ranks); err != nil {
 			return nil, err
 		}

@@ -16,6 +16,9 @@ type SyntheticOptions struct {
 	Seed    uint64        // weights are a deterministic function of the seed
 	DType   backend.DType // weight dtype: BF16, F16, F32, or a quantized type for the linear layers (the rest bf16)
 	KVDType backend.DType // KV cache dtype, as in Options
+	// Rank of Ranks, as in Options: each rank draws its share's weights
+	// (random too: a split synthetic model is not the whole one's split).
+	Rank, Ranks int
 }
 
 // syntheticConfigs are config.json files of published models (and of the
@@ -100,7 +103,11 @@ func Synthetic(name string, b backend.Backend, o SyntheticOptions) (*Model, erro
 	default:
 		return nil, fmt.Errorf("model: synthetic weights cannot be %v", o.DType)
 	}
-	return build(cfg, b, &binder{b: b, dtype: o.DType, seed: o.Seed}, o.KVDType)
+	bd := &binder{b: b, dtype: o.DType, seed: o.Seed}
+	if bd.rank, bd.ranks, err = (Options{Rank: o.Rank, Ranks: o.Ranks}).tensorParallel(b); err != nil {
+		return nil, err
+	}
+	return build(cfg, b, bd, o.KVDType)
 }
 
 // syntheticConfig parses the named synthetic config; layers > 0 keeps only

@@ -53,6 +53,8 @@ type Backend struct {
 	// rank of (NewGroup).
 	group *group
 	rank  int
+	// reduced holds an AllReduce's sums until every rank has read its x.
+	reduced []float32
 }
 
 var (

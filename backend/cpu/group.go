@@ -80,30 +80,48 @@ func (b *Backend) Ranks() int {
 	return b.group.n
 }
 
-// AddAllReduced adds to dst the sum of x over the group's ranks; see
+// Partial returns what a block adds its share of the output to: x on
+// rank 0, part zeroed on the others; see backend.Collective.
+func (b *Backend) Partial(part, x backend.Tensor) backend.Tensor {
+	pt, xt := asT(part), asT(x)
+	if pt.dt != backend.F32 || xt.dt != backend.F32 || !slices.Equal(pt.shape, xt.shape) {
+		panic(fmt.Sprintf("cpu: partial: %v for %v", pt, xt))
+	}
+	if b.rank == 0 {
+		return x
+	}
+	clear(pt.out32())
+	return part
+}
+
+// AllReduce writes to dst the sum of x over the group's ranks, taken in
+// rank order so that every rank gets the same bits; see
 // backend.Collective.
-func (b *Backend) AddAllReduced(dst, x backend.Tensor) {
+func (b *Backend) AllReduce(dst, x backend.Tensor) {
 	dt, xt := asT(dst), asT(x)
 	if dt.dt != backend.F32 || xt.dt != backend.F32 || !slices.Equal(dt.shape, xt.shape) {
-		panic(fmt.Sprintf("cpu: add all-reduced: %v into %v", xt, dt))
+		panic(fmt.Sprintf("cpu: all-reduce: %v into %v", xt, dt))
 	}
 	d, g := dt.out32(), b.group
 	if g == nil {
-		for i, v := range xt.f32() {
-			d[i] += v
-		}
+		copy(d, xt.f32())
 		return
 	}
 	g.parts[b.rank] = xt.f32()
 	g.wait()
+	// Into a buffer of the rank's own first: dst may be a rank's x, which
+	// the others are reading.
+	sum := b.reduced[:0]
 	for i := range d {
 		var s float32
 		for _, p := range g.parts {
 			s += p[i]
 		}
-		d[i] += s
+		sum = append(sum, s)
 	}
-	g.wait() // no rank writes its x again while another reads it
+	b.reduced = sum
+	g.wait() // every rank has read every x
+	copy(d, sum)
 }
 
 // EmbedShare writes the embeddings of the step's tokens that the rank's

@@ -9,20 +9,25 @@ import (
 	"github.com/kiln-llm/kiln/backend"
 )
 
-// TestAddAllReduced: three ranks, each adding the group's sum of their
-// partial rows to their own residual, many times over (the group's
-// barrier reused): every rank ends with the same bits, the sum taken in
-// rank order.
-func TestAddAllReduced(t *testing.T) {
+// TestAllReduce: three ranks, each adding its share of an output to what
+// Partial gives (rank 0: the residual itself) and summing those over the
+// group into the residual, many times over (the group's barrier reused):
+// every rank ends with the same bits, the residual plus the shares in rank
+// order.
+func TestAllReduce(t *testing.T) {
 	const ranks, rows, cols, rounds = 3, 5, 7, 20
 	g := NewGroup(ranks, Options{Threads: 1})
 	rng := rand.New(rand.NewPCG(1, 2))
-	parts := make([][][]float64, rounds)
+	start := make([]float64, rows*cols)
+	for j := range start {
+		start[j] = rng.NormFloat64()
+	}
+	parts := make([][][]float32, rounds)
 	for i := range parts {
 		for range ranks {
-			p := make([]float64, rows*cols)
+			p := make([]float32, rows*cols)
 			for j := range p {
-				p[j] = rng.NormFloat64()
+				p[j] = float32(rng.NormFloat64())
 			}
 			parts[i] = append(parts[i], p)
 		}
@@ -34,22 +39,32 @@ func TestAddAllReduced(t *testing.T) {
 			t.Fatalf("rank %d says rank %d of %d", r, b.Rank(), b.Ranks())
 		}
 		wg.Go(func() {
-			x := tensorF32(b, make([]float64, rows*cols), rows, cols)
+			x := tensorF32(b, start, rows, cols)
+			part := b.Alloc(backend.F32, rows, cols)
 			for i := range rounds {
-				b.AddAllReduced(x, tensorF32(b, parts[i][r], rows, cols))
+				out := b.Partial(part, x)
+				p := readF32(t, b, out)
+				for j := range p {
+					p[j] += parts[i][r][j]
+				}
+				b.Write(out, asBytes(p))
+				b.AllReduce(x, out)
 			}
 			got[r] = readF32(t, b, x)
 		})
 	}
 	wg.Wait()
 	want := make([]float32, rows*cols)
+	for j := range want {
+		want[j] = float32(start[j])
+	}
 	for i := range rounds {
 		for j := range want {
-			var s float32
-			for r := range ranks {
-				s += float32(parts[i][r][j])
+			s := want[j] + parts[i][0][j]
+			for r := 1; r < ranks; r++ {
+				s += parts[i][r][j]
 			}
-			want[j] += s
+			want[j] = s
 		}
 	}
 	for r := range got {
@@ -69,7 +84,7 @@ func TestGroupAbort(t *testing.T) {
 		wg.Go(func() {
 			defer func() { panics[r] = recover() }()
 			x := tensorF32(b, make([]float64, 4), 2, 2)
-			b.AddAllReduced(x, tensorF32(b, []float64{1, 2, 3, 4}, 2, 2))
+			b.AllReduce(x, tensorF32(b, []float64{1, 2, 3, 4}, 2, 2))
 		})
 	}
 	g[2].Abort()
@@ -86,6 +101,6 @@ func TestGroupAbort(t *testing.T) {
 			}
 		}()
 		b := g[2]
-		b.AddAllReduced(tensorF32(b, make([]float64, 4), 2, 2), tensorF32(b, make([]float64, 4), 2, 2))
+		b.AllReduce(tensorF32(b, make([]float64, 4), 2, 2), tensorF32(b, make([]float64, 4), 2, 2))
 	}()
 }
