@@ -29,6 +29,7 @@ const (
 // blasLt runs the compute-bound products through cuBLASLt, with one plan
 // (descriptors and the heuristic's algorithm) cached per shape.
 type blasLt struct {
+	ctx   C.CUcontext
 	h     C.cublasLtHandle_t
 	ws    devptr
 	plans map[ltKey]*ltPlan
@@ -48,15 +49,15 @@ type ltPlan struct {
 	algo       C.cublasLtMatmulHeuristicResult_t
 }
 
-func newBlasLt(s stream) (*blasLt, error) {
+func newBlasLt(ctx C.CUcontext, s stream) (*blasLt, error) {
 	if err := loadCublasLt(); err != nil {
 		return nil, fmt.Errorf("cuda: no cuBLASLt: %w", err)
 	}
-	l := &blasLt{plans: map[ltKey]*ltPlan{}}
-	if r := C.k_cublasLtCreate(&l.h); r != 0 {
+	l := &blasLt{ctx: ctx, plans: map[ltKey]*ltPlan{}}
+	if r := C.k_cublasLtCreate(l.ctx, &l.h); r != 0 {
 		return nil, fmt.Errorf("cuda: cublasLtCreate failed (%d)", r)
 	}
-	if err := check("cuMemAlloc", C.k_cuMemAlloc_v2(&l.ws, ltWorkspaceB)); err != nil {
+	if err := check("cuMemAlloc", C.k_cuMemAlloc_v2(l.ctx, &l.ws, ltWorkspaceB)); err != nil {
 		return nil, err
 	}
 	return l, nil
@@ -89,11 +90,11 @@ func (l *blasLt) plan(key ltKey, setup func(C.cublasLtMatmulDesc_t) error) (*ltP
 		return p, nil
 	}
 	p := &ltPlan{}
-	if err := ltErr("cublasLtMatmulDescCreate", C.k_cublasLtMatmulDescCreate(&p.desc, compute32F, cudaR32F)); err != nil {
+	if err := ltErr("cublasLtMatmulDescCreate", C.k_cublasLtMatmulDescCreate(l.ctx, &p.desc, compute32F, cudaR32F)); err != nil {
 		return nil, err
 	}
 	t := C.int(opT)
-	if err := ltErr("cublasLtMatmulDescSetAttribute", C.k_cublasLtMatmulDescSetAttribute(p.desc, descTransA, unsafePtr(&t), 4)); err != nil {
+	if err := ltErr("cublasLtMatmulDescSetAttribute", C.k_cublasLtMatmulDescSetAttribute(l.ctx, p.desc, descTransA, unsafePtr(&t), 4)); err != nil {
 		return nil, err
 	}
 	// Column-major view of row-major out[n,o] = x[n,i] . w[o,i]^T:
@@ -104,26 +105,26 @@ func (l *blasLt) plan(key ltKey, setup func(C.cublasLtMatmulDesc_t) error) (*ltP
 			return nil, err
 		}
 	}
-	if err := ltErr("cublasLtMatrixLayoutCreate", C.k_cublasLtMatrixLayoutCreate(&p.la, wt, C.ulonglong(key.k), C.ulonglong(key.m), C.longlong(key.lda))); err != nil {
+	if err := ltErr("cublasLtMatrixLayoutCreate", C.k_cublasLtMatrixLayoutCreate(l.ctx, &p.la, wt, C.ulonglong(key.k), C.ulonglong(key.m), C.longlong(key.lda))); err != nil {
 		return nil, err
 	}
-	if err := ltErr("cublasLtMatrixLayoutCreate", C.k_cublasLtMatrixLayoutCreate(&p.lb, wt, C.ulonglong(key.k), C.ulonglong(key.n), C.longlong(key.k))); err != nil {
+	if err := ltErr("cublasLtMatrixLayoutCreate", C.k_cublasLtMatrixLayoutCreate(l.ctx, &p.lb, wt, C.ulonglong(key.k), C.ulonglong(key.n), C.longlong(key.k))); err != nil {
 		return nil, err
 	}
-	if err := ltErr("cublasLtMatrixLayoutCreate", C.k_cublasLtMatrixLayoutCreate(&p.lc, ltType(key.ot), C.ulonglong(key.m), C.ulonglong(key.n), C.longlong(key.ldc))); err != nil {
+	if err := ltErr("cublasLtMatrixLayoutCreate", C.k_cublasLtMatrixLayoutCreate(l.ctx, &p.lc, ltType(key.ot), C.ulonglong(key.m), C.ulonglong(key.n), C.longlong(key.ldc))); err != nil {
 		return nil, err
 	}
 	var pref C.cublasLtMatmulPreference_t
-	if err := ltErr("cublasLtMatmulPreferenceCreate", C.k_cublasLtMatmulPreferenceCreate(&pref)); err != nil {
+	if err := ltErr("cublasLtMatmulPreferenceCreate", C.k_cublasLtMatmulPreferenceCreate(l.ctx, &pref)); err != nil {
 		return nil, err
 	}
-	defer C.k_cublasLtMatmulPreferenceDestroy(pref)
+	defer C.k_cublasLtMatmulPreferenceDestroy(l.ctx, pref)
 	ws := C.size_t(ltWorkspaceB)
-	if err := ltErr("cublasLtMatmulPreferenceSetAttribute", C.k_cublasLtMatmulPreferenceSetAttribute(pref, prefMaxWS, unsafePtr(&ws), 8)); err != nil {
+	if err := ltErr("cublasLtMatmulPreferenceSetAttribute", C.k_cublasLtMatmulPreferenceSetAttribute(l.ctx, pref, prefMaxWS, unsafePtr(&ws), 8)); err != nil {
 		return nil, err
 	}
 	var got C.int
-	if err := ltErr("cublasLtMatmulAlgoGetHeuristic", C.k_cublasLtMatmulAlgoGetHeuristic(l.h, p.desc, p.la, p.lb, p.lc, p.lc, pref, 1, &p.algo, &got)); err != nil {
+	if err := ltErr("cublasLtMatmulAlgoGetHeuristic", C.k_cublasLtMatmulAlgoGetHeuristic(l.ctx, l.h, p.desc, p.la, p.lb, p.lc, p.lc, pref, 1, &p.algo, &got)); err != nil {
 		return nil, err
 	}
 	if got == 0 {
@@ -144,7 +145,7 @@ func (l *blasLt) matmul(s stream, out, x, w devptr, n, m, k, ldc int, wt, ot bac
 	if accumulate {
 		beta = 1
 	}
-	return ltErr("cublasLtMatmul", C.k_lt_matmul(l.h, p.desc, 1, w, p.la, x, p.lb, beta, out, p.lc, &p.algo, l.ws, ltWorkspaceB, s))
+	return ltErr("cublasLtMatmul", C.k_lt_matmul(l.ctx, l.h, p.desc, 1, w, p.la, x, p.lb, beta, out, p.lc, &p.algo, l.ws, ltWorkspaceB, s))
 }
 
 // fp8matmul computes out[n,m] (+)= x[n,k] . w[m,k]^T with w FP8 rows of
@@ -157,7 +158,7 @@ func (l *blasLt) fp8matmul(s stream, out, x, xs, w, ws devptr, n, m, k, lda int,
 	scales := func(d C.cublasLtMatmulDesc_t) error {
 		for _, a := range [][2]C.int{{descAScaleMode, scaleBlk128}, {descBScaleMode, scaleVec128}} {
 			v := a[1]
-			if err := ltErr("cublasLtMatmulDescSetAttribute", C.k_cublasLtMatmulDescSetAttribute(d, a[0], unsafePtr(&v), 4)); err != nil {
+			if err := ltErr("cublasLtMatmulDescSetAttribute", C.k_cublasLtMatmulDescSetAttribute(l.ctx, d, a[0], unsafePtr(&v), 4)); err != nil {
 				return err
 			}
 		}
@@ -166,7 +167,7 @@ func (l *blasLt) fp8matmul(s stream, out, x, xs, w, ws devptr, n, m, k, lda int,
 			ptr  devptr
 		}{{descAScalePtr, ws}, {descBScalePtr, xs}} {
 			v := a.ptr
-			if err := ltErr("cublasLtMatmulDescSetAttribute", C.k_cublasLtMatmulDescSetAttribute(d, a.attr, unsafePtr(&v), 8)); err != nil {
+			if err := ltErr("cublasLtMatmulDescSetAttribute", C.k_cublasLtMatmulDescSetAttribute(l.ctx, d, a.attr, unsafePtr(&v), 8)); err != nil {
 				return err
 			}
 		}
@@ -186,5 +187,5 @@ func (l *blasLt) fp8matmul(s stream, out, x, xs, w, ws devptr, n, m, k, lda int,
 	if accumulate {
 		beta = 1
 	}
-	return ltErr("cublasLtMatmul", C.k_lt_matmul(l.h, p.desc, 1, w, p.la, x, p.lb, beta, out, p.lc, &p.algo, l.ws, ltWorkspaceB, s))
+	return ltErr("cublasLtMatmul", C.k_lt_matmul(l.ctx, l.h, p.desc, 1, w, p.la, x, p.lb, beta, out, p.lc, &p.algo, l.ws, ltWorkspaceB, s))
 }

@@ -69,6 +69,7 @@ func kernelSources() (map[string]string, error) {
 
 // kernels are the loaded modules; functions are looked up once by name.
 type kernels struct {
+	ctx   C.CUcontext
 	mods  []C.CUmodule
 	funcs map[string]kfunc
 	nvrtc int // the compiler's version, nvrtcVersion's form
@@ -86,7 +87,7 @@ func (k *kernels) get(name string) kfunc {
 	defer C.free(unsafe.Pointer(cname))
 	for _, m := range k.mods {
 		var f kfunc
-		if C.k_cuModuleGetFunction(&f, m, cname) == 0 {
+		if C.k_cuModuleGetFunction(k.ctx, &f, m, cname) == 0 {
 			k.funcs[name] = f
 			return f
 		}
@@ -109,7 +110,7 @@ func cacheDir(dir string) string {
 
 // compileKernels returns the kernel modules for arch, from the disk cache or
 // compiled by NVRTC (each file in parallel, then cached).
-func compileKernels(arch, dir string) (*kernels, error) {
+func compileKernels(ctx C.CUcontext, arch, dir string) (*kernels, error) {
 	srcs, err := kernelSources()
 	if err != nil {
 		return nil, err
@@ -173,10 +174,10 @@ func compileKernels(arch, dir string) (*kernels, error) {
 	if len(compiling) > 0 {
 		slog.Info("compiled CUDA kernels", "files", strings.Join(compiling, " "), "seconds", fmt.Sprintf("%.1f", time.Since(start).Seconds()))
 	}
-	k := &kernels{funcs: map[string]kfunc{}, nvrtc: nvrtcVersion(int(maj), int(min))}
+	k := &kernels{ctx: ctx, funcs: map[string]kfunc{}, nvrtc: nvrtcVersion(int(maj), int(min))}
 	for i, cubin := range cubins {
 		var m C.CUmodule
-		if err := check("cuModuleLoadData "+names[i], C.k_cuModuleLoadData(&m, unsafe.Pointer(&cubin[0]))); err != nil {
+		if err := check("cuModuleLoadData "+names[i], C.k_cuModuleLoadData(k.ctx, &m, unsafe.Pointer(&cubin[0]))); err != nil {
 			return nil, err
 		}
 		k.mods = append(k.mods, m)

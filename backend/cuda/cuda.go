@@ -28,8 +28,17 @@ type Options struct {
 // Backend runs kiln's operations on one NVIDIA GPU. Like every backend it is
 // used by one goroutine at a time.
 type Backend struct {
-	name   string
-	arch   string // e.g. "sm_90a"
+	name string
+	arch string // e.g. "sm_90a"
+	// ctx is the device's primary context, which every driver call of the
+	// backend runs in (shim.c: use_ctx).
+	ctx    C.CUcontext
+	device int
+	// group, rank and comm: the backend's place in a group of GPUs that
+	// run a model split across them (collective.go); nil, 0 and nil alone.
+	group  *group
+	rank   int
+	comm   C.ncclComm_t
 	sms    int
 	smemOp int // opt-in shared memory per block
 	smemSM int // shared memory per multiprocessor
@@ -85,34 +94,28 @@ var (
 // New opens the driver and the device. It returns an error saying why when
 // no usable GPU is present (no libcuda, no device, kernel compilation failed).
 func New(opts Options) (*Backend, error) {
-	if err := loadDriver(); err != nil {
-		return nil, fmt.Errorf("cuda: no driver: %w", err)
-	}
-	if err := check("cuInit", C.k_cuInit(0)); err != nil {
+	n, err := deviceCount()
+	if err != nil {
 		return nil, err
 	}
-	var n C.int
-	if err := check("cuDeviceGetCount", C.k_cuDeviceGetCount(&n)); err != nil {
-		return nil, err
-	}
-	if int(n) == 0 {
+	if n == 0 {
 		return nil, errors.New("cuda: no CUDA device")
 	}
-	if opts.Device < 0 || opts.Device >= int(n) {
+	if opts.Device < 0 || opts.Device >= n {
 		return nil, fmt.Errorf("cuda: device %d of %d", opts.Device, n)
 	}
 	var dev C.CUdevice
-	if err := check("cuDeviceGet", C.k_cuDeviceGet(&dev, C.int(opts.Device))); err != nil {
+	if err := check("cuDeviceGet", C.k_cuDeviceGet(nil, &dev, C.int(opts.Device))); err != nil {
 		return nil, err
 	}
 	attr := func(a int) (int, error) {
 		var v C.int
-		err := check("cuDeviceGetAttribute", C.k_cuDeviceGetAttribute(&v, C.int(a), dev))
+		err := check("cuDeviceGetAttribute", C.k_cuDeviceGetAttribute(nil, &v, C.int(a), dev))
 		return int(v), err
 	}
-	b := &Backend{graphs: map[string]*graph{}, scratch: map[string]*tensor{}}
+	b := &Backend{graphs: map[string]*graph{}, scratch: map[string]*tensor{}, device: opts.Device}
 	var name [256]C.char
-	if err := check("cuDeviceGetName", C.k_cuDeviceGetName(&name[0], 256, dev)); err != nil {
+	if err := check("cuDeviceGetName", C.k_cuDeviceGetName(nil, &name[0], 256, dev)); err != nil {
 		return nil, err
 	}
 	b.name = C.GoString(&name[0])
@@ -129,18 +132,16 @@ func New(opts Options) (*Backend, error) {
 	if major >= 9 {
 		b.arch += "a" // the architecture-specific target: wgmma, setmaxnreg
 	}
-	var ctx C.CUcontext
-	if err := check("cuDevicePrimaryCtxRetain", C.k_cuDevicePrimaryCtxRetain(&ctx, dev)); err != nil {
+	if err := check("cuDevicePrimaryCtxRetain", C.k_cuDevicePrimaryCtxRetain(nil, &b.ctx, dev)); err != nil {
 		return nil, err
 	}
-	C.set_ctx(ctx)
-	if err := check("cuStreamCreate", C.k_cuStreamCreate(&b.stream, 1)); err != nil {
+	if err := check("cuStreamCreate", C.k_cuStreamCreate(b.ctx, &b.stream, 1)); err != nil {
 		return nil, err
 	}
-	if err := check("cuEventCreate", C.k_cuEventCreate(&b.ev, 2)); err != nil { // 2: disable timing
+	if err := check("cuEventCreate", C.k_cuEventCreate(b.ctx, &b.ev, 2)); err != nil { // 2: disable timing
 		return nil, err
 	}
-	k, err := compileKernels(b.arch, opts.CacheDir)
+	k, err := compileKernels(b.ctx, b.arch, opts.CacheDir)
 	if err != nil {
 		return nil, err
 	}
@@ -187,10 +188,10 @@ func New(opts Options) (*Backend, error) {
 	if b.skinnyCnt, err = b.malloc(4 * ncnt); err != nil {
 		return nil, err
 	}
-	if err := check("cuMemsetD32Async", C.k_cuMemsetD32Async(b.skinnyCnt, 0, C.size_t(ncnt), b.stream)); err != nil {
+	if err := check("cuMemsetD32Async", C.k_cuMemsetD32Async(b.ctx, b.skinnyCnt, 0, C.size_t(ncnt), b.stream)); err != nil {
 		return nil, err
 	}
-	lt, err := newBlasLt(b.stream)
+	lt, err := newBlasLt(b.ctx, b.stream)
 	if err != nil {
 		return nil, err
 	}
@@ -208,10 +209,14 @@ func (b *Backend) Name() string { return fmt.Sprintf("cuda (%s, %s)", b.name, b.
 // came from can be closed.
 func (b *Backend) WeightsInPlace() bool { return false }
 
-// FreeMemory returns the device memory not yet allocated, in bytes.
-func (b *Backend) FreeMemory() int64 {
+// FreeMemory returns the device memory not yet allocated, in bytes: on a
+// rank of a group, the least of its GPUs'.
+func (b *Backend) FreeMemory() int64 { return b.groupFree() }
+
+// deviceFree is the memory free on the backend's GPU.
+func (b *Backend) deviceFree() int64 {
 	var free, total C.size_t
-	if err := check("cuMemGetInfo", C.k_cuMemGetInfo_v2(&free, &total)); err != nil {
+	if err := check("cuMemGetInfo", C.k_cuMemGetInfo_v2(b.ctx, &free, &total)); err != nil {
 		b.fail(err)
 		return 0
 	}
@@ -302,8 +307,8 @@ func (b *Backend) malloc(n int) (devptr, error) {
 	if n == 0 {
 		n = 1
 	}
-	if err := check("cuMemAlloc", C.k_cuMemAlloc_v2(&p, C.size_t(n))); err != nil {
-		return 0, fmt.Errorf("cuda: allocating %d bytes (%d MiB free): %w", n, b.FreeMemory()>>20, err)
+	if err := check("cuMemAlloc", C.k_cuMemAlloc_v2(b.ctx, &p, C.size_t(n))); err != nil {
+		return 0, fmt.Errorf("cuda: allocating %d bytes on GPU %d (%d MiB free): %w", n, b.device, b.deviceFree()>>20, err)
 	}
 	return p, nil
 }
@@ -351,7 +356,7 @@ func (b *Backend) Load(dt backend.DType, shape []int, data []byte) (backend.Tens
 	}
 	t.ptr = p
 	if len(data) > 0 {
-		if err := check("cuMemcpyHtoD", C.k_cuMemcpyHtoDAsync_v2(p, unsafe.Pointer(&data[0]), C.size_t(len(data)), b.stream)); err != nil {
+		if err := check("cuMemcpyHtoD", C.k_cuMemcpyHtoDAsync_v2(b.ctx, p, unsafe.Pointer(&data[0]), C.size_t(len(data)), b.stream)); err != nil {
 			return nil, err
 		}
 	}
@@ -382,17 +387,17 @@ func (b *Backend) Write(t backend.Tensor, data []byte) {
 	if len(data) == 0 {
 		return
 	}
-	b.fail(check("cuMemcpyHtoD", C.k_cuMemcpyHtoDAsync_v2(tt.ptr, unsafe.Pointer(&data[0]), C.size_t(len(data)), b.stream)))
+	b.fail(check("cuMemcpyHtoD", C.k_cuMemcpyHtoDAsync_v2(b.ctx, tt.ptr, unsafe.Pointer(&data[0]), C.size_t(len(data)), b.stream)))
 }
 
 func (b *Backend) staging(n int) unsafe.Pointer {
 	if n > b.pinnedSize {
 		if b.pinned != nil {
-			C.k_cuMemFreeHost(b.pinned)
+			C.k_cuMemFreeHost(b.ctx, b.pinned)
 			b.pinned, b.pinnedSize = nil, 0
 		}
 		sz := max(n, 1<<20)
-		if err := check("cuMemAllocHost", C.k_cuMemAllocHost_v2(&b.pinned, C.size_t(sz))); err != nil {
+		if err := check("cuMemAllocHost", C.k_cuMemAllocHost_v2(b.ctx, &b.pinned, C.size_t(sz))); err != nil {
 			panic(err)
 		}
 		b.pinnedSize = sz
@@ -425,7 +430,7 @@ func (b *Backend) Read(t backend.Tensor, dst []byte) error {
 		return b.Sync()
 	}
 	p := b.staging(len(dst))
-	if err := check("cuMemcpyDtoH", C.k_cuMemcpyDtoHAsync_v2(p, tt.ptr, C.size_t(len(dst)), b.stream)); err != nil {
+	if err := check("cuMemcpyDtoH", C.k_cuMemcpyDtoHAsync_v2(b.ctx, p, tt.ptr, C.size_t(len(dst)), b.stream)); err != nil {
 		b.fail(err)
 	}
 	if err := b.Sync(); err != nil {
@@ -479,10 +484,10 @@ func (b *Backend) Free(t backend.Tensor) {
 		return
 	}
 	b.fail(b.Sync())
-	b.fail(check("cuMemFree", C.k_cuMemFree_v2(tt.ptr)))
+	b.fail(check("cuMemFree", C.k_cuMemFree_v2(b.ctx, tt.ptr)))
 	tt.ptr = 0
 	if tt.fp8t != 0 {
-		b.fail(check("cuMemFree", C.k_cuMemFree_v2(tt.fp8t)))
+		b.fail(check("cuMemFree", C.k_cuMemFree_v2(b.ctx, tt.fp8t)))
 		tt.fp8t = 0
 	}
 }
@@ -492,7 +497,7 @@ func (b *Backend) Sync() error {
 	if b.capture {
 		panic("cuda: Sync inside Graph")
 	}
-	b.fail(check("cuStreamSynchronize", C.k_cuStreamSynchronize(b.stream)))
+	b.fail(check("cuStreamSynchronize", C.k_cuStreamSynchronize(b.ctx, b.stream)))
 	return b.err
 }
 

@@ -147,7 +147,7 @@ func (b *Backend) NewStateCache(spec backend.StateSpec) (backend.StateCache, err
 				c.Free()
 				return nil, fmt.Errorf("cuda: state cache of %d slots: %w", spec.Slots, err)
 			}
-			if err := check("cuMemsetD32Async", C.k_cuMemsetD32Async(p, 0, C.size_t(spec.Slots*n), b.stream)); err != nil {
+			if err := check("cuMemsetD32Async", C.k_cuMemsetD32Async(b.ctx, p, 0, C.size_t(spec.Slots*n), b.stream)); err != nil {
 				b.freePtr(p)
 				c.Free()
 				return nil, err

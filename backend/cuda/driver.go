@@ -116,21 +116,21 @@ func loadCublasLt() error {
 func unsafePtr[T any](p *T) unsafe.Pointer { return unsafe.Pointer(p) }
 
 func (b *Backend) copyDtoD(dst, src devptr, n int) {
-	b.fail(check("cuMemcpyDtoDAsync", C.k_cuMemcpyDtoDAsync_v2(dst, src, C.size_t(n), b.stream)))
+	b.fail(check("cuMemcpyDtoDAsync", C.k_cuMemcpyDtoDAsync_v2(b.ctx, dst, src, C.size_t(n), b.stream)))
 }
 
 // copyDtoH queues a copy from the device to pinned host memory.
 func (b *Backend) copyDtoH(dst unsafe.Pointer, src devptr, n int) {
-	b.fail(check("cuMemcpyDtoHAsync", C.k_cuMemcpyDtoHAsync_v2(dst, src, C.size_t(n), b.stream)))
+	b.fail(check("cuMemcpyDtoHAsync", C.k_cuMemcpyDtoHAsync_v2(b.ctx, dst, src, C.size_t(n), b.stream)))
 }
 
 // copyHtoD queues a copy from pinned host memory to the device.
 func (b *Backend) copyHtoD(dst devptr, src unsafe.Pointer, n int) {
-	b.fail(check("cuMemcpyHtoDAsync", C.k_cuMemcpyHtoDAsync_v2(dst, src, C.size_t(n), b.stream)))
+	b.fail(check("cuMemcpyHtoDAsync", C.k_cuMemcpyHtoDAsync_v2(b.ctx, dst, src, C.size_t(n), b.stream)))
 }
 
 func (b *Backend) freePtr(p devptr) {
-	b.fail(check("cuMemFree", C.k_cuMemFree_v2(p)))
+	b.fail(check("cuMemFree", C.k_cuMemFree_v2(b.ctx, p)))
 }
 
 // preferSmem asks for the largest shared-memory carveout for a kernel
@@ -142,7 +142,7 @@ func (b *Backend) preferSmem(name string) {
 	if _, ok := b.k.funcs[key]; ok {
 		return
 	}
-	b.fail(check("cuFuncSetAttribute", C.k_cuFuncSetAttribute(b.k.get(name), funcSmemCarveout, 100)))
+	b.fail(check("cuFuncSetAttribute", C.k_cuFuncSetAttribute(b.ctx, b.k.get(name), funcSmemCarveout, 100)))
 	b.k.funcs[key] = nil
 }
 
@@ -155,6 +155,6 @@ func (b *Backend) allowSmem(name string, n int) {
 	if _, ok := b.k.funcs[key]; ok {
 		return
 	}
-	b.fail(check("cuFuncSetAttribute", C.k_cuFuncSetAttribute(b.k.get(name), funcMaxDynamicSmem, C.int(n))))
+	b.fail(check("cuFuncSetAttribute", C.k_cuFuncSetAttribute(b.ctx, b.k.get(name), funcMaxDynamicSmem, C.int(n))))
 	b.k.funcs[key] = nil
 }

@@ -34,6 +34,7 @@ type embedArgs struct {
 	dt         int32
 	tokens     devptr
 	H          int32
+	first, V   int32
 }
 
 type rmsnormArgs struct {
@@ -101,22 +102,29 @@ func (b *Backend) toHalf(out, in devptr, n int, dt backend.DType) {
 }
 
 // Embed writes out[t] = table[Tokens[t]].
-func (b *Backend) Embed(out, table backend.Tensor) {
+func (b *Backend) Embed(out, table backend.Tensor) { b.embed(out, table, 0, false) }
+
+// embed writes the rows of the step's tokens, less first, of table; share:
+// table is a rank's rows of a table split by vocabulary, and tokens outside
+// them get zeros (Collective.EmbedShare) instead of an error.
+func (b *Backend) embed(out, table backend.Tensor, first int, share bool) {
 	ot, tt := asT(out), asT(table)
 	T, V, H := b.meta.T, tt.rows(), tt.cols()
 	checkRows("embed out", ot, T, H)
 	checkF32("embed", ot)
 	for _, tok := range b.meta.host[mTokens] {
-		if tok < 0 || int(tok) >= V {
+		if !share && (tok < 0 || int(tok) >= V) {
 			panic(fmt.Sprintf("cuda: embed: token %d outside vocabulary of %d", tok, V))
 		}
 	}
 	if tt.dt.Quantized() {
 		// The looked-up rows dequantized as the reference does.
-		quantKernelsOf(tt.dt).embed.run(b, g1(T), 256, 0, qembedArgs{out: ot.ptr, w: tt.ptr, rb: int64(tt.rb()), tokens: b.meta.dev[mTokens], I: int32(H)})
+		quantKernelsOf(tt.dt).embed.run(b, g1(T), 256, 0, qembedArgs{out: ot.ptr, w: tt.ptr, rb: int64(tt.rb()), tokens: b.meta.dev[mTokens],
+			I: int32(H), first: int32(first), V: int32(V)})
 		return
 	}
-	embedKernel.run(b, g1(T), 256, 0, embedArgs{out: ot.ptr, table: tt.ptr, dt: int32(tt.dt), tokens: b.meta.dev[mTokens], H: int32(H)})
+	embedKernel.run(b, g1(T), 256, 0, embedArgs{out: ot.ptr, table: tt.ptr, dt: int32(tt.dt), tokens: b.meta.dev[mTokens], H: int32(H),
+		first: int32(first), V: int32(V)})
 }
 
 func normBlock(n int) int {
@@ -202,7 +210,8 @@ func (b *Backend) copyCols(ot *tensor, ocol int, xt *tensor, xcol, w int) {
 		return
 	}
 	u := xt.dt.Size() / 2
-	copyColsKernel.run(b, g1(n), 256, 0, copyColsArgs{out: ot.ptr, oW: int32(ot.cols() * u), ocol: int32(ocol * u),
+	// A block a row and a block for each 8K units of it, 32 at most.
+	copyColsKernel.run(b, [3]int{n, min(32, (w*u+8191)/8192), 1}, 256, 0, copyColsArgs{out: ot.ptr, oW: int32(ot.cols() * u), ocol: int32(ocol * u),
 		x: xt.ptr, xW: int32(xt.cols() * u), xcol: int32(xcol * u), w: int32(w * u)})
 }
 

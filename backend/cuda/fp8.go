@@ -143,7 +143,7 @@ func (b *Backend) loadTileScales(t *tensor, data []byte) error {
 		return err
 	}
 	t.fp8t = p
-	return check("cuMemcpyHtoD", C.k_cuMemcpyHtoDAsync_v2(p, unsafe.Pointer(&ts[0]), C.size_t(4*len(ts)), b.stream))
+	return check("cuMemcpyHtoD", C.k_cuMemcpyHtoDAsync_v2(b.ctx, p, unsafe.Pointer(&ts[0]), C.size_t(4*len(ts)), b.stream))
 }
 
 // writeTileScales replaces t's tile scales with those of new data, or
@@ -152,11 +152,11 @@ func (b *Backend) writeTileScales(t *tensor, data []byte) {
 	ts := fp8TileScales(data, t.qrows(), t.qcols())
 	if ts == nil {
 		b.fail(b.Sync())
-		b.fail(check("cuMemFree", C.k_cuMemFree_v2(t.fp8t)))
+		b.fail(check("cuMemFree", C.k_cuMemFree_v2(b.ctx, t.fp8t)))
 		t.fp8t = 0
 		return
 	}
 	b.fail(b.Sync()) // the host slice is staged by the time the copy returns
-	b.fail(check("cuMemcpyHtoD", C.k_cuMemcpyHtoDAsync_v2(t.fp8t, unsafe.Pointer(&ts[0]), C.size_t(4*len(ts)), b.stream)))
+	b.fail(check("cuMemcpyHtoD", C.k_cuMemcpyHtoDAsync_v2(b.ctx, t.fp8t, unsafe.Pointer(&ts[0]), C.size_t(4*len(ts)), b.stream)))
 	b.fail(b.Sync())
 }

@@ -144,7 +144,7 @@ func (b *Backend) launchKernel(k *kernelDef, pdl bool, grid [3]int, block, smem 
 		p = 1
 	}
 	b.around(label, func() {
-		r := C.k_launch(b.k.get(k.name), C.uint(grid[0]), C.uint(grid[1]), C.uint(grid[2]), C.uint(block), C.uint(smem), b.stream,
+		r := C.k_launch(b.ctx, b.k.get(k.name), C.uint(grid[0]), C.uint(grid[1]), C.uint(grid[2]), C.uint(block), C.uint(smem), b.stream,
 			(*C.char)(args), &k.offs[0], C.int(len(k.offs)), p)
 		runtime.KeepAlive(args)
 		b.fail(check("cuLaunchKernel", r))

@@ -31,6 +31,7 @@ var (
 type moeRouteArgs struct {
 	logits     devptr
 	E, K, norm int32
+	e0, held   int32
 	sel, wts   devptr
 }
 
@@ -117,12 +118,17 @@ func (b *Backend) Route(experts, weights, x, router backend.Tensor, spec *backen
 		panic(fmt.Sprintf("cuda: route: experts %v must be i32", et))
 	}
 	checkF32("route", wt)
-	b.route(et.ptr, wt.ptr, xt, asT(router), spec)
+	if spec.First != 0 {
+		panic("cuda: route: a range of the experts is the fused MoE's (expert parallel)")
+	}
+	b.route(et.ptr, wt.ptr, xt, asT(router), spec, spec.Experts)
 }
 
 // route writes each token's spec.TopK experts and their weights to sel and
-// wts ([T, TopK] each).
-func (b *Backend) route(sel, wts devptr, xt, router *tensor, spec *backend.MoESpec) {
+// wts ([T, TopK] each): for a rank that holds experts [spec.First,
+// spec.First + held), the index among them, or -1 and weight 0 for
+// another rank's.
+func (b *Backend) route(sel, wts devptr, xt, router *tensor, spec *backend.MoESpec, held int) {
 	T, H := xt.rows(), xt.cols()
 	E, K := spec.Experts, spec.TopK
 	checkF32("route", xt)
@@ -151,7 +157,8 @@ func (b *Backend) route(sel, wts devptr, xt, router *tensor, spec *backend.MoESp
 	} else {
 		moeGemvKernel.run(b, [3]int{(E + 7) / 8, T, 1}, 256, 0, moeGemvArgs{y: logits.ptr, x: xt.ptr, xdiv: 1, w: router.ptr, wdt: int32(router.dt), sel: 0, O: int32(E), I: int32(H)})
 	}
-	moeRouteKernel.run(b, g1(T), (E+31)/32*32, 0, moeRouteArgs{logits: logits.ptr, E: int32(E), K: int32(K), norm: boolInt(spec.NormTopK), sel: sel, wts: wts})
+	moeRouteKernel.run(b, g1(T), (E+31)/32*32, 0, moeRouteArgs{logits: logits.ptr, E: int32(E), K: int32(K), norm: boolInt(spec.NormTopK),
+		e0: int32(spec.First), held: int32(held), sel: sel, wts: wts})
 }
 
 // Experts adds each token's chosen experts to out; see backend.Backend.
@@ -350,16 +357,19 @@ func (b *Backend) sharedExpert(xt, sgu, sdown *tensor) *tensor {
 func (b *Backend) MoE(out, x backend.Tensor, e *backend.Experts, spec *backend.MoESpec) {
 	ot, xt := asT(out), asT(x)
 	T, H, K := xt.rows(), xt.cols(), spec.TopK
-	if spec.First != 0 {
-		panic("cuda: moe: a range of the experts (expert parallel) is not supported")
-	}
 	checkRows("moe out", ot, T, H)
 	checkF32("moe", ot, xt)
-	if gu := asT(e.GateUp); len(gu.shape) != 3 || gu.shape[0] != spec.Experts {
-		panic(fmt.Sprintf("cuda: moe: gate_up %v for %d experts", gu, spec.Experts))
+	gu := asT(e.GateUp)
+	held := gu.shape[0]
+	if len(gu.shape) != 3 || spec.First < 0 || spec.First+held > spec.Experts || held < spec.Experts && spec.First%held != 0 {
+		panic(fmt.Sprintf("cuda: moe: gate_up %v from expert %d of %d", gu, spec.First, spec.Experts))
+	}
+	if held < spec.Experts && (gu.dt.Quantized() || asT(e.Down).dt.Quantized()) {
+		// Their per-row and dequantizing kernels take every row's expert.
+		panic(fmt.Sprintf("cuda: moe: expert parallel of %v experts is not built (bf16, f16 and f32 are)", gu.dt))
 	}
 	sel, wts := b.scratchBuf("moe.sel", 4*T*K), b.scratchBuf("moe.wts", 4*T*K)
-	b.route(sel, wts, xt, asT(e.Router), spec)
+	b.route(sel, wts, xt, asT(e.Router), spec, held)
 	var sgu, sdown *tensor
 	if e.SharedGateUp != nil {
 		sgu, sdown = asT(e.SharedGateUp), asT(e.SharedDown)

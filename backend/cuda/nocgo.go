@@ -24,3 +24,9 @@ func New(Options) (*Backend, error) {
 
 // FreeMemory is 0 in builds without cgo.
 func (b *Backend) FreeMemory() int64 { return 0 }
+
+// NewGroup reports that this build has no CUDA support.
+func NewGroup([]int, Options) ([]*Backend, error) {
+	_, err := New(Options{})
+	return nil, err
+}

@@ -27,14 +27,14 @@ type profMark struct {
 	start, end C.CUevent
 }
 
-func (p *profiler) event() C.CUevent {
+func (p *profiler) event(ctx C.CUcontext) C.CUevent {
 	if n := len(p.free); n > 0 {
 		e := p.free[n-1]
 		p.free = p.free[:n-1]
 		return e
 	}
 	var e C.CUevent
-	if C.k_cuEventCreate(&e, 0) != 0 {
+	if C.k_cuEventCreate(ctx, &e, 0) != 0 {
 		panic("cuda: cuEventCreate failed")
 	}
 	return e
@@ -47,10 +47,10 @@ func (b *Backend) around(name string, launch func()) {
 		launch()
 		return
 	}
-	m := profMark{name: name, start: p.event(), end: p.event()}
-	C.k_cuEventRecord(m.start, b.stream)
+	m := profMark{name: name, start: p.event(b.ctx), end: p.event(b.ctx)}
+	C.k_cuEventRecord(b.ctx, m.start, b.stream)
 	launch()
-	C.k_cuEventRecord(m.end, b.stream)
+	C.k_cuEventRecord(b.ctx, m.end, b.stream)
 	p.pending = append(p.pending, m)
 	if len(p.pending) > 4096 {
 		b.collect()
@@ -60,10 +60,10 @@ func (b *Backend) around(name string, launch func()) {
 // collect waits for the recorded events and adds up their times.
 func (b *Backend) collect() {
 	p := b.prof
-	C.k_cuStreamSynchronize(b.stream)
+	C.k_cuStreamSynchronize(b.ctx, b.stream)
 	for _, m := range p.pending {
 		var ms C.float
-		if C.k_cuEventElapsedTime(&ms, m.start, m.end) == 0 {
+		if C.k_cuEventElapsedTime(b.ctx, &ms, m.start, m.end) == 0 {
 			p.total[m.name] += float64(ms)
 			p.count[m.name]++
 		}

@@ -155,10 +155,11 @@ type qdeqArgs struct {
 }
 
 type qembedArgs struct {
-	out, w devptr
-	rb     int64
-	tokens devptr
-	I      int32
+	out, w   devptr
+	rb       int64
+	tokens   devptr
+	I        int32
+	first, V int32
 }
 
 // qSlabElems bounds the bf16 scratch of a dequantized weight (64 MiB).

@@ -116,7 +116,7 @@ func (b *Backend) Sample(logits backend.Tensor, params []backend.SampleParams) (
 	if len(bias) > 0 {
 		copy(hb[biasAt:], unsafe.Slice((*byte)(unsafe.Pointer(&bias[0])), 4*len(bias)))
 	}
-	b.fail(check("cuMemcpyHtoDAsync", C.k_cuMemcpyHtoDAsync_v2(dIn, host, C.size_t(in), b.stream)))
+	b.fail(check("cuMemcpyHtoDAsync", C.k_cuMemcpyHtoDAsync_v2(b.ctx, dIn, host, C.size_t(in), b.stream)))
 	mt := max(maxTop, 1)
 	outTok, outLp := dOut, dOut+devptr(4*R)
 	topTok, topLp := dOut+devptr(8*R), dOut+devptr(8*R+4*R*mt)
@@ -124,7 +124,7 @@ func (b *Backend) Sample(logits backend.Tensor, params []backend.SampleParams) (
 		logits: lt.ptr, V: int32(V), args: dIn, cnt: dIn + devptr(cntAt), bias: dIn + devptr(biasAt), mask: dIn + devptr(maskAt),
 		work: work, outTok: outTok, outLp: outLp, topTok: topTok, topLp: topLp, maxTop: int32(mt)})
 	resP := unsafe.Add(host, inPad)
-	b.fail(check("cuMemcpyDtoHAsync", C.k_cuMemcpyDtoHAsync_v2(resP, dOut, C.size_t(4*outN), b.stream)))
+	b.fail(check("cuMemcpyDtoHAsync", C.k_cuMemcpyDtoHAsync_v2(b.ctx, resP, dOut, C.size_t(4*outN), b.stream)))
 	if err := b.Sync(); err != nil {
 		return nil, err
 	}

@@ -49,6 +49,14 @@ typedef struct {
 	int reserved[4];
 } cublasLtMatmulHeuristicResult_t;
 
+// NCCL (libnccl.so.2), for a model split across GPUs: its communicator
+// handle, unique id (ncclUniqueId: 128 bytes), and the enums kiln passes.
+// Buffers are declared CUdeviceptr (NCCL's void *: the same register).
+typedef void *ncclComm_t;
+typedef struct { char internal[128]; } ncclUniqueId;
+#define NCCL_FLOAT32 7
+#define NCCL_SUM 0
+
 #define CU_FUNCS(X) \
 	X(cuInit, (unsigned f), (f)) \
 	X(cuDeviceGetCount, (int *n), (n)) \
@@ -57,7 +65,6 @@ typedef struct {
 	X(cuDeviceGetName, (char *s, int n, CUdevice d), (s, n, d)) \
 	X(cuDevicePrimaryCtxRetain, (CUcontext *c, CUdevice d), (c, d)) \
 	X(cuCtxSetCurrent, (CUcontext c), (c)) \
-	X(cuCtxSynchronize, (void), ()) \
 	X(cuMemGetInfo_v2, (size_t *f, size_t *t), (f, t)) \
 	X(cuMemAlloc_v2, (CUdeviceptr *p, size_t n), (p, n)) \
 	X(cuMemFree_v2, (CUdeviceptr p), (p)) \
@@ -109,19 +116,34 @@ typedef struct {
 	X(cublasLtMatmul, (cublasLtHandle_t h, cublasLtMatmulDesc_t d, const void *alpha, const void *A, cublasLtMatrixLayout_t la, const void *B, cublasLtMatrixLayout_t lb, const void *beta, const void *C, cublasLtMatrixLayout_t lc, void *D, cublasLtMatrixLayout_t ld, const cublasLtMatmulAlgo_t *algo, void *ws, size_t wsn, CUstream s), (h, d, alpha, A, la, B, lb, beta, C, lc, D, ld, algo, ws, wsn, s))
 
 
+#define NCCL_FUNCS(X) \
+	X(ncclGetUniqueId, (ncclUniqueId *id), (id)) \
+	X(ncclCommInitRank, (ncclComm_t *c, int n, ncclUniqueId id, int r), (c, n, id, r)) \
+	X(ncclAllReduce, (CUdeviceptr s, CUdeviceptr r, size_t n, int dt, int op, ncclComm_t c, CUstream st), (s, r, n, dt, op, c, st)) \
+	X(ncclAllGather, (CUdeviceptr s, CUdeviceptr r, size_t n, int dt, ncclComm_t c, CUstream st), (s, r, n, dt, c, st)) \
+	X(ncclCommAbort, (ncclComm_t c), (c))
+
+// The driver's, cuBLASLt's and NCCL's wrappers take the context to run in first:
+// goroutines move between OS threads, and each backend (one a GPU) has a
+// context of its own, made current on the calling thread when it is not.
+// NVRTC needs none.
+#define UNPAREN(...) __VA_ARGS__
+#define PROTO_CTX(name, params, args) int k_##name(CUcontext ctx, UNPAREN params);
 #define PROTO(name, params, args) int k_##name params;
-CU_FUNCS(PROTO)
+CU_FUNCS(PROTO_CTX)
 NVRTC_FUNCS(PROTO)
-LT_FUNCS(PROTO)
-void set_ctx(CUcontext c);
+LT_FUNCS(PROTO_CTX)
+NCCL_FUNCS(PROTO_CTX)
+const char *k_ncclGetErrorString(int r);
+int load_nccl(char *err, int errn);
 int load_cuda(char *err, int errn);
 int load_nvrtc(char *err, int errn);
 int load_lt(char *err, int errn);
 // K_MAX_ARGS bounds a kernel's parameters (k_launch's array of them).
 #define K_MAX_ARGS 32
-int k_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned smem,
+int k_launch(CUcontext ctx, CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned smem,
 		CUstream s, char *buf, int *offs, int n, int pdl);
-int k_lt_matmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, float alpha, CUdeviceptr A, cublasLtMatrixLayout_t la,
+int k_lt_matmul(CUcontext ctx, cublasLtHandle_t h, cublasLtMatmulDesc_t d, float alpha, CUdeviceptr A, cublasLtMatrixLayout_t la,
 		CUdeviceptr B, cublasLtMatrixLayout_t lb, float beta, CUdeviceptr C, cublasLtMatrixLayout_t lc,
 		cublasLtMatmulHeuristicResult_t *r, CUdeviceptr ws, size_t wsn, CUstream s);
 #endif

@@ -61,7 +61,7 @@ func (m *stepMeta) init(b *Backend) error {
 			m.cap[i] = 4096
 		}
 	}
-	if err := check("cuEventCreate", C.k_cuEventCreate(&m.copied, 2)); err != nil {
+	if err := check("cuEventCreate", C.k_cuEventCreate(b.ctx, &m.copied, 2)); err != nil {
 		return err
 	}
 	return m.layout(b)
@@ -88,9 +88,9 @@ func (m *stepMeta) layout(b *Backend) error {
 	}
 	m.gen++
 	if m.staging != nil {
-		C.k_cuMemFreeHost(m.staging)
+		C.k_cuMemFreeHost(b.ctx, m.staging)
 	}
-	return check("cuMemAllocHost", C.k_cuMemAllocHost_v2(&m.staging, C.size_t(4*total)))
+	return check("cuMemAllocHost", C.k_cuMemAllocHost_v2(b.ctx, &m.staging, C.size_t(4*total)))
 }
 
 // Begin uploads the metadata of a forward step; it panics on an inconsistent
@@ -137,7 +137,7 @@ func (b *Backend) Begin(bt *backend.Batch) {
 	m.T, m.S, m.R = start, len(bt.Seqs), len(bt.LogitRows)
 
 	// The staging buffer may still feed the previous step's upload.
-	b.fail(check("cuEventSynchronize", C.k_cuEventSynchronize(m.copied)))
+	b.fail(check("cuEventSynchronize", C.k_cuEventSynchronize(b.ctx, m.copied)))
 	grow := false
 	for i := range m.host {
 		if n := len(m.host[i]); n > m.cap[i] {
@@ -158,8 +158,8 @@ func (b *Backend) Begin(bt *backend.Batch) {
 			end = m.off[i] + len(h)
 		}
 	}
-	b.fail(check("cuMemcpyHtoDAsync", C.k_cuMemcpyHtoDAsync_v2(m.buf, m.staging, C.size_t(4*end), b.stream)))
-	b.fail(check("cuEventRecord", C.k_cuEventRecord(m.copied, b.stream)))
+	b.fail(check("cuMemcpyHtoDAsync", C.k_cuMemcpyHtoDAsync_v2(b.ctx, m.buf, m.staging, C.size_t(4*end), b.stream)))
+	b.fail(check("cuEventRecord", C.k_cuEventRecord(b.ctx, m.copied, b.stream)))
 }
 
 // graph is one captured step.
@@ -191,15 +191,15 @@ func (b *Backend) Graph(key string, record func()) {
 		return
 	}
 	if g := b.graphs[key]; g != nil && g.gen == b.meta.gen {
-		b.fail(check("cuGraphLaunch", C.k_cuGraphLaunch(g.exec, b.stream)))
+		b.fail(check("cuGraphLaunch", C.k_cuGraphLaunch(b.ctx, g.exec, b.stream)))
 		return
 	}
 	if g := b.graphs[key]; g != nil {
-		C.k_cuGraphExecDestroy(g.exec)
-		C.k_cuGraphDestroy(g.g)
+		C.k_cuGraphExecDestroy(b.ctx, g.exec)
+		C.k_cuGraphDestroy(b.ctx, g.g)
 		delete(b.graphs, key)
 	}
-	if err := check("cuStreamBeginCapture", C.k_cuStreamBeginCapture_v2(b.stream, captureRelaxed)); err != nil {
+	if err := check("cuStreamBeginCapture", C.k_cuStreamBeginCapture_v2(b.ctx, b.stream, captureRelaxed)); err != nil {
 		b.fail(err)
 		return
 	}
@@ -209,9 +209,9 @@ func (b *Backend) Graph(key string, record func()) {
 			if b.capture {
 				// record panicked: leave the stream usable before re-panicking.
 				var g C.CUgraph
-				C.k_cuStreamEndCapture(b.stream, &g)
+				C.k_cuStreamEndCapture(b.ctx, b.stream, &g)
 				if g != nil {
-					C.k_cuGraphDestroy(g)
+					C.k_cuGraphDestroy(b.ctx, g)
 				}
 				b.capture = false
 			}
@@ -219,21 +219,21 @@ func (b *Backend) Graph(key string, record func()) {
 		record()
 		g := &graph{gen: b.meta.gen}
 		b.capture = false
-		if err := check("cuStreamEndCapture", C.k_cuStreamEndCapture(b.stream, &g.g)); err != nil {
+		if err := check("cuStreamEndCapture", C.k_cuStreamEndCapture(b.ctx, b.stream, &g.g)); err != nil {
 			b.fail(err)
 			return
 		}
 		if b.err != nil {
-			C.k_cuGraphDestroy(g.g)
+			C.k_cuGraphDestroy(b.ctx, g.g)
 			return
 		}
-		if err := check("cuGraphInstantiate", C.k_cuGraphInstantiateWithFlags(&g.exec, g.g, 0)); err != nil {
-			C.k_cuGraphDestroy(g.g)
+		if err := check("cuGraphInstantiate", C.k_cuGraphInstantiateWithFlags(b.ctx, &g.exec, g.g, 0)); err != nil {
+			C.k_cuGraphDestroy(b.ctx, g.g)
 			b.fail(err)
 			return
 		}
 		b.graphs[key] = g
 		slog.Debug("cuda: captured a graph", "key", key)
-		b.fail(check("cuGraphLaunch", C.k_cuGraphLaunch(g.exec, b.stream)))
+		b.fail(check("cuGraphLaunch", C.k_cuGraphLaunch(b.ctx, g.exec, b.stream)))
 	}()
 }

@@ -1,9 +1,13 @@
 // Row-wise and element-wise operations.
 
-extern "C" __global__ void embed(float *out, const void *table, int dt, const int *tokens, int H) {
-	int t = blockIdx.x;
-	long base = (long)tokens[t] * H;
-	for (int i = threadIdx.x; i < H; i += blockDim.x) out[(long)t * H + i] = ld(table, base + i, dt);
+// embed: out[t] = the row tokens[t] - first of the table (V rows), or
+// zeros for a token outside them (a rank's share of a table split by
+// vocabulary). Grid T.
+extern "C" __global__ void embed(float *out, const void *table, int dt, const int *tokens, int H, int first, int V) {
+	int t = blockIdx.x, row = tokens[t] - first;
+	long base = (long)row * H;
+	bool in = row >= 0 && row < V;
+	for (int i = threadIdx.x; i < H; i += blockDim.x) out[(long)t * H + i] = in ? ld(table, base + i, dt) : 0.f;
 }
 
 // rmsnorm normalises each row of x (one block per row) into out of type odt
@@ -114,12 +118,13 @@ extern "C" __global__ void gather_rows(float *out, const float *x, const int *ro
 }
 
 // copy_cols: columns [ocol, ocol+w) of each row of out (oW wide) take
-// columns [xcol, xcol+w) of the row of x (xW wide), in 2-byte units (one
-// block per row).
+// columns [xcol, xcol+w) of the row of x (xW wide), in 2-byte units. Grid
+// (rows, blocks a row): a wide row (a rank's share of the logits) takes
+// many blocks.
 extern "C" __global__ void copy_cols(u16 *out, int oW, int ocol, const u16 *x, int xW, int xcol, int w) {
 	const u16 *src = x + (long)blockIdx.x * xW + xcol;
 	u16 *dst = out + (long)blockIdx.x * oW + ocol;
-	for (int i = threadIdx.x; i < w; i += blockDim.x) dst[i] = src[i];
+	for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < w; i += gridDim.y * blockDim.x) dst[i] = src[i];
 }
 
 // mul_sigmoid: x[k] *= sigmoid(gate[k]) for n elements, x of type xdt.

@@ -167,6 +167,7 @@ GEMV(8)
 // changes with the row. Row r < R is a (token, choice) pair: its weights
 // are expert sel[r]'s (w holds the experts one after another) and its input
 // x[r / xdiv]; rows R and on are the shared expert (ws) on x[xsh + r - R].
+// A row whose sel is -1 (another rank's expert) is left as it is.
 // SWIGLU: each expert is [gate | up] ([2O, I]) and y[r, o] = silu(x_r .
 // gate_o) * (x_r . up_o), a warp an output; else y[r, o] = x_r . w_o, a warp
 // four outputs (expert rows are short: four keep a lane's loads in flight).
@@ -188,6 +189,7 @@ __device__ __forceinline__ void moe_rows(float *y, const float *x, int xdiv, int
 	const u16 *m;
 	if (NT == 1) {
 		rows[0] = blockIdx.y;
+		if (rows[0] < R && sel[rows[0]] < 0) return;
 		m = rows[0] < R ? w + (long)sel[rows[0]] * (SWIGLU ? 2 : 1) * O * I : ws;
 	} else {
 		if ((int)blockIdx.y >= *ntiles) return;

@@ -5,12 +5,15 @@
 // moe_route: a block per token, a thread per expert (E <= 1024, the block
 // E rounded up to a warp). Softmax over the E router logits (f32), then the
 // top k in torch.topk's order (higher probability first, ties to the lower
-// index), optional renormalisation. Each warp ranks its 32 experts among
+// index), optional renormalisation. A rank of a model split by experts
+// holds experts [e0, e0 + held): a choice of another rank's expert gets sel
+// -1 and weight 0 (its rank adds it). Each warp ranks its 32 experts among
 // themselves (shuffles) and lists its first k; the lists' experts are then
 // ranked among all the lists, which puts the top k in place at once.
 // (Picking them one by one took ~10 us at 512 experts and top 10, with a
 // block-wide argmax a pick, and 13 us with a warp's.)
-extern "C" __global__ void __launch_bounds__(1024) moe_route(const float *logits, int E, int K, int norm, int *sel, float *wts) {
+extern "C" __global__ void __launch_bounds__(1024) moe_route(const float *logits, int E, int K, int norm, int e0, int held, int *sel,
+		float *wts) {
 	__shared__ float cp[1024];
 	__shared__ int ci[1024];
 	__shared__ float red[32];
@@ -41,19 +44,22 @@ extern "C" __global__ void __launch_bounds__(1024) moe_route(const float *logits
 	}
 	float tot = block_sum(top ? p / s : 0.f, red);
 	if (top) {
-		sel[t * K + rank] = i;
-		wts[t * K + rank] = norm ? p / s / tot : p / s;
+		bool mine = i >= e0 && i < e0 + held;
+		sel[t * K + rank] = mine ? i - e0 : -1;
+		wts[t * K + rank] = !mine ? 0.f : norm ? p / s / tot : p / s;
 	}
 }
 
 // moe_gemv: y[r, o] = sum_i x[r / xdiv, i] * w[sel[r], o, i] for rows r of
-// (token, choice) pairs (sel == 0 and xdiv == 1: a plain per-row product).
+// (token, choice) pairs (sel == 0 and xdiv == 1: a plain per-row product);
+// a row whose sel is -1 (another rank's expert) is left as it is.
 // Grid (ceil(O / 8), R), block 256: a warp per output.
 extern "C" __global__ void moe_gemv(float *y, const float *x, int xdiv, const void *w, int wdt, const int *sel, int O, int I) {
 	int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 	int o = blockIdx.x * 8 + warp, r = blockIdx.y;
 	if (o >= O) return;
 	long e = sel ? sel[r] : 0;
+	if (e < 0) return;
 	long base = (e * O + o) * I;
 	const float *xr = x + (long)(r / xdiv) * I;
 	float acc = 0.f;
@@ -96,14 +102,16 @@ __device__ int scan1024(int v, int *buf) {
 // moe_group: one block of 1024 threads (E <= 1024). Expert e's rows are
 // order[start[e] .. start[e+1]) (in no particular order: each row's product
 // is its own); its tiles of tm rows are tiles[2i] = e, tiles[2i+1] = the
-// tile's first index in order, for i < *ntiles.
+// tile's first index in order, for i < *ntiles. Rows of other ranks'
+// experts (sel -1) close order, in no tile.
 extern "C" __global__ void __launch_bounds__(1024) moe_group(const int *sel, int R, int E, int tm, int *start, int *order, int *tiles,
 		int *ntiles) {
-	__shared__ int cnt[1024], cur[1024];
+	__shared__ int cnt[1024], cur[1024], other;
 	int e = threadIdx.x;
 	cnt[e] = 0;
 	__syncthreads();
-	for (int r = threadIdx.x; r < R; r += blockDim.x) atomicAdd(&cnt[sel[r]], 1);
+	for (int r = threadIdx.x; r < R; r += blockDim.x)
+		if (sel[r] >= 0) atomicAdd(&cnt[sel[r]], 1);
 	__syncthreads();
 	int v = cnt[e];
 	int first = scan1024(v, cur) - v;
@@ -117,8 +125,9 @@ extern "C" __global__ void __launch_bounds__(1024) moe_group(const int *sel, int
 	}
 	if (e == 1023) *ntiles = t0 + nt;
 	cur[e] = first;
+	if (e == E - 1) other = first + v;
 	__syncthreads();
-	for (int r = threadIdx.x; r < R; r += blockDim.x) order[atomicAdd(&cur[sel[r]], 1)] = r;
+	for (int r = threadIdx.x; r < R; r += blockDim.x) order[atomicAdd(sel[r] >= 0 ? &cur[sel[r]] : &other, 1)] = r;
 }
 
 // moe_split: x (n floats) as two bf16 parts, x = hi + lo, for the router
@@ -237,7 +246,8 @@ extern "C" __global__ void __launch_bounds__(128, 4) moe_group_mm(float *y, cons
 // moe_combine: out[t, j] += sum_k wts[t, k] * y[t * K + k, j], and, with a
 // shared expert, + sigmoid(x[t] . wg) * ys[t, j]. Grid (T, ceil(H / 256)),
 // 256 threads, a column each; each block makes the shared expert's gate
-// itself (a dot of H: cheaper than a launch of its own at decode).
+// itself (a dot of H: cheaper than a launch of its own at decode). A row of
+// weight 0 is another rank's expert, its y never written: skipped.
 extern "C" __global__ void moe_combine(float *__restrict__ out, const float *__restrict__ y, const float *__restrict__ wts, int K, int H,
 		const float *__restrict__ ys, const float *__restrict__ x, const void *wg, int wgdt) {
 	__shared__ float red[32];
@@ -251,7 +261,10 @@ extern "C" __global__ void moe_combine(float *__restrict__ out, const float *__r
 	}
 	if (j >= H) return;
 	float a = out[(long)t * H + j];
-	for (int k = 0; k < K; k++) a += wts[t * K + k] * y[((long)t * K + k) * H + j];
+	for (int k = 0; k < K; k++) {
+		float w = wts[t * K + k];
+		if (w != 0.f) a += w * y[((long)t * K + k) * H + j];
+	}
 	if (ys) a += g * ys[(long)t * H + j];
 	out[(long)t * H + j] = a;
 }

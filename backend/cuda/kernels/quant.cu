@@ -872,12 +872,18 @@ __device__ __forceinline__ void qdeq(u16 *out, const u8 *w, long rb, long rows, 
 	}
 }
 
-// qembed: out[t] = the row tokens[t] of the table w as f32. Grid T.
+// qembed: out[t] = the row tokens[t] - first of the table w (V rows) as
+// f32, zeros for a token outside them (embed's share). Grid T.
 template <int QT>
-__device__ __forceinline__ void qembed(float *out, const u8 *w, long rb, const int *tokens, int I) {
+__device__ __forceinline__ void qembed(float *out, const u8 *w, long rb, const int *tokens, int I, int first, int V) {
 	typedef Q<QT> q;
-	const u8 *row = w + (long)tokens[blockIdx.x] * rb;
+	int r = tokens[blockIdx.x] - first;
 	float *o = out + (long)blockIdx.x * I;
+	if (r < 0 || r >= V) {
+		for (int c = threadIdx.x; c < I; c += blockDim.x) o[c] = 0.f;
+		return;
+	}
+	const u8 *row = w + (long)r * rb;
 	int NU = (I + q::E - 1) / q::E;
 	for (int u = threadIdx.x; u < NU; u += blockDim.x) {
 		typename q::Raw raw;
@@ -925,8 +931,9 @@ __device__ __forceinline__ void qembed(float *out, const u8 *w, long rb, const i
 			int e0, int epr) { \
 		qdeq<QT>(out, w, rb, rows, I, start, e0, epr); \
 	} \
-	extern "C" __global__ void __launch_bounds__(256) qembed_##NAME(float *out, const u8 *w, long rb, const int *tokens, int I) { \
-		qembed<QT>(out, w, rb, tokens, I); \
+	extern "C" __global__ void __launch_bounds__(256) qembed_##NAME(float *out, const u8 *w, long rb, const int *tokens, int I, \
+			int first, int V) { \
+		qembed<QT>(out, w, rb, tokens, I, first, V); \
 	}
 QKERNELS(q8_0, QT_Q8_0)
 QKERNELS(q4_k, QT_Q4_K)

@@ -1,0 +1,221 @@
+//go:build cgo
+
+package cuda
+
+/*
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/kiln-llm/kiln/backend"
+)
+
+// A group is the GPUs of one process that run one model split across them
+// (docs/multigpu.md): a Backend a GPU, each with an NCCL communicator of
+// the group. Outside a group a Backend is rank 0 of 1, whose collectives
+// are copies.
+type group struct {
+	ranks   []*Backend
+	aborted atomic.Bool
+}
+
+var _ backend.Collective = (*Backend)(nil)
+
+var (
+	ncclOnce sync.Once
+	ncclErr  error
+)
+
+// loadNCCL opens libnccl once, with NVLink multicast (NVLS) off: on a
+// shared host it can take every GPU of the host out of service, and kiln's
+// all-reduces are small.
+func loadNCCL() error {
+	ncclOnce.Do(func() {
+		os.Setenv("NCCL_NVLS_ENABLE", "0")
+		ncclErr = loadErr(func(b *C.char, n C.int) C.int { return C.load_nccl(b, n) })
+	})
+	return ncclErr
+}
+
+// ncclCheck turns an NCCL result into an error naming the call.
+func ncclCheck(call string, r C.int) error {
+	if r == 0 {
+		return nil
+	}
+	return fmt.Errorf("cuda: %s: %s (NCCL error %d)", call, C.GoString(C.k_ncclGetErrorString(r)), int(r))
+}
+
+// NewGroup opens the GPUs devices (ordinals, each once) as ranks 0 to
+// len(devices)-1 of one group that runs a model split across them, joined
+// by NCCL (libnccl.so.2, opened at run time like the driver).
+func NewGroup(devices []int, opts Options) ([]*Backend, error) {
+	if len(devices) == 0 {
+		return nil, errors.New("cuda: a group of no GPUs")
+	}
+	for i, d := range devices {
+		if slices.Index(devices, d) != i {
+			return nil, fmt.Errorf("cuda: GPU %d named twice in %v", d, devices)
+		}
+	}
+	if err := loadNCCL(); err != nil {
+		return nil, fmt.Errorf("cuda: several GPUs need NCCL: %w", err)
+	}
+	g := &group{}
+	for r, d := range devices {
+		o := opts
+		o.Device = d
+		b, err := New(o)
+		if err != nil {
+			return nil, fmt.Errorf("cuda: GPU %d of the group: %w", d, err)
+		}
+		b.group, b.rank = g, r
+		g.ranks = append(g.ranks, b)
+	}
+	var id C.ncclUniqueId
+	if err := ncclCheck("ncclGetUniqueId", C.k_ncclGetUniqueId(g.ranks[0].ctx, &id)); err != nil {
+		return nil, err
+	}
+	// Each rank's init waits for the others': one goroutine a rank.
+	errs := make([]error, len(devices))
+	var wg sync.WaitGroup
+	for r, b := range g.ranks {
+		wg.Go(func() {
+			errs[r] = ncclCheck("ncclCommInitRank", C.k_ncclCommInitRank(b.ctx, &b.comm, C.int(len(devices)), id, C.int(r)))
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return g.ranks, nil
+}
+
+// Rank is the backend's place in its group (0 outside one).
+func (b *Backend) Rank() int { return b.rank }
+
+// Ranks is the size of the backend's group (1 outside one).
+func (b *Backend) Ranks() int {
+	if b.group == nil {
+		return 1
+	}
+	return len(b.group.ranks)
+}
+
+// collective checks that the group can still run one.
+func (b *Backend) collective() {
+	if b.group != nil && b.group.aborted.Load() {
+		panic(backend.ErrGroupAborted)
+	}
+}
+
+// Partial returns what a block adds its share of the output to: x on
+// rank 0 (whose all-reduce is then in place), part zeroed on the others;
+// see backend.Collective.
+func (b *Backend) Partial(part, x backend.Tensor) backend.Tensor {
+	pt, xt := asT(part), asT(x)
+	if pt.dt != backend.F32 || xt.dt != backend.F32 || !slices.Equal(pt.shape, xt.shape) {
+		panic(fmt.Sprintf("cuda: partial: %v for %v", pt, xt))
+	}
+	if b.rank == 0 {
+		return x
+	}
+	b.fail(check("cuMemsetD32Async", C.k_cuMemsetD32Async(b.ctx, pt.ptr, 0, C.size_t(backend.Numel(pt)), b.stream)))
+	return part
+}
+
+// AllReduce writes to dst the sum of x over the group's ranks (NCCL's
+// all-reduce, on the backend's stream, so a graph captures it); see
+// backend.Collective.
+func (b *Backend) AllReduce(dst, x backend.Tensor) {
+	dt, xt := asT(dst), asT(x)
+	if dt.dt != backend.F32 || xt.dt != backend.F32 || !slices.Equal(dt.shape, xt.shape) {
+		panic(fmt.Sprintf("cuda: all-reduce: %v into %v", xt, dt))
+	}
+	b.collective()
+	if b.group == nil {
+		if dt.ptr != xt.ptr {
+			b.copyDtoD(dt.ptr, xt.ptr, dt.bytes())
+		}
+		return
+	}
+	// The profile's time of a collective includes its wait for the others.
+	b.around("nccl_all_reduce", func() {
+		b.fail(ncclCheck("ncclAllReduce", C.k_ncclAllReduce(b.ctx, xt.ptr, dt.ptr,
+			C.size_t(backend.Numel(xt)), C.NCCL_FLOAT32, C.NCCL_SUM, b.comm, b.stream)))
+	})
+}
+
+// EmbedShare writes the embeddings of the step's tokens that the rank's
+// share of the table holds, zeros for the others; see backend.Collective.
+func (b *Backend) EmbedShare(out, table backend.Tensor, first int) { b.embed(out, table, first, true) }
+
+// GatherCols joins the ranks' column blocks: NCCL's all-gather puts them
+// one after the other, then each becomes its columns of out; see
+// backend.Collective.
+func (b *Backend) GatherCols(out, x backend.Tensor) {
+	ot, xt := asT(out), asT(x)
+	R, W, n := xt.rows(), xt.cols(), b.Ranks()
+	if ot.dt != backend.F32 || xt.dt != backend.F32 || ot.rows() != R || ot.cols() != n*W {
+		panic(fmt.Sprintf("cuda: gather cols: %v into %v", xt, ot))
+	}
+	b.collective()
+	if b.group == nil {
+		b.copyDtoD(ot.ptr, xt.ptr, ot.bytes())
+		return
+	}
+	all := b.scratchF32("gather cols", n*R, W)
+	b.around("nccl_all_gather", func() {
+		b.fail(ncclCheck("ncclAllGather", C.k_ncclAllGather(b.ctx, xt.ptr, all.ptr,
+			C.size_t(R*W), C.NCCL_FLOAT32, b.comm, b.stream)))
+	})
+	for r := range n {
+		part := &tensor{dt: backend.F32, shape: []int{R, W}, ptr: all.ptr + devptr(4*r*R*W), view: true}
+		b.copyCols(ot, r*W, part, 0, W)
+	}
+}
+
+// Abort ends the group: every rank's communicator is aborted (which ends
+// the NCCL kernels a rank waits in), and every later collective panics
+// with backend.ErrGroupAborted; see backend.Collective.
+func (b *Backend) Abort() {
+	g := b.group
+	if g == nil || g.aborted.Swap(true) {
+		return
+	}
+	for _, r := range g.ranks {
+		C.k_ncclCommAbort(r.ctx, r.comm)
+	}
+}
+
+// groupFree is the least device memory free on any GPU of b's group, which
+// all hold the same shares: what each of them can still give.
+func (b *Backend) groupFree() int64 {
+	free := b.deviceFree()
+	if b.group != nil {
+		for _, r := range b.group.ranks {
+			free = min(free, r.deviceFree())
+		}
+	}
+	return free
+}
+
+// deviceCount is how many GPUs the driver sees.
+func deviceCount() (int, error) {
+	if err := loadDriver(); err != nil {
+		return 0, fmt.Errorf("cuda: no driver: %w", err)
+	}
+	if err := check("cuInit", C.k_cuInit(nil, 0)); err != nil {
+		return 0, err
+	}
+	var n C.int
+	err := check("cuDeviceGetCount", C.k_cuDeviceGetCount(nil, &n))
+	return int(n), err
+}

@@ -1,0 +1,197 @@
+//go:build cgo
+
+package cuda
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kiln-llm/kiln/backend"
+	"github.com/kiln-llm/kiln/model"
+	"github.com/kiln-llm/kiln/model/reference"
+)
+
+// groups opens, once, a group of one GPU and, where the machine has two,
+// a group of two, through NCCL.
+var (
+	groupsOnce sync.Once
+	groupsOf   map[int][]*Backend
+	groupsErr  error
+)
+
+func testGroups(t *testing.T) map[int][]*Backend {
+	t.Helper()
+	newPair(t, 1) // skips without a GPU
+	groupsOnce.Do(func() {
+		n, err := deviceCount()
+		if err != nil {
+			groupsErr = err
+			return
+		}
+		groupsOf = map[int][]*Backend{}
+		for _, size := range []int{1, 2} {
+			if size > n {
+				break
+			}
+			devs := make([]int, size)
+			for i := range devs {
+				devs[i] = i
+			}
+			if groupsOf[size], err = NewGroup(devs, Options{}); err != nil {
+				groupsErr = err
+				return
+			}
+		}
+	})
+	if groupsErr != nil {
+		if os.Getenv("KILN_REQUIRE_GPU") != "" {
+			t.Fatalf("KILN_REQUIRE_GPU is set but no group of GPUs opens: %v", groupsErr)
+		}
+		t.Skip(groupsErr)
+	}
+	return groupsOf
+}
+
+// TestSplitFixtures runs each fixture split across the GPUs of a group
+// (tensor and expert parallel through NCCL) against the whole model on one
+// GPU, prompts and then greedy decode steps through the captured graphs
+// (the collectives captured with them): split in one rank it equals the
+// whole model bit for bit; in two, the last logits are within bf16
+// tolerance (relative L2 1e-2) and the argmax is the whole model's
+// wherever its top-2 margin exceeds 0.05.
+func TestSplitFixtures(t *testing.T) {
+	groups := testGroups(t)
+	if len(groups) < 2 {
+		t.Log("one GPU: the fixtures run split in one rank only")
+	}
+	dir := filepath.Join("..", "..", "testdata", "fixtures")
+	for _, name := range []string{"qwen3", "qwen3moe", "qwen3next", "qwen35", "qwen35moe"} {
+		for _, n := range []int{1, 2} {
+			bs := groups[n]
+			if bs == nil {
+				continue
+			}
+			t.Run(fmt.Sprintf("%s/%d", name, n), func(t *testing.T) {
+				fdir := filepath.Join(dir, name)
+				ref, err := reference.Read(fdir)
+				if err != nil {
+					t.Skip(err)
+				}
+				const extra = 8
+				nblocks := 0
+				for _, pr := range ref.Prompts {
+					nblocks = max(nblocks, (len(pr.IDs)+extra+15)/16)
+				}
+				cache := model.CacheSpec{Blocks: nblocks, BlockSize: 16, Slots: 2}
+				opts := model.Options{KVDType: backend.BF16}
+				whole, err := model.Load(fdir, bs[0], opts)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer whole.Close()
+				ranks := make([]*model.Model, n)
+				for r, b := range bs {
+					o := opts
+					o.Rank, o.Ranks = r, n
+					if ranks[r], err = model.Load(fdir, b, o); err != nil {
+						t.Fatal(err)
+					}
+				}
+				split, err := model.Group(ranks)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer split.Close()
+				for _, m := range []*model.Model{whole, split} {
+					if err := m.AllocCache(cache); err != nil {
+						t.Fatal(err)
+					}
+				}
+				blocks := make([]int32, nblocks)
+				for i := range blocks {
+					blocks[i] = int32(i)
+				}
+				for pi, pr := range ref.Prompts {
+					seq := model.Seq{Tokens: pr.IDs, Blocks: blocks, Slot: 0, Logits: model.LastLogits}
+					pos := len(pr.IDs)
+					for step := 0; step <= extra; step++ {
+						wl, err := whole.Forward([]model.Seq{seq})
+						if err != nil {
+							t.Fatal(err)
+						}
+						w := read(t, bs[0], wl)
+						sl, err := split.Forward([]model.Seq{seq})
+						if err != nil {
+							t.Fatal(err)
+						}
+						s := read(t, bs[0], sl)
+						wt, margin := argmaxMargin(w)
+						st, _ := argmaxMargin(s)
+						switch {
+						case n == 1 && !slices.Equal(w, s):
+							t.Fatalf("prompt %d step %d: one rank through NCCL differs from the whole model (relative L2 %.3g)", pi, step, relL2(s, w))
+						case n > 1 && !(relL2(s, w) <= 1e-2):
+							t.Fatalf("prompt %d step %d: split logits relative L2 %.3g from the whole model's", pi, step, relL2(s, w))
+						case wt != st && margin > 0.05:
+							t.Fatalf("prompt %d step %d: split argmax %d, whole %d (margin %.3g)", pi, step, st, wt, margin)
+						}
+						if step == 0 {
+							t.Logf("prompt %d: relative L2 %.3g", pi, relL2(s, w))
+						}
+						seq = model.Seq{Tokens: []int32{wt}, Pos: pos, Blocks: blocks, Slot: 0, Logits: model.LastLogits}
+						pos++
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestGroupAbort: a rank waiting in an all-reduce that its peer will never
+// join is released when the peer aborts the group, and every later
+// collective panics with backend.ErrGroupAborted.
+func TestGroupAbort(t *testing.T) {
+	groups := testGroups(t)
+	if groups[2] == nil {
+		t.Skip("one GPU")
+	}
+	// A group of its own: this one ends.
+	bs, err := NewGroup([]int{0, 1}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	xs := make([]backend.Tensor, 2)
+	var wg sync.WaitGroup
+	for r, b := range bs {
+		xs[r] = b.Alloc(backend.F32, 4, 8)
+		b.Write(xs[r], make([]byte, 4*32))
+		wg.Go(func() { b.AllReduce(xs[r], xs[r]) }) // connects the pair
+	}
+	wg.Wait()
+	for _, b := range bs {
+		if err := b.Sync(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bs[0].AllReduce(xs[0], xs[0]) // rank 1 never joins
+	done := make(chan error, 1)
+	go func() { done <- bs[0].Sync() }()
+	bs[1].Abort()
+	select {
+	case err := <-done:
+		t.Logf("rank 0's wait ended: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("rank 0 still waits 30 s after the abort")
+	}
+	defer func() {
+		if p := recover(); p != backend.ErrGroupAborted {
+			t.Errorf("a collective after the abort: %v, want ErrGroupAborted", p)
+		}
+	}()
+	bs[0].AllReduce(xs[0], xs[0])
+}
