@@ -1,9 +1,13 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
+	"strings"
+	"sync"
 
 	"github.com/kiln-llm/kiln/backend"
 	"github.com/kiln-llm/kiln/backend/cpu"
@@ -44,7 +48,41 @@ type modelSource struct {
 	dtype          backend.DType           // synthetic: weight dtype
 	kv             string                  // --kv: KV cache dtype ("": kvDType's default)
 	quantize       string                  // --quantize: type the linear layers' float weights become at load
+	gpus           string                  // --gpus: split the model across GPUs ("": one)
 	progress       func(done, total int64) // of reading the weights; nil: none
+}
+
+// gpusFlagHelp is the help of every command's --gpus flag.
+const gpusFlagHelp = "split the model across GPUs, joined by NCCL (tensor and expert parallel): N for the first N, or a list of ordinals (0,2); default: one GPU"
+
+// parseGPUs resolves a --gpus flag: nil for one GPU, else the ordinals.
+func parseGPUs(flag string) ([]int, error) {
+	if flag == "" {
+		return nil, nil
+	}
+	if !strings.Contains(flag, ",") {
+		n, err := strconv.Atoi(flag)
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("--gpus %q: want a number of GPUs or a list of their ordinals (0,1)", flag)
+		}
+		if n == 1 {
+			return nil, nil
+		}
+		devs := make([]int, n)
+		for i := range devs {
+			devs[i] = i
+		}
+		return devs, nil
+	}
+	var devs []int
+	for f := range strings.SplitSeq(flag, ",") {
+		d, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || d < 0 || slices.Contains(devs, d) {
+			return nil, fmt.Errorf("--gpus %q: want distinct GPU ordinals (0,1)", flag)
+		}
+		devs = append(devs, d)
+	}
+	return devs, nil
 }
 
 // quantizeFlagHelp is the help of every command's --quantize flag.
@@ -96,30 +134,90 @@ func openModel(backendName string, src modelSource) (*model.Model, backend.Backe
 	if err != nil {
 		return nil, nil, err
 	}
+	devs, err := parseGPUs(src.gpus)
+	if err != nil {
+		return nil, nil, err
+	}
+	if devs != nil {
+		return openSplitModel(backendName, devs, src)
+	}
 	b, err := openBackend(backendName)
 	if err != nil {
 		return nil, nil, err
 	}
-	kv, err := kvDType(src.kv, b)
+	m, err := loadModel(b, src, 0, 0, src.progress)
 	if err != nil {
 		return nil, nil, err
+	}
+	return m, b, nil
+}
+
+// openSplitModel loads the model split across the GPUs devs, a rank on
+// each (docs/multigpu.md), and returns the group's face, rank 0, and its
+// backend.
+func openSplitModel(backendName string, devs []int, src modelSource) (*model.Model, backend.Backend, error) {
+	if backendName != "auto" && backendName != "" && backendName != "cuda" {
+		return nil, nil, fmt.Errorf("--gpus splits the model across GPUs: it needs the cuda backend, not %q", backendName)
+	}
+	bs, err := cuda.NewGroup(devs, cuda.Options{})
+	if err != nil {
+		return nil, nil, err
+	}
+	// The ranks load side by side; progress adds up their bytes.
+	var mu sync.Mutex
+	done, total := make([]int64, len(bs)), make([]int64, len(bs))
+	ranks, errs := make([]*model.Model, len(bs)), make([]error, len(bs))
+	var wg sync.WaitGroup
+	for r, b := range bs {
+		progress := func(d, t int64) {
+			if src.progress == nil {
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			done[r], total[r] = d, t
+			var sd, st int64
+			for i := range done {
+				sd, st = sd+done[i], st+total[i]
+			}
+			src.progress(sd, st)
+		}
+		wg.Go(func() { ranks[r], errs[r] = loadModel(b, src, r, len(bs), progress) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		for _, m := range ranks {
+			if m != nil {
+				m.Close()
+			}
+		}
+		return nil, nil, err
+	}
+	m, err := model.Group(ranks)
+	if err != nil {
+		return nil, nil, err
+	}
+	slog.Info("model split across GPUs", "gpus", fmt.Sprint(devs), "weights_per_gpu", humanBytes(m.WeightBytes()/int64(len(bs))))
+	return m, bs[0], nil
+}
+
+// loadModel loads the model src names on b, rank of ranks of a split
+// model when ranks > 0 (model.Options).
+func loadModel(b backend.Backend, src modelSource, rank, ranks int, progress func(done, total int64)) (*model.Model, error) {
+	kv, err := kvDType(src.kv, b)
+	if err != nil {
+		return nil, err
 	}
 	q, err := quantizeType(src.quantize)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	var m *model.Model
 	if src.synthetic != "" {
 		dt := src.dtype
 		if q.Quantized() { // random weights drawn in the quantized type
 			dt = q
 		}
-		m, err = model.Synthetic(src.synthetic, b, model.SyntheticOptions{Layers: src.layers, Seed: 1, DType: dt, KVDType: kv})
-	} else {
-		m, err = modelPath(src.dir).weights(b, model.Options{KVDType: kv, Quantize: q, Progress: src.progress})
+		return model.Synthetic(src.synthetic, b, model.SyntheticOptions{Layers: src.layers, Seed: 1, DType: dt, KVDType: kv, Rank: rank, Ranks: ranks})
 	}
-	if err != nil {
-		return nil, nil, err
-	}
-	return m, b, nil
+	return modelPath(src.dir).weights(b, model.Options{KVDType: kv, Quantize: q, Progress: progress, Rank: rank, Ranks: ranks})
 }

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/kiln-llm/kiln/backend"
@@ -18,5 +20,30 @@ func TestKVDType(t *testing.T) {
 	}
 	if _, err := kvDType("f16", b); err == nil {
 		t.Error("--kv f16 accepted")
+	}
+}
+
+// --gpus: a count is the first GPUs, one of them no split; a list is those
+// ordinals; anything else is refused with the forms it takes.
+func TestParseGPUs(t *testing.T) {
+	for flag, want := range map[string][]int{"": nil, "1": nil, "2": {0, 1}, "4": {0, 1, 2, 3}, "0,2": {0, 2}, "3,1": {3, 1}, "5,": nil} {
+		got, err := parseGPUs(flag)
+		if flag == "5," {
+			if err == nil {
+				t.Errorf("--gpus %q accepted: %v", flag, got)
+			}
+			continue
+		}
+		if err != nil || !slices.Equal(got, want) {
+			t.Errorf("--gpus %q: %v, %v; want %v", flag, got, err, want)
+		}
+	}
+	for _, flag := range []string{"0", "-1", "x", "1,1", "0,-2"} {
+		if _, err := parseGPUs(flag); err == nil || !strings.Contains(err.Error(), "--gpus") {
+			t.Errorf("--gpus %q: %v", flag, err)
+		}
+	}
+	if _, _, err := openModel("cpu", modelSource{gpus: "2"}); err == nil || !strings.Contains(err.Error(), "cuda backend") {
+		t.Errorf("--gpus on the CPU backend: %v", err)
 	}
 }

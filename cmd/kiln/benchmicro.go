@@ -40,6 +40,7 @@ type benchResult struct {
 type benchReport struct {
 	Model     string        `json:"model"`
 	Backend   string        `json:"backend"`
+	GPUs      int           `json:"gpus"` // the ranks of a model split across GPUs; 1: one device
 	Layers    int           `json:"layers"`
 	Bandwidth float64       `json:"bandwidth_bytes_s"`
 	Peak      float64       `json:"peak_flop_s"`
@@ -57,6 +58,7 @@ func benchMicro(args []string) error {
 	dtype := fs.String("dtype", "bf16", "synthetic model: weight dtype (bf16, f16, f32; or fp8, q8_0, q4_k, q5_k, q6_k, mxfp4 for the linear layers)")
 	kvType := fs.String("kv", "", kvFlagHelp)
 	quantize := fs.String("quantize", "", quantizeFlagHelp)
+	gpus := fs.String("gpus", "", gpusFlagHelp+"; the floors are then each GPU's share over one GPU's bandwidth and peak")
 	bw := fs.Float64("bandwidth", 0, "memory bandwidth for the decode floor, bytes/s (default: 3.0e12 on CUDA, a measured copy on CPU)")
 	peak := fs.Float64("peak", 0, "matrix FLOP/s for the prefill floor (default: 7.9e14 on CUDA, a rough 2-core estimate on CPU)")
 	peakFP8 := fs.Float64("peak-fp8", 1.25e15, "FP8 matrix FLOP/s for the linear layers' share of the prefill floor, on a backend whose products with FP8 weights run on FP8 tensor cores")
@@ -88,7 +90,7 @@ func benchMicro(args []string) error {
 		return err
 	}
 	start := time.Now()
-	m, b, err := openModel(*backendName, modelSource{dir: *dir, synthetic: *synth, layers: *layers, dtype: wdt, kv: *kvType, quantize: *quantize})
+	m, b, err := openModel(*backendName, modelSource{dir: *dir, synthetic: *synth, layers: *layers, dtype: wdt, kv: *kvType, quantize: *quantize, gpus: *gpus})
 	if err != nil {
 		return err
 	}
@@ -153,7 +155,7 @@ func benchMicro(args []string) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	rep := benchReport{Model: cfg.Name, Backend: b.Name(), Layers: cfg.Layers, Bandwidth: *bw, Peak: *peak, PeakFP8: fp8Peak,
+	rep := benchReport{Model: cfg.Name, Backend: b.Name(), GPUs: m.Ranks(), Layers: cfg.Layers, Bandwidth: *bw, Peak: *peak, PeakFP8: fp8Peak,
 		Date: time.Now().UTC().Format(time.RFC3339)}
 	// Prefill first: its KV blocks are then real data for the decode runs.
 	for _, P := range ps {
@@ -211,8 +213,12 @@ func benchMicro(args []string) error {
 		enc.SetIndent("", "  ")
 		return enc.Encode(rep)
 	}
+	on := rep.Backend
+	if rep.GPUs > 1 {
+		on = fmt.Sprintf("%d x %s", rep.GPUs, on)
+	}
 	fmt.Printf("\n%s on %s (%d layers), %s\nfloors: decode = bytes/step / %.3g B/s, prefill = FLOPs / %.3g FLOP/s",
-		rep.Model, rep.Backend, rep.Layers, rep.Date, *bw, *peak)
+		rep.Model, on, rep.Layers, rep.Date, *bw, *peak)
 	if fp8Peak > 0 {
 		fmt.Printf(" (the linear layers' at FP8's %.3g)", fp8Peak)
 	}

@@ -60,6 +60,7 @@ func parseBenchFlags(args []string) (*benchConfig, error) {
 	c := &benchConfig{}
 	fs := flag.NewFlagSet("kiln bench serve", flag.ContinueOnError)
 	c.model.register(fs)
+	c.model.registerSynthetic(fs)
 	fs.StringVar(&c.baseURL, "base-url", "", "benchmark this OpenAI-compatible server (e.g. http://127.0.0.1:8000); default: start kiln in-process on a loopback port")
 	fs.StringVar(&c.servedModel, "served-model-name", "", "model name to send (default: the first of GET /v1/models)")
 	fs.StringVar(&c.apiKey, "api-key", os.Getenv("OPENAI_API_KEY"), "bearer token for --base-url (default $OPENAI_API_KEY)")

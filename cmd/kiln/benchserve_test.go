@@ -146,6 +146,25 @@ func TestBenchServeRandomExactLengths(t *testing.T) {
 	}
 }
 
+// A synthetic model (random weights at a published shape, here the
+// hybrid test shape) is served with a vocabulary of its size: its random
+// answers have text, both workloads run, and --model with it is refused.
+func TestBenchServeSynthetic(t *testing.T) {
+	rep := runBench(t, "--backend", "cpu", "--synthetic", "tiny-qwen3next", "--num-prompts", "4", "--input-len", "24", "--output-len", "6")
+	if rep["completed"].(float64) != 4 || rep["total_output_tokens"].(float64) != 4*6 {
+		t.Fatalf("completed %v, output %v: %v", rep["completed"], rep["total_output_tokens"], rep["errors"])
+	}
+	rep = runBench(t, "--backend", "cpu", "--synthetic", "tiny-qwen3", "--dataset", "multiturn", "--num-prompts", "2", "--turns", "2",
+		"--input-len", "20", "--output-len", "4")
+	if rep["completed"].(float64) != 4 {
+		t.Fatalf("multiturn: completed %v: %v", rep["completed"], rep["errors"])
+	}
+	err := benchServe([]string{"--synthetic", "tiny-qwen3", "--model", "x", "--num-prompts", "1"})
+	if err == nil || !strings.Contains(err.Error(), "one of --model and --synthetic") {
+		t.Errorf("--model with --synthetic: %v", err)
+	}
+}
+
 // Later turns of a conversation resend the history (here after a document
 // of 300 tokens), which the engine's caches serve; their TTFT's median and
 // percentiles are reported.

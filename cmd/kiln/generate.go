@@ -44,6 +44,7 @@ func runGenerate(args []string) error {
 	backendName := fs.String("backend", "auto", "compute backend: auto, cpu or cuda")
 	kvType := fs.String("kv", "", kvFlagHelp)
 	quantize := fs.String("quantize", "", quantizeFlagHelp)
+	gpus := fs.String("gpus", "", gpusFlagHelp)
 	promptIDs := fs.String("prompt-ids", "", "comma-separated prompt token ids")
 	maxTokens := fs.Int("max-tokens", 32, "tokens to generate at most")
 	temperature := fs.Float64("temperature", 0, "sampling temperature; 0 is greedy")
@@ -66,7 +67,7 @@ func runGenerate(args []string) error {
 	if *maxTokens < 1 {
 		return errors.New("--max-tokens must be at least 1")
 	}
-	m, b, err := openModel(*backendName, modelSource{dir: *dir, synthetic: *synth, layers: *layers, dtype: backend.BF16, kv: *kvType, quantize: *quantize})
+	m, b, err := openModel(*backendName, modelSource{dir: *dir, synthetic: *synth, layers: *layers, dtype: backend.BF16, kv: *kvType, quantize: *quantize, gpus: *gpus})
 	if err != nil {
 		return err
 	}

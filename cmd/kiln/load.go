@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -12,8 +13,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kiln-llm/kiln/backend"
 	"github.com/kiln-llm/kiln/catalog"
+	"github.com/kiln-llm/kiln/chat"
 	"github.com/kiln-llm/kiln/engine"
+	"github.com/kiln-llm/kiln/gguf"
+	"github.com/kiln-llm/kiln/model"
 	"github.com/kiln-llm/kiln/session"
 	"github.com/kiln-llm/kiln/tokenizer"
 )
@@ -28,6 +33,12 @@ type modelFlags struct {
 	context    int
 	kv         string
 	quantize   string
+	gpus       string
+	// synthetic: random weights at a published shape instead of --model
+	// (bench serve's --synthetic, --layers), served with a synthetic
+	// vocabulary (model.SyntheticVocab).
+	synthetic string
+	layers    int
 	// conversations: the command serves multi-turn chats, so the session
 	// prepares each chat's next turn (session.Options.PrepareNextTurn); not
 	// for a one-shot kiln run, which would wait for it before exiting.
@@ -51,6 +62,13 @@ func (f *modelFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.context, "context", 0, "most tokens of one request, prompt and answer (default: the model's context length, or what the KV cache holds for one sequence when that is less)")
 	fs.StringVar(&f.kv, "kv", "", kvFlagHelp)
 	fs.StringVar(&f.quantize, "quantize", "", quantizeFlagHelp)
+	fs.StringVar(&f.gpus, "gpus", "", gpusFlagHelp)
+}
+
+// registerSynthetic adds the flags of a synthetic model (benchmarks).
+func (f *modelFlags) registerSynthetic(fs *flag.FlagSet) {
+	fs.StringVar(&f.synthetic, "synthetic", "", "serve a synthetic model (random weights at a published shape, a synthetic vocabulary of its size) instead of --model: "+strings.Join(model.SyntheticNames(), ", "))
+	fs.IntVar(&f.layers, "layers", 0, "with --synthetic: keep only the first N layers (0: all)")
 }
 
 // loaded is a model ready to serve.
@@ -103,6 +121,9 @@ func (f *modelFlags) load() (*loaded, error) {
 	if opts.MaxBatchTokens == 0 && f.maxRunning > 256 {
 		opts.MaxBatchTokens = f.maxRunning // every running sequence needs a token per step
 	}
+	if f.synthetic != "" && f.dir != "" {
+		return nil, errors.New("give one of --model and --synthetic")
+	}
 	if err := f.resolve(); err != nil {
 		return nil, err
 	}
@@ -115,20 +136,22 @@ func (f *modelFlags) load() (*loaded, error) {
 	}
 	bar := newProgressBar(os.Stderr, "loading")
 	start := time.Now()
-	m, b, err := openModel(f.backend, modelSource{dir: f.dir, kv: f.kv, quantize: f.quantize, progress: bar.update})
+	m, b, err := openModel(f.backend, modelSource{dir: f.dir, synthetic: f.synthetic, layers: f.layers, dtype: backend.BF16,
+		kv: f.kv, quantize: f.quantize, gpus: f.gpus, progress: bar.update})
 	bar.finish()
 	if err != nil {
 		return nil, err
 	}
 	path := modelPath(f.dir)
-	tok, err := path.tokenizer()
-	if err != nil {
-		m.Close()
-		return nil, err
-	}
 	cfg := m.Config()
-	tmpl, err := path.template()
-	if err != nil && cfg.Embedding == nil { // an embedding model needs none
+	var tok *tokenizer.Tokenizer
+	var tmpl *chat.Template
+	if f.synthetic != "" {
+		tok, tmpl, err = syntheticVocab(cfg)
+	} else if tok, err = path.tokenizer(); err == nil {
+		tmpl, err = path.template()
+	}
+	if err != nil && (tok == nil || cfg.Embedding == nil) { // an embedding model needs no template
 		m.Close()
 		return nil, err
 	}
@@ -179,6 +202,11 @@ func (f *modelFlags) load() (*loaded, error) {
 		}
 		kv, _ := kvDType(f.kv, b)
 		sc.Model = fmt.Sprintf("weights %s|backend %s|quantize %q|kv %v", digest, b.Name(), f.quantize, kv)
+		if m.Ranks() > 1 {
+			// A split model's saved states hold each rank's part in
+			// turn: a cache written across two GPUs is not read on one.
+			sc.Model += fmt.Sprintf("|ranks %d", m.Ranks())
+		}
 		opts.StateCache = sc
 	}
 	eng, err := engine.New(m, tok, opts)
@@ -190,7 +218,7 @@ func (f *modelFlags) load() (*loaded, error) {
 		return nil, fmt.Errorf("starting the engine: %w", err)
 	}
 	name := cfg.Name
-	if dir == "" {
+	if dir == "" && f.synthetic == "" {
 		name = demoName
 	}
 	if f.name != "" {
@@ -199,7 +227,7 @@ func (f *modelFlags) load() (*loaded, error) {
 	eo := eng.Options()
 	ctx, ctxLimit := eng.Context()
 	kv, _ := kvDType(f.kv, b) // as openModel resolved it
-	slog.Info("model loaded", "model", name, "backend", b.Name(), "weights", humanBytes(m.WeightBytes()), "kv", kv,
+	slog.Info("model loaded", "model", name, "backend", b.Name(), "gpus", m.Ranks(), "weights", humanBytes(m.WeightBytes()), "kv", kv,
 		"kv_memory", humanBytes(int64(eo.KVBlocks*eo.BlockSize)*m.KVBytesPerToken()), "kv_tokens", eo.KVBlocks*eo.BlockSize,
 		"state_per_sequence", humanBytes(int64(m.SlotBytes())),
 		"context", ctx, "context_limited_by", ctxLimit, "model_context", cfg.ContextLength, "took", time.Since(start).Round(time.Millisecond))
@@ -208,6 +236,42 @@ func (f *modelFlags) load() (*loaded, error) {
 	}
 	sess := session.New(eng, tok, tmpl, session.Options{PrepareNextTurn: f.conversations})
 	return &loaded{name: name, dir: dir, backend: b.Name(), defaults: defaults, tok: tok, sess: sess}, nil
+}
+
+// syntheticVocab is the tokenizer and chat template of a synthetic model
+// of config cfg: model.SyntheticVocab's, of the model's vocabulary size,
+// whose unused ids ([PAD<id>], most of them) are made normal tokens, so
+// that the random weights' answers, mostly such ids, have text to stream.
+func syntheticVocab(cfg *model.Config) (*tokenizer.Tokenizer, *chat.Template, error) {
+	eos := -1
+	if len(cfg.EOS) > 0 {
+		eos = int(cfg.EOS[0])
+	}
+	kvs, err := model.SyntheticVocab(cfg.VocabSize, eos)
+	if err != nil {
+		return nil, nil, err
+	}
+	f := &gguf.File{Name: "the synthetic vocabulary of " + cfg.Name, Meta: map[string]gguf.Value{}}
+	for _, kv := range kvs {
+		f.Meta[kv.Key] = kv.Value
+	}
+	if types, ok := f.Ints("tokenizer.ggml.token_type"); ok {
+		const normal, unused = 1, 5 // llama.cpp's token types
+		t32 := make([]int32, len(types))
+		for i, t := range types {
+			t32[i] = int32(t)
+			if t == unused {
+				t32[i] = normal
+			}
+		}
+		f.Meta["tokenizer.ggml.token_type"] = gguf.Arr(t32)
+	}
+	tok, err := ggufTokenizer(f)
+	if err != nil {
+		return nil, nil, err
+	}
+	tmpl, err := ggufTemplate(f)
+	return tok, tmpl, err
 }
 
 // availableMemory is the memory the system can give without swapping

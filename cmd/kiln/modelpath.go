@@ -100,6 +100,12 @@ func (p modelPath) tokenizer() (*tokenizer.Tokenizer, error) {
 		return tok, nil
 	}
 	defer f.Close()
+	return ggufTokenizer(f)
+}
+
+// ggufTokenizer builds the tokenizer of a GGUF file's tokenizer.ggml.*
+// metadata.
+func ggufTokenizer(f *gguf.File) (*tokenizer.Tokenizer, error) {
 	v := tokenizer.GGUFVocab{SpecialIDs: map[string]int64{}}
 	v.Model, _ = f.String("tokenizer.ggml.model")
 	v.Pre, _ = f.String("tokenizer.ggml.pre")
@@ -141,6 +147,11 @@ func (p modelPath) template() (*chat.Template, error) {
 		return tmpl, nil
 	}
 	defer f.Close()
+	return ggufTemplate(f)
+}
+
+// ggufTemplate parses a GGUF file's tokenizer.chat_template.
+func ggufTemplate(f *gguf.File) (*chat.Template, error) {
 	src, ok := f.String("tokenizer.chat_template")
 	if !ok {
 		return nil, fmt.Errorf("%s has no tokenizer.chat_template", f.Name)
