@@ -10,8 +10,10 @@
 # and runs
 #   1. the CUDA backend's tests: every kernel against the CPU backend on random
 #      inputs, graph capture and replay, on-device sampling against the
-#      reference sampler, the fixtures end to end (KILN_REQUIRE_GPU=1: a
-#      missing GPU fails instead of skipping);
+#      reference sampler, the fixtures end to end, the fixtures split across
+#      the GPUs through NCCL (two of them where there are two; a group of one
+#      otherwise) (KILN_REQUIRE_GPU=1: a missing GPU fails instead of
+#      skipping);
 #   2. scripts/hf_reference.py: a random Qwen3-8B in transformers (bf16),
 #      saved as safetensors, its last-position logits for a fixed prompt, and
 #      HF eager decode/prefill timings;
