@@ -65,6 +65,18 @@ func NewGroup(devices []int, opts Options) ([]*Backend, error) {
 			return nil, fmt.Errorf("cuda: GPU %d named twice in %v", d, devices)
 		}
 	}
+	n, err := deviceCount()
+	if err != nil {
+		return nil, err
+	}
+	if n == 0 {
+		return nil, errors.New("cuda: no CUDA device")
+	}
+	for _, d := range devices {
+		if d < 0 || d >= n {
+			return nil, fmt.Errorf("cuda: GPU %d asked for; the driver sees %d (0 to %d)", d, n, n-1)
+		}
+	}
 	if err := loadNCCL(); err != nil {
 		return nil, fmt.Errorf("cuda: several GPUs need NCCL: %w", err)
 	}

@@ -235,7 +235,11 @@ func (f *modelFlags) load() (*loaded, error) {
 		slog.Info("state cache", "dir", sc.Dir, "size", humanBytes(sc.DiskBytes), "ram", humanBytes(sc.RAMBytes))
 	}
 	sess := session.New(eng, tok, tmpl, session.Options{PrepareNextTurn: f.conversations})
-	return &loaded{name: name, dir: dir, backend: b.Name(), defaults: defaults, tok: tok, sess: sess}, nil
+	on := b.Name()
+	if m.Ranks() > 1 {
+		on = fmt.Sprintf("%d x %s", m.Ranks(), on) // what /status and the daemon's clients show
+	}
+	return &loaded{name: name, dir: dir, backend: on, defaults: defaults, tok: tok, sess: sess}, nil
 }
 
 // syntheticVocab is the tokenizer and chat template of a synthetic model
