@@ -49,7 +49,8 @@ type param struct {
 	// sections, for a weight split by rows, are the rows of a rank's share
 	// of each section of the (permuted) whole, where one part holds
 	// several ([q | k | v] of a DeltaNet): each section splits apart. Nil:
-	// each part is a section.
+	// each part is a section. For a weight split by columns, the columns
+	// of a rank's share of each section of every row.
 	sections []int
 	// ways, for a weight split by rows, is into how many equal ranges each
 	// part splits, where fewer than the ranks (the KV heads of a model
@@ -417,6 +418,20 @@ func (bd *binder) ways(p *param, i int) int {
 func (bd *binder) share(p *param, layout []part, dt backend.DType, parts []stored) []byte {
 	data := make([]byte, 0, dt.Bytes(p.shape...))
 	r, n := bd.rank, bd.ranks
+	if p.tp == tpCols && p.sections != nil {
+		es := dt.Size()
+		for i, st := range parts {
+			rows, cols := matrixOf(layout[i].shape)
+			for row := range rows {
+				off := row * cols
+				for _, w := range p.sections {
+					data = append(data, st.data[(off+r*w)*es:(off+(r+1)*w)*es]...)
+					off += n * w
+				}
+			}
+		}
+		return data
+	}
 	if p.tp == tpStack || p.sections != nil {
 		var all []byte
 		for _, st := range parts {

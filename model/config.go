@@ -111,11 +111,6 @@ func (c *Config) heldExperts() (first, n int) {
 // and (expert parallel) its range of whole experts (docs/multigpu.md).
 func (c *Config) split(rank, ranks int) (*Config, error) {
 	d := c.DeltaNet
-	if d.TiledHeads {
-		// Value head h reads key head h % HK: no range of value heads
-		// reads one range of key heads.
-		return nil, fmt.Errorf("model %s: tensor parallel cannot split Gated DeltaNet heads stored tiled (llama.cpp's Qwen3.5 order), for now", c.Name)
-	}
 	dense := c.Intermediate
 	if !slices.Contains(c.Sparse, false) {
 		dense = 0 // no dense MLP to split

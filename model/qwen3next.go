@@ -1,6 +1,10 @@
 package model
 
-import "github.com/kiln-llm/kiln/backend"
+import (
+	"slices"
+
+	"github.com/kiln-llm/kiln/backend"
+)
 
 // Qwen3-Next and Qwen3.5, dense and MoE (Qwen3NextForCausalLM,
 // Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM and the text part of their
@@ -33,15 +37,25 @@ func (d *gatedDeltaNet) weights(c *Config, p string) []param {
 	H, conv, vdim := c.Hidden, s.ConvDim(), s.ValueHeads*s.ValueDim
 	// A rank of a split model holds its range of the key heads and of the
 	// value heads that read them, in each section of [q | k | v (| z)].
+	// Value heads stored tiled (value head h reads key head h % HK) are
+	// HV/HK runs of HK heads, one per value head a key head has: a rank
+	// holds its range of each run, which it reads tiled too.
 	qk, v := s.KeyHeads*s.KeyDim, vdim
-	convParam := weight(&d.conv, p+"conv1d.weight", initConv, conv, s.ConvKernel).rowSplit()
-	convParam.sections = []int{qk, qk, v}
+	heads := func(dim int) []int { return []int{s.ValueHeads * dim} }
+	if s.TiledHeads {
+		heads = func(dim int) []int { return slices.Repeat([]int{s.KeyHeads * dim}, s.ValueHeads/s.KeyHeads) }
+	}
+	vh, hv := heads(s.ValueDim), heads(1)
+	sectioned := func(p param, sections ...[]int) param {
+		p.sections = slices.Concat(sections...)
+		return p
+	}
 	ps := []param{
-		convParam,
-		weight(&d.aLog, p+"A_log", initALog, s.ValueHeads).colSplit(),
-		weight(&d.dtBias, p+"dt_bias", initOnes, s.ValueHeads).colSplit(),
+		sectioned(weight(&d.conv, p+"conv1d.weight", initConv, conv, s.ConvKernel).rowSplit(), []int{qk, qk}, vh),
+		sectioned(weight(&d.aLog, p+"A_log", initALog, s.ValueHeads).colSplit(), hv),
+		sectioned(weight(&d.dtBias, p+"dt_bias", initOnes, s.ValueHeads).colSplit(), hv),
 		weight(&d.norm, p+"norm.weight", initOnes, s.ValueDim),
-		weight(&d.out, p+"out_proj.weight", initNormal, H, vdim).linear().colSplit(),
+		sectioned(weight(&d.out, p+"out_proj.weight", initNormal, H, vdim).linear().colSplit(), vh),
 	}
 	if c.arch.fusedQKVZ {
 		// Qwen3-Next interleaves the projections per key-head group; reorder
@@ -58,13 +72,11 @@ func (d *gatedDeltaNet) weights(c *Config, p string) []param {
 		ba.rows, ba.sections = baRows(&whole), []int{s.ValueHeads, s.ValueHeads}
 		return append(ps, qkvz, ba)
 	}
-	qkv := weight(&d.qkv, p+"in_proj_qkv.weight", initNormal, conv, H).linear().rowSplit()
-	qkv.sections = []int{qk, qk, v}
 	return append(ps,
-		qkv,
-		weight(&d.z, p+"in_proj_z.weight", initNormal, vdim, H).linear().rowSplit(),
-		fused(&d.ba, part{name: p + "in_proj_b.weight", shape: []int{s.ValueHeads, H}},
-			part{name: p + "in_proj_a.weight", shape: []int{s.ValueHeads, H}}).rowSplit())
+		sectioned(weight(&d.qkv, p+"in_proj_qkv.weight", initNormal, conv, H).linear().rowSplit(), []int{qk, qk}, vh),
+		sectioned(weight(&d.z, p+"in_proj_z.weight", initNormal, vdim, H).linear().rowSplit(), vh),
+		sectioned(fused(&d.ba, part{name: p + "in_proj_b.weight", shape: []int{s.ValueHeads, H}},
+			part{name: p + "in_proj_a.weight", shape: []int{s.ValueHeads, H}}).rowSplit(), hv, hv))
 }
 
 // bound makes the views of a fused qkvz weight once it is loaded.

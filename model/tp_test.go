@@ -19,33 +19,37 @@ import (
 // with the reason.
 func TestTensorParallel(t *testing.T) {
 	for _, fixture := range []string{"qwen3", "qwen3moe", "qwen3next", "qwen35", "qwen35moe"} {
-		t.Run(fixture, func(t *testing.T) { testTensorParallel(t, fixture, 2) })
+		t.Run(fixture, func(t *testing.T) { testTensorParallel(t, fixtureDir(fixture), fixture, 2) })
 	}
 	// Four ranks of two KV heads: each rank holds its query head's.
 	for _, fixture := range []string{"qwen3", "qwen3moe"} {
-		t.Run(fixture+"/4", func(t *testing.T) { testTensorParallel(t, fixture, 4) })
+		t.Run(fixture+"/4", func(t *testing.T) { testTensorParallel(t, fixtureDir(fixture), fixture, 4) })
 	}
-	// Four attention heads do not split in three ranks; DeltaNet heads in
-	// llama.cpp's tiled order do not split by ranges; a backend outside a
-	// group cannot take a share.
-	for _, c := range []struct {
-		path  string
-		ranks int
-		want  string
-	}{{fixtureDir("qwen3"), 3, "do not split in 3 ranks"}, {"../testdata/quant/qwen35-f32.gguf", 2, "stored tiled"}} {
-		g := cpu.NewGroup(c.ranks, cpu.Options{Threads: 1})
-		if _, err := Load(c.path, g[0], Options{Ranks: c.ranks}); err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%s in %d ranks: %v, want an error saying %q", c.path, c.ranks, err, c.want)
-		}
+	// llama.cpp's GGUF files of the Qwen3.5 fixtures store the DeltaNet's
+	// value heads tiled (value head h reads key head h % HK): a rank takes
+	// its range of each run of key heads.
+	for _, fixture := range []string{"qwen35", "qwen35moe"} {
+		t.Run(fixture+"/gguf", func(t *testing.T) {
+			testTensorParallel(t, "../testdata/quant/"+fixture+"-f32.gguf", fixture, 2)
+		})
+	}
+	// Four attention heads do not split in three ranks; a backend outside
+	// a group cannot take a share.
+	g := cpu.NewGroup(3, cpu.Options{Threads: 1})
+	if _, err := Load(fixtureDir("qwen3"), g[0], Options{Ranks: 3}); err == nil || !strings.Contains(err.Error(), "do not split in 3 ranks") {
+		t.Errorf("qwen3 in 3 ranks: %v", err)
 	}
 	if _, err := Load(fixtureDir("qwen3"), cpu.New(cpu.Options{}), Options{Rank: 1, Ranks: 2}); err == nil || !strings.Contains(err.Error(), "rank 1 of 2 needs a backend") {
 		t.Errorf("a share on a backend outside a group: %v", err)
 	}
 }
 
-func testTensorParallel(t *testing.T, fixture string, ranks int) {
-	dir := fixtureDir(fixture)
-	ref := readReference(t, dir)
+// testTensorParallel checks the model at path (a fixture's directory or a
+// GGUF file of it) split in ranks against the whole, on the prompts of
+// the fixture.
+func testTensorParallel(t *testing.T, path, fixture string, ranks int) {
+	dir := path
+	ref := readReference(t, fixtureDir(fixture))
 	whole, err := Load(dir, cpu.New(cpu.Options{Threads: 1}), Options{})
 	if err != nil {
 		t.Fatal(err)
