@@ -335,7 +335,15 @@ func (bd *binder) load(p *param) error {
 			st = stored{bd.quantize, q}
 		}
 		if sharded && p.tp == tpCols && st.dt.Quantized() {
-			return fmt.Errorf("model: tensor %q in %s is %v: tensor parallel splits the columns of float weights only, for now", pt.name, t.File, st.dt)
+			// A rank's columns of a block-quantized row are whole blocks of it.
+			_, cols := matrixOf(pt.shape)
+			e, _ := st.dt.Block()
+			for _, w := range bd.colSections(p, cols) {
+				if w%e != 0 || cols%e != 0 {
+					return fmt.Errorf("model: tensor %q in %s is %v: a rank's %d of its %d columns are not whole blocks of %d, so it does not split in %d ranks",
+						pt.name, t.File, st.dt, w, cols, e, bd.ranks)
+				}
+			}
 		}
 		parts[i] = st
 		srcs = append(srcs, t.Data)
@@ -418,14 +426,18 @@ func (bd *binder) ways(p *param, i int) int {
 func (bd *binder) share(p *param, layout []part, dt backend.DType, parts []stored) []byte {
 	data := make([]byte, 0, dt.Bytes(p.shape...))
 	r, n := bd.rank, bd.ranks
-	if p.tp == tpCols && p.sections != nil {
-		es := dt.Size()
+	if p.tp == tpCols {
+		// Each row's blocks (a float type: its elements) of the rank's
+		// range of every section.
+		e, b := dt.Block()
 		for i, st := range parts {
 			rows, cols := matrixOf(layout[i].shape)
+			rb := dt.RowBytes(cols)
 			for row := range rows {
-				off := row * cols
-				for _, w := range p.sections {
-					data = append(data, st.data[(off+r*w)*es:(off+(r+1)*w)*es]...)
+				off := 0
+				for _, w := range bd.colSections(p, cols) {
+					lo := row*rb + (off+r*w)/e*b
+					data = append(data, st.data[lo:lo+w/e*b]...)
 					off += n * w
 				}
 			}
@@ -454,18 +466,20 @@ func (bd *binder) share(p *param, layout []part, dt backend.DType, parts []store
 	}
 	for i, st := range parts {
 		rows, cols := matrixOf(layout[i].shape)
-		if p.tp == tpRows {
-			rb, w := dt.RowBytes(cols), bd.ways(p, i)
-			per, k := rows/w, r*w/n
-			data = append(data, st.data[k*per*rb:(k+1)*per*rb]...)
-			continue
-		}
-		per, es := cols/n, dt.Size()
-		for row := range rows {
-			data = append(data, st.data[(row*cols+r*per)*es:(row*cols+(r+1)*per)*es]...)
-		}
+		rb, w := dt.RowBytes(cols), bd.ways(p, i)
+		per, k := rows/w, r*w/n
+		data = append(data, st.data[k*per*rb:(k+1)*per*rb]...)
 	}
 	return data
+}
+
+// colSections returns the columns of a rank's share of each section of a
+// weight of cols columns split by columns (param.sections; nil: one).
+func (bd *binder) colSections(p *param, cols int) []int {
+	if p.sections != nil {
+		return p.sections
+	}
+	return []int{cols / bd.ranks}
 }
 
 // missing reports a tensor the checkpoint lacks, or (a GGUF file) holds in

@@ -19,25 +19,42 @@ import (
 // with the reason.
 func TestTensorParallel(t *testing.T) {
 	for _, fixture := range []string{"qwen3", "qwen3moe", "qwen3next", "qwen35", "qwen35moe"} {
-		t.Run(fixture, func(t *testing.T) { testTensorParallel(t, fixtureDir(fixture), fixture, 2) })
+		t.Run(fixture, func(t *testing.T) { testTensorParallel(t, fixtureDir(fixture), fixtureDir(fixture), 2, 1e-5) })
 	}
 	// Four ranks of two KV heads: each rank holds its query head's.
 	for _, fixture := range []string{"qwen3", "qwen3moe"} {
-		t.Run(fixture+"/4", func(t *testing.T) { testTensorParallel(t, fixtureDir(fixture), fixture, 4) })
+		t.Run(fixture+"/4", func(t *testing.T) { testTensorParallel(t, fixtureDir(fixture), fixtureDir(fixture), 4, 1e-5) })
 	}
 	// llama.cpp's GGUF files of the Qwen3.5 fixtures store the DeltaNet's
 	// value heads tiled (value head h reads key head h % HK): a rank takes
 	// its range of each run of key heads.
 	for _, fixture := range []string{"qwen35", "qwen35moe"} {
 		t.Run(fixture+"/gguf", func(t *testing.T) {
-			testTensorParallel(t, "../testdata/quant/"+fixture+"-f32.gguf", fixture, 2)
+			testTensorParallel(t, "../testdata/quant/"+fixture+"-f32.gguf", fixtureDir(fixture), 2, 1e-5)
 		})
 	}
-	// Four attention heads do not split in three ranks; a backend outside
-	// a group cannot take a share.
-	g := cpu.NewGroup(3, cpu.Options{Threads: 1})
-	if _, err := Load(fixtureDir("qwen3"), g[0], Options{Ranks: 3}); err == nil || !strings.Contains(err.Error(), "do not split in 3 ranks") {
-		t.Errorf("qwen3 in 3 ranks: %v", err)
+	// Block-quantized weights split by columns at their blocks of 32
+	// (Q8_0; MXFP4's experts whole), the prompts the fixtures', of the same
+	// vocabulary. Their products round the input rows to int8 blocks,
+	// where a float rounding's difference between the split and the
+	// whole can move a value by a step: the bound is that rounding's.
+	for _, c := range [][2]string{{"qwen3-w256-Q8_0", "qwen3"}, {"qwen3moe-w256-MXFP4_MOE", "qwen3moe"}} {
+		t.Run(c[0], func(t *testing.T) {
+			testTensorParallel(t, "../testdata/quant/"+c[0]+".gguf", fixtureDir(c[1]), 2, 3e-2)
+		})
+	}
+	// Four attention heads do not split in three ranks; half of o_proj's
+	// 256 columns are half a Q4_K block; a backend outside a group cannot
+	// take a share.
+	for _, c := range []struct {
+		path  string
+		ranks int
+		want  string
+	}{{fixtureDir("qwen3"), 3, "do not split in 3 ranks"}, {"../testdata/quant/qwen3moe-w256-Q4_K_M.gguf", 2, "not whole blocks of 256"}} {
+		g := cpu.NewGroup(c.ranks, cpu.Options{Threads: 1})
+		if _, err := Load(c.path, g[0], Options{Ranks: c.ranks}); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s in %d ranks: %v, want an error saying %q", c.path, c.ranks, err, c.want)
+		}
 	}
 	if _, err := Load(fixtureDir("qwen3"), cpu.New(cpu.Options{}), Options{Rank: 1, Ranks: 2}); err == nil || !strings.Contains(err.Error(), "rank 1 of 2 needs a backend") {
 		t.Errorf("a share on a backend outside a group: %v", err)
@@ -46,10 +63,11 @@ func TestTensorParallel(t *testing.T) {
 
 // testTensorParallel checks the model at path (a fixture's directory or a
 // GGUF file of it) split in ranks against the whole, on the prompts of
-// the fixture.
-func testTensorParallel(t *testing.T, path, fixture string, ranks int) {
+// the reference in refDir: each rank's logits within tol of the whole
+// model's (relative to the largest).
+func testTensorParallel(t *testing.T, path, refDir string, ranks int, tol float64) {
 	dir := path
-	ref := readReference(t, fixtureDir(fixture))
+	ref := readReference(t, refDir)
 	whole, err := Load(dir, cpu.New(cpu.Options{Threads: 1}), Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -99,7 +117,7 @@ func testTensorParallel(t *testing.T, path, fixture string, ranks int) {
 	check := func(what string, want [][]float32, got [][][]float32) {
 		for r := range got {
 			for i := range want {
-				if e := reference.MaxError(got[r][i], want[i]); e > 1e-5 {
+				if e := reference.MaxError(got[r][i], want[i]); e > tol {
 					t.Errorf("%s, rank %d, row %d: max |split - whole| / max(1, max|whole|) = %.3g", what, r, i, e)
 				}
 			}
