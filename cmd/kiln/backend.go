@@ -55,6 +55,10 @@ type modelSource struct {
 // gpusFlagHelp is the help of every command's --gpus flag.
 const gpusFlagHelp = "split the model across GPUs, joined by NCCL (tensor and expert parallel): N for the first N, or a list of ordinals (0,2); default: one GPU"
 
+// maxGPUs bounds --gpus: more GPUs than one host has (and than a split
+// model's heads divide into) is a typo.
+const maxGPUs = 64
+
 // parseGPUs resolves a --gpus flag: nil for one GPU, else the ordinals.
 func parseGPUs(flag string) ([]int, error) {
 	if flag == "" {
@@ -62,8 +66,8 @@ func parseGPUs(flag string) ([]int, error) {
 	}
 	if !strings.Contains(flag, ",") {
 		n, err := strconv.Atoi(flag)
-		if err != nil || n < 1 {
-			return nil, fmt.Errorf("--gpus %q: want a number of GPUs or a list of their ordinals (0,1)", flag)
+		if err != nil || n < 1 || n > maxGPUs {
+			return nil, fmt.Errorf("--gpus %q: want a number of GPUs (at most %d) or a list of their ordinals (0,1)", flag, maxGPUs)
 		}
 		if n == 1 {
 			return nil, nil
@@ -77,7 +81,7 @@ func parseGPUs(flag string) ([]int, error) {
 	var devs []int
 	for f := range strings.SplitSeq(flag, ",") {
 		d, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || d < 0 || slices.Contains(devs, d) {
+		if err != nil || d < 0 || d >= maxGPUs || slices.Contains(devs, d) {
 			return nil, fmt.Errorf("--gpus %q: want distinct GPU ordinals (0,1)", flag)
 		}
 		devs = append(devs, d)

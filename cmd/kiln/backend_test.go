@@ -47,3 +47,31 @@ func TestParseGPUs(t *testing.T) {
 		t.Errorf("--gpus on the CPU backend: %v", err)
 	}
 }
+
+// FuzzParseGPUs: any --gpus value is refused with the flag's name or gives
+// distinct ordinals, at least two of them.
+func FuzzParseGPUs(f *testing.F) {
+	for _, s := range []string{"", "1", "2", "0,2", "3,1", "1,1", "-1", "x", "5,", " 1 , 2 ", "99999999999999999999"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, flag string) {
+		devs, err := parseGPUs(flag)
+		if err != nil {
+			if !strings.Contains(err.Error(), "--gpus") {
+				t.Errorf("%q: %v", flag, err)
+			}
+			return
+		}
+		if devs == nil {
+			return
+		}
+		if len(devs) < 2 && !strings.Contains(flag, ",") {
+			t.Errorf("%q: %v, fewer than two GPUs split nothing", flag, devs)
+		}
+		for i, d := range devs {
+			if d < 0 || slices.Index(devs, d) != i {
+				t.Errorf("%q: %v", flag, devs)
+			}
+		}
+	})
+}
