@@ -14,6 +14,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/kiln-llm/kiln/backend"
 )
@@ -121,11 +122,21 @@ func (b *Backend) Ranks() int {
 	return len(b.group.ranks)
 }
 
-// collective checks that the group can still run one.
-func (b *Backend) collective() {
-	if b.group != nil && b.group.aborted.Load() {
-		panic(backend.ErrGroupAborted)
-	}
+// ncclCall issues an NCCL call on the backend's communicator under the
+// rank's lock, which Abort takes before it aborts the communicator
+// (aborting one while another thread is inside a call on it is a race);
+// once the group is aborted it panics with backend.ErrGroupAborted
+// instead. The profile's time of a collective includes its wait for the
+// other ranks.
+func (b *Backend) ncclCall(name string, call func() C.int) {
+	b.around(name, func() {
+		b.ncclMu.Lock()
+		defer b.ncclMu.Unlock()
+		if b.group.aborted.Load() {
+			panic(backend.ErrGroupAborted)
+		}
+		b.fail(ncclCheck(name, call()))
+	})
 }
 
 // Partial returns what a block adds its share of the output to: x on
@@ -151,17 +162,14 @@ func (b *Backend) AllReduce(dst, x backend.Tensor) {
 	if dt.dt != backend.F32 || xt.dt != backend.F32 || !slices.Equal(dt.shape, xt.shape) {
 		panic(fmt.Sprintf("cuda: all-reduce: %v into %v", xt, dt))
 	}
-	b.collective()
 	if b.group == nil {
 		if dt.ptr != xt.ptr {
 			b.copyDtoD(dt.ptr, xt.ptr, dt.bytes())
 		}
 		return
 	}
-	// The profile's time of a collective includes its wait for the others.
-	b.around("nccl_all_reduce", func() {
-		b.fail(ncclCheck("ncclAllReduce", C.k_ncclAllReduce(b.ctx, xt.ptr, dt.ptr,
-			C.size_t(backend.Numel(xt)), C.NCCL_FLOAT32, C.NCCL_SUM, b.comm, b.stream)))
+	b.ncclCall("ncclAllReduce", func() C.int {
+		return C.k_ncclAllReduce(b.ctx, xt.ptr, dt.ptr, C.size_t(backend.Numel(xt)), C.NCCL_FLOAT32, C.NCCL_SUM, b.comm, b.stream)
 	})
 }
 
@@ -178,15 +186,13 @@ func (b *Backend) GatherCols(out, x backend.Tensor) {
 	if ot.dt != backend.F32 || xt.dt != backend.F32 || ot.rows() != R || ot.cols() != n*W {
 		panic(fmt.Sprintf("cuda: gather cols: %v into %v", xt, ot))
 	}
-	b.collective()
 	if b.group == nil {
 		b.copyDtoD(ot.ptr, xt.ptr, ot.bytes())
 		return
 	}
 	all := b.scratchF32("gather cols", n*R, W)
-	b.around("nccl_all_gather", func() {
-		b.fail(ncclCheck("ncclAllGather", C.k_ncclAllGather(b.ctx, xt.ptr, all.ptr,
-			C.size_t(R*W), C.NCCL_FLOAT32, b.comm, b.stream)))
+	b.ncclCall("ncclAllGather", func() C.int {
+		return C.k_ncclAllGather(b.ctx, xt.ptr, all.ptr, C.size_t(R*W), C.NCCL_FLOAT32, b.comm, b.stream)
 	})
 	for r := range n {
 		part := &tensor{dt: backend.F32, shape: []int{R, W}, ptr: all.ptr + devptr(4*r*R*W), view: true}
@@ -196,16 +202,31 @@ func (b *Backend) GatherCols(out, x backend.Tensor) {
 
 // Abort ends the group: every rank's communicator is aborted (which ends
 // the NCCL kernels a rank waits in), and every later collective panics
-// with backend.ErrGroupAborted; see backend.Collective.
+// with backend.ErrGroupAborted; see backend.Collective. A rank inside an
+// NCCL call is let finish it first (ncclCall's lock), unless it stays
+// there (waiting in it for the rank that failed): its communicator is then
+// aborted under it, which is what ncclCommAbort is for.
 func (b *Backend) Abort() {
 	g := b.group
 	if g == nil || g.aborted.Swap(true) {
 		return
 	}
 	for _, r := range g.ranks {
+		locked := r.ncclMu.TryLock()
+		for wait := time.Now().Add(abortWait); !locked && time.Now().Before(wait); locked = r.ncclMu.TryLock() {
+			time.Sleep(time.Millisecond)
+		}
 		C.k_ncclCommAbort(r.ctx, r.comm)
+		if locked {
+			r.ncclMu.Unlock()
+		}
 	}
 }
+
+// abortWait is how long Abort lets a rank's NCCL call finish before it
+// aborts the communicator under it: an enqueue takes microseconds; a call
+// still there after this waits for a peer that will not come.
+const abortWait = 2 * time.Second
 
 // groupFree is the least device memory free on any GPU of b's group, which
 // all hold the same shares: what each of them can still give.

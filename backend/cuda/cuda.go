@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"unsafe"
 
 	"github.com/kiln-llm/kiln/backend"
@@ -39,6 +40,7 @@ type Backend struct {
 	group  *group
 	rank   int
 	comm   C.ncclComm_t
+	ncclMu sync.Mutex // held across an NCCL call (ncclCall), taken by Abort
 	sms    int
 	smemOp int // opt-in shared memory per block
 	smemSM int // shared memory per multiprocessor
