@@ -25,6 +25,7 @@ package backend
 import (
 	"errors"
 	"fmt"
+	"slices"
 )
 
 // DType is the element type of a tensor.
@@ -571,6 +572,14 @@ type Collective interface {
 	// rank waiting in a collective, or calling one later, panics with
 	// ErrGroupAborted instead of waiting for it forever.
 	Abort()
+}
+
+// CheckCollective panics, naming op, unless a and b are f32 tensors of
+// one shape, as Collective.Partial and AllReduce take them.
+func CheckCollective(op string, a, b Tensor) {
+	if a.DType() != F32 || b.DType() != F32 || !slices.Equal(a.Shape(), b.Shape()) {
+		panic(fmt.Sprintf("%s: %v%v and %v%v, want f32 tensors of one shape", op, a.DType(), a.Shape(), b.DType(), b.Shape()))
+	}
 }
 
 // ErrGroupAborted is the panic of a collective of a group that a failed

@@ -2,7 +2,6 @@ package cpu
 
 import (
 	"fmt"
-	"slices"
 	"sync"
 
 	"github.com/kiln-llm/kiln/backend"
@@ -83,10 +82,8 @@ func (b *Backend) Ranks() int {
 // Partial returns what a block adds its share of the output to: x on
 // rank 0, part zeroed on the others; see backend.Collective.
 func (b *Backend) Partial(part, x backend.Tensor) backend.Tensor {
-	pt, xt := asT(part), asT(x)
-	if pt.dt != backend.F32 || xt.dt != backend.F32 || !slices.Equal(pt.shape, xt.shape) {
-		panic(fmt.Sprintf("cpu: partial: %v for %v", pt, xt))
-	}
+	backend.CheckCollective("cpu: partial", part, x)
+	pt := asT(part)
 	if b.rank == 0 {
 		return x
 	}
@@ -99,9 +96,7 @@ func (b *Backend) Partial(part, x backend.Tensor) backend.Tensor {
 // backend.Collective.
 func (b *Backend) AllReduce(dst, x backend.Tensor) {
 	dt, xt := asT(dst), asT(x)
-	if dt.dt != backend.F32 || xt.dt != backend.F32 || !slices.Equal(dt.shape, xt.shape) {
-		panic(fmt.Sprintf("cpu: all-reduce: %v into %v", xt, dt))
-	}
+	backend.CheckCollective("cpu: all-reduce", dst, x)
 	d, g := dt.out32(), b.group
 	if g == nil {
 		copy(d, xt.f32())

@@ -143,10 +143,8 @@ func (b *Backend) ncclCall(name string, call func() C.int) {
 // rank 0 (whose all-reduce is then in place), part zeroed on the others;
 // see backend.Collective.
 func (b *Backend) Partial(part, x backend.Tensor) backend.Tensor {
-	pt, xt := asT(part), asT(x)
-	if pt.dt != backend.F32 || xt.dt != backend.F32 || !slices.Equal(pt.shape, xt.shape) {
-		panic(fmt.Sprintf("cuda: partial: %v for %v", pt, xt))
-	}
+	backend.CheckCollective("cuda: partial", part, x)
+	pt := asT(part)
 	if b.rank == 0 {
 		return x
 	}
@@ -159,9 +157,7 @@ func (b *Backend) Partial(part, x backend.Tensor) backend.Tensor {
 // backend.Collective.
 func (b *Backend) AllReduce(dst, x backend.Tensor) {
 	dt, xt := asT(dst), asT(x)
-	if dt.dt != backend.F32 || xt.dt != backend.F32 || !slices.Equal(dt.shape, xt.shape) {
-		panic(fmt.Sprintf("cuda: all-reduce: %v into %v", xt, dt))
-	}
+	backend.CheckCollective("cuda: all-reduce", dst, x)
 	if b.group == nil {
 		if dt.ptr != xt.ptr {
 			b.copyDtoD(dt.ptr, xt.ptr, dt.bytes())
