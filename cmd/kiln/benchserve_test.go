@@ -148,7 +148,8 @@ func TestBenchServeRandomExactLengths(t *testing.T) {
 
 // A synthetic model (random weights at a published shape, here the
 // hybrid test shape) is served with a vocabulary of its size: its random
-// answers have text, both workloads run, and --model with it is refused.
+// answers have text, both workloads run, and --model with it, or --layers
+// without it, is refused.
 func TestBenchServeSynthetic(t *testing.T) {
 	rep := runBench(t, "--backend", "cpu", "--synthetic", "tiny-qwen3next", "--num-prompts", "4", "--input-len", "24", "--output-len", "6")
 	if rep["completed"].(float64) != 4 || rep["total_output_tokens"].(float64) != 4*6 {
@@ -162,6 +163,10 @@ func TestBenchServeSynthetic(t *testing.T) {
 	err := benchServe([]string{"--synthetic", "tiny-qwen3", "--model", "x", "--num-prompts", "1"})
 	if err == nil || !strings.Contains(err.Error(), "one of --model and --synthetic") {
 		t.Errorf("--model with --synthetic: %v", err)
+	}
+	err = benchServe([]string{"--layers", "2", "--num-prompts", "1"})
+	if err == nil || !strings.Contains(err.Error(), "--synthetic NAME") {
+		t.Errorf("--layers without --synthetic: %v", err)
 	}
 }
 

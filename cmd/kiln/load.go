@@ -124,6 +124,9 @@ func (f *modelFlags) load() (*loaded, error) {
 	if f.synthetic != "" && f.dir != "" {
 		return nil, errors.New("give one of --model and --synthetic")
 	}
+	if f.layers != 0 && f.synthetic == "" {
+		return nil, errors.New("--layers keeps the first layers of a --synthetic model; give --synthetic NAME")
+	}
 	if err := f.resolve(); err != nil {
 		return nil, err
 	}
