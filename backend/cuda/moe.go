@@ -64,7 +64,7 @@ type moeGatherArgs struct {
 
 type moeGroupMMArgs struct {
 	y, xg, w, start, order, tiles, ntiles devptr
-	O, I, e0, e1                          int32
+	O, I                                  int32
 }
 
 type moeCombineArgs struct {
@@ -100,14 +100,26 @@ func moeRowPairs(R, E int) bool { return 2*R >= E }
 // over E experts make: an expert with n rows makes ceil(n / tm).
 func expertTiles(R, E, tm int) int { return (R + (tm-1)*min(E, R) + tm - 1) / tm }
 
-// The grouped expert products' tile (MG_BM, MG_BN and MG_BK of
-// kernels/moe.cu): moeGroupRows rows of one expert by moeGroupOuts outputs,
-// moeGroupCols columns a stage.
+// The grouped expert products' tile (MG_BM, MG_BN, MG_BK, MG_STAGES and
+// MG_P of kernels/moe_mm.cuh): moeGroupRows rows of one expert by
+// moeGroupOuts outputs, moeGroupCols columns a stage, moeGroupStages
+// stages, rows moeGroupPitch elements apart in shared memory (16 bytes
+// more than a stage's row keeps ldmatrix free of bank conflicts); and a
+// slot of moeGroupRaw bytes for one unit's blocks of a quantized weight
+// row (QTiles: Q5_K's, the largest, are 80).
 const (
-	moeGroupRows = 64
-	moeGroupOuts = 128
-	moeGroupCols = 32
+	moeGroupRows   = 64
+	moeGroupOuts   = 128
+	moeGroupCols   = 32
+	moeGroupStages = 3
+	moeGroupPitch  = moeGroupCols + 8
+	moeGroupRaw    = 80
 )
+
+// moeGroupQSmem is the shared memory of the quantized grouped products:
+// the rows' stages, two dequantized weight stages and the ring of the
+// blocks' copies.
+const moeGroupQSmem = 2*(moeGroupStages*moeGroupRows+2*moeGroupOuts)*moeGroupPitch + moeGroupStages*moeGroupOuts*moeGroupRaw
 
 // Route picks each token's experts; see backend.Backend.
 func (b *Backend) Route(experts, weights, x, router backend.Tensor, spec *backend.MoESpec) {
@@ -197,9 +209,10 @@ func (b *Backend) expertRows(xt *tensor, sel devptr, K int, gu, down, sgu, sdown
 	// Each (token, choice) row is a product with its expert's weights: a
 	// GEMV per row, or (moeGrouped) tensor-core tiles of one expert's rows,
 	// which read an expert's weights once per tile of its rows instead of
-	// once per row. Quantized experts take qmv per row (gate/up with the
-	// SwiGLU fused), or, grouped, bf16 copies of the experts that have rows
-	// (a slab of experts at a time).
+	// once per row (quantized experts dequantized as their tiles load).
+	// Quantized experts take qmv at decode (gate/up with the SwiGLU fused):
+	// by tiles of one expert's rows from one row for every two experts
+	// (moeRowPairs), else a row a block.
 	groupable := func(w *tensor) bool { return w.dt == backend.BF16 || w.dt.Quantized() }
 	grouped := moeGrouped(R, E) && groupable(gu) && groupable(down) && H%moeGroupCols == 0 && I%moeGroupCols == 0
 	if !grouped && (gu.dt.Quantized() && !qmvFits(gu.dt, H) || down.dt.Quantized() && !qmvFits(down.dt, I)) {
@@ -211,38 +224,58 @@ func (b *Backend) expertRows(xt *tensor, sel devptr, K int, gu, down, sgu, sdown
 	if !grouped && gu.dt == backend.BF16 && down.dt == backend.BF16 && H%8 == 0 && I%8 == 0 {
 		return b.expertGemv(xt, sel, K, gu, down, sgu, sdown)
 	}
-	y = b.scratchF32("moe.y", R, H)
+	// Quantized rows at decode take a shared expert laid out as the
+	// experts as S = T rows more, a row a block, as expertGemv does.
+	var qg expertGroups
+	qtiles := !grouped && (gu.dt.Quantized() || down.dt.Quantized()) && moeRowPairs(R, E)
+	if qtiles {
+		qg = b.groupRows(sel, R, E, qmvTileRows)
+	}
+	S := 0
+	if !grouped && !qtiles && gu.dt.Quantized() && down.dt.Quantized() && sgu != nil && sgu.dt == gu.dt && sdown.dt == down.dt &&
+		sgu.rows() == 2*I && sgu.cols() == H && sdown.rows() == H && sdown.cols() == I {
+		S = T
+	}
+	y = b.scratchF32("moe.y", R+S, H)
+	if S > 0 {
+		ys = y.ptr + devptr(4*R*H)
+	}
 	expertProduct := func(y, x devptr, xdiv int, w *tensor, O, in int) {
 		moeGemvKernel.run(b, [3]int{(O + 7) / 8, R, 1}, 256, 0, moeGemvArgs{y: y, x: x, xdiv: int32(xdiv), w: w.ptr, wdt: int32(w.dt), sel: sel, O: int32(O), I: int32(in)})
 	}
 	if grouped {
 		maxTiles := expertTiles(R, E, moeGroupRows)
 		g := b.groupRows(sel, R, E, moeGroupRows)
-		start, order, tiles, ntiles := g.start, g.order, g.tiles, g.ntiles
 		expertProduct = func(y, x devptr, xdiv int, w *tensor, O, in int) {
 			xg := b.scratchBuf("moe.xg", 2*R*in) // bf16
-			moeGatherKernel.run(b, g1(R), 256, 0, moeGatherArgs{xg: xg, x: x, xdiv: int32(xdiv), order: order, I: int32(in)})
+			moeGatherKernel.run(b, g1(R), 256, 0, moeGatherArgs{xg: xg, x: x, xdiv: int32(xdiv), order: g.order, I: int32(in)})
 			grid := [3]int{(O + moeGroupOuts - 1) / moeGroupOuts, maxTiles, 1}
-			mm := moeGroupMMArgs{y: y, xg: xg, w: w.ptr, start: start, order: order, tiles: tiles, ntiles: ntiles, O: int32(O), I: int32(in), e0: 0, e1: int32(E)}
-			b.preferSmem(moeGroupMMKernel.name)
-			if !w.dt.Quantized() {
-				moeGroupMMKernel.run(b, grid, 128, 0, mm)
+			if w.dt.Quantized() {
+				k := quantKernelsOf(w.dt).groupMM
+				b.allowSmem(k.name, moeGroupQSmem)
+				b.preferSmem(k.name)
+				k.run(b, grid, 128, moeGroupQSmem, qgroupMMArgs{y: y, xg: xg, w: w.ptr, rb: int64(w.rb()), estride: int64(O * w.rb()),
+					start: g.start, order: g.order, tiles: g.tiles, ntiles: g.ntiles, O: int32(O), I: int32(in)})
 				return
 			}
-			per := max(1, min(E, b.qSlab/(O*in)))
-			for e0 := 0; e0 < E; e0 += per {
-				e1 := min(E, e0+per)
-				buf := b.scratchBuf("moe.qdeq", 2*(e1-e0)*O*in)
-				b.qdeq(buf, w, e0*O, (e1-e0)*O, in, start, e0, O)
-				mm.w, mm.e0, mm.e1 = buf, int32(e0), int32(e1)
-				moeGroupMMKernel.run(b, grid, 128, 0, mm)
-			}
+			b.preferSmem(moeGroupMMKernel.name)
+			moeGroupMMKernel.run(b, grid, 128, 0, moeGroupMMArgs{y: y, xg: xg, w: w.ptr, start: g.start, order: g.order, tiles: g.tiles, ntiles: g.ntiles,
+				O: int32(O), I: int32(in)})
 		}
 	}
-	var act *tensor // [R, I], f32 or (qmv_swiglu) bf16
+	// qrows is the quantized expert rows' product at decode (xsh: where the
+	// shared expert's inputs start).
+	qrows := func(swiglu bool, out devptr, odt backend.DType, x devptr, xdiv int, w *tensor, estride int, ws devptr, xsh, O, in int) {
+		if qtiles {
+			b.qmvTiles(swiglu, out, odt, x, xdiv, w, estride, qg, expertTiles(R, E, qmvTileRows), O, in)
+			return
+		}
+		b.qmvRows(swiglu, out, odt, x, xdiv, w, estride, sel, R, ws, S, xsh, O, in)
+	}
+	var act *tensor // [R + S, I], f32 or (qmv_swiglu) bf16
 	if !grouped && gu.dt.Quantized() {
-		act = &tensor{dt: backend.BF16, shape: []int{R, I}, ptr: b.scratchBuf("moe.act", 2*R*I), view: true}
-		b.qmv(true, act.ptr, backend.BF16, b.qx(xt), 1, K, gu, 2*I*gu.rb(), sel, R, I, H, false)
+		act = &tensor{dt: backend.BF16, shape: []int{R + S, I}, ptr: b.scratchBuf("moe.act", 2*(R+S)*I), view: true}
+		qrows(true, act.ptr, backend.BF16, b.qx(xt), K, gu, 2*I*gu.rb(), ptrOf(sgu, S), 0, I, H)
 	} else {
 		h := b.scratchF32("moe.h", R, 2*I)
 		expertProduct(h.ptr, xt.ptr, K, gu, 2*I, H)
@@ -251,7 +284,7 @@ func (b *Backend) expertRows(xt *tensor, sel devptr, K int, gu, down, sgu, sdown
 	}
 	switch {
 	case !grouped && down.dt.Quantized():
-		b.qmv(false, y.ptr, backend.F32, b.qx(act), 1, 1, down, H*down.rb(), sel, R, H, I, false)
+		qrows(false, y.ptr, backend.F32, b.qx(act), 1, down, H*down.rb(), ptrOf(sdown, S), R, H, I)
 	case act.dt == backend.BF16:
 		// Quantized gate/up before float32 or f16 down weights.
 		af := b.scratchF32("moe.actf", R, I)
@@ -260,7 +293,15 @@ func (b *Backend) expertRows(xt *tensor, sel devptr, K int, gu, down, sgu, sdown
 	default:
 		expertProduct(y.ptr, act.ptr, 1, down, H, I)
 	}
-	return y, 0
+	return y, ys
+}
+
+// ptrOf is t's address where n > 0, else 0.
+func ptrOf(t *tensor, n int) devptr {
+	if n == 0 {
+		return 0
+	}
+	return t.ptr
 }
 
 // expertGroups is moe_group's listing of rows by expert, in tiles.
@@ -363,10 +404,6 @@ func (b *Backend) MoE(out, x backend.Tensor, e *backend.Experts, spec *backend.M
 	held := gu.shape[0]
 	if len(gu.shape) != 3 || spec.First < 0 || spec.First+held > spec.Experts || held < spec.Experts && spec.First%held != 0 {
 		panic(fmt.Sprintf("cuda: moe: gate_up %v from expert %d of %d", gu, spec.First, spec.Experts))
-	}
-	if held < spec.Experts && (gu.dt.Quantized() || asT(e.Down).dt.Quantized()) {
-		// Their per-row and dequantizing kernels take every row's expert.
-		panic(fmt.Sprintf("cuda: moe: expert parallel of %v experts is not built (bf16, f16 and f32 are)", gu.dt))
 	}
 	sel, wts := b.scratchBuf("moe.sel", 4*T*K), b.scratchBuf("moe.wts", 4*T*K)
 	b.route(sel, wts, xt, asT(e.Router), spec, held)

@@ -19,10 +19,10 @@ import (
 // the mma's rows, so that the kernel streams the quantized bytes once
 // whatever the token count; qmv_swiglu does the gate/up product of an MLP
 // and its SwiGLU in one pass, and both take a mixture of experts' rows one
-// expert each (sel). Above that the weight is dequantized to bf16, qSlab
-// elements at a time, and multiplied by cuBLASLt; the grouped expert
-// products dequantize the experts that have rows, a slab of experts at a
-// time, for moe_group_mm.
+// expert each (sel), or tiles of up to 16 rows of one expert (qmvt_). Above
+// that the weight is dequantized to bf16, qSlab elements at a time, and
+// multiplied by cuBLASLt; the grouped expert products (moe_group_mm_)
+// dequantize each tile of an expert's weights as it loads.
 
 // qmvMaxTokens is the largest token count of the quantized decode kernels
 // (two groups of the mma's 16 rows); KILN_CUDA_QMV_MAX lowers it (0:
@@ -71,6 +71,10 @@ type quantKernels struct {
 	// The qmv kernels by the tokens they take (qmvKernel).
 	mv       [3]kernel[qmvArgs]
 	mvSwiglu [3]kernel[qmvSwigluArgs]
+	// qmv of expert rows by tiles of one expert (qmvTiles).
+	mvTiles, mvTilesSwiglu kernel[qmvTilesArgs]
+	// The grouped expert products (moe_group_mm_).
+	groupMM kernel[qgroupMMArgs]
 }
 
 var quantKernelTable = map[backend.DType]*quantKernels{}
@@ -88,6 +92,9 @@ func init() {
 			q.mv[i] = newKernel[qmvArgs](pre + dt.String())
 			q.mvSwiglu[i] = newKernel[qmvSwigluArgs](pre + "swiglu_" + dt.String())
 		}
+		q.mvTiles = newKernel[qmvTilesArgs]("qmvt_" + dt.String())
+		q.mvTilesSwiglu = newKernel[qmvTilesArgs]("qmvt_swiglu_" + dt.String())
+		q.groupMM = newKernel[qgroupMMArgs]("moe_group_mm_" + dt.String())
 		quantKernelTable[dt] = q
 	}
 }
@@ -120,7 +127,8 @@ type qmvSwigluArgs struct {
 	T, xdiv     int32
 	w           devptr
 	rb, estride int64
-	sel         devptr
+	sel, ws     devptr
+	xsh         int32
 	O, I        int32
 }
 
@@ -128,6 +136,24 @@ type qmvSwigluArgs struct {
 type qmvArgs struct {
 	qmvSwigluArgs
 	acc int32
+}
+
+type qmvTilesArgs struct {
+	out                         devptr
+	odt                         int32
+	x                           devptr
+	xdiv                        int32
+	w                           devptr
+	rb, estride                 int64
+	start, order, tiles, ntiles devptr
+	O, I                        int32
+}
+
+type qgroupMMArgs struct {
+	y, xg, w                    devptr
+	rb, estride                 int64
+	start, order, tiles, ntiles devptr
+	O, I                        int32
 }
 
 type qgemvSwigluArgs struct {
@@ -150,8 +176,6 @@ type qdeqArgs struct {
 	out, w   devptr
 	rb, rows int64
 	I        int32
-	start    devptr
-	e0, epr  int32
 }
 
 type qembedArgs struct {
@@ -199,28 +223,37 @@ func checkFloatW(what string, ts ...*tensor) {
 	}
 }
 
-// qmv launches the quantized decode product: out[t, o] (+)= x[t] . w_o for
-// T <= qmvMaxTokens tokens, or with sel the R rows of a mixture of experts, out[r, o]
-// = x[r / xdiv] . w[sel[r]]_o with experts estride bytes apart; with
-// swiglu, w is [gate | up] of 2O rows and out = silu(gate) * up. x is bf16
-// ([., I], 16-byte aligned, see qx), out f32 or bf16.
-func (b *Backend) qmv(swiglu bool, out devptr, odt backend.DType, x devptr, T, xdiv int, w *tensor, estride int, sel devptr, R, O, I int, accumulate bool) {
+// qmv launches the quantized decode product: out[t, o] (+)= x[t] . w_o
+// for T <= qmvMaxTokens tokens; with swiglu, w is [gate | up] of 2O rows
+// and out = silu(gate) * up. x is bf16 ([., I], 16-byte aligned, see qx),
+// out f32 or bf16.
+func (b *Backend) qmv(swiglu bool, out devptr, odt backend.DType, x devptr, T int, w *tensor, O, I int, accumulate bool) {
+	b.qmvLaunch(swiglu, qmvKernel(T), 1, qmvSwigluArgs{out: out, odt: int32(odt), x: x, T: int32(T), xdiv: 1, w: w.ptr, rb: int64(w.rb()), O: int32(O), I: int32(I)}, w, accumulate)
+}
+
+// qmvRows is qmv of the R rows of a mixture of experts, out[r, o] =
+// x[r / xdiv] . w[sel[r]]_o with experts estride bytes apart, and, given
+// a shared expert ws laid out as one of them, S rows more: out[R + s, o] =
+// x[xsh + s] . ws_o.
+func (b *Backend) qmvRows(swiglu bool, out devptr, odt backend.DType, x devptr, xdiv int, w *tensor, estride int, sel devptr, R int, ws devptr, S, xsh, O, I int) {
+	b.qmvLaunch(swiglu, qmvKernel(0), R+S, qmvSwigluArgs{out: out, odt: int32(odt), x: x, T: int32(R), xdiv: int32(xdiv), w: w.ptr, rb: int64(w.rb()),
+		estride: int64(estride), sel: sel, ws: ws, xsh: int32(xsh), O: int32(O), I: int32(I)}, w, false)
+}
+
+// qmvLaunch launches qmv kernel k over rows grid rows.
+func (b *Backend) qmvLaunch(swiglu bool, k, rows int, a qmvSwigluArgs, w *tensor, accumulate bool) {
+	O, I := int(a.O), int(a.I)
 	if !qmvFits(w.dt, I) || w.qcols() != I {
 		panic(fmt.Sprintf("cuda: qmv of %v with rows of %d", w, I))
 	}
-	qk, k := quantKernelsOf(w.dt), qmvKernel(T)
-	if sel != 0 {
-		k = qmvKernel(0)
-	}
-	outs := 8
+	qk, outs := quantKernelsOf(w.dt), 8
 	if swiglu {
 		outs = 4
 	}
-	grid := [3]int{(O + outs - 1) / outs, max(R, 1), 1}
-	a := qmvSwigluArgs{out: out, odt: int32(odt), x: x, T: int32(T), xdiv: int32(xdiv), w: w.ptr, rb: int64(w.rb()), estride: int64(estride), sel: sel, O: int32(O), I: int32(I)}
+	grid := [3]int{(O + outs - 1) / outs, rows, 1}
 	block := 32 * b.qmvWarps(w.dt, I)
 	// Expert rows read sel, written by the kernel before: they wait for it.
-	overlap := sel == 0
+	overlap := a.sel == 0
 	if swiglu {
 		qk.mvSwiglu[k].launch(b, overlap, grid, block, 0, a)
 		return
@@ -280,13 +313,32 @@ func (b *Backend) qx(xt *tensor) devptr {
 }
 
 // qdeq writes rows [row0, row0 + rows) of the quantized w as bf16 rows of
-// in elements at out. With start (moe_group's expert row ranges), rows of
-// experts without any (token, choice) row are skipped: row r is expert e0
-// + r / epr's.
-func (b *Backend) qdeq(out devptr, w *tensor, row0, rows, in int, start devptr, e0, epr int) {
+// in elements at out.
+func (b *Backend) qdeq(out devptr, w *tensor, row0, rows, in int) {
 	units := (in + qUnitCols(w.dt) - 1) / qUnitCols(w.dt)
 	quantKernelsOf(w.dt).deq.run(b, g1(b.blocksFor(rows*units)), 256, 0, qdeqArgs{
-		out: out, w: w.ptr + devptr(row0*w.rb()), rb: int64(w.rb()), rows: int64(rows), I: int32(in), start: start, e0: int32(e0), epr: int32(epr)})
+		out: out, w: w.ptr + devptr(row0*w.rb()), rb: int64(w.rb()), rows: int64(rows), I: int32(in)})
+}
+
+// qmvTileRows is the most rows of one expert in a tile of qmvt_: the mma's
+// 16.
+const qmvTileRows = 16
+
+// qmvTiles is qmv of the expert rows that g lists by tiles of up to
+// qmvTileRows rows of one expert (at most maxTiles): out[r, o] = x[r /
+// xdiv] . w[e]_o for each row r of expert e, so that an expert's weights
+// are read once for its rows.
+func (b *Backend) qmvTiles(swiglu bool, out devptr, odt backend.DType, x devptr, xdiv int, w *tensor, estride int, g expertGroups, maxTiles, O, I int) {
+	if !qmvFits(w.dt, I) || w.qcols() != I {
+		panic(fmt.Sprintf("cuda: qmv of %v with rows of %d", w, I))
+	}
+	qk, k, outs := quantKernelsOf(w.dt), quantKernelsOf(w.dt).mvTiles, 8
+	if swiglu {
+		k, outs = qk.mvTilesSwiglu, 4
+	}
+	// The tiles are written by the kernel before: no overlap.
+	k.run(b, [3]int{(O + outs - 1) / outs, maxTiles, 1}, 32*b.qmvWarps(w.dt, I), 0, qmvTilesArgs{out: out, odt: int32(odt), x: x, xdiv: int32(xdiv),
+		w: w.ptr, rb: int64(w.rb()), estride: int64(estride), start: g.start, order: g.order, tiles: g.tiles, ntiles: g.ntiles, O: int32(O), I: int32(I)})
 }
 
 // qgemm computes out[n, o] (+)= x[n, in] . w[o, in]^T through cuBLASLt,
@@ -301,7 +353,7 @@ func (b *Backend) qgemm(out devptr, odt backend.DType, x devptr, w *tensor, n, o
 	for o0 := 0; o0 < o; o0 += rows {
 		m := min(rows, o-o0)
 		buf := b.scratchBuf("qdeq", 2*m*in)
-		b.qdeq(buf, w, o0, m, in, 0, 0, 0)
+		b.qdeq(buf, w, o0, m, in)
 		b.gemmLd(out+devptr(o0*odt.Size()), x, buf, n, m, in, o, backend.BF16, odt, accumulate)
 	}
 }
@@ -324,7 +376,7 @@ func (b *Backend) qmatmul(ot, xt, wt *tensor, accumulate bool) {
 		return
 	}
 	if n <= b.qmvMax && qmvFits(wt.dt, in) {
-		b.qmv(false, ot.ptr, ot.dt, b.qx(xt), n, 1, wt, 0, 0, 0, o, in, accumulate)
+		b.qmv(false, ot.ptr, ot.dt, b.qx(xt), n, wt, o, in, accumulate)
 		return
 	}
 	b.qgemm(ot.ptr, ot.dt, b.productInput(xt, backend.BF16), wt, n, o, in, accumulate)
@@ -358,7 +410,7 @@ func (b *Backend) qmlp(ot, xt, gu, dn *tensor, accumulate bool) bool {
 		b.siluMulBF16(act.ptr, h, n, I)
 	case n <= b.qmvMax && qmvFits(gu.dt, H):
 		act.ptr = b.scratchBuf("mlp.act", 2*n*I)
-		b.qmv(true, act.ptr, backend.BF16, b.qx(xt), n, 1, gu, 0, 0, 0, I, H, false)
+		b.qmv(true, act.ptr, backend.BF16, b.qx(xt), n, gu, I, H, false)
 	case I%8 == 0:
 		h := b.scratchBuf("mlp.gu", 2*n*2*I)
 		act.ptr = b.scratchBuf("mlp.act", 2*n*I)

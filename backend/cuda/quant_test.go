@@ -355,47 +355,68 @@ func TestQuantMLP(t *testing.T) {
 }
 
 // TestQuantMoE: quantized experts (and a quantized shared expert) with a
-// bf16 router, per row (qmv_swiglu and qmv over each row's expert) and
-// grouped (the experts that have rows dequantized a slab at a time for
-// moe_group_mm: here slabs of three experts).
+// bf16 router, per row (qmv_swiglu and qmv over each row's expert), by
+// tiles of one expert's rows (qmvt_) and grouped (moe_group_mm_, the
+// tiles dequantized as they load); and a rank's share of them (expert
+// parallel: the second half of the experts, the other half's choices
+// left to their rank). A shared expert as wide as the experts is rows of
+// the per-row products; a wider one its own MLP.
 func TestQuantMoE(t *testing.T) {
 	p := newPair(t, 24)
-	const H, I, Is = 512, 256, 512
+	const H, I = 512, 256
 	for _, dt := range quantTypes {
-		for _, c := range []struct{ T, E, K int }{{2, 8, 2}, {16, 8, 2}, {3, 32, 4}, {300, 32, 4}} {
+		for _, c := range []struct{ T, E, K int }{{2, 8, 2}, {16, 8, 2}, {3, 32, 4}, {300, 32, 4}, {12, 32, 4}, {3, 64, 4}} {
 			T, E, K := c.T, c.E, c.K
-			grouped := moeGrouped(T*K, E)
-			for _, shared := range []bool{false, true} {
-				var ce, ge backend.Experts
-				ce.Router, ge.Router = p.load(backend.BF16, p.randn(E*H, 0.3), E, H)
-				ce.GateUp, ge.GateUp = p.qload(dt, E, 2*I, H)
-				ce.Down, ge.Down = p.qload(dt, E, H, I)
-				if shared {
-					ce.SharedGateUp, ge.SharedGateUp = p.qload(dt, 2*Is, H)
-					ce.SharedDown, ge.SharedDown = p.qload(dt, H, Is)
-					ce.SharedGate, ge.SharedGate = p.load(backend.BF16, p.randn(H, 0.3), 1, H)
-				}
-				p.begin(&backend.Batch{Tokens: make([]int32, T), Seqs: []backend.SeqInfo{{N: T}}})
-				cx, gx := p.load(backend.F32, p.randn(T*H, 1), T, H)
-				init := encode(backend.F32, p.randn(T*H, 1))
-				co, gout := p.out(T, H)
-				p.c.Write(co, init)
-				p.g.Write(gout, init)
-				spec := &backend.MoESpec{Experts: E, TopK: K, NormTopK: true}
-				p.c.MoE(co, cx, &ce, spec)
-				var seen map[string]int
-				p.withQ(p.g.qgemvMax, p.g.qmvMax, 3*2*I*H, func() { seen = p.launches(func() { p.g.MoE(gout, gx, &ge, spec) }) })
-				what := fmt.Sprintf("moe %v %d tokens, %d experts top %d shared=%v", dt, T, E, K, shared)
-				p.compare(what, co, gout, 1.5e-2)
-				sw, mv, dq := "qmv_swiglu_"+dt.String(), "qmv_"+dt.String(), "qdeq_"+dt.String()
-				if grouped {
-					expect(t, what, seen, []string{dq, "moe_group_mm"}, []string{sw, mv})
-					// Slabs of three gate/up experts and six down experts.
-					if got, want := seen["moe_group_mm"], (E+2)/3+(E+5)/6; got != want {
-						t.Errorf("%s: %d moe_group_mm launches, want %d", what, got, want)
+			for _, first := range []int{0, E / 2} {
+				held := E - first
+				for _, Is := range []int{0, I, 512} { // the shared expert's width; 0: none
+					shared := Is > 0
+					var ce, ge backend.Experts
+					ce.Router, ge.Router = p.load(backend.BF16, p.randn(E*H, 0.3), E, H)
+					ce.GateUp, ge.GateUp = p.qload(dt, held, 2*I, H)
+					ce.Down, ge.Down = p.qload(dt, held, H, I)
+					if shared {
+						ce.SharedGateUp, ge.SharedGateUp = p.qload(dt, 2*Is, H)
+						ce.SharedDown, ge.SharedDown = p.qload(dt, H, Is)
+						ce.SharedGate, ge.SharedGate = p.load(backend.BF16, p.randn(H, 0.3), 1, H)
 					}
-				} else {
-					expect(t, what, seen, []string{sw, mv}, []string{"moe_group_mm"})
+					p.begin(&backend.Batch{Tokens: make([]int32, T), Seqs: []backend.SeqInfo{{N: T}}})
+					cx, gx := p.load(backend.F32, p.randn(T*H, 1), T, H)
+					init := encode(backend.F32, p.randn(T*H, 1))
+					co, gout := p.out(T, H)
+					p.c.Write(co, init)
+					p.g.Write(gout, init)
+					spec := &backend.MoESpec{Experts: E, TopK: K, NormTopK: true, First: first}
+					p.c.MoE(co, cx, &ce, spec)
+					var seen map[string]int
+					p.withQ(p.g.qgemvMax, p.g.qmvMax, p.g.qSlab, func() { seen = p.launches(func() { p.g.MoE(gout, gx, &ge, spec) }) })
+					what := fmt.Sprintf("moe %v %d tokens, experts %d-%d of %d top %d, shared expert of width %d", dt, T, first, E-1, E, K, Is)
+					p.compare(what, co, gout, 1.5e-2)
+					sw, mv, gm := "qmv_swiglu_"+dt.String(), "qmv_"+dt.String(), "moe_group_mm_"+dt.String()
+					tsw, tmv := "qmvt_swiglu_"+dt.String(), "qmvt_"+dt.String()
+					// A shared expert outside the per-row products runs as an
+					// MLP, whose kernels (qmv_swiglu, qdeq) may be among these.
+					not := func(names ...string) []string {
+						if Is > 0 {
+							return nil
+						}
+						return names
+					}
+					switch R := T * K; {
+					case moeGrouped(R, held):
+						expect(t, what, seen, []string{gm}, not(sw, mv, tsw, tmv, "qdeq_"+dt.String()))
+					case moeRowPairs(R, held):
+						expect(t, what, seen, []string{tsw, tmv}, not(sw, mv, gm))
+					default:
+						expect(t, what, seen, []string{sw, mv}, []string{tsw, tmv, gm})
+						if Is == I {
+							// One launch each for the routed and shared rows, no MLP of its own.
+							expect(t, what, seen, nil, []string{"cublasLt", "qdeq_" + dt.String(), "qgemv1_swiglu_" + dt.String(), "skinny_swiglu_fp8_2"})
+							if seen[sw] != 1 || seen[mv] != 1 {
+								t.Errorf("%s: the shared expert is not rows of qmv (ran %v)", what, seen)
+							}
+						}
+					}
 				}
 			}
 		}
@@ -608,8 +629,9 @@ func TestQuantModels(t *testing.T) {
 		for _, k := range []string{"qgemv1_", "qgemv1_swiglu_", "qmv_", "qmv_swiglu_"} {
 			decode += seen[k+dt.String()]
 		}
-		if decode == 0 || seen["qdeq_"+dt.String()] == 0 {
-			t.Errorf("%v: the models ran the decode products (qgemv, qmv) %d and qdeq %d times", dt, decode, seen["qdeq_"+dt.String()])
+		prompt := seen["qdeq_"+dt.String()] + seen["moe_group_mm_"+dt.String()]
+		if decode == 0 || prompt == 0 {
+			t.Errorf("%v: the models ran the decode products (qgemv, qmv) %d and the prompts' (qdeq, moe_group_mm_) %d times", dt, decode, prompt)
 		}
 	}
 }

@@ -212,3 +212,11 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned a, unsigned &r0, unsigned &
 __device__ __forceinline__ void cp_async16(unsigned dst, const void *src) {
 	asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
 }
+// cp_async8 and cp_async4 copy 8 and 4 bytes (through L1: .cg takes 16
+// only).
+__device__ __forceinline__ void cp_async8(unsigned dst, const void *src) {
+	asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void cp_async4(unsigned dst, const void *src) {
+	asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src));
+}

@@ -20,11 +20,15 @@
 #define F8_SMEM_8 85760
 #define F8_SMEM_2 60608
 
-// The grouped expert products (moe.cu): MG_BM rows of one expert by MG_BN
-// outputs, MG_BK columns a stage.
+// The grouped expert products (moe_mm.cuh): MG_BM rows of one expert by MG_BN
+// outputs, MG_BK columns a stage, MG_STAGES stages, rows MG_P elements apart in
+// shared memory; MG_RAW bytes of a quantized unit's blocks (quant.cu, QTiles).
 #define MG_BM 64
 #define MG_BN 128
 #define MG_BK 32
+#define MG_STAGES 3
+#define MG_P 40
+#define MG_RAW 80
 
 // The tokens of a chunk of the chunked DeltaNet kernels (deltanet_chunk.cu).
 #define DN_C 64

@@ -68,20 +68,6 @@ extern "C" __global__ void moe_gemv(float *y, const float *x, int xdiv, const vo
 	if (lane == 0) y[(long)r * O + o] = acc;
 }
 
-// Grouped expert products on tensor cores: the (token, choice) rows are
-// listed expert by expert (moe_group), gathered in that order as bf16
-// (moe_gather), and multiplied by their expert's weights in tiles of MG_BM
-// rows of one expert by MG_BN outputs (moe_group_mm), so that an expert's
-// weights are read once per tile of its rows rather than once per row.
-// The rows are rounded to bf16 as the dense products' inputs are (cuBLASLt
-// takes bf16): as two parts, x = hi + lo, the products kept ~16 bits of
-// the float32 rows at twice the tensor-core work, which a Qwen3-Next
-// prompt paid for with 61% of its prefill (NOTES.md, 2026-11-28). The
-// tile, MG_BM rows by MG_BN outputs, MG_BK columns a stage, is in
-// defines.cuh.
-#define MG_P (MG_BK + 8)
-#define MG_STAGES 3
-
 // scan1024 returns the inclusive sum of v over threads 0..threadIdx.x of a
 // block of 1024 threads; buf holds 1024 ints.
 __device__ int scan1024(int v, int *buf) {
@@ -153,94 +139,32 @@ extern "C" __global__ void moe_gather(u16 *xg, const float *x, int xdiv, const i
 	}
 }
 
-// moe_group_mm: y[order[j], o] = sum_i xg[j, i] * w[e, o, i] for the rows j
-// of each tile whose expert e is in [e0, e1) (w holds experts e0..e1-1:
-// all of them, or a slab of quantized experts dequantized to bf16). Grid
-// (ceil(O / MG_BN), tiles allowed for), 128 threads: four warps of 32 rows
-// by 64 outputs, mma.sync m16n8k16 with the rows as A and the weight rows
-// as B, MG_STAGES stages of MG_BK columns by cp.async; four blocks a
-// multiprocessor (their registers capped at 128, the shared-memory carveout
-// at its largest: preferSmem), where two left the schedulers without a
-// ready warp 68% of the time (ncu, H100, 2026-11-28). Requires I % MG_BK ==
-// 0.
-extern "C" __global__ void __launch_bounds__(128, 4) moe_group_mm(float *y, const u16 *xg, const u16 *w, const int *start,
-		const int *order, const int *tiles, const int *ntiles, int O, int I, int e0, int e1) {
-	__shared__ __align__(16) u16 sA[MG_STAGES][MG_BM * MG_P];
-	__shared__ __align__(16) u16 sB[MG_STAGES][MG_BN * MG_P];
-	int tile = blockIdx.y;
-	if (tile >= *ntiles) return;
-	int e = tiles[2 * tile], j0 = tiles[2 * tile + 1], j1 = min(j0 + MG_BM, start[e + 1]);
-	if (e < e0 || e >= e1) return;
-	int o0 = blockIdx.x * MG_BN;
-	int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wm = warp & 1, wn = warp >> 1;
-	int mi = lane >> 3, mr = lane & 7;
-	const u16 *wb = w + (long)(e - e0) * O * I;
-	int nk = I / MG_BK;
-	// Rows past the tile's end repeat its last row, outputs past O the last
-	// output: finite values whose results are not stored.
-	auto load = [&](int st, int kt) {
+// moe_group_mm: the grouped products (group_mm, moe_mm.cuh) of bf16
+// experts, whose tiles load by cp.async. Four
+// blocks a multiprocessor (their registers capped at 128, the
+// shared-memory carveout at its largest: preferSmem), where two left the
+// schedulers without a ready warp 68% of the time (ncu, H100, 2026-11-28).
+struct BF16Tiles {
+	const u16 *w;
+	int O, I;
+	__device__ static int buf(int kt) { return kt % MG_STAGES; }
+	__device__ __forceinline__ void fetch(u16 *sB, int st, int e, int o0, int kt) {
+		const u16 *wb = w + (long)e * O * I;
 		int k0 = kt * MG_BK;
-		for (int c = threadIdx.x; c < MG_BM * (MG_BK / 8); c += 128) {
-			int r = c / (MG_BK / 8), col = c % (MG_BK / 8) * 8;
-			cp_async16(smem_addr(&sA[st][r * MG_P + col]), xg + (long)min(j0 + r, j1 - 1) * I + k0 + col);
-		}
 		for (int c = threadIdx.x; c < MG_BN * (MG_BK / 8); c += 128) {
 			int r = c / (MG_BK / 8), col = c % (MG_BK / 8) * 8;
-			cp_async16(smem_addr(&sB[st][r * MG_P + col]), wb + (long)min(o0 + r, O - 1) * I + k0 + col);
-		}
-	};
-	float acc[2][8][4];
-#pragma unroll
-	for (int t = 0; t < 2; t++)
-#pragma unroll
-		for (int n = 0; n < 8; n++) acc[t][n][0] = acc[t][n][1] = acc[t][n][2] = acc[t][n][3] = 0.f;
-#pragma unroll
-	for (int s = 0; s < MG_STAGES - 1; s++) {
-		if (s < nk) load(s, s);
-		asm volatile("cp.async.commit_group;");
-	}
-	for (int kt = 0; kt < nk; kt++) {
-		asm volatile("cp.async.wait_group %0;" ::"n"(MG_STAGES - 2));
-		__syncthreads();  // stage kt is in; every warp is done with the stage about to be refilled
-		if (kt + MG_STAGES - 1 < nk) load((kt + MG_STAGES - 1) % MG_STAGES, kt + MG_STAGES - 1);
-		asm volatile("cp.async.commit_group;");
-		int st = kt % MG_STAGES;
-#pragma unroll
-		for (int ks = 0; ks < MG_BK / 32; ks++) {
-			unsigned a[2][2][4];  // [row tile][k step][fragment]
-#pragma unroll
-			for (int t = 0; t < 2; t++)
-#pragma unroll
-				for (int k = 0; k < 2; k++)
-					ldmatrix_x4(smem_addr(&sA[st][(wm * 32 + t * 16 + mr + (mi & 1) * 8) * MG_P + ks * 32 + k * 16 + (mi >> 1) * 8]),
-							a[t][k][0], a[t][k][1], a[t][k][2], a[t][k][3]);
-#pragma unroll
-			for (int n = 0; n < 8; n++) {
-				unsigned b0, b1, b2, b3;  // k step 0: b0, b1; k step 1: b2, b3
-				ldmatrix_x4(smem_addr(&sB[st][(wn * 64 + n * 8 + mr) * MG_P + ks * 32 + mi * 8]), b0, b1, b2, b3);
-#pragma unroll
-				for (int t = 0; t < 2; t++) {
-					mma_bf16(acc[t][n], a[t][0][0], a[t][0][1], a[t][0][2], a[t][0][3], b0, b1);
-					mma_bf16(acc[t][n], a[t][1][0], a[t][1][1], a[t][1][2], a[t][1][3], b2, b3);
-				}
-			}
+			cp_async16(smem_addr(&sB[r * MG_P + col]), wb + (long)min(o0 + r, O - 1) * I + k0 + col);
 		}
 	}
-	asm volatile("cp.async.wait_group 0;");
-#pragma unroll
-	for (int t = 0; t < 2; t++)
-#pragma unroll
-		for (int h = 0; h < 2; h++) {
-			int j = j0 + wm * 32 + t * 16 + (lane >> 2) + h * 8;
-			if (j >= j1) continue;
-			long row = (long)order[j] * O;
-#pragma unroll
-			for (int n = 0; n < 8; n++) {
-				int o = o0 + wn * 64 + n * 8 + (lane & 3) * 2;
-				if (o < O) y[row + o] = acc[t][n][2 * h];
-				if (o + 1 < O) y[row + o + 1] = acc[t][n][2 * h + 1];
-			}
-		}
+	__device__ __forceinline__ void ready(u16 *sB, int st, int kt) {}
+};
+
+extern "C" __global__ void __launch_bounds__(128, 4) moe_group_mm(float *y, const u16 *xg, const u16 *w, const int *start,
+		const int *order, const int *tiles, const int *ntiles, int O, int I) {
+	__shared__ __align__(16) u16 sA[MG_STAGES][MG_BM * MG_P];
+	__shared__ __align__(16) u16 sB[MG_STAGES][MG_BN * MG_P];
+	BF16Tiles wl{w, O, I};
+	group_mm(y, xg, wl, sA, sB, start, order, tiles, ntiles, O, I);
 }
 
 // moe_combine: out[t, j] += sum_k wts[t, k] * y[t * K + k, j], and, with a

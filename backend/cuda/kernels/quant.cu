@@ -170,6 +170,14 @@ template <> struct Q<QT_Q8_0> {
 		r.b = qld16(row + 32L * u + 16);
 		r.d = __ldg((const u16 *)(row + 32L * (I >> 5)) + u);
 	}
+	// load_async copies what load reads into a Raw in shared memory
+	// (cp.async, whole 4-byte words); settle picks load's value from them.
+	__device__ static void load_async(Raw *s, const u8 *row, int I, int u) {
+		cp_async16(smem_addr(&s->a), row + 32L * u);
+		cp_async16(smem_addr(&s->b), row + 32L * u + 16);
+		cp_async4(smem_addr(&s->d), row + 32L * (I >> 5) + 4 * (u >> 1));
+	}
+	__device__ static void settle(Raw &r, int u) { r.d = r.d >> (16 * (u & 1)) & 0xffffu; }
 	__device__ static K prep(const Raw &r, int u) {
 		float d = h2f((u16)r.d);
 		return K{d * 32768.f, d * -32896.f};  // q + 128 = b: d * (b - 128)
@@ -205,6 +213,13 @@ template <> struct Q<QT_Q4_K> {
 		r.b = qld16(blk + 32 + 32 * (u & 3));
 		r.h = __ldg((const uint4 *)blk);
 	}
+	__device__ static void load_async(Raw *s, const u8 *row, int I, int u) {
+		const u8 *blk = row + 144L * (u >> 2);
+		cp_async16(smem_addr(&s->a), blk + 16 + 32 * (u & 3));
+		cp_async16(smem_addr(&s->b), blk + 32 + 32 * (u & 3));
+		cp_async16(smem_addr(&s->h), blk);
+	}
+	__device__ static void settle(Raw &r, int u) {}
 	__device__ static K prep(const Raw &r, int u) {
 		float S[2], M[2];
 		kscale(r.h, u & 3, S, M);
@@ -254,6 +269,15 @@ template <> struct Q<QT_Q5_K> {
 		r.qb = __ldg((const uint4 *)(blk + 32));
 		r.h = __ldg((const uint4 *)blk);
 	}
+	__device__ static void load_async(Raw *s, const u8 *row, int I, int u) {
+		const u8 *blk = row + 176L * (u >> 2);
+		cp_async16(smem_addr(&s->a), blk + 48 + 32 * (u & 3));
+		cp_async16(smem_addr(&s->b), blk + 64 + 32 * (u & 3));
+		cp_async16(smem_addr(&s->qa), blk + 16);
+		cp_async16(smem_addr(&s->qb), blk + 32);
+		cp_async16(smem_addr(&s->h), blk);
+	}
+	__device__ static void settle(Raw &r, int u) {}
 	__device__ static K prep(const Raw &r, int u) {
 		float S[2], M[2];
 		kscale(r.h, u & 3, S, M);
@@ -315,6 +339,17 @@ template <> struct Q<QT_Q6_K> {
 		r.sc = __ldg((const uint2 *)(blk + 192 + 8 * n));
 		r.d = __ldg((const u16 *)(row + 208L * (I >> 8)) + (u >> 2));
 	}
+	__device__ static void load_async(Raw *s, const u8 *row, int I, int u) {
+		const u8 *blk = row + 208L * (u >> 2);
+		int n = (u & 3) >> 1;
+		cp_async16(smem_addr(&s->a), blk + 32 * (u & 3));
+		cp_async16(smem_addr(&s->b), blk + 32 * (u & 3) + 16);
+		cp_async16(smem_addr(&s->qa), blk + 128 + 32 * n);
+		cp_async16(smem_addr(&s->qb), blk + 144 + 32 * n);
+		cp_async8(smem_addr(&s->sc), blk + 192 + 8 * n);
+		cp_async4(smem_addr(&s->d), row + 208L * (I >> 8) + 4 * (u >> 3));
+	}
+	__device__ static void settle(Raw &r, int u) { r.d = r.d >> (16 * ((u >> 2) & 1)) & 0xffffu; }
 	__device__ static K prep(const Raw &r, int u) {
 		float d = h2f((u16)r.d), D = d * 32768.f, C = d * -32896.f;  // int8 scale s + 128 = b: d * (b - 128)
 		unsigned i = 2 * (u & 1);
@@ -377,6 +412,11 @@ template <> struct Q<QT_MXFP4> {
 		r.a = qld16(row + 16L * u);
 		r.e = __ldg(row + 16L * (I >> 5) + u);
 	}
+	__device__ static void load_async(Raw *s, const u8 *row, int I, int u) {
+		cp_async16(smem_addr(&s->a), row + 16L * u);
+		cp_async4(smem_addr(&s->e), row + 16L * (I >> 5) + (u & ~3));
+	}
+	__device__ static void settle(Raw &r, int u) { r.e = r.e >> (8 * (u & 3)) & 0xffu; }
 	__device__ static K prep(const Raw &r, int u) {
 		unsigned e = r.e, s = e < 2 ? 0x20u << e : (e - 1) << 7, b = 0x8000u | ((e + 6) << 7) | 0x40u;
 		return K{s | s << 16, b | b << 16};
@@ -427,6 +467,12 @@ template <> struct Q<QT_FP8> {
 		r.b = qld16(row + 32L * u + 16);
 		r.s = __ldg((const float *)(row + 128L * ((I + 127) >> 7)) + (u >> 2));
 	}
+	__device__ static void load_async(Raw *s, const u8 *row, int I, int u) {
+		cp_async16(smem_addr(&s->a), row + 32L * u);
+		cp_async16(smem_addr(&s->b), row + 32L * u + 16);
+		cp_async4(smem_addr(&s->s), row + 128L * ((I + 127) >> 7) + 4 * (u >> 2));
+	}
+	__device__ static void settle(Raw &r, int u) {}
 	__device__ static K prep(const Raw &r, int u) { return K{}; }
 	__device__ static float scale(const Raw &r) { return r.s; }
 	__device__ static unsigned cvt(unsigned t) {  // t: two e4m3 bytes in bits 8-15 and 24-31
@@ -527,16 +573,24 @@ __device__ __forceinline__ void qstore(void *out, int odt, int accumulate, long 
 
 // qmv: out[t, o] (+)= x[t] . w_o for T <= 16 TG tokens (sel == 0; the
 // tokens in TG groups of 16, the mma's rows: 16 is as cheap as 1, and each
-// dequantized weight serves every group), or, for the R = gridDim.y rows r
-// of a mixture of experts (TG 1), out[r, o] = x[r / xdiv] . w[sel[r]]_o
-// (experts estride bytes apart). With SWIGLU, w is [gate | up] of 2O rows
-// and out[., o] = silu(x . gate_o) * (x . up_o). x is bf16 (rows of I),
-// out f32 or bf16 (odt). Grid (ceil(O / outputs), R or 1), blocks of 1 to
-// 8 warps that split each row's units; a block's warps take 8 weight rows:
-// 8 outputs, or 4 gate rows interleaved with their up rows.
-template <int QT, bool SWIGLU, int TG, bool HI>
+// dequantized weight serves every group), or, for the gridDim.y rows r of
+// a mixture of experts (TG 1), out[r, o] = x[r / xdiv] . w[sel[r]]_o for
+// the T (token, choice) rows (experts estride bytes apart; a row of
+// another rank's expert, sel -1, is left as it is) and x[xsh + r - T] .
+// ws_o for the rows after them (the shared expert, whose weights are laid
+// out as an expert's). With TILES (TG 1, HI), the rows come as moe_group lists
+// them, a block per tile of up to 16 rows of one expert (blockIdx.y, the
+// mma's rows), so that the expert's weights are read once for them all.
+// With SWIGLU, w is [gate | up] of 2O rows and out[., o] = silu(x . gate_o)
+// * (x . up_o). x is bf16 (rows of I), out f32 or bf16 (odt). Grid (ceil(O
+// / outputs), R, tiles allowed for, or 1), blocks of 1 to 8 warps that
+// split each row's units; a block's warps take 8 weight rows: 8 outputs,
+// or 4 gate rows interleaved with their up rows.
+template <int QT, bool SWIGLU, int TG, bool HI, bool TILES = false>
 __device__ __forceinline__ void qmv(void *out, int odt, const u16 *x, int T, int xdiv, const u8 *w, long rb, long estride,
-		const int *sel, int O, int I, int accumulate) {
+		const int *sel, const u8 *ws, int xsh, int O, int I, int accumulate, const int *start = nullptr, const int *order = nullptr,
+		const int *tiles = nullptr, const int *ntiles = nullptr) {
+	static_assert(!TILES || (TG == 1 && HI), "a tile's rows are the mma's 16");
 	typedef Q<QT> q;
 	__shared__ float red[8][32][4 * TG];
 	pdl_trigger();
@@ -545,9 +599,22 @@ __device__ __forceinline__ void qmv(void *out, int odt, const u16 *x, int T, int
 	constexpr int OUTS = SWIGLU ? 4 : 8;
 	int o0 = blockIdx.x * OUTS;
 	long wrow = SWIGLU ? ((g & 1) ? O : 0) + min(o0 + (g >> 1), O - 1) : min(o0 + g, O - 1);
-	if (sel) {
+	int j0 = 0, j1 = 0;  // TILES: the tile's rows in order
+	if constexpr (TILES) {
 		pdl_wait();
-		w += (long)sel[r] * estride;
+		if (r >= *ntiles) return;
+		int e = tiles[2 * r];
+		j0 = tiles[2 * r + 1], j1 = min(j0 + 16, start[e + 1]);
+		w += e * estride;
+	} else if (sel) {
+		pdl_wait();
+		if (r >= T) {
+			w = ws;
+		} else if (sel[r] < 0) {
+			return;
+		} else {
+			w += (long)sel[r] * estride;
+		}
 	}
 	const u8 *row = w + wrow * rb;
 	int NU = q::units(I), NG = (NU + 3) >> 2;
@@ -557,8 +624,13 @@ __device__ __forceinline__ void qmv(void *out, int odt, const u16 *x, int T, int
 #pragma unroll
 	for (int m = 0; m < TG; m++) {
 		int ta = 16 * m + g, tb = ta + 8;
-		xa[m] = sel ? (g == 0 ? x + (long)(r / xdiv) * I : nullptr) : (ta < T ? x + (long)ta * I : nullptr);
-		xb[m] = !sel && HI && tb < T ? x + (long)tb * I : nullptr;
+		if constexpr (TILES) {
+			xa[m] = j0 + ta < j1 ? x + (long)(order[j0 + ta] / xdiv) * I : nullptr;
+			xb[m] = j0 + tb < j1 ? x + (long)(order[j0 + tb] / xdiv) * I : nullptr;
+		} else {
+			xa[m] = sel ? (g == 0 ? x + (long)(r < T ? r / xdiv : xsh + r - T) * I : nullptr) : (ta < T ? x + (long)ta * I : nullptr);
+			xb[m] = !sel && HI && tb < T ? x + (long)tb * I : nullptr;
+		}
 	}
 	float acc[TG][4], acc2[TG][4];
 #pragma unroll
@@ -569,7 +641,7 @@ __device__ __forceinline__ void qmv(void *out, int odt, const u16 *x, int T, int
 		int u = 4 * (warp + k * W) + t;
 		if (k < n && u < NU) q::load(raw[k], row, I, u);
 	}
-	if (!sel) pdl_wait();
+	if (!sel && !TILES) pdl_wait();
 	for (int i = 0; i < n; i += q::U) {
 #pragma unroll
 		for (int k = 0; k < q::U; k++) {
@@ -604,7 +676,7 @@ __device__ __forceinline__ void qmv(void *out, int odt, const u16 *x, int T, int
 		for (int hi = 0; hi < 2; hi++) {
 			if (hi && !HI) break;
 			if (!(hi ? xb[m] : xa[m])) continue;
-			long base = (long)(sel ? r : 16 * m + g + 8 * hi) * O;
+			long base = (long)(TILES ? order[j0 + g + 8 * hi] : sel ? r : 16 * m + g + 8 * hi) * O;
 			float c0 = acc[m][2 * hi], c1 = acc[m][2 * hi + 1];
 			if constexpr (SWIGLU) {
 				int o = o0 + t;
@@ -836,22 +908,16 @@ __device__ __forceinline__ void qgemv(void *out, int odt, const void *x, int xdt
 	}
 }
 
-// qdeq writes rows [rows, I] of w as bf16 (out rows of I). With start
-// (moe_group's expert row ranges), row r belongs to expert e0 + r / epr and
-// rows of experts without (token, choice) rows are skipped. Grid-stride
+// qdeq writes rows [rows, I] of w as bf16 (out rows of I). Grid-stride
 // over (row, unit).
 template <int QT>
-__device__ __forceinline__ void qdeq(u16 *out, const u8 *w, long rb, long rows, int I, const int *start, int e0, int epr) {
+__device__ __forceinline__ void qdeq(u16 *out, const u8 *w, long rb, long rows, int I) {
 	typedef Q<QT> q;
 	int NU = (I + q::E - 1) / q::E;
 	long total = rows * NU;
 	for (long it = blockIdx.x * (long)blockDim.x + threadIdx.x; it < total; it += (long)gridDim.x * blockDim.x) {
 		long rr = it / NU;
 		int u = (int)(it - rr * NU);
-		if (start) {
-			int e = e0 + (int)(rr / epr);
-			if (start[e + 1] == start[e]) continue;
-		}
 		typename q::Raw raw;
 		q::load(raw, w + rr * rb, I, u);
 #pragma unroll
@@ -871,6 +937,85 @@ __device__ __forceinline__ void qdeq(u16 *out, const u8 *w, long rb, long rows, 
 		}
 	}
 }
+
+// qtile writes half h of unit u of a row as qdeq does (bf16 of the
+// reference's float32 values): 16 bf16 pairs in column order. FP8's pairs
+// are exact e4m3 values, then times the block's scale in float32 (the
+// reference's product) and rounded: a third of exact's instructions.
+template <int QT>
+__device__ __forceinline__ void qtile(const typename Q<QT>::Raw &r, int u, int h, unsigned (&p)[16]) {
+	typedef Q<QT> q;
+	if constexpr (QT == QT_FP8) {
+		q::pairs(r, typename q::K{}, u, h, p);
+#pragma unroll
+		for (int j = 0; j < 16; j++)
+			p[j] = pack2(__fmul_rn(__uint_as_float(p[j] << 16), r.s), __fmul_rn(__uint_as_float(p[j] & 0xffff0000u), r.s));
+	} else {
+		float v[32];
+		q::exact(r, u, h, v);
+#pragma unroll
+		for (int j = 0; j < 16; j++) p[j] = pack2(v[2 * j], v[2 * j + 1]);
+	}
+}
+
+// qunit_at sets the unit u and half h whose 32 columns start at column c
+// (col's inverse): Q6_K's halves are 64 columns apart.
+template <int QT>
+__device__ __forceinline__ void qunit_at(int c, int &u, int &h) {
+	if constexpr (QT == QT_Q6_K) {
+		int r = c & 255;
+		u = 4 * (c >> 8) + 2 * (r >> 7) + ((r & 63) >> 5);
+		h = (r & 127) >> 6;
+	} else {
+		u = c / Q<QT>::E;
+		h = c % Q<QT>::E / 32;
+	}
+}
+
+// MGQ_MINB: the blocks a multiprocessor of the quantized grouped products
+// (their shared memory, moeGroupQSmem, allows three on an H100).
+#ifndef MGQ_MINB
+#define MGQ_MINB 3
+#endif
+
+// QTiles is group_mm's weight loader (moe_mm.cuh) for block-quantized
+// experts (rows of rb bytes, experts estride bytes apart): thread i takes
+// weight row o0 + i of each stage, its unit's blocks copied by cp.async
+// (load_async) into its slot of a ring of MG_STAGES (raw, MG_RAW bytes a
+// slot) and dequantized into the stage, two of which alternate in sB, as
+// qdeq would have written them: the products are those on qdeq's bf16
+// copies, without the copies (which cost a Qwen3-Next prompt more than the
+// products: NOTES.md). Loading the blocks into registers instead left one
+// stage's products to hide their latency: 4 ms a layer for Qwen3-Next's
+// gate/up at 4K tokens (H200, 2026-11-28).
+template <int QT>
+struct QTiles {
+	typedef typename Q<QT>::Raw Raw;
+	static_assert(MG_BN == 128 && MG_BK == 32, "a thread a weight row, a half unit a stage");
+	static_assert(sizeof(Raw) <= MG_RAW, "a unit's blocks fit a slot");
+	const u8 *w;
+	long rb, estride;
+	int O, I;
+	u8 *raw;  // [MG_STAGES][MG_BN] slots of MG_RAW bytes
+	__device__ static int buf(int kt) { return kt & 1; }
+	__device__ __forceinline__ Raw *slot(int st) { return (Raw *)(raw + (st * MG_BN + threadIdx.x) * MG_RAW); }
+	__device__ __forceinline__ void fetch(u16 *sB, int st, int e, int o0, int kt) {
+		int u, h;
+		qunit_at<QT>(kt * MG_BK, u, h);
+		Q<QT>::load_async(slot(st), w + e * estride + (long)min(o0 + (int)threadIdx.x, O - 1) * rb, I, u);
+	}
+	__device__ __forceinline__ void ready(u16 *sB, int st, int kt) {
+		int u, h;
+		qunit_at<QT>(kt * MG_BK, u, h);
+		Raw r = *slot(st);
+		Q<QT>::settle(r, u);
+		unsigned p[16];
+		qtile<QT>(r, u, h, p);
+		uint4 *d = (uint4 *)(sB + threadIdx.x * MG_P);
+#pragma unroll
+		for (int j = 0; j < 4; j++) d[j] = make_uint4(p[4 * j], p[4 * j + 1], p[4 * j + 2], p[4 * j + 3]);
+	}
+};
 
 // qembed: out[t] = the row tokens[t] - first of the table w (V rows) as
 // f32, zeros for a token outside them (embed's share). Grid T.
@@ -902,15 +1047,17 @@ __device__ __forceinline__ void qembed(float *out, const u8 *w, long rb, const i
 // and qmv32_; the widest holds more accumulators and activations, so it
 // takes the registers of one block an SM (MINB). (A 64-token kernel, four
 // groups, spilled in the K-quants and lost to dequantizing for cuBLASLt:
-// backend/cuda/NOTES.md, "Figures behind the code".)
+// backend/cuda/NOTES.md, "Figures behind the code".) QKERNELS adds qmvt_,
+// the expert rows by tiles of one expert, and moe_group_mm_, the grouped
+// products dequantizing their tiles.
 #define QMV(PRE, NAME, QT, TG, HI, MINB) \
 	extern "C" __global__ void __launch_bounds__(256, MINB) PRE##NAME(void *out, int odt, const u16 *x, int T, int xdiv, const u8 *w, \
-			long rb, long estride, const int *sel, int O, int I, int acc) { \
-		qmv<QT, false, TG, HI>(out, odt, x, T, xdiv, w, rb, estride, sel, O, I, acc); \
+			long rb, long estride, const int *sel, const u8 *ws, int xsh, int O, int I, int acc) { \
+		qmv<QT, false, TG, HI>(out, odt, x, T, xdiv, w, rb, estride, sel, ws, xsh, O, I, acc); \
 	} \
 	extern "C" __global__ void __launch_bounds__(256, MINB) PRE##swiglu_##NAME(void *out, int odt, const u16 *x, int T, int xdiv, \
-			const u8 *w, long rb, long estride, const int *sel, int O, int I) { \
-		qmv<QT, true, TG, HI>(out, odt, x, T, xdiv, w, rb, estride, sel, O, I, 0); \
+			const u8 *w, long rb, long estride, const int *sel, const u8 *ws, int xsh, int O, int I) { \
+		qmv<QT, true, TG, HI>(out, odt, x, T, xdiv, w, rb, estride, sel, ws, xsh, O, I, 0); \
 	}
 // qgemv kernels (the integer types): qgemv1_ and qgemv2_ by their tokens.
 #define QGEMV(NAME, QT, NT) \
@@ -927,9 +1074,24 @@ __device__ __forceinline__ void qembed(float *out, const u8 *w, long rb, const i
 	QMV(qmv_, NAME, QT, 1, false, 2) \
 	QMV(qmv16_, NAME, QT, 1, true, 2) \
 	QMV(qmv32_, NAME, QT, 2, true, 1) \
-	extern "C" __global__ void __launch_bounds__(256) qdeq_##NAME(u16 *out, const u8 *w, long rb, long rows, int I, const int *start, \
-			int e0, int epr) { \
-		qdeq<QT>(out, w, rb, rows, I, start, e0, epr); \
+	extern "C" __global__ void __launch_bounds__(256, 2) qmvt_##NAME(void *out, int odt, const u16 *x, int xdiv, const u8 *w, long rb, \
+			long estride, const int *start, const int *order, const int *tiles, const int *ntiles, int O, int I) { \
+		qmv<QT, false, 1, true, true>(out, odt, x, 0, xdiv, w, rb, estride, nullptr, nullptr, 0, O, I, 0, start, order, tiles, ntiles); \
+	} \
+	extern "C" __global__ void __launch_bounds__(256, 2) qmvt_swiglu_##NAME(void *out, int odt, const u16 *x, int xdiv, const u8 *w, \
+			long rb, long estride, const int *start, const int *order, const int *tiles, const int *ntiles, int O, int I) { \
+		qmv<QT, true, 1, true, true>(out, odt, x, 0, xdiv, w, rb, estride, nullptr, nullptr, 0, O, I, 0, start, order, tiles, ntiles); \
+	} \
+	extern "C" __global__ void __launch_bounds__(128, MGQ_MINB) moe_group_mm_##NAME(float *y, const u16 *xg, const u8 *w, long rb, long estride, \
+			const int *start, const int *order, const int *tiles, const int *ntiles, int O, int I) { \
+		extern __shared__ uint4 mgq_smem[]; \
+		u16(*sA)[MG_BM * MG_P] = (u16(*)[MG_BM * MG_P])mgq_smem; \
+		u16(*sB)[MG_BN * MG_P] = (u16(*)[MG_BN * MG_P])(sA + MG_STAGES); \
+		QTiles<QT> wl{w, rb, estride, O, I, (u8 *)(sB + 2)}; \
+		group_mm(y, xg, wl, sA, sB, start, order, tiles, ntiles, O, I); \
+	} \
+	extern "C" __global__ void __launch_bounds__(256) qdeq_##NAME(u16 *out, const u8 *w, long rb, long rows, int I) { \
+		qdeq<QT>(out, w, rb, rows, I); \
 	} \
 	extern "C" __global__ void __launch_bounds__(256) qembed_##NAME(float *out, const u8 *w, long rb, const int *tokens, int I, \
 			int first, int V) { \
