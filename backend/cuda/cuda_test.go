@@ -683,11 +683,12 @@ func TestMoE(t *testing.T) {
 	// routing. A few tokens take moe_rows (one GEMV row a (token, choice),
 	// and the shared expert as more rows when it has the experts' width),
 	// more of them its pairs of an expert's rows; enough tokens for two rows
-	// an expert go through the grouped tensor-core products. A shared expert
+	// an expert go through the grouped tensor-core products (in 128-row
+	// tiles from 32 rows an expert). A shared expert
 	// that is not among the rows rounds its inputs to bf16 beyond 8 tokens.
 	const H, I = 64, 32
 	paths := map[string]bool{}
-	for _, c := range []struct{ T, E, K int }{{1, 512, 10}, {2, 8, 2}, {16, 512, 10}, {32, 512, 10}, {64, 8, 2}, {128, 512, 10}, {300, 8, 2}} {
+	for _, c := range []struct{ T, E, K int }{{1, 512, 10}, {2, 8, 2}, {16, 512, 10}, {32, 512, 10}, {64, 8, 2}, {128, 512, 10}, {300, 8, 2}, {600, 4, 2}} {
 		T, E, K := c.T, c.E, c.K
 		for _, Is := range []int{0, I, 48} { // shared expert's width (0: none)
 			tol := 1e-5
@@ -718,8 +719,10 @@ func TestMoE(t *testing.T) {
 				seen := p.launches(func() { p.g.MoE(gout, gx, &ge, spec) })
 				what := fmt.Sprintf("%d tokens, %d experts top %d shared width %d norm=%v", T, E, K, Is, norm)
 				p.compare("moe "+what, co, gout, tol)
-				rows, pairs, grouped := seen["moe_rows_swiglu"] > 0, seen["moe_rows2_swiglu"] > 0, seen["moe_group_mm"] > 0
-				if boolInt(rows)+boolInt(pairs)+boolInt(grouped) != 1 || grouped != moeGrouped(T*K, E) || pairs != (!grouped && moeRowPairs(T*K, E)) {
+				rows, pairs := seen["moe_rows_swiglu"] > 0, seen["moe_rows2_swiglu"] > 0
+				grouped, large := seen["moe_group_mm64"]+seen["moe_group_mm128"] > 0, seen["moe_group_mm128"] > 0
+				if boolInt(rows)+boolInt(pairs)+boolInt(grouped) != 1 || grouped != moeGrouped(T*K, E) || pairs != (!grouped && moeRowPairs(T*K, E)) ||
+					large != (T*K >= moeGroupLargeFrom*E) {
 					t.Errorf("moe %s: launched %v", what, seen)
 				}
 				// With moe_rows, the shared expert is among its rows iff it

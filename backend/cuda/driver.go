@@ -135,7 +135,7 @@ func (b *Backend) freePtr(p devptr) {
 
 // preferSmem asks for the largest shared-memory carveout for a kernel
 // (once per kernel): left to itself the driver chose one that ran
-// moe_group_mm's 46 KB blocks two a multiprocessor where four fit (ncu,
+// moe_group_mm64's 46 KB blocks two a multiprocessor where four fit (ncu,
 // H100, 2026-11-28).
 func (b *Backend) preferSmem(name string) {
 	key := name + "#carveout"

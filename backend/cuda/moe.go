@@ -14,13 +14,14 @@ const moeRouterGemm = 64
 
 // The kernels of kernels/moe.cu.
 var (
-	moeRouteKernel   = newKernel[moeRouteArgs]("moe_route")
-	moeGemvKernel    = newKernel[moeGemvArgs]("moe_gemv")
-	moeGroupKernel   = newKernel[moeGroupArgs]("moe_group")
-	moeSplitKernel   = newKernel[moeSplitArgs]("moe_split")
-	moeGatherKernel  = newKernel[moeGatherArgs]("moe_gather")
-	moeGroupMMKernel = newKernel[moeGroupMMArgs]("moe_group_mm")
-	moeCombineKernel = newKernel[moeCombineArgs]("moe_combine")
+	moeRouteKernel  = newKernel[moeRouteArgs]("moe_route")
+	moeGemvKernel   = newKernel[moeGemvArgs]("moe_gemv")
+	moeGroupKernel  = newKernel[moeGroupArgs]("moe_group")
+	moeSplitKernel  = newKernel[moeSplitArgs]("moe_split")
+	moeGatherKernel = newKernel[moeGatherArgs]("moe_gather")
+	// The grouped products by their tiles' rows: [0] 64, [1] 128.
+	moeGroupMMKernels = [2]kernel[moeGroupMMArgs]{newKernel[moeGroupMMArgs]("moe_group_mm64"), newKernel[moeGroupMMArgs]("moe_group_mm128")}
+	moeCombineKernel  = newKernel[moeCombineArgs]("moe_combine")
 	// moe_rows by [rows a block - 1][swiglu].
 	moeRowsKernels = [2][2]kernel[moeRowsArgs]{
 		{newKernel[moeRowsArgs]("moe_rows_plain"), newKernel[moeRowsArgs]("moe_rows_swiglu")},
@@ -100,26 +101,38 @@ func moeRowPairs(R, E int) bool { return 2*R >= E }
 // over E experts make: an expert with n rows makes ceil(n / tm).
 func expertTiles(R, E, tm int) int { return (R + (tm-1)*min(E, R) + tm - 1) / tm }
 
-// The grouped expert products' tile (MG_BM, MG_BN, MG_BK, MG_STAGES and
-// MG_P of kernels/moe_mm.cuh): moeGroupRows rows of one expert by
-// moeGroupOuts outputs, moeGroupCols columns a stage, moeGroupStages
-// stages, rows moeGroupPitch elements apart in shared memory (16 bytes
-// more than a stage's row keeps ldmatrix free of bank conflicts); and a
-// slot of moeGroupRaw bytes for one unit's blocks of a quantized weight
-// row (QTiles: Q5_K's, the largest, are 80).
+// The grouped expert products' tiles (kernels/moe_mm.cuh): moeGroupRows
+// rows of one expert (moeGroupRowsLarge from moeGroupLargeFrom rows an
+// expert on average) by moeGroupOuts outputs (MG_BN), moeGroupCols columns
+// a stage (MG_BK), moeGroupStages stages (MG_STAGES), rows moeGroupPitch
+// elements apart in shared memory (MG_P: 16 bytes more than a stage's row
+// keeps ldmatrix free of bank conflicts); and a slot of moeGroupRaw bytes
+// (MG_RAW) for one unit's blocks of a quantized weight row (QTiles:
+// Q5_K's, the largest, are 80). 128-row tiles read an expert's weights
+// half as often as 64-row ones: at 80 rows an expert (a 4K-token
+// Qwen3-Next prompt) prefill ran 1.04 (bf16) to 1.11 times (FP8) as fast
+// with them; at four (Qwen3-30B-A3B, FP8, batch 64) 0.71 times (H200,
+// 2026-11-28).
 const (
-	moeGroupRows   = 64
-	moeGroupOuts   = 128
-	moeGroupCols   = 32
-	moeGroupStages = 3
-	moeGroupPitch  = moeGroupCols + 8
-	moeGroupRaw    = 80
+	moeGroupRows      = 64
+	moeGroupRowsLarge = 128
+	moeGroupLargeFrom = 32
+	moeGroupOuts      = 128
+	moeGroupCols      = 32
+	moeGroupStages    = 3
+	moeGroupPitch     = moeGroupCols + 8
+	moeGroupRaw       = 80
 )
 
-// moeGroupQSmem is the shared memory of the quantized grouped products:
-// the rows' stages, two dequantized weight stages and the ring of the
-// blocks' copies.
-const moeGroupQSmem = 2*(moeGroupStages*moeGroupRows+2*moeGroupOuts)*moeGroupPitch + moeGroupStages*moeGroupOuts*moeGroupRaw
+// moeGroupSmem is the shared memory of the bf16 grouped products in tiles
+// of bm rows: stages of the rows and of the weights; moeGroupQSmem that of
+// the quantized ones: the rows' stages, two dequantized weight stages and
+// the ring of the blocks' copies.
+func moeGroupSmem(bm int) int { return 2 * moeGroupStages * (bm + moeGroupOuts) * moeGroupPitch }
+
+func moeGroupQSmem(bm int) int {
+	return 2*(moeGroupStages*bm+2*moeGroupOuts)*moeGroupPitch + moeGroupStages*moeGroupOuts*moeGroupRaw
+}
 
 // Route picks each token's experts; see backend.Backend.
 func (b *Backend) Route(experts, weights, x, router backend.Tensor, spec *backend.MoESpec) {
@@ -244,22 +257,28 @@ func (b *Backend) expertRows(xt *tensor, sel devptr, K int, gu, down, sgu, sdown
 		moeGemvKernel.run(b, [3]int{(O + 7) / 8, R, 1}, 256, 0, moeGemvArgs{y: y, x: x, xdiv: int32(xdiv), w: w.ptr, wdt: int32(w.dt), sel: sel, O: int32(O), I: int32(in)})
 	}
 	if grouped {
-		maxTiles := expertTiles(R, E, moeGroupRows)
-		g := b.groupRows(sel, R, E, moeGroupRows)
+		bm, large := moeGroupRows, R >= moeGroupLargeFrom*E
+		if large {
+			bm = moeGroupRowsLarge
+		}
+		maxTiles := expertTiles(R, E, bm)
+		g := b.groupRows(sel, R, E, bm)
 		expertProduct = func(y, x devptr, xdiv int, w *tensor, O, in int) {
 			xg := b.scratchBuf("moe.xg", 2*R*in) // bf16
 			moeGatherKernel.run(b, g1(R), 256, 0, moeGatherArgs{xg: xg, x: x, xdiv: int32(xdiv), order: g.order, I: int32(in)})
 			grid := [3]int{(O + moeGroupOuts - 1) / moeGroupOuts, maxTiles, 1}
 			if w.dt.Quantized() {
-				k := quantKernelsOf(w.dt).groupMM
-				b.allowSmem(k.name, moeGroupQSmem)
+				k, smem := quantKernelsOf(w.dt).groupMM[boolInt(large)], moeGroupQSmem(bm)
+				b.allowSmem(k.name, smem)
 				b.preferSmem(k.name)
-				k.run(b, grid, 128, moeGroupQSmem, qgroupMMArgs{y: y, xg: xg, w: w.ptr, rb: int64(w.rb()), estride: int64(O * w.rb()),
+				k.run(b, grid, 2*bm, smem, qgroupMMArgs{y: y, xg: xg, w: w.ptr, rb: int64(w.rb()), estride: int64(O * w.rb()),
 					start: g.start, order: g.order, tiles: g.tiles, ntiles: g.ntiles, O: int32(O), I: int32(in)})
 				return
 			}
-			b.preferSmem(moeGroupMMKernel.name)
-			moeGroupMMKernel.run(b, grid, 128, 0, moeGroupMMArgs{y: y, xg: xg, w: w.ptr, start: g.start, order: g.order, tiles: g.tiles, ntiles: g.ntiles,
+			k, smem := moeGroupMMKernels[boolInt(large)], moeGroupSmem(bm)
+			b.allowSmem(k.name, smem)
+			b.preferSmem(k.name)
+			k.run(b, grid, 2*bm, smem, moeGroupMMArgs{y: y, xg: xg, w: w.ptr, start: g.start, order: g.order, tiles: g.tiles, ntiles: g.ntiles,
 				O: int32(O), I: int32(in)})
 		}
 	}

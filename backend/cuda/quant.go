@@ -21,8 +21,9 @@ import (
 // and its SwiGLU in one pass, and both take a mixture of experts' rows one
 // expert each (sel), or tiles of up to 16 rows of one expert (qmvt_). Above
 // that the weight is dequantized to bf16, qSlab elements at a time, and
-// multiplied by cuBLASLt; the grouped expert products (moe_group_mm_)
-// dequantize each tile of an expert's weights as it loads.
+// multiplied by cuBLASLt; the grouped expert products (moe_group_mm64_,
+// moe_group_mm128_) dequantize each tile of an expert's weights as it
+// loads.
 
 // qmvMaxTokens is the largest token count of the quantized decode kernels
 // (two groups of the mma's 16 rows); KILN_CUDA_QMV_MAX lowers it (0:
@@ -73,8 +74,8 @@ type quantKernels struct {
 	mvSwiglu [3]kernel[qmvSwigluArgs]
 	// qmv of expert rows by tiles of one expert (qmvTiles).
 	mvTiles, mvTilesSwiglu kernel[qmvTilesArgs]
-	// The grouped expert products (moe_group_mm_).
-	groupMM kernel[qgroupMMArgs]
+	// The grouped expert products by their tiles' rows: [0] 64, [1] 128.
+	groupMM [2]kernel[qgroupMMArgs]
 }
 
 var quantKernelTable = map[backend.DType]*quantKernels{}
@@ -94,7 +95,7 @@ func init() {
 		}
 		q.mvTiles = newKernel[qmvTilesArgs]("qmvt_" + dt.String())
 		q.mvTilesSwiglu = newKernel[qmvTilesArgs]("qmvt_swiglu_" + dt.String())
-		q.groupMM = newKernel[qgroupMMArgs]("moe_group_mm_" + dt.String())
+		q.groupMM = [2]kernel[qgroupMMArgs]{newKernel[qgroupMMArgs]("moe_group_mm64_" + dt.String()), newKernel[qgroupMMArgs]("moe_group_mm128_" + dt.String())}
 		quantKernelTable[dt] = q
 	}
 }

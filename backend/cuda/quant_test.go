@@ -356,8 +356,8 @@ func TestQuantMLP(t *testing.T) {
 
 // TestQuantMoE: quantized experts (and a quantized shared expert) with a
 // bf16 router, per row (qmv_swiglu and qmv over each row's expert), by
-// tiles of one expert's rows (qmvt_) and grouped (moe_group_mm_, the
-// tiles dequantized as they load); and a rank's share of them (expert
+// tiles of one expert's rows (qmvt_) and grouped (moe_group_mm64_ and
+// moe_group_mm128_, the tiles dequantized as they load); and a rank's share of them (expert
 // parallel: the second half of the experts, the other half's choices
 // left to their rank). A shared expert as wide as the experts is rows of
 // the per-row products; a wider one its own MLP.
@@ -365,7 +365,7 @@ func TestQuantMoE(t *testing.T) {
 	p := newPair(t, 24)
 	const H, I = 512, 256
 	for _, dt := range quantTypes {
-		for _, c := range []struct{ T, E, K int }{{2, 8, 2}, {16, 8, 2}, {3, 32, 4}, {300, 32, 4}, {12, 32, 4}, {3, 64, 4}} {
+		for _, c := range []struct{ T, E, K int }{{2, 8, 2}, {16, 8, 2}, {3, 32, 4}, {300, 32, 4}, {12, 32, 4}, {3, 64, 4}, {300, 4, 2}} {
 			T, E, K := c.T, c.E, c.K
 			for _, first := range []int{0, E / 2} {
 				held := E - first
@@ -392,7 +392,11 @@ func TestQuantMoE(t *testing.T) {
 					p.withQ(p.g.qgemvMax, p.g.qmvMax, p.g.qSlab, func() { seen = p.launches(func() { p.g.MoE(gout, gx, &ge, spec) }) })
 					what := fmt.Sprintf("moe %v %d tokens, experts %d-%d of %d top %d, shared expert of width %d", dt, T, first, E-1, E, K, Is)
 					p.compare(what, co, gout, 1.5e-2)
-					sw, mv, gm := "qmv_swiglu_"+dt.String(), "qmv_"+dt.String(), "moe_group_mm_"+dt.String()
+					sw, mv := "qmv_swiglu_"+dt.String(), "qmv_"+dt.String()
+					gm, other := "moe_group_mm64_"+dt.String(), "moe_group_mm128_"+dt.String()
+					if T*K >= moeGroupLargeFrom*held {
+						gm, other = other, gm
+					}
 					tsw, tmv := "qmvt_swiglu_"+dt.String(), "qmvt_"+dt.String()
 					// A shared expert outside the per-row products runs as an
 					// MLP, whose kernels (qmv_swiglu, qdeq) may be among these.
@@ -404,7 +408,7 @@ func TestQuantMoE(t *testing.T) {
 					}
 					switch R := T * K; {
 					case moeGrouped(R, held):
-						expect(t, what, seen, []string{gm}, not(sw, mv, tsw, tmv, "qdeq_"+dt.String()))
+						expect(t, what, seen, []string{gm}, append(not(sw, mv, tsw, tmv, "qdeq_"+dt.String()), other))
 					case moeRowPairs(R, held):
 						expect(t, what, seen, []string{tsw, tmv}, not(sw, mv, gm))
 					default:
@@ -629,9 +633,9 @@ func TestQuantModels(t *testing.T) {
 		for _, k := range []string{"qgemv1_", "qgemv1_swiglu_", "qmv_", "qmv_swiglu_"} {
 			decode += seen[k+dt.String()]
 		}
-		prompt := seen["qdeq_"+dt.String()] + seen["moe_group_mm_"+dt.String()]
+		prompt := seen["qdeq_"+dt.String()] + seen["moe_group_mm64_"+dt.String()] + seen["moe_group_mm128_"+dt.String()]
 		if decode == 0 || prompt == 0 {
-			t.Errorf("%v: the models ran the decode products (qgemv, qmv) %d and the prompts' (qdeq, moe_group_mm_) %d times", dt, decode, prompt)
+			t.Errorf("%v: the models ran the decode products (qgemv, qmv) %d and the prompts' (qdeq, moe_group_mm) %d times", dt, decode, prompt)
 		}
 	}
 }

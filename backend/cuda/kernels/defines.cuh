@@ -20,10 +20,9 @@
 #define F8_SMEM_8 85760
 #define F8_SMEM_2 60608
 
-// The grouped expert products (moe_mm.cuh): MG_BM rows of one expert by MG_BN
-// outputs, MG_BK columns a stage, MG_STAGES stages, rows MG_P elements apart in
-// shared memory; MG_RAW bytes of a quantized unit's blocks (quant.cu, QTiles).
-#define MG_BM 64
+// The grouped expert products (moe_mm.cuh): tiles of MG_BN outputs, MG_BK columns
+// a stage, MG_STAGES stages, rows MG_P elements apart in shared memory; MG_RAW
+// bytes of a quantized unit's blocks (quant.cu, QTiles).
 #define MG_BN 128
 #define MG_BK 32
 #define MG_STAGES 3

@@ -139,10 +139,11 @@ extern "C" __global__ void moe_gather(u16 *xg, const float *x, int xdiv, const i
 	}
 }
 
-// moe_group_mm: the grouped products (group_mm, moe_mm.cuh) of bf16
-// experts, whose tiles load by cp.async. Four
-// blocks a multiprocessor (their registers capped at 128, the
-// shared-memory carveout at its largest: preferSmem), where two left the
+// moe_group_mm64, moe_group_mm128: the grouped products (group_mm,
+// moe_mm.cuh) of bf16 experts in tiles of 64 and 128 rows, whose weights
+// load by cp.async; shared memory moeGroupSmem. Their registers are capped
+// at 128 and the shared-memory carveout is the largest (preferSmem): four
+// and two blocks a multiprocessor, where two of four warps left the
 // schedulers without a ready warp 68% of the time (ncu, H100, 2026-11-28).
 struct BF16Tiles {
 	const u16 *w;
@@ -151,7 +152,7 @@ struct BF16Tiles {
 	__device__ __forceinline__ void fetch(u16 *sB, int st, int e, int o0, int kt) {
 		const u16 *wb = w + (long)e * O * I;
 		int k0 = kt * MG_BK;
-		for (int c = threadIdx.x; c < MG_BN * (MG_BK / 8); c += 128) {
+		for (int c = threadIdx.x; c < MG_BN * (MG_BK / 8); c += blockDim.x) {
 			int r = c / (MG_BK / 8), col = c % (MG_BK / 8) * 8;
 			cp_async16(smem_addr(&sB[r * MG_P + col]), wb + (long)min(o0 + r, O - 1) * I + k0 + col);
 		}
@@ -159,13 +160,17 @@ struct BF16Tiles {
 	__device__ __forceinline__ void ready(u16 *sB, int st, int kt) {}
 };
 
-extern "C" __global__ void __launch_bounds__(128, 4) moe_group_mm(float *y, const u16 *xg, const u16 *w, const int *start,
-		const int *order, const int *tiles, const int *ntiles, int O, int I) {
-	__shared__ __align__(16) u16 sA[MG_STAGES][MG_BM * MG_P];
-	__shared__ __align__(16) u16 sB[MG_STAGES][MG_BN * MG_P];
-	BF16Tiles wl{w, O, I};
-	group_mm(y, xg, wl, sA, sB, start, order, tiles, ntiles, O, I);
-}
+#define MOE_GROUP_MM(BM, MINB) \
+	extern "C" __global__ void __launch_bounds__(2 * BM, MINB) moe_group_mm##BM(float *y, const u16 *xg, const u16 *w, const int *start, \
+			const int *order, const int *tiles, const int *ntiles, int O, int I) { \
+		extern __shared__ uint4 mg_smem[]; \
+		u16(*sA)[BM * MG_P] = (u16(*)[BM * MG_P])mg_smem; \
+		u16(*sB)[MG_BN * MG_P] = (u16(*)[MG_BN * MG_P])(sA + MG_STAGES); \
+		BF16Tiles wl{w, O, I}; \
+		group_mm<BM>(y, xg, wl, sA, sB, start, order, tiles, ntiles, O, I); \
+	}
+MOE_GROUP_MM(64, 4)
+MOE_GROUP_MM(128, 2)
 
 // moe_combine: out[t, j] += sum_k wts[t, k] * y[t * K + k, j], and, with a
 // shared expert, + sigmoid(x[t] . wg) * ys[t, j]. Grid (T, ceil(H / 256)),

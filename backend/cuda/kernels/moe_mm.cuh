@@ -2,13 +2,13 @@
 // and quant.cu (block-quantized experts, dequantized as their tiles load).
 // The (token, choice) rows are listed expert by expert (moe_group),
 // gathered in that order as bf16 (moe_gather), and multiplied by their
-// expert's weights in tiles of MG_BM rows of one expert by MG_BN outputs,
+// expert's weights in tiles of BM rows of one expert by MG_BN outputs,
 // so that an expert's weights are read once per tile of its rows rather
 // than once per row. The rows are rounded to bf16 as the dense products'
 // inputs are (cuBLASLt takes bf16): as two parts, x = hi + lo, the
 // products kept ~16 bits of the float32 rows at twice the tensor-core
 // work, which a Qwen3-Next prompt paid for with 61% of its prefill
-// (NOTES.md, 2026-11-28). The tile, MG_BM rows by MG_BN outputs, MG_BK
+// (NOTES.md, 2026-11-28). The tile, BM rows by MG_BN outputs, MG_BK
 // columns a stage, MG_STAGES stages, rows MG_P elements apart in shared
 // memory, is in defines.cuh.
 
@@ -20,24 +20,27 @@
 // ready(sB stage, st, kt) finishes them once they are in, before the block's
 // barrier (bf16: nothing; quantized: the blocks copied to a ring of
 // MG_STAGES, st, dequantized into the stage), and WL::buf(kt) is stage
-// kt's place in sB. Grid (ceil(O / MG_BN), tiles allowed for), 128
-// threads: four warps of 32 rows by 64 outputs, mma.sync m16n8k16 with the
-// rows as A and the weight rows as B. Requires I % MG_BK == 0.
-template <class WL>
-__device__ __forceinline__ void group_mm(float *y, const u16 *xg, WL &wl, u16 (*sA)[MG_BM * MG_P], u16 (*sB)[MG_BN * MG_P],
+// kt's place in sB. Grid (ceil(O / MG_BN), tiles allowed for), 2 BM
+// threads: warps of 32 rows by 64 outputs (BM / 32 by 2), mma.sync
+// m16n8k16 with the rows as A and the weight rows as B; a warp's 16-row
+// steps past the tile's rows skip their products, so a tile of a few rows
+// costs what its weights' loads do. Requires I % MG_BK == 0.
+template <int BM, class WL>
+__device__ __forceinline__ void group_mm(float *y, const u16 *xg, WL &wl, u16 (*sA)[BM * MG_P], u16 (*sB)[MG_BN * MG_P],
 		const int *start, const int *order, const int *tiles, const int *ntiles, int O, int I) {
 	int tile = blockIdx.y;
 	if (tile >= *ntiles) return;
-	int e = tiles[2 * tile], j0 = tiles[2 * tile + 1], j1 = min(j0 + MG_BM, start[e + 1]);
+	int e = tiles[2 * tile], j0 = tiles[2 * tile + 1], j1 = min(j0 + BM, start[e + 1]);
 	int o0 = blockIdx.x * MG_BN;
-	int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wm = warp & 1, wn = warp >> 1;
+	int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wm = warp % (BM / 32), wn = warp / (BM / 32);
+	int mt = min(2, (j1 - j0 - wm * 32 + 15) >> 4);  // this warp's 16-row steps with rows (0 to 2)
 	int mi = lane >> 3, mr = lane & 7;
 	int nk = I / MG_BK;
 	// Rows past the tile's end repeat its last row, outputs past O the last
 	// output: finite values whose results are not stored.
 	auto loadA = [&](int st, int kt) {
 		int k0 = kt * MG_BK;
-		for (int c = threadIdx.x; c < MG_BM * (MG_BK / 8); c += 128) {
+		for (int c = threadIdx.x; c < BM * (MG_BK / 8); c += 2 * BM) {
 			int r = c / (MG_BK / 8), col = c % (MG_BK / 8) * 8;
 			cp_async16(smem_addr(&sA[st][r * MG_P + col]), xg + (long)min(j0 + r, j1 - 1) * I + k0 + col);
 		}
@@ -67,6 +70,7 @@ __device__ __forceinline__ void group_mm(float *y, const u16 *xg, WL &wl, u16 (*
 		}
 		asm volatile("cp.async.commit_group;");
 		const u16 *sb = sB[WL::buf(kt)];
+		if (mt <= 0) continue;
 #pragma unroll
 		for (int ks = 0; ks < MG_BK / 32; ks++) {
 			unsigned a[2][2][4];  // [row tile][k step][fragment]
@@ -80,10 +84,11 @@ __device__ __forceinline__ void group_mm(float *y, const u16 *xg, WL &wl, u16 (*
 			for (int n = 0; n < 8; n++) {
 				unsigned b0, b1, b2, b3;  // k step 0: b0, b1; k step 1: b2, b3
 				ldmatrix_x4(smem_addr(&sb[(wn * 64 + n * 8 + mr) * MG_P + ks * 32 + mi * 8]), b0, b1, b2, b3);
-#pragma unroll
-				for (int t = 0; t < 2; t++) {
-					mma_bf16(acc[t][n], a[t][0][0], a[t][0][1], a[t][0][2], a[t][0][3], b0, b1);
-					mma_bf16(acc[t][n], a[t][1][0], a[t][1][1], a[t][1][2], a[t][1][3], b2, b3);
+				mma_bf16(acc[0][n], a[0][0][0], a[0][0][1], a[0][0][2], a[0][0][3], b0, b1);
+				mma_bf16(acc[0][n], a[0][1][0], a[0][1][1], a[0][1][2], a[0][1][3], b2, b3);
+				if (mt > 1) {
+					mma_bf16(acc[1][n], a[1][0][0], a[1][0][1], a[1][0][2], a[1][0][3], b0, b1);
+					mma_bf16(acc[1][n], a[1][1][0], a[1][1][1], a[1][1][2], a[1][1][3], b2, b3);
 				}
 			}
 		}

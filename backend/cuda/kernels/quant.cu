@@ -972,15 +972,10 @@ __device__ __forceinline__ void qunit_at(int c, int &u, int &h) {
 	}
 }
 
-// MGQ_MINB: the blocks a multiprocessor of the quantized grouped products
-// (their shared memory, moeGroupQSmem, allows three on an H100).
-#ifndef MGQ_MINB
-#define MGQ_MINB 3
-#endif
 
 // QTiles is group_mm's weight loader (moe_mm.cuh) for block-quantized
-// experts (rows of rb bytes, experts estride bytes apart): thread i takes
-// weight row o0 + i of each stage, its unit's blocks copied by cp.async
+// experts (rows of rb bytes, experts estride bytes apart): thread i <
+// MG_BN takes weight row o0 + i of each stage, its unit's blocks copied by cp.async
 // (load_async) into its slot of a ring of MG_STAGES (raw, MG_RAW bytes a
 // slot) and dequantized into the stage, two of which alternate in sB, as
 // qdeq would have written them: the products are those on qdeq's bf16
@@ -1000,11 +995,13 @@ struct QTiles {
 	__device__ static int buf(int kt) { return kt & 1; }
 	__device__ __forceinline__ Raw *slot(int st) { return (Raw *)(raw + (st * MG_BN + threadIdx.x) * MG_RAW); }
 	__device__ __forceinline__ void fetch(u16 *sB, int st, int e, int o0, int kt) {
+		if (threadIdx.x >= MG_BN) return;
 		int u, h;
 		qunit_at<QT>(kt * MG_BK, u, h);
 		Q<QT>::load_async(slot(st), w + e * estride + (long)min(o0 + (int)threadIdx.x, O - 1) * rb, I, u);
 	}
 	__device__ __forceinline__ void ready(u16 *sB, int st, int kt) {
+		if (threadIdx.x >= MG_BN) return;
 		int u, h;
 		qunit_at<QT>(kt * MG_BK, u, h);
 		Raw r = *slot(st);
@@ -1043,13 +1040,28 @@ __device__ __forceinline__ void qembed(float *out, const u8 *w, long rb, const i
 	}
 }
 
+// moe_group_mm64_, moe_group_mm128_: the grouped products of quantized
+// experts in tiles of 64 and 128 rows (shared memory moeGroupQSmem); MINB
+// blocks a multiprocessor, as many as their shared memory allows on an
+// A100 and an H100 (one block of 128-row tiles, all registers: 56.5K
+// against 68.1K tok/s for a Qwen3-Next prompt; H200, 2026-11-28).
+#define QGROUP_MM(NAME, QT, BM, MINB) \
+	extern "C" __global__ void __launch_bounds__(2 * BM, MINB) moe_group_mm##BM##_##NAME(float *y, const u16 *xg, const u8 *w, long rb, \
+			long estride, const int *start, const int *order, const int *tiles, const int *ntiles, int O, int I) { \
+		extern __shared__ uint4 mgq_smem[]; \
+		u16(*sA)[BM * MG_P] = (u16(*)[BM * MG_P])mgq_smem; \
+		u16(*sB)[MG_BN * MG_P] = (u16(*)[MG_BN * MG_P])(sA + MG_STAGES); \
+		QTiles<QT> wl{w, rb, estride, O, I, (u8 *)(sB + 2)}; \
+		group_mm<BM>(y, xg, wl, sA, sB, start, order, tiles, ntiles, O, I); \
+	}
+
 // qmv kernels by the tokens they take: qmv_ (8, and expert rows), qmv16_
 // and qmv32_; the widest holds more accumulators and activations, so it
 // takes the registers of one block an SM (MINB). (A 64-token kernel, four
 // groups, spilled in the K-quants and lost to dequantizing for cuBLASLt:
 // backend/cuda/NOTES.md, "Figures behind the code".) QKERNELS adds qmvt_,
-// the expert rows by tiles of one expert, and moe_group_mm_, the grouped
-// products dequantizing their tiles.
+// the expert rows by tiles of one expert, and the grouped products
+// dequantizing their tiles (QGROUP_MM).
 #define QMV(PRE, NAME, QT, TG, HI, MINB) \
 	extern "C" __global__ void __launch_bounds__(256, MINB) PRE##NAME(void *out, int odt, const u16 *x, int T, int xdiv, const u8 *w, \
 			long rb, long estride, const int *sel, const u8 *ws, int xsh, int O, int I, int acc) { \
@@ -1082,14 +1094,8 @@ __device__ __forceinline__ void qembed(float *out, const u8 *w, long rb, const i
 			long rb, long estride, const int *start, const int *order, const int *tiles, const int *ntiles, int O, int I) { \
 		qmv<QT, true, 1, true, true>(out, odt, x, 0, xdiv, w, rb, estride, nullptr, nullptr, 0, O, I, 0, start, order, tiles, ntiles); \
 	} \
-	extern "C" __global__ void __launch_bounds__(128, MGQ_MINB) moe_group_mm_##NAME(float *y, const u16 *xg, const u8 *w, long rb, long estride, \
-			const int *start, const int *order, const int *tiles, const int *ntiles, int O, int I) { \
-		extern __shared__ uint4 mgq_smem[]; \
-		u16(*sA)[MG_BM * MG_P] = (u16(*)[MG_BM * MG_P])mgq_smem; \
-		u16(*sB)[MG_BN * MG_P] = (u16(*)[MG_BN * MG_P])(sA + MG_STAGES); \
-		QTiles<QT> wl{w, rb, estride, O, I, (u8 *)(sB + 2)}; \
-		group_mm(y, xg, wl, sA, sB, start, order, tiles, ntiles, O, I); \
-	} \
+	QGROUP_MM(NAME, QT, 64, 3) \
+	QGROUP_MM(NAME, QT, 128, 2) \
 	extern "C" __global__ void __launch_bounds__(256) qdeq_##NAME(u16 *out, const u8 *w, long rb, long rows, int I) { \
 		qdeq<QT>(out, w, rb, rows, I); \
 	} \
