@@ -708,15 +708,9 @@ func TestMoE(t *testing.T) {
 					ce.SharedDown, ge.SharedDown = p.load(backend.BF16, p.randn(H*Is, 0.1), H, Is)
 					ce.SharedGate, ge.SharedGate = p.load(backend.BF16, p.randn(H, 0.3), 1, H)
 				}
-				p.begin(&backend.Batch{Tokens: make([]int32, T), Seqs: []backend.SeqInfo{{N: T}}})
-				cx, gx := p.load(backend.F32, p.randn(T*H, 1), T, H)
-				init := encode(backend.F32, p.randn(T*H, 1))
-				co, gout := p.out(T, H)
-				p.c.Write(co, init)
-				p.g.Write(gout, init)
 				spec := &backend.MoESpec{Experts: E, TopK: K, NormTopK: norm}
-				p.c.MoE(co, cx, &ce, spec)
-				seen := p.launches(func() { p.g.MoE(gout, gx, &ge, spec) })
+				r := p.moe(&ce, &ge, T, H, spec, func(f func()) { f() })
+				cx, gx, init, co, gout, seen := r.cx, r.gx, r.init, r.co, r.gout, r.seen
 				what := fmt.Sprintf("%d tokens, %d experts top %d shared width %d norm=%v", T, E, K, Is, norm)
 				p.compare("moe "+what, co, gout, tol)
 				rows, pairs := seen["moe_rows_swiglu"] > 0, seen["moe_rows2_swiglu"] > 0

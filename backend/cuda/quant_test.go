@@ -50,6 +50,30 @@ func (p *pair) launches(f func()) map[string]int {
 	return seen
 }
 
+// moeRun is a fused MoE block run on both backends by pair.moe.
+type moeRun struct {
+	cx, gx   backend.Tensor // the inputs
+	init     []byte         // the residual both outputs started from
+	co, gout backend.Tensor // the outputs
+	seen     map[string]int // the GPU's launches
+}
+
+// moe runs the fused MoE block of experts ce (CPU) and ge (GPU) on T random
+// rows of width H, each adding to the same random residual; the GPU's call
+// goes through wrap (a setting to hold while it runs).
+func (p *pair) moe(ce, ge *backend.Experts, T, H int, spec *backend.MoESpec, wrap func(func())) moeRun {
+	var r moeRun
+	p.begin(&backend.Batch{Tokens: make([]int32, T), Seqs: []backend.SeqInfo{{N: T}}})
+	r.cx, r.gx = p.load(backend.F32, p.randn(T*H, 1), T, H)
+	r.init = encode(backend.F32, p.randn(T*H, 1))
+	r.co, r.gout = p.out(T, H)
+	p.c.Write(r.co, r.init)
+	p.g.Write(r.gout, r.init)
+	p.c.MoE(r.co, r.cx, ce, spec)
+	wrap(func() { r.seen = p.launches(func() { p.g.MoE(r.gout, r.gx, ge, spec) }) })
+	return r
+}
+
 // matMuls multiplies random activations x [n, in] of type xdt by the pair of
 // weights on both backends into outputs of type odt (a poisoned bf16 one on
 // the GPU, or f32; when acc, adding to the same random values), and returns
@@ -380,16 +404,9 @@ func TestQuantMoE(t *testing.T) {
 						ce.SharedDown, ge.SharedDown = p.qload(dt, H, Is)
 						ce.SharedGate, ge.SharedGate = p.load(backend.BF16, p.randn(H, 0.3), 1, H)
 					}
-					p.begin(&backend.Batch{Tokens: make([]int32, T), Seqs: []backend.SeqInfo{{N: T}}})
-					cx, gx := p.load(backend.F32, p.randn(T*H, 1), T, H)
-					init := encode(backend.F32, p.randn(T*H, 1))
-					co, gout := p.out(T, H)
-					p.c.Write(co, init)
-					p.g.Write(gout, init)
 					spec := &backend.MoESpec{Experts: E, TopK: K, NormTopK: true, First: first}
-					p.c.MoE(co, cx, &ce, spec)
-					var seen map[string]int
-					p.withQ(p.g.qgemvMax, p.g.qmvMax, p.g.qSlab, func() { seen = p.launches(func() { p.g.MoE(gout, gx, &ge, spec) }) })
+					r := p.moe(&ce, &ge, T, H, spec, func(f func()) { p.withQ(p.g.qgemvMax, p.g.qmvMax, p.g.qSlab, f) })
+					co, gout, seen := r.co, r.gout, r.seen
 					what := fmt.Sprintf("moe %v %d tokens, experts %d-%d of %d top %d, shared expert of width %d", dt, T, first, E-1, E, K, Is)
 					p.compare(what, co, gout, 1.5e-2)
 					sw, mv := "qmv_swiglu_"+dt.String(), "qmv_"+dt.String()
