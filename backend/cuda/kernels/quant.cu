@@ -941,7 +941,7 @@ __device__ __forceinline__ void qdeq(u16 *out, const u8 *w, long rb, long rows, 
 // qtile writes half h of unit u of a row as qdeq does (bf16 of the
 // reference's float32 values): 16 bf16 pairs in column order. FP8's pairs
 // are exact e4m3 values, then times the block's scale in float32 (the
-// reference's product) and rounded: a third of exact's instructions.
+// reference's product) and rounded, without exact's widening of each byte.
 template <int QT>
 __device__ __forceinline__ void qtile(const typename Q<QT>::Raw &r, int u, int h, unsigned (&p)[16]) {
 	typedef Q<QT> q;
@@ -975,14 +975,14 @@ __device__ __forceinline__ void qunit_at(int c, int &u, int &h) {
 
 // QTiles is group_mm's weight loader (moe_mm.cuh) for block-quantized
 // experts (rows of rb bytes, experts estride bytes apart): thread i <
-// MG_BN takes weight row o0 + i of each stage, its unit's blocks copied by cp.async
-// (load_async) into its slot of a ring of MG_STAGES (raw, MG_RAW bytes a
-// slot) and dequantized into the stage, two of which alternate in sB, as
-// qdeq would have written them: the products are those on qdeq's bf16
-// copies, without the copies (which cost a Qwen3-Next prompt more than the
-// products: NOTES.md). Loading the blocks into registers instead left one
-// stage's products to hide their latency: 4 ms a layer for Qwen3-Next's
-// gate/up at 4K tokens (H200, 2026-11-28).
+// MG_BN takes weight row o0 + i of each stage, its unit's blocks copied by
+// cp.async (load_async) into its slot of a ring of MG_STAGES (raw, MG_RAW
+// bytes a slot) and dequantized into the stage, two of which alternate in
+// sB, as qdeq would have written them: the products are those on qdeq's
+// bf16 copies, without the copies (2.4 ms of a Qwen3-Next layer's 4K-token
+// prompt beside 4.6 ms of products). Loading the blocks into registers
+// instead left one stage's products to hide their latency: 4 ms a layer
+// for the gate/up products alone (H200, 2026-11-28).
 template <int QT>
 struct QTiles {
 	typedef typename Q<QT>::Raw Raw;
@@ -1043,8 +1043,8 @@ __device__ __forceinline__ void qembed(float *out, const u8 *w, long rb, const i
 // moe_group_mm64_, moe_group_mm128_: the grouped products of quantized
 // experts in tiles of 64 and 128 rows (shared memory moeGroupQSmem); MINB
 // blocks a multiprocessor, as many as their shared memory allows on an
-// A100 and an H100 (one block of 128-row tiles, all registers: 56.5K
-// against 68.1K tok/s for a Qwen3-Next prompt; H200, 2026-11-28).
+// H100 (one block of 128-row tiles, all registers: 56.5K against 68.1K
+// tok/s for a Qwen3-Next prompt; H200, 2026-11-28).
 #define QGROUP_MM(NAME, QT, BM, MINB) \
 	extern "C" __global__ void __launch_bounds__(2 * BM, MINB) moe_group_mm##BM##_##NAME(float *y, const u16 *xg, const u8 *w, long rb, \
 			long estride, const int *start, const int *order, const int *tiles, const int *ntiles, int O, int I) { \
