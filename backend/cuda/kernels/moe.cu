@@ -143,8 +143,8 @@ extern "C" __global__ void moe_gather(u16 *xg, const float *x, int xdiv, const i
 // moe_mm.cuh) of bf16 experts in tiles of 64 and 128 rows, whose weights
 // load by cp.async; shared memory moeGroupSmem. Their registers are capped
 // at 128 and the shared-memory carveout is the largest (preferSmem): four
-// and two blocks a multiprocessor, where two of four warps left the
-// schedulers without a ready warp 68% of the time (ncu, H100, 2026-11-28).
+// and two blocks a multiprocessor (two blocks of 64-row tiles left the
+// schedulers without a ready warp 68% of the time: ncu, H100, 2026-11-28).
 struct BF16Tiles {
 	const u16 *w;
 	int O, I;
