@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/kiln-llm/kiln/backend"
@@ -214,6 +215,43 @@ func (b *Backend) WeightsInPlace() bool { return false }
 // FreeMemory returns the device memory not yet allocated, in bytes: on a
 // rank of a group, the least of its GPUs'.
 func (b *Backend) FreeMemory() int64 { return b.groupFree() }
+
+// CopyBandwidth measures what a decode step's floor divides its bytes by:
+// bytes read plus written a second by device-to-device copies of up to 1
+// GiB (the best of five rounds of four), with a quarter of the free memory
+// at most.
+func (b *Backend) CopyBandwidth() (float64, error) {
+	n := int(min(1<<30, b.deviceFree()/8))
+	if n < 64<<20 {
+		return 0, fmt.Errorf("cuda: %d MiB free on GPU %d, too little to measure its copy rate", b.deviceFree()>>20, b.device)
+	}
+	src, err := b.malloc(n)
+	if err != nil {
+		return 0, err
+	}
+	defer b.freePtr(src)
+	dst, err := b.malloc(n)
+	if err != nil {
+		return 0, err
+	}
+	defer b.freePtr(dst)
+	b.copyDtoD(dst, src, n) // the first copy maps the pages
+	if err := b.Sync(); err != nil {
+		return 0, err
+	}
+	best := 0.0
+	for range 5 {
+		start := time.Now()
+		for range 4 {
+			b.copyDtoD(dst, src, n)
+		}
+		if err := b.Sync(); err != nil {
+			return 0, err
+		}
+		best = max(best, 4*2*float64(n)/time.Since(start).Seconds())
+	}
+	return best, nil
+}
 
 // deviceFree is the memory free on the backend's GPU.
 func (b *Backend) deviceFree() int64 {

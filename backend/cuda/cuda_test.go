@@ -780,6 +780,26 @@ func sameRouting(want, got []int32, wts []float32, K int) bool {
 	return true
 }
 
+// TestCopyBandwidth: the copy rate kiln bench divides a decode step's
+// bytes by is a rate a GPU's memory can have (an RTX 3060's 0.36 TB/s to
+// a B200's 8 TB/s, read plus written: 0.1 to 20 TB/s), and the copies
+// leave the memory they took.
+func TestCopyBandwidth(t *testing.T) {
+	p := newPair(t, 12)
+	free := p.g.deviceFree()
+	bw, err := p.g.CopyBandwidth()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("device-to-device copy: %.3g B/s (read + written)", bw)
+	if bw < 1e11 || bw > 2e13 {
+		t.Errorf("copy rate %.3g B/s", bw)
+	}
+	if after := p.g.deviceFree(); after < free-(64<<20) {
+		t.Errorf("%d MiB free after the copies, %d before", after>>20, free>>20)
+	}
+}
+
 func TestKVCacheHeadDim(t *testing.T) {
 	p := newPair(t, 11)
 	spec := backend.KVSpec{Layers: 1, Blocks: 4, BlockSize: 16, KVHeads: 2, HeadDim: 96, DType: backend.BF16}

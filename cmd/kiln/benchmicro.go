@@ -59,7 +59,7 @@ func benchMicro(args []string) error {
 	kvType := fs.String("kv", "", kvFlagHelp)
 	quantize := fs.String("quantize", "", quantizeFlagHelp)
 	gpus := fs.String("gpus", "", gpusFlagHelp+"; the floors are then each GPU's share over one GPU's bandwidth and peak")
-	bw := fs.Float64("bandwidth", 0, "memory bandwidth for the decode floor, bytes/s (default: 3.0e12 on CUDA, a measured copy on CPU)")
+	bw := fs.Float64("bandwidth", 0, "memory bandwidth for the decode floor, bytes/s (default: a measured copy, device to device on a GPU)")
 	peak := fs.Float64("peak", 0, "matrix FLOP/s for the prefill floor (default: 7.9e14 on CUDA, a rough 2-core estimate on CPU)")
 	peakFP8 := fs.Float64("peak-fp8", 1.25e15, "FP8 matrix FLOP/s for the linear layers' share of the prefill floor, on a backend whose products with FP8 weights run on FP8 tensor cores")
 	batches := fs.String("batches", "1,8,32,64", "decode batch sizes, at the first --contexts value")
@@ -99,8 +99,10 @@ func benchMicro(args []string) error {
 	fmt.Fprintf(os.Stderr, "loaded %s in %.1fs\n", cfg.Name, time.Since(start).Seconds())
 	onGPU := strings.HasPrefix(b.Name(), "cuda")
 	if *bw == 0 {
-		if onGPU {
-			*bw = 3.0e12
+		if dev, ok := b.(interface{ CopyBandwidth() (float64, error) }); ok {
+			if *bw, err = dev.CopyBandwidth(); err != nil {
+				return fmt.Errorf("measuring the memory bandwidth for the decode floor (--bandwidth gives it): %w", err)
+			}
 		} else {
 			*bw = measureCopyBandwidth()
 		}
