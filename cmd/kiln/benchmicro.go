@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"runtime"
 	"runtime/pprof"
@@ -81,6 +82,16 @@ func benchMicro(args []string) error {
 	}
 	if *steps < 1 {
 		return fmt.Errorf("--steps must be positive")
+	}
+	// The floors divide by these: 0 for --bandwidth and --peak is their default.
+	for _, r := range []struct {
+		flag string
+		v    float64
+		zero bool
+	}{{"--bandwidth", *bw, true}, {"--peak", *peak, true}, {"--peak-fp8", *peakFP8, false}} {
+		if math.IsNaN(r.v) || math.IsInf(r.v, 0) || r.v < 0 || r.v == 0 && !r.zero {
+			return fmt.Errorf("%s %v: a rate must be a positive number", r.flag, r.v)
+		}
 	}
 	if (*synth == "") == (*dir == "") {
 		return fmt.Errorf("give exactly one of --model and --synthetic")

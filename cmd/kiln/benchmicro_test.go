@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"os/exec"
+	"strings"
 	"testing"
 )
 
@@ -35,6 +36,19 @@ func TestBenchMicro(t *testing.T) {
 			if !(r.TokS > 0) || !(r.Floor > 0) {
 				t.Errorf("%s %s batch %d: %v tok/s, floor %v", name, r.Kind, r.Batch, r.TokS, r.Floor)
 			}
+		}
+	}
+}
+
+// TestBenchRates: a floor's rate that is negative, zero (where zero is no
+// default) or not a number is refused before the model loads.
+func TestBenchRates(t *testing.T) {
+	bin := kilnBinary(t)
+	for _, bad := range [][]string{{"--bandwidth", "-1"}, {"--bandwidth", "NaN"}, {"--peak", "-3"}, {"--peak", "+Inf"}, {"--peak-fp8", "0"}} {
+		args := append([]string{"bench", "--synthetic", "tiny-qwen3", "--backend", "cpu", "--steps", "1"}, bad...)
+		out, err := exec.Command(bin, args...).CombinedOutput()
+		if err == nil || !strings.Contains(string(out), bad[0]+" ") || strings.Contains(string(out), "loaded") {
+			t.Errorf("%v: err %v, output %s", bad, err, out)
 		}
 	}
 }
