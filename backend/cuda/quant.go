@@ -333,7 +333,8 @@ func (b *Backend) qmvTiles(swiglu bool, out devptr, odt backend.DType, x devptr,
 	if !qmvFits(w.dt, I) || w.qcols() != I {
 		panic(fmt.Sprintf("cuda: qmv of %v with rows of %d", w, I))
 	}
-	qk, k, outs := quantKernelsOf(w.dt), quantKernelsOf(w.dt).mvTiles, 8
+	qk := quantKernelsOf(w.dt)
+	k, outs := qk.mvTiles, 8
 	if swiglu {
 		k, outs = qk.mvTilesSwiglu, 4
 	}
