@@ -25,7 +25,6 @@ package backend
 import (
 	"errors"
 	"fmt"
-	"slices"
 )
 
 // DType is the element type of a tensor.
@@ -551,15 +550,14 @@ type Collective interface {
 	// Rank is this backend's place in the group, 0 to Ranks-1.
 	Rank() int
 	Ranks() int
-	// Partial returns the tensor that a block adds its output on this rank
-	// to, before AllReduce(x, that tensor) sums the ranks' into the
-	// residual x [T, H] (f32): x itself on rank 0, and elsewhere part (of
-	// x's shape and type) zeroed.
-	Partial(part, x Tensor) Tensor
-	// AllReduce writes to dst [T, H] (f32) the sum of x [T, H] (f32) over
-	// every rank of the group, which all call it with the same shapes, in
-	// the same order; x may be dst.
-	AllReduce(dst, x Tensor)
+	// Partial readies the residual x [T, H] (f32) for this rank's share
+	// of a block's output, once the block has read its input from x: kept
+	// on rank 0, zeroed elsewhere, so that after each rank has added its
+	// share to x, AllReduce(x) makes x the residual plus the whole output.
+	Partial(x Tensor)
+	// AllReduce sums x [T, H] (f32) over every rank of the group in
+	// place; the ranks call it with the same shapes, in the same order.
+	AllReduce(x Tensor)
 	// EmbedShare writes out[t] = table[Tokens[t] - first] (out [T, H]
 	// f32) for the step's tokens in [first, first+V) of the rank's share
 	// of the embedding table [V, H], and zeros for the others, whose rows
@@ -574,11 +572,11 @@ type Collective interface {
 	Abort()
 }
 
-// CheckCollective panics, naming op, unless a and b are f32 tensors of
-// one shape, as Collective.Partial and AllReduce take them.
-func CheckCollective(op string, a, b Tensor) {
-	if a.DType() != F32 || b.DType() != F32 || !slices.Equal(a.Shape(), b.Shape()) {
-		panic(fmt.Sprintf("%s: %v%v and %v%v, want f32 tensors of one shape", op, a.DType(), a.Shape(), b.DType(), b.Shape()))
+// CheckCollective panics, naming op, unless x is an f32 matrix, as
+// Collective.Partial and AllReduce take it.
+func CheckCollective(op string, x Tensor) {
+	if x.DType() != F32 || len(x.Shape()) != 2 {
+		panic(fmt.Sprintf("%s: %v%v, want an f32 matrix", op, x.DType(), x.Shape()))
 	}
 }
 

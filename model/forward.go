@@ -74,17 +74,16 @@ func (w *workspace) ids(name string, width int) backend.Tensor {
 }
 
 // addOutput adds a block's output to the residual stream x: add adds it
-// to the tensor it is given, x itself, or on a rank of a split model what
-// Collective.Partial gives (x on rank 0, zeros elsewhere), whose sum over
-// the ranks becomes x.
+// to x; on a rank of a split model each rank adds its share, to x zeroed
+// on all ranks but 0 (Collective.Partial), and the all-reduce sums them.
 func (w *workspace) addOutput(x backend.Tensor, add func(out backend.Tensor)) {
 	if w.tp == nil {
 		add(x)
 		return
 	}
-	part := w.tp.Partial(w.get("part", x.Shape()[1]), x)
-	add(part)
-	w.tp.AllReduce(x, part)
+	w.tp.Partial(x)
+	add(x)
+	w.tp.AllReduce(x)
 }
 
 // heads views the step's activation x [T, n*dim] as its [T*n, dim] heads.
@@ -310,9 +309,8 @@ func (m *Model) record(ws *workspace) {
 		// Each rank holds a range of the vocabulary's rows: the sum over
 		// the ranks is each token's.
 		first, _ := c.vocabShare()
-		part := ws.get("part", c.Hidden)
-		m.tp.EmbedShare(part, m.embed, first)
-		m.tp.AllReduce(x, part)
+		m.tp.EmbedShare(x, m.embed, first)
+		m.tp.AllReduce(x)
 	}
 	for _, l := range m.layers {
 		l.forward(ws, x)

@@ -79,35 +79,29 @@ func (b *Backend) Ranks() int {
 	return b.group.n
 }
 
-// Partial returns what a block adds its share of the output to: x on
-// rank 0, part zeroed on the others; see backend.Collective.
-func (b *Backend) Partial(part, x backend.Tensor) backend.Tensor {
-	backend.CheckCollective("cpu: partial", part, x)
-	pt := asT(part)
-	if b.rank == 0 {
-		return x
+// Partial zeroes the residual x on every rank but 0, whose residual it
+// is; see backend.Collective.
+func (b *Backend) Partial(x backend.Tensor) {
+	backend.CheckCollective("cpu: partial", x)
+	if b.rank != 0 {
+		clear(asT(x).out32())
 	}
-	clear(pt.out32())
-	return part
 }
 
-// AllReduce writes to dst the sum of x over the group's ranks, taken in
-// rank order so that every rank gets the same bits; see
-// backend.Collective.
-func (b *Backend) AllReduce(dst, x backend.Tensor) {
-	dt, xt := asT(dst), asT(x)
-	backend.CheckCollective("cpu: all-reduce", dst, x)
-	d, g := dt.out32(), b.group
+// AllReduce sums x over the group's ranks in place, taken in rank order so
+// that every rank gets the same bits; see backend.Collective.
+func (b *Backend) AllReduce(x backend.Tensor) {
+	backend.CheckCollective("cpu: all-reduce", x)
+	g := b.group
 	if g == nil {
-		copy(d, xt.f32())
 		return
 	}
-	g.parts[b.rank] = xt.f32()
+	xs := asT(x).out32()
+	g.parts[b.rank] = xs
 	g.wait()
-	// Into a buffer of the rank's own first: dst may be a rank's x, which
-	// the others are reading.
+	// Into a buffer of the rank's own first: the others are reading x.
 	sum := b.reduced[:0]
-	for i := range d {
+	for i := range xs {
 		var s float32
 		for _, p := range g.parts {
 			s += p[i]
@@ -116,7 +110,7 @@ func (b *Backend) AllReduce(dst, x backend.Tensor) {
 	}
 	b.reduced = sum
 	g.wait() // every rank has read every x
-	copy(d, sum)
+	copy(xs, sum)
 }
 
 // EmbedShare writes the embeddings of the step's tokens that the rank's

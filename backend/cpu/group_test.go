@@ -9,11 +9,11 @@ import (
 	"github.com/kiln-llm/kiln/backend"
 )
 
-// TestAllReduce: three ranks, each adding its share of an output to what
-// Partial gives (rank 0: the residual itself) and summing those over the
-// group into the residual, many times over (the group's barrier reused):
-// every rank ends with the same bits, the residual plus the shares in rank
-// order.
+// TestAllReduce: three ranks, each adding its share of an output to the
+// residual as Partial leaves it (rank 0: the residual, the others: zeros)
+// and summing those over the group, many times over (the group's barrier
+// reused): every rank ends with the same bits, the residual plus the
+// shares in rank order.
 func TestAllReduce(t *testing.T) {
 	const ranks, rows, cols, rounds = 3, 5, 7, 20
 	g := NewGroup(ranks, Options{Threads: 1})
@@ -40,15 +40,14 @@ func TestAllReduce(t *testing.T) {
 		}
 		wg.Go(func() {
 			x := tensorF32(b, start, rows, cols)
-			part := b.Alloc(backend.F32, rows, cols)
 			for i := range rounds {
-				out := b.Partial(part, x)
-				p := readF32(t, b, out)
+				b.Partial(x)
+				p := readF32(t, b, x)
 				for j := range p {
 					p[j] += parts[i][r][j]
 				}
-				b.Write(out, asBytes(p))
-				b.AllReduce(x, out)
+				b.Write(x, asBytes(p))
+				b.AllReduce(x)
 			}
 			got[r] = readF32(t, b, x)
 		})
@@ -83,8 +82,7 @@ func TestGroupAbort(t *testing.T) {
 	for r, b := range g[:2] {
 		wg.Go(func() {
 			defer func() { panics[r] = recover() }()
-			x := tensorF32(b, make([]float64, 4), 2, 2)
-			b.AllReduce(x, tensorF32(b, []float64{1, 2, 3, 4}, 2, 2))
+			b.AllReduce(tensorF32(b, []float64{1, 2, 3, 4}, 2, 2))
 		})
 	}
 	g[2].Abort()
@@ -101,6 +99,6 @@ func TestGroupAbort(t *testing.T) {
 			}
 		}()
 		b := g[2]
-		b.AllReduce(tensorF32(b, make([]float64, 4), 2, 2), tensorF32(b, make([]float64, 4), 2, 2))
+		b.AllReduce(tensorF32(b, make([]float64, 4), 2, 2))
 	}()
 }

@@ -139,33 +139,27 @@ func (b *Backend) ncclCall(name string, call func() C.int) {
 	})
 }
 
-// Partial returns what a block adds its share of the output to: x on
-// rank 0 (whose all-reduce is then in place), part zeroed on the others;
-// see backend.Collective.
-func (b *Backend) Partial(part, x backend.Tensor) backend.Tensor {
-	backend.CheckCollective("cuda: partial", part, x)
-	pt := asT(part)
-	if b.rank == 0 {
-		return x
+// Partial zeroes the residual x on every rank but 0, whose residual it is,
+// so that the ranks' shares of a block's output added to x sum to the
+// residual plus the output; see backend.Collective.
+func (b *Backend) Partial(x backend.Tensor) {
+	xt := asT(x)
+	backend.CheckCollective("cuda: partial", x)
+	if b.rank != 0 {
+		b.fail(check("cuMemsetD32Async", C.k_cuMemsetD32Async(b.ctx, xt.ptr, 0, C.size_t(backend.Numel(xt)), b.stream)))
 	}
-	b.fail(check("cuMemsetD32Async", C.k_cuMemsetD32Async(b.ctx, pt.ptr, 0, C.size_t(backend.Numel(pt)), b.stream)))
-	return part
 }
 
-// AllReduce writes to dst the sum of x over the group's ranks (NCCL's
-// all-reduce, on the backend's stream, so a graph captures it); see
-// backend.Collective.
-func (b *Backend) AllReduce(dst, x backend.Tensor) {
-	dt, xt := asT(dst), asT(x)
-	backend.CheckCollective("cuda: all-reduce", dst, x)
+// AllReduce sums x over the group's ranks in place (NCCL's all-reduce, on
+// the backend's stream, so a graph captures it); see backend.Collective.
+func (b *Backend) AllReduce(x backend.Tensor) {
+	xt := asT(x)
+	backend.CheckCollective("cuda: all-reduce", x)
 	if b.group == nil {
-		if dt.ptr != xt.ptr {
-			b.copyDtoD(dt.ptr, xt.ptr, dt.bytes())
-		}
 		return
 	}
 	b.ncclCall("ncclAllReduce", func() C.int {
-		return C.k_ncclAllReduce(b.ctx, xt.ptr, dt.ptr, C.size_t(backend.Numel(xt)), C.NCCL_FLOAT32, C.NCCL_SUM, b.comm, b.stream)
+		return C.k_ncclAllReduce(b.ctx, xt.ptr, xt.ptr, C.size_t(backend.Numel(xt)), C.NCCL_FLOAT32, C.NCCL_SUM, b.comm, b.stream)
 	})
 }
 
