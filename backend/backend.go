@@ -504,7 +504,7 @@ type Backend interface {
 	// modified.
 	GatedDeltaRule(out, qkv, ba, aLog, dtBias Tensor, spec *DeltaNetSpec, st StateCache, layer int)
 	// GatedRMSNorm computes out = w * rmsnorm(x) * silu(z) per head, x and z
-	// [T, heads*dim], w [dim].
+	// [T, heads*dim] f32, w [dim]; out is f32 or of ActivationType.
 	GatedRMSNorm(out, x, z, w Tensor, eps float32)
 	// The steps of a mixture-of-experts block, as the model runs them where
 	// the backend has no FusedMoE.

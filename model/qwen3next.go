@@ -129,7 +129,7 @@ func (d *gatedDeltaNet) forward(s *workspace, h, x backend.Tensor) {
 	vdim := sp.ValueHeads * sp.ValueDim
 	mixed, qkv := s.get("mixed", sp.ConvDim()), s.get("conv", sp.ConvDim())
 	z, ba := s.get("z", vdim), s.get("ba", 2*sp.ValueHeads)
-	o, gated := s.get("core", vdim), s.get("gated", vdim)
+	o, gated := s.get("core", vdim), s.act("gated", vdim)
 	b.MatMul(mixed, h, d.qkv, false) // [q | k | v]
 	b.MatMul(z, h, d.z, false)
 	b.MatMul(ba, h, d.ba, false) // [b | a]

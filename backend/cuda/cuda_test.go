@@ -207,6 +207,9 @@ func testRowOps(t *testing.T, H int) {
 	p.c.GatedRMSNorm(cg, co, cz, cw, 1e-6)
 	p.g.GatedRMSNorm(gg, gout, gz, gw, 1e-6)
 	p.compare("gated rmsnorm", cg, gg, 1e-6)
+	gh := p.poisoned(backend.BF16, T, H) // an activation for the products
+	p.g.GatedRMSNorm(gh, gout, gz, gw, 1e-6)
+	p.compare("gated rmsnorm to bf16", cg, gh, 4e-3)
 
 	cr, gr := p.out(3, H)
 	p.c.GatherRows(cr, cg)
@@ -856,7 +859,8 @@ func TestSkinnySplits(t *testing.T) {
 // continue across steps and decode, and prompts long enough for the
 // chunked form, several in one step beside short and decoding ones, with
 // partial last chunks, continuing from the state of earlier chunked and
-// recurrent steps; at Qwen3-Next's head shape (HK 16, HV 32, dk = dv = 128)
+// recurrent steps (steps of few tokens a sequence take the conv in one
+// pass, dn_conv_step); at Qwen3-Next's head shape (HK 16, HV 32, dk = dv = 128)
 // and a small one. The value heads' gates run from slow (exp(g) ~ 0.995 a
 // token) to fast (~ 0.5), so that the state carried across chunks and steps
 // shows in the outputs. Outputs and the saved state must match, and the
@@ -896,10 +900,12 @@ func TestDeltaNet(t *testing.T) {
 		chunked := 0 // (sequence, layer) pairs for the chunked kernels
 		tol := 1e-4  // until a chunked step: its bf16 hi + lo products keep ~1e-5
 		for _, step := range [][]int{
+			{0, 0, 0, 2, 0}, // up to dnConvStepTokens a sequence: dn_conv_step
 			{100, 3, 1, 0, 0},
 			{1, 70, 1, 5, 0},
 			{200, 1, 64, 130, 8},
 			{1, 1, 1, 1, 1},
+			{3, 16, 0, 2, 9},
 			{64, 2, 150, 1, 63},
 			{1, 1, 1, 1, 1},
 		} {

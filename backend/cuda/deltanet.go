@@ -35,6 +35,7 @@ const dnChunkLen = 64
 var (
 	dnConvKernel     = newKernel[dnConvArgs]("dn_conv")
 	dnConvHistKernel = newKernel[dnConvHistArgs]("dn_conv_hist")
+	dnConvStepKernel = newKernel[dnConvStepArgs]("dn_conv_step")
 	dnRecurKernel    = newKernel[dnRecurArgs]("dn_recur")
 )
 
@@ -62,6 +63,20 @@ type dnConvHistArgs struct {
 	CD, K, convN                  int32
 	seqpos, seqn, seqstart, slots devptr
 }
+
+type dnConvStepArgs struct {
+	y, hist, x, w                 devptr
+	wdt, CD, K, convN             int32
+	seqpos, seqn, seqstart, slots devptr
+}
+
+// dn_conv_step takes the conv of steps whose sequences bring up to
+// dnConvStepTokens new tokens each, with kernels of up to dnConvStepWidth
+// taps (DN_CONV_MAXK).
+const (
+	dnConvStepTokens = 16
+	dnConvStepWidth  = 8
+)
 
 type dnRecurArgs struct {
 	out, qkv, ba, aLog                    devptr
@@ -261,7 +276,8 @@ func (b *Backend) stateOf(what string, stc backend.StateCache, layer int) *state
 
 // CausalConv1d runs a DeltaNet layer's causal conv and silu over each
 // sequence's conv history; see backend.Backend. dn_conv reads the history
-// as it was, then dn_conv_hist moves it on.
+// as it was, then dn_conv_hist moves it on; a step of few tokens a
+// sequence (decode) takes both in one pass, dn_conv_step.
 func (b *Backend) CausalConv1d(out, x, w backend.Tensor, stc backend.StateCache, layer int) {
 	c := b.stateOf("causal conv", stc, layer)
 	m := &b.meta
@@ -274,6 +290,12 @@ func (b *Backend) CausalConv1d(out, x, w backend.Tensor, stc backend.StateCache,
 		panic(fmt.Sprintf("cuda: causal conv: weight %v for %d channels of width %d", cw, CD, K))
 	}
 	if m.T == 0 {
+		return
+	}
+	if m.maxN <= dnConvStepTokens && K <= dnConvStepWidth {
+		dnConvStepKernel.run(b, [3]int{m.S, (CD + 255) / 256, 1}, 256, 0, dnConvStepArgs{
+			y: ot.ptr, hist: c.conv[layer], x: xt.ptr, w: cw.ptr, wdt: int32(cw.dt), CD: int32(CD), K: int32(K), convN: int32(c.convN),
+			seqpos: m.dev[mSeqPos], seqn: m.dev[mSeqN], seqstart: m.dev[mSeqStart], slots: m.dev[mSeqSlot]})
 		return
 	}
 	dnConvKernel.run(b, [3]int{m.T, (CD + 255) / 256, 1}, 256, 0, dnConvArgs{

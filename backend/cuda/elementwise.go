@@ -47,9 +47,11 @@ type rmsnormArgs struct {
 }
 
 type gatedRMSNormArgs struct {
-	out, x, z, w devptr
-	wdt, dim     int32
-	eps          float32
+	out      devptr
+	odt      int32
+	x, z, w  devptr
+	wdt, dim int32
+	eps      float32
 }
 
 type siluMulArgs struct {
@@ -171,9 +173,11 @@ func (b *Backend) GatedRMSNorm(out, x, z, w backend.Tensor, eps float32) {
 	}
 	checkRows("gated rmsnorm out", ot, n, width)
 	checkRows("gated rmsnorm z", zt, n, width)
-	checkF32("gated rmsnorm", ot, xt, zt)
+	checkF32("gated rmsnorm", xt, zt)
+	checkAct("gated rmsnorm", ot)
 	checkFloatW("gated rmsnorm", wt)
-	gatedRMSNormKernel.run(b, g1(n*width/dim), normBlock(dim), 0, gatedRMSNormArgs{out: ot.ptr, x: xt.ptr, z: zt.ptr, w: wt.ptr, wdt: int32(wt.dt), dim: int32(dim), eps: eps})
+	gatedRMSNormKernel.run(b, g1(n*width/dim), normBlock(dim), 0, gatedRMSNormArgs{out: ot.ptr, odt: int32(ot.dt), x: xt.ptr, z: zt.ptr,
+		w: wt.ptr, wdt: int32(wt.dt), dim: int32(dim), eps: eps})
 }
 
 // siluMul computes out = silu(gate) * up for gateUp [N, 2I] = [gate | up].

@@ -158,7 +158,7 @@ func (b *Backend) route(sel, wts devptr, xt, router *tensor, spec *backend.MoESp
 	E, K := spec.Experts, spec.TopK
 	checkF32("route", xt)
 	checkFloatW("moe router", router)
-	// moe_route lists each warp's first K experts in its lanes: K <= 32.
+	// moe_route's lanes hold the K picks: K <= 32.
 	if E <= 0 || E > 1024 || K <= 0 || K > E || K > 32 || router.rows() != E || router.cols() != H {
 		panic(fmt.Sprintf("cuda: route: router %v for %d experts (top %d) of width %d", router, E, K, H))
 	}
@@ -182,7 +182,7 @@ func (b *Backend) route(sel, wts devptr, xt, router *tensor, spec *backend.MoESp
 	} else {
 		moeGemvKernel.run(b, [3]int{(E + 7) / 8, T, 1}, 256, 0, moeGemvArgs{y: logits.ptr, x: xt.ptr, xdiv: 1, w: router.ptr, wdt: int32(router.dt), sel: 0, O: int32(E), I: int32(H)})
 	}
-	moeRouteKernel.run(b, g1(T), (E+31)/32*32, 0, moeRouteArgs{logits: logits.ptr, E: int32(E), K: int32(K), norm: boolInt(spec.NormTopK),
+	moeRouteKernel.run(b, g1(T), 32, 0, moeRouteArgs{logits: logits.ptr, E: int32(E), K: int32(K), norm: boolInt(spec.NormTopK),
 		e0: int32(spec.First), held: int32(held), sel: sel, wts: wts})
 }
 

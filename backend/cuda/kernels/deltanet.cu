@@ -41,6 +41,41 @@ extern "C" __global__ void dn_conv_hist(float *hist, const float *x, int CD, int
 	}
 }
 
+// dn_conv_step: dn_conv and then dn_conv_hist in one pass, for steps whose
+// sequences bring few tokens each (decode): grid (S, ceil(CD / 256)), block
+// 256, a thread a (sequence, channel) taking the sequence's new tokens in
+// turn with the last K-1 inputs (K <= DN_CONV_MAXK) in registers, the sums
+// in dn_conv's order.
+#define DN_CONV_MAXK 8
+extern "C" __global__ void dn_conv_step(float *y, float *hist, const float *x, const void *w, int wdt, int CD, int K, int convN,
+		const int *seqpos, const int *seqn, const int *seqstart, const int *slots) {
+	int s = blockIdx.x, ch = blockIdx.y * blockDim.x + threadIdx.x, n = seqn[s];
+	if (ch >= CD || n == 0) return;
+	float *h = hist + (long)slots[s] * convN;
+	bool fresh = seqpos[s] == 0;
+	float win[DN_CONV_MAXK - 1], wc[DN_CONV_MAXK];
+#pragma unroll
+	for (int j = 0; j < DN_CONV_MAXK; j++) {
+		wc[j] = j < K ? ld(w, (long)ch * K + j, wdt) : 0.f;
+		if (j < DN_CONV_MAXK - 1) win[j] = j < K - 1 && !fresh ? h[j * CD + ch] : 0.f;
+	}
+	for (int i = 0; i < n; i++) {
+		long t = seqstart[s] + i;
+		float in = x[t * CD + ch], acc = 0.f;
+#pragma unroll
+		for (int j = 0; j < DN_CONV_MAXK - 1; j++)
+			if (j < K - 1) acc += wc[j] * win[j];
+		acc += wc[K - 1] * in;
+		y[t * CD + ch] = acc / (1.f + __expf(-acc));
+#pragma unroll
+		for (int j = 0; j < DN_CONV_MAXK - 1; j++)
+			if (j < K - 1) win[j] = j + 1 < K - 1 ? win[j + 1] : in;
+	}
+#pragma unroll
+	for (int j = 0; j < DN_CONV_MAXK - 1; j++)
+		if (j < K - 1) h[j * CD + ch] = win[j];
+}
+
 // dn_recur: grid (S, HV, ceil(dv / 32)), 128 threads. Block (s, h, z) owns
 // columns z*32 .. z*32+31 of value head h's state S [dk, dv] for sequence s
 // (the delta rule keeps columns apart: only the norms of q and k are

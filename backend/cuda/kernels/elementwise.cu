@@ -70,8 +70,9 @@ RMSNORM_V4(2)
 RMSNORM_V4(4)
 RMSNORM_V4(8)
 
-// gated_rmsnorm: out = w * rmsnorm(x) * silu(z) per head of dim elements (one block per head).
-extern "C" __global__ void gated_rmsnorm(float *out, const float *x, const float *z, const void *w, int wdt, int dim, float eps) {
+// gated_rmsnorm: out = w * rmsnorm(x) * silu(z) per head of dim elements
+// (one block per head), out f32 or bf16 (odt).
+extern "C" __global__ void gated_rmsnorm(void *out, int odt, const float *x, const float *z, const void *w, int wdt, int dim, float eps) {
 	__shared__ float red[32];
 	long base = (long)blockIdx.x * dim;
 	float ss = 0.f;
@@ -79,7 +80,7 @@ extern "C" __global__ void gated_rmsnorm(float *out, const float *x, const float
 	float s = rsqrtf(block_sum(ss, red) / dim + eps);
 	for (int i = threadIdx.x; i < dim; i += blockDim.x) {
 		float zv = z[base + i];
-		out[base + i] = ld(w, i, wdt) * (x[base + i] * s) * (zv / (1.f + __expf(-zv)));
+		st(out, base + i, odt, ld(w, i, wdt) * (x[base + i] * s) * (zv / (1.f + __expf(-zv))));
 	}
 }
 
