@@ -71,9 +71,9 @@ type Backend struct {
 	prof *profiler
 	// qgemvMax is the most tokens of a quantized product on qgemv, and
 	// qgemvGrid the most blocks it launches; qmvMax the most tokens on
-	// qmv; qSlab the most weight elements dequantized to bf16 at a time
+	// qmv, and qmvGrid the most blocks (0: a block an output group); qSlab the most weight elements dequantized to bf16 at a time
 	// for cuBLASLt (see quant.go).
-	qgemvMax, qgemvGrid, qmvMax, qSlab, qmvWarpsMax int
+	qgemvMax, qgemvGrid, qmvMax, qmvGrid, qSlab, qmvWarpsMax int
 	// fp8Min is the fewest tokens of a product with an FP8 weight that runs
 	// as a block-scaled FP8 GEMM (fp8.go); 0: never (before Hopper).
 	// fp8SkinnyMax is the most tokens of one on the FP8 skinny GEMM
@@ -167,6 +167,7 @@ func New(opts Options) (*Backend, error) {
 	b.qgemvMax = envInt("KILN_CUDA_QGEMV_MAX", qgemvMaxTokens, 0, qgemvTokens)
 	b.qgemvGrid = envInt("KILN_CUDA_QGEMV_GRID", qgemvBlocksSM*b.sms, 1, 1<<20)
 	b.qmvMax = envInt("KILN_CUDA_QMV_MAX", qmvMaxTokens, 0, qmvMaxTokens)
+	b.qmvGrid = envInt("KILN_CUDA_QMV_GRID", qmvBlocksSM*b.sms, 0, 1<<20)
 	b.qSlab = qSlabElems
 	b.qmvWarpsMax = envInt("KILN_CUDA_QMV_WARPS", 8, 1, 8)
 	b.routerGemm = envInt("KILN_CUDA_ROUTER_GEMM", moeRouterGemm, 0, 1<<30)

@@ -672,15 +672,16 @@ func medianRelL2(got, want [][]float32) float64 {
 
 // decodeModes are the paths a product of few tokens is checked on: the
 // defaults (qgemv up to two tokens, qmv up to qmvMaxTokens), qgemv with
-// three blocks (each taking several rounds of outputs), qmv alone, and the
-// weights dequantized for cuBLASLt.
+// three blocks (each taking several rounds of outputs), qmv alone (three
+// blocks a row, rounds of output groups too), and the weights dequantized
+// for cuBLASLt.
 var decodeModes = []string{"default", "rounds", "qmv", "dequantized"}
 
 // withDecode runs f with the decode paths of mode for n tokens and reports
 // true, or reports false where the mode is not one for n (each covers what
 // the default does not, at a few tokens).
 func (p *pair) withDecode(mode string, n int, f func()) bool {
-	gv, qmv, grid := p.g.qgemvMax, p.g.qmvMax, p.g.qgemvGrid
+	gv, qmv, grid, qgrid := p.g.qgemvMax, p.g.qmvMax, p.g.qgemvGrid, p.g.qmvGrid
 	switch mode {
 	case "rounds":
 		if n > qgemvTokens {
@@ -691,15 +692,15 @@ func (p *pair) withDecode(mode string, n int, f func()) bool {
 		if n > qgemvTokens {
 			return false
 		}
-		gv = 0
+		gv, qgrid = 0, 3
 	case "dequantized":
 		if n > 3 {
 			return false
 		}
 		gv, qmv = 0, 0
 	}
-	defer func(g int) { p.g.qgemvGrid = g }(p.g.qgemvGrid)
-	p.g.qgemvGrid = grid
+	defer func(g, q int) { p.g.qgemvGrid, p.g.qmvGrid = g, q }(p.g.qgemvGrid, p.g.qmvGrid)
+	p.g.qgemvGrid, p.g.qmvGrid = grid, qgrid
 	p.withQ(gv, qmv, qSlabElems, f)
 	return true
 }

@@ -585,7 +585,8 @@ __device__ __forceinline__ void qstore(void *out, int odt, int accumulate, long 
 // * (x . up_o). x is bf16 (rows of I), out f32 or bf16 (odt). Grid (ceil(O
 // / outputs), R, tiles allowed for, or 1), blocks of 1 to 8 warps that
 // split each row's units; a block's warps take 8 weight rows: 8 outputs,
-// or 4 gate rows interleaved with their up rows.
+// or 4 gate rows interleaved with their up rows, for each of its output
+// groups (blockIdx.x, + gridDim.x, ...).
 template <int QT, bool SWIGLU, int TG, bool HI, bool TILES = false>
 __device__ __forceinline__ void qmv(void *out, int odt, const u16 *x, int T, int xdiv, const u8 *w, long rb, long estride,
 		const int *sel, const u8 *ws, int xsh, int O, int I, int accumulate, const int *start = nullptr, const int *order = nullptr,
@@ -597,8 +598,6 @@ __device__ __forceinline__ void qmv(void *out, int odt, const u16 *x, int T, int
 	int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, W = blockDim.x >> 5;
 	int g = lane >> 2, t = lane & 3, r = blockIdx.y;
 	constexpr int OUTS = SWIGLU ? 4 : 8;
-	int o0 = blockIdx.x * OUTS;
-	long wrow = SWIGLU ? ((g & 1) ? O : 0) + min(o0 + (g >> 1), O - 1) : min(o0 + g, O - 1);
 	int j0 = 0, j1 = 0;  // TILES: the tile's rows in order
 	if constexpr (TILES) {
 		pdl_wait();
@@ -616,7 +615,6 @@ __device__ __forceinline__ void qmv(void *out, int odt, const u16 *x, int T, int
 			w += (long)sel[r] * estride;
 		}
 	}
-	const u8 *row = w + wrow * rb;
 	int NU = q::units(I), NG = (NU + 3) >> 2;
 	int n = warp < NG ? (NG - 1 - warp) / W + 1 : 0;  // unit groups of this warp: warp, warp + W, ...
 	// The tokens of this lane's A rows: 16m + g and 16m + g + 8.
@@ -632,58 +630,71 @@ __device__ __forceinline__ void qmv(void *out, int odt, const u16 *x, int T, int
 			xb[m] = !sel && HI && tb < T ? x + (long)tb * I : nullptr;
 		}
 	}
-	float acc[TG][4], acc2[TG][4];
+	// A block takes output groups blockIdx.x, + gridDim.x, ...: fewer,
+	// longer-lived blocks than a group each where the launch asks for it.
+	int groups = (O + OUTS - 1) / OUTS;
+	bool waited = sel || TILES;
+	for (int og = blockIdx.x; og < groups; og += gridDim.x) {
+		int o0 = og * OUTS;
+		long wrow = SWIGLU ? ((g & 1) ? O : 0) + min(o0 + (g >> 1), O - 1) : min(o0 + g, O - 1);
+		const u8 *row = w + wrow * rb;
+		float acc[TG][4], acc2[TG][4];
 #pragma unroll
-	for (int m = 0; m < TG; m++) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = acc2[m][0] = acc2[m][1] = acc2[m][2] = acc2[m][3] = 0.f;
-	typename q::Raw raw[q::U];
-#pragma unroll
-	for (int k = 0; k < q::U; k++) {
-		int u = 4 * (warp + k * W) + t;
-		if (k < n && u < NU) q::load(raw[k], row, I, u);
-	}
-	if (!sel && !TILES) pdl_wait();
-	for (int i = 0; i < n; i += q::U) {
+		for (int m = 0; m < TG; m++) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = acc2[m][0] = acc2[m][1] = acc2[m][2] = acc2[m][3] = 0.f;
+		typename q::Raw raw[q::U];
 #pragma unroll
 		for (int k = 0; k < q::U; k++) {
-			if (i + k < n) {
-				int u = 4 * (warp + (i + k) * W) + t, un = u + 4 * q::U * W;
-				typename q::Raw cur = raw[k];
-				if (i + k + q::U < n && un < NU) q::load(raw[k], row, I, un);
-				qunit<QT, TG, HI>(acc, acc2, cur, u < NU, u, xa, xb, lane);
+			int u = 4 * (warp + k * W) + t;
+			if (k < n && u < NU) q::load(raw[k], row, I, u);
+		}
+		if (!waited) {
+			pdl_wait();
+			waited = true;
+		}
+		for (int i = 0; i < n; i += q::U) {
+#pragma unroll
+			for (int k = 0; k < q::U; k++) {
+				if (i + k < n) {
+					int u = 4 * (warp + (i + k) * W) + t, un = u + 4 * q::U * W;
+					typename q::Raw cur = raw[k];
+					if (i + k + q::U < n && un < NU) q::load(raw[k], row, I, un);
+					qunit<QT, TG, HI>(acc, acc2, cur, u < NU, u, xa, xb, lane);
+				}
 			}
 		}
-	}
-#pragma unroll
-	for (int m = 0; m < TG; m++)
-#pragma unroll
-		for (int e = 0; e < 4; e++) acc[m][e] += acc2[m][e];
-	if (W > 1) {
 #pragma unroll
 		for (int m = 0; m < TG; m++)
 #pragma unroll
-			for (int e = 0; e < 4; e++) red[warp][lane][4 * m + e] = acc[m][e];
-		__syncthreads();
-		if (warp > 0) return;
-		for (int v = 1; v < W; v++)
+			for (int e = 0; e < 4; e++) acc[m][e] += acc2[m][e];
+		if (W > 1) {
+			if (og != blockIdx.x) __syncthreads();  // warp 0 has read the last group's sums
 #pragma unroll
 			for (int m = 0; m < TG; m++)
 #pragma unroll
-				for (int e = 0; e < 4; e++) acc[m][e] += red[v][lane][4 * m + e];
-	}
+				for (int e = 0; e < 4; e++) red[warp][lane][4 * m + e] = acc[m][e];
+			__syncthreads();
+			if (warp > 0) continue;
+			for (int v = 1; v < W; v++)
 #pragma unroll
-	for (int m = 0; m < TG; m++) {
+				for (int m = 0; m < TG; m++)
 #pragma unroll
-		for (int hi = 0; hi < 2; hi++) {
-			if (hi && !HI) break;
-			if (!(hi ? xb[m] : xa[m])) continue;
-			long base = (long)(TILES ? order[j0 + g + 8 * hi] : sel ? r : 16 * m + g + 8 * hi) * O;
-			float c0 = acc[m][2 * hi], c1 = acc[m][2 * hi + 1];
-			if constexpr (SWIGLU) {
-				int o = o0 + t;
-				if (o < O) qstore(out, odt, 0, base + o, c0 / (1.f + __expf(-c0)) * c1);
-			} else {
-				if (o0 + 2 * t < O) qstore(out, odt, accumulate, base + o0 + 2 * t, c0);
-				if (o0 + 2 * t + 1 < O) qstore(out, odt, accumulate, base + o0 + 2 * t + 1, c1);
+					for (int e = 0; e < 4; e++) acc[m][e] += red[v][lane][4 * m + e];
+		}
+#pragma unroll
+		for (int m = 0; m < TG; m++) {
+#pragma unroll
+			for (int hi = 0; hi < 2; hi++) {
+				if (hi && !HI) break;
+				if (!(hi ? xb[m] : xa[m])) continue;
+				long base = (long)(TILES ? order[j0 + g + 8 * hi] : sel ? r : 16 * m + g + 8 * hi) * O;
+				float c0 = acc[m][2 * hi], c1 = acc[m][2 * hi + 1];
+				if constexpr (SWIGLU) {
+					int o = o0 + t;
+					if (o < O) qstore(out, odt, 0, base + o, c0 / (1.f + __expf(-c0)) * c1);
+				} else {
+					if (o0 + 2 * t < O) qstore(out, odt, accumulate, base + o0 + 2 * t, c0);
+					if (o0 + 2 * t + 1 < O) qstore(out, odt, accumulate, base + o0 + 2 * t + 1, c1);
+				}
 			}
 		}
 	}
