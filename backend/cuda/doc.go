@@ -52,6 +52,8 @@
 //	KILN_CUDA_FP8_SKINNY_MAX=n    the most tokens of an FP8 product on the FP8 skinny GEMM (0-8, default 2 on Hopper, 8 on sm_89; 0: off)
 //	KILN_CUDA_FP8_GEMM_MIN=n      the fewest tokens of an FP8 product on cuBLASLt's block-scaled FP8 GEMM (default 4; 0: off)
 //	KILN_CUDA_QMV_WARPS=n         the most warps of a qmv block (1-8, default 8)
+//	KILN_CUDA_QMV_GRID=n          the most blocks of a qmv launch, each taking rounds of outputs
+//	                              (default 16 a multiprocessor; 0: a block an output group)
 //	KILN_CUDA_SPLITS=n            the most key splits of decode attention (1-512, default 512)
 //	KILN_CUDA_SPLIT_BLOCKS=n      decode attention blocks a multiprocessor, scalar kernel (1-64, default 6)
 //	KILN_CUDA_MMA_SPLIT_BLOCKS=n  the same for the tensor-core kernel (1-64, default 2)
