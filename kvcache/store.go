@@ -277,6 +277,53 @@ func decodeEntry(b []byte) (h *fileHeader, tokens []int32, kv, state []byte, err
 	return h, tokens, b[off:kvEnd], b[kvEnd : kvEnd+h.stateBytes], nil
 }
 
+// readEntry reads and checks an entry's file as decodeEntry does, its last
+// len(dst) bytes of KV straight into dst (the blocks before them only
+// through the checksum): reading whole files and copying their KV out
+// cost a restored 20K-token conversation a second pass over its ~150 MB.
+func readEntry(path string, dst []byte) (h *fileHeader, tokens []int32, state []byte, err error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	head := make([]byte, headerSize)
+	if _, err := io.ReadFull(f, head); err != nil {
+		return nil, nil, nil, err
+	}
+	if h, err = parseHeader(head, st.Size()); err != nil {
+		return nil, nil, nil, err
+	}
+	skip := h.blocks*h.blockBytes - len(dst)
+	if skip < 0 {
+		return nil, nil, nil, fmt.Errorf("%d bytes of KV, want %d", h.blocks*h.blockBytes, len(dst))
+	}
+	toks := make([]byte, 4*h.n)
+	tail := make([]byte, h.stateBytes+4)
+	crc := crc32.Update(0, castagnoli, head)
+	for _, part := range [][]byte{toks, make([]byte, skip), dst} {
+		if _, err := io.ReadFull(f, part); err != nil {
+			return nil, nil, nil, err
+		}
+		crc = crc32.Update(crc, castagnoli, part)
+	}
+	if _, err := io.ReadFull(f, tail); err != nil {
+		return nil, nil, nil, err
+	}
+	if crc32.Update(crc, castagnoli, tail[:h.stateBytes]) != binary.LittleEndian.Uint32(tail[h.stateBytes:]) {
+		return nil, nil, nil, errors.New("checksum mismatch")
+	}
+	tokens = make([]int32, h.n)
+	for i := range tokens {
+		tokens[i] = int32(binary.LittleEndian.Uint32(toks[4*i:]))
+	}
+	return h, tokens, tail[:h.stateBytes], nil
+}
+
 // scan indexes Dir's entries (every model's: they all count for the
 // budget) and removes temporary files and files that are not entries.
 func (s *Store) scan() error {
@@ -620,9 +667,12 @@ func (s *Store) Match(tokens []int32, maxLen int, needState bool) int {
 
 // Load returns the KV blocks of tokens[:n] from block fromBlock on (one
 // after the other, as read copied them) and, at a tip with state, the state
-// after n tokens, for a prefix Match found. An entry that fails its checks
-// (a corrupt file, other tokens) is dropped and Load fails.
-func (s *Store) Load(tokens []int32, n, fromBlock int) (kv, state []byte, err error) {
+// after n tokens, for a prefix Match found. kv is buf's memory where buf
+// has the room (a caller that restores often keeps one: the page faults of
+// a fresh buffer were a third of a 150 MB restore's time), else new. An
+// entry that fails its checks (a corrupt file, other tokens) is dropped and
+// Load fails.
+func (s *Store) Load(tokens []int32, n, fromBlock int, buf []byte) (kv, state []byte, err error) {
 	bs, C := s.opts.BlockSize, s.ChunkTokens()
 	s.mu.Lock()
 	var chain []*storeEntry
@@ -665,7 +715,10 @@ func (s *Store) Load(tokens []int32, n, fromBlock int) (kv, state []byte, err er
 	}
 	s.mu.Unlock()
 	total := (n+bs-1)/bs - fromBlock
-	kv = make([]byte, total*s.opts.BlockBytes)
+	if kv = buf[:0]; cap(kv) < total*s.opts.BlockBytes {
+		kv = make([]byte, total*s.opts.BlockBytes)
+	}
+	kv = kv[:total*s.opts.BlockBytes]
 	// The entries are read, checked and copied in parallel: a restored
 	// conversation of 20K tokens is ~150 MB of files, and one core reading
 	// and checking them took 125-185 ms of a restarted turn's TTFT. Chunks
@@ -681,15 +734,25 @@ func (s *Store) Load(tokens []int32, n, fromBlock int) (kv, state []byte, err er
 	var wg sync.WaitGroup
 	for i, sc := range srcs {
 		wg.Go(func() {
-			e, data := sc.e, sc.data
-			var err error
-			if data == nil {
-				if data, err = os.ReadFile(sc.path); err != nil {
-					errs[i] = err
-					return
+			e, dst := sc.e, kv[offs[i]:offs[i+1]]
+			var (
+				h    *fileHeader
+				toks []int32
+				st   []byte
+				err  error
+			)
+			if sc.data == nil {
+				h, toks, st, err = readEntry(sc.path, dst)
+			} else {
+				var part []byte
+				if h, toks, part, st, err = decodeEntry(sc.data); err == nil {
+					if len(part) < len(dst) {
+						err = fmt.Errorf("%d bytes of KV, want %d", len(part), len(dst))
+					} else {
+						copy(dst, part[len(part)-len(dst):])
+					}
 				}
 			}
-			h, toks, part, st, err := decodeEntry(data)
 			switch {
 			case err != nil:
 			case *h != e.fileHeader:
@@ -697,14 +760,10 @@ func (s *Store) Load(tokens []int32, n, fromBlock int) (kv, state []byte, err er
 			case !slices.Equal(toks, tokens[e.start:e.end()]):
 				err = errors.New("other tokens (a hash collision)")
 			}
-			if err == nil && len(part) < offs[i+1]-offs[i] {
-				err = fmt.Errorf("%d bytes of KV, want %d", len(part), offs[i+1]-offs[i])
-			}
 			if err != nil {
 				errs[i] = err
 				return
 			}
-			copy(kv[offs[i]:offs[i+1]], part[len(part)-(offs[i+1]-offs[i]):])
 			if e == tip {
 				state = st
 			}
