@@ -314,18 +314,35 @@ func testStoreModel(t *testing.T, dir, model string) *Store {
 	return s
 }
 
-// FuzzStoreEntry: any file is refused or decodes within its own bytes.
+// FuzzStoreEntry: any file is refused or decodes within its own bytes, and
+// reading it from disk (readEntry, all its KV or its last skip bytes short)
+// refuses or gives what decoding its bytes gives.
 func FuzzStoreEntry(f *testing.F) {
-	h := fileHeader{kind: kindTip, start: 64, n: 3, blocks: 1, blockBytes: 8, stateBytes: 2, key: 5, parent: 6, model: 7}
-	f.Add(encodeEntry(&h, []int32{1, 2, 3}, make([]byte, 8), []byte{1, 2}))
-	f.Add([]byte(fileMagic))
-	f.Fuzz(func(t *testing.T, b []byte) {
+	h := fileHeader{kind: kindTip, start: 64, n: 3, blocks: 2, blockBytes: 8, stateBytes: 2, key: 5, parent: 6, model: 7}
+	f.Add(encodeEntry(&h, []int32{1, 2, 3}, []byte("0123456789abcdef"), []byte{1, 2}), uint8(8))
+	f.Add([]byte(fileMagic), uint8(0))
+	f.Fuzz(func(t *testing.T, b []byte, skip uint8) {
+		path := filepath.Join(t.TempDir(), "entry")
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
 		h, toks, kv, st, err := decodeEntry(b)
 		if err != nil {
+			if _, _, _, rerr := readEntry(path, nil); rerr == nil {
+				t.Fatalf("decoding refused the file (%v), reading it did not", err)
+			}
 			return
 		}
 		if len(toks) != h.n || len(kv) != h.blocks*h.blockBytes || len(st) != h.stateBytes {
 			t.Fatalf("decoded %d tokens, %d KV bytes, %d state bytes from %+v", len(toks), len(kv), len(st), h)
+		}
+		dst := make([]byte, len(kv)-min(int(skip), len(kv)))
+		rh, rtoks, rst, err := readEntry(path, dst)
+		switch {
+		case err != nil:
+			t.Fatalf("decoded, but reading refused it: %v", err)
+		case *rh != *h || !slices.Equal(rtoks, toks) || !slices.Equal(rst, st) || !slices.Equal(dst, kv[len(kv)-len(dst):]):
+			t.Fatalf("reading gave other parts than decoding")
 		}
 	})
 }
