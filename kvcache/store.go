@@ -1,6 +1,7 @@
 package kvcache
 
 import (
+	"bytes"
 	"cmp"
 	"container/list"
 	"encoding/binary"
@@ -257,31 +258,12 @@ func encodeEntry(h *fileHeader, tokens []int32, kv, state []byte) []byte {
 	return b
 }
 
-// decodeEntry checks a file's bytes against what the index expects of it
-// and its CRC, and returns its header and parts.
-func decodeEntry(b []byte) (h *fileHeader, tokens []int32, kv, state []byte, err error) {
-	if h, err = parseHeader(b, int64(len(b))); err != nil {
-		return nil, nil, nil, nil, err
+// loadEntry reads an entry from host memory (data) or else from its file
+// at path; see readEntry.
+func loadEntry(data []byte, path string, dst []byte) (h *fileHeader, tokens []int32, state []byte, err error) {
+	if data != nil {
+		return readEntry(bytes.NewReader(data), int64(len(data)), dst)
 	}
-	end := len(b) - 4
-	if crc32.Checksum(b[:end], castagnoli) != binary.LittleEndian.Uint32(b[end:]) {
-		return nil, nil, nil, nil, errors.New("checksum mismatch")
-	}
-	off := headerSize
-	tokens = make([]int32, h.n)
-	for i := range tokens {
-		tokens[i] = int32(binary.LittleEndian.Uint32(b[off:]))
-		off += 4
-	}
-	kvEnd := off + h.blocks*h.blockBytes
-	return h, tokens, b[off:kvEnd], b[kvEnd : kvEnd+h.stateBytes], nil
-}
-
-// readEntry reads and checks an entry's file as decodeEntry does, its last
-// len(dst) bytes of KV straight into dst (the blocks before them only
-// through the checksum): reading whole files and copying their KV out
-// cost a restored 20K-token conversation a second pass over its ~150 MB.
-func readEntry(path string, dst []byte) (h *fileHeader, tokens []int32, state []byte, err error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, nil, nil, err
@@ -291,11 +273,20 @@ func readEntry(path string, dst []byte) (h *fileHeader, tokens []int32, state []
 	if err != nil {
 		return nil, nil, nil, err
 	}
+	return readEntry(f, st.Size(), dst)
+}
+
+// readEntry reads an entry's size bytes from r and checks them (header,
+// tokens, KV, state and the CRC of them all), its last len(dst) bytes of
+// KV straight into dst, the blocks before them only through the checksum:
+// reading whole files and copying their KV out cost a restored 20K-token
+// conversation a second pass over its ~150 MB.
+func readEntry(r io.Reader, size int64, dst []byte) (h *fileHeader, tokens []int32, state []byte, err error) {
 	head := make([]byte, headerSize)
-	if _, err := io.ReadFull(f, head); err != nil {
+	if _, err := io.ReadFull(r, head); err != nil {
 		return nil, nil, nil, err
 	}
-	if h, err = parseHeader(head, st.Size()); err != nil {
+	if h, err = parseHeader(head, size); err != nil {
 		return nil, nil, nil, err
 	}
 	skip := h.blocks*h.blockBytes - len(dst)
@@ -306,12 +297,12 @@ func readEntry(path string, dst []byte) (h *fileHeader, tokens []int32, state []
 	tail := make([]byte, h.stateBytes+4)
 	crc := crc32.Update(0, castagnoli, head)
 	for _, part := range [][]byte{toks, make([]byte, skip), dst} {
-		if _, err := io.ReadFull(f, part); err != nil {
+		if _, err := io.ReadFull(r, part); err != nil {
 			return nil, nil, nil, err
 		}
 		crc = crc32.Update(crc, castagnoli, part)
 	}
-	if _, err := io.ReadFull(f, tail); err != nil {
+	if _, err := io.ReadFull(r, tail); err != nil {
 		return nil, nil, nil, err
 	}
 	if crc32.Update(crc, castagnoli, tail[:h.stateBytes]) != binary.LittleEndian.Uint32(tail[h.stateBytes:]) {
@@ -734,25 +725,8 @@ func (s *Store) Load(tokens []int32, n, fromBlock int, buf []byte) (kv, state []
 	var wg sync.WaitGroup
 	for i, sc := range srcs {
 		wg.Go(func() {
-			e, dst := sc.e, kv[offs[i]:offs[i+1]]
-			var (
-				h    *fileHeader
-				toks []int32
-				st   []byte
-				err  error
-			)
-			if sc.data == nil {
-				h, toks, st, err = readEntry(sc.path, dst)
-			} else {
-				var part []byte
-				if h, toks, part, st, err = decodeEntry(sc.data); err == nil {
-					if len(part) < len(dst) {
-						err = fmt.Errorf("%d bytes of KV, want %d", len(part), len(dst))
-					} else {
-						copy(dst, part[len(part)-len(dst):])
-					}
-				}
-			}
+			e := sc.e
+			h, toks, st, err := loadEntry(sc.data, sc.path, kv[offs[i]:offs[i+1]])
 			switch {
 			case err != nil:
 			case *h != e.fileHeader:
