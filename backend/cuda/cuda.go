@@ -78,7 +78,9 @@ type Backend struct {
 	// as a block-scaled FP8 GEMM (fp8.go); 0: never (before Hopper).
 	// fp8SkinnyMax is the most tokens of one on the FP8 skinny GEMM
 	// (skinny.go); 0: none (before sm_89, or NVRTC before 12.4).
-	fp8Min, fp8SkinnyMax int
+	// f8mvMax is the most tokens of a product on f8mv (quant.go), which
+	// takes FP8 expert rows from 0; -1: no f8mv (as fp8SkinnyMax 0).
+	fp8Min, fp8SkinnyMax, f8mvMax int
 	// trace, when set (tests), is told the name of every kernel launched
 	// and "cublasLt" for every cuBLASLt product.
 	trace func(name string)
@@ -178,6 +180,7 @@ func New(opts Options) (*Backend, error) {
 			b.fp8Min = max(b.fp8Min, fp8GemmMinTokens)
 		}
 	}
+	b.f8mvMax = -1
 	if 10*major+minor >= 89 && k.nvrtc >= nvrtcVersion(12, 4) { // F8_MMA in kernels/common.cuh
 		// On Hopper the skinny GEMM is the faster up to two tokens; from
 		// three qmv, from four cuBLASLt's block-scaled GEMM (NOTES.md).
@@ -186,6 +189,7 @@ func New(opts Options) (*Backend, error) {
 			def = 2
 		}
 		b.fp8SkinnyMax = envInt("KILN_CUDA_FP8_SKINNY_MAX", def, 0, skinnyMaxTokens)
+		b.f8mvMax = envInt("KILN_CUDA_F8MV_MAX", f8mvMaxTokens, -1, f8mvTokens)
 	}
 	// Split tiles are at most half a wave of blocks.
 	ncnt := b.skinnyWave()

@@ -28,8 +28,10 @@
 // stored in a device layout of their own (qlayout.go) and read directly by
 // the decode kernels: qgemv for one or two tokens of the integer types
 // (activations quantized to int8, dp4a) and qmv up to 32 tokens (weights
-// dequantized in registers, tensor cores); larger steps dequantize them to
-// bf16 for cuBLASLt. Decode
+// dequantized in registers, tensor cores); from sm_89 FP8 expert rows and
+// one-token FP8 products of up to 2048 outputs are f8mv's (the weight bytes
+// straight into the FP8 mma); larger steps dequantize them to bf16 for
+// cuBLASLt (FP8 on Hopper: its block-scaled FP8 GEMM). Decode
 // steps run inside Graph are captured once per key as CUDA graphs and
 // replayed: every kernel reads the step's metadata (token ids, positions,
 // block tables) from device buffers that Begin refreshes, so a replay stays
@@ -51,9 +53,10 @@
 //	KILN_CUDA_QMV_MAX=n           the most tokens of a quantized product on qmv (0-32, default 32; 0: off)
 //	KILN_CUDA_FP8_SKINNY_MAX=n    the most tokens of an FP8 product on the FP8 skinny GEMM (0-8, default 2 on Hopper, 8 on sm_89; 0: off)
 //	KILN_CUDA_FP8_GEMM_MIN=n      the fewest tokens of an FP8 product on cuBLASLt's block-scaled FP8 GEMM (default 4; 0: off)
-//	KILN_CUDA_QMV_WARPS=n         the most warps of a qmv block (1-8, default 8)
-//	KILN_CUDA_QMV_GRID=n          the most blocks of a qmv launch, each taking rounds of outputs
-//	                              (default 16 a multiprocessor; 0: a block an output group)
+//	KILN_CUDA_F8MV_MAX=n          the most tokens of an FP8 product on f8mv (-1-8, default 1; 0: expert rows only; -1: off)
+//	KILN_CUDA_QMV_WARPS=n         the most warps of a qmv or f8mv block (1-8, default 8)
+//	KILN_CUDA_QMV_GRID=n          the most blocks of a qmv (or f8mv) launch, each taking rounds of outputs
+//	                              (default 16 a multiprocessor, f8mv a wave; 0: a block an output group)
 //	KILN_CUDA_SPLITS=n            the most key splits of decode attention (1-512, default 512)
 //	KILN_CUDA_SPLIT_BLOCKS=n      decode attention blocks a multiprocessor, scalar kernel (1-64, default 6)
 //	KILN_CUDA_MMA_SPLIT_BLOCKS=n  the same for the tensor-core kernel (1-64, default 2)

@@ -89,7 +89,7 @@ func TestFP8GEMM(t *testing.T) {
 	if p.g.fp8Min == 0 {
 		t.Skip("no block-scaled FP8 GEMM before Hopper")
 	}
-	p.withFP8(0, p.g.fp8Min, func() { p.fp8GEMM(t) })
+	p.withFP8(-1, 0, p.g.fp8Min, func() { p.fp8GEMM(t) })
 }
 
 func (p *pair) fp8GEMM(t *testing.T) {
@@ -184,7 +184,7 @@ func TestFP8Skinny(t *testing.T) {
 	if p.g.fp8SkinnyMax == 0 {
 		t.Skip("no FP8 tensor cores (sm_89) or NVRTC before 12.4")
 	}
-	p.withFP8(skinnyMaxTokens, 0, func() { p.fp8Skinny(t) })
+	p.withFP8(-1, skinnyMaxTokens, 0, func() { p.fp8Skinny(t) })
 }
 
 func (p *pair) fp8Skinny(t *testing.T) {
@@ -208,28 +208,124 @@ func (p *pair) fp8Skinny(t *testing.T) {
 	}
 	cover.check(t, "FP8 GEMM")
 
+	p.fp8MLPs(t, func(n int) (want, not []string) {
+		k := fp8SkinnyTok(n) / skinnyMaxTokens
+		return []string{skinnySwigluFP8Kernels[k].name, skinnyFP8Kernels[k].name}, []string{qmvName(true, backend.FP8, n), "cublasLt"}
+	})
+
+	// Captured in a graph, replays give the eager products.
+	p.fp8Graph("fp8 skinny", 4, 384, 4096)
+}
+
+// TestF8MV: FP8 products of one to eight tokens and FP8 expert rows on
+// f8mv (the weight bytes straight into the FP8 mma, the activations
+// quantized in the kernel as an e4m3 pair) against the CPU's product of the
+// exact weights and unquantized activations: within the bar of bf16
+// activations. Outputs that end inside the last group of rows, one to
+// eight warps a block, blocks taking rounds of groups (qmvGrid 3), bf16
+// and f32 activations and outputs, accumulation, the MLP's fused SwiGLU,
+// expert rows with a shared expert and with another rank's experts, and
+// graph capture.
+func TestF8MV(t *testing.T) {
+	p := newPair(t, 33)
+	if p.g.f8mvMax < 0 {
+		t.Skip("no FP8 tensor cores (sm_89) or NVRTC before 12.4")
+	}
+	p.withFP8(f8mvTokens, 0, 0, func() { p.f8mv(t) })
+}
+
+func (p *pair) f8mv(t *testing.T) {
+	not := notF8MV()
+	for _, c := range []quantCase{
+		{1, 384, 4096, false}, {2, 100, 512, true}, {3, 300, 1024, true}, {1, 2000, 128, false}, {8, 200, 2048, true}, {2, 64, 12288, false},
+		{5, 37, 2304, false},
+	} {
+		cw, gw := p.qload(backend.FP8, c.o, c.in)
+		for _, grid := range []int{p.g.qmvGrid, 3} {
+			for _, xdt := range []backend.DType{backend.F32, backend.BF16} {
+				for _, odt := range []backend.DType{backend.F32, backend.BF16} {
+					if odt == backend.BF16 && c.acc {
+						continue
+					}
+					var co, gout backend.Tensor
+					var seen map[string]int
+					p.withQmvGrid(grid, func() { co, gout, seen = p.matMuls(cw, gw, c.n, c.o, c.in, xdt, odt, c.acc) })
+					what := fmt.Sprintf("%d x %d x %d, x %v, out %v, acc %v, grid %d", c.n, c.o, c.in, xdt, odt, c.acc, grid)
+					expect(t, what, seen, []string{f8mvKernel.name}, append(not, "to_half")) // f32 activations read as they are
+					p.compare(what, co, gout, 1e-2)
+				}
+			}
+		}
+	}
+
+	p.fp8MLPs(t, func(n int) (want, not []string) {
+		return []string{f8mvSwigluKernel.name, f8mvKernel.name}, append(notF8MV(), qmvName(true, backend.FP8, n), "silu_mul_bf16")
+	})
+
+	// Expert rows, a shared expert as wide as the experts among them; all
+	// the experts, then a rank's second half.
+	const E, K, T, H, I = 64, 4, 3, 1024, 512
+	for _, first := range []int{0, E / 2} {
+		var ce, ge backend.Experts
+		ce.Router, ge.Router = p.load(backend.BF16, p.randn(E*H, 0.3), E, H)
+		ce.GateUp, ge.GateUp = p.qload(backend.FP8, E-first, 2*I, H)
+		ce.Down, ge.Down = p.qload(backend.FP8, E-first, H, I)
+		ce.SharedGateUp, ge.SharedGateUp = p.qload(backend.FP8, 2*I, H)
+		ce.SharedDown, ge.SharedDown = p.qload(backend.FP8, H, I)
+		ce.SharedGate, ge.SharedGate = p.load(backend.BF16, p.randn(H, 0.3), 1, H)
+		spec := &backend.MoESpec{Experts: E, TopK: K, NormTopK: true, First: first}
+		r := p.moe(&ce, &ge, T, H, spec, func(f func()) { f() })
+		what := fmt.Sprintf("moe %d tokens, experts %d-%d of %d top %d", T, first, E-1, E, K)
+		expect(t, what, r.seen, []string{f8mvSwigluKernel.name, f8mvKernel.name}, append(not, qmvName(true, backend.FP8, 0)))
+		if r.seen[f8mvSwigluKernel.name] != 1 || r.seen[f8mvKernel.name] != 1 {
+			t.Errorf("%s: the routed and shared rows are not one launch each (ran %v)", what, r.seen)
+		}
+		p.compare(what, r.co, r.gout, 1.5e-2)
+	}
+
+	// Captured in a graph, replays give the eager products.
+	p.fp8Graph("f8mv", 2, 384, 4096)
+}
+
+// notF8MV returns the kernels of FP8 products that f8mv replaces.
+func notF8MV() []string {
+	return []string{qmvName(false, backend.FP8, 1), skinnyFP8Kernels[0].name, skinnyFP8Kernels[1].name, "cublasLt", "qdeq_fp8"}
+}
+
+// fp8MLPs runs FP8 MLPs of 1, 3 and 8 tokens against the CPU's, each
+// launching the kernels kernels(n) wants and none of those it does not.
+func (p *pair) fp8MLPs(t *testing.T, kernels func(n int) (want, not []string)) {
 	const H, I = 1024, 512
 	cgu, ggu := p.qload(backend.FP8, 2*I, H)
 	cd, gd := p.qload(backend.FP8, H, I)
 	for _, n := range []int{1, 3, 8} {
 		co, gout, seen := p.mlps(cgu, ggu, cd, gd, n, H, backend.BF16)
 		what := fmt.Sprintf("mlp %d x %d x %d", n, H, I)
-		k := fp8SkinnyTok(n) / skinnyMaxTokens
-		expect(t, what, seen, []string{skinnySwigluFP8Kernels[k].name, skinnyFP8Kernels[k].name}, []string{qmvName(true, backend.FP8, n), "cublasLt"})
+		want, not := kernels(n)
+		expect(t, what, seen, want, not)
 		p.compare(what, co, gout, 1.5e-2)
 	}
+}
 
-	// Captured in a graph, replays give the eager products.
-	const n, o, in = 4, 384, 4096
+// fp8Graph captures an FP8 product of n tokens by [o, in] in a graph and
+// checks that replays give the CPU's product.
+func (p *pair) fp8Graph(name string, n, o, in int) {
 	cw, gw := p.qload(backend.FP8, o, in)
-	x := roundTo(backend.BF16, p.randn(n*in, 1))
-	cx, gx := p.activation(backend.BF16, x, n, in)
+	cx, gx := p.activation(backend.BF16, p.randn(n*in, 1), n, in)
 	p.begin(&backend.Batch{Tokens: make([]int32, n), Seqs: []backend.SeqInfo{{N: n}}})
 	co, gq := p.out(n, o)
 	p.c.MatMul(co, cx, cw, false)
 	for step := range 3 {
 		p.g.Write(gq, encode(backend.F32, make([]float32, n*o)))
-		p.g.Graph("fp8 skinny", func() { p.g.MatMul(gq, gx, gw, false) })
-		p.compare(fmt.Sprintf("graph step %d", step), co, gq, 1e-2)
+		p.g.Graph(name, func() { p.g.MatMul(gq, gx, gw, false) })
+		p.compare(fmt.Sprintf("%s: graph step %d", name, step), co, gq, 1e-2)
 	}
+}
+
+// withQmvGrid runs f with at most grid blocks a qmv or f8mv launch (0: a
+// block a group for qmv), then restores the bound.
+func (p *pair) withQmvGrid(grid int, f func()) {
+	defer func(g int) { p.g.qmvGrid = g }(p.g.qmvGrid)
+	p.g.qmvGrid = grid
+	f()
 }

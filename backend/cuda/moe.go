@@ -284,17 +284,17 @@ func (b *Backend) expertRows(xt *tensor, sel devptr, K int, gu, down, sgu, sdown
 	}
 	// qrows is the quantized expert rows' product at decode (xsh: where the
 	// shared expert's inputs start).
-	qrows := func(swiglu bool, out devptr, odt backend.DType, x devptr, xdiv int, w *tensor, estride int, ws devptr, xsh, O, in int) {
+	qrows := func(swiglu bool, out devptr, odt backend.DType, xt *tensor, xdiv int, w *tensor, estride int, ws devptr, xsh, O, in int) {
 		if qtiles {
-			b.qmvTiles(swiglu, out, odt, x, xdiv, w, estride, qg, expertTiles(R, E, qmvTileRows), O, in)
+			b.qmvTiles(swiglu, out, odt, b.qx(xt), xdiv, w, estride, qg, expertTiles(R, E, qmvTileRows), O, in)
 			return
 		}
-		b.qmvRows(swiglu, out, odt, x, xdiv, w, estride, sel, R, ws, S, xsh, O, in)
+		b.qmvRows(swiglu, out, odt, xt, xdiv, w, estride, sel, R, ws, S, xsh, O, in)
 	}
 	var act *tensor // [R + S, I], f32 or (qmv_swiglu) bf16
 	if !grouped && gu.dt.Quantized() {
 		act = &tensor{dt: backend.BF16, shape: []int{R + S, I}, ptr: b.scratchBuf("moe.act", 2*(R+S)*I), view: true}
-		qrows(true, act.ptr, backend.BF16, b.qx(xt), K, gu, 2*I*gu.rb(), ptrOf(sgu, S), 0, I, H)
+		qrows(true, act.ptr, backend.BF16, xt, K, gu, 2*I*gu.rb(), ptrOf(sgu, S), 0, I, H)
 	} else {
 		h := b.scratchF32("moe.h", R, 2*I)
 		expertProduct(h.ptr, xt.ptr, K, gu, 2*I, H)
@@ -303,7 +303,7 @@ func (b *Backend) expertRows(xt *tensor, sel devptr, K int, gu, down, sgu, sdown
 	}
 	switch {
 	case !grouped && down.dt.Quantized():
-		qrows(false, y.ptr, backend.F32, b.qx(act), 1, down, H*down.rb(), ptrOf(sdown, S), R, H, I)
+		qrows(false, y.ptr, backend.F32, act, 1, down, H*down.rb(), ptrOf(sdown, S), R, H, I)
 	case act.dt == backend.BF16:
 		// Quantized gate/up before float32 or f16 down weights.
 		af := b.scratchF32("moe.actf", R, I)

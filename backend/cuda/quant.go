@@ -19,7 +19,10 @@ import (
 // the mma's rows, so that the kernel streams the quantized bytes once
 // whatever the token count; qmv_swiglu does the gate/up product of an MLP
 // and its SwiGLU in one pass, and both take a mixture of experts' rows one
-// expert each (sel), or tiles of up to 16 rows of one expert (qmvt_). Above
+// expert each (sel), or tiles of up to 16 rows of one expert (qmvt_). From
+// sm_89, FP8 products of one token and FP8 expert rows are f8mv's
+// instead: the weight bytes straight into the FP8 mma, no dequantization
+// (kernels/f8mv.cu). Above
 // that the weight is dequantized to bf16, qSlab elements at a time, and
 // multiplied by cuBLASLt; the grouped expert products (moe_group_mm64_,
 // moe_group_mm128_) dequantize each tile of an expert's weights as it
@@ -70,8 +73,8 @@ func (b *Backend) qmvBlocks(groups, rows int) int {
 const qgemvSmemMax = 48 << 10
 
 // qgemvType reports whether qgemv takes weights of dt: the integer types.
-// FP8's products of one and two tokens are the FP8 skinny GEMM's (on
-// sm_89 on) or qmv's; MXFP4 is an expert format (qmv's expert rows).
+// FP8's products of one and two tokens are f8mv's or the FP8 skinny GEMM's
+// (sm_89 on) or qmv's; MXFP4 is an expert format (qmv's expert rows).
 func qgemvType(dt backend.DType) bool {
 	switch dt {
 	case backend.Q8_0, backend.Q4_K, backend.Q5_K, backend.Q6_K:
@@ -245,27 +248,37 @@ func checkFloatW(what string, ts ...*tensor) {
 
 // qmv launches the quantized decode product: out[t, o] (+)= x[t] . w_o
 // for T <= qmvMaxTokens tokens; with swiglu, w is [gate | up] of 2O rows
-// and out = silu(gate) * up. x is bf16 ([., I], 16-byte aligned, see qx),
-// out f32 or bf16.
-func (b *Backend) qmv(swiglu bool, out devptr, odt backend.DType, x devptr, T int, w *tensor, O, I int, accumulate bool) {
-	b.qmvLaunch(swiglu, qmvKernel(T), 1, qmvSwigluArgs{out: out, odt: int32(odt), x: x, T: int32(T), xdiv: 1, w: w.ptr, rb: int64(w.rb()), O: int32(O), I: int32(I)}, w, accumulate)
+// and out = silu(gate) * up. x is [., I] f32 or bf16 (qmv reads it as
+// bf16, converted where needed: qx), out f32 or bf16.
+func (b *Backend) qmv(swiglu bool, out devptr, odt backend.DType, xt *tensor, T int, w *tensor, O, I int, accumulate bool) {
+	b.qmvLaunch(swiglu, qmvKernel(T), 1, qmvSwigluArgs{out: out, odt: int32(odt), T: int32(T), xdiv: 1, w: w.ptr, rb: int64(w.rb()), O: int32(O), I: int32(I)}, xt, w, accumulate)
 }
 
 // qmvRows is qmv of the R rows of a mixture of experts, out[r, o] =
 // x[r / xdiv] . w[sel[r]]_o with experts estride bytes apart, and, given
 // a shared expert ws laid out as one of them, S rows more: out[R + s, o] =
 // x[xsh + s] . ws_o.
-func (b *Backend) qmvRows(swiglu bool, out devptr, odt backend.DType, x devptr, xdiv int, w *tensor, estride int, sel devptr, R int, ws devptr, S, xsh, O, I int) {
-	b.qmvLaunch(swiglu, qmvKernel(0), R+S, qmvSwigluArgs{out: out, odt: int32(odt), x: x, T: int32(R), xdiv: int32(xdiv), w: w.ptr, rb: int64(w.rb()),
-		estride: int64(estride), sel: sel, ws: ws, xsh: int32(xsh), O: int32(O), I: int32(I)}, w, false)
+func (b *Backend) qmvRows(swiglu bool, out devptr, odt backend.DType, xt *tensor, xdiv int, w *tensor, estride int, sel devptr, R int, ws devptr, S, xsh, O, I int) {
+	b.qmvLaunch(swiglu, qmvKernel(0), R+S, qmvSwigluArgs{out: out, odt: int32(odt), T: int32(R), xdiv: int32(xdiv), w: w.ptr, rb: int64(w.rb()),
+		estride: int64(estride), sel: sel, ws: ws, xsh: int32(xsh), O: int32(O), I: int32(I)}, xt, w, false)
 }
 
-// qmvLaunch launches qmv kernel k over rows grid rows.
-func (b *Backend) qmvLaunch(swiglu bool, k, rows int, a qmvSwigluArgs, w *tensor, accumulate bool) {
+// qmvLaunch launches qmv kernel k over rows grid rows, or f8mv where it
+// takes the product (a.x is set from xt).
+func (b *Backend) qmvLaunch(swiglu bool, k, rows int, a qmvSwigluArgs, xt, w *tensor, accumulate bool) {
 	O, I := int(a.O), int(a.I)
 	if !qmvFits(w.dt, I) || w.qcols() != I {
 		panic(fmt.Sprintf("cuda: qmv of %v with rows of %d", w, I))
 	}
+	tokens := int(a.T)
+	if a.sel != 0 {
+		tokens = 0
+	}
+	if b.f8mvFits(w.dt, tokens, O, I) && (xt.dt == backend.F32 || xt.dt == backend.BF16) && xt.ptr%16 == 0 {
+		b.f8mv(swiglu, rows, a, xt, accumulate)
+		return
+	}
+	a.x = b.qx(xt)
 	qk, outs := quantKernelsOf(w.dt), 8
 	if swiglu {
 		outs = 4
@@ -279,6 +292,94 @@ func (b *Backend) qmvLaunch(swiglu bool, k, rows int, a qmvSwigluArgs, w *tensor
 		return
 	}
 	qk.mv[k].launch(b, overlap, grid, block, 0, qmvArgs{a, boolInt(accumulate)})
+}
+
+// f8mvTokens is the most tokens of f8mv (the FP8 mma's 8 columns);
+// f8mvMaxTokens the most it takes by default (KILN_CUDA_F8MV_MAX: -1 to
+// f8mvTokens), and f8mvOuts the most outputs of such a product (expert
+// rows: any). Against the FP8 skinny GEMM on an H200 (docs/performance.md)
+// f8mv won at one token on the Coder-Next shape's 2048-output products,
+// where the skinny GEMM splits the rows' columns over six blocks and adds
+// their sums in a second pass; it was even on the shape's 4096 and 8192
+// outputs and lost at two tokens and on Qwen3-8B's products (4096 outputs
+// and more).
+const (
+	f8mvTokens    = 8
+	f8mvMaxTokens = 1
+	f8mvOuts      = 2048
+)
+
+// f8mv's launch shape: each warp takes f8mvBlocksWarp blocks of 128
+// columns of a row (at most qmvWarpsMax warps a block; with F8MV_U 2 in
+// flight, a group's loads start at once), and a launch is at
+// most a wave of blocks (f8mvWarpsSM warps a multiprocessor: its register
+// bound, and qmvGrid's blocks at most) that take rounds of 16-row groups.
+const (
+	f8mvBlocksWarp = 2
+	f8mvWarpsSM    = 16
+	f8mvSmemMax    = 64 << 10
+)
+
+// The f8mv kernels (kernels/f8mv.cu).
+var (
+	f8mvKernel       = newKernel[f8mvArgs]("f8mv_fp8")
+	f8mvSwigluKernel = newKernel[f8mvSwigluArgs]("f8mv_swiglu_fp8")
+)
+
+// f8mvSmem is the shared memory of an f8mv block of nt tokens with rows
+// of in columns: the activations quantized (hi and lo rows 64 bytes longer
+// than the rows) and their scales.
+func f8mvSmem(nt, in int) int { return nt * (2*(in+64) + 4*(in/128)) }
+
+// f8mvFits reports whether f8mv takes a product of n tokens (0: expert
+// rows, one token each) with o rows of in columns of dt.
+func (b *Backend) f8mvFits(dt backend.DType, n, o, in int) bool {
+	return dt == backend.FP8 && n <= b.f8mvMax && (n == 0 || o <= f8mvOuts) && in%128 == 0 && f8mvSmem(max(n, 1), in) <= f8mvSmemMax
+}
+
+// f8mvSwigluArgs are qmv_swiglu's and x's type (f32 or bf16).
+type f8mvSwigluArgs struct {
+	qmvSwigluArgs
+	xdt int32
+}
+
+// f8mvArgs are f8mv_swiglu's and the accumulate flag.
+type f8mvArgs struct {
+	f8mvSwigluArgs
+	accumulate int32
+}
+
+// f8mv launches qmv's product (q, over rows grid rows, x from xt: f32 or
+// bf16) on f8mv.
+func (b *Backend) f8mv(swiglu bool, rows int, q qmvSwigluArgs, xt *tensor, accumulate bool) {
+	q.x = xt.ptr
+	a := f8mvSwigluArgs{q, int32(xt.dt)}
+	O, I := int(a.O), int(a.I)
+	outs, nt := 16, int(a.T)
+	if swiglu {
+		outs = 8
+	}
+	if a.sel != 0 {
+		nt = 1
+	}
+	W := max(1, min(b.qmvWarpsMax, I/128/f8mvBlocksWarp))
+	groups := (O + outs - 1) / outs
+	limit := b.sms * (f8mvWarpsSM / W)
+	if b.qmvGrid > 0 {
+		limit = min(limit, b.qmvGrid)
+	}
+	per := max(1, limit/rows)
+	rounds := (groups + per - 1) / per
+	grid := [3]int{(groups + rounds - 1) / rounds, rows, 1}
+	smem := f8mvSmem(nt, I)
+	overlap := a.sel == 0
+	if swiglu {
+		b.allowSmem(f8mvSwigluKernel.name, f8mvSmemMax)
+		f8mvSwigluKernel.launch(b, overlap, grid, 32*W, smem, a)
+		return
+	}
+	b.allowSmem(f8mvKernel.name, f8mvSmemMax)
+	f8mvKernel.launch(b, overlap, grid, 32*W, smem, f8mvArgs{a, boolInt(accumulate)})
 }
 
 // qgemvSmem is the shared memory of a qgemv of n tokens with rows of in
@@ -386,6 +487,10 @@ func (b *Backend) qmatmul(ot, xt, wt *tensor, accumulate bool) {
 		b.qgemv(false, ot.ptr, ot.dt, xt, wt, o, in, accumulate)
 		return
 	}
+	if b.f8mvFits(wt.dt, n, o, in) {
+		b.qmv(false, ot.ptr, ot.dt, xt, n, wt, o, in, accumulate)
+		return
+	}
 	if wt.dt == backend.FP8 {
 		if S := b.fp8SkinnySplits(n, o, in, false); S > 0 {
 			b.skinnyFP8(false, S, ot.ptr, ot.dt, b.qx(xt), wt, n, o, in, accumulate)
@@ -397,16 +502,16 @@ func (b *Backend) qmatmul(ot, xt, wt *tensor, accumulate bool) {
 		return
 	}
 	if n <= b.qmvMax && qmvFits(wt.dt, in) {
-		b.qmv(false, ot.ptr, ot.dt, b.qx(xt), n, wt, o, in, accumulate)
+		b.qmv(false, ot.ptr, ot.dt, xt, n, wt, o, in, accumulate)
 		return
 	}
 	b.qgemm(ot.ptr, ot.dt, b.productInput(xt, backend.BF16), wt, n, o, in, accumulate)
 }
 
 // qmlp is the MLP with a quantized gate/up weight, or reports false for
-// the general path: an FP8 weight takes the FP8 skinny GEMM up to eight
-// tokens from sm_89 (skinny.go) and on Hopper the block-scaled GEMM above
-// (fp8.go), a few tokens take qmv_swiglu, more the dequantized
+// the general path: an FP8 weight takes f8mv at one token and the FP8
+// skinny GEMM up to eight from sm_89 (skinny.go) and on Hopper the
+// block-scaled GEMM above (fp8.go), a few tokens take qmv_swiglu, more the dequantized
 // product through cuBLASLt (bf16 out, as the bf16 path) and silu_mul_bf16;
 // the down product is a MatMul of the bf16 activation.
 func (b *Backend) qmlp(ot, xt, gu, dn *tensor, accumulate bool) bool {
@@ -421,6 +526,9 @@ func (b *Backend) qmlp(ot, xt, gu, dn *tensor, accumulate bool) bool {
 	case b.qgemvFits(gu.dt, xt, n, H):
 		act.ptr = b.scratchBuf("mlp.act", 2*n*I)
 		b.qgemv(true, act.ptr, backend.BF16, xt, gu, I, H, false)
+	case b.f8mvFits(gu.dt, n, I, H):
+		act.ptr = b.scratchBuf("mlp.act", 2*n*I)
+		b.qmv(true, act.ptr, backend.BF16, xt, n, gu, I, H, false)
 	case S > 0:
 		act.ptr = b.scratchBuf("mlp.act", 2*n*I)
 		b.skinnyFP8(true, S, act.ptr, backend.BF16, b.qx(xt), gu, n, I, H, false)
@@ -431,7 +539,7 @@ func (b *Backend) qmlp(ot, xt, gu, dn *tensor, accumulate bool) bool {
 		b.siluMulBF16(act.ptr, h, n, I)
 	case n <= b.qmvMax && qmvFits(gu.dt, H):
 		act.ptr = b.scratchBuf("mlp.act", 2*n*I)
-		b.qmv(true, act.ptr, backend.BF16, b.qx(xt), n, gu, I, H, false)
+		b.qmv(true, act.ptr, backend.BF16, xt, n, gu, I, H, false)
 	case I%8 == 0:
 		h := b.scratchBuf("mlp.gu", 2*n*2*I)
 		act.ptr = b.scratchBuf("mlp.act", 2*n*I)

@@ -131,7 +131,7 @@ func expect(t *testing.T, what string, seen map[string]int, want, not []string) 
 func (p *pair) withQ(qgemvMax, qmvMax, slab int, f func()) {
 	defer func(g, m, s int) { p.g.qgemvMax, p.g.qmvMax, p.g.qSlab = g, m, s }(p.g.qgemvMax, p.g.qmvMax, p.g.qSlab)
 	p.g.qgemvMax, p.g.qmvMax, p.g.qSlab = qgemvMax, qmvMax, slab
-	p.withFP8(0, 0, f)
+	p.withFP8(-1, 0, 0, f)
 }
 
 // decodeName is the kernel of dt that takes a product (with swiglu, an
@@ -146,18 +146,22 @@ func (p *pair) decodeName(swiglu bool, dt backend.DType, n int) string {
 	return qmvName(swiglu, dt, n)
 }
 
-// withFP8 runs f with FP8 products on the FP8 skinny GEMM up to skinnyMax
+// withFP8 runs f with FP8 products on f8mv up to f8mvMax tokens (and
+// expert rows from 0; -1: none), on the FP8 skinny GEMM up to skinnyMax
 // tokens and on the block-scaled GEMM from gemmMin (0: neither), as far as
-// the device has them, then restores both.
-func (p *pair) withFP8(skinnyMax, gemmMin int, f func()) {
-	defer func(s, g int) { p.g.fp8SkinnyMax, p.g.fp8Min = s, g }(p.g.fp8SkinnyMax, p.g.fp8Min)
+// the device has them, then restores all three.
+func (p *pair) withFP8(f8mvMax, skinnyMax, gemmMin int, f func()) {
+	defer func(m, s, g int) { p.g.f8mvMax, p.g.fp8SkinnyMax, p.g.fp8Min = m, s, g }(p.g.f8mvMax, p.g.fp8SkinnyMax, p.g.fp8Min)
+	if p.g.f8mvMax < 0 {
+		f8mvMax = -1
+	}
 	if p.g.fp8SkinnyMax == 0 {
 		skinnyMax = 0
 	}
 	if p.g.fp8Min == 0 {
 		gemmMin = 0
 	}
-	p.g.fp8SkinnyMax, p.g.fp8Min = skinnyMax, gemmMin
+	p.g.f8mvMax, p.g.fp8SkinnyMax, p.g.fp8Min = f8mvMax, skinnyMax, gemmMin
 	f()
 }
 
@@ -475,7 +479,7 @@ func TestQuantEmbed(t *testing.T) {
 // bf16-out projection) and replays them on new inputs.
 func TestQuantGraph(t *testing.T) {
 	p := newPair(t, 26)
-	p.withFP8(0, 0, func() { p.quantGraph(t) }) // the FP8 tensor-core products in graphs are TestFP8GEMM's and TestFP8Skinny's
+	p.withFP8(-1, 0, 0, func() { p.quantGraph(t) }) // the FP8 tensor-core products in graphs are TestFP8GEMM's, TestFP8Skinny's and TestF8MV's
 }
 
 func (p *pair) quantGraph(t *testing.T) {

@@ -43,6 +43,16 @@ __device__ __forceinline__ void st(void *p, long i, int dt, float v) {
 	else ((float *)p)[i] = v;
 }
 
+// qstore writes output i: bf16, or f32 written or added to.
+__device__ __forceinline__ void qstore(void *out, int odt, int accumulate, long i, float v) {
+	if (odt == DT_BF16) {
+		((u16 *)out)[i] = f2bf(v);
+	} else {
+		float *o = (float *)out + i;
+		*o = accumulate ? *o + v : v;
+	}
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
 	for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -209,6 +219,13 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned a, unsigned &r0, unsigned &
 		: "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a));
 }
 
+// qld16 streams 16 bytes of quants past L1 (each is read once).
+__device__ __forceinline__ uint4 qld16(const u8 *p) {
+	uint4 v;
+	asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+	return v;
+}
+
 __device__ __forceinline__ void cp_async16(unsigned dst, const void *src) {
 	asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
 }
@@ -220,3 +237,52 @@ __device__ __forceinline__ void cp_async8(unsigned dst, const void *src) {
 __device__ __forceinline__ void cp_async4(unsigned dst, const void *src) {
 	asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src));
 }
+
+// FP8 tensor-core helpers (F8_MMA).
+
+__device__ __forceinline__ void mma_e4m3(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+#if F8_MMA
+	asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+		: "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+		: "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+	__trap();
+#endif
+}
+
+// e4m3x2 rounds b (low byte) and a (high byte) to e4m3, saturating; e4m3x2f
+// widens such a pair (exactly).
+__device__ __forceinline__ unsigned e4m3x2(float a, float b) {
+	unsigned short r = 0;
+#if F8_MMA
+	asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(a), "f"(b));
+#endif
+	return r;
+}
+__device__ __forceinline__ void e4m3x2f(unsigned v, float &lo, float &hi) {
+	unsigned h = 0;
+#if F8_MMA
+	asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"((unsigned short)v));
+#endif
+	lo = h2f((u16)(h & 0xffffu)), hi = h2f((u16)(h >> 16));
+}
+
+// f8_split quantizes 128 activations (a warp, four a lane: v) to e4m3
+// pairs under one scale s = amax / 448 (*sc): hi, and lo = the e4m3 of what
+// hi misses, whose products with e4m3 weights come within ~2^-8 of the
+// activations' where one e4m3 alone would be 2^-4.
+__device__ __forceinline__ void f8_split(float (&v)[4], unsigned char *hi, unsigned char *lo, float *sc, int lane) {
+	float a = warp_max(fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3]))));
+	float s = a > 0.f ? a * (1.f / 448.f) : 1.f, inv = 1.f / s;
+#pragma unroll
+	for (int e = 0; e < 4; e++) v[e] *= inv;
+	unsigned h01 = e4m3x2(v[1], v[0]), h23 = e4m3x2(v[3], v[2]);
+	float f[4];
+	e4m3x2f(h01, f[0], f[1]);
+	e4m3x2f(h23, f[2], f[3]);
+	unsigned l01 = e4m3x2(v[1] - f[1], v[0] - f[0]), l23 = e4m3x2(v[3] - f[3], v[2] - f[2]);
+	((unsigned *)hi)[lane] = h01 | h23 << 16;
+	((unsigned *)lo)[lane] = l01 | l23 << 16;
+	if (lane == 0) *sc = s;
+}
+

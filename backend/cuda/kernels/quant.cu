@@ -71,13 +71,6 @@ __device__ __forceinline__ unsigned bfma2(unsigned a, unsigned b, unsigned c) {
 	return r;
 }
 
-// qld16 streams 16 bytes of quants past L1 (each is read once).
-__device__ __forceinline__ uint4 qld16(const u8 *p) {
-	uint4 v;
-	asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-	return v;
-}
-
 __device__ __forceinline__ unsigned word(const uint4 &a, const uint4 &b, int k) {
 	const uint4 &v = k < 4 ? a : b;
 	int j = k & 3;
@@ -558,16 +551,6 @@ __device__ __forceinline__ void qunit(float (&acc)[TG][4], float (&acc2)[TG][4],
 			acc[m][2] += (tc[m][2] + tc2[m][2]) * s0;
 			acc[m][3] += (tc[m][3] + tc2[m][3]) * s1;
 		}
-	}
-}
-
-// qstore writes output i: bf16, or f32 written or added to.
-__device__ __forceinline__ void qstore(void *out, int odt, int accumulate, long i, float v) {
-	if (odt == DT_BF16) {
-		((u16 *)out)[i] = f2bf(v);
-	} else {
-		float *o = (float *)out + i;
-		*o = accumulate ? *o + v : v;
 	}
 }
 

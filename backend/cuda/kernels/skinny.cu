@@ -47,16 +47,6 @@ __device__ __forceinline__ float ld_cg(const float *p) {
 	return v;
 }
 
-// skinny_emit stores output i: bf16, or f32 written or added to.
-__device__ __forceinline__ void skinny_emit(void *out, int odt, int accumulate, long i, float v) {
-	if (odt == DT_BF16) {
-		((u16 *)out)[i] = f2bf(v);
-	} else {
-		float *o = (float *)out + i;
-		*o = accumulate ? *o + v : v;
-	}
-}
-
 __device__ __forceinline__ float silu_times(float g, float u) { return g / (1.f + __expf(-g)) * u; }
 
 // skinny_finish adds up a skinny block's accumulators (lane layout of
@@ -100,7 +90,7 @@ __device__ __forceinline__ void skinny_finish(float (&acc)[4], float *red, void 
 #pragma unroll
 			for (int h = 0; h < 2; h++) {
 				int row = skinny_row<false>(tile, r0 + 8 * h, O);
-				if (row >= 0) skinny_emit(out, odt, accumulate, (long)t * O + row, acc[2 * h + e]);
+				if (row >= 0) qstore(out, odt, accumulate, (long)t * O + row, acc[2 * h + e]);
 			}
 		}
 		return;
@@ -143,7 +133,7 @@ __device__ __forceinline__ void skinny_finish(float (&acc)[4], float *red, void 
 		int idx = threadIdx.x + 128 * e, t = idx / OUTS, o = tile * OUTS + idx % OUTS;
 		if (t >= T || o >= O) continue;
 		if (SWIGLU) ((u16 *)out)[(long)t * O + o] = f2bf(silu_times(a[e], b[e]));
-		else skinny_emit(out, odt, accumulate, (long)t * O + o, a[e]);
+		else qstore(out, odt, accumulate, (long)t * O + o, a[e]);
 	}
 	if (threadIdx.x == 0) cnt[tile] = 0;  // ready for the next call (or graph replay)
 }
@@ -221,33 +211,6 @@ struct SkBf16 {
 #define F8_SMEM_OF(TOK) (SK_STAGES * F8_STAGE(TOK) + 2 * (TOK) * F8_QP + (TOK) * (F8_BK / 128) * 4)
 static_assert(F8_SMEM_8 == F8_SMEM_OF(8) && F8_SMEM_2 == F8_SMEM_OF(2) && SK_TOK == 8, "F8_SMEM_n is the tiles' size");
 
-__device__ __forceinline__ void mma_e4m3(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
-#if F8_MMA
-	asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-		: "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-		: "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#else
-	__trap();
-#endif
-}
-
-// e4m3x2 rounds b (low byte) and a (high byte) to e4m3, saturating; e4m3x2f
-// widens such a pair (exactly).
-__device__ __forceinline__ unsigned e4m3x2(float a, float b) {
-	unsigned short r = 0;
-#if F8_MMA
-	asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(a), "f"(b));
-#endif
-	return r;
-}
-__device__ __forceinline__ void e4m3x2f(unsigned v, float &lo, float &hi) {
-	unsigned h = 0;
-#if F8_MMA
-	asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"((unsigned short)v));
-#endif
-	lo = h2f((u16)(h & 0xffffu)), hi = h2f((u16)(h >> 16));
-}
-
 template <bool SWIGLU, int TOK>
 struct SkFp8 {
 	static constexpr int BK = F8_BK, STAGE = F8_STAGE(TOK), CPR = BK / 16, CPX = 2 * BK / 16, NB = BK / 128;
@@ -287,25 +250,13 @@ struct SkFp8 {
 		const unsigned char *xr = stage + SK_BM * F8_WP + SK_BM * 16;
 		unsigned char *qhi = sm + SK_STAGES * STAGE, *qlo = qhi + TOK * F8_QP;
 		float *xsc = (float *)(qlo + TOK * F8_QP);
-		// Quantize the stage's activations: a warp per (token, 128 columns),
-		// four columns a lane.
+		// Quantize the stage's activations: a warp per (token, 128 columns).
 		for (int p = warp; p < T * NB; p += 4) {
 			int t = p / NB, j = p % NB;
-			uint2 u = *(const uint2 *)(xr + t * F8_XP + 2 * (128 * j + 4 * lane));
+			uint2 u = *((const uint2 *)(xr + t * F8_XP + 256 * j) + lane);
 			float v[4] = {__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
 				__uint_as_float(u.y & 0xffff0000u)};
-			float a = warp_max(fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3]))));
-			float sc = a > 0.f ? a * (1.f / 448.f) : 1.f, inv = 1.f / sc;
-#pragma unroll
-			for (int e = 0; e < 4; e++) v[e] *= inv;
-			unsigned h01 = e4m3x2(v[1], v[0]), h23 = e4m3x2(v[3], v[2]);
-			float f[4];
-			e4m3x2f(h01, f[0], f[1]);
-			e4m3x2f(h23, f[2], f[3]);
-			unsigned l01 = e4m3x2(v[1] - f[1], v[0] - f[0]), l23 = e4m3x2(v[3] - f[3], v[2] - f[2]);
-			*(unsigned *)(qhi + t * F8_QP + 128 * j + 4 * lane) = h01 | h23 << 16;
-			*(unsigned *)(qlo + t * F8_QP + 128 * j + 4 * lane) = l01 | l23 << 16;
-			if (lane == 0) xsc[t * NB + j] = sc;
+			f8_split(v, qhi + t * F8_QP + 128 * j, qlo + t * F8_QP + 128 * j, xsc + t * NB + j, lane);
 		}
 		__syncthreads();
 		// ldmatrix rows: lane l -> weight row l % 16 of the warp's 16, bytes
