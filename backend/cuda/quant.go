@@ -226,6 +226,13 @@ func qUnitCols(dt backend.DType) int {
 // units (only FP8 rows may end inside one).
 func qmvFits(dt backend.DType, cols int) bool { return cols%qUnitCols(dt) == 0 }
 
+// checkQmv panics unless qmv takes w as rows of in elements.
+func checkQmv(w *tensor, in int) {
+	if !qmvFits(w.dt, in) || w.qcols() != in {
+		panic(fmt.Sprintf("cuda: qmv of %v with rows of %d", w, in))
+	}
+}
+
 // qmvWarps is the warps of a qmv block for rows of cols elements of dt
 // (KILN_CUDA_QMV_WARPS: at most that many). They split each row's units in
 // groups of four (one a lane); each warp takes four groups or more while
@@ -267,9 +274,7 @@ func (b *Backend) qmvRows(swiglu bool, out devptr, odt backend.DType, xt *tensor
 // takes the product (a.x is set from xt).
 func (b *Backend) qmvLaunch(swiglu bool, k, rows int, a qmvSwigluArgs, xt, w *tensor, accumulate bool) {
 	O, I := int(a.O), int(a.I)
-	if !qmvFits(w.dt, I) || w.qcols() != I {
-		panic(fmt.Sprintf("cuda: qmv of %v with rows of %d", w, I))
-	}
+	checkQmv(w, I)
 	tokens := int(a.T)
 	if a.sel != 0 {
 		tokens = 0
@@ -450,9 +455,7 @@ const qmvTileRows = 16
 // xdiv] . w[e]_o for each row r of expert e, so that an expert's weights
 // are read once for its rows.
 func (b *Backend) qmvTiles(swiglu bool, out devptr, odt backend.DType, x devptr, xdiv int, w *tensor, estride int, g expertGroups, maxTiles, O, I int) {
-	if !qmvFits(w.dt, I) || w.qcols() != I {
-		panic(fmt.Sprintf("cuda: qmv of %v with rows of %d", w, I))
-	}
+	checkQmv(w, I)
 	qk := quantKernelsOf(w.dt)
 	k, outs := qk.mvTiles, 8
 	if swiglu {
