@@ -87,7 +87,6 @@ type Backend struct {
 
 	pinned     unsafe.Pointer // host staging for reads
 	pinnedSize int
-	ev         C.CUevent
 }
 
 var (
@@ -141,9 +140,6 @@ func New(opts Options) (*Backend, error) {
 		return nil, err
 	}
 	if err := check("cuStreamCreate", C.k_cuStreamCreate(b.ctx, &b.stream, 1)); err != nil {
-		return nil, err
-	}
-	if err := check("cuEventCreate", C.k_cuEventCreate(b.ctx, &b.ev, 2)); err != nil { // 2: disable timing
 		return nil, err
 	}
 	k, err := compileKernels(b.ctx, b.arch, opts.CacheDir)
