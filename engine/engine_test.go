@@ -57,6 +57,28 @@ func collect(st *Stream) result {
 	return r
 }
 
+// generateLogprobs is generate, also returning each token's log-probabilities.
+func generateLogprobs(t testing.TB, e *Engine, req *Request) (result, []Logprob) {
+	t.Helper()
+	st, err := e.Generate(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r result
+	var lps []Logprob
+	for ev := range st.Events() {
+		r.tokens = append(r.tokens, ev.Tokens...)
+		lps = append(lps, ev.Logprobs...)
+		if ev.Done {
+			r.finish, r.usage, r.err = ev.Finish, ev.Usage, ev.Err
+		}
+	}
+	if r.err != nil {
+		t.Fatalf("request failed: %v", r.err)
+	}
+	return r, lps
+}
+
 func generate(t testing.TB, e *Engine, req *Request) result {
 	t.Helper()
 	st, err := e.Generate(context.Background(), req)
@@ -252,6 +274,65 @@ func TestFollowUpOnePass(t *testing.T) {
 			}
 			if ref := generate(t, scratch, &Request{Prompt: p3, Sampling: Sampling{MaxTokens: 4}}); !slices.Equal(r3.tokens, ref.tokens) {
 				t.Errorf("rewritten turn %v, without a cache %v", r3.tokens, ref.tokens)
+			}
+		})
+	}
+}
+
+// TestHybridOverlap: a hybrid model's tokens are emitted while the next
+// pass runs too, but a request's with stop strings, which its text may end
+// only once it is decoded: the state kept where it ends must not hold the
+// next pass. A follow-up of an answer that a stop string ended resumes
+// from that state and answers as an engine without a cache.
+func TestHybridOverlap(t *testing.T) {
+	for _, arch := range testmodel.Archs {
+		f := loadFixture(t, arch)
+		if !f.Model.Hybrid() {
+			continue
+		}
+		t.Run(arch, func(t *testing.T) {
+			e := newEngine(t, f, Options{overlap: true})
+			scratch := newEngine(t, loadFixture(t, arch), Options{NoCache: true})
+			rng := rand.New(rand.NewPCG(7, 8))
+			p1 := randomPrompt(rng, f, 40)
+			free := generate(t, e, &Request{Prompt: p1, Sampling: Sampling{MaxTokens: 12, IgnoreEOS: true}})
+			if ref := generate(t, scratch, &Request{Prompt: p1, Sampling: Sampling{MaxTokens: 12, IgnoreEOS: true}}); !slices.Equal(free.tokens, ref.tokens) {
+				t.Fatalf("overlapped answer %v, without a cache %v", free.tokens, ref.tokens)
+			}
+			// A stop string inside the answer's text, past its first tokens.
+			var stop string
+			for i := 3; i < len(free.tokens) && stop == ""; i++ {
+				if s := f.Tok.Decode(free.tokens[i : i+1]); len(s) > 0 && isASCII(s) && !strings.Contains(f.Tok.Decode(free.tokens[:i]), s) {
+					stop = s
+				}
+			}
+			if stop == "" {
+				t.Fatalf("no ASCII token to stop at in %v", free.tokens)
+			}
+			r1 := generate(t, e, &Request{Prompt: p1, Sampling: Sampling{MaxTokens: 12, IgnoreEOS: true, Stop: []string{stop}}})
+			if r1.finish != FinishStop {
+				t.Fatalf("stop string %q: finish %s after %v", stop, r1.finish, r1.tokens)
+			}
+			// The follow-up's top log-probabilities are the cold engine's: a
+			// state that held one token more would move them.
+			p2 := append(append(slices.Clone(p1), r1.tokens...), randomPrompt(rng, f, 20)...)
+			follow := &Request{Prompt: p2, Sampling: Sampling{MaxTokens: 6, IgnoreEOS: true, TopLogprobs: 5}}
+			r2, lp2 := generateLogprobs(t, e, follow)
+			if want := len(p1) + len(r1.tokens) - 1; r2.usage.CachedTokens != want {
+				t.Errorf("the follow-up reused %d tokens, want %d (the answer's end)", r2.usage.CachedTokens, want)
+			}
+			ref, lpRef := generateLogprobs(t, scratch, follow)
+			if !slices.Equal(r2.tokens, ref.tokens) {
+				t.Fatalf("follow-up %v, without a cache %v", r2.tokens, ref.tokens)
+			}
+			worst := 0.0
+			for i := range lp2 {
+				for j, tl := range lp2[i].Top {
+					worst = max(worst, math.Abs(float64(tl.Logprob-lpRef[i].Top[j].Logprob)))
+				}
+			}
+			if worst > 1e-3 {
+				t.Errorf("follow-up log-probabilities differ from a cold engine's by up to %.3g", worst)
 			}
 		})
 	}

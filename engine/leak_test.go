@@ -23,7 +23,7 @@ func TestRandomizedNoLeaks(t *testing.T) {
 		overlap  bool
 		store    bool // a state cache in host memory, small enough to drop entries
 	}{{"qwen3", 2000, false, false}, {"qwen3", 1000, true, false}, {"qwen3next", 1000, false, false},
-		{"qwen3", 1000, false, true}, {"qwen3next", 1000, false, true}} {
+		{"qwen3", 1000, false, true}, {"qwen3next", 1000, false, true}, {"qwen3next", 1000, true, true}} {
 		t.Run(fmt.Sprintf("%s/overlap=%v/store=%v", tc.arch, tc.overlap, tc.store), func(t *testing.T) {
 			randomizedRun(t, tc.arch, tc.requests, tc.overlap, tc.store)
 		})

@@ -103,8 +103,10 @@ type scheduler struct {
 	// emitted (detokenized, matched against stop strings, streamed) while
 	// the next pass runs on the device. held keeps them until then. A stop
 	// string then ends its sequence one pass late, whose extra token is
-	// dropped. Hybrid models do not overlap: a sequence's state snapshot
-	// when it ends must not include the next pass.
+	// dropped. A hybrid model's sequence with stop strings does not
+	// overlap: its state snapshot when it ends must not include the next
+	// pass (without stop strings, what ends a sequence is known when its
+	// token is accepted, and it is emitted at once).
 	overlap bool
 	held    []heldToken
 
@@ -125,7 +127,7 @@ type heldToken struct {
 
 func newScheduler(e *Engine) *scheduler {
 	s := &scheduler{e: e, m: e.m, hybrid: e.m.Hybrid(), alloc: kvcache.NewAllocator(e.opts.KVBlocks), store: e.store}
-	s.overlap = (e.m.Backend().Asynchronous() || e.opts.overlap) && !s.hybrid
+	s.overlap = e.m.Backend().Asynchronous() || e.opts.overlap
 	// Hybrid models resume only where a state snapshot exists: their
 	// snapshots hold the KV blocks they need, and full blocks alone (the
 	// prefix cache) are of no use to them.
@@ -571,7 +573,7 @@ func (s *scheduler) step() {
 			continue
 		}
 		s.generated++
-		if ends := q.accept(sampled[i].Token); ends || !s.overlap {
+		if ends := q.accept(sampled[i].Token); ends || !s.overlap || s.hybrid && q.stop.any() {
 			// Emitted now: an ending sequence's slot and blocks are free for
 			// the next pass, and its client hears of it at once.
 			s.emit(q, sampled[i])

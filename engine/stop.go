@@ -10,6 +10,9 @@ type stopMatcher struct {
 	held  string
 }
 
+// any reports whether there are stop strings to look for.
+func (m *stopMatcher) any() bool { return len(m.stops) > 0 }
+
 // push adds a piece of text and returns what can be emitted, and whether a
 // stop string was found (then nothing after it is emitted, ever).
 func (m *stopMatcher) push(text string) (emit string, stopped bool) {
