@@ -80,7 +80,8 @@ type Backend struct {
 	// (skinny.go); 0: none (before sm_89, or NVRTC before 12.4).
 	// f8mvMax is the most tokens of a product on f8mv (quant.go), which
 	// takes FP8 expert rows from 0; -1: no f8mv (as fp8SkinnyMax 0).
-	fp8Min, fp8SkinnyMax, f8mvMax int
+	// f8mvOuts is the most outputs of a product on it.
+	fp8Min, fp8SkinnyMax, f8mvMax, f8mvOuts int
 	// trace, when set (tests), is told the name of every kernel launched
 	// and "cublasLt" for every cuBLASLt product.
 	trace func(name string)
@@ -186,6 +187,7 @@ func New(opts Options) (*Backend, error) {
 		}
 		b.fp8SkinnyMax = envInt("KILN_CUDA_FP8_SKINNY_MAX", def, 0, skinnyMaxTokens)
 		b.f8mvMax = envInt("KILN_CUDA_F8MV_MAX", f8mvMaxTokens, -1, f8mvTokens)
+		b.f8mvOuts = envInt("KILN_CUDA_F8MV_OUTS", f8mvOuts, 0, 1<<30)
 	}
 	// Split tiles are at most half a wave of blocks.
 	ncnt := b.skinnyWave()

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/kiln-llm/kiln/backend"
@@ -328,4 +329,77 @@ func (p *pair) withQmvGrid(grid int, f func()) {
 	defer func(g int) { p.g.qmvGrid = g }(p.g.qmvGrid)
 	p.g.qmvGrid = grid
 	f()
+}
+
+// BenchmarkFP8Products times one-token FP8 products inside a CUDA graph
+// (launched as a decode step launches them) on each kernel that takes
+// them, at the Coder-Next and Qwen3-8B shapes. Copies of the weight, 256
+// MB or more in all, take turns, so that each product reads its weight
+// from memory and not from L2: `cuda.test -test.run '^$' -test.bench
+// BenchmarkFP8Products -test.benchtime 50x`.
+func BenchmarkFP8Products(b *testing.B) {
+	gpuOnce.Do(func() { gpu, gpuErr = New(Options{}) })
+	if gpuErr != nil {
+		b.Skipf("no GPU: %v", gpuErr)
+	}
+	g := gpu
+	if g.f8mvMax < 0 || g.fp8SkinnyMax == 0 {
+		b.Skip("no FP8 tensor cores (sm_89) or NVRTC before 12.4")
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, s := range []struct {
+		name  string
+		o, in int
+	}{{"coder-next-qkv", 8192, 2048}, {"coder-next-z", 4096, 2048}, {"coder-next-out", 2048, 4096},
+		{"qwen3-8b-qkv", 6144, 4096}, {"qwen3-8b-o", 4096, 4096}, {"qwen3-8b-down", 4096, 12288}} {
+		data := quant.Random(backend.FP8, s.o, s.in, 0.05, rng.Uint64)
+		ws := make([]backend.Tensor, max(1, (256<<20)/len(data)))
+		for i := range ws {
+			w, err := g.Load(backend.FP8, []int{s.o, s.in}, data)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ws[i] = w
+		}
+		x := g.Alloc(backend.BF16, 1, s.in)
+		xs := make([]float32, s.in)
+		for i := range xs {
+			xs[i] = float32(rng.NormFloat64())
+		}
+		g.Write(x, encode(backend.BF16, xs))
+		out := g.Alloc(backend.F32, 1, s.o)
+		for _, k := range []struct {
+			name          string
+			f8mvMax, sMax int
+		}{{"f8mv", 1, 0}, {"skinny", -1, 2}, {"qmv", -1, 0}} {
+			b.Run(s.name+"/"+k.name, func(b *testing.B) {
+				defer func(m, o, s int) { g.f8mvMax, g.f8mvOuts, g.fp8SkinnyMax = m, o, s }(g.f8mvMax, g.f8mvOuts, g.fp8SkinnyMax)
+				g.f8mvMax, g.f8mvOuts, g.fp8SkinnyMax = k.f8mvMax, 1<<30, k.sMax
+				g.Begin(&backend.Batch{Tokens: []int32{0}, Seqs: []backend.SeqInfo{{N: 1}}})
+				step := func() {
+					g.Graph("fp8 products/"+s.name+"/"+k.name, func() {
+						for _, w := range ws {
+							g.MatMul(out, x, w, false)
+						}
+					})
+				}
+				step() // captures
+				if err := g.Sync(); err != nil {
+					b.Fatal(err)
+				}
+				for b.Loop() {
+					step()
+				}
+				if err := g.Sync(); err != nil {
+					b.Fatal(err)
+				}
+				per := b.Elapsed().Seconds() / float64(b.N*len(ws))
+				b.ReportMetric(per*1e6, "us/product")
+				b.ReportMetric(float64(len(data))/per/1e12, "TB/s")
+			})
+		}
+		for _, t := range append(ws, x, out) {
+			g.Free(t)
+		}
+	}
 }

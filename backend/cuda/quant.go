@@ -301,8 +301,8 @@ func (b *Backend) qmvLaunch(swiglu bool, k, rows int, a qmvSwigluArgs, xt, w *te
 
 // f8mvTokens is the most tokens of f8mv (the FP8 mma's 8 columns);
 // f8mvMaxTokens the most it takes by default (KILN_CUDA_F8MV_MAX: -1 to
-// f8mvTokens), and f8mvOuts the most outputs of such a product (expert
-// rows: any). Against the FP8 skinny GEMM on an H200 (docs/performance.md)
+// f8mvTokens), and f8mvOuts the most outputs of such a product by default
+// (KILN_CUDA_F8MV_OUTS; expert rows: any). Against the FP8 skinny GEMM on an H200 (docs/performance.md)
 // f8mv won at one token on the Coder-Next shape's 2048-output products,
 // where the skinny GEMM splits the rows' columns over six blocks and adds
 // their sums in a second pass; it was even on the shape's 4096 and 8192
@@ -339,7 +339,7 @@ func f8mvSmem(nt, in int) int { return nt * (2*(in+64) + 4*(in/128)) }
 // f8mvFits reports whether f8mv takes a product of n tokens (0: expert
 // rows, one token each) with o rows of in columns of dt.
 func (b *Backend) f8mvFits(dt backend.DType, n, o, in int) bool {
-	return dt == backend.FP8 && n <= b.f8mvMax && (n == 0 || o <= f8mvOuts) && in%128 == 0 && f8mvSmem(max(n, 1), in) <= f8mvSmemMax
+	return dt == backend.FP8 && n <= b.f8mvMax && (n == 0 || o <= b.f8mvOuts) && in%128 == 0 && f8mvSmem(max(n, 1), in) <= f8mvSmemMax
 }
 
 // f8mvSwigluArgs are qmv_swiglu's and x's type (f32 or bf16).
