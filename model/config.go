@@ -73,6 +73,10 @@ type Config struct {
 	Embedding *EmbeddingConfig
 
 	arch *archInfo
+	// qkvzApart: a Qwen3-Next file that stores in_proj_qkvz as [q|k|v] and
+	// z apart (a GGUF file's attn_qkv and attn_gate, maybe of two types),
+	// bound as Qwen3.5's in_proj_qkv and in_proj_z are.
+	qkvzApart bool
 	// held is the range [first, first+n) of the MoE experts that a rank
 	// of a split model holds (split); n 0: all of them.
 	held [2]int

@@ -22,8 +22,9 @@ import (
 // binder's requests for HF tensor names with the file's tensors, renamed
 // (blk.N.attn_q for model.layers.N.self_attn.q_proj), sliced (one expert of
 // ffn_gate_exps) or undone where the converter changed them: Qwen3-Next's
-// RMSNorm weights are stored as 1 + w, A_log as -exp(A_log), and
-// in_proj_qkvz already split into [q|k|v] (attn_qkv) and z (attn_gate).
+// RMSNorm weights are stored as 1 + w and A_log as -exp(A_log); its
+// in_proj_qkvz comes split into [q|k|v] (attn_qkv) and z (attn_gate), maybe
+// of two quantized types, which the model binds apart (Config.qkvzApart).
 // Everything else, the quantized blocks included, is used in place.
 
 // ggufArchs maps general.architecture to the HF architecture it came from.
@@ -253,6 +254,7 @@ func GGUFConfig(f *gguf.File) (*Config, error) {
 	// dt_bias, the conv's and out_proj's value channels with them) so that
 	// value head h reads key head h % HK; the DeltaNet takes them so.
 	c.DeltaNet.TiledHeads = c.arch.hybrid && !c.arch.fusedQKVZ && c.DeltaNet.KeyHeads != c.DeltaNet.ValueHeads
+	c.qkvzApart = c.arch.fusedQKVZ
 	return c, nil
 }
 
@@ -340,8 +342,6 @@ func (s *ggufSource) tensor(name string) (*safetensors.Tensor, error) {
 	switch {
 	case rest == "linear_attn.A_log":
 		return s.aLog(name, blk+"ssm_a")
-	case rest == "linear_attn.in_proj_qkvz.weight":
-		return s.qkvz(name, blk)
 	case strings.HasSuffix(rest, "norm.weight") && rest != "linear_attn.norm.weight":
 		for _, g := range layerTensors[rest] {
 			if t, err := s.norm(name, blk+g, hybrid); t != nil || err != nil {
@@ -451,44 +451,6 @@ func (s *ggufSource) expert(name, blk, e, proj string) (*safetensors.Tensor, err
 		data = data[half*rows*rb : (half+1)*rows*rb]
 	}
 	return &safetensors.Tensor{Name: name, DType: t.Type.String(), Shape: []int{rows, cols}, Data: data, File: s.f.Name}, nil
-}
-
-// qkvz rebuilds Qwen3-Next's in_proj_qkvz (rows grouped per key head) from
-// attn_qkv ([q all | k all | v all]) and attn_gate (z all): the binder then
-// permutes it back to [q | k | v | z] as it does for HF checkpoints.
-func (s *ggufSource) qkvz(name, blk string) (*safetensors.Tensor, error) {
-	qkv, ok1 := s.f.Tensor(blk + "attn_qkv.weight")
-	z, ok2 := s.f.Tensor(blk + "attn_gate.weight")
-	if !ok1 || !ok2 {
-		return nil, nil
-	}
-	if len(qkv.Shape) != 2 || len(z.Shape) != 2 || qkv.Shape[1] != z.Shape[1] {
-		return nil, fmt.Errorf("tensors %sattn_qkv %v and attn_gate %v do not stack", blk, qkv.Shape, z.Shape)
-	}
-	parts := []stored{}
-	for _, t := range []*gguf.Tensor{qkv, z} {
-		dt, ok := dtypeOf(t.Type.String())
-		if !ok {
-			return nil, fmt.Errorf("tensor %s has type %v; kiln loads %s", t.Name, t.Type, loadable)
-		}
-		parts = append(parts, stored{dt, t.Data})
-	}
-	if parts[0].dt != parts[1].dt {
-		parts[0], parts[1] = parts[0].widened(qkv.Shape), parts[1].widened(z.Shape)
-	}
-	dt, cols := parts[0].dt, qkv.Shape[1]
-	rows := qkv.Shape[0] + z.Shape[0]
-	order := qkvzRows(&s.cfg.DeltaNet)
-	if len(order) != rows {
-		return nil, fmt.Errorf("tensors %sattn_qkv %v and attn_gate %v do not match the DeltaNet's %d rows", blk, qkv.Shape, z.Shape, len(order))
-	}
-	all := append(append([]byte(nil), parts[0].data...), parts[1].data...)
-	rb := dt.RowBytes(cols)
-	data := make([]byte, len(all))
-	for i, src := range order {
-		copy(data[src*rb:(src+1)*rb], all[i*rb:(i+1)*rb])
-	}
-	return &safetensors.Tensor{Name: name, DType: dtypeName(dt), Shape: []int{rows, cols}, Data: data, File: s.f.Name}, nil
 }
 
 // dtypeName is the checkpoint name of a type, as dtypeOf reads it.

@@ -259,6 +259,29 @@ func TestGGUFQuantized(t *testing.T) {
 	}
 }
 
+// TestGGUFQKVZApart: llama.cpp's Q4_K_M stores one layer's DeltaNet
+// [q|k|v] (attn_qkv) in Q6_K and its z (attn_gate) in Q4_K; the model
+// holds each in its own type, where stacking them as Qwen3-Next's
+// in_proj_qkvz widened both to float32 (on a 4-layer Coder-Next-shaped
+// Q4_K_M file, 100 MB a token and a quarter of its CPU decode time).
+func TestGGUFQKVZApart(t *testing.T) {
+	m, err := Load(quantDir("qwen3next-w256-Q4_K_M.gguf"), cpu.New(cpu.Options{}), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	var seen [][2]backend.DType
+	for _, l := range m.layers {
+		if d, ok := l.mixer.(*gatedDeltaNet); ok {
+			seen = append(seen, [2]backend.DType{d.qkv.DType(), d.z.DType()})
+		}
+	}
+	widened := func(p [2]backend.DType) bool { return p[0] == backend.F32 || p[1] == backend.F32 }
+	if !slices.Contains(seen, [2]backend.DType{backend.Q6_K, backend.Q4_K}) || slices.ContainsFunc(seen, widened) {
+		t.Errorf("DeltaNet layers' [q|k|v] and z types %v; want the file's (Q6_K and Q4_K in one layer), none float32", seen)
+	}
+}
+
 // TestGGUFF32Models checks llama.cpp's converter and lldump, which the
 // other GGUF tests lean on: on the F32 files of the 256-wide models
 // llama.cpp gives transformers' logits.

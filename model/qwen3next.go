@@ -57,6 +57,10 @@ func (d *gatedDeltaNet) weights(c *Config, p string) []param {
 		weight(&d.norm, p+"norm.weight", initOnes, s.ValueDim),
 		sectioned(weight(&d.out, p+"out_proj.weight", initNormal, H, vdim).linear().colSplit(), vh),
 	}
+	qkvApart := []param{
+		sectioned(weight(&d.qkv, p+"in_proj_qkv.weight", initNormal, conv, H).linear().rowSplit(), []int{qk, qk}, vh),
+		sectioned(weight(&d.z, p+"in_proj_z.weight", initNormal, vdim, H).linear().rowSplit(), vh),
+	}
 	if c.arch.fusedQKVZ {
 		// Qwen3-Next interleaves the projections per key-head group; reorder
 		// the rows once so that the output is [q all | k all | v all | z all]
@@ -66,15 +70,18 @@ func (d *gatedDeltaNet) weights(c *Config, p string) []param {
 		if c.ranks > 1 {
 			whole.KeyHeads, whole.ValueHeads = s.KeyHeads*c.ranks, s.ValueHeads*c.ranks
 		}
-		qkvz := weight(&d.qkvz, p+"in_proj_qkvz.weight", initNormal, conv+vdim, H).linear().rowSplit()
-		qkvz.rows, qkvz.sections = qkvzRows(&whole), []int{qk, qk, v, v}
 		ba := weight(&d.ba, p+"in_proj_ba.weight", initNormal, 2*s.ValueHeads, H).rowSplit()
 		ba.rows, ba.sections = baRows(&whole), []int{s.ValueHeads, s.ValueHeads}
+		if c.qkvzApart {
+			// Stored apart already, maybe in two types: one weight each, so
+			// that neither is widened to the other's.
+			return append(append(ps, qkvApart...), ba)
+		}
+		qkvz := weight(&d.qkvz, p+"in_proj_qkvz.weight", initNormal, conv+vdim, H).linear().rowSplit()
+		qkvz.rows, qkvz.sections = qkvzRows(&whole), []int{qk, qk, v, v}
 		return append(ps, qkvz, ba)
 	}
-	return append(ps,
-		sectioned(weight(&d.qkv, p+"in_proj_qkv.weight", initNormal, conv, H).linear().rowSplit(), []int{qk, qk}, vh),
-		sectioned(weight(&d.z, p+"in_proj_z.weight", initNormal, vdim, H).linear().rowSplit(), vh),
+	return append(append(ps, qkvApart...),
 		sectioned(fused(&d.ba, part{name: p + "in_proj_b.weight", shape: []int{s.ValueHeads, H}},
 			part{name: p + "in_proj_a.weight", shape: []int{s.ValueHeads, H}}).rowSplit(), hv, hv))
 }
