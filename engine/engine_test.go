@@ -242,41 +242,35 @@ func TestCacheCorrectness(t *testing.T) {
 // without a cache, and a third turn that rewrites the new message resumes
 // from the state captured at its start.
 func TestFollowUpOnePass(t *testing.T) {
-	for _, arch := range testmodel.Archs {
-		f := loadFixture(t, arch)
-		if !f.Model.Hybrid() {
-			continue
+	forHybrids(t, func(t *testing.T, arch string, f testmodel.Fixture) {
+		if !f.Model.CapturesStates() {
+			t.Fatal("the CPU backend does not capture states")
 		}
-		t.Run(arch, func(t *testing.T) {
-			if !f.Model.CapturesStates() {
-				t.Fatal("the CPU backend does not capture states")
-			}
-			e := newEngine(t, f, Options{})
-			scratch := newEngine(t, loadFixture(t, arch), Options{NoCache: true})
-			rng := rand.New(rand.NewPCG(5, 6))
-			p1 := randomPrompt(rng, f, 50)
-			r1 := generate(t, e, &Request{Prompt: p1, Checkpoints: []int{0}, Sampling: Sampling{MaxTokens: 6, IgnoreEOS: true}})
-			start := len(p1) + len(r1.tokens) // the new message's start
-			p2 := append(append(slices.Clone(p1), r1.tokens...), randomPrompt(rng, f, 45)...)
-			before := e.Stats()
-			r2 := generate(t, e, &Request{Prompt: p2, Checkpoints: []int{0, start}, Sampling: Sampling{MaxTokens: 1}})
-			after := e.Stats()
-			if passes := (after.Steps - before.Steps) - (after.DecodeSteps - before.DecodeSteps); passes != 1 {
-				t.Errorf("the follow-up's prefill took %d passes, want 1", passes)
-			}
-			if ref := generate(t, scratch, &Request{Prompt: p2, Sampling: Sampling{MaxTokens: 1}}); !slices.Equal(r2.tokens, ref.tokens) {
-				t.Errorf("follow-up %v, without a cache %v", r2.tokens, ref.tokens)
-			}
-			p3 := append(slices.Clone(p2[:start]), randomPrompt(rng, f, 30)...)
-			r3 := generate(t, e, &Request{Prompt: p3, Checkpoints: []int{0, start}, Sampling: Sampling{MaxTokens: 4}})
-			if r3.usage.CachedTokens != start {
-				t.Errorf("the rewritten message reused %d tokens, want %d (its start)", r3.usage.CachedTokens, start)
-			}
-			if ref := generate(t, scratch, &Request{Prompt: p3, Sampling: Sampling{MaxTokens: 4}}); !slices.Equal(r3.tokens, ref.tokens) {
-				t.Errorf("rewritten turn %v, without a cache %v", r3.tokens, ref.tokens)
-			}
-		})
-	}
+		e := newEngine(t, f, Options{})
+		scratch := newEngine(t, loadFixture(t, arch), Options{NoCache: true})
+		rng := rand.New(rand.NewPCG(5, 6))
+		p1 := randomPrompt(rng, f, 50)
+		r1 := generate(t, e, &Request{Prompt: p1, Checkpoints: []int{0}, Sampling: Sampling{MaxTokens: 6, IgnoreEOS: true}})
+		start := len(p1) + len(r1.tokens) // the new message's start
+		p2 := append(append(slices.Clone(p1), r1.tokens...), randomPrompt(rng, f, 45)...)
+		before := e.Stats()
+		r2 := generate(t, e, &Request{Prompt: p2, Checkpoints: []int{0, start}, Sampling: Sampling{MaxTokens: 1}})
+		after := e.Stats()
+		if passes := (after.Steps - before.Steps) - (after.DecodeSteps - before.DecodeSteps); passes != 1 {
+			t.Errorf("the follow-up's prefill took %d passes, want 1", passes)
+		}
+		if ref := generate(t, scratch, &Request{Prompt: p2, Sampling: Sampling{MaxTokens: 1}}); !slices.Equal(r2.tokens, ref.tokens) {
+			t.Errorf("follow-up %v, without a cache %v", r2.tokens, ref.tokens)
+		}
+		p3 := append(slices.Clone(p2[:start]), randomPrompt(rng, f, 30)...)
+		r3 := generate(t, e, &Request{Prompt: p3, Checkpoints: []int{0, start}, Sampling: Sampling{MaxTokens: 4}})
+		if r3.usage.CachedTokens != start {
+			t.Errorf("the rewritten message reused %d tokens, want %d (its start)", r3.usage.CachedTokens, start)
+		}
+		if ref := generate(t, scratch, &Request{Prompt: p3, Sampling: Sampling{MaxTokens: 4}}); !slices.Equal(r3.tokens, ref.tokens) {
+			t.Errorf("rewritten turn %v, without a cache %v", r3.tokens, ref.tokens)
+		}
+	})
 }
 
 // TestHybridOverlap: a hybrid model's tokens are emitted while the next
@@ -285,56 +279,60 @@ func TestFollowUpOnePass(t *testing.T) {
 // next pass. A follow-up of an answer that a stop string ended resumes
 // from that state and answers as an engine without a cache.
 func TestHybridOverlap(t *testing.T) {
-	for _, arch := range testmodel.Archs {
-		f := loadFixture(t, arch)
-		if !f.Model.Hybrid() {
-			continue
+	forHybrids(t, func(t *testing.T, arch string, f testmodel.Fixture) {
+		e := newEngine(t, f, Options{overlap: true})
+		scratch := newEngine(t, loadFixture(t, arch), Options{NoCache: true})
+		rng := rand.New(rand.NewPCG(7, 8))
+		p1 := randomPrompt(rng, f, 40)
+		free := generate(t, e, &Request{Prompt: p1, Sampling: Sampling{MaxTokens: 12, IgnoreEOS: true}})
+		if ref := generate(t, scratch, &Request{Prompt: p1, Sampling: Sampling{MaxTokens: 12, IgnoreEOS: true}}); !slices.Equal(free.tokens, ref.tokens) {
+			t.Fatalf("overlapped answer %v, without a cache %v", free.tokens, ref.tokens)
 		}
-		t.Run(arch, func(t *testing.T) {
-			e := newEngine(t, f, Options{overlap: true})
-			scratch := newEngine(t, loadFixture(t, arch), Options{NoCache: true})
-			rng := rand.New(rand.NewPCG(7, 8))
-			p1 := randomPrompt(rng, f, 40)
-			free := generate(t, e, &Request{Prompt: p1, Sampling: Sampling{MaxTokens: 12, IgnoreEOS: true}})
-			if ref := generate(t, scratch, &Request{Prompt: p1, Sampling: Sampling{MaxTokens: 12, IgnoreEOS: true}}); !slices.Equal(free.tokens, ref.tokens) {
-				t.Fatalf("overlapped answer %v, without a cache %v", free.tokens, ref.tokens)
+		// A stop string inside the answer's text, past its first tokens.
+		var stop string
+		for i := 3; i < len(free.tokens) && stop == ""; i++ {
+			if s := f.Tok.Decode(free.tokens[i : i+1]); len(s) > 0 && isASCII(s) && !strings.Contains(f.Tok.Decode(free.tokens[:i]), s) {
+				stop = s
 			}
-			// A stop string inside the answer's text, past its first tokens.
-			var stop string
-			for i := 3; i < len(free.tokens) && stop == ""; i++ {
-				if s := f.Tok.Decode(free.tokens[i : i+1]); len(s) > 0 && isASCII(s) && !strings.Contains(f.Tok.Decode(free.tokens[:i]), s) {
-					stop = s
-				}
+		}
+		if stop == "" {
+			t.Fatalf("no ASCII token to stop at in %v", free.tokens)
+		}
+		r1 := generate(t, e, &Request{Prompt: p1, Sampling: Sampling{MaxTokens: 12, IgnoreEOS: true, Stop: []string{stop}}})
+		if r1.finish != FinishStop {
+			t.Fatalf("stop string %q: finish %s after %v", stop, r1.finish, r1.tokens)
+		}
+		// The follow-up's top log-probabilities are the cold engine's: a
+		// state that held one token more would move them.
+		p2 := append(append(slices.Clone(p1), r1.tokens...), randomPrompt(rng, f, 20)...)
+		follow := &Request{Prompt: p2, Sampling: Sampling{MaxTokens: 6, IgnoreEOS: true, TopLogprobs: 5}}
+		r2, lp2 := generateLogprobs(t, e, follow)
+		if want := len(p1) + len(r1.tokens) - 1; r2.usage.CachedTokens != want {
+			t.Errorf("the follow-up reused %d tokens, want %d (the answer's end)", r2.usage.CachedTokens, want)
+		}
+		ref, lpRef := generateLogprobs(t, scratch, follow)
+		if !slices.Equal(r2.tokens, ref.tokens) {
+			t.Fatalf("follow-up %v, without a cache %v", r2.tokens, ref.tokens)
+		}
+		worst := 0.0
+		for i := range lp2 {
+			for j, tl := range lp2[i].Top {
+				worst = max(worst, math.Abs(float64(tl.Logprob-lpRef[i].Top[j].Logprob)))
 			}
-			if stop == "" {
-				t.Fatalf("no ASCII token to stop at in %v", free.tokens)
-			}
-			r1 := generate(t, e, &Request{Prompt: p1, Sampling: Sampling{MaxTokens: 12, IgnoreEOS: true, Stop: []string{stop}}})
-			if r1.finish != FinishStop {
-				t.Fatalf("stop string %q: finish %s after %v", stop, r1.finish, r1.tokens)
-			}
-			// The follow-up's top log-probabilities are the cold engine's: a
-			// state that held one token more would move them.
-			p2 := append(append(slices.Clone(p1), r1.tokens...), randomPrompt(rng, f, 20)...)
-			follow := &Request{Prompt: p2, Sampling: Sampling{MaxTokens: 6, IgnoreEOS: true, TopLogprobs: 5}}
-			r2, lp2 := generateLogprobs(t, e, follow)
-			if want := len(p1) + len(r1.tokens) - 1; r2.usage.CachedTokens != want {
-				t.Errorf("the follow-up reused %d tokens, want %d (the answer's end)", r2.usage.CachedTokens, want)
-			}
-			ref, lpRef := generateLogprobs(t, scratch, follow)
-			if !slices.Equal(r2.tokens, ref.tokens) {
-				t.Fatalf("follow-up %v, without a cache %v", r2.tokens, ref.tokens)
-			}
-			worst := 0.0
-			for i := range lp2 {
-				for j, tl := range lp2[i].Top {
-					worst = max(worst, math.Abs(float64(tl.Logprob-lpRef[i].Top[j].Logprob)))
-				}
-			}
-			if worst > 1e-3 {
-				t.Errorf("follow-up log-probabilities differ from a cold engine's by up to %.3g", worst)
-			}
-		})
+		}
+		if worst > 1e-3 {
+			t.Errorf("follow-up log-probabilities differ from a cold engine's by up to %.3g", worst)
+		}
+	})
+}
+
+// forHybrids runs f as a subtest for each hybrid test architecture.
+func forHybrids(t *testing.T, f func(t *testing.T, arch string, fx testmodel.Fixture)) {
+	for _, arch := range testmodel.Archs {
+		fx := loadFixture(t, arch)
+		if fx.Model.Hybrid() {
+			t.Run(arch, func(t *testing.T) { f(t, arch, fx) })
+		}
 	}
 }
 
