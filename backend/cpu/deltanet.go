@@ -174,20 +174,31 @@ func (b *Backend) CausalConv1d(out, x, w backend.Tensor, stc backend.StateCache,
 			}
 		}
 	})
-	// The history after n new inputs is the last K-1 inputs of [history |
-	// the first n new inputs]: a capture's, then the sequence's own.
+	// The history after n new inputs is the last K-1 rows of [history |
+	// the first n new inputs]: a capture's first, from the history as it
+	// was, then the sequence's own, in place (its row r reads row n + r,
+	// not yet overwritten).
 	for si, s := range st.seqs {
 		if s.N == 0 {
 			continue
 		}
-		hist := hists[si]
-		all := append(append([]float32(nil), hist...), xs[st.seqStart[si]*CD:(st.seqStart[si]+s.N)*CD]...)
+		hist, in := hists[si], xs[st.seqStart[si]*CD:(st.seqStart[si]+s.N)*CD]
+		row := func(i int) []float32 { // row i of [history | new inputs]
+			if i < K-1 {
+				return hist[i*CD : (i+1)*CD]
+			}
+			return in[(i-(K-1))*CD : (i-K+2)*CD]
+		}
 		for _, cp := range s.Captures {
 			c.checkSlot(cp.Slot)
-			end := (K - 1 + cp.Offset) * CD
-			copy(c.convOf(layer, cp.Slot), all[end-(K-1)*CD:end])
+			dst := c.convOf(layer, cp.Slot)
+			for r := range K - 1 {
+				copy(dst[r*CD:(r+1)*CD], row(cp.Offset+r))
+			}
 		}
-		copy(hist, all[len(all)-(K-1)*CD:])
+		for r := range K - 1 {
+			copy(hist[r*CD:(r+1)*CD], row(s.N+r))
+		}
 	}
 }
 
