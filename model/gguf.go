@@ -452,11 +452,3 @@ func (s *ggufSource) expert(name, blk, e, proj string) (*safetensors.Tensor, err
 	}
 	return &safetensors.Tensor{Name: name, DType: t.Type.String(), Shape: []int{rows, cols}, Data: data, File: s.f.Name}, nil
 }
-
-// dtypeName is the checkpoint name of a type, as dtypeOf reads it.
-func dtypeName(dt backend.DType) string {
-	if dt == backend.FP8 {
-		return "F8_E4M3"
-	}
-	return strings.ToUpper(dt.String())
-}
