@@ -63,7 +63,13 @@ func (b *Backend) qmvBlocks(groups, rows int) int {
 	if b.qmvGrid == 0 {
 		return groups
 	}
-	per := max(1, b.qmvGrid/rows)
+	return blocksOver(groups, rows, b.qmvGrid)
+}
+
+// blocksOver is the x of a grid of rows rows whose blocks take rounds of
+// groups, at most limit blocks in all: the rounds as even as they can be.
+func blocksOver(groups, rows, limit int) int {
+	per := max(1, limit/rows)
 	rounds := (groups + per - 1) / per
 	return (groups + rounds - 1) / rounds
 }
@@ -373,9 +379,7 @@ func (b *Backend) f8mv(swiglu bool, rows int, q qmvSwigluArgs, xt *tensor, accum
 	if b.qmvGrid > 0 {
 		limit = min(limit, b.qmvGrid)
 	}
-	per := max(1, limit/rows)
-	rounds := (groups + per - 1) / per
-	grid := [3]int{(groups + rounds - 1) / rounds, rows, 1}
+	grid := [3]int{blocksOver(groups, rows, limit), rows, 1}
 	smem := f8mvSmem(nt, I)
 	overlap := a.sel == 0
 	if swiglu {
