@@ -313,6 +313,11 @@ func (s *ggufSource) Tensor(name string) (*safetensors.Tensor, bool) {
 		return t, t != nil
 	}
 	t, err := s.tensor(name)
+	if err == nil && t == nil {
+		if g := s.layerNames(name); len(g) > 0 {
+			err = fmt.Errorf("the file has no tensor %s (kiln's %s)", strings.Join(g, " or "), name)
+		}
+	}
 	if err != nil {
 		s.errs[name] = err
 	}
@@ -320,8 +325,23 @@ func (s *ggufSource) Tensor(name string) (*safetensors.Tensor, bool) {
 	return t, t != nil
 }
 
-// TensorErr says why a tensor the file has could not be read as name.
+// TensorErr says why name could not be served: a tensor the file has in a
+// form kiln cannot read, or lacks (named as the file would name it).
 func (s *ggufSource) TensorErr(name string) error { return s.errs[name] }
+
+// layerNames are the file's names that a layer's HF tensor name is read
+// from, in the order tried; none for other names.
+func (s *ggufSource) layerNames(name string) []string {
+	m := layerName.FindStringSubmatch(name)
+	if m == nil {
+		return nil
+	}
+	var g []string
+	for _, n := range layerTensors[m[2]] {
+		g = append(g, "blk."+m[1]+"."+n)
+	}
+	return g
+}
 
 // tensor returns the file's tensor for an HF name, nil if it has none.
 func (s *ggufSource) tensor(name string) (*safetensors.Tensor, error) {

@@ -282,6 +282,25 @@ func TestGGUFQKVZApart(t *testing.T) {
 	}
 }
 
+// TestGGUFMissingTensor: a file that lacks a layer's tensor is refused
+// with the file's own name for it.
+func TestGGUFMissingTensor(t *testing.T) {
+	data, err := os.ReadFile(quantDir("qwen3next-w256-Q4_K_M.gguf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Renamed in place (same length): the offsets stay valid.
+	data = bytes.Replace(data, []byte("blk.0.attn_gate.weight"), []byte("blk.0.attn_gatX.weight"), 1)
+	path := filepath.Join(t.TempDir(), "broken.gguf")
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Load(path, cpu.New(cpu.Options{}), Options{})
+	if err == nil || !strings.Contains(err.Error(), "the file has no tensor blk.0.attn_gate.weight") {
+		t.Errorf("load without blk.0.attn_gate.weight: %v", err)
+	}
+}
+
 // TestGGUFF32Models checks llama.cpp's converter and lldump, which the
 // other GGUF tests lean on: on the F32 files of the 256-wide models
 // llama.cpp gives transformers' logits.
