@@ -94,6 +94,7 @@ var (
 	_ backend.Backend        = (*Backend)(nil)
 	_ backend.FusedAttention = (*Backend)(nil)
 	_ backend.FusedMoE       = (*Backend)(nil)
+	_ backend.StateCapturer  = (*Backend)(nil)
 )
 
 // New opens the driver and the device. It returns an error saying why when

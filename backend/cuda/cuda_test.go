@@ -863,8 +863,11 @@ func TestSkinnySplits(t *testing.T) {
 // pass, dn_conv_step); at Qwen3-Next's head shape (HK 16, HV 32, dk = dv = 128)
 // and a small one. The value heads' gates run from slow (exp(g) ~ 0.995 a
 // token) to fast (~ 0.5), so that the state carried across chunks and steps
-// shows in the outputs. Outputs and the saved state must match, and the
-// chunked kernels must have taken every prompt of spec.Chunk tokens or more.
+// shows in the outputs. Some steps capture states (backend.Capture) inside
+// and at the edge of chunks, in a few tokens' step and beside other
+// sequences, into slots no sequence uses. Outputs and the saved states
+// (the captures' too) must match, and the chunked kernels must have taken
+// every segment of spec.Chunk tokens or more (captures end segments).
 func TestDeltaNet(t *testing.T) {
 	p := newPair(t, 9)
 	for _, sp := range []backend.DeltaNetSpec{
@@ -872,7 +875,7 @@ func TestDeltaNet(t *testing.T) {
 		{KeyHeads: 16, ValueHeads: 32, KeyDim: 128, ValueDim: 128, ConvKernel: 4, Chunk: 64},
 		{KeyHeads: 2, ValueHeads: 4, KeyDim: 16, ValueDim: 16, ConvKernel: 4, Chunk: 8, TiledHeads: true}, // Qwen3.5 GGUF files
 	} {
-		const layers, slots = 2, 5
+		const layers, slots = 2, 8 // slots 5-7: captures only
 		ss := backend.StateSpec{Layers: layers, Slots: slots, DeltaNet: sp}
 		cst, err := p.c.NewStateCache(ss)
 		if err != nil {
@@ -899,7 +902,13 @@ func TestDeltaNet(t *testing.T) {
 		pos := make([]int, slots)
 		chunked := 0 // (sequence, layer) pairs for the chunked kernels
 		tol := 1e-4  // until a chunked step: its bf16 hi + lo products keep ~1e-5
-		for _, step := range [][]int{
+		// The captures of steps 3, 5 and 6 by sequence.
+		captures := map[int]map[int][]backend.Capture{
+			3: {0: {{Offset: 5, Slot: 5}, {Offset: 64, Slot: 6}}, 3: {{Offset: 100, Slot: 7}}},
+			5: {1: {{Offset: 7, Slot: 6}}},
+			6: {2: {{Offset: 70, Slot: 5}}},
+		}
+		for i, step := range [][]int{
 			{0, 0, 0, 2, 0}, // up to dnConvStepTokens a sequence: dn_conv_step
 			{100, 3, 1, 0, 0},
 			{1, 70, 1, 5, 0},
@@ -914,13 +923,22 @@ func TestDeltaNet(t *testing.T) {
 				if n == 0 {
 					continue
 				}
-				b.Seqs = append(b.Seqs, backend.SeqInfo{Pos: pos[s], N: n, Blocks: []int32{0}, Slot: s})
+				caps := captures[i][s]
+				b.Seqs = append(b.Seqs, backend.SeqInfo{Pos: pos[s], N: n, Blocks: []int32{0}, Slot: s, Captures: caps})
 				for range n {
 					b.Tokens = append(b.Tokens, 0)
 				}
-				if n >= sp.Chunk {
-					chunked += layers
-					tol = 5e-4
+				from := 0
+				for j := 0; j <= len(caps); j++ {
+					to := n
+					if j < len(caps) {
+						to = caps[j].Offset
+					}
+					if to-from >= sp.Chunk {
+						chunked += layers
+						tol = 5e-4
+					}
+					from = to
 				}
 			}
 			T := len(b.Tokens)

@@ -271,6 +271,9 @@ func (b *Backend) stateOf(what string, stc backend.StateCache, layer int) *state
 	for _, s := range b.meta.host[mSeqSlot] {
 		c.checkSlot(int(s))
 	}
+	for _, cp := range b.meta.caps {
+		c.checkSlot(cp.slot)
+	}
 	return c
 }
 
@@ -292,6 +295,19 @@ func (b *Backend) CausalConv1d(out, x, w backend.Tensor, stc backend.StateCache,
 	if m.T == 0 {
 		return
 	}
+	if len(m.caps) > 0 {
+		// A capture's history is its sequence's after the capture's
+		// offset: the sequence's history as it was, in the capture's slot,
+		// moved on by that many inputs (dn_conv_hist, the captures as its
+		// sequences).
+		for _, cp := range m.caps {
+			src := int(m.host[mSeqSlot][cp.seq])
+			b.copyDtoD(c.conv[layer]+devptr(4*cp.slot*c.convN), c.conv[layer]+devptr(4*src*c.convN), 4*c.convN)
+		}
+		dnConvHistKernel.run(b, [3]int{len(m.caps), (CD + 255) / 256, 1}, 256, 0, dnConvHistArgs{
+			hist: c.conv[layer], x: xt.ptr, CD: int32(CD), K: int32(K), convN: int32(c.convN),
+			seqpos: m.dev[mCapPos], seqn: m.dev[mCapN], seqstart: m.dev[mCapStart], slots: m.dev[mCapSlot]})
+	}
 	if m.maxN <= dnConvStepTokens && K <= dnConvStepWidth {
 		dnConvStepKernel.run(b, [3]int{m.S, (CD + 255) / 256, 1}, 256, 0, dnConvStepArgs{
 			y: ot.ptr, hist: c.conv[layer], x: xt.ptr, w: cw.ptr, wdt: int32(cw.dt), CD: int32(CD), K: int32(K), convN: int32(c.convN),
@@ -305,6 +321,11 @@ func (b *Backend) CausalConv1d(out, x, w backend.Tensor, stc backend.StateCache,
 		hist: c.conv[layer], x: xt.ptr, CD: int32(CD), K: int32(K), convN: int32(c.convN),
 		seqpos: m.dev[mSeqPos], seqn: m.dev[mSeqN], seqstart: m.dev[mSeqStart], slots: m.dev[mSeqSlot]})
 }
+
+// CapturesStates is true: a step's captures leave the states of its
+// sequences at their offsets (Begin lays out the rounds, CausalConv1d and
+// GatedDeltaRule write the captures' slots).
+func (b *Backend) CapturesStates() bool { return true }
 
 // GatedDeltaRule runs the gated delta rule over each sequence's recurrent
 // state; see backend.Backend. As on the CPU, a sequence advancing by
@@ -339,44 +360,65 @@ func (b *Backend) GatedDeltaRule(out, qkv, ba, aLog, dtBias backend.Tensor, spec
 	if c.chunk != nil && spec.Chunk > 0 {
 		chunkMin = spec.Chunk
 	}
-	long, short := 0, false
-	for _, n := range m.host[mSeqN] {
-		if int(n) >= chunkMin {
-			long++
-		} else if n > 0 {
-			short = true
+	// run advances the sequences by the segments the metadata at seqpos,
+	// seqn and seqstart give (ns: seqn's host copy; maxN the longest).
+	run := func(seqpos, seqn, seqstart devptr, ns []int32, maxN int) {
+		long, short := 0, false
+		for _, n := range ns {
+			if int(n) >= chunkMin {
+				long++
+			} else if n > 0 {
+				short = true
+			}
+		}
+		if long > 0 {
+			k := c.chunk
+			// dn_chunk_prep's results for dn_chunk_run, per (token, value head):
+			// q, k and W rows as bf16 hi and lo, P's row likewise, U's row, G.
+			th := T * HV
+			wB, pB, uB := 4*th*dk, 4*th*dnChunkLen, 4*th*dv
+			qg := b.scratchBuf("deltanet.chunk", 3*wB+pB+uB+4*th)
+			kd, wg := qg+devptr(wB), qg+devptr(2*wB)
+			pg := wg + devptr(wB)
+			ug := pg + devptr(pB)
+			gg := ug + devptr(uB)
+			if k.prepSmem > 48<<10 {
+				b.allowSmem(k.prep.name, k.prepSmem)
+			}
+			if k.runSmem > 48<<10 {
+				b.allowSmem(k.run.name, k.runSmem)
+			}
+			k.prep.run(b, [3]int{(maxN + dnChunkLen - 1) / dnChunkLen, HV, S}, 128, k.prepSmem, dnChunkPrepArgs{
+				qkv: xt.ptr, ba: bt.ptr, aLog: al.ptr, adt: int32(al.dt), dtBias: db.ptr, bdt: int32(db.dt),
+				qg: qg, kd: kd, wg: wg, pg: pg, ug: ug, gg: gg, HK: int32(HK), HV: int32(HV), DV: int32(dv), chunkMin: int32(chunkMin),
+				tiled: boolInt(spec.TiledHeads), seqn: seqn, seqstart: seqstart})
+			k.run.run(b, [3]int{dv / k.dvs, HV, S}, 128, k.runSmem, dnChunkRunArgs{
+				out: ot.ptr, qg: qg, kd: kd, wg: wg, pg: pg, ug: ug, gg: gg, state: c.rec[layer], HV: int32(HV), DV: int32(dv), recN: int32(c.recN),
+				chunkMin: int32(chunkMin), seqpos: seqpos, seqn: seqn, seqstart: seqstart, slots: m.dev[mSeqSlot]})
+			c.chunked += long
+		}
+		if short {
+			dnRecurKernel.run(b, [3]int{S, HV, (dv + 31) / 32}, 128, 0, dnRecurArgs{
+				out: ot.ptr, qkv: xt.ptr, ba: bt.ptr, aLog: al.ptr, adt: int32(al.dt), dtBias: db.ptr, bdt: int32(db.dt), state: c.rec[layer],
+				HK: int32(HK), HV: int32(HV), dk: int32(dk), dv: int32(dv), recN: int32(c.recN), chunkMin: int32(chunkMin), tiled: boolInt(spec.TiledHeads),
+				seqpos: seqpos, seqn: seqn, seqstart: seqstart, slots: m.dev[mSeqSlot]})
 		}
 	}
-	if long > 0 {
-		k := c.chunk
-		// dn_chunk_prep's results for dn_chunk_run, per (token, value head):
-		// q, k and W rows as bf16 hi and lo, P's row likewise, U's row, G.
-		th := T * HV
-		wB, pB, uB := 4*th*dk, 4*th*dnChunkLen, 4*th*dv
-		qg := b.scratchBuf("deltanet.chunk", 3*wB+pB+uB+4*th)
-		kd, wg := qg+devptr(wB), qg+devptr(2*wB)
-		pg := wg + devptr(wB)
-		ug := pg + devptr(pB)
-		gg := ug + devptr(uB)
-		if k.prepSmem > 48<<10 {
-			b.allowSmem(k.prep.name, k.prepSmem)
-		}
-		if k.runSmem > 48<<10 {
-			b.allowSmem(k.run.name, k.runSmem)
-		}
-		k.prep.run(b, [3]int{(m.maxN + dnChunkLen - 1) / dnChunkLen, HV, S}, 128, k.prepSmem, dnChunkPrepArgs{
-			qkv: xt.ptr, ba: bt.ptr, aLog: al.ptr, adt: int32(al.dt), dtBias: db.ptr, bdt: int32(db.dt),
-			qg: qg, kd: kd, wg: wg, pg: pg, ug: ug, gg: gg, HK: int32(HK), HV: int32(HV), DV: int32(dv), chunkMin: int32(chunkMin),
-			tiled: boolInt(spec.TiledHeads), seqn: m.dev[mSeqN], seqstart: m.dev[mSeqStart]})
-		k.run.run(b, [3]int{dv / k.dvs, HV, S}, 128, k.runSmem, dnChunkRunArgs{
-			out: ot.ptr, qg: qg, kd: kd, wg: wg, pg: pg, ug: ug, gg: gg, state: c.rec[layer], HV: int32(HV), DV: int32(dv), recN: int32(c.recN),
-			chunkMin: int32(chunkMin), seqpos: m.dev[mSeqPos], seqn: m.dev[mSeqN], seqstart: m.dev[mSeqStart], slots: m.dev[mSeqSlot]})
-		c.chunked += long
+	if m.rounds == 1 {
+		run(m.dev[mSeqPos], m.dev[mSeqN], m.dev[mSeqStart], m.host[mSeqN], m.maxN)
+		return
 	}
-	if short {
-		dnRecurKernel.run(b, [3]int{S, HV, (dv + 31) / 32}, 128, 0, dnRecurArgs{
-			out: ot.ptr, qkv: xt.ptr, ba: bt.ptr, aLog: al.ptr, adt: int32(al.dt), dtBias: db.ptr, bdt: int32(db.dt), state: c.rec[layer],
-			HK: int32(HK), HV: int32(HV), dk: int32(dk), dv: int32(dv), recN: int32(c.recN), chunkMin: int32(chunkMin), tiled: boolInt(spec.TiledHeads),
-			seqpos: m.dev[mSeqPos], seqn: m.dev[mSeqN], seqstart: m.dev[mSeqStart], slots: m.dev[mSeqSlot]})
+	// With captures, round r advances each sequence by its r-th segment
+	// (as a step of its own would: the results are the CPU's), and the
+	// captures that end there take the state it leaves.
+	for r := range m.rounds {
+		off := devptr(4 * r * S)
+		run(m.dev[mRoundPos]+off, m.dev[mRoundN]+off, m.dev[mRoundStart]+off, m.host[mRoundN][r*S:(r+1)*S], m.roundMaxN[r])
+		for _, cp := range m.caps {
+			if cp.round == r {
+				src := int(m.host[mSeqSlot][cp.seq])
+				b.copyDtoD(c.rec[layer]+devptr(4*cp.slot*c.recN), c.rec[layer]+devptr(4*src*c.recN), 4*c.recN)
+			}
+		}
 	}
 }

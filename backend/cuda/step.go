@@ -29,6 +29,16 @@ const (
 	mSeqSlot         // [S] state slot (hybrid models)
 	mRows            // [R] logit rows
 	mBlocks          // concatenated block tables
+	// A step with state captures runs its delta rule in rounds, round r
+	// taking each sequence's r-th segment (capture offsets end segments):
+	mRoundPos   // [rounds * S] tokens cached before the segment
+	mRoundN     // [rounds * S] the segment's tokens (0: none this round)
+	mRoundStart // [rounds * S] its first token in the step
+	// and each capture's conv history is the sequence's after Offset inputs:
+	mCapPos   // [C] the sequence's cached tokens
+	mCapN     // [C] the capture's offset
+	mCapStart // [C] the sequence's first token in the step
+	mCapSlot  // [C] the slot the capture writes
 	mCount
 )
 
@@ -52,7 +62,17 @@ type stepMeta struct {
 	maxN     int // most new tokens of one sequence
 	maxCtx   int // longest Pos+N
 	maxBlock int // most blocks of one sequence
+	// rounds is the delta rule's rounds (1 + the most captures of a
+	// sequence), roundMaxN each round's longest segment, and caps the
+	// step's captures in mCap* order.
+	rounds    int
+	roundMaxN []int
+	caps      []stepCapture
 }
+
+// stepCapture is one capture of a step: sequence seq's state as it
+// stands after round round goes to slot slot.
+type stepCapture struct{ seq, round, slot int }
 
 func (m *stepMeta) init(b *Backend) error {
 	for i := range m.cap {
@@ -127,6 +147,7 @@ func (b *Backend) Begin(bt *backend.Batch) {
 	if start != len(bt.Tokens) {
 		panic(fmt.Sprintf("cuda: begin: sequences cover %d tokens, batch has %d", start, len(bt.Tokens)))
 	}
+	m.captures(bt)
 	m.host[mTokens] = append(m.host[mTokens], bt.Tokens...)
 	for i, r := range bt.LogitRows {
 		if r < 0 || int(r) >= start || (i > 0 && r <= bt.LogitRows[i-1]) {
@@ -160,6 +181,53 @@ func (b *Backend) Begin(bt *backend.Batch) {
 	}
 	b.fail(check("cuMemcpyHtoDAsync", C.k_cuMemcpyHtoDAsync_v2(b.ctx, m.buf, m.staging, C.size_t(4*end), b.stream)))
 	b.fail(check("cuEventRecord", C.k_cuEventRecord(b.ctx, m.copied, b.stream)))
+}
+
+// captures sets the delta rule's rounds and the captures of bt, whose
+// sequences' metadata are set (see the mRound and mCap regions).
+func (m *stepMeta) captures(bt *backend.Batch) {
+	m.rounds, m.caps = 1, m.caps[:0]
+	for i, q := range bt.Seqs {
+		for j, c := range q.Captures {
+			if c.Offset <= 0 || c.Offset >= q.N || (j > 0 && c.Offset <= q.Captures[j-1].Offset) || c.Slot == q.Slot || c.Slot < 0 {
+				panic(fmt.Sprintf("cuda: begin: sequence %d of %d new tokens in slot %d has captures %v", i, q.N, q.Slot, q.Captures))
+			}
+		}
+		m.rounds = max(m.rounds, len(q.Captures)+1)
+	}
+	m.roundMaxN = m.roundMaxN[:0]
+	if m.rounds == 1 {
+		return
+	}
+	for r := range m.rounds {
+		maxN := 0
+		for i, q := range bt.Seqs {
+			from, to := 0, 0 // this round's segment of the sequence
+			if r <= len(q.Captures) {
+				if r > 0 {
+					from = q.Captures[r-1].Offset
+				}
+				to = q.N
+				if r < len(q.Captures) {
+					to = q.Captures[r].Offset
+				}
+			}
+			m.host[mRoundPos] = append(m.host[mRoundPos], int32(q.Pos+from))
+			m.host[mRoundN] = append(m.host[mRoundN], int32(to-from))
+			m.host[mRoundStart] = append(m.host[mRoundStart], m.host[mSeqStart][i]+int32(from))
+			maxN = max(maxN, to-from)
+		}
+		m.roundMaxN = append(m.roundMaxN, maxN)
+	}
+	for i, q := range bt.Seqs {
+		for j, c := range q.Captures {
+			m.host[mCapPos] = append(m.host[mCapPos], int32(q.Pos))
+			m.host[mCapN] = append(m.host[mCapN], int32(c.Offset))
+			m.host[mCapStart] = append(m.host[mCapStart], m.host[mSeqStart][i])
+			m.host[mCapSlot] = append(m.host[mCapSlot], int32(c.Slot))
+			m.caps = append(m.caps, stepCapture{seq: i, round: j, slot: c.Slot})
+		}
+	}
 }
 
 // graph is one captured step.
