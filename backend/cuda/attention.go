@@ -229,14 +229,24 @@ func (c *kvCache) moveBlocks(blocks []int, host []byte, toDevice bool) error {
 		return err
 	}
 	per, pieces := c.plane/c.spec.Blocks, 2*c.spec.Layers
-	batch := max(1, (64<<20)/bb)
+	// Blocks go to the device through the two halves of the pinned staging
+	// buffer, a batch's copy over the bus overlapping the host's copy of the
+	// next into the other half: from pageable memory the bus ran at 3.5
+	// GB/s (133 MB in 35-39 ms on an H100).
+	batch := max(1, (16<<20)/bb)
+	var stage unsafe.Pointer
+	if toDevice {
+		stage = b.staging(2 * batch * bb)
+	}
 	for i := 0; i < len(blocks); i += batch {
 		n := min(batch, len(blocks)-i)
 		buf, idbuf := b.scratchBuf("kvmove", n*bb), b.scratchBuf("kvmoveids", 4*n)
 		part := host[i*bb : (i+n)*bb]
 		b.copyHtoD(idbuf, unsafe.Pointer(&ids[i]), 4*n)
 		if toDevice {
-			b.copyHtoD(buf, unsafe.Pointer(&part[0]), len(part))
+			if err := b.stageToDevice(buf, part, stage, i/batch%2, batch*bb); err != nil {
+				return err
+			}
 		}
 		kvMoveKernel.run(b, [3]int{n, pieces, 1}, 256, 0, kvMoveArgs{cache: c.ptr, buf: buf, blocks: idbuf,
 			plane: int64(c.plane), per: int32(per), pieces: int32(pieces), gather: boolInt(!toDevice)})

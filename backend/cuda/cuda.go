@@ -86,8 +86,11 @@ type Backend struct {
 	// and "cublasLt" for every cuBLASLt product.
 	trace func(name string)
 
-	pinned     unsafe.Pointer // host staging for reads
+	pinned     unsafe.Pointer // host staging for reads and restores
 	pinnedSize int
+	// halfDone marks, for each half of the staging buffer, the end of the
+	// last copy to the device from it (moveBlocks).
+	halfDone [2]C.CUevent
 }
 
 var (
@@ -143,6 +146,11 @@ func New(opts Options) (*Backend, error) {
 	}
 	if err := check("cuStreamCreate", C.k_cuStreamCreate(b.ctx, &b.stream, 1)); err != nil {
 		return nil, err
+	}
+	for i := range b.halfDone {
+		if err := check("cuEventCreate", C.k_cuEventCreate(b.ctx, &b.halfDone[i], 2)); err != nil { // 2: disable timing
+			return nil, err
+		}
 	}
 	k, err := compileKernels(b.ctx, b.arch, opts.CacheDir)
 	if err != nil {

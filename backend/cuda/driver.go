@@ -124,6 +124,20 @@ func (b *Backend) copyDtoH(dst unsafe.Pointer, src devptr, n int) {
 	b.fail(check("cuMemcpyDtoHAsync", C.k_cuMemcpyDtoHAsync_v2(b.ctx, dst, src, C.size_t(n), b.stream)))
 }
 
+// stageToDevice queues a copy of src to dst through half h (of size bytes)
+// of the pinned buffer stage: it waits for that half's last copy to the
+// device, fills it and queues its copy, so that the host fills one half
+// while the other crosses the bus.
+func (b *Backend) stageToDevice(dst devptr, src []byte, stage unsafe.Pointer, h, size int) error {
+	if err := check("cuEventSynchronize", C.k_cuEventSynchronize(b.ctx, b.halfDone[h])); err != nil {
+		return err
+	}
+	half := unsafe.Add(stage, h*size)
+	copy(unsafe.Slice((*byte)(half), len(src)), src)
+	b.copyHtoD(dst, half, len(src))
+	return check("cuEventRecord", C.k_cuEventRecord(b.ctx, b.halfDone[h], b.stream))
+}
+
 // copyHtoD queues a copy from pinned host memory to the device.
 func (b *Backend) copyHtoD(dst devptr, src unsafe.Pointer, n int) {
 	b.fail(check("cuMemcpyHtoDAsync", C.k_cuMemcpyHtoDAsync_v2(b.ctx, dst, src, C.size_t(n), b.stream)))
