@@ -651,6 +651,37 @@ func TestParentEviction(t *testing.T) {
 	}
 }
 
+// TestParentEvictionPrepared: with each next turn's start prepared between
+// turns (prefill-only requests, as the session layer sends them), a
+// conversation still holds its last two turns: the previous answer's message
+// start stays, so that a client that sends that answer back as other ids
+// (re-rendered, or re-tokenized after a restart) resumes there.
+func TestParentEvictionPrepared(t *testing.T) {
+	f := loadFixture(t, "qwen3next")
+	e := newEngine(t, f, Options{})
+	rng := rand.New(rand.NewPCG(23, 24))
+	conv := randomPrompt(rng, f, 40)
+	var answerStarts []int // each turn's answer message start (a checkpoint)
+	for turn := range 6 {
+		start := len(conv) - 3 // the generation prompt's header
+		answerStarts = append(answerStarts, start)
+		r := generate(t, e, &Request{Prompt: conv, Checkpoints: []int{start}, Sampling: Sampling{MaxTokens: 6, IgnoreEOS: true}})
+		conv = append(append(conv, r.tokens...), randomPrompt(rng, f, 4)...) // the answer's end, the next message's header
+		generate(t, e, &Request{Prompt: conv, Checkpoints: []int{len(conv) - 3}, PrefillOnly: true})
+		var held []int
+		e.sched.snaps.Each(func(sn *kvcache.Snapshot) { held = append(held, len(sn.Tokens)) })
+		if turn >= 1 && !slices.Contains(held, answerStarts[turn-1]) {
+			t.Errorf("turn %d: snapshots of %v tokens, none at the previous answer's start (%d)", turn, held, answerStarts[turn-1])
+		}
+		for _, n := range held {
+			if turn >= 2 && n < answerStarts[turn-2] {
+				t.Errorf("turn %d: a snapshot of %d tokens, from before the turn before the previous one (%d)", turn, n, answerStarts[turn-2])
+			}
+		}
+		conv = append(conv, randomPrompt(rng, f, 16)...)
+	}
+}
+
 // A prefill-only request leaves its prompt cached and ends without tokens;
 // waiting, it is dropped when the request it prepares arrives.
 func TestPrefillOnly(t *testing.T) {

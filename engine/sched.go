@@ -355,8 +355,17 @@ func (s *scheduler) start(q *seq) bool {
 	if s.hybrid {
 		q.slot = s.slots[len(s.slots)-1]
 		s.slots = s.slots[:len(s.slots)-1]
-		if q.group == 0 {
-			// One group per request, also across preemptions.
+		switch {
+		case q.group != 0: // one group per request, also across preemptions
+		case q.prefillOnly && snap != nil && stored == nil:
+			// A next turn's prepared start goes on with the turn it
+			// resumes from: its snapshots are that turn's, so that parent
+			// eviction counts turns, not passes. (As a group of its own it
+			// made the previous answer's message start the next turn's
+			// grandparent: a restarted server whose client re-rendered
+			// that answer to other ids than generated recomputed it all.)
+			q.group, q.saved = snap.Group, true
+		default:
 			s.groups++
 			q.group = s.groups
 		}
