@@ -584,6 +584,15 @@ func CheckCollective(op string, x Tensor) {
 // rank ended (Collective.Abort).
 var ErrGroupAborted = errors.New("a rank of the group failed: the split model cannot step any more")
 
+// HostMemory is implemented by a backend whose copies between host and
+// device run at the bus's rate only from page-locked host memory (CUDA):
+// HostBuffer returns n bytes of it, kept for the backend's life. KVCache
+// RestoreBlocks and StateCache Restore copy from such a buffer directly;
+// from other memory they stage it first.
+type HostMemory interface {
+	HostBuffer(n int) ([]byte, error)
+}
+
 // StateCapturer is implemented by a backend whose Gated DeltaNet steps
 // honour SeqInfo.Captures when CapturesStates reports true. Elsewhere a
 // caller that wants the state at a place inside a prefill ends a pass

@@ -65,6 +65,7 @@ func openStore(m *model.Model, opts *Options) (*kvcache.Store, error) {
 type storedPrefix struct {
 	n, from   int
 	kv, state []byte
+	staged    bool          // kv and state are in the scheduler's stage
 	took      time.Duration // finding and reading it
 }
 
@@ -84,6 +85,7 @@ func (s *scheduler) fromStore(q *seq, dev int) *storedPrefix {
 		if st.from == dev/bs {
 			return st
 		}
+		s.unstage(st)
 		q.stored = nil
 	}
 	start := time.Now()
@@ -97,13 +99,26 @@ func (s *scheduler) fromStore(q *seq, dev int) *storedPrefix {
 		s.e.log.Warn("state cache: not restored", "seq", q.id, "tokens", n, "err", err)
 		return nil
 	}
-	s.stage = nil // q's until its restore
-	q.stored = &storedPrefix{n: n, from: from, kv: kv, state: state, took: time.Since(start)}
+	staged := cap(s.stage) > 0 && cap(kv) > 0 && &s.stage[:1][0] == &kv[:1][0]
+	if staged {
+		s.stage = nil // q's until its restore
+	}
+	q.stored = &storedPrefix{n: n, from: from, kv: kv, state: state, staged: staged, took: time.Since(start)}
 	return q.stored
 }
 
+// unstage keeps st's buffer as the stage once its copy to the device is
+// done or st is dropped: the stage itself, or (where it is not page-locked)
+// the latest buffer up to stageMax.
+func (s *scheduler) unstage(st *storedPrefix) {
+	if st.staged || !s.stageLocked && cap(st.kv) <= stageMax {
+		s.stage = st.kv
+	}
+}
+
 // stageMax bounds the restore buffer a scheduler keeps between restores:
-// a 20K-token conversation of a 12-layer Qwen3-Next is 133 MB of KV.
+// a 20K-token conversation of a 12-layer Qwen3-Next is 133 MB of KV and
+// 19.8 MB of state.
 const stageMax = 256 << 20
 
 // restore writes a stored prefix into q's blocks (reserved) and slot.

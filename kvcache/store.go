@@ -260,9 +260,9 @@ func encodeEntry(h *fileHeader, tokens []int32, kv, state []byte) []byte {
 
 // loadEntry reads an entry from host memory (data) or else from its file
 // at path; see readEntry.
-func loadEntry(data []byte, path string, dst []byte) (h *fileHeader, tokens []int32, state []byte, err error) {
+func loadEntry(data []byte, path string, dst, stateDst []byte) (h *fileHeader, tokens []int32, state []byte, err error) {
 	if data != nil {
-		return readEntry(bytes.NewReader(data), int64(len(data)), dst)
+		return readEntry(bytes.NewReader(data), int64(len(data)), dst, stateDst)
 	}
 	f, err := os.Open(path)
 	if err != nil {
@@ -273,15 +273,16 @@ func loadEntry(data []byte, path string, dst []byte) (h *fileHeader, tokens []in
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	return readEntry(f, st.Size(), dst)
+	return readEntry(f, st.Size(), dst, stateDst)
 }
 
 // readEntry reads an entry's size bytes from r and checks them (header,
 // tokens, KV, state and the CRC of them all), its last len(dst) bytes of
 // KV straight into dst, the blocks before them only through the checksum:
 // reading whole files and copying their KV out cost a restored 20K-token
-// conversation a second pass over its ~150 MB.
-func readEntry(r io.Reader, size int64, dst []byte) (h *fileHeader, tokens []int32, state []byte, err error) {
+// conversation a second pass over its ~150 MB. The state goes to stateDst
+// when it has the state's size.
+func readEntry(r io.Reader, size int64, dst, stateDst []byte) (h *fileHeader, tokens []int32, state []byte, err error) {
 	head := make([]byte, headerSize)
 	if _, err := io.ReadFull(r, head); err != nil {
 		return nil, nil, nil, err
@@ -294,7 +295,10 @@ func readEntry(r io.Reader, size int64, dst []byte) (h *fileHeader, tokens []int
 		return nil, nil, nil, fmt.Errorf("%d bytes of KV, want %d", h.blocks*h.blockBytes, len(dst))
 	}
 	toks := make([]byte, 4*h.n)
-	tail := make([]byte, h.stateBytes+4)
+	if state = stateDst; len(state) != h.stateBytes {
+		state = make([]byte, h.stateBytes)
+	}
+	var sum [4]byte
 	crc := crc32.Update(0, castagnoli, head)
 	for _, part := range [][]byte{toks, make([]byte, skip), dst} {
 		if _, err := io.ReadFull(r, part); err != nil {
@@ -302,17 +306,19 @@ func readEntry(r io.Reader, size int64, dst []byte) (h *fileHeader, tokens []int
 		}
 		crc = crc32.Update(crc, castagnoli, part)
 	}
-	if _, err := io.ReadFull(r, tail); err != nil {
-		return nil, nil, nil, err
+	for _, part := range [][]byte{state, sum[:]} {
+		if _, err := io.ReadFull(r, part); err != nil {
+			return nil, nil, nil, err
+		}
 	}
-	if crc32.Update(crc, castagnoli, tail[:h.stateBytes]) != binary.LittleEndian.Uint32(tail[h.stateBytes:]) {
+	if crc32.Update(crc, castagnoli, state) != binary.LittleEndian.Uint32(sum[:]) {
 		return nil, nil, nil, errors.New("checksum mismatch")
 	}
 	tokens = make([]int32, h.n)
 	for i := range tokens {
 		tokens[i] = int32(binary.LittleEndian.Uint32(toks[4*i:]))
 	}
-	return h, tokens, tail[:h.stateBytes], nil
+	return h, tokens, state, nil
 }
 
 // scan indexes Dir's entries (every model's: they all count for the
@@ -658,9 +664,10 @@ func (s *Store) Match(tokens []int32, maxLen int, needState bool) int {
 
 // Load returns the KV blocks of tokens[:n] from block fromBlock on (one
 // after the other, as read copied them) and, at a tip with state, the state
-// after n tokens, for a prefix Match found. kv is buf's memory where buf
-// has the room (a caller that restores often keeps one: the page faults of
-// a fresh buffer were a third of a 150 MB restore's time), else new. An
+// after n tokens, for a prefix Match found. kv and then state are buf's
+// memory where buf has the room (a caller that restores often keeps one:
+// the page faults of a fresh buffer were a third of a 150 MB restore's
+// time; page-locked, it crosses to a GPU at the bus's rate), else new. An
 // entry that fails its checks (a corrupt file, other tokens) is dropped and
 // Load fails.
 func (s *Store) Load(tokens []int32, n, fromBlock int, buf []byte) (kv, state []byte, err error) {
@@ -706,10 +713,14 @@ func (s *Store) Load(tokens []int32, n, fromBlock int, buf []byte) (kv, state []
 	}
 	s.mu.Unlock()
 	total := (n+bs-1)/bs - fromBlock
-	if kv = buf[:0]; cap(kv) < total*s.opts.BlockBytes {
-		kv = make([]byte, total*s.opts.BlockBytes)
+	kvBytes, stateBytes := total*s.opts.BlockBytes, 0
+	if tip != nil {
+		stateBytes = tip.stateBytes
 	}
-	kv = kv[:total*s.opts.BlockBytes]
+	if cap(buf) < kvBytes+stateBytes {
+		buf = make([]byte, kvBytes+stateBytes)
+	}
+	kv, stateDst := buf[:kvBytes], buf[kvBytes:kvBytes+stateBytes]
 	// The entries are read, checked and copied in parallel: a restored
 	// conversation of 20K tokens is ~150 MB of files, and one core reading
 	// and checking them took 125-185 ms of a restarted turn's TTFT. Chunks
@@ -726,7 +737,11 @@ func (s *Store) Load(tokens []int32, n, fromBlock int, buf []byte) (kv, state []
 	for i, sc := range srcs {
 		wg.Go(func() {
 			e := sc.e
-			h, toks, st, err := loadEntry(sc.data, sc.path, kv[offs[i]:offs[i+1]])
+			var sd []byte
+			if e == tip {
+				sd = stateDst
+			}
+			h, toks, st, err := loadEntry(sc.data, sc.path, kv[offs[i]:offs[i+1]], sd)
 			switch {
 			case err != nil:
 			case *h != e.fileHeader:

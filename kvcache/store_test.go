@@ -72,14 +72,15 @@ func randTokens(rng *rand.Rand, n int) []int32 {
 
 // checkLoad loads tokens[:n] from block from and compares with what the
 // blocks held, into a new buffer (the one given is too small) and into a
-// dirty one with room, which Load must use.
+// dirty one with room, which Load must use for the KV and then the state.
 func checkLoad(t *testing.T, s *Store, tokens []int32, n, from int, wantState []byte) {
 	t.Helper()
 	var want []byte
 	for blk := from; blk*4 < n; blk++ {
 		want = append(want, content(tokens[:n], blk, 4, 8)...)
 	}
-	for _, buf := range [][]byte{slices.Repeat([]byte{0xee}, max(len(want)-1, 0)), slices.Repeat([]byte{0xee}, len(want)+9)} {
+	need := len(want) + len(wantState)
+	for _, buf := range [][]byte{slices.Repeat([]byte{0xee}, max(need-1, 0)), slices.Repeat([]byte{0xee}, need+9)} {
 		kv, st, err := s.Load(tokens, n, from, buf)
 		if err != nil {
 			t.Fatalf("load %d tokens from block %d: %v", n, from, err)
@@ -87,7 +88,7 @@ func checkLoad(t *testing.T, s *Store, tokens []int32, n, from int, wantState []
 		if !slices.Equal(kv, want) || !slices.Equal(st, wantState) {
 			t.Fatalf("load %d tokens from block %d: %d bytes of KV (want %d), state %v (want %v)", n, from, len(kv), len(want), st, wantState)
 		}
-		if roomy := cap(buf) >= len(want); roomy && len(kv) > 0 && &kv[0] != &buf[0] {
+		if roomy := cap(buf) >= need; roomy && (len(kv) > 0 && &kv[0] != &buf[0] || len(st) > 0 && &st[0] != &buf[len(want)]) {
 			t.Fatalf("load %d tokens from block %d: a new buffer where the one given had room", n, from)
 		}
 	}
@@ -332,8 +333,8 @@ func FuzzStoreEntry(f *testing.F) {
 				kv = make([]byte, h.blocks*h.blockBytes)
 			}
 		}
-		h, toks, st, err := loadEntry(b, "", kv)
-		if _, _, _, ferr := loadEntry(nil, path, kv); (err == nil) != (ferr == nil) {
+		h, toks, st, err := loadEntry(b, "", kv, nil)
+		if _, _, _, ferr := loadEntry(nil, path, kv, nil); (err == nil) != (ferr == nil) {
 			t.Fatalf("from memory: %v; from its file: %v", err, ferr)
 		}
 		if err != nil {
@@ -343,7 +344,7 @@ func FuzzStoreEntry(f *testing.F) {
 			t.Fatalf("the parts of %+v do not encode to the bytes read", h)
 		}
 		dst := make([]byte, len(kv)-min(int(skip), len(kv)))
-		if _, _, _, err := loadEntry(nil, path, dst); err != nil || !slices.Equal(dst, kv[len(kv)-len(dst):]) {
+		if _, _, _, err := loadEntry(nil, path, dst, nil); err != nil || !slices.Equal(dst, kv[len(kv)-len(dst):]) {
 			t.Fatalf("the file's last %d KV bytes: %v", len(dst), err)
 		}
 	})

@@ -481,6 +481,22 @@ func (m *Model) SaveSlot(slot int, dst []byte) error {
 	return nil
 }
 
+// HostBuffer returns n bytes of host memory that RestoreBlocks and
+// RestoreSlot copy to the device at the bus's rate (page-locked, on CUDA),
+// or nil where the backend has none or refuses (its copies from any memory
+// are then alike).
+func (m *Model) HostBuffer(n int) []byte {
+	h, ok := m.b.(backend.HostMemory)
+	if !ok || len(m.ranks) > 1 {
+		return nil // a split model copies each rank's part out first
+	}
+	buf, err := h.HostBuffer(n)
+	if err != nil {
+		return nil
+	}
+	return buf
+}
+
 // RestoreSlot writes a slot's recurrent state saved by SaveSlot.
 func (m *Model) RestoreSlot(slot int, src []byte) {
 	for _, r := range m.ranks {

@@ -202,14 +202,14 @@ func (c *kvCache) CopyBlock(dst, src int) {
 }
 
 // moveBlocks copies blocks between the cache and host (their bytes, as
-// SaveBlocks lays them out), in batches of at most 64 MiB through a device
+// SaveBlocks lays them out), in batches of at most 16 MiB through a device
 // buffer: one copy of a batch's bytes and one kv_move kernel that scatters
 // them to the blocks or gathers them (a block's K and V of each layer apart
 // were 2 x layers copies a block: 8.1K for a 21.6K-token conversation of
 // three attention layers, whose restore's device part went from 77-83 to
-// 35-62 ms on an H100). Host memory is
-// pageable: the driver stages it, and returns from a copy out of it once
-// the bytes are staged, and from a copy into it once they are there.
+// 35-62 ms on an H100). Pageable host memory goes to the device through
+// the pinned staging buffer; a copy into it returns once the bytes are
+// there.
 func (c *kvCache) moveBlocks(blocks []int, host []byte, toDevice bool) error {
 	bb := c.spec.BlockBytes()
 	if len(host) != len(blocks)*bb {
@@ -233,9 +233,12 @@ func (c *kvCache) moveBlocks(blocks []int, host []byte, toDevice bool) error {
 	// buffer, a batch's copy over the bus overlapping the host's copy of the
 	// next into the other half: from pageable memory the bus ran at 3.5
 	// GB/s (133 MB in 35-39 ms on an H100).
+	// From page-locked memory (HostBuffer) the copies start from host
+	// itself.
 	batch := max(1, (16<<20)/bb)
+	locked := b.pageLocked(host)
 	var stage unsafe.Pointer
-	if toDevice {
+	if toDevice && !locked {
 		stage = b.staging(2 * batch * bb)
 	}
 	for i := 0; i < len(blocks); i += batch {
@@ -243,7 +246,10 @@ func (c *kvCache) moveBlocks(blocks []int, host []byte, toDevice bool) error {
 		buf, idbuf := b.scratchBuf("kvmove", n*bb), b.scratchBuf("kvmoveids", 4*n)
 		part := host[i*bb : (i+n)*bb]
 		b.copyHtoD(idbuf, unsafe.Pointer(&ids[i]), 4*n)
-		if toDevice {
+		switch {
+		case toDevice && locked:
+			b.copyHtoD(buf, unsafe.Pointer(&part[0]), len(part))
+		case toDevice:
 			if err := b.stageToDevice(buf, part, stage, i/batch%2, batch*bb); err != nil {
 				return err
 			}

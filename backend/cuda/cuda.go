@@ -88,6 +88,8 @@ type Backend struct {
 
 	pinned     unsafe.Pointer // host staging for reads and restores
 	pinnedSize int
+	// hostBufs are the page-locked buffers HostBuffer gave out.
+	hostBufs []hostBuf
 	// halfDone marks, for each half of the staging buffer, the end of the
 	// last copy to the device from it (moveBlocks).
 	halfDone [2]C.CUevent
@@ -98,6 +100,7 @@ var (
 	_ backend.FusedAttention = (*Backend)(nil)
 	_ backend.FusedMoE       = (*Backend)(nil)
 	_ backend.StateCapturer  = (*Backend)(nil)
+	_ backend.HostMemory     = (*Backend)(nil)
 )
 
 // New opens the driver and the device. It returns an error saying why when
@@ -455,6 +458,40 @@ func (b *Backend) staging(n int) unsafe.Pointer {
 		b.pinnedSize = sz
 	}
 	return b.pinned
+}
+
+type hostBuf struct {
+	p unsafe.Pointer
+	n int
+}
+
+// HostBuffer returns n bytes of page-locked host memory (see
+// backend.HostMemory): a 133 MB restore staged through pageable memory
+// crossed the bus at 2.6 GB/s on an H200, most of it the host's copy.
+func (b *Backend) HostBuffer(n int) ([]byte, error) {
+	if n <= 0 {
+		return nil, fmt.Errorf("cuda: host buffer of %d bytes", n)
+	}
+	var p unsafe.Pointer
+	if err := check("cuMemAllocHost", C.k_cuMemAllocHost_v2(b.ctx, &p, C.size_t(n))); err != nil {
+		return nil, err
+	}
+	b.hostBufs = append(b.hostBufs, hostBuf{p, n})
+	return unsafe.Slice((*byte)(p), n), nil
+}
+
+// pageLocked reports whether host lies inside a buffer HostBuffer gave out.
+func (b *Backend) pageLocked(host []byte) bool {
+	if len(host) == 0 {
+		return false
+	}
+	lo := uintptr(unsafe.Pointer(&host[0]))
+	for _, h := range b.hostBufs {
+		if start := uintptr(h.p); lo >= start && lo+uintptr(len(host)) <= start+uintptr(h.n) {
+			return true
+		}
+	}
+	return false
 }
 
 // Read waits for queued work and copies t to host memory (a quantized

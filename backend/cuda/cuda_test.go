@@ -981,23 +981,34 @@ func TestDeltaNet(t *testing.T) {
 		if err := gst.Save(1, state); err != nil {
 			t.Fatal(err)
 		}
-		gst.Restore(3, state)
-		gst.CopySlot(2, 3)
-		got := make([]byte, gst.SlotBytes())
-		if err := gst.Save(2, got); err != nil {
+		// From pageable memory through the staging buffer, and straight
+		// from page-locked memory.
+		locked, err := p.g.HostBuffer(len(state))
+		if err != nil {
 			t.Fatal(err)
 		}
-		if !slices.Equal(got, state) {
-			t.Errorf("%+v: slot 1 restored into 3 and copied to 2 differs", sp)
+		copy(locked, state)
+		for _, src := range [][]byte{state, locked} {
+			gst.Restore(3, src)
+			gst.CopySlot(2, 3)
+			got := make([]byte, gst.SlotBytes())
+			if err := gst.Save(2, got); err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got, state) {
+				t.Errorf("%+v: slot 1 restored into 3 (page-locked: %v) and copied to 2 differs", sp, p.g.pageLocked(src))
+			}
+			gst.Restore(3, make([]byte, len(state)))
 		}
 		cst.Free()
 		gst.Free()
 	}
 }
 
-// TestKVBlocksSaveRestore: blocks written with RestoreBlocks read back
-// with SaveBlocks as the CPU backend's do, in batches through the staging
-// buffer, and CopyBlock copies what they hold.
+// TestKVBlocksSaveRestore: blocks written with RestoreBlocks, from pageable
+// memory (in batches through the staging buffer) and from page-locked
+// memory, read back with SaveBlocks as the CPU backend's do, and CopyBlock
+// copies what they hold.
 func TestKVBlocksSaveRestore(t *testing.T) {
 	p := newPair(t, 12)
 	spec := backend.KVSpec{Layers: 4, Blocks: 320, BlockSize: 16, KVHeads: 8, HeadDim: 128, DType: backend.BF16}
@@ -1010,11 +1021,24 @@ func TestKVBlocksSaveRestore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	blocks := make([]int, 300) // more than one 64 MiB batch
+	blocks := make([]int, 300) // more than one 16 MiB batch
 	for i := range blocks {
 		blocks[i] = (7 * i) % spec.Blocks
 	}
+	for _, locked := range []bool{false, true} {
+		saveRestore(t, p, g, c, blocks, locked)
+	}
+}
+
+func saveRestore(t *testing.T, p *pair, g, c backend.KVCache, blocks []int, locked bool) {
+	spec := g.Spec()
 	src := make([]byte, len(blocks)*spec.BlockBytes())
+	if locked {
+		var err error
+		if src, err = p.g.HostBuffer(len(src)); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for i := range src {
 		src[i] = byte(p.r.IntN(256))
 	}
@@ -1040,6 +1064,6 @@ func TestKVBlocksSaveRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !slices.Equal(gb, cb) || !slices.Equal(gb[:len(src)], src) || !slices.Equal(gb[len(src):], src[5*spec.BlockBytes():6*spec.BlockBytes()]) {
-		t.Fatal("the blocks read back differ from those written, or from the CPU backend's")
+		t.Fatalf("the blocks read back (page-locked source: %v) differ from those written, or from the CPU backend's", locked)
 	}
 }

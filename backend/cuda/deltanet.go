@@ -235,10 +235,13 @@ func (c *stateCache) Restore(slot int, src []byte) {
 		panic(fmt.Sprintf("cuda: restore state: %d bytes, slot has %d", len(src), c.SlotBytes()))
 	}
 	b := c.b
-	host := b.staging(len(src))
-	// The staging buffer may still feed a queued read-back: wait first.
-	b.fail(b.Sync())
-	copy(unsafe.Slice((*byte)(host), len(src)), src)
+	host := unsafe.Pointer(&src[0])
+	if !b.pageLocked(src) {
+		host = b.staging(len(src))
+		// The staging buffer may still feed a queued read-back: wait first.
+		b.fail(b.Sync())
+		copy(unsafe.Slice((*byte)(host), len(src)), src)
+	}
 	off := 0
 	c.parts(slot, func(p devptr, n int) {
 		b.copyHtoD(p, unsafe.Add(host, off), n)
