@@ -80,8 +80,9 @@ type Backend struct {
 	// (skinny.go); 0: none (before sm_89, or NVRTC before 12.4).
 	// f8mvMax is the most tokens of a product on f8mv (quant.go), which
 	// takes FP8 expert rows from 0; -1: no f8mv (as fp8SkinnyMax 0).
-	// f8mvOuts is the most outputs of a product on it.
-	fp8Min, fp8SkinnyMax, f8mvMax, f8mvOuts int
+	// f8mvOuts and f8mvCols are the fewest outputs and the most columns
+	// of a product on it.
+	fp8Min, fp8SkinnyMax, f8mvMax, f8mvOuts, f8mvCols int
 	// trace, when set (tests), is told the name of every kernel launched
 	// and "cublasLt" for every cuBLASLt product.
 	trace func(name string)
@@ -200,6 +201,7 @@ func New(opts Options) (*Backend, error) {
 		b.fp8SkinnyMax = envInt("KILN_CUDA_FP8_SKINNY_MAX", def, 0, skinnyMaxTokens)
 		b.f8mvMax = envInt("KILN_CUDA_F8MV_MAX", f8mvMaxTokens, -1, f8mvTokens)
 		b.f8mvOuts = envInt("KILN_CUDA_F8MV_OUTS", f8mvOuts, 0, 1<<30)
+		b.f8mvCols = envInt("KILN_CUDA_F8MV_COLS", f8mvCols, 0, 1<<30)
 	}
 	// Split tiles are at most half a wave of blocks.
 	ncnt := b.skinnyWave()

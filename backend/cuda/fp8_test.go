@@ -337,6 +337,34 @@ func (p *pair) withQmvGrid(grid int, f func()) {
 // MB or more in all, take turns, so that each product reads its weight
 // from memory and not from L2: `cuda.test -test.run '^$' -test.bench
 // BenchmarkFP8Products -test.benchtime 50x`.
+// TestFP8Routes: with the default thresholds one-token FP8 products take
+// the kernel the whole models' steps measured the fastest on their shape
+// (see f8mvCols).
+func TestFP8Routes(t *testing.T) {
+	b := &Backend{f8mvMax: f8mvMaxTokens, f8mvOuts: f8mvOuts, f8mvCols: f8mvCols, qmvMax: qmvMaxTokens, fp8SkinnyMax: 2}
+	for _, c := range []struct {
+		o, in int
+		want  string
+	}{{8192, 2048, "f8mv"}, {4096, 2048, "f8mv"}, {2048, 4096, "qmv"}, {1024, 2048, "qmv"}, {4096, 4096, "skinny"}, {4096, 12288, "skinny"}} {
+		got := "skinny"
+		switch {
+		case b.f8mvFits(backend.FP8, 1, c.o, c.in):
+			got = "f8mv"
+		case b.fp8QmvFirst(backend.FP8, 1, c.o, c.in):
+			got = "qmv"
+		}
+		if got != c.want {
+			t.Errorf("%d x %d at one token: %s, want %s", c.o, c.in, got, c.want)
+		}
+		if b.f8mvFits(backend.FP8, 2, c.o, c.in) || b.fp8QmvFirst(backend.FP8, 2, c.o, c.in) {
+			t.Errorf("%d x %d at two tokens: not the skinny GEMM's", c.o, c.in)
+		}
+	}
+	if !b.f8mvFits(backend.FP8, 0, 64, 12288) {
+		t.Error("expert rows of any shape are f8mv's")
+	}
+}
+
 func BenchmarkFP8Products(b *testing.B) {
 	gpuOnce.Do(func() { gpu, gpuErr = New(Options{}) })
 	if gpuErr != nil {
@@ -350,8 +378,8 @@ func BenchmarkFP8Products(b *testing.B) {
 	for _, s := range []struct {
 		name  string
 		o, in int
-	}{{"coder-next-qkv", 8192, 2048}, {"coder-next-z", 4096, 2048}, {"coder-next-out", 2048, 4096},
-		{"qwen3-8b-qkv", 6144, 4096}, {"qwen3-8b-o", 4096, 4096}, {"qwen3-8b-down", 4096, 12288}} {
+	}{{"coder-next-qkv", 8192, 2048}, {"coder-next-z", 4096, 2048}, {"coder-next-out", 2048, 4096}, {"coder-next-kv", 1024, 2048},
+		{"qwen3-8b-qkv", 6144, 4096}, {"qwen3-8b-o", 4096, 4096}, {"qwen3-8b-gate-up", 24576, 4096}, {"qwen3-8b-down", 4096, 12288}} {
 		data := quant.Random(backend.FP8, s.o, s.in, 0.05, rng.Uint64)
 		ws := make([]backend.Tensor, max(1, (256<<20)/len(data)))
 		for i := range ws {
@@ -373,8 +401,10 @@ func BenchmarkFP8Products(b *testing.B) {
 			f8mvMax, sMax int
 		}{{"f8mv", 1, 0}, {"skinny", -1, 2}, {"qmv", -1, 0}} {
 			b.Run(s.name+"/"+k.name, func(b *testing.B) {
-				defer func(m, o, s int) { g.f8mvMax, g.f8mvOuts, g.fp8SkinnyMax = m, o, s }(g.f8mvMax, g.f8mvOuts, g.fp8SkinnyMax)
-				g.f8mvMax, g.f8mvOuts, g.fp8SkinnyMax = k.f8mvMax, 1<<30, k.sMax
+				defer func(m, o, c, s int) {
+					g.f8mvMax, g.f8mvOuts, g.f8mvCols, g.fp8SkinnyMax = m, o, c, s
+				}(g.f8mvMax, g.f8mvOuts, g.f8mvCols, g.fp8SkinnyMax)
+				g.f8mvMax, g.f8mvOuts, g.f8mvCols, g.fp8SkinnyMax = k.f8mvMax, 0, 1<<30, k.sMax
 				g.Begin(&backend.Batch{Tokens: []int32{0}, Seqs: []backend.SeqInfo{{N: 1}}})
 				step := func() {
 					g.Graph("fp8 products/"+s.name+"/"+k.name, func() {

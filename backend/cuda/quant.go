@@ -307,17 +307,23 @@ func (b *Backend) qmvLaunch(swiglu bool, k, rows int, a qmvSwigluArgs, xt, w *te
 
 // f8mvTokens is the most tokens of f8mv (the FP8 mma's 8 columns);
 // f8mvMaxTokens the most it takes by default (KILN_CUDA_F8MV_MAX: -1 to
-// f8mvTokens), and f8mvOuts the most outputs of such a product by default
-// (KILN_CUDA_F8MV_OUTS; expert rows: any). Against the FP8 skinny GEMM on an H200 (docs/performance.md)
-// f8mv won at one token on the Coder-Next shape's 2048-output products,
-// where the skinny GEMM splits the rows' columns over six blocks and adds
-// their sums in a second pass; it was even on the shape's 4096 and 8192
-// outputs and lost at two tokens and on Qwen3-8B's products (4096 outputs
-// and more).
+// f8mvTokens). Of the products of that many tokens (expert rows: all) it
+// takes those of at least f8mvOuts outputs and at most f8mvCols columns
+// (KILN_CUDA_F8MV_OUTS, KILN_CUDA_F8MV_COLS); qmv takes those of fewer
+// outputs, and the FP8 skinny GEMM those of more columns. One token in a
+// graph on an H200, weights cycled past L2 (BenchmarkFP8Products,
+// docs/performance.md): f8mv 8.2 / 5.5 us against the skinny GEMM's 9.1 /
+// 7.3 on 8192 x 2048 and 4096 x 2048; qmv 6.3 against 7.1 and 7.6 on 2048
+// x 4096, where f8mv's 128 row groups leave most of the GPU idle. On
+// Qwen3-8B's 4096 columns f8mv won alone too (9.0 against 9.7 us on 4096 x
+// 4096, 36.0 against 39.6 on 24576 x 4096), yet the model's step lost
+// 3.8% with it (263.4 against 273.7 tok/s, same call): not understood, so
+// products of more than 2048 columns stay on the skinny GEMM.
 const (
 	f8mvTokens    = 8
 	f8mvMaxTokens = 1
-	f8mvOuts      = 2048
+	f8mvOuts      = 4096
+	f8mvCols      = 2048
 )
 
 // f8mv's launch shape: each warp takes f8mvBlocksWarp blocks of 128
@@ -345,7 +351,14 @@ func f8mvSmem(nt, in int) int { return nt * (2*(in+64) + 4*(in/128)) }
 // f8mvFits reports whether f8mv takes a product of n tokens (0: expert
 // rows, one token each) with o rows of in columns of dt.
 func (b *Backend) f8mvFits(dt backend.DType, n, o, in int) bool {
-	return dt == backend.FP8 && n <= b.f8mvMax && (n == 0 || o <= b.f8mvOuts) && in%128 == 0 && f8mvSmem(max(n, 1), in) <= f8mvSmemMax
+	return dt == backend.FP8 && n <= b.f8mvMax && (n == 0 || o >= b.f8mvOuts && in <= b.f8mvCols) && in%128 == 0 && f8mvSmem(max(n, 1), in) <= f8mvSmemMax
+}
+
+// fp8QmvFirst reports whether qmv takes a product of n tokens with o rows
+// of in columns of dt before the FP8 skinny GEMM: where f8mv would take
+// that many tokens but not so few outputs.
+func (b *Backend) fp8QmvFirst(dt backend.DType, n, o, in int) bool {
+	return dt == backend.FP8 && n >= 1 && n <= b.f8mvMax && n <= b.qmvMax && o < b.f8mvOuts && qmvFits(dt, in)
 }
 
 // f8mvSwigluArgs are qmv_swiglu's and x's type (f32 or bf16).
@@ -494,7 +507,7 @@ func (b *Backend) qmatmul(ot, xt, wt *tensor, accumulate bool) {
 		b.qgemv(false, ot.ptr, ot.dt, xt, wt, o, in, accumulate)
 		return
 	}
-	if b.f8mvFits(wt.dt, n, o, in) {
+	if b.f8mvFits(wt.dt, n, o, in) || b.fp8QmvFirst(wt.dt, n, o, in) {
 		b.qmv(false, ot.ptr, ot.dt, xt, n, wt, o, in, accumulate)
 		return
 	}
@@ -533,7 +546,7 @@ func (b *Backend) qmlp(ot, xt, gu, dn *tensor, accumulate bool) bool {
 	case b.qgemvFits(gu.dt, xt, n, H):
 		act.ptr = b.scratchBuf("mlp.act", 2*n*I)
 		b.qgemv(true, act.ptr, backend.BF16, xt, gu, I, H, false)
-	case b.f8mvFits(gu.dt, n, I, H):
+	case b.f8mvFits(gu.dt, n, I, H) || b.fp8QmvFirst(gu.dt, n, I, H):
 		act.ptr = b.scratchBuf("mlp.act", 2*n*I)
 		b.qmv(true, act.ptr, backend.BF16, xt, n, gu, I, H, false)
 	case S > 0:

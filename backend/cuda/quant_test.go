@@ -151,7 +151,10 @@ func (p *pair) decodeName(swiglu bool, dt backend.DType, n int) string {
 // tokens and on the block-scaled GEMM from gemmMin (0: neither), as far as
 // the device has them, then restores all three.
 func (p *pair) withFP8(f8mvMax, skinnyMax, gemmMin int, f func()) {
-	defer func(m, s, g int) { p.g.f8mvMax, p.g.fp8SkinnyMax, p.g.fp8Min = m, s, g }(p.g.f8mvMax, p.g.fp8SkinnyMax, p.g.fp8Min)
+	defer func(m, s, g, o, c int) {
+		p.g.f8mvMax, p.g.fp8SkinnyMax, p.g.fp8Min, p.g.f8mvOuts, p.g.f8mvCols = m, s, g, o, c
+	}(p.g.f8mvMax, p.g.fp8SkinnyMax, p.g.fp8Min, p.g.f8mvOuts, p.g.f8mvCols)
+	p.g.f8mvOuts, p.g.f8mvCols = 0, 1<<30 // f8mv for every product shape it can take
 	if p.g.f8mvMax < 0 {
 		f8mvMax = -1
 	}
