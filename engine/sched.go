@@ -95,7 +95,7 @@ type scheduler struct {
 	// MB restore's reading).
 	stage       []byte
 	stageLocked bool
-	slots []int // free state slots
+	slots       []int // free state slots
 	// captures are the state slots a pass leaves states at its points in
 	// (see chunk); freeCaptures is a pass's list of those not yet taken.
 	captures, freeCaptures []int
