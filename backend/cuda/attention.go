@@ -229,12 +229,11 @@ func (c *kvCache) moveBlocks(blocks []int, host []byte, toDevice bool) error {
 		return err
 	}
 	per, pieces := c.plane/c.spec.Blocks, 2*c.spec.Layers
-	// Blocks go to the device through the two halves of the pinned staging
-	// buffer, a batch's copy over the bus overlapping the host's copy of the
-	// next into the other half: from pageable memory the bus ran at 3.5
-	// GB/s (133 MB in 35-39 ms on an H100).
 	// From page-locked memory (HostBuffer) the copies start from host
-	// itself.
+	// itself; other memory goes through the two halves of the pinned
+	// staging buffer, a batch's copy over the bus overlapping the host's
+	// copy of the next into the other half (straight from pageable memory
+	// the bus ran at 3.5 GB/s: 133 MB in 35-39 ms on an H100).
 	batch := max(1, (16<<20)/bb)
 	locked := b.pageLocked(host)
 	var stage unsafe.Pointer
