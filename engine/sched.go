@@ -133,7 +133,10 @@ func newScheduler(e *Engine) *scheduler {
 	s := &scheduler{e: e, m: e.m, hybrid: e.m.Hybrid(), alloc: kvcache.NewAllocator(e.opts.KVBlocks), store: e.store}
 	s.overlap = e.m.Backend().Asynchronous() || e.opts.overlap
 	if s.store != nil {
-		s.stage = e.m.HostBuffer(stageMax)
+		var err error
+		if s.stage, err = e.m.HostBuffer(stageMax); err != nil {
+			e.log.Warn("state cache: no page-locked restore buffer; restores copy through pageable memory", "bytes", stageMax, "err", err)
+		}
 		s.stageLocked = s.stage != nil
 	}
 	// Hybrid models resume only where a state snapshot exists: their

@@ -483,18 +483,14 @@ func (m *Model) SaveSlot(slot int, dst []byte) error {
 
 // HostBuffer returns n bytes of host memory that RestoreBlocks and
 // RestoreSlot copy to the device at the bus's rate (page-locked, on CUDA),
-// or nil where the backend has none or refuses (its copies from any memory
-// are then alike).
-func (m *Model) HostBuffer(n int) []byte {
+// or nil where the backend has none (its copies from any memory are then
+// alike), or an error where it refuses.
+func (m *Model) HostBuffer(n int) ([]byte, error) {
 	h, ok := m.b.(backend.HostMemory)
 	if !ok || len(m.ranks) > 1 {
-		return nil // a split model copies each rank's part out first
+		return nil, nil // a split model copies each rank's part out first
 	}
-	buf, err := h.HostBuffer(n)
-	if err != nil {
-		return nil
-	}
-	return buf
+	return h.HostBuffer(n)
 }
 
 // RestoreSlot writes a slot's recurrent state saved by SaveSlot.
