@@ -4,7 +4,7 @@
 // are written in (RMSNorm, RoPE, attention over the paged cache, the delta
 // rule, routing, SwiGLU experts), each as coarse as a GPU wants it. Where a
 // backend runs several steps as one kernel it says so through an optional
-// interface (FusedAttention, FusedMoE), which the model calls instead of
+// interface (FusedAttention, FusedDeltaNet, FusedMoE), which the model calls instead of
 // the steps: the model file keeps the paper's steps and the device keeps
 // its fusion. The interface is shaped for GPUs: tensors live on the
 // device, operations are queued (a GPU backend launches them
@@ -616,6 +616,28 @@ type FusedAttention interface {
 	Attention(out, qkv Tensor, w AttnWeights, spec *AttnSpec, kv KVCache, layer int)
 }
 
+// FusedDeltaNet is implemented by a backend that runs a Gated DeltaNet
+// layer's steps between its projections as one operation (on CUDA a
+// decode step's conv, delta rule and gated norm are one kernel). A model
+// calls it where the backend has it, and the steps one by one elsewhere.
+type FusedDeltaNet interface {
+	// DeltaNet runs CausalConv1d on qkv's conv inputs, GatedDeltaRule with
+	// ba, and GatedRMSNorm of its output by z into out [T, HV*dv] (of
+	// ActivationType or f32). qkv is [T, ConvDim], or [T, ConvDim + HV*dv]
+	// holding z after the conv inputs when z is nil (one projection for
+	// both).
+	DeltaNet(out, qkv, z, ba Tensor, w *DeltaNetWeights, spec *DeltaNetSpec, st StateCache, layer int)
+}
+
+// DeltaNetWeights are a Gated DeltaNet layer's weights between its
+// projections.
+type DeltaNetWeights struct {
+	Conv         Tensor // [ConvDim, ConvKernel]
+	ALog, DtBias Tensor // [HV]
+	Norm         Tensor // [dv], the gated RMSNorm's
+	NormEps      float32
+}
+
 // FusedMoE is implemented by a backend that runs a mixture-of-experts
 // block as one operation (on CUDA the routed and the shared experts' sums
 // join the residual in one kernel). A model calls it where the backend has
@@ -627,8 +649,8 @@ type FusedMoE interface {
 }
 
 // Unfused returns b without its fused operations (FusedAttention,
-// FusedMoE), so that a model on it runs every layer step by step: the
-// tests compare the two paths through it.
+// FusedDeltaNet, FusedMoE), so that a model on it runs every layer step by
+// step: the tests compare the two paths through it.
 func Unfused(b Backend) Backend { return unfused{b} }
 
 // unfused has the methods of Backend only.

@@ -291,7 +291,7 @@ func decoderLayers(c *Config, prefix string, attn *backend.AttnSpec, dn *backend
 			l.mixer = a
 			params = append(params, a.weights(c, p+"self_attn.")...)
 		case LinearAttention:
-			d := &gatedDeltaNet{spec: dn, layer: nDelta, eps: c.NormEps}
+			d := &gatedDeltaNet{spec: dn, layer: nDelta, w: backend.DeltaNetWeights{NormEps: c.NormEps}}
 			nDelta++
 			l.mixer = d
 			params = append(params, d.weights(c, p+"linear_attn.")...)

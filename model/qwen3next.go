@@ -22,14 +22,12 @@ import (
 
 // gatedDeltaNet is the linear-attention token mixer.
 type gatedDeltaNet struct {
-	qkv, z, ba   backend.Tensor // projections to [q|k|v] (conv input), z and [b|a]
-	qkvz         backend.Tensor // Qwen3-Next: qkv and z in one weight, viewed by qkv and z
-	conv         backend.Tensor // [ConvDim, ConvKernel]
-	aLog, dtBias backend.Tensor // [HV]
-	norm, out    backend.Tensor
-	spec         *backend.DeltaNetSpec
-	layer        int // index among the model's DeltaNet layers, in the state cache
-	eps          float32
+	qkv, z, ba backend.Tensor // projections to [q|k|v] (conv input), z and [b|a]
+	qkvz       backend.Tensor // Qwen3-Next: qkv and z in one weight, viewed by qkv and z
+	w          backend.DeltaNetWeights
+	out        backend.Tensor
+	spec       *backend.DeltaNetSpec
+	layer      int // index among the model's DeltaNet layers, in the state cache
 }
 
 func (d *gatedDeltaNet) weights(c *Config, p string) []param {
@@ -51,10 +49,10 @@ func (d *gatedDeltaNet) weights(c *Config, p string) []param {
 		return p
 	}
 	ps := []param{
-		sectioned(weight(&d.conv, p+"conv1d.weight", initConv, conv, s.ConvKernel).rowSplit(), []int{qk, qk}, vh),
-		sectioned(weight(&d.aLog, p+"A_log", initALog, s.ValueHeads).colSplit(), hv),
-		sectioned(weight(&d.dtBias, p+"dt_bias", initOnes, s.ValueHeads).colSplit(), hv),
-		weight(&d.norm, p+"norm.weight", initOnes, s.ValueDim),
+		sectioned(weight(&d.w.Conv, p+"conv1d.weight", initConv, conv, s.ConvKernel).rowSplit(), []int{qk, qk}, vh),
+		sectioned(weight(&d.w.ALog, p+"A_log", initALog, s.ValueHeads).colSplit(), hv),
+		sectioned(weight(&d.w.DtBias, p+"dt_bias", initOnes, s.ValueHeads).colSplit(), hv),
+		weight(&d.w.Norm, p+"norm.weight", initOnes, s.ValueDim),
 		sectioned(weight(&d.out, p+"out_proj.weight", initNormal, H, vdim).linear().colSplit(), vh),
 	}
 	qkvApart := []param{
@@ -128,20 +126,40 @@ func baRows(s *backend.DeltaNetSpec) []int {
 	return rows
 }
 
-// forward follows the layer's description above; the delta rule takes b
-// and a as they are and makes beta and g itself (the GPU kernels compute
-// them as they read them).
+// forward follows the layer's description above.
 func (d *gatedDeltaNet) forward(s *workspace, h, x backend.Tensor) {
+	gated := d.mix(s, h)
+	s.addOutput(x, func(out backend.Tensor) { s.b.MatMul(out, gated, d.out, true) })
+}
+
+// mix returns RMSNorm(o) * w * silu(z) for the normalised input h. The
+// delta rule takes b and a as they are and makes beta and g itself (the
+// GPU kernels compute them as they read them). A backend that fuses the
+// steps after the projections takes q, k, v and z from one product where
+// the weights are one.
+func (d *gatedDeltaNet) mix(s *workspace, h backend.Tensor) backend.Tensor {
 	b, sp := s.b, d.spec
-	vdim := sp.ValueHeads * sp.ValueDim
-	mixed, qkv := s.get("mixed", sp.ConvDim()), s.get("conv", sp.ConvDim())
-	z, ba := s.get("z", vdim), s.get("ba", 2*sp.ValueHeads)
-	o, gated := s.get("core", vdim), s.act("gated", vdim)
+	conv, vdim := sp.ConvDim(), sp.ValueHeads*sp.ValueDim
+	ba, gated := s.get("ba", 2*sp.ValueHeads), s.act("gated", vdim)
+	fused, isFused := b.(backend.FusedDeltaNet)
+	if isFused && d.qkvz != nil {
+		qkvz := s.get("qkvz", conv+vdim)
+		b.MatMul(qkvz, h, d.qkvz, false)
+		b.MatMul(ba, h, d.ba, false)
+		fused.DeltaNet(gated, qkvz, nil, ba, &d.w, sp, s.state, d.layer)
+		return gated
+	}
+	mixed, z := s.get("mixed", conv), s.get("z", vdim)
 	b.MatMul(mixed, h, d.qkv, false) // [q | k | v]
 	b.MatMul(z, h, d.z, false)
 	b.MatMul(ba, h, d.ba, false) // [b | a]
-	b.CausalConv1d(qkv, mixed, d.conv, s.state, d.layer)
-	b.GatedDeltaRule(o, qkv, ba, d.aLog, d.dtBias, sp, s.state, d.layer)
-	b.GatedRMSNorm(gated, o, z, d.norm, d.eps)
-	s.addOutput(x, func(out backend.Tensor) { b.MatMul(out, gated, d.out, true) })
+	if isFused {
+		fused.DeltaNet(gated, mixed, z, ba, &d.w, sp, s.state, d.layer)
+		return gated
+	}
+	qkv, o := s.get("conv", conv), s.get("core", vdim)
+	b.CausalConv1d(qkv, mixed, d.w.Conv, s.state, d.layer)
+	b.GatedDeltaRule(o, qkv, ba, d.w.ALog, d.w.DtBias, sp, s.state, d.layer)
+	b.GatedRMSNorm(gated, o, z, d.w.Norm, d.w.NormEps)
+	return gated
 }

@@ -597,6 +597,18 @@ func (b *Backend) scratchF32(name string, rows, cols int) *tensor {
 	return &tensor{dt: backend.F32, shape: []int{rows, cols}, ptr: b.scratchBuf(name, 4*rows*cols), view: true}
 }
 
+// zeroedScratch is scratchBuf for counters that kernels leave at zero
+// (dn_recur's arrivals): a new buffer is zeroed once, in stream order (in
+// a capture, each replay of that graph zeroes it again, harmlessly).
+func (b *Backend) zeroedScratch(name string, n int) devptr {
+	old := b.scratch[name]
+	p := b.scratchBuf(name, n)
+	if s := b.scratch[name]; s != old {
+		b.fail(check("cuMemsetD32Async", C.k_cuMemsetD32Async(b.ctx, p, 0, C.size_t(s.bytes()/4), b.stream)))
+	}
+	return p
+}
+
 // scratchBuf returns a device buffer of at least n bytes kept under name.
 // A buffer that must grow is replaced; the old one is kept alive because a
 // captured graph may still point at it.

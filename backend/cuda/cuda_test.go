@@ -885,17 +885,23 @@ func TestDeltaNet(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		CD, HV := sp.ConvDim(), sp.ValueHeads
-		type weights struct{ conv, aLog, dtBias backend.Tensor }
-		var w [layers]struct{ c, g weights }
+		// The fused layer (DeltaNet) on a state cache of its own.
+		fst, err := p.g.NewStateCache(ss)
+		if err != nil {
+			t.Fatal(err)
+		}
+		CD, HV, vdim := sp.ConvDim(), sp.ValueHeads, sp.ValueHeads*sp.ValueDim
+		var w [layers]struct{ c, g backend.DeltaNetWeights }
 		for l := range w {
-			w[l].c.conv, w[l].g.conv = p.load(backend.BF16, p.randn(CD*sp.ConvKernel, 0.5), CD, sp.ConvKernel)
+			w[l].c.Conv, w[l].g.Conv = p.load(backend.BF16, p.randn(CD*sp.ConvKernel, 0.5), CD, sp.ConvKernel)
 			aLog := p.randn(HV, 0.3)
 			for h := range aLog {
 				aLog[h] += -5 + 5*float32(h)/float32(HV)
 			}
-			w[l].c.aLog, w[l].g.aLog = p.load(backend.F32, aLog, HV)
-			w[l].c.dtBias, w[l].g.dtBias = p.load(backend.BF16, p.randn(HV, 0.5), HV)
+			w[l].c.ALog, w[l].g.ALog = p.load(backend.F32, aLog, HV)
+			w[l].c.DtBias, w[l].g.DtBias = p.load(backend.BF16, p.randn(HV, 0.5), HV)
+			w[l].c.Norm, w[l].g.Norm = p.load(backend.BF16, p.randn(sp.ValueDim, 1), sp.ValueDim)
+			w[l].c.NormEps, w[l].g.NormEps = 1e-6, 1e-6
 		}
 		// Each step: new tokens per slot (0: the slot sits the step out),
 		// and whether that slot starts over at position 0.
@@ -944,36 +950,58 @@ func TestDeltaNet(t *testing.T) {
 			T := len(b.Tokens)
 			p.begin(&b)
 			for l := range layers {
-				cm, gm := p.load(backend.F32, p.randn(T*CD, 1), T, CD)
+				mixed, zs := p.randn(T*CD, 1), p.randn(T*vdim, 1)
+				cm, gm := p.load(backend.F32, mixed, T, CD)
 				cb, gb := p.load(backend.F32, p.randn(T*2*HV, 1), T, 2*HV)
 				cx, gx := p.out(T, CD)
-				p.c.CausalConv1d(cx, cm, w[l].c.conv, cst, l)
-				p.g.CausalConv1d(gx, gm, w[l].g.conv, gst, l)
+				p.c.CausalConv1d(cx, cm, w[l].c.Conv, cst, l)
+				p.g.CausalConv1d(gx, gm, w[l].g.Conv, gst, l)
 				p.compare(fmt.Sprintf("causal conv %+v step %v layer %d", sp, step, l), cx, gx, 1e-5)
-				co, gout := p.out(T, HV*sp.ValueDim)
-				p.c.GatedDeltaRule(co, cx, cb, w[l].c.aLog, w[l].c.dtBias, &sp, cst, l)
-				p.g.GatedDeltaRule(gout, gx, gb, w[l].g.aLog, w[l].g.dtBias, &sp, gst, l)
+				co, gout := p.out(T, vdim)
+				p.c.GatedDeltaRule(co, cx, cb, w[l].c.ALog, w[l].c.DtBias, &sp, cst, l)
+				p.g.GatedDeltaRule(gout, gx, gb, w[l].g.ALog, w[l].g.DtBias, &sp, gst, l)
 				p.compare(fmt.Sprintf("delta rule %+v step %v layer %d", sp, step, l), co, gout, tol)
+				// The fused layer against the CPU's three steps: z apart in
+				// layer 0, after the conv inputs of each row in layer 1.
+				cz, gz := p.load(backend.F32, zs, T, vdim)
+				cg, gg := p.out(T, vdim)
+				p.c.GatedRMSNorm(cg, co, cz, w[l].c.Norm, w[l].c.NormEps)
+				if l == 0 {
+					p.g.DeltaNet(gg, gm, gz, gb, &w[l].g, &sp, fst, l)
+				} else {
+					qkvz := make([]float32, 0, T*(CD+vdim))
+					for i := range T {
+						qkvz = append(append(qkvz, mixed[i*CD:(i+1)*CD]...), zs[i*vdim:(i+1)*vdim]...)
+					}
+					_, gq := p.load(backend.F32, qkvz, T, CD+vdim)
+					p.g.DeltaNet(gg, gq, nil, gb, &w[l].g, &sp, fst, l)
+				}
+				p.compare(fmt.Sprintf("fused layer %+v step %v layer %d", sp, step, l), cg, gg, tol)
 			}
 			for s, n := range step {
 				pos[s] += n
 			}
 		}
-		if got := gst.(*stateCache).chunked; got != chunked {
-			t.Errorf("%+v: the chunked kernels ran %d (sequence, layer) pairs, want %d", sp, got, chunked)
+		for _, st := range []backend.StateCache{gst, fst} {
+			if got := st.(*stateCache).chunked; got != chunked {
+				t.Errorf("%+v: the chunked kernels ran %d (sequence, layer) pairs, want %d", sp, got, chunked)
+			}
 		}
 		for s := range slots {
-			cb, gb := make([]byte, cst.SlotBytes()), make([]byte, gst.SlotBytes())
+			cb := make([]byte, cst.SlotBytes())
 			if err := cst.Save(s, cb); err != nil {
 				t.Fatal(err)
 			}
-			if err := gst.Save(s, gb); err != nil {
-				t.Fatal(err)
-			}
-			if e := relL2(reference.DecodeF32(gb), reference.DecodeF32(cb)); !(e <= tol) {
-				t.Errorf("%+v slot %d: saved state relative L2 %.3g", sp, s, e)
-			} else {
-				t.Logf("%+v slot %d: saved state relative L2 %.3g", sp, s, e)
+			for i, st := range []backend.StateCache{gst, fst} {
+				gb := make([]byte, st.SlotBytes())
+				if err := st.Save(s, gb); err != nil {
+					t.Fatal(err)
+				}
+				if e := relL2(reference.DecodeF32(gb), reference.DecodeF32(cb)); !(e <= tol) {
+					t.Errorf("%+v slot %d (fused %v): saved state relative L2 %.3g", sp, s, i == 1, e)
+				} else {
+					t.Logf("%+v slot %d (fused %v): saved state relative L2 %.3g", sp, s, i == 1, e)
+				}
 			}
 		}
 		// A restored slot continues as the original would.
@@ -1002,6 +1030,7 @@ func TestDeltaNet(t *testing.T) {
 		}
 		cst.Free()
 		gst.Free()
+		fst.Free()
 	}
 }
 

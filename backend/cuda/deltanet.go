@@ -51,7 +51,9 @@ var dnChunkKernels = map[int]struct {
 }
 
 type dnConvArgs struct {
-	y, x, w                         devptr
+	y, x                            devptr
+	ldx                             int32
+	w                               devptr
 	wdt                             int32
 	hist                            devptr
 	CD, K, convN                    int32
@@ -60,12 +62,14 @@ type dnConvArgs struct {
 
 type dnConvHistArgs struct {
 	hist, x                       devptr
-	CD, K, convN                  int32
+	ldx, CD, K, convN             int32
 	seqpos, seqn, seqstart, slots devptr
 }
 
 type dnConvStepArgs struct {
-	y, hist, x, w                 devptr
+	y, hist, x                    devptr
+	ldx                           int32
+	w                             devptr
 	wdt, CD, K, convN             int32
 	seqpos, seqn, seqstart, slots devptr
 }
@@ -79,14 +83,38 @@ const (
 )
 
 type dnRecurArgs struct {
-	out, qkv, ba, aLog                    devptr
+	out, x                                devptr
+	ldx                                   int32
+	ba, aLog                              devptr
 	adt                                   int32
 	dtBias                                devptr
 	bdt                                   int32
 	state                                 devptr
 	HK, HV, dk, dv, recN, chunkMin, tiled int32
+	f                                     dnFused
 	seqpos, seqn, seqstart, slots         devptr
 }
+
+// dnFused is struct DnFused: what dn_recur takes to run a decode step's
+// conv and gated norm too.
+type dnFused struct {
+	convw    devptr
+	cwdt     int32
+	hist     devptr
+	convN, K int32
+	z        devptr
+	ldz      int32
+	normw    devptr
+	nwdt     int32
+	eps      float32
+	gout     devptr
+	godt     int32
+	cnt      devptr
+}
+
+// dnStepWidth is the widest conv the fused decode step (dn_recur with
+// its conv, DN_STEP_MAXK) takes.
+const dnStepWidth = 4
 
 type dnChunkPrepArgs struct {
 	qkv, ba, aLog               devptr
@@ -281,17 +309,24 @@ func (b *Backend) stateOf(what string, stc backend.StateCache, layer int) *state
 }
 
 // CausalConv1d runs a DeltaNet layer's causal conv and silu over each
-// sequence's conv history; see backend.Backend. dn_conv reads the history
-// as it was, then dn_conv_hist moves it on; a step of few tokens a
-// sequence (decode) takes both in one pass, dn_conv_step.
+// sequence's conv history; see backend.Backend.
 func (b *Backend) CausalConv1d(out, x, w backend.Tensor, stc backend.StateCache, layer int) {
 	c := b.stateOf("causal conv", stc, layer)
+	xt := asT(x)
+	checkRows("causal conv x", xt, b.meta.T, c.spec.DeltaNet.ConvDim())
+	checkF32("causal conv", xt)
+	b.causalConv(c, asT(out), xt.ptr, xt.cols(), asT(w), layer)
+}
+
+// causalConv is CausalConv1d of inputs x whose rows are ldx floats apart.
+// dn_conv reads the history as it was, then dn_conv_hist moves it on; a
+// step of few tokens a sequence (decode) takes both in one pass,
+// dn_conv_step.
+func (b *Backend) causalConv(c *stateCache, ot *tensor, x devptr, ldx int, cw *tensor, layer int) {
 	m := &b.meta
 	CD, K := c.spec.DeltaNet.ConvDim(), c.spec.DeltaNet.ConvKernel
-	ot, xt, cw := asT(out), asT(x), asT(w)
-	checkRows("causal conv x", xt, m.T, CD)
 	checkRows("causal conv out", ot, m.T, CD)
-	checkF32("causal conv", ot, xt)
+	checkF32("causal conv", ot)
 	if cw.numel() != CD*K {
 		panic(fmt.Sprintf("cuda: causal conv: weight %v for %d channels of width %d", cw, CD, K))
 	}
@@ -308,21 +343,100 @@ func (b *Backend) CausalConv1d(out, x, w backend.Tensor, stc backend.StateCache,
 			b.copyDtoD(c.conv[layer]+devptr(4*cp.slot*c.convN), c.conv[layer]+devptr(4*src*c.convN), 4*c.convN)
 		}
 		dnConvHistKernel.run(b, [3]int{len(m.caps), (CD + 255) / 256, 1}, 256, 0, dnConvHistArgs{
-			hist: c.conv[layer], x: xt.ptr, CD: int32(CD), K: int32(K), convN: int32(c.convN),
+			hist: c.conv[layer], x: x, ldx: int32(ldx), CD: int32(CD), K: int32(K), convN: int32(c.convN),
 			seqpos: m.dev[mCapPos], seqn: m.dev[mCapN], seqstart: m.dev[mCapStart], slots: m.dev[mCapSlot]})
 	}
 	if m.maxN <= dnConvStepTokens && K <= dnConvStepWidth {
 		dnConvStepKernel.run(b, [3]int{m.S, (CD + 255) / 256, 1}, 256, 0, dnConvStepArgs{
-			y: ot.ptr, hist: c.conv[layer], x: xt.ptr, w: cw.ptr, wdt: int32(cw.dt), CD: int32(CD), K: int32(K), convN: int32(c.convN),
+			y: ot.ptr, hist: c.conv[layer], x: x, ldx: int32(ldx), w: cw.ptr, wdt: int32(cw.dt), CD: int32(CD), K: int32(K), convN: int32(c.convN),
 			seqpos: m.dev[mSeqPos], seqn: m.dev[mSeqN], seqstart: m.dev[mSeqStart], slots: m.dev[mSeqSlot]})
 		return
 	}
 	dnConvKernel.run(b, [3]int{m.T, (CD + 255) / 256, 1}, 256, 0, dnConvArgs{
-		y: ot.ptr, x: xt.ptr, w: cw.ptr, wdt: int32(cw.dt), hist: c.conv[layer], CD: int32(CD), K: int32(K), convN: int32(c.convN),
+		y: ot.ptr, x: x, ldx: int32(ldx), w: cw.ptr, wdt: int32(cw.dt), hist: c.conv[layer], CD: int32(CD), K: int32(K), convN: int32(c.convN),
 		tokseq: m.dev[mTokSeq], seqpos: m.dev[mSeqPos], seqstart: m.dev[mSeqStart], slots: m.dev[mSeqSlot]})
 	dnConvHistKernel.run(b, [3]int{m.S, (CD + 255) / 256, 1}, 256, 0, dnConvHistArgs{
-		hist: c.conv[layer], x: xt.ptr, CD: int32(CD), K: int32(K), convN: int32(c.convN),
+		hist: c.conv[layer], x: x, ldx: int32(ldx), CD: int32(CD), K: int32(K), convN: int32(c.convN),
 		seqpos: m.dev[mSeqPos], seqn: m.dev[mSeqN], seqstart: m.dev[mSeqStart], slots: m.dev[mSeqSlot]})
+}
+
+// DeltaNet runs a Gated DeltaNet layer between its projections; see
+// backend.FusedDeltaNet. A step whose sequences each bring few tokens
+// (fewer than the chunked form takes, and few enough for dn_conv_step),
+// without captures, takes one dn_recur with the conv and the gated norm in
+// it; other steps take the three steps.
+func (b *Backend) DeltaNet(out, qkv, z, ba backend.Tensor, w *backend.DeltaNetWeights, spec *backend.DeltaNetSpec, stc backend.StateCache, layer int) {
+	c := b.stateOf("deltanet", stc, layer)
+	m := &b.meta
+	HV, dv, K := spec.ValueHeads, spec.ValueDim, spec.ConvKernel
+	CD, vdim := spec.ConvDim(), HV*dv
+	ot, xt, bt := asT(out), asT(qkv), asT(ba)
+	checkF32("deltanet", xt)
+	zp, ldx, ldz := devptr(0), CD, vdim
+	if z == nil {
+		checkRows("deltanet qkvz", xt, m.T, CD+vdim)
+		zp, ldx, ldz = xt.ptr+devptr(4*CD), CD+vdim, CD+vdim
+	} else {
+		zt := asT(z)
+		checkRows("deltanet qkv", xt, m.T, CD)
+		checkRows("deltanet z", zt, m.T, vdim)
+		checkF32("deltanet z", zt)
+		zp = zt.ptr
+	}
+	nw := asT(w.Norm)
+	if !c.fuses(spec, m) || nw.numel() != dv {
+		conv := b.scratchF32("deltanet.conv", m.T, CD)
+		b.causalConv(c, conv, xt.ptr, ldx, asT(w.Conv), layer)
+		o := b.scratchF32("deltanet.o", m.T, vdim)
+		b.GatedDeltaRule(o, conv, ba, w.ALog, w.DtBias, spec, stc, layer)
+		b.gatedRMSNorm(ot, o, zp, ldz, nw, w.NormEps)
+		return
+	}
+	checkRows("deltanet ba", bt, m.T, 2*HV)
+	checkF32("deltanet ba", bt)
+	checkRows("deltanet out", ot, m.T, vdim)
+	checkAct("deltanet out", ot)
+	checkFloatW("deltanet norm", nw)
+	cw, al, db := asT(w.Conv), asT(w.ALog), asT(w.DtBias)
+	if cw.numel() != CD*K || al.numel() != HV || db.numel() != HV {
+		panic(fmt.Sprintf("cuda: deltanet: conv %v, A_log %v, dt_bias %v for %+v", cw, al, db, *spec))
+	}
+	if m.T == 0 {
+		return
+	}
+	o := b.scratchF32("deltanet.o", m.T, vdim)
+	a := c.recurArgs(o.ptr, xt.ptr, ldx, bt.ptr, al, db, layer)
+	a.f = dnFused{
+		convw: cw.ptr, cwdt: int32(cw.dt), hist: c.conv[layer], convN: int32(c.convN), K: int32(K),
+		z: zp, ldz: int32(ldz), normw: nw.ptr, nwdt: int32(nw.dt), eps: w.NormEps, gout: ot.ptr, godt: int32(ot.dt),
+		cnt: b.zeroedScratch("deltanet.cnt", 4*m.S*spec.KeyHeads),
+	}
+	dnRecurKernel.run(b, [3]int{m.S, HV, (dv + 31) / 32}, 128, 0, a)
+}
+
+// fuses reports whether DeltaNet takes this step in one dn_recur.
+func (c *stateCache) fuses(spec *backend.DeltaNetSpec, m *stepMeta) bool {
+	return m.rounds == 1 && len(m.caps) == 0 && m.maxN <= dnConvStepTokens && m.maxN < c.chunkMin(spec) && spec.ConvKernel <= dnStepWidth
+}
+
+// chunkMin is the fewest new tokens of a sequence that the chunked kernels
+// take.
+func (c *stateCache) chunkMin(spec *backend.DeltaNetSpec) int {
+	if c.chunk != nil && spec.Chunk > 0 {
+		return spec.Chunk
+	}
+	return math.MaxInt32
+}
+
+// recurArgs are dn_recur's arguments for layer's state, the conv's outputs
+// x (rows ldx floats apart) and ba, writing out; the step's sequences.
+func (c *stateCache) recurArgs(out, x devptr, ldx int, ba devptr, al, db *tensor, layer int) dnRecurArgs {
+	m, d := &c.b.meta, c.spec.DeltaNet
+	return dnRecurArgs{
+		out: out, x: x, ldx: int32(ldx), ba: ba, aLog: al.ptr, adt: int32(al.dt), dtBias: db.ptr, bdt: int32(db.dt), state: c.rec[layer],
+		HK: int32(d.KeyHeads), HV: int32(d.ValueHeads), dk: int32(d.KeyDim), dv: int32(d.ValueDim), recN: int32(c.recN),
+		chunkMin: int32(c.chunkMin(&d)), tiled: boolInt(d.TiledHeads),
+		seqpos: m.dev[mSeqPos], seqn: m.dev[mSeqN], seqstart: m.dev[mSeqStart], slots: m.dev[mSeqSlot]}
 }
 
 // CapturesStates is true: a step's captures leave the states of its
@@ -359,10 +473,7 @@ func (b *Backend) GatedDeltaRule(out, qkv, ba, aLog, dtBias backend.Tensor, spec
 	if T == 0 {
 		return
 	}
-	chunkMin := math.MaxInt32
-	if c.chunk != nil && spec.Chunk > 0 {
-		chunkMin = spec.Chunk
-	}
+	chunkMin := c.chunkMin(spec)
 	// run advances the sequences by the segments the metadata at seqpos,
 	// seqn and seqstart give (ns: seqn's host copy; maxN the longest).
 	run := func(seqpos, seqn, seqstart devptr, ns []int32, maxN int) {
@@ -401,10 +512,9 @@ func (b *Backend) GatedDeltaRule(out, qkv, ba, aLog, dtBias backend.Tensor, spec
 			c.chunked += long
 		}
 		if short {
-			dnRecurKernel.run(b, [3]int{S, HV, (dv + 31) / 32}, 128, 0, dnRecurArgs{
-				out: ot.ptr, qkv: xt.ptr, ba: bt.ptr, aLog: al.ptr, adt: int32(al.dt), dtBias: db.ptr, bdt: int32(db.dt), state: c.rec[layer],
-				HK: int32(HK), HV: int32(HV), dk: int32(dk), dv: int32(dv), recN: int32(c.recN), chunkMin: int32(chunkMin), tiled: boolInt(spec.TiledHeads),
-				seqpos: seqpos, seqn: seqn, seqstart: seqstart, slots: m.dev[mSeqSlot]})
+			a := c.recurArgs(ot.ptr, xt.ptr, xt.cols(), bt.ptr, al, db, layer)
+			a.seqpos, a.seqn, a.seqstart = seqpos, seqn, seqstart
+			dnRecurKernel.run(b, [3]int{S, HV, (dv + 31) / 32}, 128, 0, a)
 		}
 	}
 	if m.rounds == 1 {

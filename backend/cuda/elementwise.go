@@ -47,11 +47,13 @@ type rmsnormArgs struct {
 }
 
 type gatedRMSNormArgs struct {
-	out      devptr
-	odt      int32
-	x, z, w  devptr
-	wdt, dim int32
-	eps      float32
+	out             devptr
+	odt             int32
+	x, z            devptr
+	ldz             int32
+	w               devptr
+	wdt, dim, width int32
+	eps             float32
 }
 
 type siluMulArgs struct {
@@ -165,19 +167,25 @@ func (b *Backend) RMSNorm(out, x, w backend.Tensor, eps float32, unitOffset bool
 
 // GatedRMSNorm computes out = w * rmsnorm(x) * silu(z) per head.
 func (b *Backend) GatedRMSNorm(out, x, z, w backend.Tensor, eps float32) {
-	ot, xt, zt, wt := asT(out), asT(x), asT(z), asT(w)
+	xt, zt := asT(x), asT(z)
+	checkRows("gated rmsnorm z", zt, xt.rows(), xt.cols())
+	checkF32("gated rmsnorm", zt)
+	b.gatedRMSNorm(asT(out), xt, zt.ptr, xt.cols(), asT(w), eps)
+}
+
+// gatedRMSNorm is GatedRMSNorm with z's rows ldz floats apart.
+func (b *Backend) gatedRMSNorm(ot, xt *tensor, z devptr, ldz int, wt *tensor, eps float32) {
 	n, width := xt.rows(), xt.cols()
 	dim := wt.numel()
 	if dim == 0 || width%dim != 0 {
 		panic(fmt.Sprintf("cuda: gated rmsnorm: x %v is not whole heads of %d", xt, dim))
 	}
 	checkRows("gated rmsnorm out", ot, n, width)
-	checkRows("gated rmsnorm z", zt, n, width)
-	checkF32("gated rmsnorm", xt, zt)
+	checkF32("gated rmsnorm", xt)
 	checkAct("gated rmsnorm", ot)
 	checkFloatW("gated rmsnorm", wt)
-	gatedRMSNormKernel.run(b, g1(n*width/dim), normBlock(dim), 0, gatedRMSNormArgs{out: ot.ptr, odt: int32(ot.dt), x: xt.ptr, z: zt.ptr,
-		w: wt.ptr, wdt: int32(wt.dt), dim: int32(dim), eps: eps})
+	gatedRMSNormKernel.run(b, g1(n*width/dim), normBlock(dim), 0, gatedRMSNormArgs{out: ot.ptr, odt: int32(ot.dt), x: xt.ptr, z: z, ldz: int32(ldz),
+		w: wt.ptr, wdt: int32(wt.dt), dim: int32(dim), width: int32(width), eps: eps})
 }
 
 // siluMul computes out = silu(gate) * up for gateUp [N, 2I] = [gate | up].

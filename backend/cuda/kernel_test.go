@@ -184,17 +184,22 @@ func cStruct(name, body string) (string, error) {
 		if decl == "" {
 			continue
 		}
-		// "float a, b[4]": the type, then declarators.
-		sp := strings.IndexAny(decl, " \t")
+		// "float a, b[4]" or "float *p": the type, then declarators.
+		decl = strings.TrimPrefix(decl, "const ")
+		sp := strings.IndexAny(decl, " \t*")
 		if sp < 0 {
 			return "", fmt.Errorf("struct %s: field %q", name, decl)
 		}
-		typ, err := cScalar(decl[:sp])
-		if err != nil {
-			return "", fmt.Errorf("struct %s: %v", name, err)
-		}
 		for _, d := range strings.Split(decl[sp:], ",") {
 			d = strings.TrimSpace(d)
+			if p, ok := strings.CutPrefix(d, "*"); ok {
+				fields = append(fields, strings.TrimSpace(p)+" ptr")
+				continue
+			}
+			typ, err := cScalar(decl[:sp])
+			if err != nil {
+				return "", fmt.Errorf("struct %s: %v", name, err)
+			}
 			if a := arrayRE.FindStringSubmatch(d); a != nil {
 				fields = append(fields, a[1]+" "+typ+"["+a[2]+"]")
 			} else {

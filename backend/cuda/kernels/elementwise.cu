@@ -71,15 +71,18 @@ RMSNORM_V4(4)
 RMSNORM_V4(8)
 
 // gated_rmsnorm: out = w * rmsnorm(x) * silu(z) per head of dim elements
-// (one block per head), out f32 or bf16 (odt).
-extern "C" __global__ void gated_rmsnorm(void *out, int odt, const float *x, const float *z, const void *w, int wdt, int dim, float eps) {
+// (one block per head; rows of width elements), out f32 or bf16 (odt); z's
+// rows are ldz floats apart (the projection may hold the conv's inputs
+// before z).
+extern "C" __global__ void gated_rmsnorm(void *out, int odt, const float *x, const float *z, int ldz, const void *w, int wdt, int dim,
+		int width, float eps) {
 	__shared__ float red[32];
-	long base = (long)blockIdx.x * dim;
+	long base = (long)blockIdx.x * dim, zb = base / width * ldz + base % width;
 	float ss = 0.f;
 	for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += x[base + i] * x[base + i];
 	float s = rsqrtf(block_sum(ss, red) / dim + eps);
 	for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-		float zv = z[base + i];
+		float zv = z[zb + i];
 		st(out, base + i, odt, ld(w, i, wdt) * (x[base + i] * s) * (zv / (1.f + __expf(-zv))));
 	}
 }
