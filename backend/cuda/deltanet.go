@@ -411,7 +411,7 @@ func (b *Backend) DeltaNet(out, qkv, z, ba backend.Tensor, w *backend.DeltaNetWe
 		z: zp, ldz: int32(ldz), normw: nw.ptr, nwdt: int32(nw.dt), eps: w.NormEps, gout: ot.ptr, godt: int32(ot.dt),
 		cnt: b.zeroedScratch("deltanet.cnt", 4*m.S*spec.KeyHeads),
 	}
-	dnRecurKernel.run(b, [3]int{m.S, HV, (dv + 31) / 32}, 128, 0, a)
+	dnRecurKernel.runOverlapped(b, [3]int{m.S, HV, (dv + 31) / 32}, 128, 0, a)
 }
 
 // fuses reports whether DeltaNet takes this step in one dn_recur.

@@ -159,10 +159,10 @@ func (b *Backend) RMSNorm(out, x, w backend.Tensor, eps float32, unitOffset bool
 		for 256*4<<v4 < h {
 			v4++
 		}
-		rmsnormV4Kernels[v4].run(b, g1(n), 256, 0, a)
+		rmsnormV4Kernels[v4].runOverlapped(b, g1(n), 256, 0, a)
 		return
 	}
-	rmsnormKernel.run(b, g1(n), normBlock(h), 0, a)
+	rmsnormKernel.runOverlapped(b, g1(n), normBlock(h), 0, a)
 }
 
 // GatedRMSNorm computes out = w * rmsnorm(x) * silu(z) per head.

@@ -182,7 +182,7 @@ func (b *Backend) route(sel, wts devptr, xt, router *tensor, spec *backend.MoESp
 	} else {
 		moeGemvKernel.run(b, [3]int{(E + 7) / 8, T, 1}, 256, 0, moeGemvArgs{y: logits.ptr, x: xt.ptr, xdiv: 1, w: router.ptr, wdt: int32(router.dt), sel: 0, O: int32(E), I: int32(H)})
 	}
-	moeRouteKernel.run(b, g1(T), 32, 0, moeRouteArgs{logits: logits.ptr, E: int32(E), K: int32(K), norm: boolInt(spec.NormTopK),
+	moeRouteKernel.runOverlapped(b, g1(T), 32, 0, moeRouteArgs{logits: logits.ptr, E: int32(E), K: int32(K), norm: boolInt(spec.NormTopK),
 		e0: int32(spec.First), held: int32(held), sel: sel, wts: wts})
 }
 
@@ -283,18 +283,20 @@ func (b *Backend) expertRows(xt *tensor, sel devptr, K int, gu, down, sgu, sdown
 		}
 	}
 	// qrows is the quantized expert rows' product at decode (xsh: where the
-	// shared expert's inputs start).
-	qrows := func(swiglu bool, out devptr, odt backend.DType, xt *tensor, xdiv int, w *tensor, estride int, ws devptr, xsh, O, in int) {
+	// shared expert's inputs start; selReady as qmvRows'); it reports
+	// whether f8mv took it.
+	qrows := func(swiglu bool, out devptr, odt backend.DType, xt *tensor, xdiv int, w *tensor, estride int, ws devptr, xsh, O, in int, selReady bool) bool {
 		if qtiles {
 			b.qmvTiles(swiglu, out, odt, b.qx(xt), xdiv, w, estride, qg, expertTiles(R, E, qmvTileRows), O, in)
-			return
+			return false
 		}
-		b.qmvRows(swiglu, out, odt, xt, xdiv, w, estride, sel, R, ws, S, xsh, O, in)
+		return b.qmvRows(swiglu, out, odt, xt, xdiv, w, estride, sel, R, ws, S, xsh, O, in, selReady)
 	}
 	var act *tensor // [R + S, I], f32 or (qmv_swiglu) bf16
+	upF8 := false   // gate/up took f8mv: down may read sel at once
 	if !grouped && gu.dt.Quantized() {
 		act = &tensor{dt: backend.BF16, shape: []int{R + S, I}, ptr: b.scratchBuf("moe.act", 2*(R+S)*I), view: true}
-		qrows(true, act.ptr, backend.BF16, xt, K, gu, 2*I*gu.rb(), ptrOf(sgu, S), 0, I, H)
+		upF8 = qrows(true, act.ptr, backend.BF16, xt, K, gu, 2*I*gu.rb(), ptrOf(sgu, S), 0, I, H, false)
 	} else {
 		h := b.scratchF32("moe.h", R, 2*I)
 		expertProduct(h.ptr, xt.ptr, K, gu, 2*I, H)
@@ -303,7 +305,7 @@ func (b *Backend) expertRows(xt *tensor, sel devptr, K int, gu, down, sgu, sdown
 	}
 	switch {
 	case !grouped && down.dt.Quantized():
-		qrows(false, y.ptr, backend.F32, act, 1, down, H*down.rb(), ptrOf(sdown, S), R, H, I)
+		qrows(false, y.ptr, backend.F32, act, 1, down, H*down.rb(), ptrOf(sdown, S), R, H, I, upF8)
 	case act.dt == backend.BF16:
 		// Quantized gate/up before float32 or f16 down weights.
 		af := b.scratchF32("moe.actf", R, I)
@@ -386,7 +388,7 @@ func (b *Backend) combine(ot, xt *tensor, y, wts devptr, K int, ys devptr, gate 
 		}
 		a.x, a.wg, a.wgdt = xt.ptr, gate.ptr, int32(gate.dt)
 	}
-	moeCombineKernel.run(b, [3]int{T, (H + 255) / 256, 1}, 256, 0, a)
+	moeCombineKernel.runOverlapped(b, [3]int{T, (H + 255) / 256, 1}, 256, 0, a)
 }
 
 // SharedExpert adds the gated shared expert to out; see backend.Backend.

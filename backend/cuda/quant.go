@@ -264,21 +264,24 @@ func checkFloatW(what string, ts ...*tensor) {
 // and out = silu(gate) * up. x is [., I] f32 or bf16 (qmv reads it as
 // bf16, converted where needed: qx), out f32 or bf16.
 func (b *Backend) qmv(swiglu bool, out devptr, odt backend.DType, xt *tensor, T int, w *tensor, O, I int, accumulate bool) {
-	b.qmvLaunch(swiglu, qmvKernel(T), 1, qmvSwigluArgs{out: out, odt: int32(odt), T: int32(T), xdiv: 1, w: w.ptr, rb: int64(w.rb()), O: int32(O), I: int32(I)}, xt, w, accumulate)
+	b.qmvLaunch(swiglu, qmvKernel(T), 1, qmvSwigluArgs{out: out, odt: int32(odt), T: int32(T), xdiv: 1, w: w.ptr, rb: int64(w.rb()), O: int32(O), I: int32(I)}, xt, w, accumulate, false)
 }
 
 // qmvRows is qmv of the R rows of a mixture of experts, out[r, o] =
 // x[r / xdiv] . w[sel[r]]_o with experts estride bytes apart, and, given
 // a shared expert ws laid out as one of them, S rows more: out[R + s, o] =
-// x[xsh + s] . ws_o.
-func (b *Backend) qmvRows(swiglu bool, out devptr, odt backend.DType, xt *tensor, xdiv int, w *tensor, estride int, sel devptr, R int, ws devptr, S, xsh, O, I int) {
-	b.qmvLaunch(swiglu, qmvKernel(0), R+S, qmvSwigluArgs{out: out, odt: int32(odt), T: int32(R), xdiv: int32(xdiv), w: w.ptr, rb: int64(w.rb()),
-		estride: int64(estride), sel: sel, ws: ws, xsh: int32(xsh), O: int32(O), I: int32(I)}, xt, w, false)
+// x[xsh + s] . ws_o. selReady: the kernel before it is an f8mv product of
+// the same rows (f8mv reads sel at once then). It reports whether f8mv
+// took the product.
+func (b *Backend) qmvRows(swiglu bool, out devptr, odt backend.DType, xt *tensor, xdiv int, w *tensor, estride int, sel devptr, R int, ws devptr, S, xsh, O, I int, selReady bool) bool {
+	return b.qmvLaunch(swiglu, qmvKernel(0), R+S, qmvSwigluArgs{out: out, odt: int32(odt), T: int32(R), xdiv: int32(xdiv), w: w.ptr, rb: int64(w.rb()),
+		estride: int64(estride), sel: sel, ws: ws, xsh: int32(xsh), O: int32(O), I: int32(I)}, xt, w, false, selReady)
 }
 
 // qmvLaunch launches qmv kernel k over rows grid rows, or f8mv where it
-// takes the product (a.x is set from xt).
-func (b *Backend) qmvLaunch(swiglu bool, k, rows int, a qmvSwigluArgs, xt, w *tensor, accumulate bool) {
+// takes the product (a.x is set from xt; selReady as f8mv's), and reports
+// whether f8mv took it.
+func (b *Backend) qmvLaunch(swiglu bool, k, rows int, a qmvSwigluArgs, xt, w *tensor, accumulate, selReady bool) bool {
 	O, I := int(a.O), int(a.I)
 	checkQmv(w, I)
 	tokens := int(a.T)
@@ -286,8 +289,8 @@ func (b *Backend) qmvLaunch(swiglu bool, k, rows int, a qmvSwigluArgs, xt, w *te
 		tokens = 0
 	}
 	if b.f8mvFits(w.dt, tokens, O, I) && (xt.dt == backend.F32 || xt.dt == backend.BF16) && xt.ptr%16 == 0 {
-		b.f8mv(swiglu, rows, a, xt, accumulate)
-		return
+		b.f8mv(swiglu, rows, a, xt, accumulate, selReady)
+		return true
 	}
 	a.x = b.qx(xt)
 	qk, outs := quantKernelsOf(w.dt), 8
@@ -300,9 +303,10 @@ func (b *Backend) qmvLaunch(swiglu bool, k, rows int, a qmvSwigluArgs, xt, w *te
 	overlap := a.sel == 0
 	if swiglu {
 		qk.mvSwiglu[k].launch(b, overlap, grid, block, 0, a)
-		return
+		return false
 	}
 	qk.mv[k].launch(b, overlap, grid, block, 0, qmvArgs{a, boolInt(accumulate)})
+	return false
 }
 
 // f8mvTokens is the most tokens of f8mv (the FP8 mma's 8 columns);
@@ -361,10 +365,10 @@ func (b *Backend) fp8QmvFirst(dt backend.DType, n, o, in int) bool {
 	return dt == backend.FP8 && n >= 1 && n <= b.f8mvMax && n <= b.qmvMax && o < b.f8mvOuts && qmvFits(dt, in)
 }
 
-// f8mvSwigluArgs are qmv_swiglu's and x's type (f32 or bf16).
+// f8mvSwigluArgs are qmv_swiglu's, x's type (f32 or bf16) and early.
 type f8mvSwigluArgs struct {
 	qmvSwigluArgs
-	xdt int32
+	xdt, early int32
 }
 
 // f8mvArgs are f8mv_swiglu's and the accumulate flag.
@@ -374,10 +378,11 @@ type f8mvArgs struct {
 }
 
 // f8mv launches qmv's product (q, over rows grid rows, x from xt: f32 or
-// bf16) on f8mv.
-func (b *Backend) f8mv(swiglu bool, rows int, q qmvSwigluArgs, xt *tensor, accumulate bool) {
+// bf16) on f8mv. selReady: expert rows behind an f8mv product of the same
+// rows, which may read sel at once (early).
+func (b *Backend) f8mv(swiglu bool, rows int, q qmvSwigluArgs, xt *tensor, accumulate, selReady bool) {
 	q.x = xt.ptr
-	a := f8mvSwigluArgs{q, int32(xt.dt)}
+	a := f8mvSwigluArgs{q, int32(xt.dt), boolInt(selReady && q.sel != 0)}
 	O, I := int(a.O), int(a.I)
 	outs, nt := 16, int(a.T)
 	if swiglu {
@@ -394,14 +399,13 @@ func (b *Backend) f8mv(swiglu bool, rows int, q qmvSwigluArgs, xt *tensor, accum
 	}
 	grid := [3]int{blocksOver(groups, rows, limit), rows, 1}
 	smem := f8mvSmem(nt, I)
-	overlap := a.sel == 0
 	if swiglu {
 		b.allowSmem(f8mvSwigluKernel.name, f8mvSmemMax)
-		f8mvSwigluKernel.launch(b, overlap, grid, 32*W, smem, a)
+		f8mvSwigluKernel.runOverlapped(b, grid, 32*W, smem, a)
 		return
 	}
 	b.allowSmem(f8mvKernel.name, f8mvSmemMax)
-	f8mvKernel.launch(b, overlap, grid, 32*W, smem, f8mvArgs{a, boolInt(accumulate)})
+	f8mvKernel.runOverlapped(b, grid, 32*W, smem, f8mvArgs{a, boolInt(accumulate)})
 }
 
 // qgemvSmem is the shared memory of a qgemv of n tokens with rows of in

@@ -134,6 +134,7 @@ extern "C" __global__ void __launch_bounds__(128) dn_recur(float *out, const flo
 		const int *seqpos, const int *seqn, const int *seqstart, const int *slots) {
 	__shared__ float q[4 * DR_ROWS], k[4 * DR_ROWS], part[2][4][32], red[32];
 	__shared__ int last;
+	pdl_trigger();  // the output projection may request its weights
 	int s = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, w = threadIdx.x >> 5, c = blockIdx.z * 32 + lane, n = seqn[s];
 	if (n == 0 || n >= chunkMin) return;
 	int r = HV / HK, kh = tiled ? h % HK : h / r, CD = 2 * HK * dk + HV * dv;
@@ -158,6 +159,9 @@ extern "C" __global__ void __launch_bounds__(128) dn_recur(float *out, const flo
 		if (col) conv_window<M>(wv, winv, f.convw, f.cwdt, hs, CD, f.K, chv, fresh);
 	}
 	float A = -__expf(ld(aLog, h, adt)), bias = ld(dtBias, h, bdt), qs = rsqrtf((float)dk);
+	// The state, the conv's history and the weights are this layer's, last
+	// written by earlier steps: loaded before waiting for the projections.
+	pdl_wait();
 	for (int i = 0; i < n; i++) {
 		long t = seqstart[s] + i;
 		const float *row = x + t * ldx;

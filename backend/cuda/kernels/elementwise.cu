@@ -14,6 +14,7 @@ extern "C" __global__ void embed(float *out, const void *table, int dt, const in
 // (f32 or bf16); an f32 out may alias x.
 extern "C" __global__ void rmsnorm(void *out, int odt, const float *x, const void *w, int wdt, int n, float eps, int unitOffset) {
 	pdl_trigger();  // a matrix product usually follows
+	pdl_wait();
 	__shared__ float red[32];
 	const float *xr = x + (long)blockIdx.x * n;
 	long base = (long)blockIdx.x * n;
@@ -32,6 +33,7 @@ extern "C" __global__ void rmsnorm(void *out, int odt, const float *x, const voi
 template <int V4>
 __device__ __forceinline__ void rmsnorm_v4(void *out, int odt, const float *x, const void *w, int wdt, int n, float eps, int unitOffset) {
 	pdl_trigger();  // a matrix product usually follows
+	pdl_wait();
 	__shared__ float red[32];
 	const float4 *xr = (const float4 *)(x + (long)blockIdx.x * n);
 	long row = (long)blockIdx.x * (n >> 2);  // in units of four elements

@@ -65,27 +65,36 @@ __device__ __forceinline__ int f8mv_pitch(int I) { return I + 64; }
 // f8mv: grid (ceil(O / outputs), rows, 1), W warps (W <= I / 128),
 // dynamic shared memory NT * (2 * (I + 64) + 4 * I / 128) bytes for NT = T
 // tokens (1 with sel). Arguments as qmv's, but x is bf16 or f32 (xdt,
-// 16-byte aligned rows); I % 128 == 0. With SWIGLU a group's 16 rows are 8
-// gate rows and their 8 up rows: 8 outputs.
+// 16-byte aligned rows), and early (below); I % 128 == 0. With SWIGLU a
+// group's 16 rows are 8 gate rows and their 8 up rows: 8 outputs.
 template <bool SWIGLU>
 __device__ __forceinline__ void f8mv(void *out, int odt, const void *x, int T, int xdiv, const u8 *w, long rb, long estride,
-		const int *sel, const u8 *ws, int xsh, int O, int I, int xdt, int accumulate) {
+		const int *sel, const u8 *ws, int xsh, int O, int I, int xdt, int early, int accumulate) {
 	extern __shared__ __align__(16) unsigned char fsm[];
 	__shared__ float red[8][32][4];
-	pdl_trigger();
+	if (!sel) pdl_trigger();
 	int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, W = blockDim.x >> 5;
 	int g = lane >> 2, q = lane & 3, r = blockIdx.y;
 	long x0 = 0;  // the first token's activations: row x0 of x
 	int NT = T;
 	if (sel) {
-		pdl_wait();
+		// Expert rows read sel as soon as it is written: after pdl_wait,
+		// or at once (early) behind a product of the same rows that
+		// waited, so that their first weights are requested while that
+		// product runs. Either lets its successor start only after
+		// waiting (then everything before this kernel is done).
+		if (!early) {
+			pdl_wait();
+			pdl_trigger();
+		}
+		int e = r < T ? __ldcg(sel + r) : 0;
 		if (r >= T) {
 			w = ws;
 			x0 = xsh + r - T;
-		} else if (sel[r] < 0) {
+		} else if (e < 0) {
 			return;
 		} else {
-			w += (long)sel[r] * estride;
+			w += (long)e * estride;
 			x0 = r / xdiv;
 		}
 		NT = 1;
@@ -116,7 +125,8 @@ __device__ __forceinline__ void f8mv(void *out, int odt, const void *x, int T, i
 			load(raw[k], ld);
 			ld.next(n);
 		}
-	if (!sel) pdl_wait();
+	if (!sel || early) pdl_wait();
+	if (sel && early) pdl_trigger();
 	// The tokens' activations (bf16 or f32), quantized: hi and lo rows of
 	// P bytes, then the scales; a warp per token and 128 columns, each
 	// warp's reads requested together.
@@ -217,11 +227,11 @@ __device__ __forceinline__ void f8mv(void *out, int odt, const void *x, int T, i
 }
 
 extern "C" __global__ void __launch_bounds__(256, F8MV_MINB) f8mv_fp8(void *out, int odt, const void *x, int T, int xdiv, const u8 *w,
-		long rb, long estride, const int *sel, const u8 *ws, int xsh, int O, int I, int xdt, int accumulate) {
-	f8mv<false>(out, odt, x, T, xdiv, w, rb, estride, sel, ws, xsh, O, I, xdt, accumulate);
+		long rb, long estride, const int *sel, const u8 *ws, int xsh, int O, int I, int xdt, int early, int accumulate) {
+	f8mv<false>(out, odt, x, T, xdiv, w, rb, estride, sel, ws, xsh, O, I, xdt, early, accumulate);
 }
 
 extern "C" __global__ void __launch_bounds__(256, F8MV_MINB) f8mv_swiglu_fp8(void *out, int odt, const void *x, int T, int xdiv,
-		const u8 *w, long rb, long estride, const int *sel, const u8 *ws, int xsh, int O, int I, int xdt) {
-	f8mv<true>(out, odt, x, T, xdiv, w, rb, estride, sel, ws, xsh, O, I, xdt, 0);
+		const u8 *w, long rb, long estride, const int *sel, const u8 *ws, int xsh, int O, int I, int xdt, int early) {
+	f8mv<true>(out, odt, x, T, xdiv, w, rb, estride, sel, ws, xsh, O, I, xdt, early, 0);
 }

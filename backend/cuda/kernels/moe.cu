@@ -14,6 +14,8 @@
 #define MOE_ROUTE_PER_LANE 32
 extern "C" __global__ void __launch_bounds__(32) moe_route(const float *logits, int E, int K, int norm, int e0, int held, int *sel,
 		float *wts) {
+	pdl_trigger();  // the experts' products follow (they wait for sel)
+	pdl_wait();
 	int t = blockIdx.x, lane = threadIdx.x;
 	const float *lt = logits + (long)t * E;
 	float p[MOE_ROUTE_PER_LANE];
@@ -191,6 +193,8 @@ MOE_GROUP_MM(128, 2)
 extern "C" __global__ void moe_combine(float *__restrict__ out, const float *__restrict__ y, const float *__restrict__ wts, int K, int H,
 		const float *__restrict__ ys, const float *__restrict__ x, const void *wg, int wgdt) {
 	__shared__ float red[32];
+	pdl_trigger();
+	pdl_wait();
 	int t = blockIdx.x, j = blockIdx.y * blockDim.x + threadIdx.x;
 	float g = 0.f;
 	if (ys) {
