@@ -2,9 +2,13 @@ package server
 
 import (
 	"encoding/json"
+	"fmt"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/kiln-llm/kiln/tokenizer"
 )
 
 // TestUnquote: a message's content decodes as encoding/json decodes it,
@@ -72,5 +76,59 @@ func BenchmarkParseLongChat(b *testing.B) {
 		if err := parseBody(body, &r); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// BenchmarkParseFollowUp decodes a chat follow-up's request as a
+// multi-turn client sends it, the whole conversation each turn: histories
+// of about 5K, 50K and 100K tokens of Qwen3's tokenizer (3.9 bytes a
+// token of its own vocabulary's words), user messages of 150 words and
+// answers of 300. It times what the handler does before the session has
+// the messages: the JSON decode and the messages' conversion.
+//
+//	go test -run '^$' -bench ParseFollowUp ./server
+func BenchmarkParseFollowUp(b *testing.B) {
+	tok, err := tokenizer.Load("../testdata/tokenizer/qwen3")
+	if err != nil {
+		b.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	word := func() string {
+		for {
+			a, c := int32(rng.IntN(50000)), int32(rng.IntN(50000))
+			if w := strings.TrimSpace(tok.Decode([]int32{a, c})); w != "" && utf8.ValidString(w) && !tok.IsSpecial(a) && !tok.IsSpecial(c) {
+				return w
+			}
+		}
+	}
+	text := func(n int) string {
+		var sb strings.Builder
+		for range n {
+			sb.WriteString(word())
+			sb.WriteByte(' ')
+		}
+		return sb.String()
+	}
+	for _, history := range []int{5000, 50000, 100000} {
+		msgs := []map[string]string{{"role": "system", "content": "You are a helpful assistant."}}
+		for size := 0; size < history*39/10; {
+			u, a := text(150), text(300)
+			msgs = append(msgs, map[string]string{"role": "user", "content": u}, map[string]string{"role": "assistant", "content": a})
+			size += len(u) + len(a)
+		}
+		msgs = append(msgs, map[string]string{"role": "user", "content": text(30)})
+		body, _ := json.Marshal(map[string]any{"model": "m", "messages": msgs, "stream": true, "max_tokens": 128})
+		b.Run(fmt.Sprintf("history=%dK", history/1000), func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				var r chatRequest
+				if err := parseBody(body, &r); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := convertMessages(r.Messages); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
