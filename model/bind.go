@@ -349,11 +349,16 @@ func (bd *binder) load(p *param) error {
 		srcs = append(srcs, t.Data)
 		mixed = mixed || st.dt != parts[0].dt
 	}
-	if mixed && len(p.split) == len(parts) && p.rows == nil && !sharded {
+	if mixed && len(p.split) == len(parts) && p.rows == nil && (!sharded || p.tp == tpRows && p.sections == nil) {
 		// A fused weight holds one type; a GGUF file may store its parts
-		// in several (Q4_K_M keeps some v projections in Q6_K).
+		// in several (Q4_K_M keeps some v projections in Q6_K). A rank
+		// takes its rows of each.
 		for i, st := range parts {
-			t, err := bd.b.Load(st.dt, layout[i].shape, st.data)
+			shape, data := layout[i].shape, st.data
+			if sharded {
+				shape, data = bd.rowShare(p, i, shape, st)
+			}
+			t, err := bd.b.Load(st.dt, shape, data)
 			if err != nil {
 				return fmt.Errorf("model: tensor %q: %w", layout[i].name, err)
 			}
@@ -465,12 +470,21 @@ func (bd *binder) share(p *param, layout []part, dt backend.DType, parts []store
 		return data
 	}
 	for i, st := range parts {
-		rows, cols := matrixOf(layout[i].shape)
-		rb, w := dt.RowBytes(cols), bd.ways(p, i)
-		per, k := rows/w, r*w/n
-		data = append(data, st.data[k*per*rb:(k+1)*per*rb]...)
+		_, rows := bd.rowShare(p, i, layout[i].shape, st)
+		data = append(data, rows...)
 	}
 	return data
+}
+
+// rowShare returns the rank's range of the rows of part i of p (shape, as
+// the checkpoint holds it; st its bytes) and that range's shape.
+func (bd *binder) rowShare(p *param, i int, shape []int, st stored) ([]int, []byte) {
+	rows, cols := matrixOf(shape)
+	rb, w := st.dt.RowBytes(cols), bd.ways(p, i)
+	per, k := rows/w, bd.rank*w/bd.ranks
+	s := slices.Clone(shape)
+	s[0] /= w
+	return s, st.data[k*per*rb : (k+1)*per*rb]
 }
 
 // colSections returns the columns of a rank's share of each section of a

@@ -1,12 +1,17 @@
 package model
 
 import (
+	"bytes"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 
+	"github.com/kiln-llm/kiln/backend"
 	"github.com/kiln-llm/kiln/backend/cpu"
+	"github.com/kiln-llm/kiln/gguf"
 	"github.com/kiln-llm/kiln/model/reference"
 )
 
@@ -43,6 +48,23 @@ func TestTensorParallel(t *testing.T) {
 			testTensorParallel(t, "../testdata/quant/"+c[0]+".gguf", fixtureDir(c[1]), 2, 3e-2)
 		})
 	}
+	// A fused q|k|v whose parts a file stores in two types (Q4_K_M keeps
+	// some v projections in Q6_K) is held apart on each rank, not widened
+	// to f32: the Q8_0 file with its v projections in f32.
+	t.Run("qwen3-w256-Q8_0-v-f32", func(t *testing.T) {
+		path := mixedGGUF(t, "../testdata/quant/qwen3-w256-Q8_0.gguf", ".attn_v.weight")
+		testTensorParallel(t, path, fixtureDir("qwen3"), 2, 3e-2)
+		g := cpu.NewGroup(2, cpu.Options{Threads: 1})
+		m, err := Load(path, g[1], Options{Rank: 1, Ranks: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		a := m.layers[0].mixer.(*attention)
+		if a.qkv != nil || a.q.DType() != backend.Q8_0 || a.v.DType() != backend.F32 || a.v.Shape()[0] != m.Config().KVHeads*a.spec.HeadDim {
+			t.Errorf("rank 1's q|k|v: fused %v, q %v, v %v %v", a.qkv != nil, a.q.DType(), a.v.DType(), a.v.Shape())
+		}
+	})
 	// Four attention heads do not split in three ranks; half of o_proj's
 	// 256 columns are half a Q4_K block; a backend outside a group cannot
 	// take a share.
@@ -145,4 +167,36 @@ func testTensorParallel(t *testing.T, path, refDir string, ranks int, tol float6
 		}
 	}
 
+}
+
+// mixedGGUF writes a copy of the GGUF file at path whose tensors named
+// with suffix are dequantized to f32, and returns its path.
+func mixedGGUF(t *testing.T, path, suffix string) string {
+	t.Helper()
+	f, err := gguf.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var ts []gguf.WriteTensor
+	for _, x := range f.Tensors {
+		w := gguf.WriteTensor{Name: x.Name, Type: x.Type, Shape: x.Shape, Data: x.Data}
+		if strings.HasSuffix(x.Name, suffix) {
+			dt, ok := dtypeOf(x.Type.String())
+			if !ok {
+				t.Fatalf("%s: %v", x.Name, x.Type)
+			}
+			w.Type, w.Data = gguf.F32, f32Bytes(floatsOf(dt, x.Data, x.Shape))
+		}
+		ts = append(ts, w)
+	}
+	out := filepath.Join(t.TempDir(), "mixed.gguf")
+	var buf bytes.Buffer
+	if err := gguf.Write(&buf, f.KV, ts); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(out, buf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
