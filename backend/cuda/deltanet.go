@@ -367,6 +367,7 @@ func (b *Backend) causalConv(c *stateCache, ot *tensor, x devptr, ldx int, cw *t
 // it; other steps take the three steps.
 func (b *Backend) DeltaNet(out, qkv, z, ba backend.Tensor, w *backend.DeltaNetWeights, spec *backend.DeltaNetSpec, stc backend.StateCache, layer int) {
 	c := b.stateOf("deltanet", stc, layer)
+	c.checkSpec("deltanet", spec)
 	m := &b.meta
 	HV, dv, K := spec.ValueHeads, spec.ValueDim, spec.ConvKernel
 	CD, vdim := spec.ConvDim(), HV*dv
@@ -405,13 +406,23 @@ func (b *Backend) DeltaNet(out, qkv, z, ba backend.Tensor, w *backend.DeltaNetWe
 		return
 	}
 	o := b.scratchF32("deltanet.o", m.T, vdim)
-	a := c.recurArgs(o.ptr, xt.ptr, ldx, bt.ptr, al, db, layer)
+	a := c.recurArgs(o.ptr, xt.ptr, ldx, bt.ptr, al, db, layer, c.chunkMin(spec))
 	a.f = dnFused{
 		convw: cw.ptr, cwdt: int32(cw.dt), hist: c.conv[layer], convN: int32(c.convN), K: int32(K),
 		z: zp, ldz: int32(ldz), normw: nw.ptr, nwdt: int32(nw.dt), eps: w.NormEps, gout: ot.ptr, godt: int32(ot.dt),
 		cnt: b.zeroedScratch("deltanet.cnt", 4*m.S*spec.KeyHeads),
 	}
 	dnRecurKernel.runOverlapped(b, [3]int{m.S, HV, (dv + 31) / 32}, 128, 0, a)
+}
+
+// checkSpec panics unless spec is the state cache's heads (its chunk
+// length aside).
+func (c *stateCache) checkSpec(what string, spec *backend.DeltaNetSpec) {
+	sp := *spec
+	sp.Chunk = c.spec.DeltaNet.Chunk
+	if sp != c.spec.DeltaNet {
+		panic(fmt.Sprintf("cuda: %s: spec %+v does not match the state cache's %+v", what, *spec, c.spec.DeltaNet))
+	}
 }
 
 // fuses reports whether DeltaNet takes this step in one dn_recur.
@@ -429,13 +440,14 @@ func (c *stateCache) chunkMin(spec *backend.DeltaNetSpec) int {
 }
 
 // recurArgs are dn_recur's arguments for layer's state, the conv's outputs
-// x (rows ldx floats apart) and ba, writing out; the step's sequences.
-func (c *stateCache) recurArgs(out, x devptr, ldx int, ba devptr, al, db *tensor, layer int) dnRecurArgs {
+// x (rows ldx floats apart) and ba, writing out, sequences of chunkMin
+// tokens or more left to the chunked kernels; the step's sequences.
+func (c *stateCache) recurArgs(out, x devptr, ldx int, ba devptr, al, db *tensor, layer, chunkMin int) dnRecurArgs {
 	m, d := &c.b.meta, c.spec.DeltaNet
 	return dnRecurArgs{
 		out: out, x: x, ldx: int32(ldx), ba: ba, aLog: al.ptr, adt: int32(al.dt), dtBias: db.ptr, bdt: int32(db.dt), state: c.rec[layer],
 		HK: int32(d.KeyHeads), HV: int32(d.ValueHeads), dk: int32(d.KeyDim), dv: int32(d.ValueDim), recN: int32(c.recN),
-		chunkMin: int32(c.chunkMin(&d)), tiled: boolInt(d.TiledHeads),
+		chunkMin: int32(chunkMin), tiled: boolInt(d.TiledHeads),
 		seqpos: m.dev[mSeqPos], seqn: m.dev[mSeqN], seqstart: m.dev[mSeqStart], slots: m.dev[mSeqSlot]}
 }
 
@@ -453,11 +465,7 @@ func (b *Backend) CapturesStates() bool { return true }
 // compute the norms and the gates as they read q, k, b and a.
 func (b *Backend) GatedDeltaRule(out, qkv, ba, aLog, dtBias backend.Tensor, spec *backend.DeltaNetSpec, stc backend.StateCache, layer int) {
 	c := b.stateOf("delta rule", stc, layer)
-	sp := *spec
-	sp.Chunk = c.spec.DeltaNet.Chunk
-	if sp != c.spec.DeltaNet {
-		panic(fmt.Sprintf("cuda: delta rule: spec %+v does not match the state cache's %+v", *spec, c.spec.DeltaNet))
-	}
+	c.checkSpec("delta rule", spec)
 	m := &b.meta
 	T, S := m.T, m.S
 	HK, HV, dk, dv := spec.KeyHeads, spec.ValueHeads, spec.KeyDim, spec.ValueDim
@@ -512,7 +520,7 @@ func (b *Backend) GatedDeltaRule(out, qkv, ba, aLog, dtBias backend.Tensor, spec
 			c.chunked += long
 		}
 		if short {
-			a := c.recurArgs(ot.ptr, xt.ptr, xt.cols(), bt.ptr, al, db, layer)
+			a := c.recurArgs(ot.ptr, xt.ptr, xt.cols(), bt.ptr, al, db, layer, chunkMin)
 			a.seqpos, a.seqn, a.seqstart = seqpos, seqn, seqstart
 			dnRecurKernel.run(b, [3]int{S, HV, (dv + 31) / 32}, 128, 0, a)
 		}
