@@ -142,16 +142,15 @@ func (d *gatedDeltaNet) mix(s *workspace, h backend.Tensor) backend.Tensor {
 	conv, vdim := sp.ConvDim(), sp.ValueHeads*sp.ValueDim
 	ba, gated := s.get("ba", 2*sp.ValueHeads), s.act("gated", vdim)
 	fused, isFused := b.(backend.FusedDeltaNet)
+	var mixed, z backend.Tensor // [q | k | v] and z; z nil: after them in mixed's rows
 	if isFused && d.qkvz != nil {
-		qkvz := s.get("qkvz", conv+vdim)
-		b.MatMul(qkvz, h, d.qkvz, false)
-		b.MatMul(ba, h, d.ba, false)
-		fused.DeltaNet(gated, qkvz, nil, ba, &d.w, sp, s.state, d.layer)
-		return gated
+		mixed = s.get("qkvz", conv+vdim)
+		b.MatMul(mixed, h, d.qkvz, false)
+	} else {
+		mixed, z = s.get("mixed", conv), s.get("z", vdim)
+		b.MatMul(mixed, h, d.qkv, false)
+		b.MatMul(z, h, d.z, false)
 	}
-	mixed, z := s.get("mixed", conv), s.get("z", vdim)
-	b.MatMul(mixed, h, d.qkv, false) // [q | k | v]
-	b.MatMul(z, h, d.z, false)
 	b.MatMul(ba, h, d.ba, false) // [b | a]
 	if isFused {
 		fused.DeltaNet(gated, mixed, z, ba, &d.w, sp, s.state, d.layer)
