@@ -32,6 +32,8 @@ var kernelDefines = []struct {
 	{"", "MG_STAGES", moeGroupStages},
 	{"", "MG_P", moeGroupPitch},
 	{"", "MG_RAW", moeGroupRaw},
+	{"The FP8 grouped expert products (moe_f8.cu): tiles of MF_BN outputs, MF_STAGES\n// stages of 128 columns.", "MF_BN", moeF8Outs},
+	{"", "MF_STAGES", moeF8Stages},
 	{"The tokens of a chunk of the chunked DeltaNet kernels (deltanet_chunk.cu).", "DN_C", dnChunkLen},
 	{"The token-by-token delta rule (deltanet.cu, dn_recur): each thread holds DR_ROWS\n// rows of a state column (four warps: key dims up to 4 * DR_ROWS).", "DR_ROWS", dnRecurRows},
 	{"The tensor-core decode attention (flash.cu): tiles of DM_BK keys, DM_STAGES\n// stages.", "DM_BK", decodeMMAKeys},

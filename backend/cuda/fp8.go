@@ -109,10 +109,7 @@ func (b *Backend) fp8Gemm(w, x *tensor, n, in, o int) bool {
 // four (cuBLASLt's) is padded with zero rows whose products go to scratch.
 func (b *Backend) fp8gemm(out devptr, odt backend.DType, xt *tensor, w *tensor, n, o, in int, accumulate bool) {
 	np := (n + 3) &^ 3
-	nb := (in + 127) / 128
-	q := b.scratchBuf("fp8.x", np*in)
-	s := b.scratchBuf("fp8.s", 4*nb*np)
-	quantFP8ActKernel.run(b, [3]int{nb, np, 1}, 32, 0, quantFP8ActArgs{q: q, s: s, x: xt.ptr, xdt: int32(xt.dt), T: int32(n), Tp: int32(np), K: int32(in)})
+	q, s := b.quantAct("fp8", xt.ptr, xt.dt, n, np, in)
 	d := out
 	if np != n {
 		d = b.scratchBuf("fp8.out", np*o*odt.Size())
@@ -129,6 +126,17 @@ func (b *Backend) fp8gemm(out devptr, odt backend.DType, xt *tensor, w *tensor, 
 	if d != out {
 		fp8RowsOutKernel.run(b, g1(b.blocksFor(n*o)), 256, 0, fp8RowsOutArgs{out: out, odt: int32(odt), d: d, n: int64(n * o), accumulate: boolInt(accumulate)})
 	}
+}
+
+// quantAct quantizes n rows of x (f32 or bf16, rows of in) for FP8
+// products, in rows of e4m3 padded with zeros to np, and their scales
+// (quant_fp8_act's layout), into the scratch buffers pre.x and pre.s.
+func (b *Backend) quantAct(pre string, x devptr, xdt backend.DType, n, np, in int) (q, s devptr) {
+	nb := (in + 127) / 128
+	q = b.scratchBuf(pre+".x", np*in)
+	s = b.scratchBuf(pre+".s", 4*nb*np)
+	quantFP8ActKernel.run(b, [3]int{nb, min(np, maxGridY), 1}, 32, 0, quantFP8ActArgs{q: q, s: s, x: x, xdt: int32(xdt), T: int32(n), Tp: int32(np), K: int32(in)})
+	return q, s
 }
 
 // loadTileScales uploads the tile scales of t's interchange data (a

@@ -21,6 +21,7 @@ var (
 	moeGatherKernel = newKernel[moeGatherArgs]("moe_gather")
 	// The grouped products by their tiles' rows: [0] 64, [1] 128.
 	moeGroupMMKernels = [2]kernel[moeGroupMMArgs]{newKernel[moeGroupMMArgs]("moe_group_mm64"), newKernel[moeGroupMMArgs]("moe_group_mm128")}
+	moeGroupF8Kernels = [2]kernel[moeGroupF8Args]{newKernel[moeGroupF8Args]("moe_group_f8_64"), newKernel[moeGroupF8Args]("moe_group_f8_128")}
 	moeCombineKernel  = newKernel[moeCombineArgs]("moe_combine")
 	// moe_rows by [rows a block - 1][swiglu].
 	moeRowsKernels = [2][2]kernel[moeRowsArgs]{
@@ -66,6 +67,15 @@ type moeGatherArgs struct {
 type moeGroupMMArgs struct {
 	y, xg, w, start, order, tiles, ntiles devptr
 	O, I                                  int32
+}
+
+type moeGroupF8Args struct {
+	y, xq, xs                   devptr
+	T, xdiv                     int32
+	w                           devptr
+	rb, estride                 int64
+	start, order, tiles, ntiles devptr
+	O, I                        int32
 }
 
 type moeCombineArgs struct {
@@ -123,6 +133,19 @@ const (
 	moeGroupPitch     = moeGroupCols + 8
 	moeGroupRaw       = 80
 )
+
+// The FP8 grouped products' tiles (kernels/moe_f8.cu): moeF8Outs outputs
+// (MF_BN) by a block of 128 columns a stage, moeF8Stages stages
+// (MF_STAGES).
+const (
+	moeF8Outs   = 128
+	moeF8Stages = 4
+)
+
+// moeGroupF8Smem is the shared memory of the FP8 grouped products in tiles
+// of bm rows: stages of rows of 128 bytes and their scales, after up to
+// 1024 bytes that align the stages.
+func moeGroupF8Smem(bm int) int { return 1024 + moeF8Stages*(bm+moeF8Outs)*(128+4) }
 
 // moeGroupSmem is the shared memory of the bf16 grouped products in tiles
 // of bm rows: stages of the rows and of the weights; moeGroupQSmem that of
@@ -264,6 +287,10 @@ func (b *Backend) expertRows(xt *tensor, sel devptr, K int, gu, down, sgu, sdown
 		maxTiles := expertTiles(R, E, bm)
 		g := b.groupRows(sel, R, E, bm)
 		expertProduct = func(y, x devptr, xdiv int, w *tensor, O, in int) {
+			if b.groupF8(w, in) {
+				b.groupF8Product(y, x, xdiv, w, g, R, E, bm, O, in)
+				return
+			}
 			xg := b.scratchBuf("moe.xg", 2*R*in) // bf16
 			moeGatherKernel.run(b, g1(R), 256, 0, moeGatherArgs{xg: xg, x: x, xdiv: int32(xdiv), order: g.order, I: int32(in)})
 			grid := [3]int{(O + moeGroupOuts - 1) / moeGroupOuts, maxTiles, 1}
@@ -315,6 +342,29 @@ func (b *Backend) expertRows(xt *tensor, sel devptr, K int, gu, down, sgu, sdown
 		expertProduct(y.ptr, act.ptr, 1, down, H, I)
 	}
 	return y, ys
+}
+
+// groupF8 reports whether the grouped products with w (rows of in) run on
+// Hopper's FP8 tensor cores (moe_f8.cu): FP8 weights where the dense FP8
+// products quantize their activations too (fp8Min), wgmma (moeF8), whole
+// blocks of 128 columns, and the shared memory of its tiles.
+func (b *Backend) groupF8(w *tensor, in int) bool {
+	return w.dt == backend.FP8 && b.fp8Min > 0 && b.moeF8 && in%128 == 0 && moeGroupF8Smem(moeGroupRowsLarge) <= b.smemOp
+}
+
+// groupF8Product is the grouped product of FP8 experts w (O rows of in
+// each) on the FP8 tensor cores, in tiles of bm rows listed by g: y[r] =
+// x[r / xdiv] . w[sel[r]]^T for the R rows r, x's rows quantized to e4m3
+// once (as Hopper's dense FP8 products take them: no gather, no
+// dequantization).
+func (b *Backend) groupF8Product(y, x devptr, xdiv int, w *tensor, g expertGroups, R, E, bm, O, in int) {
+	n := R / xdiv
+	xq, xs := b.quantAct("moe", x, backend.F32, n, n, in)
+	k, smem := moeGroupF8Kernels[boolInt(bm == moeGroupRowsLarge)], moeGroupF8Smem(bm)
+	b.allowSmem(k.name, smem)
+	k.run(b, [3]int{(O + moeF8Outs - 1) / moeF8Outs, expertTiles(R, E, bm), 1}, 2*bm, smem, moeGroupF8Args{y: y, xq: xq, xs: xs,
+		T: int32(n), xdiv: int32(xdiv), w: w.ptr, rb: int64(w.rb()), estride: int64(O * w.rb()), start: g.start, order: g.order,
+		tiles: g.tiles, ntiles: g.ntiles, O: int32(O), I: int32(in)})
 }
 
 // ptrOf is t's address where n > 0, else 0.

@@ -29,6 +29,11 @@
 #define MG_P 40
 #define MG_RAW 80
 
+// The FP8 grouped expert products (moe_f8.cu): tiles of MF_BN outputs, MF_STAGES
+// stages of 128 columns.
+#define MF_BN 128
+#define MF_STAGES 4
+
 // The tokens of a chunk of the chunked DeltaNet kernels (deltanet_chunk.cu).
 #define DN_C 64
 

@@ -1109,35 +1109,38 @@ QKERNELS(mxfp4, QT_MXFP4)
 QKERNELS(fp8, QT_FP8)
 
 // quant_fp8_act quantizes the activations of an FP8 weight's product for
-// cuBLASLt's block-scaled FP8 GEMM (fp8.go): rows t < T of x (f32 or bf16,
-// K columns) become e4m3 rows of q (K bytes apart; rows T..Tp-1 zeros, the
-// GEMM's padding to four tokens), with one float32 scale per row and 128
-// columns in s, [ceil(K/128)][Tp] (a block's scales contiguous, the layout
-// of cuBLASLt's 1x128 scaling): s = amax / 448, q = x / s rounded to nearest
+// cuBLASLt's block-scaled FP8 GEMM (fp8.go) and for the FP8 experts'
+// grouped products (moe_f8.cu): rows t < T of x (f32 or bf16, K columns)
+// become e4m3 rows of q (K bytes apart; rows T..Tp-1 zeros, the GEMM's
+// padding to four tokens), with one float32 scale per row and 128 columns
+// in s, [ceil(K/128)][Tp] (a block's scales contiguous, the layout of
+// cuBLASLt's 1x128 scaling): s = amax / 448, q = x / s rounded to nearest
 // (ties to even, saturating), as quant.E4M3Bits. A warp per (128-column
-// block, row), four columns a lane; K % 4 == 0. The e4m3 conversion needs
-// F8_MMA's compiler: the GEMM runs on sm_90 only.
+// block, row: blockIdx.y, + gridDim.y, ...), four columns a lane; K % 4 ==
+// 0. The e4m3 conversion needs F8_MMA's compiler.
 extern "C" __global__ void __launch_bounds__(32) quant_fp8_act(u8 *q, float *s, const void *x, int xdt, int T, int Tp, int K) {
 #if F8_MMA
-	int b = blockIdx.x, t = blockIdx.y, lane = threadIdx.x, c = 128 * b + 4 * lane;
-	float v[4] = {0.f, 0.f, 0.f, 0.f};
-	if (t < T && c < K) {
-		if (xdt == DT_BF16) {
-			uint2 u = *(const uint2 *)((const u16 *)x + (long)t * K + c);
-			v[0] = __uint_as_float(u.x << 16), v[1] = __uint_as_float(u.x & 0xffff0000u);
-			v[2] = __uint_as_float(u.y << 16), v[3] = __uint_as_float(u.y & 0xffff0000u);
-		} else {
-			float4 f = *(const float4 *)((const float *)x + (long)t * K + c);
-			v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+	int b = blockIdx.x, lane = threadIdx.x, c = 128 * b + 4 * lane;
+	for (int t = blockIdx.y; t < Tp; t += gridDim.y) {
+		float v[4] = {0.f, 0.f, 0.f, 0.f};
+		if (t < T && c < K) {
+			if (xdt == DT_BF16) {
+				uint2 u = *(const uint2 *)((const u16 *)x + (long)t * K + c);
+				v[0] = __uint_as_float(u.x << 16), v[1] = __uint_as_float(u.x & 0xffff0000u);
+				v[2] = __uint_as_float(u.y << 16), v[3] = __uint_as_float(u.y & 0xffff0000u);
+			} else {
+				float4 f = *(const float4 *)((const float *)x + (long)t * K + c);
+				v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+			}
 		}
+		float a = warp_max(fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3]))));
+		float sc = a > 0.f ? __fdiv_rn(a, 448.f) : 1.f;
+		unsigned short lo, hi;
+		asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(__fdiv_rn(v[1], sc)), "f"(__fdiv_rn(v[0], sc)));
+		asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(__fdiv_rn(v[3], sc)), "f"(__fdiv_rn(v[2], sc)));
+		if (c < K) *(unsigned *)(q + (long)t * K + c) = (unsigned)lo | (unsigned)hi << 16;
+		if (lane == 0) s[(long)b * Tp + t] = sc;
 	}
-	float a = warp_max(fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3]))));
-	float sc = a > 0.f ? __fdiv_rn(a, 448.f) : 1.f;
-	unsigned short lo, hi;
-	asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(__fdiv_rn(v[1], sc)), "f"(__fdiv_rn(v[0], sc)));
-	asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(__fdiv_rn(v[3], sc)), "f"(__fdiv_rn(v[2], sc)));
-	if (c < K) *(unsigned *)(q + (long)t * K + c) = (unsigned)lo | (unsigned)hi << 16;
-	if (lane == 0) s[(long)b * Tp + t] = sc;
 #else
 	__trap();
 #endif
