@@ -135,7 +135,7 @@ func (b *Backend) quantAct(pre string, x devptr, xdt backend.DType, n, np, in in
 	nb := (in + 127) / 128
 	q = b.scratchBuf(pre+".x", np*in)
 	s = b.scratchBuf(pre+".s", 4*nb*np)
-	quantFP8ActKernel.run(b, [3]int{nb, min(np, maxGridY), 1}, 32, 0, quantFP8ActArgs{q: q, s: s, x: x, xdt: int32(xdt), T: int32(n), Tp: int32(np), K: int32(in)})
+	quantFP8ActKernel.run(b, g1(max(1, min((nb*np+7)/8, 16*b.sms))), 256, 0, quantFP8ActArgs{q: q, s: s, x: x, xdt: int32(xdt), T: int32(n), Tp: int32(np), K: int32(in)})
 	return q, s
 }
 

@@ -519,7 +519,8 @@ func TestGroupF8(t *testing.T) {
 	ce.Router, ge.Router = p.load(backend.BF16, p.randn(E*H, 0.3), E, H)
 	ce.GateUp, ge.GateUp = p.qload(backend.FP8, E, 2*I, H)
 	ce.Down, ge.Down = p.qload(backend.FP8, E, H, I)
-	for _, c := range []struct{ T, bm int }{{40, moeGroupRows}, {300, moeGroupRowsLarge}} {
+	// The last takes moe_combine's block a token.
+	for _, c := range []struct{ T, bm int }{{40, moeGroupRows}, {300, moeGroupRowsLarge}, {moeCombineTokenBlocks * p.g.sms, moeGroupRowsLarge}} {
 		r := p.moe(&ce, &ge, c.T, H, &backend.MoESpec{Experts: E, TopK: 2, NormTopK: true}, func(f func()) { f() })
 		what := fmt.Sprintf("moe of %d tokens, tiles of %d rows", c.T, c.bm)
 		expect(t, what, r.seen, []string{fmt.Sprintf("moe_group_f8_%d", c.bm)}, []string{"moe_gather"})

@@ -13,9 +13,6 @@ import (
 
 func g1(n int) [3]int { return [3]int{n, 1, 1} }
 
-// maxGridY is the most blocks a grid's y dimension holds.
-const maxGridY = 65535
-
 // blocksFor is a grid-stride launch size for n elements.
 func (b *Backend) blocksFor(n int) int { return max(1, min((n+255)/256, 8*b.sms)) }
 

@@ -186,16 +186,17 @@ MOE_GROUP_MM(64, 4)
 MOE_GROUP_MM(128, 2)
 
 // moe_combine: out[t, j] += sum_k wts[t, k] * y[t * K + k, j], and, with a
-// shared expert, + sigmoid(x[t] . wg) * ys[t, j]. Grid (T, ceil(H / 256)),
-// 256 threads, a column each; each block makes the shared expert's gate
-// itself (a dot of H: cheaper than a launch of its own at decode). A row of
-// weight 0 is another rank's expert, its y never written: read, not added.
+// shared expert, + sigmoid(x[t] . wg) * ys[t, j]. Grid (T, column blocks),
+// 256 threads, a column each a round; each block makes the shared expert's
+// gate itself (a dot of H: cheaper than a launch of its own at decode). A
+// row of weight 0 is another rank's expert, its y never written: read, not
+// added.
 extern "C" __global__ void moe_combine(float *__restrict__ out, const float *__restrict__ y, const float *__restrict__ wts, int K, int H,
 		const float *__restrict__ ys, const float *__restrict__ x, const void *wg, int wgdt) {
 	__shared__ float red[32];
 	pdl_trigger();
 	pdl_wait();
-	int t = blockIdx.x, j = blockIdx.y * blockDim.x + threadIdx.x;
+	int t = blockIdx.x;
 	float g = 0.f;
 	if (ys) {
 		float d = 0.f;
@@ -204,23 +205,24 @@ extern "C" __global__ void moe_combine(float *__restrict__ out, const float *__r
 		d = block_sum(d, red);
 		g = 1.f / (1.f + __expf(-d));
 	}
-	if (j >= H) return;
-	float a = out[(long)t * H + j];
-	// Eight rows' loads at a time, none waiting on another's weight (a
-	// branch on each weight before its row's load made ten round trips in
-	// turn: 9.5 us a decode step of 10 experts, H200).
-	for (int k0 = 0; k0 < K; k0 += 8) {
-		float wk[8], v[8];
+	for (int j = blockIdx.y * blockDim.x + threadIdx.x; j < H; j += gridDim.y * blockDim.x) {
+		float a = out[(long)t * H + j];
+		// Eight rows' loads at a time, none waiting on another's weight (a
+		// branch on each weight before its row's load made ten round trips
+		// in turn: 9.5 us a decode step of 10 experts, H200).
+		for (int k0 = 0; k0 < K; k0 += 8) {
+			float wk[8], v[8];
 #pragma unroll
-		for (int u = 0; u < 8; u++) {
-			int k = k0 + u;
-			wk[u] = k < K ? wts[t * K + k] : 0.f;
-			v[u] = k < K ? y[((long)t * K + k) * H + j] : 0.f;
+			for (int u = 0; u < 8; u++) {
+				int k = k0 + u;
+				wk[u] = k < K ? wts[t * K + k] : 0.f;
+				v[u] = k < K ? y[((long)t * K + k) * H + j] : 0.f;
+			}
+#pragma unroll
+			for (int u = 0; u < 8; u++)
+				if (wk[u] != 0.f) a += wk[u] * v[u];
 		}
-#pragma unroll
-		for (int u = 0; u < 8; u++)
-			if (wk[u] != 0.f) a += wk[u] * v[u];
+		if (ys) a += g * ys[(long)t * H + j];
+		out[(long)t * H + j] = a;
 	}
-	if (ys) a += g * ys[(long)t * H + j];
-	out[(long)t * H + j] = a;
 }

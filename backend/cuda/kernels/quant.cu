@@ -1115,13 +1115,17 @@ QKERNELS(fp8, QT_FP8)
 // padding to four tokens), with one float32 scale per row and 128 columns
 // in s, [ceil(K/128)][Tp] (a block's scales contiguous, the layout of
 // cuBLASLt's 1x128 scaling): s = amax / 448, q = x / s rounded to nearest
-// (ties to even, saturating), as quant.E4M3Bits. A warp per (128-column
-// block, row: blockIdx.y, + gridDim.y, ...), four columns a lane; K % 4 ==
-// 0. The e4m3 conversion needs F8_MMA's compiler.
-extern "C" __global__ void __launch_bounds__(32) quant_fp8_act(u8 *q, float *s, const void *x, int xdt, int T, int Tp, int K) {
+// (ties to even, saturating), as quant.E4M3Bits. A warp per (row,
+// 128-column block), consecutive warps along a row, the block's warps
+// taking rounds of them (a block of one warp per item read 0.8 TB/s: 84 us
+// for 8K tokens of 2048 columns, H200); four columns a lane; K % 4 == 0.
+// The e4m3 conversion needs F8_MMA's compiler.
+extern "C" __global__ void __launch_bounds__(256) quant_fp8_act(u8 *q, float *s, const void *x, int xdt, int T, int Tp, int K) {
 #if F8_MMA
-	int b = blockIdx.x, lane = threadIdx.x, c = 128 * b + 4 * lane;
-	for (int t = blockIdx.y; t < Tp; t += gridDim.y) {
+	int lane = threadIdx.x & 31, nb = (K + 127) >> 7;
+	long items = (long)Tp * nb;
+	for (long it = blockIdx.x * 8L + (threadIdx.x >> 5); it < items; it += gridDim.x * 8L) {
+		int t = (int)(it / nb), b = (int)(it - (long)t * nb), c = 128 * b + 4 * lane;
 		float v[4] = {0.f, 0.f, 0.f, 0.f};
 		if (t < T && c < K) {
 			if (xdt == DT_BF16) {
