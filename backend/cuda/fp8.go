@@ -36,8 +36,8 @@ var (
 )
 
 type quantFP8ActArgs struct {
-	q, s, x       devptr
-	xdt, T, Tp, K int32
+	q, s, x               devptr
+	xdt, T, Tp, K, swiglu int32
 }
 
 type fp8RowsOutArgs struct {
@@ -109,7 +109,7 @@ func (b *Backend) fp8Gemm(w, x *tensor, n, in, o int) bool {
 // four (cuBLASLt's) is padded with zero rows whose products go to scratch.
 func (b *Backend) fp8gemm(out devptr, odt backend.DType, xt *tensor, w *tensor, n, o, in int, accumulate bool) {
 	np := (n + 3) &^ 3
-	q, s := b.quantAct("fp8", xt.ptr, xt.dt, n, np, in)
+	q, s := b.quantAct("fp8", xt.ptr, xt.dt, n, np, in, false)
 	d := out
 	if np != n {
 		d = b.scratchBuf("fp8.out", np*o*odt.Size())
@@ -128,14 +128,16 @@ func (b *Backend) fp8gemm(out devptr, odt backend.DType, xt *tensor, w *tensor, 
 	}
 }
 
-// quantAct quantizes n rows of x (f32 or bf16, rows of in) for FP8
+// quantAct quantizes n rows of x (f32 or bf16, rows of in; with swiglu,
+// f32 rows of gate | up, 2 in, whose SwiGLU it quantizes) for FP8
 // products, in rows of e4m3 padded with zeros to np, and their scales
 // (quant_fp8_act's layout), into the scratch buffers pre.x and pre.s.
-func (b *Backend) quantAct(pre string, x devptr, xdt backend.DType, n, np, in int) (q, s devptr) {
+func (b *Backend) quantAct(pre string, x devptr, xdt backend.DType, n, np, in int, swiglu bool) (q, s devptr) {
 	nb := (in + 127) / 128
 	q = b.scratchBuf(pre+".x", np*in)
 	s = b.scratchBuf(pre+".s", 4*nb*np)
-	quantFP8ActKernel.run(b, g1(max(1, min((nb*np+7)/8, 16*b.sms))), 256, 0, quantFP8ActArgs{q: q, s: s, x: x, xdt: int32(xdt), T: int32(n), Tp: int32(np), K: int32(in)})
+	quantFP8ActKernel.run(b, g1(max(1, min((nb*np+7)/8, 16*b.sms))), 256, 0, quantFP8ActArgs{q: q, s: s, x: x, xdt: int32(xdt), T: int32(n), Tp: int32(np), K: int32(in),
+		swiglu: boolInt(swiglu)})
 	return q, s
 }
 

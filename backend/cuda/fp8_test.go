@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/kiln-llm/kiln/backend"
@@ -480,7 +481,8 @@ func TestGroupF8(t *testing.T) {
 		b := p.g
 		seen := p.launches(func() {
 			g := b.groupRows(asT(gsel).ptr, R, E, c.bm)
-			b.groupF8Product(asT(gy).ptr, asT(gx).ptr, xdiv, asT(gw), g, R, E, c.bm, c.O, c.in)
+			xq, xs := b.quantAct("moe", asT(gx).ptr, backend.F32, T, T, c.in, false)
+			b.groupF8Product(asT(gy).ptr, xq, xs, T, xdiv, asT(gw), g, R, E, c.bm, c.O, c.in)
 		})
 		what := fmt.Sprintf("%d rows of %d experts x %d x %d, tiles of %d", R, E, c.O, c.in, c.bm)
 		expect(t, what, seen, []string{"quant_fp8_act", fmt.Sprintf("moe_group_f8_%d", c.bm)}, nil)
@@ -511,6 +513,28 @@ func TestGroupF8(t *testing.T) {
 		}
 	}
 
+	// The SwiGLU quantized in one pass (down's rows): the bytes and scales
+	// of silu_mul's rows quantized.
+	const n, in = 37, 384
+	b := p.g
+	_, gh := p.load(backend.F32, p.randn(n*2*in, 2), n, 2*in)
+	act := p.g.Alloc(backend.F32, n, in)
+	b.siluMul(asT(act), asT(gh))
+	raw := func(ptr devptr, bytes int) []float32 {
+		return read(t, p.g, &tensor{dt: backend.F32, shape: []int{bytes / 4}, ptr: ptr, view: true})
+	}
+	q1, s1 := b.quantAct("test.unfused", asT(act).ptr, backend.F32, n, n, in, false)
+	q2, s2 := b.quantAct("test.fused", asT(gh).ptr, backend.F32, n, n, in, true)
+	fused := raw(q2, n*in)
+	for i, v := range raw(q1, n*in) {
+		if w := fused[i]; math.Float32bits(v) != math.Float32bits(w) {
+			t.Fatalf("SwiGLU quantized in one pass: bytes %d-%d differ from silu_mul's quantized", 4*i, 4*i+3)
+		}
+	}
+	if a, c := raw(s1, 4*n*in/128), raw(s2, 4*n*in/128); !slices.Equal(a, c) {
+		t.Fatalf("SwiGLU quantized in one pass: scales %v, silu_mul's quantized %v", c, a)
+	}
+
 	// Through MoE (gate/up, SwiGLU, down) against the CPU's float32
 	// activations: the quantization's own distance, as the dense FP8 MLP's
 	// (TestFP8GEMM).
@@ -523,7 +547,7 @@ func TestGroupF8(t *testing.T) {
 	for _, c := range []struct{ T, bm int }{{40, moeGroupRows}, {300, moeGroupRowsLarge}, {moeCombineTokenBlocks * p.g.sms, moeGroupRowsLarge}} {
 		r := p.moe(&ce, &ge, c.T, H, &backend.MoESpec{Experts: E, TopK: 2, NormTopK: true}, func(f func()) { f() })
 		what := fmt.Sprintf("moe of %d tokens, tiles of %d rows", c.T, c.bm)
-		expect(t, what, r.seen, []string{fmt.Sprintf("moe_group_f8_%d", c.bm)}, []string{"moe_gather"})
+		expect(t, what, r.seen, []string{fmt.Sprintf("moe_group_f8_%d", c.bm)}, []string{"moe_gather", "silu_mul"})
 		p.compare(what, r.co, r.gout, 6e-2)
 	}
 }

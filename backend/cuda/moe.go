@@ -279,16 +279,20 @@ func (b *Backend) expertRows(xt *tensor, sel devptr, K int, gu, down, sgu, sdown
 	expertProduct := func(y, x devptr, xdiv int, w *tensor, O, in int) {
 		moeGemvKernel.run(b, [3]int{(O + 7) / 8, R, 1}, 256, 0, moeGemvArgs{y: y, x: x, xdiv: int32(xdiv), w: w.ptr, wdt: int32(w.dt), sel: sel, O: int32(O), I: int32(in)})
 	}
+	var g expertGroups // the grouped products' rows, in tiles of bm
+	bm := moeGroupRows
 	if grouped {
-		bm, large := moeGroupRows, R >= moeGroupLargeFrom*E
+		large := R >= moeGroupLargeFrom*E
 		if large {
 			bm = moeGroupRowsLarge
 		}
 		maxTiles := expertTiles(R, E, bm)
-		g := b.groupRows(sel, R, E, bm)
+		g = b.groupRows(sel, R, E, bm)
 		expertProduct = func(y, x devptr, xdiv int, w *tensor, O, in int) {
 			if b.groupF8(w, in) {
-				b.groupF8Product(y, x, xdiv, w, g, R, E, bm, O, in)
+				n := R / xdiv
+				xq, xs := b.quantAct("moe", x, backend.F32, n, n, in, false)
+				b.groupF8Product(y, xq, xs, n, xdiv, w, g, R, E, bm, O, in)
 				return
 			}
 			xg := b.scratchBuf("moe.xg", 2*R*in) // bf16
@@ -318,6 +322,15 @@ func (b *Backend) expertRows(xt *tensor, sel devptr, K int, gu, down, sgu, sdown
 			return false
 		}
 		return b.qmvRows(swiglu, out, odt, xt, xdiv, w, estride, sel, R, ws, S, xsh, O, in, selReady)
+	}
+	if grouped && b.groupF8(gu, H) && b.groupF8(down, I) {
+		// Both on wgmma: down's rows quantized straight from gate/up's
+		// (the SwiGLU and e4m3 in one pass over them).
+		h := b.scratchF32("moe.h", R, 2*I)
+		expertProduct(h.ptr, xt.ptr, K, gu, 2*I, H)
+		xq, xs := b.quantAct("moe", h.ptr, backend.F32, R, R, I, true)
+		b.groupF8Product(y.ptr, xq, xs, R, 1, down, g, R, E, bm, H, I)
+		return y, ys
 	}
 	var act *tensor // [R + S, I], f32 or (qmv_swiglu) bf16
 	upF8 := false   // gate/up took f8mv: down may read sel at once
@@ -353,13 +366,10 @@ func (b *Backend) groupF8(w *tensor, in int) bool {
 }
 
 // groupF8Product is the grouped product of FP8 experts w (O rows of in
-// each) on the FP8 tensor cores, in tiles of bm rows listed by g: y[r] =
-// x[r / xdiv] . w[sel[r]]^T for the R rows r, x's rows quantized to e4m3
-// once (as Hopper's dense FP8 products take them: no gather, no
-// dequantization).
-func (b *Backend) groupF8Product(y, x devptr, xdiv int, w *tensor, g expertGroups, R, E, bm, O, in int) {
-	n := R / xdiv
-	xq, xs := b.quantAct("moe", x, backend.F32, n, n, in)
+// each) on Hopper's FP8 tensor cores, in tiles of bm rows listed by g: y[r]
+// = x[r / xdiv] . w[sel[r]]^T for the R rows r, x's n rows given in e4m3
+// with their scales (xq, xs: quantAct's).
+func (b *Backend) groupF8Product(y, xq, xs devptr, n, xdiv int, w *tensor, g expertGroups, R, E, bm, O, in int) {
 	k, smem := moeGroupF8Kernels[boolInt(bm == moeGroupRowsLarge)], moeGroupF8Smem(bm)
 	b.allowSmem(k.name, smem)
 	k.run(b, [3]int{(O + moeF8Outs - 1) / moeF8Outs, expertTiles(R, E, bm), 1}, 2*bm, smem, moeGroupF8Args{y: y, xq: xq, xs: xs,

@@ -1110,8 +1110,9 @@ QKERNELS(fp8, QT_FP8)
 
 // quant_fp8_act quantizes the activations of an FP8 weight's product for
 // cuBLASLt's block-scaled FP8 GEMM (fp8.go) and for the FP8 experts'
-// grouped products (moe_f8.cu): rows t < T of x (f32 or bf16, K columns)
-// become e4m3 rows of q (K bytes apart; rows T..Tp-1 zeros, the GEMM's
+// grouped products (moe_f8.cu): rows t < T of x (f32 or bf16, K columns;
+// with swiglu, f32 rows of 2K whose halves g and u make silu(g) * u, as
+// silu_mul writes it) become e4m3 rows of q (K bytes apart; rows T..Tp-1 zeros, the GEMM's
 // padding to four tokens), with one float32 scale per row and 128 columns
 // in s, [ceil(K/128)][Tp] (a block's scales contiguous, the layout of
 // cuBLASLt's 1x128 scaling): s = amax / 448, q = x / s rounded to nearest
@@ -1120,7 +1121,7 @@ QKERNELS(fp8, QT_FP8)
 // taking rounds of them (a block of one warp per item read 0.8 TB/s: 84 us
 // for 8K tokens of 2048 columns, H200); four columns a lane; K % 4 == 0.
 // The e4m3 conversion needs F8_MMA's compiler.
-extern "C" __global__ void __launch_bounds__(256) quant_fp8_act(u8 *q, float *s, const void *x, int xdt, int T, int Tp, int K) {
+extern "C" __global__ void __launch_bounds__(256) quant_fp8_act(u8 *q, float *s, const void *x, int xdt, int T, int Tp, int K, int swiglu) {
 #if F8_MMA
 	int lane = threadIdx.x & 31, nb = (K + 127) >> 7;
 	long items = (long)Tp * nb;
@@ -1128,7 +1129,12 @@ extern "C" __global__ void __launch_bounds__(256) quant_fp8_act(u8 *q, float *s,
 		int t = (int)(it / nb), b = (int)(it - (long)t * nb), c = 128 * b + 4 * lane;
 		float v[4] = {0.f, 0.f, 0.f, 0.f};
 		if (t < T && c < K) {
-			if (xdt == DT_BF16) {
+			if (swiglu) {
+				const float *gu = (const float *)x + (long)t * 2 * K + c;
+				float4 g = *(const float4 *)gu, u = *(const float4 *)(gu + K);
+				v[0] = g.x / (1.f + __expf(-g.x)) * u.x, v[1] = g.y / (1.f + __expf(-g.y)) * u.y;
+				v[2] = g.z / (1.f + __expf(-g.z)) * u.z, v[3] = g.w / (1.f + __expf(-g.w)) * u.w;
+			} else if (xdt == DT_BF16) {
 				uint2 u = *(const uint2 *)((const u16 *)x + (long)t * K + c);
 				v[0] = __uint_as_float(u.x << 16), v[1] = __uint_as_float(u.x & 0xffff0000u);
 				v[2] = __uint_as_float(u.y << 16), v[3] = __uint_as_float(u.y & 0xffff0000u);
