@@ -550,4 +550,22 @@ func TestGroupF8(t *testing.T) {
 		expect(t, what, r.seen, []string{fmt.Sprintf("moe_group_f8_%d", c.bm)}, []string{"moe_gather", "silu_mul"})
 		p.compare(what, r.co, r.gout, 6e-2)
 	}
+
+	// Captured in a graph (a decode step of a batch whose rows reach the
+	// grouped products, as Qwen3-30B-A3B's 128 experts do at batch 64),
+	// replays give the eager MoE.
+	spec := &backend.MoESpec{Experts: E, TopK: 2, NormTopK: true}
+	r := p.moe(&ce, &ge, 64, H, spec, func(f func()) { f() })
+	eager := read(t, p.g, r.gout)
+	gout := p.poisoned(backend.F32, 64, H)
+	for step := range 3 {
+		p.g.Write(gout, r.init)
+		p.g.Graph("moe f8", func() { p.g.MoE(gout, r.gx, &ge, spec) })
+		if d := relL2(read(t, p.g, gout), eager); !(d <= 1e-6) {
+			t.Errorf("graph step %d: relative L2 %.2e from the eager MoE", step, d)
+		}
+	}
+	if seen := p.launches(func() { p.g.MoE(gout, r.gx, &ge, spec) }); seen["moe_group_f8_64"] == 0 {
+		t.Errorf("64 tokens of 8 experts: the grouped FP8 products did not run (ran %v)", seen)
+	}
 }
