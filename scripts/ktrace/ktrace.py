@@ -1,0 +1,58 @@
+"""Prints the kernels of decode steps from ktrace.c's records.
+
+    python3 ktrace.py TRACE.csv [--first KERNEL] [--steps N]
+
+A step starts at its first kernel (--first, a name prefix: the token
+embedding by default). For the last N complete steps (one before the last
+seen) it prints each kernel of the last of them: its start and duration,
+its start against the previous kernel's end (negative: it overlapped, as
+programmatic dependent launch allows), and its advance, how far it moved
+the step's end, which is what leaving the kernel out could save at most.
+Then the advance summed by kernel name over one step, averaged over the N
+steps, largest first; all in microseconds.
+"""
+import argparse
+import collections
+import csv
+
+ap = argparse.ArgumentParser()
+ap.add_argument("trace")
+ap.add_argument("--first", default="embed")
+ap.add_argument("--steps", type=int, default=8)
+args = ap.parse_args()
+
+ks = []
+for r in csv.reader(open(args.trace)):
+    if len(r) < 6:
+        continue
+    ks.append((int(r[0]), int(r[1]), ",".join(r[5:]), f"{r[2]}x{r[3]}x{r[4]}"))
+ks.sort()
+firsts = [i for i, k in enumerate(ks) if k[2].startswith(args.first) or k[2].startswith("q" + args.first)]
+if len(firsts) < 3:
+    raise SystemExit(f"fewer than three steps starting at {args.first!r} in {len(ks)} kernels")
+bounds = list(zip(firsts[:-1], firsts[1:]))[:-1][-args.steps:]
+
+
+def walk(step):
+    t0, end = step[0][0], step[0][0]
+    for s, e, name, shape in step:
+        adv = max(0, e - end)
+        yield s - t0, e - s, s - end, adv, name, shape
+        end = max(end, e)
+
+
+a, b = bounds[-1]
+step = ks[a:b]
+for off, dur, gap, adv, name, shape in walk(step):
+    print(f"{off / 1e3:9.2f} {dur / 1e3:7.2f} start-prev-end {gap / 1e3:7.2f} advance {adv / 1e3:6.2f}  {name[:44]} {shape}")
+span = [ks[b - 1][1] - ks[a][0] for a, b in bounds]
+print(f"step {span[-1] / 1e3:.1f} us ({len(step)} kernels); mean over {len(bounds)} steps {sum(span) / len(span) / 1e3:.1f} us")
+tot, dsum, n = collections.Counter(), collections.Counter(), collections.Counter()
+for a, b in bounds:
+    for _, dur, _, adv, name, _ in walk(ks[a:b]):
+        tot[name] += adv
+        dsum[name] += dur
+        n[name] += 1
+print(f"{'kernel':44s} {'advance':>9s} {'busy':>9s} {'calls':>6s}  (a step)")
+for name, adv in tot.most_common():
+    print(f"{name[:44]:44s} {adv / len(bounds) / 1e3:9.2f} {dsum[name] / len(bounds) / 1e3:9.2f} {n[name] / len(bounds):6.1f}")
