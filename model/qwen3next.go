@@ -142,7 +142,10 @@ func (d *gatedDeltaNet) mix(s *workspace, h backend.Tensor) backend.Tensor {
 	conv, vdim := sp.ConvDim(), sp.ValueHeads*sp.ValueDim
 	ba, gated := s.get("ba", 2*sp.ValueHeads), s.act("gated", vdim)
 	fused, isFused := b.(backend.FusedDeltaNet)
-	var mixed, z backend.Tensor // [q | k | v] and z; z nil: after them in mixed's rows
+	// b and a first: on a GPU the large product after this small one
+	// starts streaming its weights while this one runs.
+	b.MatMul(ba, h, d.ba, false) // [b | a]
+	var mixed, z backend.Tensor  // [q | k | v] and z; z nil: after them in mixed's rows
 	if isFused && d.qkvz != nil {
 		mixed = s.get("qkvz", conv+vdim)
 		b.MatMul(mixed, h, d.qkvz, false)
@@ -151,7 +154,6 @@ func (d *gatedDeltaNet) mix(s *workspace, h backend.Tensor) backend.Tensor {
 		b.MatMul(mixed, h, d.qkv, false)
 		b.MatMul(z, h, d.z, false)
 	}
-	b.MatMul(ba, h, d.ba, false) // [b | a]
 	if isFused {
 		fused.DeltaNet(gated, mixed, z, ba, &d.w, sp, s.state, d.layer)
 		return gated
