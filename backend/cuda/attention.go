@@ -34,9 +34,17 @@ var (
 
 // The tensor-core decode attention (attn_decode_mma) stages tiles of
 // decodeMMAKeys keys and values, decodeMMAStages deep (DM_BK, DM_STAGES).
+// A split of the decode attention takes at least decodeSplitMMA keys on
+// tensor cores (a tile), decodeSplitScalar in the scalar kernel (a round
+// of its warps at head dim 256): below that, short contexts leave splits
+// idle (DS_MMA, DS_SCALAR). Qwen3-Next's heads (256, eight query heads a
+// kv head) at 1K tokens took 17 us a layer in 16 splits of 64 keys, the
+// warps' shuffles most of it (H200, scripts/ktrace).
 const (
-	decodeMMAKeys   = 64
-	decodeMMAStages = 3
+	decodeMMAKeys     = 64
+	decodeSplitMMA    = 64
+	decodeSplitScalar = 16
+	decodeMMAStages   = 3
 )
 
 // The scalar prefill attention (attn_prefill) takes attnPrefillQueries
@@ -132,7 +140,7 @@ type attnCombineArgs struct {
 	tokpos       devptr
 	H, KH, HD, S int32
 	gated        int32
-	all          int32
+	least        int32 // decode: the fewest keys a split (0: all S splits hold partials)
 }
 
 type attnPrefillArgs struct {
@@ -426,7 +434,7 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 	if T >= 4*b.sms {
 		hpb = H + 2*KH
 	}
-	qkNormRopeKernel.run(b, [3]int{T, (H + 2*KH + hpb - 1) / hpb, 1}, 256, 0, qkNormRopeArgs{
+	qkNormRopeKernel.runOverlapped(b, [3]int{T, (H + 2*KH + hpb - 1) / hpb, 1}, 256, 0, qkNormRopeArgs{
 		qkv: qt.ptr, qdt: int32(qt.dt), qbuf: qbuf, kc: c.k(layer), vc: c.v(layer), kvdt: int32(c.spec.DType),
 		qn: qn.ptr, kn: kn.ptr, wdt: int32(qn.dt), unitOffset: boolInt(spec.UnitOffsetNorm),
 		tokpos: m.dev[mTokPos], tokseq: m.dev[mTokSeq], seqblk: m.dev[mSeqBlk], blocks: m.dev[mBlocks],
@@ -465,10 +473,10 @@ func (b *Backend) attend(ot *tensor, qbuf devptr, c *kvCache, layer, H int, scal
 	scalar := (hd == 64 || hd == 128 || hd == 256) && (G == 1 || G == 2 || G == 4 || G == 8)
 	if (mma || scalar) && m.maxN <= 4 {
 		var k kernel[attnDecodeArgs]
-		perSM, smem := b.splitBlocks, 0
+		perSM, smem, least := b.splitBlocks, 0, decodeSplitScalar
 		if mma {
 			// The stages of keys and values, rows of hd + 8 bf16.
-			k, perSM, smem = kernelFor(attnDecodeMMAKernels, hd), b.mmaSplitBlocks, decodeMMAStages*2*decodeMMAKeys*(hd+8)*2
+			k, perSM, smem, least = kernelFor(attnDecodeMMAKernels, hd), b.mmaSplitBlocks, decodeMMAStages*2*decodeMMAKeys*(hd+8)*2, decodeSplitMMA
 			b.allowSmem(k.name, smem)
 		} else {
 			k = kernelFor(attnDecodeKernels, attnShape{c.spec.DType, hd, G})
@@ -486,7 +494,7 @@ func (b *Backend) attend(ot *tensor, qbuf devptr, c *kvCache, layer, H int, scal
 			seqblk: m.dev[mSeqBlk], blocks: m.dev[mBlocks], pm: pm, pl: pl, pacc: pacc, H: int32(H), KH: int32(KH), bs: int32(c.spec.BlockSize), scale: scale})
 		attnCombineKernel.runOverlapped(b, [3]int{T, H, 1}, 4*hd, 0, attnCombineArgs{
 			out: ot.ptr, odt: int32(ot.dt), pm: pm, pl: pl, pacc: pacc, qkv: qkv, qdt: qdt, tokpos: m.dev[mTokPos],
-			H: int32(H), KH: int32(KH), HD: int32(hd), S: int32(S), gated: boolInt(gates != nil)})
+			H: int32(H), KH: int32(KH), HD: int32(hd), S: int32(S), gated: boolInt(gates != nil), least: int32(least)})
 		return
 	}
 	pa := attnPrefillArgs{
@@ -518,7 +526,7 @@ func (b *Backend) attend(ot *tensor, qbuf devptr, c *kvCache, layer, H int, scal
 		if fa.nsplit > 1 {
 			attnCombineKernel.run(b, [3]int{T, H, 1}, 4*hd, 0, attnCombineArgs{
 				out: ot.ptr, odt: int32(ot.dt), pm: fa.pm, pl: fa.pl, pacc: fa.pacc, qkv: qkv, qdt: qdt, tokpos: m.dev[mTokPos],
-				H: int32(H), KH: int32(KH), HD: int32(hd), S: fa.nsplit, gated: boolInt(gates != nil), all: 1})
+				H: int32(H), KH: int32(KH), HD: int32(hd), S: fa.nsplit, gated: boolInt(gates != nil)})
 		}
 		return
 	}

@@ -38,6 +38,8 @@ var kernelDefines = []struct {
 	{"The token-by-token delta rule (deltanet.cu, dn_recur): each thread holds DR_ROWS\n// rows of a state column (four warps: key dims up to 4 * DR_ROWS).", "DR_ROWS", dnRecurRows},
 	{"The tensor-core decode attention (flash.cu): tiles of DM_BK keys, DM_STAGES\n// stages.", "DM_BK", decodeMMAKeys},
 	{"", "DM_STAGES", decodeMMAStages},
+	{"The fewest keys a split of the decode attention takes: DS_MMA on tensor cores,\n// DS_SCALAR in the scalar kernel.", "DS_MMA", decodeSplitMMA},
+	{"", "DS_SCALAR", decodeSplitScalar},
 	{"The scalar prefill attention (attention.cu): AP_BQ queries a block, tiles of\n// AP_BK keys.", "AP_BQ", attnPrefillQueries},
 	{"", "AP_BK", attnPrefillKeys},
 }

@@ -90,8 +90,8 @@ extern "C" __global__ void kv_move(char *cache, char *buf, const int *blocks, lo
 // (angles rounded to float32 as transformers computes them, then cos and
 // sin in double) and loaded the norm weights. Query heads go normed and
 // rotated to qbuf [T, H, hd] (of the cache's type); key heads (normed,
-// rotated) and value heads are stored in the paged cache at the token's
-// position.
+// position. Launched overlapped: the table, the weights and the cache
+// slot (the step's metadata) come before pdl_wait, the projection after.
 extern "C" __global__ void __launch_bounds__(256) qk_norm_rope(const void *qkv, int qdt, void *qbuf, void *kc, void *vc, int kvdt,
 		const void *qn, const void *kn, int wdt, int unitOffset,
 		const int *tokpos, const int *tokseq, const int *seqblk, const int *blocks,
@@ -113,6 +113,7 @@ extern "C" __global__ void __launch_bounds__(256) qk_norm_rope(const void *qkv, 
 	long width = (long)H * qstride + 2L * KH * hd;
 	long row = t * width;
 	long slot = (long)blocks[seqblk[tokseq[t]] + pos / bs] * bs + pos % bs;
+	pdl_wait();
 	int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
 	float *hb = buf[warp];
 	for (int h = blockIdx.y * hpb + warp; h < min(H + 2 * KH, (int)(blockIdx.y + 1) * hpb); h += nw) {
@@ -199,7 +200,7 @@ __device__ __forceinline__ void attn_decode(const KT *qbuf, const KT *kc, const 
 	__shared__ float sm_m[W][G], sm_l[W][G];
 	int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane / LANES, sub = lane % LANES;
 	DecodeSplit sp;
-	if (!sp.init(tokpos, tokseq, seqpos, seqblk, blocks)) return;
+	if (!sp.init(tokpos, tokseq, seqpos, seqblk, blocks, DS_SCALAR)) return;
 	int t = sp.t, kh = sp.kh, k0 = sp.k0, k1 = sp.k1, cached = sp.cached;
 	const int *bt = sp.bt;
 
@@ -336,21 +337,21 @@ DECODE_G(float, f32, 128)
 DECODE_G(float, f32, 256)
 
 // attn_combine: grid (T, H), block 4*HD. Merges the active partials of
-// each head (all S when all is set: the split prefill's, whose ranges do
-// not follow decode_chunk; four groups of threads take every fourth split,
-// then add up),
+// each head (decode's splits of at least least keys; all S when least is 0:
+// the split prefill's, whose ranges do not follow decode_chunk); four
+// groups of threads take every fourth split, then add up,
 // applies the sigmoid gate when gated and writes out [T, H*HD]. Launched
 // overlapped: its blocks are placed while the attention grid finishes and
 // wait for it in pdl_wait.
 extern "C" __global__ void attn_combine(void *out, int odt, const float *pm, const float *pl, const float *pacc,
-		const void *qkv, int qdt, const int *tokpos, int H, int KH, int HD, int S, int gated, int all) {
+		const void *qkv, int qdt, const int *tokpos, int H, int KH, int HD, int S, int gated, int least) {
 	pdl_trigger();  // the output projection follows
 	__shared__ float wt[512];
 	__shared__ float part[3][256];
 	__shared__ float red[32];
 	int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x % HD, sg = threadIdx.x / HD;
 	int n = tokpos[t] + 1;  // step metadata, uploaded before the step
-	int act = all ? S : min(S, (n + decode_chunk(n, S) - 1) / decode_chunk(n, S));
+	int act = least == 0 ? S : min(S, (n + decode_chunk(n, S, least) - 1) / decode_chunk(n, S, least));
 	pdl_wait();
 	long pi = ((long)t * H + h) * S;
 	float M = -INF;

@@ -124,8 +124,8 @@ __device__ __forceinline__ void pdl_trigger() {
 // decode_chunk is the number of keys per split: the grid has S splits
 // whatever the context (a captured graph replays it as contexts grow), and
 // short contexts use only the first few, keeping each split's work worth a
-// block.
-__device__ __forceinline__ int decode_chunk(int n, int S) { return max((n + S - 1) / S, 64); }
+// block: at least least keys (DS_MMA or DS_SCALAR).
+__device__ __forceinline__ int decode_chunk(int n, int S, int least) { return max((n + S - 1) / S, least); }
 
 // DecodeSplit is what block (t, kh, split) of a split-K decode attention
 // grid (T, KH, S) attends: keys [k0, k1) of token t's sequence, through its
@@ -135,9 +135,10 @@ struct DecodeSplit {
 	const int *bt;
 	// init returns false for an idle split (attn_combine reads only the
 	// active ones).
-	__device__ __forceinline__ bool init(const int *tokpos, const int *tokseq, const int *seqpos, const int *seqblk, const int *blocks) {
+	__device__ __forceinline__ bool init(const int *tokpos, const int *tokseq, const int *seqpos, const int *seqblk, const int *blocks,
+			int least) {
 		t = blockIdx.x, kh = blockIdx.y, split = blockIdx.z, S = gridDim.z;
-		int n = tokpos[t] + 1, chunk = decode_chunk(n, S);
+		int n = tokpos[t] + 1, chunk = decode_chunk(n, S, least);
 		k0 = split * chunk, k1 = min(n, k0 + chunk);
 		bt = blocks + seqblk[tokseq[t]];
 		cached = seqpos[tokseq[t]];

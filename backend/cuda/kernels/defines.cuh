@@ -46,6 +46,11 @@
 #define DM_BK 64
 #define DM_STAGES 3
 
+// The fewest keys a split of the decode attention takes: DS_MMA on tensor cores,
+// DS_SCALAR in the scalar kernel.
+#define DS_MMA 64
+#define DS_SCALAR 16
+
 // The scalar prefill attention (attention.cu): AP_BQ queries a block, tiles of
 // AP_BK keys.
 #define AP_BQ 32

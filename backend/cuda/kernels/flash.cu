@@ -286,7 +286,7 @@ __device__ __forceinline__ void attn_decode_mma(const u16 *qbuf, const u16 *kc, 
 	int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, quad = lane >> 2, qc = (lane & 3) * 2;
 	int mi = lane >> 3, mr = lane & 7;
 	DecodeSplit sp;
-	if (!sp.init(tokpos, tokseq, seqpos, seqblk, blocks)) return;
+	if (!sp.init(tokpos, tokseq, seqpos, seqblk, blocks, DS_MMA)) return;
 	int t = sp.t, kh = sp.kh, k0 = sp.k0, k1 = sp.k1, cached = sp.cached;
 	const int *bt = sp.bt;
 
