@@ -30,6 +30,27 @@ var (
 	}
 )
 
+// moeRouterKernels are moe_router_N (kernels/gemv.cu) by tokens, 1 to
+// gemvTokens: blocks of eight warps, two a row of the router.
+var moeRouterKernels [gemvTokens]kernel[moeRouterArgs]
+
+// moeRouterRows is the router rows of a moe_router block.
+const moeRouterRows = 4
+
+func init() {
+	for n := 1; n <= gemvTokens; n++ {
+		moeRouterKernels[n-1] = newKernel[moeRouterArgs](fmt.Sprintf("moe_router_%d", n))
+	}
+}
+
+type moeRouterArgs struct {
+	x, w, wg          devptr
+	E, H              int32
+	logits, gs, cnt   devptr
+	K, norm, e0, held int32
+	sel, wts          devptr
+}
+
 type moeRouteArgs struct {
 	logits     devptr
 	E, K, norm int32
@@ -83,6 +104,16 @@ type moeCombineArgs struct {
 	K, H        int32
 	ys, x, wg   devptr
 	wgdt        int32
+	gs          devptr
+}
+
+// moeSum is the combine that f8mv's down product of expert rows finishes
+// (kernels' MoeSum): out += the rows weighted by wts, and the shared
+// expert's by gs; cnt counts the arrivals a (token, group of outputs).
+type moeSum struct {
+	out, wts, gs devptr
+	K            int32
+	cnt          devptr
 }
 
 type moeRowsArgs struct {
@@ -169,14 +200,15 @@ func (b *Backend) Route(experts, weights, x, router backend.Tensor, spec *backen
 	if spec.First != 0 {
 		panic("cuda: route: a range of the experts is the fused MoE's (expert parallel)")
 	}
-	b.route(et.ptr, wt.ptr, xt, asT(router), spec, spec.Experts)
+	b.route(et.ptr, wt.ptr, xt, asT(router), spec, spec.Experts, nil)
 }
 
 // route writes each token's spec.TopK experts and their weights to sel and
 // wts ([T, TopK] each): for a rank that holds experts [spec.First,
 // spec.First + held), the index among them, or -1 and weight 0 for
-// another rank's.
-func (b *Backend) route(sel, wts devptr, xt, router *tensor, spec *backend.MoESpec, held int) {
+// another rank's. Given a shared expert's gate, it may make the gate's
+// sigmoid a token as well, and returns where (else 0).
+func (b *Backend) route(sel, wts devptr, xt, router *tensor, spec *backend.MoESpec, held int, gate *tensor) (gs devptr) {
 	T, H := xt.rows(), xt.cols()
 	E, K := spec.Experts, spec.TopK
 	checkF32("route", xt)
@@ -186,7 +218,7 @@ func (b *Backend) route(sel, wts devptr, xt, router *tensor, spec *backend.MoESp
 		panic(fmt.Sprintf("cuda: route: router %v for %d experts (top %d) of width %d", router, E, K, H))
 	}
 	if T == 0 {
-		return
+		return 0
 	}
 	// The router product keeps float32's precision (not cuBLASLt's bf16
 	// inputs): a rounding-sized change there can flip the choice of
@@ -195,18 +227,30 @@ func (b *Backend) route(sel, wts devptr, xt, router *tensor, spec *backend.MoESp
 	// the bf16 GEMV with float32 activations (NOTES.md, "Figures behind
 	// the code").
 	logits := b.scratchF32("moe.logits", T, E)
+	if router.dt == backend.BF16 && T <= b.gemvMax && H%16 == 0 {
+		// Decode: the product and the ranking in one launch (moe_router),
+		// the shared expert's gate one more row of it.
+		a := moeRouterArgs{x: xt.ptr, w: router.ptr, E: int32(E), H: int32(H), logits: logits.ptr, cnt: b.zeroedScratch("moe.router", 4),
+			K: int32(K), norm: boolInt(spec.NormTopK), e0: int32(spec.First), held: int32(held), sel: sel, wts: wts}
+		rows := E
+		if gate != nil && gate.dt == backend.BF16 && gate.numel() == H {
+			a.wg, a.gs = gate.ptr, b.scratchBuf("moe.gs", 4*T)
+			rows++
+		}
+		moeRouterKernels[T-1].runOverlapped(b, g1((rows+moeRouterRows-1)/moeRouterRows), 256, 0, a)
+		return a.gs
+	}
 	if b.routerGemm > 0 && T >= b.routerGemm && router.dt == backend.BF16 {
 		hi, lo := b.scratchBuf("moe.xhi", 2*T*H), b.scratchBuf("moe.xlo", 2*T*H)
 		moeSplitKernel.run(b, g1(b.blocksFor(T*H)), 256, 0, moeSplitArgs{hi: hi, lo: lo, x: xt.ptr, n: int64(T * H)})
 		b.gemm(logits.ptr, hi, router.ptr, T, E, H, backend.BF16, backend.F32, false)
 		b.gemm(logits.ptr, lo, router.ptr, T, E, H, backend.BF16, backend.F32, true)
-	} else if router.dt == backend.BF16 && T <= b.gemvMax && H%8 == 0 {
-		b.gemv(logits, xt, router, false)
 	} else {
 		moeGemvKernel.run(b, [3]int{(E + 7) / 8, T, 1}, 256, 0, moeGemvArgs{y: logits.ptr, x: xt.ptr, xdiv: 1, w: router.ptr, wdt: int32(router.dt), sel: 0, O: int32(E), I: int32(H)})
 	}
 	moeRouteKernel.runOverlapped(b, g1(T), 32, 0, moeRouteArgs{logits: logits.ptr, E: int32(E), K: int32(K), norm: boolInt(spec.NormTopK),
 		e0: int32(spec.First), held: int32(held), sel: sel, wts: wts})
+	return 0
 }
 
 // Experts adds each token's chosen experts to out; see backend.Backend.
@@ -220,15 +264,18 @@ func (b *Backend) Experts(out, x, experts, weights, gateUp, down backend.Tensor)
 	if et.dt != backend.I32 {
 		panic(fmt.Sprintf("cuda: experts: expert ids %v must be i32", et))
 	}
-	y, _ := b.expertRows(xt, et.ptr, K, asT(gateUp), asT(down), nil, nil)
-	b.combine(ot, xt, y.ptr, wt.ptr, K, 0, nil)
+	y, _, _ := b.expertRows(xt, et.ptr, K, asT(gateUp), asT(down), nil, nil, nil)
+	b.combine(ot, xt, y.ptr, wt.ptr, K, 0, nil, 0)
 }
 
 // expertRows returns y [T*K, H]: row t*K + j is token t's j-th chosen
 // expert (sel) applied to it. Given a shared expert (sgu, sdown) that the
 // decode GEMV can take among those rows, it does, and returns where in y
-// its rows (token t's at T*K + t) start; else ys is 0.
-func (b *Backend) expertRows(xt *tensor, sel devptr, K int, gu, down, sgu, sdown *tensor) (y *tensor, ys devptr) {
+// its rows (token t's at T*K + t) start; else ys is 0. Given a combine
+// (sum: every expert this rank's), it reports whether the down product
+// finished it, which f8mv does where the shared expert, if any, is among
+// its rows.
+func (b *Backend) expertRows(xt *tensor, sel devptr, K int, gu, down, sgu, sdown *tensor, sum *moeSum) (y *tensor, ys devptr, summed bool) {
 	T, H := xt.rows(), xt.cols()
 	checkF32("experts", xt)
 	if len(gu.shape) != 3 || len(down.shape) != 3 {
@@ -240,7 +287,7 @@ func (b *Backend) expertRows(xt *tensor, sel devptr, K int, gu, down, sgu, sdown
 	}
 	R := T * K
 	if R == 0 {
-		return b.scratchF32("moe.y", R, H), 0
+		return b.scratchF32("moe.y", R, H), 0, false
 	}
 	// Each (token, choice) row is a product with its expert's weights: a
 	// GEMV per row, or (moeGrouped) tensor-core tiles of one expert's rows,
@@ -258,7 +305,8 @@ func (b *Backend) expertRows(xt *tensor, sel devptr, K int, gu, down, sgu, sdown
 		grouped = true // FP8 rows that end inside a unit of qmv
 	}
 	if !grouped && gu.dt == backend.BF16 && down.dt == backend.BF16 && H%8 == 0 && I%8 == 0 {
-		return b.expertGemv(xt, sel, K, gu, down, sgu, sdown)
+		y, ys = b.expertGemv(xt, sel, K, gu, down, sgu, sdown)
+		return y, ys, false
 	}
 	// Quantized rows at decode take a shared expert laid out as the
 	// experts as S = T rows more, a row a block, as expertGemv does.
@@ -316,12 +364,12 @@ func (b *Backend) expertRows(xt *tensor, sel devptr, K int, gu, down, sgu, sdown
 	// qrows is the quantized expert rows' product at decode (xsh: where the
 	// shared expert's inputs start; selReady as qmvRows'); it reports
 	// whether f8mv took it.
-	qrows := func(swiglu bool, out devptr, odt backend.DType, xt *tensor, xdiv int, w *tensor, estride int, ws devptr, xsh, O, in int, selReady bool) bool {
+	qrows := func(swiglu bool, out devptr, odt backend.DType, xt *tensor, xdiv int, w *tensor, estride int, ws devptr, xsh, O, in int, selReady bool, sum *moeSum) bool {
 		if qtiles {
 			b.qmvTiles(swiglu, out, odt, b.qx(xt), xdiv, w, estride, qg, expertTiles(R, E, qmvTileRows), O, in)
 			return false
 		}
-		return b.qmvRows(swiglu, out, odt, xt, xdiv, w, estride, sel, R, ws, S, xsh, O, in, selReady)
+		return b.qmvRows(swiglu, out, odt, xt, xdiv, w, estride, sel, R, ws, S, xsh, O, in, selReady, sum)
 	}
 	if grouped && b.groupF8(gu, H) && b.groupF8(down, I) {
 		// Both on wgmma: down's rows quantized straight from gate/up's
@@ -330,13 +378,13 @@ func (b *Backend) expertRows(xt *tensor, sel devptr, K int, gu, down, sgu, sdown
 		expertProduct(h.ptr, xt.ptr, K, gu, 2*I, H)
 		xq, xs := b.quantAct("moe", h.ptr, backend.F32, R, R, I, true)
 		b.groupF8Product(y.ptr, xq, xs, R, 1, down, g, R, E, bm, H, I)
-		return y, ys
+		return y, ys, false
 	}
 	var act *tensor // [R + S, I], f32 or (qmv_swiglu) bf16
 	upF8 := false   // gate/up took f8mv: down may read sel at once
 	if !grouped && gu.dt.Quantized() {
 		act = &tensor{dt: backend.BF16, shape: []int{R + S, I}, ptr: b.scratchBuf("moe.act", 2*(R+S)*I), view: true}
-		upF8 = qrows(true, act.ptr, backend.BF16, xt, K, gu, 2*I*gu.rb(), ptrOf(sgu, S), 0, I, H, false)
+		upF8 = qrows(true, act.ptr, backend.BF16, xt, K, gu, 2*I*gu.rb(), ptrOf(sgu, S), 0, I, H, false, nil)
 	} else {
 		h := b.scratchF32("moe.h", R, 2*I)
 		expertProduct(h.ptr, xt.ptr, K, gu, 2*I, H)
@@ -345,7 +393,12 @@ func (b *Backend) expertRows(xt *tensor, sel devptr, K int, gu, down, sgu, sdown
 	}
 	switch {
 	case !grouped && down.dt.Quantized():
-		qrows(false, y.ptr, backend.F32, act, 1, down, H*down.rb(), ptrOf(sdown, S), R, H, I, upF8)
+		if sum != nil && (sgu == nil || S > 0) && !qtiles {
+			sum.cnt = b.zeroedScratch("moe.sum", 4*T*((H+f8mvGroup-1)/f8mvGroup))
+		} else {
+			sum = nil
+		}
+		summed = qrows(false, y.ptr, backend.F32, act, 1, down, H*down.rb(), ptrOf(sdown, S), R, H, I, upF8, sum) && sum != nil
 	case act.dt == backend.BF16:
 		// Quantized gate/up before float32 or f16 down weights.
 		af := b.scratchF32("moe.actf", R, I)
@@ -354,7 +407,7 @@ func (b *Backend) expertRows(xt *tensor, sel devptr, K int, gu, down, sgu, sdown
 	default:
 		expertProduct(y.ptr, act.ptr, 1, down, H, I)
 	}
-	return y, ys
+	return y, ys, summed
 }
 
 // groupF8 reports whether the grouped products with w (rows of in) run on
@@ -438,13 +491,13 @@ const moeCombineTokenBlocks = 8
 
 // combine adds to out [T, H] the expert rows y [T*K, H] weighted by wts
 // and, where ys is set, the shared expert's rows ys [T, H] weighted by
-// sigmoid(x . gate).
-func (b *Backend) combine(ot, xt *tensor, y, wts devptr, K int, ys devptr, gate *tensor) {
+// sigmoid(x . gate): gs[t] where route made it (else 0).
+func (b *Backend) combine(ot, xt *tensor, y, wts devptr, K int, ys devptr, gate *tensor, gs devptr) {
 	T, H := xt.rows(), xt.cols()
 	if T == 0 {
 		return
 	}
-	a := moeCombineArgs{out: ot.ptr, y: y, wts: wts, K: int32(K), H: int32(H), ys: ys}
+	a := moeCombineArgs{out: ot.ptr, y: y, wts: wts, K: int32(K), H: int32(H), ys: ys, gs: gs}
 	if ys != 0 {
 		checkFloatW("shared expert gate", gate)
 		if gate.numel() != H {
@@ -469,7 +522,7 @@ func (b *Backend) SharedExpert(out, x, gateUp, down, gate backend.Tensor) {
 	checkRows("shared expert out", ot, xt.rows(), xt.cols())
 	checkF32("shared expert", ot, xt)
 	ys := b.sharedExpert(xt, asT(gateUp), asT(down))
-	b.combine(ot, xt, 0, 0, 0, ys.ptr, asT(gate))
+	b.combine(ot, xt, 0, 0, 0, ys.ptr, asT(gate), 0)
 }
 
 // sharedExpert returns the shared expert's output ys [T, H] (moe_combine
@@ -499,18 +552,23 @@ func (b *Backend) MoE(out, x backend.Tensor, e *backend.Experts, spec *backend.M
 		panic(fmt.Sprintf("cuda: moe: gate_up %v from expert %d of %d", gu, spec.First, spec.Experts))
 	}
 	sel, wts := b.scratchBuf("moe.sel", 4*T*K), b.scratchBuf("moe.wts", 4*T*K)
-	b.route(sel, wts, xt, asT(e.Router), spec, held)
-	var sgu, sdown *tensor
+	var sgu, sdown, gate *tensor
 	if e.SharedGateUp != nil {
-		sgu, sdown = asT(e.SharedGateUp), asT(e.SharedDown)
+		sgu, sdown, gate = asT(e.SharedGateUp), asT(e.SharedDown), asT(e.SharedGate)
 	}
-	y, ys := b.expertRows(xt, sel, K, asT(e.GateUp), asT(e.Down), sgu, sdown)
+	gs := b.route(sel, wts, xt, asT(e.Router), spec, held, gate)
+	// The down product may add the rows to the residual itself where every
+	// expert is this rank's and route made the shared expert's gate.
+	var sum *moeSum
+	if held == spec.Experts && (sgu == nil || gs != 0) {
+		sum = &moeSum{out: ot.ptr, wts: wts, gs: gs, K: int32(K)}
+	}
+	y, ys, summed := b.expertRows(xt, sel, K, asT(e.GateUp), asT(e.Down), sgu, sdown, sum)
+	if summed {
+		return
+	}
 	if sgu != nil && ys == 0 {
 		ys = b.sharedExpert(xt, sgu, sdown).ptr
 	}
-	var gate *tensor
-	if sgu != nil {
-		gate = asT(e.SharedGate)
-	}
-	b.combine(ot, xt, y.ptr, wts, K, ys, gate)
+	b.combine(ot, xt, y.ptr, wts, K, ys, gate, gs)
 }

@@ -264,7 +264,7 @@ func checkFloatW(what string, ts ...*tensor) {
 // and out = silu(gate) * up. x is [., I] f32 or bf16 (qmv reads it as
 // bf16, converted where needed: qx), out f32 or bf16.
 func (b *Backend) qmv(swiglu bool, out devptr, odt backend.DType, xt *tensor, T int, w *tensor, O, I int, accumulate bool) {
-	b.qmvLaunch(swiglu, qmvKernel(T), 1, qmvSwigluArgs{out: out, odt: int32(odt), T: int32(T), xdiv: 1, w: w.ptr, rb: int64(w.rb()), O: int32(O), I: int32(I)}, xt, w, accumulate, false)
+	b.qmvLaunch(swiglu, qmvKernel(T), 1, qmvSwigluArgs{out: out, odt: int32(odt), T: int32(T), xdiv: 1, w: w.ptr, rb: int64(w.rb()), O: int32(O), I: int32(I)}, xt, w, accumulate, false, nil)
 }
 
 // qmvRows is qmv of the R rows of a mixture of experts, out[r, o] =
@@ -273,15 +273,15 @@ func (b *Backend) qmv(swiglu bool, out devptr, odt backend.DType, xt *tensor, T 
 // x[xsh + s] . ws_o. selReady: the kernel before it is an f8mv product of
 // the same rows (f8mv reads sel at once then). It reports whether f8mv
 // took the product.
-func (b *Backend) qmvRows(swiglu bool, out devptr, odt backend.DType, xt *tensor, xdiv int, w *tensor, estride int, sel devptr, R int, ws devptr, S, xsh, O, I int, selReady bool) bool {
+func (b *Backend) qmvRows(swiglu bool, out devptr, odt backend.DType, xt *tensor, xdiv int, w *tensor, estride int, sel devptr, R int, ws devptr, S, xsh, O, I int, selReady bool, sum *moeSum) bool {
 	return b.qmvLaunch(swiglu, qmvKernel(0), R+S, qmvSwigluArgs{out: out, odt: int32(odt), T: int32(R), xdiv: int32(xdiv), w: w.ptr, rb: int64(w.rb()),
-		estride: int64(estride), sel: sel, ws: ws, xsh: int32(xsh), O: int32(O), I: int32(I)}, xt, w, false, selReady)
+		estride: int64(estride), sel: sel, ws: ws, xsh: int32(xsh), O: int32(O), I: int32(I)}, xt, w, false, selReady, sum)
 }
 
 // qmvLaunch launches qmv kernel k over rows grid rows, or f8mv where it
-// takes the product (a.x is set from xt; selReady as f8mv's), and reports
-// whether f8mv took it.
-func (b *Backend) qmvLaunch(swiglu bool, k, rows int, a qmvSwigluArgs, xt, w *tensor, accumulate, selReady bool) bool {
+// takes the product (a.x is set from xt; selReady and sum as f8mv's), and
+// reports whether f8mv took it.
+func (b *Backend) qmvLaunch(swiglu bool, k, rows int, a qmvSwigluArgs, xt, w *tensor, accumulate, selReady bool, sum *moeSum) bool {
 	O, I := int(a.O), int(a.I)
 	checkQmv(w, I)
 	tokens := int(a.T)
@@ -289,7 +289,7 @@ func (b *Backend) qmvLaunch(swiglu bool, k, rows int, a qmvSwigluArgs, xt, w *te
 		tokens = 0
 	}
 	if b.f8mvFits(w.dt, tokens, O, I) && (xt.dt == backend.F32 || xt.dt == backend.BF16) && xt.ptr%16 == 0 {
-		b.f8mv(swiglu, rows, a, xt, accumulate, selReady)
+		b.f8mv(swiglu, rows, a, xt, accumulate, selReady, sum)
 		return true
 	}
 	a.x = b.qx(xt)
@@ -371,22 +371,27 @@ type f8mvSwigluArgs struct {
 	xdt, early int32
 }
 
-// f8mvArgs are f8mv_swiglu's and the accumulate flag.
+// f8mvArgs are f8mv_swiglu's, the accumulate flag and a MoE's combine.
 type f8mvArgs struct {
 	f8mvSwigluArgs
 	accumulate int32
+	sum        moeSum
 }
+
+// f8mvGroup is the outputs of an f8mv group of rows (a SwiGLU's: half).
+const f8mvGroup = 16
 
 // f8mv launches qmv's product (q, over rows grid rows, x from xt: f32 or
 // bf16) on f8mv. selReady: expert rows behind an f8mv product of the same
-// rows, which may read sel at once (early).
-func (b *Backend) f8mv(swiglu bool, rows int, q qmvSwigluArgs, xt *tensor, accumulate, selReady bool) {
+// rows, which may read sel at once (early). sum: the MoE's combine, which
+// the down product of its expert rows finishes (not with swiglu).
+func (b *Backend) f8mv(swiglu bool, rows int, q qmvSwigluArgs, xt *tensor, accumulate, selReady bool, sum *moeSum) {
 	q.x = xt.ptr
 	a := f8mvSwigluArgs{q, int32(xt.dt), boolInt(selReady && q.sel != 0)}
 	O, I := int(a.O), int(a.I)
-	outs, nt := 16, int(a.T)
+	outs, nt := f8mvGroup, int(a.T)
 	if swiglu {
-		outs = 8
+		outs = f8mvGroup / 2
 	}
 	if a.sel != 0 {
 		nt = 1
@@ -400,12 +405,19 @@ func (b *Backend) f8mv(swiglu bool, rows int, q qmvSwigluArgs, xt *tensor, accum
 	grid := [3]int{blocksOver(groups, rows, limit), rows, 1}
 	smem := f8mvSmem(nt, I)
 	if swiglu {
+		if sum != nil {
+			panic("cuda: f8mv: a MoE's combine after its gate/up product")
+		}
 		b.allowSmem(f8mvSwigluKernel.name, f8mvSmemMax)
 		f8mvSwigluKernel.runOverlapped(b, grid, 32*W, smem, a)
 		return
 	}
+	fa := f8mvArgs{f8mvSwigluArgs: a, accumulate: boolInt(accumulate)}
+	if sum != nil {
+		fa.sum = *sum
+	}
 	b.allowSmem(f8mvKernel.name, f8mvSmemMax)
-	f8mvKernel.runOverlapped(b, grid, 32*W, smem, f8mvArgs{a, boolInt(accumulate)})
+	f8mvKernel.runOverlapped(b, grid, 32*W, smem, fa)
 }
 
 // qgemvSmem is the shared memory of a qgemv of n tokens with rows of in

@@ -62,6 +62,20 @@ struct F8Walk {
 // more than a row, so that the lanes of consecutive tokens read other banks.
 __device__ __forceinline__ int f8mv_pitch(int I) { return I + 64; }
 
+// MoeSum is the combine of a MoE block that the down product of its
+// expert rows finishes (moe_combine's sums, without its launch): out[t, o]
+// += sum_k wts[t, k] * y[t K + k, o], and with a shared expert among the
+// rows (ws) + gs[t] * y[R + t, o]. The last of a token's K (+ 1) rows to
+// finish a group of outputs adds them, in moe_combine's order; cnt counts
+// the arrivals a (token, group) and is left at zero. Every row must arrive:
+// no row of another rank's expert (sel -1).
+struct MoeSum {
+	float *out;  // 0: no combine
+	const float *wts, *gs;
+	int K;
+	int *cnt;
+};
+
 // f8mv: grid (ceil(O / outputs), rows, 1), W warps (W <= I / 128),
 // dynamic shared memory NT * (2 * (I + 64) + 4 * I / 128) bytes for NT = T
 // tokens (1 with sel). Arguments as qmv's, but x is bf16 or f32 (xdt,
@@ -69,9 +83,10 @@ __device__ __forceinline__ int f8mv_pitch(int I) { return I + 64; }
 // group's 16 rows are 8 gate rows and their 8 up rows: 8 outputs.
 template <bool SWIGLU>
 __device__ __forceinline__ void f8mv(void *out, int odt, const void *x, int T, int xdiv, const u8 *w, long rb, long estride,
-		const int *sel, const u8 *ws, int xsh, int O, int I, int xdt, int early, int accumulate) {
+		const int *sel, const u8 *ws, int xsh, int O, int I, int xdt, int early, int accumulate, MoeSum sum) {
 	extern __shared__ __align__(16) unsigned char fsm[];
 	__shared__ float red[8][32][4];
+	__shared__ bool last;  // this block finished a token's group of outputs (sum)
 	if (!sel) pdl_trigger();
 	int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, W = blockDim.x >> 5;
 	int g = lane >> 2, q = lane & 3, r = blockIdx.y;
@@ -221,17 +236,35 @@ __device__ __forceinline__ void f8mv(void *out, int odt, const void *x, int T, i
 						if (o0 + g + 8 < O) qstore(out, odt, accumulate, base + o0 + g + 8, cb);
 					}
 				}
+			if (!SWIGLU && sum.out) {
+				// Rows r < T are token r / K's choices, the shared expert's
+				// rows (ws) token r - T's.
+				int tk = r < T ? r / sum.K : r - T, c = tk * groups + o0 / OUTS;
+				if (warp == 0) __threadfence();  // the outputs before the arrival
+				__syncthreads();
+				if (threadIdx.x == 0) last = atomicAdd(sum.cnt + c, 1) == sum.K + (ws != 0) - 1;
+				__syncthreads();
+				if (last && warp == 0 && lane < OUTS && o0 + lane < O) {
+					const float *y = (const float *)out;
+					long o = (long)tk * O + o0 + lane;
+					float ys = ws ? __ldcg(y + ((long)T + tk) * O + o0 + lane) : 0.f;
+					float a = moe_add_rows(sum.out[o], sum.wts + tk * sum.K, y + (long)tk * sum.K * O + o0 + lane, O, sum.K);
+					if (ws) a += sum.gs[tk] * ys;
+					sum.out[o] = a;
+					if (lane == 0) sum.cnt[c] = 0;
+				}
+			}
 			acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
 		}
 	}
 }
 
 extern "C" __global__ void __launch_bounds__(256, F8MV_MINB) f8mv_fp8(void *out, int odt, const void *x, int T, int xdiv, const u8 *w,
-		long rb, long estride, const int *sel, const u8 *ws, int xsh, int O, int I, int xdt, int early, int accumulate) {
-	f8mv<false>(out, odt, x, T, xdiv, w, rb, estride, sel, ws, xsh, O, I, xdt, early, accumulate);
+		long rb, long estride, const int *sel, const u8 *ws, int xsh, int O, int I, int xdt, int early, int accumulate, MoeSum sum) {
+	f8mv<false>(out, odt, x, T, xdiv, w, rb, estride, sel, ws, xsh, O, I, xdt, early, accumulate, sum);
 }
 
 extern "C" __global__ void __launch_bounds__(256, F8MV_MINB) f8mv_swiglu_fp8(void *out, int odt, const void *x, int T, int xdiv,
 		const u8 *w, long rb, long estride, const int *sel, const u8 *ws, int xsh, int O, int I, int xdt, int early) {
-	f8mv<true>(out, odt, x, T, xdiv, w, rb, estride, sel, ws, xsh, O, I, xdt, early, 0);
+	f8mv<true>(out, odt, x, T, xdiv, w, rb, estride, sel, ws, xsh, O, I, xdt, early, 0, MoeSum{});
 }

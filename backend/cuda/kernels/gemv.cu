@@ -163,6 +163,66 @@ GEMV(6)
 GEMV(7)
 GEMV(8)
 
+// moe_router: a decode step's router product and its ranking in one
+// launch. Two warps a router row, a half of its columns each (warps w and
+// w + 4 of a block of eight: its weights all requested before pdl_wait, in
+// warp_dots), write logits [NT, E]; with a shared expert gate wg (a bf16
+// row of H), the row after the routers' makes gs[t] = sigmoid(x[t] . wg)
+// for the combine. The block that finishes last (cnt counts the arrivals;
+// it resets it) ranks each token's experts, a warp a token (moe_rank).
+// Grid ceil((E + (wg != 0)) / 4), 256 threads: warp 0 of every block has a
+// row, so every block waits for the kernel before (pdl_wait, in warp_dots)
+// before it arrives. H % 16 == 0.
+template <int NT>
+__device__ __forceinline__ void moe_router(const float *x, const u16 *w, const u16 *wg, int E, int H, float *logits, float *gs, int *cnt,
+		int K, int norm, int e0, int held, int *sel, float *wts) {
+	__shared__ float half[4][NT];
+	__shared__ bool last;
+	pdl_trigger();  // the experts' products follow (they wait for sel)
+	int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, part = warp >> 2;
+	int row = blockIdx.x * 4 + (warp & 3), hw = H / 2;
+	bool has = row < E || (wg && row == E);
+	float acc[1][NT];
+	if (has) {
+		const uint4 *const wr[1] = {(const uint4 *)((row < E ? w + (long)row * H : wg) + part * hw) + lane};
+		warp_dots<NT, 4, 1>(acc, wr, XBatch<float>{x + part * hw, H}, hw, lane);
+		if (part == 1 && lane == 0)
+#pragma unroll
+			for (int t = 0; t < NT; t++) half[warp & 3][t] = acc[0][t];
+	}
+	__syncthreads();
+	if (has && part == 0 && lane == 0)
+#pragma unroll
+		for (int t = 0; t < NT; t++) {
+			float v = acc[0][t] + half[warp][t];
+			if (row < E)
+				logits[(long)t * E + row] = v;
+			else
+				gs[t] = 1.f / (1.f + __expf(-v));
+		}
+	__threadfence();  // the logits before the arrival
+	__syncthreads();
+	if (threadIdx.x == 0) last = atomicAdd(cnt, 1) == gridDim.x - 1;
+	__syncthreads();
+	if (!last) return;
+	if (threadIdx.x == 0) *cnt = 0;
+	for (int t = warp; t < NT; t += blockDim.x >> 5) moe_rank(logits + (long)t * E, E, K, norm, e0, held, sel + t * K, wts + t * K, lane);
+}
+
+#define MOE_ROUTER(NT) \
+	extern "C" __global__ void __launch_bounds__(256) moe_router_##NT(const float *x, const u16 *w, const u16 *wg, int E, int H, \
+			float *logits, float *gs, int *cnt, int K, int norm, int e0, int held, int *sel, float *wts) { \
+		moe_router<NT>(x, w, wg, E, H, logits, gs, cnt, K, norm, e0, held, sel, wts); \
+	}
+MOE_ROUTER(1)
+MOE_ROUTER(2)
+MOE_ROUTER(3)
+MOE_ROUTER(4)
+MOE_ROUTER(5)
+MOE_ROUTER(6)
+MOE_ROUTER(7)
+MOE_ROUTER(8)
+
 // moe_rows: the expert products of decode steps, GEMVs whose weight matrix
 // changes with the row. Row r < R is a (token, choice) pair: its weights
 // are expert sel[r]'s (w holds the experts one after another) and its input

@@ -2,65 +2,13 @@
 // the chosen expert's weights through device-side indices (graph-safe).
 // Correct first: each (token, choice) pair is its own GEMV.
 
-// moe_route: a warp per token, each lane holding experts lane, lane + 32,
-// ... (E <= 1024). Softmax over the E router logits (f32), then the top k
-// in torch.topk's order (higher probability first, ties to the lower
-// index), picked one at a time: each lane's best expert not yet taken,
-// then the warp's best of those by shuffles; optional renormalisation. A
-// rank of a model split by experts holds experts [e0, e0 + held): a choice
-// of another rank's expert gets sel -1 and weight 0 (its rank adds it).
-// (A block a token, a thread an expert, ranking the warps' first k: 10-16
-// us at 512 experts and top 10 on an H200, its barriers most of it.)
-#define MOE_ROUTE_PER_LANE 32
+// moe_route: a warp per token ranks its router logits (moe_rank).
 extern "C" __global__ void __launch_bounds__(32) moe_route(const float *logits, int E, int K, int norm, int e0, int held, int *sel,
 		float *wts) {
 	pdl_trigger();  // the experts' products follow (they wait for sel)
 	pdl_wait();
-	int t = blockIdx.x, lane = threadIdx.x;
-	const float *lt = logits + (long)t * E;
-	float p[MOE_ROUTE_PER_LANE];
-	float mx = -INF;
-#pragma unroll
-	for (int j = 0; j < MOE_ROUTE_PER_LANE; j++) {
-		int e = lane + 32 * j;
-		p[j] = e < E ? lt[e] : -INF;
-		mx = fmaxf(mx, p[j]);
-	}
-	mx = warp_max(mx);
-	float s = 0.f;
-#pragma unroll
-	for (int j = 0; j < MOE_ROUTE_PER_LANE; j++) {
-		int e = lane + 32 * j;
-		p[j] = e < E ? expf(p[j] - mx) : -1.f;  // padding: below every probability
-		s += e < E ? p[j] : 0.f;
-	}
-	s = warp_sum(s);
-	unsigned taken = 0;
-	float mine = 0.f;
-	int mi = 0;
-	for (int r = 0; r < K; r++) {
-		float bp = -2.f;
-		int bj = 0;
-#pragma unroll
-		for (int j = 0; j < MOE_ROUTE_PER_LANE; j++)
-			if (!(taken >> j & 1) && p[j] > bp) bp = p[j], bj = j;
-		int bi = lane + 32 * bj;
-#pragma unroll
-		for (int d = 16; d > 0; d >>= 1) {
-			float op = __shfl_xor_sync(0xffffffffu, bp, d);
-			int oi = __shfl_xor_sync(0xffffffffu, bi, d);
-			if (op > bp || (op == bp && oi < bi)) bp = op, bi = oi;
-		}
-		if ((bi & 31) == lane) taken |= 1u << (bi >> 5);
-		if (lane == r) mine = bp, mi = bi;
-	}
-	float pr = lane < K ? mine / s : 0.f;
-	float tot = warp_sum(pr);
-	if (lane < K) {
-		bool ours = mi >= e0 && mi < e0 + held;
-		sel[t * K + lane] = ours ? mi - e0 : -1;
-		wts[t * K + lane] = !ours ? 0.f : norm ? pr / tot : pr;
-	}
+	int t = blockIdx.x;
+	moe_rank(logits + (long)t * E, E, K, norm, e0, held, sel + t * K, wts + t * K, threadIdx.x);
 }
 
 // moe_gemv: y[r, o] = sum_i x[r / xdiv, i] * w[sel[r], o, i] for rows r of
@@ -186,19 +134,20 @@ MOE_GROUP_MM(64, 4)
 MOE_GROUP_MM(128, 2)
 
 // moe_combine: out[t, j] += sum_k wts[t, k] * y[t * K + k, j], and, with a
-// shared expert, + sigmoid(x[t] . wg) * ys[t, j]. Grid (T, column blocks),
-// 256 threads, a column each a round; each block makes the shared expert's
-// gate itself (a dot of H: cheaper than a launch of its own at decode). A
-// row of weight 0 is another rank's expert, its y never written: read, not
-// added.
+// shared expert, + sigmoid(x[t] . wg) * ys[t, j]: gs[t] where moe_router
+// made it, else each block makes it itself (a dot of H: cheaper than a
+// launch of its own). Grid (T, column blocks), 256 threads, a column each a
+// round.
 extern "C" __global__ void moe_combine(float *__restrict__ out, const float *__restrict__ y, const float *__restrict__ wts, int K, int H,
-		const float *__restrict__ ys, const float *__restrict__ x, const void *wg, int wgdt) {
+		const float *__restrict__ ys, const float *__restrict__ x, const void *wg, int wgdt, const float *__restrict__ gs) {
 	__shared__ float red[32];
 	pdl_trigger();
 	pdl_wait();
 	int t = blockIdx.x;
 	float g = 0.f;
-	if (ys) {
+	if (ys && gs) {
+		g = gs[t];
+	} else if (ys) {
 		float d = 0.f;
 #pragma unroll 8
 		for (int i = threadIdx.x; i < H; i += blockDim.x) d += x[(long)t * H + i] * ld(wg, i, wgdt);
@@ -206,22 +155,7 @@ extern "C" __global__ void moe_combine(float *__restrict__ out, const float *__r
 		g = 1.f / (1.f + __expf(-d));
 	}
 	for (int j = blockIdx.y * blockDim.x + threadIdx.x; j < H; j += gridDim.y * blockDim.x) {
-		float a = out[(long)t * H + j];
-		// Eight rows' loads at a time, none waiting on another's weight (a
-		// branch on each weight before its row's load made ten round trips
-		// in turn: 9.5 us a decode step of 10 experts, H200).
-		for (int k0 = 0; k0 < K; k0 += 8) {
-			float wk[8], v[8];
-#pragma unroll
-			for (int u = 0; u < 8; u++) {
-				int k = k0 + u;
-				wk[u] = k < K ? wts[t * K + k] : 0.f;
-				v[u] = k < K ? y[((long)t * K + k) * H + j] : 0.f;
-			}
-#pragma unroll
-			for (int u = 0; u < 8; u++)
-				if (wk[u] != 0.f) a += wk[u] * v[u];
-		}
+		float a = moe_add_rows(out[(long)t * H + j], wts + t * K, y + (long)t * K * H + j, H, K);
 		if (ys) a += g * ys[(long)t * H + j];
 		out[(long)t * H + j] = a;
 	}
