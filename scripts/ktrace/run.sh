@@ -12,6 +12,7 @@ shift
 inc=$(dirname "$(find /usr/local/cuda*/ /usr/include /opt -name cupti_activity.h 2>/dev/null | head -1)")
 lib=$(dirname "$(find /usr/local/cuda*/ /usr/lib* /opt -name 'libcupti.so*' 2>/dev/null | head -1)")
 so=${TMPDIR:-/tmp}/ktrace.so
+rm -f "$so"
 for v in 11 10 9 8; do
 	if gcc -shared -fPIC -O2 -DKTRACE_KREC=$v -I"$inc" "$here/ktrace.c" -L"$lib" -lcupti -lpthread -Wl,-rpath,"$lib" -o "$so" 2>/dev/null; then
 		break
