@@ -264,47 +264,53 @@ func (p *pair) f8mv(t *testing.T) {
 		return []string{f8mvSwigluKernel.name, f8mvKernel.name}, append(notF8MV(), qmvName(true, backend.FP8, n), "silu_mul_bf16")
 	})
 
-	// Expert rows, a shared expert as wide as the experts among them; all
-	// the experts, then a rank's second half. A decode step's tokens (up to
-	// gemvMax) take the router and the ranking in one launch, which makes
-	// the shared expert's gate; with every expert this rank's, the down
-	// product then adds the rows to the residual (no moe_combine), also in
+	// Expert rows, with a shared expert as wide as the experts among them
+	// and without one; all the experts, then a rank's second half. A
+	// decode step's tokens (up to gemvMax) take the router and the ranking
+	// in one launch, which makes the shared expert's gate; with every
+	// expert this rank's and the gate made (or no shared expert), the down
+	// product adds the rows to the residual (no moe_combine), also in
 	// blocks that take rounds of groups (qmvGrid 3) and in a graph's
 	// replays, which reuse its arrival counts.
 	const E, K, H, I = 64, 4, 1024, 512
 	for _, T := range []int{1, 2, 3} {
 		for _, first := range []int{0, E / 2} {
-			var ce, ge backend.Experts
-			ce.Router, ge.Router = p.load(backend.BF16, p.randn(E*H, 0.3), E, H)
-			ce.GateUp, ge.GateUp = p.qload(backend.FP8, E-first, 2*I, H)
-			ce.Down, ge.Down = p.qload(backend.FP8, E-first, H, I)
-			ce.SharedGateUp, ge.SharedGateUp = p.qload(backend.FP8, 2*I, H)
-			ce.SharedDown, ge.SharedDown = p.qload(backend.FP8, H, I)
-			ce.SharedGate, ge.SharedGate = p.load(backend.BF16, p.randn(H, 0.3), 1, H)
-			spec := &backend.MoESpec{Experts: E, TopK: K, NormTopK: true, First: first}
-			for _, grid := range []int{p.g.qmvGrid, 3} {
-				var r moeRun
-				p.withQmvGrid(grid, func() { r = p.moe(&ce, &ge, T, H, spec, func(f func()) { f() }) })
-				what := fmt.Sprintf("moe %d tokens, experts %d-%d of %d top %d, grid %d", T, first, E-1, E, K, grid)
-				expect(t, what, r.seen, []string{f8mvSwigluKernel.name, f8mvKernel.name}, append(not, qmvName(true, backend.FP8, 0)))
-				if r.seen[f8mvSwigluKernel.name] != 1 || r.seen[f8mvKernel.name] != 1 {
-					t.Errorf("%s: the routed and shared rows are not one launch each (ran %v)", what, r.seen)
+			for _, shared := range []bool{true, false} {
+				var ce, ge backend.Experts
+				ce.Router, ge.Router = p.load(backend.BF16, p.randn(E*H, 0.3), E, H)
+				ce.GateUp, ge.GateUp = p.qload(backend.FP8, E-first, 2*I, H)
+				ce.Down, ge.Down = p.qload(backend.FP8, E-first, H, I)
+				if shared {
+					ce.SharedGateUp, ge.SharedGateUp = p.qload(backend.FP8, 2*I, H)
+					ce.SharedDown, ge.SharedDown = p.qload(backend.FP8, H, I)
+					ce.SharedGate, ge.SharedGate = p.load(backend.BF16, p.randn(H, 0.3), 1, H)
 				}
+				spec := &backend.MoESpec{Experts: E, TopK: K, NormTopK: true, First: first}
 				decode := T <= p.g.gemvMax
-				if got := r.seen[moeRouterKernels[T-1].name] > 0; got != decode || r.seen[moeRouteKernel.name] > 0 == decode {
-					t.Errorf("%s: router and ranking in one launch %v, want %v (ran %v)", what, got, decode, r.seen)
-				}
-				if summed := r.seen[moeCombineKernel.name] == 0; summed != (decode && first == 0) {
-					t.Errorf("%s: combined by the down product %v, want %v (ran %v)", what, summed, decode && first == 0, r.seen)
-				}
-				p.compare(what, r.co, r.gout, 1.5e-2)
-				if grid != p.g.qmvGrid {
-					continue
-				}
-				for step := range 3 {
-					p.g.Write(r.gout, r.init)
-					p.g.Graph(fmt.Sprintf("f8mv moe %d/%d", T, first), func() { p.g.MoE(r.gout, r.gx, &ge, spec) })
-					p.compare(fmt.Sprintf("%s: graph step %d", what, step), r.co, r.gout, 1.5e-2)
+				summed := first == 0 && (decode || !shared)
+				for _, grid := range []int{p.g.qmvGrid, 3} {
+					var r moeRun
+					p.withQmvGrid(grid, func() { r = p.moe(&ce, &ge, T, H, spec, func(f func()) { f() }) })
+					what := fmt.Sprintf("moe %d tokens, experts %d-%d of %d top %d, shared expert %v, grid %d", T, first, E-1, E, K, shared, grid)
+					expect(t, what, r.seen, []string{f8mvSwigluKernel.name, f8mvKernel.name}, append(not, qmvName(true, backend.FP8, 0)))
+					if r.seen[f8mvSwigluKernel.name] != 1 || r.seen[f8mvKernel.name] != 1 {
+						t.Errorf("%s: the routed and shared rows are not one launch each (ran %v)", what, r.seen)
+					}
+					if got := r.seen[moeRouterKernels[T-1].name] > 0; got != decode || r.seen[moeRouteKernel.name] > 0 == decode {
+						t.Errorf("%s: router and ranking in one launch %v, want %v (ran %v)", what, got, decode, r.seen)
+					}
+					if got := r.seen[moeCombineKernel.name] == 0; got != summed {
+						t.Errorf("%s: combined by the down product %v, want %v (ran %v)", what, got, summed, r.seen)
+					}
+					p.compare(what, r.co, r.gout, 1.5e-2)
+					if grid != p.g.qmvGrid {
+						continue
+					}
+					for step := range 3 {
+						p.g.Write(r.gout, r.init)
+						p.g.Graph(fmt.Sprintf("f8mv moe %d/%d/%v", T, first, shared), func() { p.g.MoE(r.gout, r.gx, &ge, spec) })
+						p.compare(fmt.Sprintf("%s: graph step %d", what, step), r.co, r.gout, 1.5e-2)
+					}
 				}
 			}
 		}
