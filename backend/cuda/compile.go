@@ -108,6 +108,21 @@ func cacheDir(dir string) string {
 	return filepath.Join(os.TempDir(), "kiln-kernels")
 }
 
+// nvrtcOptions loads NVRTC and returns the options the kernels compile
+// with for arch, and NVRTC's version.
+func nvrtcOptions(arch string) (opts []string, maj, min C.int, err error) {
+	if err := loadNVRTC(); err != nil {
+		return nil, 0, 0, fmt.Errorf("cuda: no NVRTC: %w", err)
+	}
+	if err := check("nvrtcVersion", C.k_nvrtcVersion(&maj, &min)); err != nil {
+		return nil, 0, 0, err
+	}
+	opts = []string{"--gpu-architecture=" + arch, "--std=c++17", "-default-device", "--use_fast_math", "-lineinfo",
+		fmt.Sprintf("-DKILN_NVRTC_VERSION=%d", nvrtcVersion(int(maj), int(min)))}
+	// Extra options, for A/B experiments with -D switches in the kernels.
+	return append(opts, strings.Fields(os.Getenv("KILN_CUDA_NVRTC_FLAGS"))...), maj, min, nil
+}
+
 // compileKernels returns the kernel modules for arch, from the disk cache or
 // compiled by NVRTC (each file in parallel, then cached).
 func compileKernels(ctx C.CUcontext, arch, dir string) (*kernels, error) {
@@ -115,17 +130,10 @@ func compileKernels(ctx C.CUcontext, arch, dir string) (*kernels, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := loadNVRTC(); err != nil {
-		return nil, fmt.Errorf("cuda: no NVRTC: %w", err)
-	}
-	var maj, min C.int
-	if err := check("nvrtcVersion", C.k_nvrtcVersion(&maj, &min)); err != nil {
+	opts, maj, min, err := nvrtcOptions(arch)
+	if err != nil {
 		return nil, err
 	}
-	opts := []string{"--gpu-architecture=" + arch, "--std=c++17", "-default-device", "--use_fast_math", "-lineinfo",
-		fmt.Sprintf("-DKILN_NVRTC_VERSION=%d", nvrtcVersion(int(maj), int(min)))}
-	// Extra options, for A/B experiments with -D switches in the kernels.
-	opts = append(opts, strings.Fields(os.Getenv("KILN_CUDA_NVRTC_FLAGS"))...)
 	dir = cacheDir(dir)
 	names := make([]string, 0, len(srcs))
 	for n := range srcs {

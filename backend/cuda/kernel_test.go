@@ -301,3 +301,41 @@ func at(s []string, i int) string {
 	}
 	return "nothing"
 }
+
+// TestNVRTCCompile compiles every kernel file with NVRTC as the backend
+// does at run time, for each target KILN_NVRTC_CHECK lists (e.g.
+// "sm_80,sm_86,sm_89,sm_90a"), without a GPU: an NVRTC of 12.4 or later
+// compiles for real the wgmma and FP8 paths that an older local nvcc
+// compiles to traps (scripts/check-kernels.sh). Minutes on two cores, so
+// only when asked; it skips where no NVRTC loads (Debian's libnvrtc12 is
+// in trixie: extract it and set LD_LIBRARY_PATH).
+func TestNVRTCCompile(t *testing.T) {
+	archs := os.Getenv("KILN_NVRTC_CHECK")
+	if archs == "" {
+		t.Skip("set KILN_NVRTC_CHECK=sm_80,sm_90a,... to compile the kernels with NVRTC")
+	}
+	srcs, err := kernelSources()
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := make([]string, 0, len(srcs))
+	for n := range srcs {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, arch := range strings.Split(archs, ",") {
+		opts, maj, min, err := nvrtcOptions(arch)
+		if err != nil {
+			t.Skip(err)
+		}
+		t.Logf("NVRTC %d.%d, %s", maj, min, arch)
+		for _, n := range names {
+			t.Run(arch+"/"+n, func(t *testing.T) {
+				t.Parallel()
+				if _, err := nvrtcCompile(n, srcs[n], opts); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+	}
+}
