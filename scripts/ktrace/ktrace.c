@@ -7,7 +7,7 @@
 // run by scripts/ktrace/run.sh.
 //
 // Records go to $KILN_KTRACE (default /tmp/ktrace.csv) as lines
-// "start_ns,end_ns,grid_x,grid_y,block_x,name". A thread flushes CUPTI's
+// "start_ns,end_ns,grid_x,grid_y,grid_z,block_x,name". A thread flushes CUPTI's
 // buffers every 50 ms: a Go program leaves through exit_group, which
 // runs no atexit handler.
 #include <cupti.h>
@@ -36,8 +36,8 @@ static void CUPTIAPI completed(CUcontext ctx, uint32_t stream, uint8_t *buffer, 
 	while (cuptiActivityGetNextRecord(buffer, valid, &r) == CUPTI_SUCCESS) {
 		if (r->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) continue;
 		KREC(KTRACE_KREC) *k = (KREC(KTRACE_KREC) *)r;
-		fprintf(out, "%llu,%llu,%d,%d,%d,%s\n", (unsigned long long)k->start, (unsigned long long)k->end, k->gridX, k->gridY, k->blockX,
-			k->name);
+		fprintf(out, "%llu,%llu,%d,%d,%d,%d,%s\n", (unsigned long long)k->start, (unsigned long long)k->end, k->gridX, k->gridY, k->gridZ,
+			k->blockX, k->name);
 	}
 	fflush(out);
 	pthread_mutex_unlock(&mu);

@@ -23,9 +23,9 @@ args = ap.parse_args()
 
 ks = []
 for r in csv.reader(open(args.trace)):
-    if len(r) < 6:
+    if len(r) < 7:
         continue
-    ks.append((int(r[0]), int(r[1]), ",".join(r[5:]), f"{r[2]}x{r[3]}x{r[4]}"))
+    ks.append((int(r[0]), int(r[1]), ",".join(r[6:]), f"({r[2]},{r[3]},{r[4]})x{r[5]}"))
 ks.sort()
 firsts = [i for i, k in enumerate(ks) if k[2].startswith(args.first) or k[2].startswith("q" + args.first)]
 if len(firsts) < 3:
