@@ -42,7 +42,7 @@ var (
 // warps' shuffles most of it (H200, scripts/ktrace).
 const (
 	decodeMMAKeys     = 64
-	decodeSplitMMA    = 64
+	decodeSplitMMA    = decodeMMAKeys
 	decodeSplitScalar = 16
 	decodeMMAStages   = 3
 )

@@ -212,8 +212,9 @@ __device__ __forceinline__ void moe_router(const float *x, const u16 *w, const u
 	if (threadIdx.x == 0) *cnt = 0;
 	for (int t = warp; t < NT; t += blockDim.x >> 5) {
 		moe_rank(logits + (long)t * E, E, K, norm, e0, held, sel + t * K, wts + t * K, lane);
-		int e = lane < K ? sel[t * K + lane] : -1;  // this lane's own write
-		if (pf.gu && e >= 0) {
+		if (!pf.gu || lane >= K) continue;  // no read of sel on the step's path without prefetching
+		int e = sel[t * K + lane];         // this lane's own write
+		if (e >= 0) {
 			prefetch_l2(pf.gu + e * pf.gus, pf.gus, 0, 1);
 			prefetch_l2(pf.down + e * pf.downs, pf.downs, 0, 1);
 		}
