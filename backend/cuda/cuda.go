@@ -87,9 +87,6 @@ type Backend struct {
 	// moeF8: FP8 experts' grouped products run on wgmma (sm_90a) where
 	// fp8Min is set (groupF8; KILN_CUDA_MOE_F8=0 for A/B).
 	moeF8 bool
-	// l2Prefetch: moe_router asks L2 for the chosen experts' weights
-	// (KILN_CUDA_L2_PREFETCH=1; sm_90; off until measured).
-	l2Prefetch bool
 	// trace, when set (tests), is told the name of every kernel launched
 	// and "cublasLt" for every cuBLASLt product.
 	trace func(name string)
@@ -197,7 +194,6 @@ func New(opts Options) (*Backend, error) {
 			b.fp8Min = max(b.fp8Min, fp8GemmMinTokens)
 		}
 		b.moeF8 = strings.HasSuffix(b.arch, "a") && os.Getenv("KILN_CUDA_MOE_F8") != "0"
-		b.l2Prefetch = os.Getenv("KILN_CUDA_L2_PREFETCH") == "1"
 	}
 	b.f8mvMax = -1
 	if 10*major+minor >= 89 && k.nvrtc >= nvrtcVersion(12, 4) { // F8_MMA in kernels/common.cuh

@@ -270,8 +270,7 @@ func (p *pair) f8mv(t *testing.T) {
 	// in one launch, which makes the shared expert's gate; with every
 	// expert this rank's and the gate made (or no shared expert), the down
 	// product adds the rows to the residual (no moe_combine), also in
-	// blocks that take rounds of groups (qmvGrid 3; there the router also
-	// asks L2 for the experts' weights, l2Prefetch) and in a graph's
+	// blocks that take rounds of groups (qmvGrid 3) and in a graph's
 	// replays, which reuse its arrival counts.
 	const E, K, H, I = 64, 4, 1024, 512
 	for _, T := range []int{1, 2, 3} {
@@ -291,10 +290,7 @@ func (p *pair) f8mv(t *testing.T) {
 				summed := first == 0 && (decode || !shared)
 				for _, grid := range []int{p.g.qmvGrid, 3} {
 					var r moeRun
-					pf := p.g.l2Prefetch
-					p.g.l2Prefetch = grid == 3
 					p.withQmvGrid(grid, func() { r = p.moe(&ce, &ge, T, H, spec, func(f func()) { f() }) })
-					p.g.l2Prefetch = pf
 					what := fmt.Sprintf("moe %d tokens, experts %d-%d of %d top %d, shared expert %v, grid %d", T, first, E-1, E, K, shared, grid)
 					expect(t, what, r.seen, []string{f8mvSwigluKernel.name, f8mvKernel.name}, append(not, qmvName(true, backend.FP8, 0)))
 					if r.seen[f8mvSwigluKernel.name] != 1 || r.seen[f8mvKernel.name] != 1 {

@@ -49,15 +49,6 @@ type moeRouterArgs struct {
 	logits, gs, cnt   devptr
 	K, norm, e0, held int32
 	sel, wts          devptr
-	pf                moePrefetch
-}
-
-// moePrefetch is the weights moe_router asks L2 for (kernels' MoePrefetch):
-// the chosen experts' gate/up and down (bytes an expert), a shared
-// expert's.
-type moePrefetch struct {
-	gu, down, sgu, sdown     devptr
-	gus, downs, sgus, sdowns int64
 }
 
 type moeRouteArgs struct {
@@ -209,16 +200,15 @@ func (b *Backend) Route(experts, weights, x, router backend.Tensor, spec *backen
 	if spec.First != 0 {
 		panic("cuda: route: a range of the experts is the fused MoE's (expert parallel)")
 	}
-	b.route(et.ptr, wt.ptr, xt, asT(router), spec, spec.Experts, nil, moePrefetch{})
+	b.route(et.ptr, wt.ptr, xt, asT(router), spec, spec.Experts, nil)
 }
 
 // route writes each token's spec.TopK experts and their weights to sel and
 // wts ([T, TopK] each): for a rank that holds experts [spec.First,
 // spec.First + held), the index among them, or -1 and weight 0 for
 // another rank's. Given a shared expert's gate, it may make the gate's
-// sigmoid a token as well, and returns where (else 0); pf is the weights
-// it may ask L2 for meanwhile.
-func (b *Backend) route(sel, wts devptr, xt, router *tensor, spec *backend.MoESpec, held int, gate *tensor, pf moePrefetch) (gs devptr) {
+// sigmoid a token as well, and returns where (else 0).
+func (b *Backend) route(sel, wts devptr, xt, router *tensor, spec *backend.MoESpec, held int, gate *tensor) (gs devptr) {
 	T, H := xt.rows(), xt.cols()
 	E, K := spec.Experts, spec.TopK
 	checkF32("route", xt)
@@ -241,7 +231,7 @@ func (b *Backend) route(sel, wts devptr, xt, router *tensor, spec *backend.MoESp
 		// Decode: the product and the ranking in one launch (moe_router),
 		// the shared expert's gate one more row of it.
 		a := moeRouterArgs{x: xt.ptr, w: router.ptr, E: int32(E), H: int32(H), logits: logits.ptr, cnt: b.zeroedScratch("moe.router", 4),
-			K: int32(K), norm: boolInt(spec.NormTopK), e0: int32(spec.First), held: int32(held), sel: sel, wts: wts, pf: pf}
+			K: int32(K), norm: boolInt(spec.NormTopK), e0: int32(spec.First), held: int32(held), sel: sel, wts: wts}
 		rows := E
 		if gate != nil && gate.dt == backend.BF16 && gate.numel() == H {
 			a.wg, a.gs = gate.ptr, b.scratchBuf("moe.gs", 4*T)
@@ -566,7 +556,7 @@ func (b *Backend) MoE(out, x backend.Tensor, e *backend.Experts, spec *backend.M
 	if e.SharedGateUp != nil {
 		sgu, sdown, gate = asT(e.SharedGateUp), asT(e.SharedDown), asT(e.SharedGate)
 	}
-	gs := b.route(sel, wts, xt, asT(e.Router), spec, held, gate, b.expertPrefetch(asT(e.GateUp), asT(e.Down), sgu, sdown))
+	gs := b.route(sel, wts, xt, asT(e.Router), spec, held, gate)
 	// The down product may add the rows to the residual itself where every
 	// expert is this rank's and route made the shared expert's gate.
 	var sum *moeSum
@@ -581,18 +571,4 @@ func (b *Backend) MoE(out, x backend.Tensor, e *backend.Experts, spec *backend.M
 		ys = b.sharedExpert(xt, sgu, sdown).ptr
 	}
 	b.combine(ot, xt, y.ptr, wts, K, ys, gate, gs)
-}
-
-// expertPrefetch is what moe_router asks L2 for (l2Prefetch): the chosen
-// experts' gate/up and down rows, and the shared expert's.
-func (b *Backend) expertPrefetch(gu, down, sgu, sdown *tensor) moePrefetch {
-	if !b.l2Prefetch {
-		return moePrefetch{}
-	}
-	E := gu.shape[0]
-	pf := moePrefetch{gu: gu.ptr, down: down.ptr, gus: int64(gu.bytes() / E), downs: int64(down.bytes() / E)}
-	if sgu != nil {
-		pf.sgu, pf.sdown, pf.sgus, pf.sdowns = sgu.ptr, sdown.ptr, int64(sgu.bytes()), int64(sdown.bytes())
-	}
-	return pf
 }

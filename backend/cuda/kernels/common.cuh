@@ -187,19 +187,6 @@ struct DecodeSplit {
 #define F8_MMA 0
 #endif
 
-// prefetch_l2 asks L2 for bytes [p, p + n) (p 16-byte aligned, n a
-// multiple of 16) in pieces of 64 KB, piece i, i + step, ...: a hint that
-// the bulk copy engine acts on (cp.async.bulk.prefetch, sm_90 with a CUDA
-// 12 compiler); nothing elsewhere.
-__device__ __forceinline__ void prefetch_l2(const void *p, long n, int i, int step) {
-#if __CUDA_ARCH__ >= 900 && KILN_CC_VERSION >= 1200
-	for (long o = (long)i << 16; o < n; o += (long)step << 16) {
-		unsigned m = (unsigned)min(n - o, 65536L);
-		asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"((const char *)p + o), "r"(m) : "memory");
-	}
-#endif
-}
-
 // Tensor-core helpers (mma.sync, ldmatrix, cp.async), sm_80 on.
 
 __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {

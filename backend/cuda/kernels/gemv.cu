@@ -172,17 +172,13 @@ GEMV(8)
 // it resets it) ranks each token's experts, a warp a token (moe_rank).
 // Grid ceil((E + (wg != 0)) / 4), 256 threads: warp 0 of every block has a
 // row, so every block waits for the kernel before (pdl_wait, in warp_dots)
-// before it arrives. H % 16 == 0. pf: the weights it asks L2 for.
+// before it arrives. H % 16 == 0.
 template <int NT>
 __device__ __forceinline__ void moe_router(const float *x, const u16 *w, const u16 *wg, int E, int H, float *logits, float *gs, int *cnt,
-		int K, int norm, int e0, int held, int *sel, float *wts, const MoePrefetch &pf) {
+		int K, int norm, int e0, int held, int *sel, float *wts) {
 	__shared__ float half[4][NT];
 	__shared__ bool last;
 	pdl_trigger();  // the experts' products follow (they wait for sel)
-	if (pf.sgu && blockIdx.x == 0) {
-		prefetch_l2(pf.sgu, pf.sgus, threadIdx.x, blockDim.x);
-		prefetch_l2(pf.sdown, pf.sdowns, threadIdx.x, blockDim.x);
-	}
 	int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, part = warp >> 2;
 	int row = blockIdx.x * 4 + (warp & 3), hw = H / 2;
 	bool has = row < E || (wg && row == E);
@@ -210,21 +206,13 @@ __device__ __forceinline__ void moe_router(const float *x, const u16 *w, const u
 	__syncthreads();
 	if (!last) return;
 	if (threadIdx.x == 0) *cnt = 0;
-	for (int t = warp; t < NT; t += blockDim.x >> 5) {
-		moe_rank(logits + (long)t * E, E, K, norm, e0, held, sel + t * K, wts + t * K, lane);
-		if (!pf.gu || lane >= K) continue;  // no read of sel on the step's path without prefetching
-		int e = sel[t * K + lane];         // this lane's own write
-		if (e >= 0) {
-			prefetch_l2(pf.gu + e * pf.gus, pf.gus, 0, 1);
-			prefetch_l2(pf.down + e * pf.downs, pf.downs, 0, 1);
-		}
-	}
+	for (int t = warp; t < NT; t += blockDim.x >> 5) moe_rank(logits + (long)t * E, E, K, norm, e0, held, sel + t * K, wts + t * K, lane);
 }
 
 #define MOE_ROUTER(NT) \
 	extern "C" __global__ void __launch_bounds__(256) moe_router_##NT(const float *x, const u16 *w, const u16 *wg, int E, int H, \
-			float *logits, float *gs, int *cnt, int K, int norm, int e0, int held, int *sel, float *wts, MoePrefetch pf) { \
-		moe_router<NT>(x, w, wg, E, H, logits, gs, cnt, K, norm, e0, held, sel, wts, pf); \
+			float *logits, float *gs, int *cnt, int K, int norm, int e0, int held, int *sel, float *wts) { \
+		moe_router<NT>(x, w, wg, E, H, logits, gs, cnt, K, norm, e0, held, sel, wts); \
 	}
 MOE_ROUTER(1)
 MOE_ROUTER(2)

@@ -6,16 +6,6 @@
 
 #define MOE_ROUTE_PER_LANE 32
 
-// MoePrefetch: the weights moe_router asks L2 for (prefetch_l2) while the
-// experts' products wait for it: each chosen expert's gate/up (gu, gus
-// bytes an expert) and down (down, downs) once it is ranked, and a shared
-// expert's (sgu, sdown: sgus and sdowns bytes) by block 0 at its start.
-// gu or sgu 0: none.
-struct MoePrefetch {
-	const u8 *gu, *down, *sgu, *sdown;
-	long gus, downs, sgus, sdowns;
-};
-
 // moe_rank: a warp ranks one token's E router logits lt (E <= 1024), each
 // lane holding experts lane, lane + 32, ...: softmax over all of them
 // (f32), then the top k in torch.topk's order (higher probability first,
