@@ -63,9 +63,10 @@ func (g *prepGate) returnMemory() {
 // prepSlot is one request's claim on the gate, used by its handler
 // goroutine only.
 type prepSlot struct {
-	g     *prepGate
-	held  bool
-	large bool
+	g       *prepGate
+	arrived time.Time // when the handler took the request
+	held    bool
+	large   bool
 }
 
 type prepKey struct{}
@@ -73,7 +74,7 @@ type prepKey struct{}
 // withPrepSlot gives r a slot to claim; the returned function releases it
 // if the handler still holds it.
 func (s *Server) withPrepSlot(r *http.Request) (*http.Request, func()) {
-	p := &prepSlot{g: s.prep}
+	p := &prepSlot{g: s.prep, arrived: time.Now()}
 	return r.WithContext(context.WithValue(r.Context(), prepKey{}, p)), p.release
 }
 

@@ -124,6 +124,10 @@ type generation struct {
 	metrics *serverMetrics       // nil: not recorded
 	final   session.Event
 	counted bool // recorded in metrics
+	// prep is the time from the handler taking the request to the engine
+	// having its prompt: reading and decoding the body, rendering and
+	// tokenizing. The engine's TTFT starts where it ends.
+	prep time.Duration
 }
 
 // start submits req under the request's context, bounded by the server's
@@ -131,12 +135,17 @@ type generation struct {
 func (s *Server) start(r *http.Request, req *session.Request) (*generation, error) {
 	ctx, cancel := context.WithTimeout(r.Context(), s.opts.RequestTimeout)
 	st, err := s.sess.Generate(ctx, req)
-	prepSlotOf(r).release() // the engine has the prompt, or refused it
+	p := prepSlotOf(r)
+	p.release() // the engine has the prompt, or refused it
 	if err != nil {
 		cancel()
 		return nil, err
 	}
-	return &generation{ctx: ctx, cancel: cancel, read: st.Next, log: s.log, metrics: s.metrics}, nil
+	g := &generation{ctx: ctx, cancel: cancel, read: st.Next, log: s.log, metrics: s.metrics}
+	if p != nil {
+		g.prep = time.Since(p.arrived)
+	}
+	return g, nil
 }
 
 // close cancels the request if it is still running, which makes the engine
@@ -158,7 +167,7 @@ func (g *generation) close() {
 	}
 	u := usageOf(g.final)
 	g.log.Info("generation", "finish", g.final.Finish, "prompt_tokens", u.PromptTokens, "cached_tokens", u.CachedTokens,
-		"completion_tokens", u.CompletionTokens, "ttft", u.TTFT.Round(time.Microsecond), "decode_tok_s", math.Round(u.DecodeTokensPerS*10)/10)
+		"completion_tokens", u.CompletionTokens, "prep", g.prep.Round(time.Microsecond), "ttft", u.TTFT.Round(time.Microsecond), "decode_tok_s", math.Round(u.DecodeTokensPerS*10)/10)
 }
 
 // next returns the stream's next event.
@@ -175,7 +184,7 @@ func (g *generation) next() session.Event {
 func (g *generation) count() {
 	if g.metrics != nil && !g.counted {
 		g.counted = true
-		g.metrics.observe(g.final)
+		g.metrics.observe(g.final, g.prep)
 	}
 }
 

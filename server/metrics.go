@@ -4,6 +4,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/VictoriaMetrics/metrics"
 
@@ -23,6 +24,7 @@ type serverMetrics struct {
 	model        string // the model_name label's value, escaped
 	ttft, tpot   *metrics.PrometheusHistogram
 	e2e          *metrics.PrometheusHistogram
+	prep         *metrics.PrometheusHistogram // kiln's: arrival to the engine having the prompt
 	promptTokens *metrics.PrometheusHistogram
 	outputTokens *metrics.PrometheusHistogram
 }
@@ -60,6 +62,7 @@ func newServerMetrics(model string, eng *engine.Engine) *serverMetrics {
 		ttft:         set.NewPrometheusHistogramExt("vllm:time_to_first_token_seconds"+label, ttftBuckets),
 		tpot:         set.NewPrometheusHistogramExt("vllm:request_time_per_output_token_seconds"+label, tpotBuckets),
 		e2e:          set.NewPrometheusHistogramExt("vllm:e2e_request_latency_seconds"+label, e2eBuckets),
+		prep:         set.NewPrometheusHistogramExt("kiln_request_prepare_seconds"+label, ttftBuckets),
 		promptTokens: set.NewPrometheusHistogramExt("vllm:request_prompt_tokens"+label, tokenBuckets(ctx)),
 		outputTokens: set.NewPrometheusHistogramExt("vllm:request_generation_tokens"+label, tokenBuckets(ctx)),
 	}
@@ -108,8 +111,10 @@ func (m *serverMetrics) finished(reason string) *metrics.Counter {
 	return m.set.GetOrCreateCounter(`vllm:request_success_total{model_name="` + m.model + `",finished_reason="` + reason + `"}`)
 }
 
-// observe records a generation that ended with final.
-func (m *serverMetrics) observe(final session.Event) {
+// observe records a generation that ended with final, prep after the
+// request arrived.
+func (m *serverMetrics) observe(final session.Event, prep time.Duration) {
+	m.prep.Update(prep.Seconds())
 	reason := "stop"
 	switch final.Finish {
 	case engine.FinishLength:
