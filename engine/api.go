@@ -199,6 +199,10 @@ type Usage struct {
 	PromptTokens     int
 	CachedTokens     int // prompt tokens served from the prefix / state cache
 	CompletionTokens int
+	// Queued is submission to admission into the running batch: the wait
+	// for a slot and blocks, and the restore of its cached prefix. TTFT
+	// less Queued is the passes over its prompt.
+	Queued           time.Duration
 	TTFT             time.Duration // submission to first token
 	Duration         time.Duration // submission to last token
 	DecodeTokensPerS float64       // completion tokens after the first / time after the first

@@ -195,6 +195,9 @@ func TestCacheCorrectness(t *testing.T) {
 			if !slices.Equal(r2.tokens, ref.tokens) {
 				t.Errorf("turn 2 from cache %v, from scratch %v", r2.tokens, ref.tokens)
 			}
+			if u := r2.usage; u.Queued <= 0 || u.Queued > u.TTFT || u.TTFT > u.Duration {
+				t.Errorf("turn 2 queued %v, first token %v, last %v after its submission: not in order", u.Queued, u.TTFT, u.Duration)
+			}
 			minCached := followUpCached(f, p1, r1.tokens)
 			if r2.usage.CachedTokens < minCached {
 				t.Errorf("turn 2 cached %d tokens, want at least %d", r2.usage.CachedTokens, minCached)

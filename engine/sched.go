@@ -24,6 +24,7 @@ type seq struct {
 	stopWatch func() bool
 	out       *Stream
 	submitted time.Time
+	started   time.Time // first admitted into the running batch, its cached prefix in place
 	firstTok  time.Time
 	lastTok   time.Time
 
@@ -419,6 +420,7 @@ func (s *scheduler) start(q *seq) bool {
 	}
 	q.stored = nil
 	if !q.admitted {
+		q.started = time.Now()
 		q.cached = q.pos
 		if !q.prefillOnly {
 			s.hitTokens += int64(q.pos)
@@ -978,6 +980,9 @@ func (s *scheduler) finishWith(q *seq, reason FinishReason, err error, ev Event)
 		CachedTokens:     q.cached,
 		CompletionTokens: len(q.tokens) - q.nPrompt,
 		Duration:         q.lastTok.Sub(q.submitted),
+	}
+	if !q.started.IsZero() {
+		u.Queued = q.started.Sub(q.submitted)
 	}
 	if !q.firstTok.IsZero() {
 		u.TTFT = q.firstTok.Sub(q.submitted)

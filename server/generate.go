@@ -167,7 +167,7 @@ func (g *generation) close() {
 	}
 	u := usageOf(g.final)
 	g.log.Info("generation", "finish", g.final.Finish, "prompt_tokens", u.PromptTokens, "cached_tokens", u.CachedTokens,
-		"completion_tokens", u.CompletionTokens, "prep", g.prep.Round(time.Microsecond), "ttft", u.TTFT.Round(time.Microsecond), "decode_tok_s", math.Round(u.DecodeTokensPerS*10)/10)
+		"completion_tokens", u.CompletionTokens, "prep", g.prep.Round(time.Microsecond), "queued", u.Queued.Round(time.Microsecond), "ttft", u.TTFT.Round(time.Microsecond), "decode_tok_s", math.Round(u.DecodeTokensPerS*10)/10)
 }
 
 // next returns the stream's next event.
