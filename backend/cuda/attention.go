@@ -511,14 +511,20 @@ func (b *Backend) attend(ot *tensor, qbuf devptr, c *kvCache, layer, H int, scal
 		k := kernelFor(flashKernels, [3]int{bq, bk, hd})
 		fa := flashArgs{attnPrefillArgs: pa, nsplit: 1}
 		tiles := (m.maxN + bq - 1) / bq
-		if S, L := b.flashSplits(H*tiles*m.S, T*H*hd*4, bk); S > 1 && bq == 64 {
-			k = kernelFor(flashSplitKernels, [2]int{bk, hd})
-			fa.nsplit, fa.splitLen = int32(S), int32(L)
-			fa.pm, fa.pl = b.scratchBuf("attnm", T*H*S*4), b.scratchBuf("attnl", T*H*S*4)
-			fa.pacc = b.scratchBuf("attnacc", T*H*S*hd*4)
-		}
 		// Two stages of bk keys and values, then the bq queries, bf16.
 		smem := (2*2*bk + bq) * (hd + 8) * 2
+		if bq == 64 {
+			ks := kernelFor(flashSplitKernels, [2]int{bk, hd})
+			if smem > 48<<10 {
+				b.allowSmem(ks.name, smem)
+			}
+			if S, L := b.flashSplits(H*tiles*m.S, b.residentBlocks(ks.name, 128, smem), T*H*hd*4, bk); S > 1 {
+				k = ks
+				fa.nsplit, fa.splitLen = int32(S), int32(L)
+				fa.pm, fa.pl = b.scratchBuf("attnm", T*H*S*4), b.scratchBuf("attnl", T*H*S*4)
+				fa.pacc = b.scratchBuf("attnacc", T*H*S*hd*4)
+			}
+		}
 		if smem > 48<<10 {
 			b.allowSmem(k.name, smem)
 		}
@@ -541,13 +547,17 @@ func (b *Backend) attend(ot *tensor, qbuf devptr, c *kvCache, layer, H int, scal
 
 // flashSplits returns how many ranges of how many keys (a multiple of bk)
 // the flash prefill kernel cuts the step's keys into, for a grid of blocks
-// blocks whose rows' partial results take rowBytes each: a step whose blocks
-// fill less than two waves and whose longest sequence has at least two
-// ranges of flashSplitKeys splits until they do (a follow-up turn's chunk
+// blocks, resident of which one multiprocessor holds, whose rows' partial
+// results take rowBytes each: a step whose blocks fill less than one wave
+// and whose longest sequence has at least two ranges of flashSplitKeys
+// splits into as many ranges as whole waves hold (a follow-up turn's chunk
 // after a long conversation: a few blocks per head, each walking all the
-// keys), keeping the partial results within flashSplitBytes.
-func (b *Backend) flashSplits(blocks, rowBytes, bk int) (n, keys int) {
-	n = min((2*b.sms+blocks-1)/blocks, b.meta.maxCtx/flashSplitKeys, flashSplitBytes/rowBytes, 64)
+// keys), keeping the partial results within flashSplitBytes. Whole waves:
+// at 106K tokens of history a 90-token chunk's 32 blocks in 9 ranges made
+// 288 blocks for 264 places, two waves for the time of one and a tenth
+// (5.1 ms in three layers, H200 timeline, docs/performance.md).
+func (b *Backend) flashSplits(blocks, resident, rowBytes, bk int) (n, keys int) {
+	n = min(resident*b.sms/blocks, b.meta.maxCtx/flashSplitKeys, flashSplitBytes/rowBytes, 64)
 	if n <= 1 {
 		return 1, 0
 	}

@@ -85,6 +85,13 @@ func ltErr(call string, r C.int) error {
 // plan returns the cached plan of key, made on first use; setup sets the
 // descriptor's attributes beyond the transposes before the heuristic sees
 // it (block scaling wants its modes and scale pointers).
+//
+// The algorithm is the heuristic's for the bucket of key.n (ltBucket),
+// checked on key's exact shape: cuBLASLt picks kernels whose tile fits the
+// token count (nvjet_..._64x88 for 88 tokens), each loaded on its first
+// launch, so that every follow-up turn of a new length paid 3-6 ms of
+// loading and heuristics a product before its first token (H200 timeline,
+// docs/performance.md). A bucket's kernel covers its smaller counts.
 func (l *blasLt) plan(key ltKey, setup func(C.cublasLtMatmulDesc_t) error) (*ltPlan, error) {
 	if p, ok := l.plans[key]; ok {
 		return p, nil
@@ -114,6 +121,18 @@ func (l *blasLt) plan(key ltKey, setup func(C.cublasLtMatmulDesc_t) error) (*ltP
 	if err := ltErr("cublasLtMatrixLayoutCreate", C.k_cublasLtMatrixLayoutCreate(l.ctx, &p.lc, ltType(key.ot), C.ulonglong(key.m), C.ulonglong(key.n), C.longlong(key.ldc))); err != nil {
 		return nil, err
 	}
+	if nb := ltBucket(key.n); nb != key.n {
+		bk := key
+		bk.n = nb
+		if q, err := l.plan(bk, setup); err == nil {
+			var r C.cublasLtMatmulHeuristicResult_t
+			if C.k_cublasLtMatmulAlgoCheck(l.ctx, l.h, p.desc, p.la, p.lb, p.lc, p.lc, &q.algo.algo, &r) == 0 && r.workspaceSize <= ltWorkspaceB {
+				p.algo = q.algo
+				l.plans[key] = p
+				return p, nil
+			}
+		}
+	}
 	var pref C.cublasLtMatmulPreference_t
 	if err := ltErr("cublasLtMatmulPreferenceCreate", C.k_cublasLtMatmulPreferenceCreate(l.ctx, &pref)); err != nil {
 		return nil, err
@@ -132,6 +151,20 @@ func (l *blasLt) plan(key ltKey, setup func(C.cublasLtMatmulDesc_t) error) (*ltP
 	}
 	l.plans[key] = p
 	return p, nil
+}
+
+// ltBucket is the token count whose algorithm a product of n tokens runs:
+// n itself up to 16 (decode batches, each captured in a graph), then the
+// next multiple of 32 up to 256 (follow-up turns, short prompts) and of
+// 128 beyond (prompt chunks).
+func ltBucket(n int) int {
+	switch {
+	case n <= 16:
+		return n
+	case n <= 256:
+		return (n + 31) / 32 * 32
+	}
+	return (n + 127) / 128 * 128
 }
 
 // matmul computes out[n,m] (+)= x[n,k] . w[m,k]^T with x already in w's

@@ -58,6 +58,9 @@ type Backend struct {
 
 	scratch map[string]*tensor
 	retired []devptr // scratch replaced while graphs may still use it
+	// resident: blocks of a kernel one multiprocessor holds at once, by
+	// launch shape (residentBlocks).
+	resident map[residentKey]int
 
 	// Tuning knobs, fixed at New from the environment (doc.go).
 	gemvMax, gemvWarps, splitMax, splitBlocks int
@@ -130,7 +133,7 @@ func New(opts Options) (*Backend, error) {
 		err := check("cuDeviceGetAttribute", C.k_cuDeviceGetAttribute(nil, &v, C.int(a), dev))
 		return int(v), err
 	}
-	b := &Backend{graphs: map[string]*graph{}, scratch: map[string]*tensor{}, device: opts.Device}
+	b := &Backend{graphs: map[string]*graph{}, scratch: map[string]*tensor{}, resident: map[residentKey]int{}, device: opts.Device}
 	var name [256]C.char
 	if err := check("cuDeviceGetName", C.k_cuDeviceGetName(nil, &name[0], 256, dev)); err != nil {
 		return nil, err

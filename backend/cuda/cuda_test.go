@@ -230,6 +230,9 @@ func TestMatMul(t *testing.T) {
 		{8, 256, 4096, backend.BF16, false},
 		{9, 512, 384, backend.BF16, false},
 		{100, 1536, 1024, backend.BF16, true},
+		// Token counts that run their bucket's cuBLASLt algorithm (ltBucket).
+		{88, 1024, 512, backend.BF16, false},
+		{300, 512, 256, backend.BF16, true},
 		{5, 200, 100, backend.BF16, false}, // width not a multiple of 8
 		{16, 100, 64, backend.F32, false},
 		{7, 128, 96, backend.F16, true},
@@ -261,6 +264,15 @@ func TestMatMul(t *testing.T) {
 		}
 	})
 	cover.check(t, "product")
+	// Every cuBLASLt plan of a token count between buckets has its bucket's.
+	for k := range p.g.lt.plans {
+		if b := k; ltBucket(k.n) != k.n {
+			b.n = ltBucket(k.n)
+			if _, ok := p.g.lt.plans[b]; !ok {
+				t.Errorf("cuBLASLt plan %+v without its bucket's (%d tokens)", k, b.n)
+			}
+		}
+	}
 }
 
 // roundTo rounds x in place to the values of dt (f32 or bf16) and returns it.

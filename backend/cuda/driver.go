@@ -160,6 +160,26 @@ func (b *Backend) preferSmem(name string) {
 	b.k.funcs[key] = nil
 }
 
+type residentKey struct {
+	name          string
+	threads, smem int
+}
+
+// residentBlocks is how many blocks of threads threads and smem bytes of
+// dynamic shared memory of kernel name one multiprocessor holds at once
+// (its registers and shared memory allow; at least 1), asked of the driver
+// once per shape. A kernel over 48 KB must have had allowSmem first.
+func (b *Backend) residentBlocks(name string, threads, smem int) int {
+	key := residentKey{name, threads, smem}
+	if n, ok := b.resident[key]; ok {
+		return n
+	}
+	var n C.int
+	b.fail(check("cuOccupancyMaxActiveBlocksPerMultiprocessor", C.k_cuOccupancyMaxActiveBlocksPerMultiprocessor(b.ctx, &n, b.k.get(name), C.int(threads), C.size_t(smem))))
+	b.resident[key] = max(int(n), 1)
+	return b.resident[key]
+}
+
 // allowSmem raises a kernel's dynamic shared memory limit (once per kernel).
 func (b *Backend) allowSmem(name string, n int) {
 	if n > b.smemOp {
