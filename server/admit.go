@@ -117,16 +117,26 @@ func (p *prepSlot) release() {
 // first, then decoded once the request holds a slot of the gate, which
 // start releases when the engine has the prompt.
 func (s *Server) decodeRequest(w http.ResponseWriter, r *http.Request, v any) error {
+	body, err := s.readRequest(w, r)
+	if err != nil {
+		return err
+	}
+	return parseBody(body, v)
+}
+
+// readRequest reads a generation request's body and takes a slot of the
+// gate to decode it in.
+func (s *Server) readRequest(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 	body, err := readBody(w, r, s.opts.MaxBodyBytes)
 	p := prepSlotOf(r)
 	p.large = len(body) >= largeBody
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := p.acquire(r.Context()); err != nil {
-		return err
+		return nil, err
 	}
-	return parseBody(body, v)
+	return body, nil
 }
 
 // DefaultMaxBody is the default Options.MaxBodyBytes of a server of sess:

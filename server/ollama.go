@@ -214,7 +214,7 @@ type ollamaChatRequest struct {
 
 func (s *Server) ollamaChat(w http.ResponseWriter, r *http.Request) error {
 	var req ollamaChatRequest
-	if err := s.decodeRequest(w, r, &req); err != nil {
+	if err := decodeChat(s, w, r, s.ollamaChats, &req); err != nil {
 		return err
 	}
 	sr, err := s.prepareOllama(&req.ollamaCommon)

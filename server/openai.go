@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/kiln-llm/kiln/chat"
@@ -56,16 +57,20 @@ func convertMessages(in []wireMessage) ([]chat.Message, error) {
 		default:
 			return nil, badRequest("messages", "messages[%d].role must be system, developer, user, assistant or tool, not %q", i, m.Role)
 		}
+		calls := m.ToolCalls // the request's, perhaps another's too (resumable): not written
 		for j, tc := range m.ToolCalls {
 			if tc.Function.Name == "" {
 				return nil, badRequest("messages", "messages[%d].tool_calls[%d].function.name is empty", i, j)
 			}
 			if len(tc.Function.Arguments) == 0 {
-				m.ToolCalls[j].Function.Arguments = json.RawMessage(`{}`)
+				if &calls[0] == &m.ToolCalls[0] {
+					calls = slices.Clone(calls)
+				}
+				calls[j].Function.Arguments = json.RawMessage(`{}`)
 			}
 		}
 		out[i] = chat.Message{Role: role, Content: string(m.Content), ReasoningContent: m.ReasoningContent,
-			ToolCalls: m.ToolCalls, ToolCallID: m.ToolCallID, Name: m.Name}
+			ToolCalls: calls, ToolCallID: m.ToolCallID, Name: m.Name}
 	}
 	return out, nil
 }
@@ -128,7 +133,7 @@ func selectTools(tools []json.RawMessage, choice json.RawMessage) ([]chat.Tool, 
 
 func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) error {
 	var req chatRequest
-	if err := s.decodeRequest(w, r, &req); err != nil {
+	if err := decodeChat(s, w, r, s.chats, &req); err != nil {
 		return err
 	}
 	if err := s.checkModel(req.Model); err != nil {

@@ -91,6 +91,10 @@ type Server struct {
 	hs      *http.Server
 	handler http.Handler
 	started time.Time
+	// Recent chat bodies, so that a follow-up decodes only what it adds
+	// to one of them (resume.go).
+	chats       *resumable[chatRequest, wireMessage]
+	ollamaChats *resumable[ollamaChatRequest, ollamaMessage]
 
 	draining  atomic.Bool
 	inFlight  atomic.Int64
@@ -112,7 +116,9 @@ func New(sess *session.Session, opts Options) *Server {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	s := &Server{sess: sess, prep: newPrepGate(prepSlots()), opts: opts, log: opts.Logger, started: time.Now(), metrics: newServerMetrics(opts.ModelName, sess.Engine())}
+	s := &Server{sess: sess, prep: newPrepGate(prepSlots()), opts: opts, log: opts.Logger, started: time.Now(), metrics: newServerMetrics(opts.ModelName, sess.Engine()),
+		chats:       newResumable(func(r *chatRequest) *[]wireMessage { return &r.Messages }),
+		ollamaChats: newResumable(func(r *ollamaChatRequest) *[]ollamaMessage { return &r.Messages })}
 	s.baseCtx, s.cancelAll = context.WithCancelCause(context.Background())
 	s.handler = s.routes()
 	s.hs = &http.Server{
