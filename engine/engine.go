@@ -106,9 +106,10 @@ type Options struct {
 	// on disk (off when neither Dir nor RAMBytes is set, or with NoCache).
 	StateCache StateCache
 	// WarmUp runs a prompt of this many tokens (at most MaxBatchTokens),
-	// and a decode step after it, through the model before New returns: a
-	// GPU loads its kernels, plans its products and sizes its buffers then,
-	// not in the first request's time to first token. 0: none.
+	// a decode step and passes of follow-up turns' sizes after it (warmUp),
+	// through the model before New returns: a GPU loads its kernels, plans
+	// its products and sizes its buffers then, not in the first requests'
+	// time to first token. 0: none.
 	WarmUp int
 	Logger *slog.Logger // nil: slog.Default()
 
@@ -272,24 +273,38 @@ func New(m *model.Model, tok *tokenizer.Tokenizer, opts Options) (*Engine, error
 
 // warmUp runs Options.WarmUp's prompt and one decode step, greedy, in the
 // first KV blocks and state slot, which the requests then overwrite (a
-// sequence at position 0 starts from a fresh state). The prompt's tokens
-// spread over the vocabulary, so that an MoE model routes them to many
-// experts.
+// sequence at position 0 starts from a fresh state), then passes of 32,
+// 64, ... 256 tokens after them where the context and the cache allow: the
+// sizes of follow-up turns, whose products a GPU runs with kernels chosen
+// by token count and loaded at their first launch (on an H200 the first
+// turns of each size paid 3-6 ms a product for them). The tokens spread
+// over the vocabulary, so that an MoE model routes them to many experts.
 func warmUp(m *model.Model, o *Options, ctx int) error {
 	n := min(o.WarmUp, o.MaxBatchTokens, ctx-1, (o.KVBlocks-1)*o.BlockSize-1)
 	if n < 1 {
 		return nil
 	}
+	var turns []int
+	for s, end := turnWarmUpStep, n+1; s <= turnWarmUpMax && s <= o.MaxBatchTokens; s += turnWarmUpStep {
+		if end += s; end > min(ctx-1, (o.KVBlocks-1)*o.BlockSize-1) {
+			break
+		}
+		turns = append(turns, s)
+	}
 	vocab := m.Config().VocabSize
-	tokens := make([]int32, n)
+	tokens := make([]int32, max(n, turnWarmUpMax))
 	for i := range tokens {
 		tokens[i] = int32(i * 7919 % vocab)
 	}
-	blocks := make([]int32, (n+1+o.BlockSize-1)/o.BlockSize)
+	last := n + 1
+	for _, s := range turns {
+		last += s
+	}
+	blocks := make([]int32, (last+o.BlockSize-1)/o.BlockSize)
 	for i := range blocks {
 		blocks[i] = int32(i)
 	}
-	seq := model.Seq{Tokens: tokens, Blocks: blocks, Logits: model.LastLogits}
+	seq := model.Seq{Tokens: tokens[:n], Blocks: blocks, Logits: model.LastLogits}
 	for range 2 {
 		logits, err := m.Forward([]model.Seq{seq})
 		if err != nil || m.Config().Embedding != nil {
@@ -302,8 +317,18 @@ func warmUp(m *model.Model, o *Options, ctx int) error {
 		seq.Pos += len(seq.Tokens)
 		seq.Tokens = []int32{next[0].Token}
 	}
+	for _, s := range turns {
+		seq.Tokens = tokens[:s]
+		if _, err := m.Forward([]model.Seq{seq}); err != nil {
+			return err
+		}
+		seq.Pos += s
+	}
 	return nil
 }
+
+// The follow-up turns' sizes warmUp runs: cuda's cuBLASLt buckets.
+const turnWarmUpStep, turnWarmUpMax = 32, 256
 
 // Options returns the options in effect (defaults filled in).
 func (e *Engine) Options() Options { return e.opts }

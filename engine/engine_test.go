@@ -948,9 +948,9 @@ func TestPrefixComputedSideBySide(t *testing.T) {
 	}
 }
 
-// TestWarmUp: an engine that warmed up (a prompt and a decode step in its
-// first blocks and state slot) answers as one that did not, and holds no
-// block for it.
+// TestWarmUp: an engine that warmed up (a prompt, a decode step and
+// follow-up-sized passes in its first blocks and state slot) answers as one
+// that did not, and holds no block for it.
 func TestWarmUp(t *testing.T) {
 	for _, arch := range testmodel.Archs {
 		t.Run(arch, func(t *testing.T) {
