@@ -176,18 +176,20 @@ func FuzzResume(f *testing.F) {
 	})
 }
 
-// TestResumeServer holds a conversation with a server that resumes every
-// chat body and one that resumes none: the same answers, and the first
-// resumed its follow-ups.
+// TestResumeServer holds conversations with a server that resumes every
+// chat body and one that resumes none, through OpenAI's API and Ollama's:
+// the same answers, and the first resumed its follow-ups.
 func TestResumeServer(t *testing.T) {
 	servers := []*testServer{startServer(t, Options{}, engine.Options{}), startServer(t, Options{}, engine.Options{})}
-	servers[0].srv.chats.minBody = 0
-	var answers [2][]string
+	servers[0].srv.chats.minBody, servers[0].srv.ollamaChats.minBody = 0, 0
+	var answers, ollama [2][]string
 	for i, ts := range servers {
 		c := ts.client()
 		msgs := []openai.ChatCompletionMessageParamUnion{openai.SystemMessage("Answer briefly.")}
+		omsgs := []map[string]string{{"role": "system", "content": "Answer briefly."}}
 		for turn := range 3 {
-			msgs = append(msgs, openai.UserMessage(fmt.Sprintf("Name a colour, then a number above %d.", turn)))
+			q := fmt.Sprintf("Name a colour, then a number above %d.", turn)
+			msgs = append(msgs, openai.UserMessage(q))
 			resp, err := c.Chat.Completions.New(t.Context(), openai.ChatCompletionNewParams{
 				Model: testModel, Messages: msgs, MaxTokens: openai.Int(12), Temperature: openai.Float(0)})
 			if err != nil {
@@ -196,51 +198,28 @@ func TestResumeServer(t *testing.T) {
 			a := resp.Choices[0].Message.Content
 			answers[i] = append(answers[i], a)
 			msgs = append(msgs, openai.AssistantMessage(a))
-		}
-	}
-	if !reflect.DeepEqual(answers[0], answers[1]) {
-		t.Errorf("answers %q with resumed bodies, %q without", answers[0], answers[1])
-	}
-	if h := servers[0].srv.chats.hits; h != 2 {
-		t.Errorf("%d follow-ups resumed, want 2", h)
-	}
-	if h := servers[1].srv.chats.hits; h != 0 {
-		t.Errorf("the server without kept bodies resumed %d", h)
-	}
-}
 
-// BenchmarkResumeFollowUp decodes a follow-up of a 100K-token conversation
-// (a 390 KB document, then turns), the previous turn's body kept (resumed)
-// or not (plain), as BenchmarkParseLongChat decodes a whole one.
-//
-//	go test -run '^$' -bench ResumeFollowUp ./server
-func BenchmarkResumeFollowUp(b *testing.B) {
-	long := strings.Repeat("The tide rises and falls\ntwice a day along the long grey shore. ", 6000)
-	msgs := []map[string]string{{"role": "user", "content": long}, {"role": "assistant", "content": "It does."}}
-	prev, _ := json.Marshal(map[string]any{"model": "m", "messages": msgs, "stream": true})
-	msgs = append(msgs, map[string]string{"role": "user", "content": "And the moon?"})
-	next, _ := json.Marshal(map[string]any{"model": "m", "messages": msgs, "stream": true})
-	b.Run("plain", func(b *testing.B) {
-		for b.Loop() {
-			if _, err := plainDecode(next); err != nil {
-				b.Fatal(err)
+			omsgs = append(omsgs, map[string]string{"role": "user", "content": q})
+			body, _ := json.Marshal(map[string]any{"model": testModel, "messages": omsgs, "stream": false,
+				"options": map[string]any{"temperature": 0, "num_predict": 12}})
+			status, _, out := ollamaPost(t, ts.url, "/api/chat", string(body))
+			if status != 200 || len(out) != 1 {
+				t.Fatalf("ollama chat: %d %v", status, out)
 			}
+			oa, _ := out[0]["message"].(map[string]any)["content"].(string)
+			ollama[i] = append(ollama[i], oa)
+			omsgs = append(omsgs, map[string]string{"role": "assistant", "content": oa})
 		}
-	})
-	b.Run("resumed", func(b *testing.B) {
-		c := newResumable(func(r *chatRequest) *[]wireMessage { return &r.Messages })
-		var r chatRequest
-		c.decode(prev, &r)
-		for b.Loop() {
-			var r chatRequest
-			if err := c.decode(next, &r); err != nil {
-				b.Fatal(err)
-			}
-		}
-		if c.hits == 0 {
-			b.Fatal("not resumed")
-		}
-	})
+	}
+	if !reflect.DeepEqual(answers[0], answers[1]) || !reflect.DeepEqual(ollama[0], ollama[1]) {
+		t.Errorf("answers %q and %q with resumed bodies, %q and %q without", answers[0], ollama[0], answers[1], ollama[1])
+	}
+	if h, oh := servers[0].srv.chats.hits, servers[0].srv.ollamaChats.hits; h != 2 || oh != 2 {
+		t.Errorf("%d OpenAI and %d Ollama follow-ups resumed, want 2 each", h, oh)
+	}
+	if h, oh := servers[1].srv.chats.hits, servers[1].srv.ollamaChats.hits; h != 0 || oh != 0 {
+		t.Errorf("the server without kept bodies resumed %d and %d", h, oh)
+	}
 }
 
 // TestResumeReplaces keeps one body a conversation: a follow-up that has
