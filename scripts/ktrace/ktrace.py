@@ -1,6 +1,7 @@
 """Prints the kernels of decode steps from ktrace.c's records.
 
     python3 ktrace.py TRACE.csv [--first KERNEL] [--steps N]
+    python3 ktrace.py TRACE.csv --requests
 
 A step starts at its first kernel (--first, a name prefix: the token
 embedding by default). For the last N complete steps (one before the last
@@ -10,6 +11,15 @@ programmatic dependent launch allows), and its advance, how far it moved
 the step's end, which is what leaving the kernel out could save at most.
 Then the advance summed by kernel name over one step, averaged over the N
 steps, largest first; all in microseconds.
+
+With --requests (a serving benchmark's trace, requests apart in time, as
+kiln bench serve --think-time sends a conversation's turns) it cuts the
+record where the GPU idled over 200 ms and prints, for each part, the GPU
+time from its first kernel to the end of its first sampling kernel (a
+request's first token, less the host's work before its first launch), the
+kernels' busy time in it, the idle gaps over 0.3 ms with the kernels on
+both sides (host work: planning, loading kernels) and its largest
+kernels; in milliseconds.
 """
 import argparse
 import collections
@@ -19,6 +29,7 @@ ap = argparse.ArgumentParser()
 ap.add_argument("trace")
 ap.add_argument("--first", default="embed")
 ap.add_argument("--steps", type=int, default=8)
+ap.add_argument("--requests", action="store_true")
 args = ap.parse_args()
 
 ks = []
@@ -27,6 +38,41 @@ for r in csv.reader(open(args.trace)):
         continue
     ks.append((int(r[0]), int(r[1]), ",".join(r[6:]), f"({r[2]},{r[3]},{r[4]})x{r[5]}"))
 ks.sort()
+
+
+def requests():
+    parts, cur, end = [], [], 0
+    for k in ks:
+        if cur and k[0] - end > 200e6:
+            parts.append(cur)
+            cur = []
+        cur.append(k)
+        end = max(end, k[1])
+    parts.append(cur)
+    for i, part in enumerate(parts):
+        t0 = part[0][0]
+        first = next((k[1] for k in part if k[2].startswith("sample")), None)
+        if first is None:
+            print(f"part {i}: {len(part)} kernels, no sampling")
+            continue
+        busy, end, gaps, prev = 0, t0, [], ""
+        window = [k for k in part if k[0] < first]
+        for s, e, name, _ in window:
+            if s - end > 300e3:
+                gaps.append(f"{(s - end) / 1e6:.2f} {prev[:24]}->{name[:24]}")
+            busy += max(0, e - max(s, end))
+            end, prev = max(end, e), name
+        tot = collections.Counter()
+        for s, e, name, _ in window:
+            tot[name[:32]] += e - s
+        print(f"part {i} at {(t0 - ks[0][0]) / 1e9:.2f} s: first sampling ends {(first - t0) / 1e6:.2f} ms in, "
+              f"busy {busy / 1e6:.2f} ms, {len(window)} kernels; gaps: {'; '.join(gaps[:6]) or '-'}")
+        print("    " + ", ".join(f"{n} {v / 1e6:.2f}" for n, v in tot.most_common(7)))
+
+
+if args.requests:
+    requests()
+    raise SystemExit
 firsts = [i for i, k in enumerate(ks) if k[2].startswith(args.first) or k[2].startswith("q" + args.first)]
 if len(firsts) < 3:
     raise SystemExit(f"fewer than three steps starting at {args.first!r} in {len(ks)} kernels")
