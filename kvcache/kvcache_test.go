@@ -498,3 +498,39 @@ func BenchmarkSnapshotFind(b *testing.B) {
 		}
 	}
 }
+
+// TestSnapshotsReclaimShared: snapshots that hold the same blocks (two
+// points of a sequence inside one block) free none alone, but the blocks
+// are the snapshots' only: the allocator gets them back by evicting both,
+// and never evicts a snapshot whose blocks a table also holds.
+func TestSnapshotsReclaimShared(t *testing.T) {
+	a := NewAllocator(3)
+	s := NewSnapshots(a, 4, newSlotDevice(1, 10), nil, 100)
+	tab := NewTable(4)
+	if _, err := tab.Reserve(a, 0, 8); err != nil {
+		t.Fatal(err)
+	}
+	toks := []int32{1, 2, 3, 4, 5, 6, 7, 8}
+	s.Save(toks[:5], 0, tab.Blocks(), 1, 0, Point)
+	s.Save(toks[:7], 0, tab.Blocks(), 1, 0, Tip)
+	kept := NewTable(4)
+	if _, err := kept.Reserve(a, 0, 4); err != nil { // the third block
+		t.Fatal(err)
+	}
+	s.Save([]int32{9, 9, 9}, 0, kept.Blocks(), 2, 0, Tip)
+	tab.Release(a)
+	other := NewTable(4)
+	if _, err := other.Reserve(a, 0, 8); err != nil {
+		t.Fatalf("two blocks held only by two snapshots not reclaimed: %v (%d snapshots left)", err, s.Len())
+	}
+	if s.Len() != 1 || s.Find([]int32{9, 9, 9, 1}, 4) == nil {
+		t.Fatalf("%d snapshots left; the one whose block a table holds must stay", s.Len())
+	}
+	if _, err := other.Reserve(a, 0, 12); err == nil {
+		t.Fatal("a block a table holds was taken")
+	}
+	other.Release(a)
+	kept.Release(a)
+	s.Clear()
+	checkRefs(t, a)
+}

@@ -68,6 +68,13 @@ func conversations(t *testing.T, arch string, n int) {
 		var wg sync.WaitGroup
 		for range 4 {
 			wg.Go(func() {
+				// A failed request ends its worker (t.Fatal): the jobs
+				// left go with it, so that the loop below does not wait
+				// for workers that are gone.
+				defer func() {
+					for range jobs {
+					}
+				}()
 				for c := range jobs {
 					for turn := turns[0]; turn < turns[1]; turn++ {
 						c.turn(t, s, cold, turn)
