@@ -214,7 +214,8 @@ type ollamaChatRequest struct {
 
 func (s *Server) ollamaChat(w http.ResponseWriter, r *http.Request) error {
 	var req ollamaChatRequest
-	if err := decodeChat(s, w, r, s.ollamaChats, &req); err != nil {
+	keep, err := decodeChat(s, w, r, s.ollamaChats, &req)
+	if err != nil {
 		return err
 	}
 	sr, err := s.prepareOllama(&req.ollamaCommon)
@@ -257,6 +258,9 @@ func (s *Server) ollamaChat(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	defer g.close()
+	if keep != nil {
+		keep() // the engine took it: its follow-up may resume from it
+	}
 	return s.respondOllama(w, g, streaming(&req.ollamaCommon), renderOllamaChat)
 }
 

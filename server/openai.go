@@ -133,7 +133,8 @@ func selectTools(tools []json.RawMessage, choice json.RawMessage) ([]chat.Tool, 
 
 func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) error {
 	var req chatRequest
-	if err := decodeChat(s, w, r, s.chats, &req); err != nil {
+	keep, err := decodeChat(s, w, r, s.chats, &req)
+	if err != nil {
 		return err
 	}
 	if err := s.checkModel(req.Model); err != nil {
@@ -172,6 +173,9 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	defer g.close()
+	if keep != nil {
+		keep() // the engine took it: its follow-up may resume from it
+	}
 	c := completionMeta{ID: "chatcmpl-" + randomID(), Created: time.Now().Unix(), Model: s.opts.ModelName}
 	if req.Stream {
 		includeUsage := req.StreamOptions != nil && req.StreamOptions.IncludeUsage

@@ -52,10 +52,14 @@ func newResumable[R, M any](messages func(*R) *[]M) *resumable[R, M] {
 
 // decode decodes body into v (zero) as parseBody does, resuming after a
 // kept body's messages where body starts with them. The decoded messages
-// may be shared with other requests: read only.
-func (c *resumable[R, M]) decode(body []byte, v *R) error {
+// may be shared with other requests: read only. keep, when not nil, keeps
+// body for the requests after it: for the handler to call once the engine
+// took the request (a body refused, over the context say, is not worth
+// its memory), off the request's path (a body decoded whole is walked
+// again there for its messages' ends).
+func (c *resumable[R, M]) decode(body []byte, v *R) (keep func(), err error) {
 	if len(body) < c.minBody {
-		return parseBody(body, v)
+		return nil, parseBody(body, v)
 	}
 	if e, k := c.longest(body); k > 0 {
 		if open, ends, ok := c.resume(body, e, k, v); ok {
@@ -63,20 +67,22 @@ func (c *resumable[R, M]) decode(body []byte, v *R) error {
 			if k == len(e.ends) {
 				old = e // every body that shares messages with it shares them with this one
 			}
-			c.keep(body, open, ends, *c.messages(v), old)
-			return nil
+			msgs := *c.messages(v)
+			return func() { c.keep(body, open, ends, msgs, old) }, nil
 		}
 		// Decode afresh, so that v and the errors are parseBody's.
 		var zero R
 		*v = zero
 	}
 	if err := parseBody(body, v); err != nil {
-		return err
+		return nil, err
 	}
-	if open, ends, ok := messageEnds(body); ok && len(ends) == len(*c.messages(v)) {
-		c.keep(body, open, ends, *c.messages(v), nil)
-	}
-	return nil
+	msgs := *c.messages(v)
+	return func() {
+		if open, ends, ok := messageEnds(body); ok && len(ends) == len(msgs) {
+			c.keep(body, open, ends, msgs, nil)
+		}
+	}, nil
 }
 
 // longest returns the kept body that shares the most whole messages with
@@ -219,11 +225,11 @@ func commonPrefix(a, b []byte) int {
 }
 
 // decodeChat is decodeRequest for a chat request, through the server's
-// kept bodies c.
-func decodeChat[R, M any](s *Server, w http.ResponseWriter, r *http.Request, c *resumable[R, M], v *R) error {
+// kept bodies c; keep (resumable.decode) may be nil.
+func decodeChat[R, M any](s *Server, w http.ResponseWriter, r *http.Request, c *resumable[R, M], v *R) (keep func(), err error) {
 	body, err := s.readRequest(w, r)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	return c.decode(body, v)
 }

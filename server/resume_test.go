@@ -26,7 +26,10 @@ func plainDecode(body []byte) (chatRequest, error) {
 func resumeCheck(t *testing.T, c *resumable[chatRequest, wireMessage], what string, body []byte) {
 	t.Helper()
 	var got chatRequest
-	gerr := c.decode(body, &got)
+	keep, gerr := c.decode(body, &got)
+	if keep != nil {
+		keep()
+	}
 	want, werr := plainDecode(body)
 	if (gerr == nil) != (werr == nil) || (gerr != nil && gerr.Error() != werr.Error()) {
 		t.Fatalf("%s: error %v, want %v", what, gerr, werr)
@@ -144,10 +147,12 @@ func TestResumeConcurrent(t *testing.T) {
 		wg.Go(func() {
 			for i := range 40 {
 				var r chatRequest
-				if err := c.decode(bodies[(g+i)%len(bodies)], &r); err != nil {
+				keep, err := c.decode(bodies[(g+i)%len(bodies)], &r)
+				if err != nil {
 					t.Error(err)
 					return
 				}
+				keep()
 				if _, err := convertMessages(r.Messages); err != nil {
 					t.Error(err)
 					return
@@ -171,7 +176,9 @@ func FuzzResume(f *testing.F) {
 	f.Fuzz(func(t *testing.T, prev, next string) {
 		c := testResumable()
 		var r chatRequest
-		c.decode([]byte(prev), &r)
+		if keep, _ := c.decode([]byte(prev), &r); keep != nil {
+			keep()
+		}
 		resumeCheck(t, c, "next", []byte(next))
 	})
 }
@@ -219,6 +226,14 @@ func TestResumeServer(t *testing.T) {
 	}
 	if h, oh := servers[1].srv.chats.hits, servers[1].srv.ollamaChats.hits; h != 0 || oh != 0 {
 		t.Errorf("the server without kept bodies resumed %d and %d", h, oh)
+	}
+	// A body the engine refuses (over the context) is not kept.
+	c := servers[0].srv.chats
+	kept := len(c.recent)
+	_, err := servers[0].client().Chat.Completions.New(t.Context(), openai.ChatCompletionNewParams{Model: testModel,
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(strings.Repeat("tide ", 20000))}})
+	if err == nil || len(c.recent) != kept {
+		t.Errorf("a prompt over the context: %v; %d bodies kept, %d before", err, len(c.recent), kept)
 	}
 }
 
