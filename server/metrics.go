@@ -25,6 +25,7 @@ type serverMetrics struct {
 	ttft, tpot   *metrics.PrometheusHistogram
 	e2e          *metrics.PrometheusHistogram
 	prep         *metrics.PrometheusHistogram // kiln's: arrival to the engine having the prompt
+	queue        *metrics.PrometheusHistogram
 	promptTokens *metrics.PrometheusHistogram
 	outputTokens *metrics.PrometheusHistogram
 }
@@ -63,6 +64,7 @@ func newServerMetrics(model string, eng *engine.Engine) *serverMetrics {
 		tpot:         set.NewPrometheusHistogramExt("vllm:request_time_per_output_token_seconds"+label, tpotBuckets),
 		e2e:          set.NewPrometheusHistogramExt("vllm:e2e_request_latency_seconds"+label, e2eBuckets),
 		prep:         set.NewPrometheusHistogramExt("kiln_request_prepare_seconds"+label, ttftBuckets),
+		queue:        set.NewPrometheusHistogramExt("vllm:request_queue_time_seconds"+label, ttftBuckets),
 		promptTokens: set.NewPrometheusHistogramExt("vllm:request_prompt_tokens"+label, tokenBuckets(ctx)),
 		outputTokens: set.NewPrometheusHistogramExt("vllm:request_generation_tokens"+label, tokenBuckets(ctx)),
 	}
@@ -131,6 +133,7 @@ func (m *serverMetrics) observe(final session.Event, prep time.Duration) {
 	}
 	m.promptTokens.Update(float64(u.PromptTokens))
 	m.outputTokens.Update(float64(u.CompletionTokens))
+	m.queue.Update(u.Queued.Seconds())
 	if u.CompletionTokens == 0 {
 		return
 	}

@@ -129,6 +129,7 @@ func TestMetricsAddUpToBenchServe(t *testing.T) {
 		{"vllm:request_time_per_output_token_seconds_count", n + 1},
 		{"vllm:e2e_request_latency_seconds_count", n + 1},
 		{"kiln_request_prepare_seconds_count", n + 1},
+		{"vllm:request_queue_time_seconds_count", n + 1},
 		{"vllm:request_prompt_tokens_sum", rep["total_input_tokens"].(float64) + warmIn},
 		{"vllm:request_generation_tokens_sum", rep["total_output_tokens"].(float64) + warmOut},
 	} {
@@ -142,6 +143,10 @@ func TestMetricsAddUpToBenchServe(t *testing.T) {
 	ttft, prep, client := delta("vllm:time_to_first_token_seconds_sum"), delta("kiln_request_prepare_seconds_sum"), rep["mean_ttft_ms"].(float64)*n/1000
 	if ttft <= 0 || prep <= 0 || ttft+prep > client+0.05 {
 		t.Errorf("server TTFT sum %.3fs and preparation %.3fs, client %.3fs", ttft, prep, client)
+	}
+	// A request waits in the queue for part of its TTFT.
+	if queue := delta("vllm:request_queue_time_seconds_sum"); queue <= 0 || queue > ttft {
+		t.Errorf("queue time sum %.4fs, TTFT sum %.3fs", queue, ttft)
 	}
 	if after[`vllm:num_requests_running{model_name="kiln-demo"}`] != 0 || after[`kiln_kv_blocks_total{model_name="kiln-demo"}`] <= 0 {
 		t.Errorf("after the run: %v", after)
