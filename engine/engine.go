@@ -284,21 +284,16 @@ func warmUp(m *model.Model, o *Options, ctx int) error {
 	if n < 1 {
 		return nil
 	}
+	last := n + 1 // the prompt and the decode step's token
 	var turns []int
-	for s, end := turnWarmUpStep, n+1; s <= turnWarmUpMax && s <= o.MaxBatchTokens; s += turnWarmUpStep {
-		if end += s; end > min(ctx-1, (o.KVBlocks-1)*o.BlockSize-1) {
-			break
-		}
+	for s := turnWarmUpStep; s <= min(turnWarmUpMax, o.MaxBatchTokens) && last+s <= min(ctx-1, (o.KVBlocks-1)*o.BlockSize-1); s += turnWarmUpStep {
 		turns = append(turns, s)
+		last += s
 	}
 	vocab := m.Config().VocabSize
 	tokens := make([]int32, max(n, turnWarmUpMax))
 	for i := range tokens {
 		tokens[i] = int32(i * 7919 % vocab)
-	}
-	last := n + 1
-	for _, s := range turns {
-		last += s
 	}
 	blocks := make([]int32, (last+o.BlockSize-1)/o.BlockSize)
 	for i := range blocks {
