@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"unsafe"
 )
 
 // A chat client sends the whole conversation with every turn, so the body
@@ -23,8 +24,7 @@ import (
 // resumeMinBody is the smallest body kept: below it a decode is cheap.
 const resumeMinBody = 64 << 10
 
-// resumeBudget bounds the bytes kept: each body twice (its bytes and its
-// decoded messages).
+// resumeBudget bounds the bytes kept (resumeEntry.size).
 const resumeBudget = 128 << 20
 
 // resumable is the decoded bodies of one kind of chat request, R, whose
@@ -44,6 +44,14 @@ type resumeEntry[M any] struct {
 	open int   // the offset just after the messages array's '['
 	ends []int // ends[k]: the offset just after message k
 	msgs []M   // what they decoded to, never written to
+}
+
+// size is what an entry holds: its body, the decoded text (at most the
+// body's bytes again) and a message and an end per message (a body of many
+// empty messages decodes to several times its size).
+func (e *resumeEntry[M]) size() int {
+	var m M
+	return 2*len(e.body) + len(e.ends)*(int(unsafe.Sizeof(m))+8)
 }
 
 func newResumable[R, M any](messages func(*R) *[]M) *resumable[R, M] {
@@ -148,22 +156,22 @@ func (c *resumable[R, M]) resume(body []byte, e *resumeEntry[M], k int, v *R) (i
 // keep remembers body in place of old (if kept still), evicting the oldest
 // bodies over the budget.
 func (c *resumable[R, M]) keep(body []byte, open int, ends []int, msgs []M, old *resumeEntry[M]) {
-	size := 2 * len(body)
-	if size > c.budget {
+	e := &resumeEntry[M]{body: body, open: open, ends: ends, msgs: msgs}
+	if e.size() > c.budget {
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if i := slices.Index(c.recent, old); old != nil && i >= 0 {
 		c.recent = slices.Delete(c.recent, i, i+1)
-		c.bytes -= 2 * len(old.body)
+		c.bytes -= old.size()
 	}
-	c.recent = slices.Insert(c.recent, 0, &resumeEntry[M]{body: body, open: open, ends: ends, msgs: msgs})
-	c.bytes += size
+	c.recent = slices.Insert(c.recent, 0, e)
+	c.bytes += e.size()
 	for c.bytes > c.budget {
 		last := c.recent[len(c.recent)-1]
 		c.recent = c.recent[:len(c.recent)-1]
-		c.bytes -= 2 * len(last.body)
+		c.bytes -= last.size()
 	}
 }
 

@@ -112,16 +112,20 @@ func TestResumeFollowUps(t *testing.T) {
 	}
 }
 
-// TestResumeBudget keeps bodies within the budget, evicting the oldest.
+// TestResumeBudget keeps bodies within the budget, evicting the oldest;
+// bodies of many empty messages count what their messages take.
 func TestResumeBudget(t *testing.T) {
 	c := testResumable()
 	c.budget = 4000
 	for n := range 40 {
 		body := fmt.Sprintf(`{"messages":[{"role":"user","content":%q}]}`, strings.Repeat("x", 100+n*10))
+		if n%2 == 1 {
+			body = `{"messages":[` + strings.Repeat(`{"role":"user"},`, n) + `{"role":"user"}]}`
+		}
 		resumeCheck(t, c, "body", []byte(body))
 		total := 0
 		for _, e := range c.recent {
-			total += 2 * len(e.body)
+			total += e.size()
 		}
 		if total != c.bytes || c.bytes > c.budget {
 			t.Fatalf("kept %d bytes (counted %d), budget %d", total, c.bytes, c.budget)
