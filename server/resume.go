@@ -63,8 +63,8 @@ func newResumable[R, M any](messages func(*R) *[]M) *resumable[R, M] {
 // may be shared with other requests: read only. keep, when not nil, keeps
 // body for the requests after it: for the handler to call once the engine
 // took the request (a body refused, over the context say, is not worth
-// its memory), off the request's path (a body decoded whole is walked
-// again there for its messages' ends).
+// its memory), while the engine computes the prompt (a body decoded whole
+// is walked again there for its messages' ends).
 func (c *resumable[R, M]) decode(body []byte, v *R) (keep func(), err error) {
 	if len(body) < c.minBody {
 		return nil, parseBody(body, v)
@@ -96,11 +96,14 @@ func (c *resumable[R, M]) decode(body []byte, v *R) (keep func(), err error) {
 // longest returns the kept body that shares the most whole messages with
 // body, and how many.
 func (c *resumable[R, M]) longest(body []byte) (*resumeEntry[M], int) {
+	// Compared outside the lock (entries never change once kept): other
+	// requests need not wait on the bytes of this one's comparisons.
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	recent := slices.Clone(c.recent)
+	c.mu.Unlock()
 	var best *resumeEntry[M]
 	k := 0
-	for _, e := range c.recent {
+	for _, e := range recent {
 		n := commonPrefix(e.body, body)
 		if m := sort.SearchInts(e.ends, n+1); m > k { // ends[m-1] <= n
 			best, k = e, m
