@@ -24,9 +24,8 @@ var (
 	// The flash prefill kernels of bf16 caches by query tile, key tile and
 	// head dim.
 	flashKernels = map[[3]int]kernel[flashArgs]{}
-	// flashSplitKernels are the 64-query tiles with split keys, by
-	// [key tile, head dim].
-	flashSplitKernels = map[[2]int]kernel[flashArgs]{}
+	// flashSplitKernels are the tiles with split keys, by the same key.
+	flashSplitKernels = map[[3]int]kernel[flashArgs]{}
 	// The prefill kernels of the other caches and head dims, by cache
 	// type and head dim (G 0).
 	attnPrefillKernels = map[attnShape]kernel[attnPrefillArgs]{}
@@ -74,9 +73,9 @@ func init() {
 	}
 	for _, t := range [][3]int{{128, 64, 64}, {128, 64, 128}, {64, 64, 64}, {64, 64, 128}, {64, 32, 64}, {64, 32, 128}, {64, 32, 256}} {
 		flashKernels[t] = newKernel[flashArgs](fmt.Sprintf("flash_prefill_%d_%d_%d", t[0], t[1], t[2]))
-		if t[0] == 64 {
-			flashSplitKernels[[2]int{t[1], t[2]}] = newKernel[flashArgs](fmt.Sprintf("flash_split_%d_%d", t[1], t[2]))
-		}
+	}
+	for _, t := range [][3]int{{64, 64, 64}, {64, 64, 128}, {64, 32, 64}, {64, 32, 128}, {64, 32, 256}, {128, 32, 64}, {128, 32, 128}} {
+		flashSplitKernels[t] = newKernel[flashArgs](fmt.Sprintf("flash_split_%d_%d_%d", t[0], t[1], t[2]))
 	}
 	for _, s := range []attnShape{{backend.BF16, 16, 0}, {backend.BF16, 32, 0}, {backend.BF16, 256, 0},
 		{backend.F32, 16, 0}, {backend.F32, 32, 0}, {backend.F32, 64, 0}, {backend.F32, 128, 0}, {backend.F32, 256, 0}} {
@@ -510,16 +509,18 @@ func (b *Backend) attend(ot *tensor, qbuf devptr, c *kvCache, layer, H int, scal
 		}
 		k := kernelFor(flashKernels, [3]int{bq, bk, hd})
 		fa := flashArgs{attnPrefillArgs: pa, nsplit: 1}
-		tiles := (m.maxN + bq - 1) / bq
-		// Two stages of bk keys and values, then the bq queries, bf16.
-		smem := (2*2*bk + bq) * (hd + 8) * 2
+		tiles, smem := (m.maxN+bq-1)/bq, flashSmem(bq, bk, hd)
 		if bq == 64 {
-			ks := kernelFor(flashSplitKernels, [2]int{bk, hd})
-			if smem > 48<<10 {
-				b.allowSmem(ks.name, smem)
+			sq, sk := bq, bk
+			if hd != 256 && b.flashSplitQueries == 128 {
+				sq, sk = 128, 32
 			}
-			if S, L := b.flashSplits(H*tiles*m.S, b.residentBlocks(ks.name, 128, smem), T*H*hd*4, bk); S > 1 {
-				k = ks
+			ks, ktiles, ksmem := kernelFor(flashSplitKernels, [3]int{sq, sk, hd}), (m.maxN+sq-1)/sq, flashSmem(sq, sk, hd)
+			if ksmem > 48<<10 {
+				b.allowSmem(ks.name, ksmem)
+			}
+			if S, L := b.flashSplits(H*ktiles*m.S, b.residentBlocks(ks.name, 128, ksmem), T*H*hd*4, sk); S > 1 {
+				k, tiles, smem = ks, ktiles, ksmem
 				fa.nsplit, fa.splitLen = int32(S), int32(L)
 				fa.pm, fa.pl = b.scratchBuf("attnm", T*H*S*4), b.scratchBuf("attnl", T*H*S*4)
 				fa.pacc = b.scratchBuf("attnacc", T*H*S*hd*4)
@@ -543,6 +544,12 @@ func (b *Backend) attend(ot *tensor, qbuf devptr, c *kvCache, layer, H int, scal
 		b.allowSmem(k.name, smem)
 	}
 	k.run(b, [3]int{(m.maxN + attnPrefillQueries - 1) / attnPrefillQueries, H, m.S}, 4*attnPrefillQueries, smem, pa)
+}
+
+// flashSmem is the flash prefill kernel's shared memory: two stages of bk
+// keys and values, then the bq queries, rows of hd + 8 bf16.
+func flashSmem(bq, bk, hd int) int {
+	return (2*2*bk + bq) * (hd + 8) * 2
 }
 
 // flashSplits returns how many ranges of how many keys (a multiple of bk)

@@ -65,7 +65,10 @@ type Backend struct {
 	// Tuning knobs, fixed at New from the environment (doc.go).
 	gemvMax, gemvWarps, splitMax, splitBlocks int
 	mmaSplitBlocks, skinnyMax, routerGemm     int
-	useGraphs                                 bool // KILN_CUDA_GRAPHS is not 0
+	// flashSplitQueries: the query tile (64 or 128) of the flash prefill
+	// kernel where it splits the keys (head dims 64 and 128).
+	flashSplitQueries int
+	useGraphs         bool // KILN_CUDA_GRAPHS is not 0
 	// skinnyCnt holds the skinny GEMM's split-K counters, one per tile,
 	// zeroed once; each call's last block resets the ones it used.
 	skinnyCnt devptr
@@ -181,6 +184,7 @@ func New(opts Options) (*Backend, error) {
 	// multiprocessor (shared memory); two splits per multiprocessor measured
 	// best (2, 3, 4, 6 and 8 tried at batch 1 and 16, contexts 1K to 32K).
 	b.mmaSplitBlocks = envInt("KILN_CUDA_MMA_SPLIT_BLOCKS", 2, 1, 64)
+	b.flashSplitQueries = envInt("KILN_CUDA_FLASH_SPLIT_QUERIES", 128, 64, 128)
 	b.pdl = major >= 9 && envInt("KILN_CUDA_PDL", 1, 0, 1) == 1
 	b.skinnyMax = envInt("KILN_CUDA_SKINNY_MAX", skinnyMaxTokens, 0, skinnyMaxTokens)
 	b.qgemvMax = envInt("KILN_CUDA_QGEMV_MAX", qgemvMaxTokens, 0, qgemvTokens)

@@ -516,6 +516,12 @@ func TestAttention(t *testing.T) {
 			}
 		}
 	}
+	// The split keys' other query tile (KILN_CUDA_FLASH_SPLIT_QUERIES).
+	defer func(q int) { p.g.flashSplitQueries = q }(p.g.flashSplitQueries)
+	p.g.flashSplitQueries = 192 - p.g.flashSplitQueries
+	for _, c := range []attnCase{cases[0], cases[6]} {
+		attnSteps(p, c, backend.BF16, steps, false, func(_ string, f func()) { f() })
+	}
 }
 
 // TestRoPE rotates f32 and bf16 activations at scattered positions

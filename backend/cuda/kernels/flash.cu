@@ -240,7 +240,12 @@ __device__ __forceinline__ void flash_prefill(void *out, int odt, const u16 *qbu
 // 128-query blocks to fill the GPU, and the longest one sets the time: 64
 // queries a block (one row tile a warp) there, with 32-key tiles (four
 // blocks a multiprocessor) up to 512 tokens. Which is used: flashTile in
-// attention.go. flash_split_BK_HD: the 64-query tiles with split keys.
+// attention.go. flash_split_BQ_BK_HD: tiles with split keys. With the keys
+// split the blocks are enough whatever the query tile, and 128 queries
+// (two row tiles a warp) halve the key and value tiles each block stages
+// and each fragment's shared-memory loads; their 32-key tiles keep the
+// 128-dim kernel within the registers of two blocks a multiprocessor (239;
+// 64 keys spill), where the 64-query 32-key kernel of four blocks spills.
 #define FLASH(NAME, BQ, BK, MINB, HD, SPLIT) \
 	extern "C" __global__ void __launch_bounds__(128, MINB) NAME(void *out, int odt, \
 			const u16 *qbuf, const u16 *kc, const u16 *vc, const void *qkv, int qdt, const int *seqpos, const int *seqn, \
@@ -256,11 +261,13 @@ FLASH(flash_prefill_64_64_128, 64, 64, 2, 128, false)
 FLASH(flash_prefill_64_32_64, 64, 32, 4, 64, false)
 FLASH(flash_prefill_64_32_128, 64, 32, 4, 128, false)
 FLASH(flash_prefill_64_32_256, 64, 32, 2, 256, false)
-FLASH(flash_split_64_64, 64, 64, 2, 64, true)
-FLASH(flash_split_64_128, 64, 64, 2, 128, true)
-FLASH(flash_split_32_64, 64, 32, 4, 64, true)
-FLASH(flash_split_32_128, 64, 32, 4, 128, true)
-FLASH(flash_split_32_256, 64, 32, 2, 256, true)
+FLASH(flash_split_64_64_64, 64, 64, 2, 64, true)
+FLASH(flash_split_64_64_128, 64, 64, 2, 128, true)
+FLASH(flash_split_64_32_64, 64, 32, 4, 64, true)
+FLASH(flash_split_64_32_128, 64, 32, 4, 128, true)
+FLASH(flash_split_64_32_256, 64, 32, 2, 256, true)
+FLASH(flash_split_128_32_64, 128, 32, 2, 64, true)
+FLASH(flash_split_128_32_128, 128, 32, 2, 128, true)
 
 // attn_decode_mma: the split-K decode attention of attn_decode (same grid
 // (T, KH, S), same partial results for attn_combine) on tensor cores, for
