@@ -63,7 +63,8 @@
 //	KILN_CUDA_SPLIT_BLOCKS=n      decode attention blocks a multiprocessor, scalar kernel (1-64, default 6)
 //	KILN_CUDA_MMA_SPLIT_BLOCKS=n  the same for the tensor-core kernel (1-64, default 2)
 //	KILN_CUDA_FLASH_SPLIT_QUERIES=n  the query tile of prefill attention with split keys, head dims 64 and 128 (64 or 128, default 128)
-//	KILN_CUDA_ROUTER_GEMM=n       the fewest tokens whose MoE router product runs on tensor cores (default 64; 0: never)
+//	KILN_CUDA_ROUTER_GEMM=n       the fewest tokens whose MoE router product runs on tensor cores, or on cuBLASLt's
+//	                              float32 GEMM for a float32 router (default 64; 0: never)
 //
 // Built without cgo, New always returns an error.
 package cuda
