@@ -48,7 +48,7 @@
 // With a state cache (Options.StateCache), what the caches let go is kept in
 // host memory and on disk, and admission restores the longest prefix stored
 // there when it is a block or more beyond what the device holds (see
-// StateCache).
+// StateCache), read in the background while the other requests go on.
 //
 // An Engine is safe for use by many goroutines.
 package engine
@@ -117,6 +117,7 @@ type Options struct {
 	overlap         bool          // tests: hold tokens over the next pass on any backend
 	beyondCache     bool          // tests: a context beyond the KV cache, so that a lone sequence can outgrow it
 	spillAfter      time.Duration // tests: the idle time before spilling to the state cache (0: spillAfter)
+	beforeRead      func()        // tests: runs before each read of the state cache, on the reading goroutine
 }
 
 func (o *Options) setDefaults() error {

@@ -50,6 +50,7 @@ type seq struct {
 	done     bool          // finished: its final event is sent
 	noStore  bool          // the state cache failed it: recompute instead
 	stored   *storedPrefix // loaded from the state cache, until admitted
+	reading  bool          // its prefix is being read from the state cache
 	cached   int           // prompt tokens served from cache at first admission
 
 	params backend.SampleParams
@@ -96,7 +97,12 @@ type scheduler struct {
 	// MB restore's reading).
 	stage       []byte
 	stageLocked bool
-	slots       []int // free state slots
+	// reads are the state cache's reads in flight (fromStore), landed the
+	// finished ones that land has not yet given to their requests.
+	reads  sync.WaitGroup
+	readMu sync.Mutex
+	landed []landed
+	slots  []int // free state slots
 	// captures are the state slots a pass leaves states at its points in
 	// (see chunk); freeCaptures is a pass's list of those not yet taken.
 	captures, freeCaptures []int
@@ -176,6 +182,7 @@ func (s *scheduler) loop() {
 		default:
 		}
 		s.inspect()
+		s.land()
 		s.intake()
 		s.reap()
 		if len(s.running) == 0 && len(s.waiting) == 0 {
@@ -208,6 +215,17 @@ func (s *scheduler) loop() {
 			s.step()
 		} else {
 			s.flush()
+			if len(s.waiting) > 0 {
+				// Every waiting request's prefix is being read from the
+				// state cache (admit fails what can never fit): its
+				// landing pokes.
+				select {
+				case <-e.wake:
+				case <-e.quit:
+				case f := <-e.inspect:
+					f()
+				}
+			}
 		}
 		if s.e.opts.checkAccounting {
 			if err := s.checkAccounting(); err != nil {
@@ -274,20 +292,26 @@ func (s *scheduler) reap() {
 
 // admit moves waiting sequences, first come first served, into the running
 // batch while there is room: a free slot and KV blocks for the whole
-// remaining prompt (so a prefill never waits for blocks midway).
+// remaining prompt (so a prefill never waits for blocks midway). Those
+// whose prefix is being read from the state cache let the next ones go
+// first.
 func (s *scheduler) admit() {
-	for len(s.waiting) > 0 && len(s.running) < s.e.opts.MaxRunning {
-		q := s.waiting[0]
-		if !s.start(q) {
+	for i := 0; i < len(s.waiting) && len(s.running) < s.e.opts.MaxRunning; {
+		q := s.waiting[i]
+		switch s.start(q) {
+		case startReading:
+			i++
+			continue
+		case startNoRoom:
 			if len(s.running) == 0 {
-				s.waiting = s.waiting[1:]
+				s.waiting = slices.Delete(s.waiting, i, i+1)
 				s.outgrown(q, fmt.Errorf("%w: %d tokens need %d blocks of %d tokens, the cache has %d",
 					ErrKVFull, len(q.tokens), (len(q.tokens)+s.e.opts.BlockSize-1)/s.e.opts.BlockSize, s.e.opts.BlockSize, s.alloc.Blocks()))
 				continue
 			}
 			return
 		}
-		s.waiting = s.waiting[1:]
+		s.waiting = slices.Delete(s.waiting, i, i+1)
 		s.running = append(s.running, q)
 		slices.SortFunc(s.running, func(a, b *seq) int { return cmp.Compare(a.id, b.id) })
 		if !q.admitted {
@@ -299,9 +323,18 @@ func (s *scheduler) admit() {
 	}
 }
 
+// startResult is what start did with a waiting sequence.
+type startResult int
+
+const (
+	started      startResult = iota
+	startNoRoom              // its blocks are not available
+	startReading             // its prefix is being read from the state cache
+)
+
 // start gives q its slot and blocks, resuming from the longest cached
-// prefix; false when the blocks are not available.
-func (s *scheduler) start(q *seq) bool {
+// prefix.
+func (s *scheduler) start(q *seq) startResult {
 	q.table = kvcache.NewTable(s.e.opts.BlockSize)
 	q.chain = kvcache.Chain{}
 	q.pos = 0
@@ -317,7 +350,12 @@ func (s *scheduler) start(q *seq) bool {
 			if snap = s.snaps.Find(q.tokens, n-1); snap != nil {
 				dev = len(snap.Tokens)
 			}
-			if stored = s.fromStore(q, dev); stored != nil {
+			var reading bool
+			if stored, reading = s.fromStore(q, dev); reading {
+				q.table = nil
+				return startReading
+			}
+			if stored != nil {
 				if snap != nil {
 					q.table.Adopt(s.alloc, snap.Blocks[:stored.from])
 				}
@@ -331,7 +369,13 @@ func (s *scheduler) start(q *seq) bool {
 			q.table.Adopt(s.alloc, blocks)
 			q.chain = ch
 			q.pos = min(len(blocks)*bs, n-1)
-			if stored = s.fromStore(q, len(blocks)*bs); stored != nil {
+			var reading bool
+			if stored, reading = s.fromStore(q, len(blocks)*bs); reading {
+				q.table.Release(s.alloc)
+				q.table = nil
+				return startReading
+			}
+			if stored != nil {
 				q.pos = stored.n
 			}
 		}
@@ -359,7 +403,7 @@ func (s *scheduler) start(q *seq) bool {
 	if err != nil {
 		q.table.Release(s.alloc)
 		q.table = nil
-		return false
+		return startNoRoom
 	}
 	for _, c := range copies {
 		s.m.CopyBlock(int(c.Dst), int(c.Src))
@@ -428,7 +472,7 @@ func (s *scheduler) start(q *seq) bool {
 	} else {
 		s.recomputed += int64(n - q.pos)
 	}
-	return true
+	return started
 }
 
 // headroom makes n blocks free, taking them from the caches if need be
@@ -1009,6 +1053,8 @@ func (s *scheduler) shutdown() {
 	for len(s.waiting) > 0 {
 		s.finish(s.waiting[0], FinishCancelled, ErrClosed)
 	}
+	s.reads.Wait() // no read outlives the store
+	s.land()
 	// What the state cache lacks of each conversation goes there before
 	// the caches are let go: the latest past, then the places where it may
 	// be edited, as an idle engine copies them. A restarted server knows

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -130,5 +131,85 @@ func TestStateCacheCorruptFile(t *testing.T) {
 	ref := generate(t, newEngine(t, loadFixture(t, "qwen3next"), Options{NoCache: true}), &Request{Prompt: p2, Sampling: Sampling{MaxTokens: 10}})
 	if !slices.Equal(r2.tokens, ref.tokens) || r2.usage.CachedTokens != 0 {
 		t.Errorf("over corrupt files: %v (%d cached), cold %v", r2.tokens, r2.usage.CachedTokens, ref.tokens)
+	}
+}
+
+// A request whose prefix is read from the state cache holds up no other:
+// while its files are read (held here), a decoding request goes on; one
+// cancelled during its read gives back what it read; then the follow-up
+// restores and answers as a cold engine does.
+func TestStateCacheReadsInBackground(t *testing.T) {
+	for _, arch := range []string{"qwen3", "qwen3next"} {
+		t.Run(arch, func(t *testing.T) {
+			dir := t.TempDir()
+			sc := StateCache{Dir: dir, DiskBytes: 64 << 20, Model: "fixture " + arch}
+			rng := rand.New(rand.NewPCG(13, 14))
+			f := loadFixture(t, arch)
+			p1 := randomPrompt(rng, f, 300)
+			e := newEngine(t, f, Options{StateCache: sc})
+			r1 := generate(t, e, &Request{Prompt: p1, Sampling: Sampling{MaxTokens: 12, IgnoreEOS: true}})
+			e.Close()
+
+			reading, release := make(chan struct{}), make(chan struct{})
+			e2 := newEngine(t, loadFixture(t, arch), Options{StateCache: sc, beforeRead: func() {
+				reading <- struct{}{}
+				<-release
+			}})
+			other, err := e2.Generate(context.Background(), &Request{Prompt: randomPrompt(rng, f, 20), Sampling: Sampling{MaxTokens: 100, IgnoreEOS: true}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// tokens waits for n more tokens of the other request: a loop
+			// reading the files itself would have none to give.
+			tokens := func(n int) {
+				t.Helper()
+				for got := 0; got < n; {
+					select {
+					case ev := <-other.Events():
+						if ev.Done {
+							t.Fatalf("the other request ended after %d of %d tokens: %v", got, n, ev.Err)
+						}
+						got += len(ev.Tokens)
+					case <-time.After(time.Minute):
+						t.Fatalf("the other request stalled during a read of the state cache (%d of %d tokens)", got, n)
+					}
+				}
+			}
+			tokens(1)
+			p2 := append(append(slices.Clone(p1), r1.tokens...), randomPrompt(rng, f, 20)...)
+			req := &Request{Prompt: p2, Sampling: Sampling{MaxTokens: 10}}
+
+			ctx, cancel := context.WithCancel(context.Background())
+			gone, err := e2.Generate(ctx, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			<-reading
+			tokens(10)
+			cancel()
+			if r := collect(gone); r.finish != FinishCancelled || len(r.tokens) != 0 {
+				t.Errorf("cancelled while reading: %v, %d tokens", r.finish, len(r.tokens))
+			}
+			release <- struct{}{}
+
+			follow, err := e2.Generate(context.Background(), req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			<-reading
+			tokens(10)
+			release <- struct{}{}
+			r2 := collect(follow)
+			if r := collect(other); r.err != nil || r.finish != FinishLength {
+				t.Errorf("the other request: %v, %v", r.finish, r.err)
+			}
+			ref := generate(t, newEngine(t, loadFixture(t, arch), Options{NoCache: true}), req)
+			if !slices.Equal(r2.tokens, ref.tokens) {
+				t.Errorf("restored in the background %v, cold %v", r2.tokens, ref.tokens)
+			}
+			if want := followUpCached(f, p1, r1.tokens); r2.usage.CachedTokens != want {
+				t.Errorf("%d tokens cached, want %d", r2.usage.CachedTokens, want)
+			}
+		})
 	}
 }
