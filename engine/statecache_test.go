@@ -18,14 +18,9 @@ import (
 func TestStateCacheRestart(t *testing.T) {
 	for _, arch := range []string{"qwen3", "qwen3next"} {
 		t.Run(arch, func(t *testing.T) {
-			dir := t.TempDir()
-			sc := StateCache{Dir: dir, DiskBytes: 64 << 20, Model: "fixture " + arch}
 			rng := rand.New(rand.NewPCG(7, 8))
 			f := loadFixture(t, arch)
-			p1 := randomPrompt(rng, f, 300)
-			e := newEngine(t, f, Options{StateCache: sc})
-			r1 := generate(t, e, &Request{Prompt: p1, Sampling: Sampling{MaxTokens: 12, IgnoreEOS: true}})
-			e.Close()
+			sc, e, p1, r1 := storedTurn(t, f, rng)
 			if st := e.Stats(); st.StateCacheEntries == 0 || st.StateCacheDiskBytes == 0 {
 				t.Fatalf("after Close: %+v", st)
 			}
@@ -49,6 +44,19 @@ func TestStateCacheRestart(t *testing.T) {
 			}
 		})
 	}
+}
+
+// storedTurn answers a first turn of 300 tokens on an engine with a state
+// cache directory, then closes the engine, which keeps the conversation
+// there for the next engine of sc.
+func storedTurn(t *testing.T, f testmodel.Fixture, rng *rand.Rand) (sc StateCache, e *Engine, p1 []int32, r1 result) {
+	t.Helper()
+	sc = StateCache{Dir: t.TempDir(), DiskBytes: 64 << 20, Model: "fixture " + f.Model.Config().Name}
+	p1 = randomPrompt(rng, f, 300)
+	e = newEngine(t, f, Options{StateCache: sc})
+	r1 = generate(t, e, &Request{Prompt: p1, Sampling: Sampling{MaxTokens: 12, IgnoreEOS: true}})
+	e.Close()
+	return sc, e, p1, r1
 }
 
 // Conversations the KV cache has no room for go to the state cache in host
@@ -141,15 +149,9 @@ func TestStateCacheCorruptFile(t *testing.T) {
 func TestStateCacheReadsInBackground(t *testing.T) {
 	for _, arch := range []string{"qwen3", "qwen3next"} {
 		t.Run(arch, func(t *testing.T) {
-			dir := t.TempDir()
-			sc := StateCache{Dir: dir, DiskBytes: 64 << 20, Model: "fixture " + arch}
 			rng := rand.New(rand.NewPCG(13, 14))
 			f := loadFixture(t, arch)
-			p1 := randomPrompt(rng, f, 300)
-			e := newEngine(t, f, Options{StateCache: sc})
-			r1 := generate(t, e, &Request{Prompt: p1, Sampling: Sampling{MaxTokens: 12, IgnoreEOS: true}})
-			e.Close()
-
+			sc, _, p1, r1 := storedTurn(t, f, rng)
 			reading, release := make(chan struct{}), make(chan struct{})
 			e2 := newEngine(t, loadFixture(t, arch), Options{StateCache: sc, beforeRead: func() {
 				reading <- struct{}{}
