@@ -175,11 +175,21 @@ type limitWriter struct {
 }
 
 func (w *limitWriter) Write(p []byte) (int, error) {
-	if w.buf.Len()+len(p) > w.b.lim.Output {
+	w.room(len(p))
+	return w.buf.Write(p)
+}
+
+func (w *limitWriter) WriteString(s string) (int, error) {
+	w.room(len(s))
+	return w.buf.WriteString(s)
+}
+
+// room checks that n more bytes fit in the prompt and makes room for them.
+func (w *limitWriter) room(n int) {
+	if w.buf.Len()+n > w.b.lim.Output {
 		w.b.failOutput("the rendered prompt is over %d bytes", w.b.lim.Output)
 	}
-	if w.buf.Cap()-w.buf.Len() < len(p) {
-		w.buf.Grow(len(p)) // doubles, where append would grow by a quarter
+	if w.buf.Cap()-w.buf.Len() < n {
+		w.buf.Grow(n) // doubles, where append would grow by a quarter
 	}
-	return w.buf.Write(p)
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"reflect"
+	"slices"
 	"strings"
 	"unsafe"
 
@@ -173,7 +174,7 @@ func (w *rewriter) stmt(n nodes.Node) nodes.Node {
 		return &nodes.ControlStructureBlock{Location: n.Position(), Name: "text", ControlStructure: &textNode{s: dataText(n), pos: n.Position()}}
 	case *nodes.Output:
 		n.Expression, n.Condition, n.Alternative = w.expr(n.Expression), w.expr(n.Condition), w.expr(n.Alternative)
-		return &nodes.ControlStructureBlock{Location: n.Start, Name: "output", ControlStructure: &outputNode{n}}
+		return &nodes.ControlStructureBlock{Location: n.Start, Name: "output", ControlStructure: &outputNode{out: n, parts: concatParts(n)}}
 	case *nodes.Comment:
 	case *nodes.ControlStructureBlock:
 		w.depth++
@@ -466,7 +467,15 @@ func (s *statement) Execute(r *exec.Renderer, tag *nodes.ControlStructureBlock) 
 }
 
 // outputNode is a value printed ({{ x }}), counted as it is written.
-type outputNode struct{ out *nodes.Output }
+// parts, when set, are the operands of its expression, a chain of + over
+// literals, names and their attributes and items: when they are all
+// strings they are printed one after the other, without building the sum
+// (each + copied a message's text again: a conversation's 70 KB document
+// took 0.2 ms more to render than its follow-ups' words).
+type outputNode struct {
+	out   *nodes.Output
+	parts []nodes.Expression
+}
 
 func (o *outputNode) Position() *tokens.Token { return o.out.Start }
 func (o *outputNode) String() string          { return o.out.String() }
@@ -477,8 +486,84 @@ func (o *outputNode) Execute(r *exec.Renderer, _ *nodes.ControlStructureBlock) e
 	b.step(1)
 	sub := *r
 	sub.Output = &countingWriter{b, r.Output}
+	if o.parts != nil && !r.Config.AutoEscape && printParts {
+		if strs, ok := evalStrings(&sub, o.parts); ok {
+			for _, s := range strs {
+				if _, err := io.WriteString(sub.Output, s); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+	}
 	_, err := sub.Visit(o.out)
 	return err
+}
+
+// printParts is off in tests that compare the two paths.
+var printParts = true
+
+// evalStrings evaluates parts, which have no effects, and returns them if
+// they are all strings.
+func evalStrings(r *exec.Renderer, parts []nodes.Expression) ([]string, bool) {
+	strs := make([]string, len(parts))
+	for i, p := range parts {
+		v := r.Eval(p)
+		if v.IsError() || !v.IsString() {
+			return nil, false
+		}
+		strs[i] = v.String()
+	}
+	return strs, true
+}
+
+// concatParts returns the operands of an output's expression when it is a
+// chain of + (the rewritten hookAdd calls) whose operands are literal
+// strings, names, and attributes and items of those: lookups, which can be
+// evaluated twice (once here, once by the plain path) to the same effect.
+func concatParts(n *nodes.Output) []nodes.Expression {
+	if n.Condition != nil || !isAdd(n.Expression) {
+		return nil
+	}
+	var parts []nodes.Expression
+	e := n.Expression
+	for isAdd(e) {
+		c := e.(*nodes.Call)
+		parts = append(parts, c.Args[2])
+		e = c.Args[1]
+	}
+	parts = append(parts, e)
+	slices.Reverse(parts)
+	for _, p := range parts {
+		if !lookup(p) {
+			return nil
+		}
+	}
+	return parts
+}
+
+// isAdd reports whether e is a rewritten +: hook(hookAdd, line, l, r).
+func isAdd(e nodes.Expression) bool {
+	c, ok := e.(*nodes.Call)
+	if !ok || len(c.Args) != 3 {
+		return false
+	}
+	f, ok := c.Func.(*nodes.Name)
+	return ok && f.Name.Val == hookAdd
+}
+
+// lookup reports whether e is a literal string or integer, a name, or an
+// attribute or item of one (with one of those for its key).
+func lookup(e nodes.Expression) bool {
+	switch e := e.(type) {
+	case *nodes.String, *nodes.Integer, *nodes.Name:
+		return true
+	case *nodes.GetAttribute:
+		return lookup(e.Node)
+	case *nodes.GetItem:
+		return lookup(e.Node) && lookup(e.Arg)
+	}
+	return false
 }
 
 // countingWriter charges what is written through it.
@@ -490,6 +575,13 @@ type countingWriter struct {
 func (c *countingWriter) Write(p []byte) (int, error) {
 	c.b.build(len(p))
 	return c.w.Write(p)
+}
+
+// WriteString charges s before it is copied anywhere: a message over the
+// limit fails without a byte of it built.
+func (c *countingWriter) WriteString(s string) (int, error) {
+	c.b.build(len(s))
+	return io.WriteString(c.w, s)
 }
 
 // textNode is a piece of the template's text, counted as it is written.

@@ -3,6 +3,7 @@ package chat
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,6 +11,8 @@ import (
 	"testing"
 	"testing/fstest"
 	"time"
+
+	"github.com/nikolalohinski/gonja/v2/nodes"
 )
 
 // hostile are templates that, before the sandbox, ended the process (stack
@@ -275,4 +278,51 @@ func FuzzTokenizerConfig(f *testing.F) {
 		}
 		tpl.Render(&RenderInput{Messages: []Message{{Role: "user", Content: "hi"}}, Limits: Limits{Steps: 20000, Time: time.Second}})
 	})
+}
+
+// TestPrintParts: an output of a + chain of lookups prints its strings one
+// after the other, as the sum would print, and leaves everything else
+// (other types, undefined names, errors) to the plain path.
+func TestPrintParts(t *testing.T) {
+	in := qwenConversation(2)
+	for _, src := range []string{
+		`{% for m in messages %}{{- '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>' + '\n' }}{% endfor %}`,
+		`{{ 'a' + 'b' }}|{{ messages[0]['role'] + messages[0].content }}|{{ n + 'x' }}|{{ 'x' + n }}|{{ l + l }}|{{ n + n }}`,
+		`{{ 'a' + nope }}`,
+		`{{ nope.attr + 'a' }}`,
+		`{{ 'a' + messages[0].nope }}`,
+		`{{ l + 'a' }}`,
+		`{{ 'a' + ('b' + 'c') }}|{{ 'a' + 'b' if true }}|{{ ('a' + 'b')|upper }}`,
+	} {
+		tpl, err := compile(`{% set n = 3 %}{% set l = [1] %}` + src)
+		if err != nil {
+			t.Fatalf("%s: %v", src, err)
+		}
+		printParts = false
+		want, werr := tpl.Render(in)
+		printParts = true
+		got, err := tpl.Render(in)
+		if got != want || fmt.Sprint(err) != fmt.Sprint(werr) {
+			t.Errorf("%s\n parts %q %v\n plain %q %v", src, got, err, want, werr)
+		}
+	}
+	tpl, err := compile(`{{ 'a' + messages[0].content }}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := findOutput(tpl); o == nil || len(o.parts) != 2 {
+		t.Errorf("the + chain of lookups was not taken apart: %+v", o)
+	}
+}
+
+// findOutput is the first output of tpl's top level.
+func findOutput(tpl *Template) *outputNode {
+	for _, n := range tpl.tpl.Root().Nodes {
+		if b, ok := n.(*nodes.ControlStructureBlock); ok {
+			if o, ok := b.ControlStructure.(*outputNode); ok {
+				return o
+			}
+		}
+	}
+	return nil
 }
