@@ -118,6 +118,7 @@ type Options struct {
 	beyondCache     bool          // tests: a context beyond the KV cache, so that a lone sequence can outgrow it
 	spillAfter      time.Duration // tests: the idle time before spilling to the state cache (0: spillAfter)
 	beforeRead      func()        // tests: runs before each read of the state cache, on the reading goroutine
+	prefillRate     float64       // tests: the prefill rate worthRestoring assumes, tokens a second (0: measured)
 }
 
 func (o *Options) setDefaults() error {
@@ -186,6 +187,8 @@ type Engine struct {
 	done    chan struct{}
 	inspect chan func() // run by the scheduler (Conversations)
 	store   *kvcache.Store
+	// warmRate is the warm-up's prompt rate, tokens a second (0: none).
+	warmRate float64
 
 	// Owned by the scheduler goroutine.
 	sched *scheduler
@@ -256,7 +259,8 @@ func New(m *model.Model, tok *tokenizer.Tokenizer, opts Options) (*Engine, error
 	}
 	if opts.WarmUp > 0 {
 		start := time.Now()
-		if err := warmUp(m, &opts, ctx); err != nil {
+		var err error
+		if e.warmRate, err = warmUp(m, &opts, ctx); err != nil {
 			if e.store != nil {
 				e.store.Close() // its directory's lock
 			}
@@ -272,7 +276,8 @@ func New(m *model.Model, tok *tokenizer.Tokenizer, opts Options) (*Engine, error
 	return e, nil
 }
 
-// warmUp runs Options.WarmUp's prompt and one decode step, greedy, in the
+// warmUp runs Options.WarmUp's prompt (twice) and one decode step, greedy,
+// and returns the second prompt pass's tokens a second. It runs them in the
 // first KV blocks and state slot, which the requests then overwrite (a
 // sequence at position 0 starts from a fresh state), then passes of 32,
 // 64, ... 256 tokens after them where the context and the cache allow: the
@@ -280,10 +285,10 @@ func New(m *model.Model, tok *tokenizer.Tokenizer, opts Options) (*Engine, error
 // by token count and loaded at their first launch (on an H200 the first
 // turns of each size paid 3-6 ms a product for them). The tokens spread
 // over the vocabulary, so that an MoE model routes them to many experts.
-func warmUp(m *model.Model, o *Options, ctx int) error {
+func warmUp(m *model.Model, o *Options, ctx int) (rate float64, err error) {
 	n := min(o.WarmUp, o.MaxBatchTokens, ctx-1, (o.KVBlocks-1)*o.BlockSize-1)
 	if n < 1 {
-		return nil
+		return 0, nil
 	}
 	last := n + 1 // the prompt and the decode step's token
 	var turns []int
@@ -300,27 +305,37 @@ func warmUp(m *model.Model, o *Options, ctx int) error {
 	for i := range blocks {
 		blocks[i] = int32(i)
 	}
+	// The prompt twice, the second timed (the first loads the kernels):
+	// the prefill rate that weighs restoring a conversation from the state
+	// cache against computing it (worthRestoring). Then a decode step.
 	seq := model.Seq{Tokens: tokens[:n], Blocks: blocks, Logits: model.LastLogits}
-	for range 2 {
+	for i := range 3 {
+		start := time.Now()
 		logits, err := m.Forward([]model.Seq{seq})
 		if err != nil || m.Config().Embedding != nil {
-			return err // an embedding model has no decode step
+			return 0, err // an embedding model has no decode step
 		}
 		next, err := m.Sample(logits, []backend.SampleParams{{}})
 		if err != nil {
-			return err
+			return 0, err
 		}
-		seq.Pos += len(seq.Tokens)
-		seq.Tokens = []int32{next[0].Token}
+		switch i {
+		case 1:
+			rate = float64(n) / time.Since(start).Seconds()
+			seq.Pos += len(seq.Tokens)
+			seq.Tokens = []int32{next[0].Token}
+		case 2:
+			seq.Pos++
+		}
 	}
 	for _, s := range turns {
 		seq.Tokens = tokens[:s]
 		if _, err := m.Forward([]model.Seq{seq}); err != nil {
-			return err
+			return 0, err
 		}
 		seq.Pos += s
 	}
-	return nil
+	return rate, nil
 }
 
 // The follow-up turns' sizes warmUp runs: cuda's cuBLASLt buckets.

@@ -950,7 +950,7 @@ func TestPrefixComputedSideBySide(t *testing.T) {
 
 // TestWarmUp: an engine that warmed up (a prompt, a decode step and
 // follow-up-sized passes in its first blocks and state slot) answers as one
-// that did not, and holds no block for it.
+// that did not, holds no block for it, and starts with its prefill rate.
 func TestWarmUp(t *testing.T) {
 	for _, arch := range testmodel.Archs {
 		t.Run(arch, func(t *testing.T) {
@@ -960,6 +960,9 @@ func TestWarmUp(t *testing.T) {
 			cold := newEngine(t, loadFixture(t, arch), Options{})
 			if st := warm.Stats(); st.KVBlocksUsed != 0 {
 				t.Errorf("after the warm-up %d blocks are in use", st.KVBlocksUsed)
+			}
+			if warm.warmRate <= 0 || warm.sched.prefillRate != warm.warmRate {
+				t.Errorf("the warm-up's prefill rate %v, the scheduler's %v", warm.warmRate, warm.sched.prefillRate)
 			}
 			rng := rand.New(rand.NewPCG(5, 6))
 			for _, n := range []int{7, 50} {

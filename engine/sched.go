@@ -102,7 +102,12 @@ type scheduler struct {
 	reads  sync.WaitGroup
 	readMu sync.Mutex
 	landed []landed
-	slots  []int // free state slots
+	// prefillRate (tokens a second) and restoreRate (bytes a second, read
+	// and copied to the device) are running estimates that weigh restoring
+	// a prefix from the state cache against computing it (worthRestoring).
+	prefillRate, restoreRate float64
+
+	slots []int // free state slots
 	// captures are the state slots a pass leaves states at its points in
 	// (see chunk); freeCaptures is a pass's list of those not yet taken.
 	captures, freeCaptures []int
@@ -139,6 +144,7 @@ type heldToken struct {
 func newScheduler(e *Engine) *scheduler {
 	s := &scheduler{e: e, m: e.m, hybrid: e.m.Hybrid(), alloc: kvcache.NewAllocator(e.opts.KVBlocks), store: e.store}
 	s.overlap = e.m.Backend().Asynchronous() || e.opts.overlap
+	s.prefillRate = cmp.Or(e.opts.prefillRate, e.warmRate)
 	if s.store != nil {
 		var err error
 		if s.stage, err = e.m.HostBuffer(stageMax); err != nil {
@@ -666,6 +672,9 @@ func (s *scheduler) account(plan []planned, start time.Time) {
 	s.steps++
 	s.stepTokens += int64(tokens)
 	s.stepTime += end.Sub(start)
+	if tokens >= rateTokens && s.e.opts.prefillRate == 0 {
+		s.prefillRate = ewma(s.prefillRate, float64(tokens)/end.Sub(start).Seconds())
+	}
 	if tokens == len(plan) {
 		s.decodeSteps++
 		s.decodeTokens += int64(tokens)

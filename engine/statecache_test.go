@@ -215,3 +215,40 @@ func TestStateCacheReadsInBackground(t *testing.T) {
 		})
 	}
 }
+
+// Where computing a prefix is faster than restoring it, the engine computes
+// it: a GPU prefills fast, and a dense model's KV is large.
+func TestStateCacheComputesWhenFaster(t *testing.T) {
+	rng := rand.New(rand.NewPCG(15, 16))
+	f := loadFixture(t, "qwen3")
+	sc, _, p1, r1 := storedTurn(t, f, rng)
+	p2 := append(append(slices.Clone(p1), r1.tokens...), randomPrompt(rng, f, 20)...)
+	req := &Request{Prompt: p2, Sampling: Sampling{MaxTokens: 10}}
+	e := newEngine(t, loadFixture(t, "qwen3"), Options{StateCache: sc, prefillRate: 1e12})
+	r := generate(t, e, req)
+	ref := generate(t, newEngine(t, loadFixture(t, "qwen3"), Options{NoCache: true}), req)
+	if st := e.Stats(); !slices.Equal(r.tokens, ref.tokens) || r.usage.CachedTokens != 0 || st.StateCacheRestores != 0 {
+		t.Errorf("%v (cold %v), %d tokens cached, %d restores", r.tokens, ref.tokens, r.usage.CachedTokens, st.StateCacheRestores)
+	}
+}
+
+func TestWorthRestoring(t *testing.T) {
+	for _, c := range []struct {
+		prefill, restore float64
+		tokens           int
+		bytes            int64
+		want             bool
+	}{
+		{0, 0, 20000, 3e9, true},        // no prefill rate: restore
+		{45e3, 0, 20000, 2.95e9, false}, // Qwen3-8B, 20K tokens: 1.5 s at the default rate, 0.44 s to compute
+		{45e3, 0, 2048, 302e6, false},   // its 2K: 0.15 s against 46 ms
+		{55e3, 0, 20000, 153e6, true},   // qnext12, 20K: 77 ms against 0.36 s
+		{45e3, 20e9, 2048, 302e6, true}, // a measured restore of 20 GB/s: 15 ms
+		{100, 0, 48, 7e6, true},         // a CPU: 0.48 s to compute 48 tokens
+	} {
+		s := &scheduler{prefillRate: c.prefill, restoreRate: c.restore}
+		if restore, compute, ok := s.worthRestoring(c.tokens, c.bytes); ok != c.want {
+			t.Errorf("%+v: restore %v, compute %v: %v", c, restore, compute, ok)
+		}
+	}
+}
