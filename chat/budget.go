@@ -101,6 +101,7 @@ type budget struct {
 	line     int         // of the template, last reached
 	canceled atomic.Bool // the context is done
 	ctx      context.Context
+	plain    bool // Template.plain
 }
 
 // abort carries the error that stops a rendering through gonja's frames.

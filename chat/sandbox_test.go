@@ -298,9 +298,9 @@ func TestPrintParts(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", src, err)
 		}
-		printParts = false
+		tpl.plain = true
 		want, werr := tpl.Render(in)
-		printParts = true
+		tpl.plain = false
 		got, err := tpl.Render(in)
 		if got != want || fmt.Sprint(err) != fmt.Sprint(werr) {
 			t.Errorf("%s\n parts %q %v\n plain %q %v", src, got, err, want, werr)

@@ -24,6 +24,9 @@ type Template struct {
 	cfg    *config.Config
 	loader loaders.Loader
 	vars   map[string]any // the tokenizer's special tokens
+	// plain: every output takes gonja's path (tests compare it with
+	// outputNode's parts)
+	plain bool
 
 	// The template's tool call form, found once (see ToolCallStart).
 	callOnce sync.Once
@@ -233,6 +236,7 @@ func (t *Template) RenderContext(ctx context.Context, in *RenderInput) (out stri
 		lim.Steps = DefaultLimits.Steps + StepsPerMessage*(len(in.Messages)+len(in.Tools))
 	}
 	b, done := newBudget(ctx, lim)
+	b.plain = t.plain
 	defer done()
 	// A template is code from the model's files: a fault in it, or in
 	// gonja, fails this request only.
