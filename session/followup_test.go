@@ -74,57 +74,93 @@ func qwen3TextSession(tb testing.TB) *Session {
 func BenchmarkFollowUp(b *testing.B) {
 	s := qwen3TextSession(b)
 	for _, history := range []int{5000, 50000, 100000} {
-		msgs := followUpConversation(b, s.tok, s.tmpl, history)
-		req := &Request{Messages: msgs}
-		prev := &chat.RenderInput{Messages: msgs[:len(msgs)-2], AddGenerationPrompt: true}
-		in := func() *chat.RenderInput {
-			return &chat.RenderInput{Messages: msgs, AddGenerationPrompt: true}
-		}
-		b.Run(fmt.Sprintf("history=%dK/render", history/1000), func(b *testing.B) {
-			for b.Loop() {
-				if _, err := s.render(context.Background(), in(), math.MaxInt, nil); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
-		prevText, err := s.render(context.Background(), prev, math.MaxInt, nil)
-		if err != nil {
-			b.Fatal(err)
-		}
-		text, err := s.render(context.Background(), in(), math.MaxInt, nil)
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Run(fmt.Sprintf("history=%dK/tokenize", history/1000), func(b *testing.B) {
-			for range b.N {
-				b.StopTimer()
-				p := newPrompts(s.tok, promptCacheBytes)
-				p.encode(prevText, math.MaxInt)
-				b.StartTimer()
-				p.encode(text, math.MaxInt)
-			}
-		})
-		b.Run(fmt.Sprintf("history=%dK/prompt", history/1000), func(b *testing.B) {
-			for range b.N {
-				b.StopTimer()
-				s.prompts = newPrompts(s.tok, promptCacheBytes)
-				s.prompts.encode(prevText, math.MaxInt)
-				b.StartTimer()
-				if _, _, err := s.prompt(context.Background(), req); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
-		c := &turn{messages: msgs}
-		c.content.WriteString("The answer of the follow-up, as it streamed.")
-		b.Run(fmt.Sprintf("history=%dK/nextturn", history/1000), func(b *testing.B) {
-			for b.Loop() {
-				if _, err := s.nextTurn(c); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
+		followUpStages(b, s, fmt.Sprintf("history=%dK", history/1000), followUpConversation(b, s.tok, s.tmpl, history))
 	}
+}
+
+// BenchmarkFollowUpDocument is BenchmarkFollowUp's stages for a
+// conversation about a document, as kiln bench serve --dataset multiturn
+// --history-len N sends it: a first message of N words (750, 13,000 and
+// 37,300: about 2K, 35K and 100K tokens with the 512-token test vocabulary
+// of the GPU runs) and four turns of 32 words.
+//
+//	go test -run '^$' -bench FollowUpDocument -benchtime 200x ./session
+func BenchmarkFollowUpDocument(b *testing.B) {
+	s := qwen3TextSession(b)
+	words := vocabWords(s.tok, 20000)
+	text := func(n, from int) string {
+		var sb strings.Builder
+		for i := range n {
+			sb.WriteString(words[(from+7*i)%len(words)])
+			sb.WriteByte(' ')
+		}
+		return sb.String()
+	}
+	for _, n := range []int{750, 13000, 37300} {
+		msgs := []chat.Message{{Role: "user", Content: text(n+32, 1)}}
+		for t := range 4 {
+			role := "assistant"
+			if t%2 == 1 {
+				role = "user"
+			}
+			msgs = append(msgs, chat.Message{Role: role, Content: text(32, t+2)})
+		}
+		followUpStages(b, s, fmt.Sprintf("words=%d", n), msgs)
+	}
+}
+
+// followUpStages runs the stages of a follow-up whose request is msgs
+// (its previous turn's: msgs[:len(msgs)-2]) as sub-benchmarks of name.
+func followUpStages(b *testing.B, s *Session, name string, msgs []chat.Message) {
+	req := &Request{Messages: msgs}
+	prev := &chat.RenderInput{Messages: msgs[:len(msgs)-2], AddGenerationPrompt: true}
+	in := func() *chat.RenderInput {
+		return &chat.RenderInput{Messages: msgs, AddGenerationPrompt: true}
+	}
+	b.Run(name+"/render", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := s.render(context.Background(), in(), math.MaxInt, nil); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	prevText, err := s.render(context.Background(), prev, math.MaxInt, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	text, err := s.render(context.Background(), in(), math.MaxInt, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run(name+"/tokenize", func(b *testing.B) {
+		for range b.N {
+			b.StopTimer()
+			p := newPrompts(s.tok, promptCacheBytes)
+			p.encode(prevText, math.MaxInt)
+			b.StartTimer()
+			p.encode(text, math.MaxInt)
+		}
+	})
+	b.Run(name+"/prompt", func(b *testing.B) {
+		for range b.N {
+			b.StopTimer()
+			s.prompts = newPrompts(s.tok, promptCacheBytes)
+			s.prompts.encode(prevText, math.MaxInt)
+			b.StartTimer()
+			if _, _, err := s.prompt(context.Background(), req); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	c := &turn{messages: msgs}
+	c.content.WriteString("The answer of the follow-up, as it streamed.")
+	b.Run(name+"/nextturn", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := s.nextTurn(c); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
 
 // TestMeasureFollowUpTTFT measures chat follow-ups on the hybrid fixture
