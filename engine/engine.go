@@ -58,6 +58,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -266,7 +267,8 @@ func New(m *model.Model, tok *tokenizer.Tokenizer, opts Options) (*Engine, error
 			}
 			return nil, fmt.Errorf("engine: warming up: %w", err)
 		}
-		opts.Logger.Info("engine warmed up", "prompt_tokens", min(opts.WarmUp, opts.MaxBatchTokens), "took", time.Since(start).Round(time.Millisecond))
+		opts.Logger.Info("engine warmed up", "prompt_tokens", min(opts.WarmUp, opts.MaxBatchTokens), "prefill_tok_s", math.Round(e.warmRate),
+			"took", time.Since(start).Round(time.Millisecond))
 	}
 	e.sched = newScheduler(e)
 	e.stats.KVBlocksTotal = opts.KVBlocks
