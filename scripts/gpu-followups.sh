@@ -40,10 +40,11 @@ declare -A ctx=([qnext12]=131072 [q8b]=40960)
 declare -A synth=([qnext12]="--synthetic qwen3-next-80b-a3b --layers 12" [q8b]="--synthetic qwen3-8b")
 declare -a rows
 
-# up waits for a server's model list.
+# up waits until the server on port $1 answers $2 (llama-server's /health
+# is 503 while it loads the model).
 up() {
 	for _ in $(seq 300); do
-		curl -sf "http://127.0.0.1:$1/v1/models" >/dev/null && return 0
+		curl -sf "http://127.0.0.1:$1$2" >/dev/null && return 0
 		sleep 1
 	done
 	return 1
@@ -79,13 +80,13 @@ for model in ${FOLLOWUP_MODELS:-qnext12 q8b}; do
 	rm -rf "$XDG_CACHE_HOME/kiln/state" # a state cache of an earlier run would serve its conversations' first turns
 	"$KILN" serve --model "$file" --backend cuda --addr 127.0.0.1:18471 --socket none >"$OUT/kiln-$model.log" 2>&1 &
 	pid=$!
-	if up 18471; then turns kiln 18471 "$model"; else echo "$model: kiln serve did not start"; tail -3 "$OUT/kiln-$model.log"; fi
+	if up 18471 /v1/models; then turns kiln 18471 "$model"; else echo "$model: kiln serve did not start"; tail -3 "$OUT/kiln-$model.log"; fi
 	kill "$pid"
 	wait "$pid" 2>/dev/null
 	if [ -x "$LL/llama-server" ]; then
 		"$LL/llama-server" -m "$file" -ngl 99 -fa on -np 1 -c "${ctx[$model]}" --port 18472 >"$OUT/llama-$model.log" 2>&1 &
 		pid=$!
-		if up 18472; then turns llama 18472 "$model"; else echo "$model: llama-server did not start"; tail -3 "$OUT/llama-$model.log"; fi
+		if up 18472 /health; then turns llama 18472 "$model"; else echo "$model: llama-server did not start"; tail -3 "$OUT/llama-$model.log"; fi
 		kill "$pid"
 		wait "$pid" 2>/dev/null
 	fi
