@@ -90,9 +90,10 @@ type Backend struct {
 	// f8mvOuts and f8mvCols are the fewest outputs and the most columns
 	// of a product on it.
 	fp8Min, fp8SkinnyMax, f8mvMax, f8mvOuts, f8mvCols int
-	// moeF8: FP8 experts' grouped products run on wgmma (sm_90a) where
-	// fp8Min is set (groupF8; KILN_CUDA_MOE_F8=0 for A/B).
-	moeF8 bool
+	// moeWG: the experts' grouped products run on wgmma (sm_90a): bf16
+	// experts, and FP8 ones where fp8Min is set (groupWG, groupF8;
+	// KILN_CUDA_MOE_WG=0 for A/B).
+	moeWG bool
 	// trace, when set (tests), is told the name of every kernel launched
 	// and "cublasLt" for every cuBLASLt product.
 	trace func(name string)
@@ -200,7 +201,7 @@ func New(opts Options) (*Backend, error) {
 		if b.fp8Min > 0 {
 			b.fp8Min = max(b.fp8Min, fp8GemmMinTokens)
 		}
-		b.moeF8 = strings.HasSuffix(b.arch, "a") && os.Getenv("KILN_CUDA_MOE_F8") != "0"
+		b.moeWG = strings.HasSuffix(b.arch, "a") && os.Getenv("KILN_CUDA_MOE_WG") != "0"
 	}
 	b.f8mvMax = -1
 	if 10*major+minor >= 89 && k.nvrtc >= nvrtcVersion(12, 4) { // F8_MMA in kernels/common.cuh

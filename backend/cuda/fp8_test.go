@@ -468,82 +468,107 @@ func BenchmarkFP8Products(b *testing.B) {
 	}
 }
 
-// TestGroupF8 checks the grouped products of FP8 experts on the FP8 tensor
-// cores (moe_f8.cu) against float64 sums on the same weights, with
-// activations whose e4m3 quantization is exact (each block of 128 holds
-// e4m3 values times a power of two, one of them 448 times it): what is left
-// is the tensor cores' accumulation, which keeps fewer bits than float32
-// in FP8 (2.3e-4 on an H200). Tiles of 64 and 128 rows, outputs
-// that end inside a tile (odd too), rows of token pairs (xdiv 2) and of
-// another rank's experts (sel -1: not written).
-func TestGroupF8(t *testing.T) {
+// TestGroupWG checks the grouped expert products on Hopper's wgmma
+// (moe_wg.cu) against float64 sums on the same weights: FP8 experts on the
+// FP8 tensor cores, with activations whose e4m3 quantization is exact (each
+// block of 128 holds e4m3 values times a power of two, one of them 448
+// times it), and bf16 experts, with activations that are bf16 values (what
+// moe_gather keeps of them). What is left is the tensor cores'
+// accumulation, which keeps fewer bits than float32 in FP8 (2.3e-4 on an
+// H200). Tiles of 64 and 128 rows, outputs that end inside a tile (odd
+// too), rows of token pairs (xdiv 2) and of another rank's experts (sel -1:
+// not written).
+func TestGroupWG(t *testing.T) {
 	p := newPair(t, 41)
-	if p.g.fp8Min == 0 || !p.g.moeF8 {
-		t.Skip("the FP8 grouped products run on Hopper's wgmma (sm_90a)")
+	if !p.g.moeWG {
+		t.Skip("the grouped products on wgmma are Hopper's (sm_90a)")
 	}
 	const T, xdiv, E = 300, 2, 8
 	const R = T * xdiv
-	for _, c := range []struct{ O, in, bm int }{{328, 384, 64}, {328, 384, 128}, {129, 1024, 128}, {256, 128, 64}} {
-		x := make([]float32, T*c.in)
-		for i := 0; i < len(x); i += 128 {
-			scale := float32(math.Ldexp(1, p.r.IntN(9)-4))
-			for j := range 128 {
-				v := float32(math.NaN())
-				for v != v {
-					v = quant.E4M3(uint8(p.r.Uint32()))
-				}
-				x[i+j] = v * scale
+	for _, dt := range []backend.DType{backend.FP8, backend.BF16} {
+		if dt == backend.FP8 && p.g.fp8Min == 0 {
+			continue
+		}
+		for _, c := range []struct{ O, in, bm int }{{328, 384, 64}, {328, 384, 128}, {129, 1024, 128}, {256, 128, 64}, {200, 320, 128}} {
+			if dt == backend.FP8 && c.in%128 != 0 {
+				continue // whole blocks only
 			}
-			x[i+p.r.IntN(128)] = 448 * scale * float32(1-2*p.r.IntN(2))
-		}
-		sel := make([]int32, R)
-		for r := range sel {
-			sel[r] = int32(p.r.IntN(E+1)) - 1
-		}
-		cw, gw := p.qload(backend.FP8, E, c.O, c.in)
-		w := read(t, p.c, cw)
-		_, gx := p.load(backend.F32, x, T, c.in)
-		gsel, buf := p.g.Alloc(backend.I32, R), make([]byte, 4*R)
-		for r, e := range sel {
-			binary.LittleEndian.PutUint32(buf[4*r:], uint32(e))
-		}
-		p.g.Write(gsel, buf)
-		gy := p.poisoned(backend.F32, R, c.O)
-		b := p.g
-		seen := p.launches(func() {
-			g := b.groupRows(asT(gsel).ptr, R, E, c.bm)
-			xq, xs := b.quantAct("moe", asT(gx).ptr, backend.F32, T, T, c.in, false)
-			b.groupF8Product(asT(gy).ptr, xq, xs, T, xdiv, asT(gw), g, R, E, c.bm, c.O, c.in)
-		})
-		what := fmt.Sprintf("%d rows of %d experts x %d x %d, tiles of %d", R, E, c.O, c.in, c.bm)
-		expect(t, what, seen, []string{"quant_fp8_act", fmt.Sprintf("moe_group_f8_%d", c.bm)}, nil)
-		y := read(t, p.g, gy)
-		var want, got []float32
-		for r, e := range sel {
-			row := y[r*c.O : (r+1)*c.O]
-			if e < 0 {
-				for _, v := range row {
-					if v == v {
-						t.Fatalf("%s: row %d of another rank's expert was written", what, r)
+			x := make([]float32, T*c.in)
+			tol, kernels := 1e-5, []string{"moe_gather", fmt.Sprintf("moe_group_wg%d", c.bm)}
+			if dt == backend.FP8 {
+				tol, kernels = 1e-3, []string{"quant_fp8_act", fmt.Sprintf("moe_group_f8_%d", c.bm)}
+				for i := 0; i < len(x); i += 128 {
+					scale := float32(math.Ldexp(1, p.r.IntN(9)-4))
+					for j := range 128 {
+						v := float32(math.NaN())
+						for v != v {
+							v = quant.E4M3(uint8(p.r.Uint32()))
+						}
+						x[i+j] = v * scale
 					}
+					x[i+p.r.IntN(128)] = 448 * scale * float32(1-2*p.r.IntN(2))
 				}
-				continue
-			}
-			for o := range c.O {
-				var s float64
-				for i := range c.in {
-					s += float64(x[r/xdiv*c.in+i]) * float64(w[(int(e)*c.O+o)*c.in+i])
+			} else {
+				for i := range x {
+					x[i] = math.Float32frombits(math.Float32bits(float32(p.r.NormFloat64())) &^ 0xffff)
 				}
-				want, got = append(want, float32(s)), append(got, row[o])
 			}
-		}
-		if d := relL2(got, want); !(d <= 1e-3) {
-			t.Errorf("%s: relative L2 %.3g from the float64 sums", what, d)
-		} else {
-			t.Logf("%s: relative L2 %.3g", what, d)
+			sel := make([]int32, R)
+			for r := range sel {
+				sel[r] = int32(p.r.IntN(E+1)) - 1
+			}
+			var cw, gw backend.Tensor
+			if dt == backend.FP8 {
+				cw, gw = p.qload(dt, E, c.O, c.in)
+			} else {
+				cw, gw = p.load(dt, p.randn(E*c.O*c.in, 0.1), E, c.O, c.in)
+			}
+			w := read(t, p.c, cw)
+			_, gx := p.load(backend.F32, x, T, c.in)
+			gsel, buf := p.g.Alloc(backend.I32, R), make([]byte, 4*R)
+			for r, e := range sel {
+				binary.LittleEndian.PutUint32(buf[4*r:], uint32(e))
+			}
+			p.g.Write(gsel, buf)
+			gy := p.poisoned(backend.F32, R, c.O)
+			b := p.g
+			seen := p.launches(func() {
+				g := b.groupRows(asT(gsel).ptr, R, E, c.bm)
+				b.groupProduct(asT(gy).ptr, asT(gx).ptr, xdiv, asT(gw), g, R, E, c.bm, c.O, c.in)
+			})
+			what := fmt.Sprintf("%v: %d rows of %d experts x %d x %d, tiles of %d", dt, R, E, c.O, c.in, c.bm)
+			expect(t, what, seen, kernels, nil)
+			y := read(t, p.g, gy)
+			var want, got []float32
+			for r, e := range sel {
+				row := y[r*c.O : (r+1)*c.O]
+				if e < 0 {
+					for _, v := range row {
+						if v == v {
+							t.Fatalf("%s: row %d of another rank's expert was written", what, r)
+						}
+					}
+					continue
+				}
+				for o := range c.O {
+					var s float64
+					for i := range c.in {
+						s += float64(x[r/xdiv*c.in+i]) * float64(w[(int(e)*c.O+o)*c.in+i])
+					}
+					want, got = append(want, float32(s)), append(got, row[o])
+				}
+			}
+			if d := relL2(got, want); !(d <= tol) {
+				t.Errorf("%s: relative L2 %.3g from the float64 sums", what, d)
+			} else {
+				t.Logf("%s: relative L2 %.3g", what, d)
+			}
 		}
 	}
 
+	if p.g.fp8Min == 0 {
+		return
+	}
 	// The SwiGLU quantized in one pass (down's rows): the bytes and scales
 	// of silu_mul's rows quantized.
 	const n, in = 37, 384

@@ -22,6 +22,7 @@ var (
 	// The grouped products by their tiles' rows: [0] 64, [1] 128.
 	moeGroupMMKernels = [2]kernel[moeGroupMMArgs]{newKernel[moeGroupMMArgs]("moe_group_mm64"), newKernel[moeGroupMMArgs]("moe_group_mm128")}
 	moeGroupF8Kernels = [2]kernel[moeGroupF8Args]{newKernel[moeGroupF8Args]("moe_group_f8_64"), newKernel[moeGroupF8Args]("moe_group_f8_128")}
+	moeGroupWGKernels = [2]kernel[moeGroupMMArgs]{newKernel[moeGroupMMArgs]("moe_group_wg64"), newKernel[moeGroupMMArgs]("moe_group_wg128")}
 	moeCombineKernel  = newKernel[moeCombineArgs]("moe_combine")
 	// moe_rows by [rows a block - 1][swiglu].
 	moeRowsKernels = [2][2]kernel[moeRowsArgs]{
@@ -165,18 +166,18 @@ const (
 	moeGroupRaw       = 80
 )
 
-// The FP8 grouped products' tiles (kernels/moe_f8.cu): moeF8Outs outputs
-// (MF_BN) by a block of 128 columns a stage, moeF8Stages stages
-// (MF_STAGES).
+// The grouped products' tiles on wgmma (kernels/moe_wg.cu): moeWGOuts
+// outputs (MW_BN) by 128 bytes of a row a stage (FP8: a block of 128
+// columns; bf16: 64 columns), moeWGStages stages (MW_STAGES).
 const (
-	moeF8Outs   = 128
-	moeF8Stages = 4
+	moeWGOuts   = 128
+	moeWGStages = 4
 )
 
-// moeGroupF8Smem is the shared memory of the FP8 grouped products in tiles
-// of bm rows: stages of rows of 128 bytes and their scales, after up to
-// 1024 bytes that align the stages.
-func moeGroupF8Smem(bm int) int { return 1024 + moeF8Stages*(bm+moeF8Outs)*(128+4) }
+// moeGroupWGSmem is the shared memory of the grouped products on wgmma in
+// tiles of bm rows: stages of rows of 128 bytes and (FP8) their scales,
+// after up to 1024 bytes that align the stages.
+func moeGroupWGSmem(bm int) int { return 1024 + moeWGStages*(bm+moeWGOuts)*(128+4) }
 
 // moeGroupSmem is the shared memory of the bf16 grouped products in tiles
 // of bm rows: stages of the rows and of the weights; moeGroupQSmem that of
@@ -336,36 +337,11 @@ func (b *Backend) expertRows(xt *tensor, sel devptr, K int, gu, down, sgu, sdown
 	var g expertGroups // the grouped products' rows, in tiles of bm
 	bm := moeGroupRows
 	if grouped {
-		large := R >= moeGroupLargeFrom*E
-		if large {
+		if R >= moeGroupLargeFrom*E {
 			bm = moeGroupRowsLarge
 		}
-		maxTiles := expertTiles(R, E, bm)
 		g = b.groupRows(sel, R, E, bm)
-		expertProduct = func(y, x devptr, xdiv int, w *tensor, O, in int) {
-			if b.groupF8(w, in) {
-				n := R / xdiv
-				xq, xs := b.quantAct("moe", x, backend.F32, n, n, in, false)
-				b.groupF8Product(y, xq, xs, n, xdiv, w, g, R, E, bm, O, in)
-				return
-			}
-			xg := b.scratchBuf("moe.xg", 2*R*in) // bf16
-			moeGatherKernel.run(b, g1(R), 256, 0, moeGatherArgs{xg: xg, x: x, xdiv: int32(xdiv), order: g.order, I: int32(in)})
-			grid := [3]int{(O + moeGroupOuts - 1) / moeGroupOuts, maxTiles, 1}
-			if w.dt.Quantized() {
-				k, smem := quantKernelsOf(w.dt).groupMM[boolInt(large)], moeGroupQSmem(bm)
-				b.allowSmem(k.name, smem)
-				b.preferSmem(k.name)
-				k.run(b, grid, 2*bm, smem, qgroupMMArgs{y: y, xg: xg, w: w.ptr, rb: int64(w.rb()), estride: int64(O * w.rb()),
-					start: g.start, order: g.order, tiles: g.tiles, ntiles: g.ntiles, O: int32(O), I: int32(in)})
-				return
-			}
-			k, smem := moeGroupMMKernels[boolInt(large)], moeGroupSmem(bm)
-			b.allowSmem(k.name, smem)
-			b.preferSmem(k.name)
-			k.run(b, grid, 2*bm, smem, moeGroupMMArgs{y: y, xg: xg, w: w.ptr, start: g.start, order: g.order, tiles: g.tiles, ntiles: g.ntiles,
-				O: int32(O), I: int32(in)})
-		}
+		expertProduct = func(y, x devptr, xdiv int, w *tensor, O, in int) { b.groupProduct(y, x, xdiv, w, g, R, E, bm, O, in) }
 	}
 	// qrows is the quantized expert rows' product at decode (xsh: where the
 	// shared expert's inputs start; selReady as qmvRows'); it reports
@@ -416,12 +392,55 @@ func (b *Backend) expertRows(xt *tensor, sel devptr, K int, gu, down, sgu, sdown
 	return y, ys, summed
 }
 
+// groupProduct is the grouped product of experts w (O rows of in each) in
+// tiles of bm rows listed by g: y[r] = x[r / xdiv] . w[sel[r]]^T for the R
+// rows r, x float32. FP8 experts on Hopper take their rows in e4m3
+// (groupF8); the others gather them in bf16 for the tiles on wgmma (bf16
+// experts on Hopper, groupWG) or on mma.sync.
+func (b *Backend) groupProduct(y, x devptr, xdiv int, w *tensor, g expertGroups, R, E, bm, O, in int) {
+	if b.groupF8(w, in) {
+		n := R / xdiv
+		xq, xs := b.quantAct("moe", x, backend.F32, n, n, in, false)
+		b.groupF8Product(y, xq, xs, n, xdiv, w, g, R, E, bm, O, in)
+		return
+	}
+	large := bm == moeGroupRowsLarge
+	xg := b.scratchBuf("moe.xg", 2*R*in) // bf16
+	moeGatherKernel.run(b, g1(R), 256, 0, moeGatherArgs{xg: xg, x: x, xdiv: int32(xdiv), order: g.order, I: int32(in)})
+	grid := [3]int{(O + moeGroupOuts - 1) / moeGroupOuts, expertTiles(R, E, bm), 1}
+	if w.dt.Quantized() {
+		k, smem := quantKernelsOf(w.dt).groupMM[boolInt(large)], moeGroupQSmem(bm)
+		b.allowSmem(k.name, smem)
+		b.preferSmem(k.name)
+		k.run(b, grid, 2*bm, smem, qgroupMMArgs{y: y, xg: xg, w: w.ptr, rb: int64(w.rb()), estride: int64(O * w.rb()),
+			start: g.start, order: g.order, tiles: g.tiles, ntiles: g.ntiles, O: int32(O), I: int32(in)})
+		return
+	}
+	k, smem := moeGroupMMKernels[boolInt(large)], moeGroupSmem(bm)
+	if b.groupWG(w, in) {
+		k, smem = moeGroupWGKernels[boolInt(large)], moeGroupWGSmem(bm)
+	}
+	b.allowSmem(k.name, smem)
+	b.preferSmem(k.name)
+	k.run(b, grid, 2*bm, smem, moeGroupMMArgs{y: y, xg: xg, w: w.ptr, start: g.start, order: g.order, tiles: g.tiles, ntiles: g.ntiles,
+		O: int32(O), I: int32(in)})
+}
+
 // groupF8 reports whether the grouped products with w (rows of in) run on
-// Hopper's FP8 tensor cores (moe_f8.cu): FP8 weights where the dense FP8
-// products quantize their activations too (fp8Min), wgmma (moeF8), whole
+// Hopper's FP8 tensor cores (moe_wg.cu): FP8 weights where the dense FP8
+// products quantize their activations too (fp8Min), wgmma (moeWG), whole
 // blocks of 128 columns, and the shared memory of its tiles.
 func (b *Backend) groupF8(w *tensor, in int) bool {
-	return w.dt == backend.FP8 && b.fp8Min > 0 && b.moeF8 && in%128 == 0 && moeGroupF8Smem(moeGroupRowsLarge) <= b.smemOp
+	return w.dt == backend.FP8 && b.fp8Min > 0 && b.moeWG && in%128 == 0 && moeGroupWGSmem(moeGroupRowsLarge) <= b.smemOp
+}
+
+// groupWG reports whether the grouped products with bf16 weights w (rows
+// of in) run on wgmma (moe_wg.cu): rows of whole 64-column stages, and the
+// shared memory of its tiles. On an H200, qnext12's 4K-token prompt (512
+// experts, 80 rows an expert) spent half its prefill in these products on
+// mma.sync, at 109 TFLOP/s.
+func (b *Backend) groupWG(w *tensor, in int) bool {
+	return w.dt == backend.BF16 && b.moeWG && in%64 == 0 && moeGroupWGSmem(moeGroupRowsLarge) <= b.smemOp
 }
 
 // groupF8Product is the grouped product of FP8 experts w (O rows of in
@@ -429,9 +448,9 @@ func (b *Backend) groupF8(w *tensor, in int) bool {
 // = x[r / xdiv] . w[sel[r]]^T for the R rows r, x's n rows given in e4m3
 // with their scales (xq, xs: quantAct's).
 func (b *Backend) groupF8Product(y, xq, xs devptr, n, xdiv int, w *tensor, g expertGroups, R, E, bm, O, in int) {
-	k, smem := moeGroupF8Kernels[boolInt(bm == moeGroupRowsLarge)], moeGroupF8Smem(bm)
+	k, smem := moeGroupF8Kernels[boolInt(bm == moeGroupRowsLarge)], moeGroupWGSmem(bm)
 	b.allowSmem(k.name, smem)
-	k.run(b, [3]int{(O + moeF8Outs - 1) / moeF8Outs, expertTiles(R, E, bm), 1}, 2*bm, smem, moeGroupF8Args{y: y, xq: xq, xs: xs,
+	k.run(b, [3]int{(O + moeWGOuts - 1) / moeWGOuts, expertTiles(R, E, bm), 1}, 2*bm, smem, moeGroupF8Args{y: y, xq: xq, xs: xs,
 		T: int32(n), xdiv: int32(xdiv), w: w.ptr, rb: int64(w.rb()), estride: int64(O * w.rb()), start: g.start, order: g.order,
 		tiles: g.tiles, ntiles: g.ntiles, O: int32(O), I: int32(in)})
 }

@@ -29,10 +29,10 @@
 #define MG_P 40
 #define MG_RAW 80
 
-// The FP8 grouped expert products (moe_f8.cu): tiles of MF_BN outputs, MF_STAGES
-// stages of 128 columns.
-#define MF_BN 128
-#define MF_STAGES 4
+// The grouped expert products on wgmma (moe_wg.cu): tiles of MW_BN outputs,
+// MW_STAGES stages of 128 bytes of a row.
+#define MW_BN 128
+#define MW_STAGES 4
 
 // The tokens of a chunk of the chunked DeltaNet kernels (deltanet_chunk.cu).
 #define DN_C 64

@@ -1,0 +1,231 @@
+// The grouped expert products on Hopper's wgmma: FP8 experts on its FP8
+// tensor cores, where the dense FP8 products already take their activations
+// in e4m3 (cuBLASLt's block-scaled GEMMs, fp8.go), and bf16 experts on its
+// bf16 ones: y[order[j], o] = x_j . w[e]_o for the rows j of each tile of
+// expert e, as moe_group lists them. group_mm (moe_mm.cuh) runs these
+// products on mma.sync, dequantizing each tile of weights into shared
+// memory: 3.0 ms a layer for the gate/up products of an 8K-token
+// Coder-Next prompt in FP8 (113 TFLOP/s, H200), a third of its prefill;
+// in bf16 (qnext12, 4K tokens) 1.44 ms a layer, 109 TFLOP/s, half its
+// prefill.
+//
+// A stage is 128 bytes of a row: the tile's rows of x and MW_BN weight
+// rows copied by cp.async as they are. FP8: the rows of x come quantized
+// once (quant_fp8_act: e4m3 with a float32 scale a row and 128 columns),
+// read through order (no gather), and the weights' device rows hold the
+// 128-byte bodies of their blocks and then the blocks' scales (qlayout.go);
+// a stage is one block of 128 columns, with its scales. bf16: the rows come
+// gathered (moe_gather) and a stage is 64 columns. A warpgroup takes 64 of
+// the tile's rows by its MW_BN outputs, one wgmma m64n128 each 32 bytes of
+// columns with both operands in shared memory, K-major in the 128-byte
+// swizzle (atoms of 8 rows 1024 bytes apart, 16-byte piece c of row r at
+// c ^ (r % 8)). FP8: each stage's products go to fresh accumulators, which
+// the row's scale times the weight row's adds to the totals (the scales
+// change every 128 columns), so a stage's products are waited for before
+// the next; 0.93 ms for those gate/up products. bf16: the products
+// accumulate in place, and a stage's run while the next is issued.
+//
+// wgmma is sm_90a's; mma.sync's e4m3 (sm_89 on) is emulated on Hopper
+// (converted to f16 first) and ran the FP8 tiles in 2.8 ms. Grid (ceil(O /
+// MW_BN), tiles allowed for), a warpgroup per 64 rows of a tile; an FP8
+// warpgroup past the tile's rows skips its products. Requires I % 128 == 0
+// (FP8) or I % 64 == 0 (bf16).
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WGMMA 1
+#else
+#define WGMMA 0
+#endif
+
+// wg_desc is the shared-memory descriptor of a K-major operand in the
+// 128-byte swizzle whose 8-row atoms are 1024 bytes apart, from shared
+// address a.
+__device__ __forceinline__ unsigned long long wg_desc(unsigned a) {
+	return (unsigned long long)((a & 0x3ffff) >> 4) | ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
+}
+
+// wgmma_e4m3 is d (+)= A . B^T for a warpgroup: 64 rows (da) by 128 outputs
+// (db), 32 columns; add 0 overwrites d.
+__device__ __forceinline__ void wgmma_e4m3(float (&d)[64], unsigned long long da, unsigned long long db, int add) {
+#if WGMMA
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+		"wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
+		: "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+		: "l"(da), "l"(db), "r"(add));
+#else
+	__trap();
+#endif
+}
+
+// wgmma_bf16 is d += A . B^T for a warpgroup: 64 rows (da) by 128 outputs
+// (db), 16 columns.
+__device__ __forceinline__ void wgmma_bf16(float (&d)[64], unsigned long long da, unsigned long long db) {
+#if WGMMA
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+		"wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+		: "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+		: "l"(da), "l"(db), "n"(1));
+#else
+	__trap();
+#endif
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+#if WGMMA
+	asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#endif
+}
+// wgmma_commit_wait commits the products issued and waits until at most N
+// groups of them are running.
+template <int N>
+__device__ __forceinline__ void wgmma_commit_wait() {
+#if WGMMA
+	asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+#endif
+}
+// fence_async_smem orders this thread's writes to shared memory before the
+// async proxy's reads (wgmma's operands).
+__device__ __forceinline__ void fence_async_smem() {
+#if WGMMA
+	asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+
+// group_wg is the products of either kind (F8: xq and xs are quant_fp8_act's
+// rows, read through order / xdiv; else xq is the gathered bf16 rows, xs
+// unused); rb is a weight row's bytes, estride an expert's.
+template <int BM, bool F8>
+__device__ __forceinline__ void group_wg(float *y, const u8 *xq, const float *xs, int T, int xdiv, const u8 *w, long rb, long estride,
+		const int *start, const int *order, const int *tiles, const int *ntiles, int O, int I) {
+	constexpr int NTHR = 2 * BM, CA = BM * 8 / NTHR, CB = MW_BN * 8 / NTHR;  // a warpgroup each 64 rows; a thread's 16-byte copies a stage
+	constexpr int SA = BM * 128, SB = MW_BN * 128;                        // a stage's bytes
+	// Stages loaded ahead: FP8 waits for each stage's products, bf16 lets
+	// one group run on, so the stage it reads is refilled a step later.
+	constexpr int AHEAD = F8 ? MW_STAGES - 1 : MW_STAGES - 2;
+	extern __shared__ uint4 mw_smem[];
+	unsigned base = (smem_addr(mw_smem) + 1023) & ~1023u;  // the swizzle's atoms are 1024-byte aligned
+	unsigned sA = base, sB = base + MW_STAGES * SA;
+	float *sX = (float *)((u8 *)mw_smem + (sB + MW_STAGES * SB - smem_addr(mw_smem))), *sW = sX + MW_STAGES * BM;
+	int tile = blockIdx.y;
+	if (tile >= *ntiles) return;
+	int e = tiles[2 * tile], j0 = tiles[2 * tile + 1], j1 = min(j0 + BM, start[e + 1]);
+	long ab = F8 ? I : 2 * I;  // a row's bytes
+	int o0 = blockIdx.x * MW_BN, nk = ab >> 7;
+	int lane = threadIdx.x & 31, wg = threadIdx.x >> 7, wr = (threadIdx.x >> 5) & 3;
+	bool rows = j0 + 64 * wg < j1;  // this warpgroup has rows
+	const u8 *we = w + e * estride;
+	const u8 *ap[CA], *bp[CB];
+	unsigned ad[CA], bd[CB];  // where each copy goes in a stage (swizzled)
+#pragma unroll
+	for (int i = 0; i < CA; i++) {
+		int c = threadIdx.x + NTHR * i, r = c >> 3, j = min(j0 + r, j1 - 1);
+		ap[i] = xq + (F8 ? order[j] / xdiv : j) * ab + (c & 7) * 16;
+		ad[i] = r * 128 + (((c & 7) ^ (r & 7)) << 4);
+	}
+#pragma unroll
+	for (int i = 0; i < CB; i++) {
+		int c = threadIdx.x + NTHR * i, r = c >> 3;
+		bp[i] = we + (long)min(o0 + r, O - 1) * rb + (c & 7) * 16;
+		bd[i] = r * 128 + (((c & 7) ^ (r & 7)) << 4);
+	}
+	// FP8: threads below BM copy their row's scale, the last MW_BN their
+	// weight row's.
+	int wi = threadIdx.x - (NTHR - MW_BN);
+	const float *spx = F8 ? xs + order[min(j0 + (int)threadIdx.x, j1 - 1)] / xdiv : nullptr;
+	const float *spw = F8 ? (const float *)(we + (long)min(o0 + max(wi, 0), O - 1) * rb + (long)nk * 128) : nullptr;
+	auto load = [&](int st, int kt) {
+#pragma unroll
+		for (int i = 0; i < CA; i++) cp_async16(sA + st * SA + ad[i], ap[i] + kt * 128);
+#pragma unroll
+		for (int i = 0; i < CB; i++) cp_async16(sB + st * SB + bd[i], bp[i] + kt * 128);
+		if (F8 && threadIdx.x < BM) cp_async4(smem_addr(sX + st * BM + threadIdx.x), spx + (long)kt * T);
+		if (F8 && wi >= 0) cp_async4(smem_addr(sW + st * MW_BN + wi), spw + kt);
+	};
+	float acc[64], part[64];
+#pragma unroll
+	for (int i = 0; i < 64; i++) acc[i] = 0.f;
+#pragma unroll
+	for (int s = 0; s < AHEAD; s++) {
+		if (s < nk) load(s, s);
+		asm volatile("cp.async.commit_group;");
+	}
+	for (int kt = 0; kt < nk; kt++) {
+		int st = kt % MW_STAGES;
+		asm volatile("cp.async.wait_group %0;" ::"n"(AHEAD - 1));
+		fence_async_smem();
+		// Stage kt is in; every warpgroup is done with the stage about to
+		// be refilled (bf16: its products were waited for last step).
+		__syncthreads();
+		int nx = kt + AHEAD;
+		if (nx < nk) load(nx % MW_STAGES, nx);
+		asm volatile("cp.async.commit_group;");
+		// bf16: a warpgroup past the tile's rows multiplies its last row
+		// (skipping would have ptxas serialize the products: C7515).
+		if (F8 && !rows) continue;
+		wgmma_fence();
+		if constexpr (F8) {
+#pragma unroll
+			for (int ks = 0; ks < 4; ks++) wgmma_e4m3(part, wg_desc(sA + st * SA + wg * 64 * 128 + 32 * ks), wg_desc(sB + st * SB + 32 * ks), ks);
+			wgmma_commit_wait<0>();
+			const float *sx = sX + st * BM + 64 * wg + 16 * wr + (lane >> 2), *sw = sW + st * MW_BN + (lane & 3) * 2;
+			float x0 = sx[0], x1 = sx[8];
+#pragma unroll
+			for (int n = 0; n < 16; n++) {
+				float w0 = sw[8 * n], w1 = sw[8 * n + 1];
+				acc[4 * n] = fmaf(part[4 * n], x0 * w0, acc[4 * n]);
+				acc[4 * n + 1] = fmaf(part[4 * n + 1], x0 * w1, acc[4 * n + 1]);
+				acc[4 * n + 2] = fmaf(part[4 * n + 2], x1 * w0, acc[4 * n + 2]);
+				acc[4 * n + 3] = fmaf(part[4 * n + 3], x1 * w1, acc[4 * n + 3]);
+			}
+		} else {
+#pragma unroll
+			for (int ks = 0; ks < 4; ks++) wgmma_bf16(acc, wg_desc(sA + st * SA + wg * 64 * 128 + 32 * ks), wg_desc(sB + st * SB + 32 * ks));
+			wgmma_commit_wait<1>();
+		}
+	}
+	asm volatile("cp.async.wait_group 0;");
+	if (!F8) wgmma_commit_wait<0>();
+#pragma unroll
+	for (int h = 0; h < 2; h++) {
+		int j = j0 + 64 * wg + 16 * wr + (lane >> 2) + 8 * h;
+		if (j >= j1) continue;
+		float *row = y + (long)order[j] * O;
+#pragma unroll
+		for (int n = 0; n < 16; n++) {
+			int o = o0 + 8 * n + (lane & 3) * 2;
+			if (o + 1 < O && !(O & 1)) {
+				*(float2 *)(row + o) = make_float2(acc[4 * n + 2 * h], acc[4 * n + 2 * h + 1]);
+			} else {
+				if (o < O) row[o] = acc[4 * n + 2 * h];
+				if (o + 1 < O) row[o + 1] = acc[4 * n + 2 * h + 1];
+			}
+		}
+	}
+}
+
+// moe_group_f8_64, moe_group_f8_128: the FP8 products in tiles of 64 and
+// 128 rows (one and two warpgroups); moe_group_wg64, moe_group_wg128: the
+// bf16 ones, the arguments of moe_group_mm. Shared memory moeGroupWGSmem;
+// sm_90a only (elsewhere they trap).
+#define MOE_GROUP_F8(BM) \
+	extern "C" __global__ void __launch_bounds__(2 * BM, 1) moe_group_f8_##BM(float *y, const u8 *xq, const float *xs, int T, int xdiv, \
+			const u8 *w, long rb, long estride, const int *start, const int *order, const int *tiles, const int *ntiles, int O, int I) { \
+		if (WGMMA) { \
+			group_wg<BM, true>(y, xq, xs, T, xdiv, w, rb, estride, start, order, tiles, ntiles, O, I); \
+		} else { \
+			__trap(); \
+		} \
+	}
+MOE_GROUP_F8(64)
+MOE_GROUP_F8(128)
+
+#define MOE_GROUP_WG(BM) \
+	extern "C" __global__ void __launch_bounds__(2 * BM, 1) moe_group_wg##BM(float *y, const u16 *xg, const u16 *w, const int *start, \
+			const int *order, const int *tiles, const int *ntiles, int O, int I) { \
+		if (WGMMA) { \
+			group_wg<BM, false>(y, (const u8 *)xg, nullptr, 0, 1, (const u8 *)w, 2L * I, 2L * O * I, start, order, tiles, ntiles, O, I); \
+		} else { \
+			__trap(); \
+		} \
+	}
+MOE_GROUP_WG(64)
+MOE_GROUP_WG(128)
