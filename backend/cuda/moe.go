@@ -22,6 +22,7 @@ var (
 	// The grouped products by their tiles' rows: [0] 64, [1] 128.
 	moeGroupMMKernels = [2]kernel[moeGroupMMArgs]{newKernel[moeGroupMMArgs]("moe_group_mm64"), newKernel[moeGroupMMArgs]("moe_group_mm128")}
 	moeGroupF8Kernels = [2]kernel[moeGroupF8Args]{newKernel[moeGroupF8Args]("moe_group_f8_64"), newKernel[moeGroupF8Args]("moe_group_f8_128")}
+	// The bf16 ones on wgmma: [0] 64 rows by moeWGOuts, [1] 128 by twice that.
 	moeGroupWGKernels = [2]kernel[moeGroupMMArgs]{newKernel[moeGroupMMArgs]("moe_group_wg64"), newKernel[moeGroupMMArgs]("moe_group_wg128")}
 	moeCombineKernel  = newKernel[moeCombineArgs]("moe_combine")
 	// moe_rows by [rows a block - 1][swiglu].
@@ -177,7 +178,7 @@ const (
 // moeGroupWGSmem is the shared memory of the grouped products on wgmma in
 // tiles of bm rows: stages of rows of 128 bytes and (FP8) their scales,
 // after up to 1024 bytes that align the stages.
-func moeGroupWGSmem(bm int) int { return 1024 + moeWGStages*(bm+moeWGOuts)*(128+4) }
+func moeGroupWGSmem(bm, bn int) int { return 1024 + moeWGStages*(bm+bn)*(128+4) }
 
 // moeGroupSmem is the shared memory of the bf16 grouped products in tiles
 // of bm rows: stages of the rows and of the weights; moeGroupQSmem that of
@@ -418,7 +419,9 @@ func (b *Backend) groupProduct(y, x devptr, xdiv int, w *tensor, g expertGroups,
 	}
 	k, smem := moeGroupMMKernels[boolInt(large)], moeGroupSmem(bm)
 	if b.groupWG(w, in) {
-		k, smem = moeGroupWGKernels[boolInt(large)], moeGroupWGSmem(bm)
+		bn := moeWGOuts * bm / moeGroupRows
+		k, smem = moeGroupWGKernels[boolInt(large)], moeGroupWGSmem(bm, bn)
+		grid[0] = (O + bn - 1) / bn
 	}
 	b.allowSmem(k.name, smem)
 	b.preferSmem(k.name)
@@ -431,7 +434,7 @@ func (b *Backend) groupProduct(y, x devptr, xdiv int, w *tensor, g expertGroups,
 // products quantize their activations too (fp8Min), wgmma (moeWG), whole
 // blocks of 128 columns, and the shared memory of its tiles.
 func (b *Backend) groupF8(w *tensor, in int) bool {
-	return w.dt == backend.FP8 && b.fp8Min > 0 && b.moeWG && in%128 == 0 && moeGroupWGSmem(moeGroupRowsLarge) <= b.smemOp
+	return w.dt == backend.FP8 && b.fp8Min > 0 && b.moeWG && in%128 == 0 && moeGroupWGSmem(moeGroupRowsLarge, moeWGOuts) <= b.smemOp
 }
 
 // groupWG reports whether the grouped products with bf16 weights w (rows
@@ -440,7 +443,7 @@ func (b *Backend) groupF8(w *tensor, in int) bool {
 // experts, 80 rows an expert) spent half its prefill in these products on
 // mma.sync, at 109 TFLOP/s.
 func (b *Backend) groupWG(w *tensor, in int) bool {
-	return w.dt == backend.BF16 && b.moeWG && in%64 == 0 && moeGroupWGSmem(moeGroupRowsLarge) <= b.smemOp
+	return w.dt == backend.BF16 && b.moeWG && in%64 == 0 && moeGroupWGSmem(moeGroupRowsLarge, 2*moeWGOuts) <= b.smemOp
 }
 
 // groupF8Product is the grouped product of FP8 experts w (O rows of in
@@ -448,7 +451,7 @@ func (b *Backend) groupWG(w *tensor, in int) bool {
 // = x[r / xdiv] . w[sel[r]]^T for the R rows r, x's n rows given in e4m3
 // with their scales (xq, xs: quantAct's).
 func (b *Backend) groupF8Product(y, xq, xs devptr, n, xdiv int, w *tensor, g expertGroups, R, E, bm, O, in int) {
-	k, smem := moeGroupF8Kernels[boolInt(bm == moeGroupRowsLarge)], moeGroupWGSmem(bm)
+	k, smem := moeGroupF8Kernels[boolInt(bm == moeGroupRowsLarge)], moeGroupWGSmem(bm, moeWGOuts)
 	b.allowSmem(k.name, smem)
 	k.run(b, [3]int{(O + moeWGOuts - 1) / moeWGOuts, expertTiles(R, E, bm), 1}, 2*bm, smem, moeGroupF8Args{y: y, xq: xq, xs: xs,
 		T: int32(n), xdiv: int32(xdiv), w: w.ptr, rb: int64(w.rb()), estride: int64(O * w.rb()), start: g.start, order: g.order,

@@ -36,13 +36,14 @@ __device__ __forceinline__ void group_mm(float *y, const u16 *xg, WL &wl, u16 (*
 	int mt = min(2, (j1 - j0 - wm * 32 + 15) >> 4);  // this warp's 16-row steps with rows (0 to 2)
 	int mi = lane >> 3, mr = lane & 7;
 	int nk = I / MG_BK;
-	// Rows past the tile's end repeat its last row, outputs past O the last
-	// output: finite values whose results are not stored.
+	// Rows past the tile's end are not loaded (a row of products reads its
+	// own row of x only, and theirs are not stored); outputs past O repeat
+	// the last output.
 	auto loadA = [&](int st, int kt) {
 		int k0 = kt * MG_BK;
-		for (int c = threadIdx.x; c < BM * (MG_BK / 8); c += 2 * BM) {
+		for (int c = threadIdx.x; c < (j1 - j0) * (MG_BK / 8); c += 2 * BM) {
 			int r = c / (MG_BK / 8), col = c % (MG_BK / 8) * 8;
-			cp_async16(smem_addr(&sA[st][r * MG_P + col]), xg + (long)min(j0 + r, j1 - 1) * I + k0 + col);
+			cp_async16(smem_addr(&sA[st][r * MG_P + col]), xg + (long)(j0 + r) * I + k0 + col);
 		}
 	};
 	float acc[2][8][4];
