@@ -170,9 +170,12 @@ func benchMicro(args []string) error {
 	}
 	rep := benchReport{Model: cfg.Name, Backend: b.Name(), GPUs: m.Ranks(), Layers: cfg.Layers, Bandwidth: *bw, Peak: *peak, PeakFP8: fp8Peak,
 		Date: time.Now().UTC().Format(time.RFC3339)}
+	// A configuration's kernel profile leaves out its warm-up, whose
+	// first calls carry lazy loads (cuBLASLt's kernels: milliseconds).
+	warmed := func() { profileReport(b) }
 	// Prefill first: its KV blocks are then real data for the decode runs.
 	for _, P := range ps {
-		r, err := benchPrefill(m, P, blockSize)
+		r, err := benchPrefill(m, P, blockSize, warmed)
 		if err != nil {
 			return fmt.Errorf("prefill %d: %w", P, err)
 		}
@@ -192,7 +195,7 @@ func benchMicro(args []string) error {
 		dcs = append(dcs, dcfg{1, C})
 	}
 	for _, d := range dcs {
-		r, err := benchDecode(m, d.B, d.C, *steps, blockSize)
+		r, err := benchDecode(m, d.B, d.C, *steps, blockSize, warmed)
 		if err != nil {
 			return fmt.Errorf("decode batch %d context %d: %w", d.B, d.C, err)
 		}
@@ -208,7 +211,7 @@ func benchMicro(args []string) error {
 		profile(b, r)
 	}
 	for _, x := range ms {
-		r, err := benchMixed(m, x, cs[0], blockSize)
+		r, err := benchMixed(m, x, cs[0], blockSize, warmed)
 		if err != nil {
 			return fmt.Errorf("mixed %dx%dx%d: %w", x.B, x.P, x.N, err)
 		}
@@ -253,14 +256,25 @@ func progress(quiet bool, r benchResult) {
 	}
 }
 
-// profile prints the backend's per-kernel times of the last configuration
-// when it keeps them (the CUDA backend with KILN_CUDA_PROFILE=1).
+// profile prints the backend's per-kernel times of the last configuration's
+// timed runs when it keeps them (the CUDA backend with KILN_CUDA_PROFILE=1).
 func profile(b backend.Backend, r benchResult) {
-	if p, ok := b.(interface{ ProfileReport() string }); ok {
-		if rep := p.ProfileReport(); rep != "" {
-			fmt.Fprintf(os.Stderr, "device time, %s batch %d context %d (warm-up included):\n%s", r.Kind, r.Batch, r.Context, rep)
+	if rep := profileReport(b); rep != "" {
+		runs := fmt.Sprintf("%d passes", benchRuns)
+		if r.Kind == "decode" {
+			runs = fmt.Sprintf("%d steps", r.Steps)
 		}
+		fmt.Fprintf(os.Stderr, "device time, %s batch %d context %d (%s):\n%s", r.Kind, r.Batch, r.Context, runs, rep)
 	}
+}
+
+// profileReport returns the backend's per-kernel times since its last
+// report, "" where it keeps none.
+func profileReport(b backend.Backend) string {
+	if p, ok := b.(interface{ ProfileReport() string }); ok {
+		return p.ProfileReport()
+	}
+	return ""
 }
 
 func blocksFor(tokens, bs int) int { return (tokens + bs - 1) / bs }
@@ -356,18 +370,24 @@ func blockRange(start, n int) []int32 {
 	return b
 }
 
+// benchRuns is the timed passes of a prefill or mixed configuration, after
+// one of warm-up.
+const benchRuns = 3
+
 // benchPrefill times one prompt of P tokens through Forward and Sample
-// (median of three after a warm-up).
-func benchPrefill(m *model.Model, P, bs int) (benchResult, error) {
+// (median of benchRuns after a warm-up; warmed is called after it).
+func benchPrefill(m *model.Model, P, bs int, warmed func()) (benchResult, error) {
 	cfg := m.Config()
 	seq := model.Seq{Tokens: seqTokens(P, cfg.VocabSize, P), Blocks: blockRange(0, blocksFor(P, bs)), Logits: model.LastLogits}
 	var times []float64
-	for i := 0; i < 4; i++ {
+	for i := 0; i <= benchRuns; i++ {
 		start := time.Now()
 		if err := benchPass(m, []model.Seq{seq}, []backend.SampleParams{{}}, 1); err != nil {
 			return benchResult{}, err
 		}
-		if i > 0 {
+		if i == 0 {
+			warmed()
+		} else {
 			times = append(times, time.Since(start).Seconds())
 		}
 	}
@@ -396,8 +416,9 @@ func benchPass(m *model.Model, seqs []model.Seq, params []backend.SampleParams, 
 
 // benchDecode times steps greedy decode steps of B sequences that each
 // have C tokens cached (the cache's contents are whatever earlier runs left
-// there: decode reads the same bytes whatever they hold).
-func benchDecode(m *model.Model, B, C, steps, bs int) (benchResult, error) {
+// there: decode reads the same bytes whatever they hold); warmed is called
+// after the warm-up steps.
+func benchDecode(m *model.Model, B, C, steps, bs int, warmed func()) (benchResult, error) {
 	cfg := m.Config()
 	const warm = 4
 	nb := blocksFor(C+steps+warm, bs)
@@ -409,6 +430,7 @@ func benchDecode(m *model.Model, B, C, steps, bs int) (benchResult, error) {
 	var start time.Time
 	for s := 0; s < warm+steps; s++ {
 		if s == warm {
+			warmed()
 			start = time.Now()
 		}
 		if err := benchPass(m, seqs, params, 0); err != nil {
@@ -420,11 +442,12 @@ func benchDecode(m *model.Model, B, C, steps, bs int) (benchResult, error) {
 }
 
 // benchMixed times passes of x.B sequences decoding at context C beside
-// x.N prompts of x.P tokens (median of three after a warm-up), each pass
-// sampling a token for every sequence as the scheduler does.
-func benchMixed(m *model.Model, x mixCfg, C, bs int) (benchResult, error) {
+// x.N prompts of x.P tokens (median of benchRuns after a warm-up, warmed
+// called after it), each pass sampling a token for every sequence as the
+// scheduler does.
+func benchMixed(m *model.Model, x mixCfg, C, bs int, warmed func()) (benchResult, error) {
 	cfg := m.Config()
-	const passes = 4
+	const passes = benchRuns + 1
 	B, P, N := x.B, x.P, x.N
 	nb, pb := blocksFor(C+passes, bs), blocksFor(P, bs)
 	seqs := make([]model.Seq, N+B)
@@ -441,7 +464,9 @@ func benchMixed(m *model.Model, x mixCfg, C, bs int) (benchResult, error) {
 		if err := benchPass(m, seqs, params, N); err != nil {
 			return benchResult{}, err
 		}
-		if s > 0 {
+		if s == 0 {
+			warmed()
+		} else {
 			times = append(times, time.Since(start).Seconds())
 		}
 	}
