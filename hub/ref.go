@@ -92,11 +92,13 @@ func ParseRef(s string) (Ref, error) {
 
 // checkRevision refuses revisions that could leave the refs directory.
 func checkRevision(rev string) error {
-	if strings.HasPrefix(rev, "/") || strings.Contains(rev, "\\") {
+	// Git refs hold no ".." anywhere (git check-ref-format), and no
+	// component of the cache's snapshot path may be "." or "..".
+	if strings.HasPrefix(rev, "/") || strings.Contains(rev, "\\") || strings.Contains(rev, "..") {
 		return fmt.Errorf("revision %q is not a branch, tag or commit", rev)
 	}
 	for _, p := range strings.Split(rev, "/") {
-		if p == "" || p == "." || p == ".." || strings.ContainsAny(p, "\x00\n") {
+		if p == "" || p == "." || strings.ContainsAny(p, "\x00\n") {
 			return fmt.Errorf("revision %q is not a branch, tag or commit", rev)
 		}
 	}

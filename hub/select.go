@@ -137,10 +137,13 @@ func allSplit(names []string) bool {
 	return true
 }
 
-// hasWord reports whether word occurs in s between separators: after the
-// start, '-', '.', '_' or '/', and before the end, '-' or '.'; so Q4_K
-// names "x-Q4_K.gguf" but not "x-Q4_K_M.gguf".
+// hasWord reports whether word (not empty) occurs in s between separators:
+// after the start, '-', '.', '_' or '/', and before the end, '-' or '.'; so
+// Q4_K names "x-Q4_K.gguf" but not "x-Q4_K_M.gguf".
 func hasWord(s, word string) bool {
+	if word == "" {
+		return false
+	}
 	for i := 0; ; {
 		j := strings.Index(s[i:], word)
 		if j < 0 {
