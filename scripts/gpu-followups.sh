@@ -29,10 +29,7 @@ LL=/tmp/ll/llsrc/build/bin
 export XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/kiln-cache}
 
 if [ "${1:-}" = build ]; then
-	mkdir -p /tmp/ll
-	(CUDA_ARCH=${CUDA_ARCH:-90a} setsid nohup nice -n 19 bash .carry/peers/build-llama.sh /tmp/ll cuda >/tmp/ll/build.log 2>&1 &)
-	echo "building llama.cpp in /tmp/ll (log /tmp/ll/build.log)"
-	exit 0
+	exec scripts/gpu-llama.sh start
 fi
 
 declare -A words=([qnext12]="750 7500 37300" [q8b]="750 7500 13000")
@@ -67,8 +64,7 @@ turns() {
 	done
 }
 
-while [ ! -x "$LL/llama-server" ] && pgrep -f build-llama.sh >/dev/null; do sleep 5; done
-[ -x "$LL/llama-server" ] || echo "no llama.cpp build in /tmp/ll: kiln only (scripts/gpu-followups.sh build first)"
+scripts/gpu-llama.sh wait || echo "kiln only"
 
 for model in ${FOLLOWUP_MODELS:-qnext12 q8b}; do
 	file=/tmp/followup-$model.gguf

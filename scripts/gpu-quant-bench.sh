@@ -2,7 +2,7 @@
 # Quantized weights and the hybrid/MoE paths on the GPU machine, kiln beside llama.cpp on the same
 # files, from the repository root:
 #
-#   scripts/gpu-quant-bench.sh build     # start llama.cpp's CUDA build in the background (~9 min)
+#   scripts/gpu-quant-bench.sh build     # start llama.cpp's CUDA build in the background (gpu-llama.sh)
 #   scripts/gpu-quant-bench.sh files     # write the GGUF files both engines read (kiln synth, llama-quantize)
 #   scripts/gpu-quant-bench.sh kiln      # kiln bench: FP8 / Q8_0 / Q4_K / MoE / Qwen3-Next figures
 #   scripts/gpu-quant-bench.sh llama     # llama-bench on the same files (after build)
@@ -34,12 +34,10 @@ PY
 
 case "${1:-}" in
 build)
-	mkdir -p /tmp/ll
-	[ -d /tmp/ll/llsrc ] || tar xJf .carry/peers/llama.cpp-*.tar.xz -C /tmp/ll
-	setsid nohup bash .carry/peers/build-llama.sh /tmp/ll cuda >/tmp/ll/build.log 2>&1 &
-	echo "llama.cpp CUDA build started (log /tmp/ll/build.log)"
+	scripts/gpu-llama.sh start
 	;;
 files)
+	scripts/gpu-llama.sh wait || exit 1
 	[ -f $F/q8-f16.gguf ] || "$KILN" synth --synthetic qwen3-8b --dtype f16 --vocab-from testdata/quant/qwen3-w256-Q8_0.gguf --out $F/q8-f16.gguf
 	for t in Q8_0 Q4_K_M; do
 		[ -f $F/q8-$t.gguf ] || "$LL/llama-quantize" $F/q8-f16.gguf $F/q8-$t.gguf $t 16 >"$OUT/quantize-$t.log" 2>&1 || echo "quantize $t: FAIL"
@@ -56,6 +54,7 @@ kiln)
 	bench qwen3-next-12 --synthetic qwen3-next-80b-a3b --layers 12 --batches 1,64 --contexts 1024 --prefill 4096,16384 --steps 32
 	;;
 llama)
+	scripts/gpu-llama.sh wait || exit 1
 	for t in Q8_0 Q4_K_M; do
 		"$LL/llama-bench" -m $F/q8-$t.gguf -ngl 99 -fa 1 -p 4096 -n 128 -d 1024 -o json >"$OUT/llama-$t.json" 2>"$OUT/llama-$t.log" || { echo "llama $t: FAIL"; tail -3 "$OUT/llama-$t.log"; continue; }
 		python3 - "$t" "$OUT/llama-$t.json" <<'PY'
