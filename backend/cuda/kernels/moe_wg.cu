@@ -93,10 +93,66 @@ __device__ __forceinline__ void fence_async_smem() {
 #endif
 }
 
+// store_rows writes a thread's accumulators of a tile BN outputs wide to
+// y[order[j]] for its rows j < j1: rows r0 and r0 + 8, outputs c0 + 8 n
+// and the next, c0 + 8 n < O.
+template <int BN>
+__device__ __forceinline__ void store_rows(float *y, const float (&acc)[BN / 128][64], const int *order, int r0, int j1, int c0, int O) {
+#pragma unroll
+	for (int h = 0; h < 2; h++) {
+		int j = r0 + 8 * h;
+		if (j >= j1) continue;
+		float *row = y + (long)order[j] * O;
+#pragma unroll
+		for (int q = 0; q < BN / 128; q++)
+#pragma unroll
+			for (int n = 0; n < 16; n++) {
+				int o = c0 + 128 * q + 8 * n;
+				const float *a = &acc[q][4 * n + 2 * h];
+				if (o + 1 < O && !(O & 1)) {
+					*(float2 *)(row + o) = make_float2(a[0], a[1]);
+				} else {
+					if (o < O) row[o] = a[0];
+					if (o + 1 < O) row[o + 1] = a[1];
+				}
+			}
+	}
+}
+
+// store_swiglu writes silu(gate) * up in bf16 to row j of y ([rows, Io])
+// for a thread's rows j < j1 of a tile of OB gate outputs, whose up
+// outputs follow them among the accumulators (so a thread holds both).
+template <int OB>
+__device__ __forceinline__ void store_swiglu(u16 *y, const float (&acc)[OB / 64][64], int r0, int j1, int c0, int Io) {
+	constexpr int NC = OB / 8;  // a thread's pairs of gate outputs
+#pragma unroll
+	for (int h = 0; h < 2; h++) {
+		int j = r0 + 8 * h;
+		if (j >= j1) continue;
+		u16 *row = y + (long)j * Io;
+#pragma unroll
+		for (int c = 0; c < NC; c++) {
+			int o = c0 + 8 * c;
+			const float *g = &acc[c / 16][4 * (c % 16) + 2 * h], *u = &acc[(c + NC) / 16][4 * ((c + NC) % 16) + 2 * h];
+			float v0 = g[0] / (1.f + __expf(-g[0])) * u[0], v1 = g[1] / (1.f + __expf(-g[1])) * u[1];
+			if (o + 1 < Io && !(Io & 1)) {
+				*(unsigned *)(row + o) = f2bf(v0) | (unsigned)f2bf(v1) << 16;
+			} else {
+				if (o < Io) row[o] = f2bf(v0);
+				if (o + 1 < Io) row[o + 1] = f2bf(v1);
+			}
+		}
+	}
+}
+
 // group_wg is the products of either kind (F8: xq and xs are quant_fp8_act's
 // rows, read through order / xdiv; else xq is the gathered bf16 rows, xs
-// unused); rb is a weight row's bytes, estride an expert's.
-template <int BM, int BN, bool F8>
+// unused); rb is a weight row's bytes, estride an expert's. SW (bf16): w is
+// an expert's gate rows then its up rows (O of them), and a tile takes BN /
+// 2 of each, the same outputs, to write silu(gate) * up in bf16 as row j of
+// y ([rows, O / 2]): the down product's gathered rows, with no f32 rows
+// written, read again, and gathered between them.
+template <int BM, int BN, bool F8, bool SW = false>
 __device__ __forceinline__ void group_wg(float *y, const u8 *xq, const float *xs, int T, int xdiv, const u8 *w, long rb, long estride,
 		const int *start, const int *order, const int *tiles, const int *ntiles, int O, int I) {
 	constexpr int NTHR = 2 * BM, CA = BM * 8 / NTHR, CB = BN * 8 / NTHR;  // a warpgroup each 64 rows; a thread's 16-byte copies a stage
@@ -113,7 +169,8 @@ __device__ __forceinline__ void group_wg(float *y, const u8 *xq, const float *xs
 	if (tile >= *ntiles) return;
 	int e = tiles[2 * tile], j0 = tiles[2 * tile + 1], j1 = min(j0 + BM, start[e + 1]);
 	long ab = F8 ? I : 2 * I;  // a row's bytes
-	int o0 = blockIdx.x * BN, nk = ab >> 7;
+	constexpr int OB = SW ? BN / 2 : BN;  // a tile's outputs
+	int o0 = blockIdx.x * OB, nk = ab >> 7;
 	int lane = threadIdx.x & 31, wg = threadIdx.x >> 7, wr = (threadIdx.x >> 5) & 3;
 	bool rows = j0 + 64 * wg < j1;  // this warpgroup has rows
 	const u8 *we = w + e * estride;
@@ -134,7 +191,8 @@ __device__ __forceinline__ void group_wg(float *y, const u8 *xq, const float *xs
 #pragma unroll
 	for (int i = 0; i < CB; i++) {
 		int c = threadIdx.x + NTHR * i, r = c >> 3;
-		bp[i] = we + (long)min(o0 + r, O - 1) * rb + (c & 7) * 16;
+		int o = SW ? r / OB * (O / 2) + min(o0 + r % OB, O / 2 - 1) : min(o0 + r, O - 1);
+		bp[i] = we + (long)o * rb + (c & 7) * 16;
 		bd[i] = r * 128 + (((c & 7) ^ (r & 7)) << 4);
 	}
 	// FP8: threads below BM copy their row's scale, the last MW_BN their
@@ -201,31 +259,21 @@ __device__ __forceinline__ void group_wg(float *y, const u8 *xq, const float *xs
 	}
 	asm volatile("cp.async.wait_group 0;");
 	if (!F8) wgmma_commit_wait<0>();
-#pragma unroll
-	for (int h = 0; h < 2; h++) {
-		int j = j0 + 64 * wg + 16 * wr + (lane >> 2) + 8 * h;
-		if (j >= j1) continue;
-		float *row = y + (long)order[j] * O;
-#pragma unroll
-		for (int q = 0; q < BN / 128; q++)
-#pragma unroll
-			for (int n = 0; n < 16; n++) {
-				int o = o0 + 128 * q + 8 * n + (lane & 3) * 2;
-				const float *a = &acc[q][4 * n + 2 * h];
-				if (o + 1 < O && !(O & 1)) {
-					*(float2 *)(row + o) = make_float2(a[0], a[1]);
-				} else {
-					if (o < O) row[o] = a[0];
-					if (o + 1 < O) row[o + 1] = a[1];
-				}
-			}
-	}
+	// The stores are functions of their own: written in place, the
+	// SwiGLU's left the plain tiles' accumulators on the stack (NVRTC 12.4).
+	int r0 = j0 + 64 * wg + 16 * wr + (lane >> 2), c0 = o0 + (lane & 3) * 2;  // this thread's first row and output
+	if constexpr (SW)
+		store_swiglu<OB>((u16 *)y, acc, r0, j1, c0, O / 2);
+	else
+		store_rows<BN>(y, acc, order, r0, j1, c0, O);
 }
 
 // moe_group_f8_64, moe_group_f8_128: the FP8 products in tiles of 64 and
 // 128 rows (one and two warpgroups) by MW_BN outputs; moe_group_wg64,
 // moe_group_wg128: the bf16 ones (the arguments of moe_group_mm), the
-// second by 2 MW_BN outputs. Shared memory moeGroupWGSmem;
+// second by 2 MW_BN outputs; moe_group_wg64_swiglu, moe_group_wg128_swiglu:
+// those tiles as gate/up products with the SwiGLU (SW; y bf16 [rows, O /
+// 2], gathered order). Shared memory moeGroupWGSmem;
 // sm_90a only (elsewhere they trap).
 #define MOE_GROUP_F8(BM) \
 	extern "C" __global__ void __launch_bounds__(2 * BM, 1) moe_group_f8_##BM(float *y, const u8 *xq, const float *xs, int T, int xdiv, \
@@ -239,14 +287,16 @@ __device__ __forceinline__ void group_wg(float *y, const u8 *xq, const float *xs
 MOE_GROUP_F8(64)
 MOE_GROUP_F8(128)
 
-#define MOE_GROUP_WG(BM, BN) \
-	extern "C" __global__ void __launch_bounds__(2 * BM, 1) moe_group_wg##BM(float *y, const u16 *xg, const u16 *w, const int *start, \
+#define MOE_GROUP_WG(BM, BN, SW, NAME) \
+	extern "C" __global__ void __launch_bounds__(2 * BM, 1) NAME(float *y, const u16 *xg, const u16 *w, const int *start, \
 			const int *order, const int *tiles, const int *ntiles, int O, int I) { \
 		if (WGMMA) { \
-			group_wg<BM, BN, false>(y, (const u8 *)xg, nullptr, 0, 1, (const u8 *)w, 2L * I, 2L * O * I, start, order, tiles, ntiles, O, I); \
+			group_wg<BM, BN, false, SW>(y, (const u8 *)xg, nullptr, 0, 1, (const u8 *)w, 2L * I, 2L * O * I, start, order, tiles, ntiles, O, I); \
 		} else { \
 			__trap(); \
 		} \
 	}
-MOE_GROUP_WG(64, MW_BN)
-MOE_GROUP_WG(128, 2 * MW_BN)
+MOE_GROUP_WG(64, MW_BN, false, moe_group_wg64)
+MOE_GROUP_WG(128, 2 * MW_BN, false, moe_group_wg128)
+MOE_GROUP_WG(64, MW_BN, true, moe_group_wg64_swiglu)
+MOE_GROUP_WG(128, 2 * MW_BN, true, moe_group_wg128_swiglu)
