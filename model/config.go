@@ -508,6 +508,9 @@ const (
 	maxContext    = 1 << 24 // Qwen's longest: 1M tokens with YaRN
 	maxEOS        = 64
 	maxConfigFile = 16 << 20
+	// maxConvKernel is the widest DeltaNet conv: the GPU kernels keep a
+	// channel's window in registers (Qwen's models use 4).
+	maxConvKernel = 8
 	// defaultContext is transformers' max_position_embeddings for the Qwen3
 	// configs when config.json leaves it out.
 	defaultContext = 32768
@@ -604,7 +607,7 @@ func (c *Config) fillLayers(r *rawConfig) error {
 		d.Chunk = 64
 		if err := checkSizes(size{"linear_num_key_heads", d.KeyHeads, 1, maxHeads}, size{"linear_num_value_heads", d.ValueHeads, 1, maxHeads},
 			size{"linear_key_head_dim", d.KeyDim, 1, maxDim}, size{"linear_value_head_dim", d.ValueDim, 1, maxDim},
-			size{"linear_conv_kernel_dim", d.ConvKernel, 1, maxDim}); err != nil {
+			size{"linear_conv_kernel_dim", d.ConvKernel, 1, maxConvKernel}); err != nil {
 			return err
 		}
 		if d.ValueHeads%d.KeyHeads != 0 {

@@ -35,6 +35,8 @@ var kernelDefines = []struct {
 	{"The grouped expert products on wgmma (moe_wg.cu): tiles of MW_BN outputs,\n// MW_STAGES stages of 128 bytes of a row.", "MW_BN", moeWGOuts},
 	{"", "MW_STAGES", moeWGStages},
 	{"The tokens of a chunk of the chunked DeltaNet kernels (deltanet_chunk.cu).", "DN_C", dnChunkLen},
+	{"The DeltaNet convs (deltanet.cu): up to DN_CONV_MAXK taps; dn_conv's threads take\n// runs of DN_CONV_RUN tokens.", "DN_CONV_MAXK", dnConvMaxK},
+	{"", "DN_CONV_RUN", dnConvRun},
 	{"The token-by-token delta rule (deltanet.cu, dn_recur): each thread holds DR_ROWS\n// rows of a state column (four warps: key dims up to 4 * DR_ROWS).", "DR_ROWS", dnRecurRows},
 	{"The tensor-core decode attention (flash.cu): tiles of DM_BK keys, DM_STAGES\n// stages.", "DM_BK", decodeMMAKeys},
 	{"", "DM_STAGES", decodeMMAStages},

@@ -56,7 +56,7 @@ type dnConvArgs struct {
 	w                               devptr
 	wdt                             int32
 	hist                            devptr
-	CD, K, convN                    int32
+	T, CD, K, convN                 int32
 	tokseq, seqpos, seqstart, slots devptr
 }
 
@@ -75,11 +75,12 @@ type dnConvStepArgs struct {
 }
 
 // dn_conv_step takes the conv of steps whose sequences bring up to
-// dnConvStepTokens new tokens each, with kernels of up to dnConvStepWidth
-// taps (DN_CONV_MAXK).
+// dnConvStepTokens new tokens each. The convs take up to dnConvMaxK taps
+// (the config's bound), dn_conv's threads runs of dnConvRun tokens.
 const (
 	dnConvStepTokens = 16
-	dnConvStepWidth  = 8
+	dnConvMaxK       = 8
+	dnConvRun        = 32
 )
 
 type dnRecurArgs struct {
@@ -327,8 +328,8 @@ func (b *Backend) causalConv(c *stateCache, ot *tensor, x devptr, ldx int, cw *t
 	CD, K := c.spec.DeltaNet.ConvDim(), c.spec.DeltaNet.ConvKernel
 	checkRows("causal conv out", ot, m.T, CD)
 	checkF32("causal conv", ot)
-	if cw.numel() != CD*K {
-		panic(fmt.Sprintf("cuda: causal conv: weight %v for %d channels of width %d", cw, CD, K))
+	if cw.numel() != CD*K || K > dnConvMaxK {
+		panic(fmt.Sprintf("cuda: causal conv: weight %v for %d channels of width %d (at most %d)", cw, CD, K, dnConvMaxK))
 	}
 	if m.T == 0 {
 		return
@@ -346,14 +347,15 @@ func (b *Backend) causalConv(c *stateCache, ot *tensor, x devptr, ldx int, cw *t
 			hist: c.conv[layer], x: x, ldx: int32(ldx), CD: int32(CD), K: int32(K), convN: int32(c.convN),
 			seqpos: m.dev[mCapPos], seqn: m.dev[mCapN], seqstart: m.dev[mCapStart], slots: m.dev[mCapSlot]})
 	}
-	if m.maxN <= dnConvStepTokens && K <= dnConvStepWidth {
+	if m.maxN <= dnConvStepTokens {
 		dnConvStepKernel.run(b, [3]int{m.S, (CD + 255) / 256, 1}, 256, 0, dnConvStepArgs{
 			y: ot.ptr, hist: c.conv[layer], x: x, ldx: int32(ldx), w: cw.ptr, wdt: int32(cw.dt), CD: int32(CD), K: int32(K), convN: int32(c.convN),
 			seqpos: m.dev[mSeqPos], seqn: m.dev[mSeqN], seqstart: m.dev[mSeqStart], slots: m.dev[mSeqSlot]})
 		return
 	}
-	dnConvKernel.run(b, [3]int{m.T, (CD + 255) / 256, 1}, 256, 0, dnConvArgs{
-		y: ot.ptr, x: x, ldx: int32(ldx), w: cw.ptr, wdt: int32(cw.dt), hist: c.conv[layer], CD: int32(CD), K: int32(K), convN: int32(c.convN),
+	dnConvKernel.run(b, [3]int{(m.T + dnConvRun - 1) / dnConvRun, (CD + 255) / 256, 1}, 256, 0, dnConvArgs{
+		y: ot.ptr, x: x, ldx: int32(ldx), w: cw.ptr, wdt: int32(cw.dt), hist: c.conv[layer], T: int32(m.T), CD: int32(CD), K: int32(K),
+		convN:  int32(c.convN),
 		tokseq: m.dev[mTokSeq], seqpos: m.dev[mSeqPos], seqstart: m.dev[mSeqStart], slots: m.dev[mSeqSlot]})
 	dnConvHistKernel.run(b, [3]int{m.S, (CD + 255) / 256, 1}, 256, 0, dnConvHistArgs{
 		hist: c.conv[layer], x: x, ldx: int32(ldx), CD: int32(CD), K: int32(K), convN: int32(c.convN),

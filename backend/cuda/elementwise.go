@@ -54,6 +54,7 @@ type gatedRMSNormArgs struct {
 	w               devptr
 	wdt, dim, width int32
 	eps             float32
+	heads           int32
 }
 
 type siluMulArgs struct {
@@ -184,8 +185,9 @@ func (b *Backend) gatedRMSNorm(ot, xt *tensor, z devptr, ldz int, wt *tensor, ep
 	checkF32("gated rmsnorm", xt)
 	checkAct("gated rmsnorm", ot)
 	checkFloatW("gated rmsnorm", wt)
-	gatedRMSNormKernel.run(b, g1(n*width/dim), normBlock(dim), 0, gatedRMSNormArgs{out: ot.ptr, odt: int32(ot.dt), x: xt.ptr, z: z, ldz: int32(ldz),
-		w: wt.ptr, wdt: int32(wt.dt), dim: int32(dim), width: int32(width), eps: eps})
+	heads := n * width / dim
+	gatedRMSNormKernel.run(b, g1((heads+7)/8), 256, 0, gatedRMSNormArgs{out: ot.ptr, odt: int32(ot.dt), x: xt.ptr, z: z, ldz: int32(ldz),
+		w: wt.ptr, wdt: int32(wt.dt), dim: int32(dim), width: int32(width), eps: eps, heads: int32(heads)})
 }
 
 // siluMul computes out = silu(gate) * up for gateUp [N, 2I] = [gate | up].

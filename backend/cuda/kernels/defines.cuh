@@ -37,6 +37,11 @@
 // The tokens of a chunk of the chunked DeltaNet kernels (deltanet_chunk.cu).
 #define DN_C 64
 
+// The DeltaNet convs (deltanet.cu): up to DN_CONV_MAXK taps; dn_conv's threads take
+// runs of DN_CONV_RUN tokens.
+#define DN_CONV_MAXK 8
+#define DN_CONV_RUN 32
+
 // The token-by-token delta rule (deltanet.cu, dn_recur): each thread holds DR_ROWS
 // rows of a state column (four warps: key dims up to 4 * DR_ROWS).
 #define DR_ROWS 32
