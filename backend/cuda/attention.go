@@ -26,6 +26,8 @@ var (
 	flashKernels = map[[3]int]kernel[flashArgs]{}
 	// flashSplitKernels are the tiles with split keys, by the same key.
 	flashSplitKernels = map[[3]int]kernel[flashArgs]{}
+	// flashWGKernels are flash_wg's, by head dim (Hopper's; flashWG).
+	flashWGKernels = map[int]kernel[attnPrefillArgs]{}
 	// The prefill kernels of the other caches and head dims, by cache
 	// type and head dim (G 0).
 	attnPrefillKernels = map[attnShape]kernel[attnPrefillArgs]{}
@@ -73,6 +75,9 @@ func init() {
 	}
 	for _, t := range [][3]int{{128, 64, 64}, {128, 64, 128}, {64, 64, 64}, {64, 64, 128}, {64, 32, 64}, {64, 32, 128}, {64, 32, 256}} {
 		flashKernels[t] = newKernel[flashArgs](fmt.Sprintf("flash_prefill_%d_%d_%d", t[0], t[1], t[2]))
+	}
+	for _, hd := range []int{64, 128, 256} {
+		flashWGKernels[hd] = newKernel[attnPrefillArgs](fmt.Sprintf("flash_wg_%d", hd))
 	}
 	for _, t := range [][3]int{{64, 64, 64}, {64, 64, 128}, {64, 32, 64}, {64, 32, 128}, {64, 32, 256}, {128, 32, 64}, {128, 32, 128}} {
 		flashSplitKernels[t] = newKernel[flashArgs](fmt.Sprintf("flash_split_%d_%d_%d", t[0], t[1], t[2]))
@@ -500,6 +505,12 @@ func (b *Backend) attend(ot *tensor, qbuf devptr, c *kvCache, layer, H int, scal
 		out: ot.ptr, odt: int32(ot.dt), qbuf: qbuf, kc: c.k(layer), vc: c.v(layer), qkv: qkv, qdt: qdt,
 		seqpos: m.dev[mSeqPos], seqn: m.dev[mSeqN], seqstart: m.dev[mSeqStart], seqblk: m.dev[mSeqBlk], blocks: m.dev[mBlocks],
 		H: int32(H), KH: int32(KH), bs: int32(c.spec.BlockSize), scale: scale, gated: boolInt(gates != nil)}
+	if c.spec.DType == backend.BF16 && (hd == 64 || hd == 128 || hd == 256) && b.flashWG && m.maxN > flashWGMin {
+		k, smem := flashWGKernels[hd], flashWGSmem(hd)
+		b.allowSmem(k.name, smem)
+		k.run(b, [3]int{H, (m.maxN + 127) / 128, m.S}, 256, smem, pa)
+		return
+	}
 	if c.spec.DType == backend.BF16 && (hd == 64 || hd == 128 || hd == 256) {
 		bq, bk := flashTile(m.maxN)
 		if hd == 256 {
@@ -551,6 +562,18 @@ func (b *Backend) attend(ot *tensor, qbuf devptr, c *kvCache, layer, H int, scal
 func flashSmem(bq, bk, hd int) int {
 	return (2*2*bk + bq) * (hd + 8) * 2
 }
+
+// flashWGSmem is flash_wg's shared memory: the 128 queries, then two
+// stages of 64 keys and of 64 values, rows of hd bf16, and room to align
+// the first to 1024 bytes.
+func flashWGSmem(hd int) int {
+	return (128+4*64)*hd*2 + 1024
+}
+
+// flashWGMin: steps whose longest sequence adds more tokens take flash_wg
+// (where flashWG), whose 128-query tiles are too few to fill the GPU below
+// (flashTile's threshold for flash_prefill's).
+const flashWGMin = 1024
 
 // flashSplits returns how many ranges of how many keys (a multiple of bk)
 // the flash prefill kernel cuts the step's keys into, for a grid of blocks

@@ -92,8 +92,9 @@ type Backend struct {
 	fp8Min, fp8SkinnyMax, f8mvMax, f8mvOuts, f8mvCols int
 	// moeWG: the experts' grouped products run on wgmma (sm_90a): bf16
 	// experts, and FP8 ones where fp8Min is set (groupWG, groupF8;
-	// KILN_CUDA_MOE_WG=0 for A/B).
-	moeWG bool
+	// KILN_CUDA_MOE_WG=0 for A/B). flashWG: long prompts' attention runs
+	// its scores on wgmma (flash_wg; KILN_CUDA_FLASH_WG=0 for A/B).
+	moeWG, flashWG bool
 	// trace, when set (tests), is told the name of every kernel launched
 	// and "cublasLt" for every cuBLASLt product.
 	trace func(name string)
@@ -202,6 +203,7 @@ func New(opts Options) (*Backend, error) {
 			b.fp8Min = max(b.fp8Min, fp8GemmMinTokens)
 		}
 		b.moeWG = strings.HasSuffix(b.arch, "a") && os.Getenv("KILN_CUDA_MOE_WG") != "0"
+		b.flashWG = strings.HasSuffix(b.arch, "a") && os.Getenv("KILN_CUDA_FLASH_WG") != "0"
 	}
 	b.f8mvMax = -1
 	if 10*major+minor >= 89 && k.nvrtc >= nvrtcVersion(12, 4) { // F8_MMA in kernels/common.cuh

@@ -17,6 +17,164 @@
 // unnormalised partial results (max and sum in log2 units, as the decode
 // kernels do) that attn_combine merges. (A template parameter: the split's
 // registers made the 128-query kernel spill 136 bytes instead of 16.)
+// flash_q4 returns dims d..d+3 of query row r (of a sequence from start)
+// of head h, times qs, as bf16.
+__device__ __forceinline__ uint2 flash_q4(const u16 *qbuf, int start, int r, int H, int h, int HD, int d, float qs) {
+	uint2 v = *(const uint2 *)(qbuf + ((long)(start + r) * H + h) * HD + d), u;
+	u.x = pack_bf16(__uint_as_float(v.x << 16) * qs, __uint_as_float(v.x & 0xffff0000u) * qs);
+	u.y = pack_bf16(__uint_as_float(v.y << 16) * qs, __uint_as_float(v.y & 0xffff0000u) * qs);
+	return u;
+}
+
+// flash_kv returns the element offset of key position key's row of kv head
+// kh in a paged cache (block table bt, blocks of bs tokens).
+__device__ __forceinline__ long flash_kv(const int *bt, int bs, int KH, int kh, int HD, int key) {
+	return (((long)bt[key / bs] * bs + key % bs) * KH + kh) * HD;
+}
+
+// flash_mask sets to -inf the scores of a row tile's keys (kt + 8 n + qc
+// and the next) past its two rows' positions or at k1 and past.
+template <int BK>
+__device__ __forceinline__ void flash_mask(float (&sc)[BK / 8][4], const int (&pos)[2], int kt, int qc, int k1) {
+#pragma unroll
+	for (int n = 0; n < BK / 8; n++) {
+		int key = kt + n * 8 + qc;
+#pragma unroll
+		for (int e = 0; e < 4; e++) {
+			int kk = key + (e & 1);
+			if (kk > pos[e >> 1] || kk >= k1) sc[n][e] = -INF;
+		}
+	}
+}
+
+// flash_softmax moves a row tile's online softmax on by a key tile's scores
+// sc (log2 units, in the accumulator layout): the maxima m and sums l of
+// the lane's two rows, the accumulators o rescaled, and the probabilities
+// as bf16 A fragments pa of the P.V product.
+template <int BK, int NT>
+__device__ __forceinline__ void flash_softmax(const float (&sc)[BK / 8][4], float (&m)[2], float (&l)[2], float (&o)[NT][4],
+		unsigned (&pa)[BK / 16][4]) {
+	float mx0 = -INF, mx1 = -INF;
+#pragma unroll
+	for (int n = 0; n < BK / 8; n++) {
+		mx0 = fmaxf(mx0, fmaxf(sc[n][0], sc[n][1]));
+		mx1 = fmaxf(mx1, fmaxf(sc[n][2], sc[n][3]));
+	}
+	mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+	mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+	mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+	mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+	float mn0 = fmaxf(m[0], mx0), mn1 = fmaxf(m[1], mx1);
+	// Rows with nothing visible yet keep a zero state (and avoid inf - inf).
+	float c0 = mn0 == -INF ? 1.f : exp2f(m[0] - mn0), c1 = mn1 == -INF ? 1.f : exp2f(m[1] - mn1);
+	float b0 = mn0 == -INF ? 0.f : mn0, b1 = mn1 == -INF ? 0.f : mn1;
+	float ps0 = 0.f, ps1 = 0.f;
+#pragma unroll
+	for (int n = 0; n < BK / 8; n++) {
+		float p00 = exp2f(sc[n][0] - b0), p01 = exp2f(sc[n][1] - b0);
+		float p10 = exp2f(sc[n][2] - b1), p11 = exp2f(sc[n][3] - b1);
+		ps0 += p00 + p01;
+		ps1 += p10 + p11;
+		int k = n >> 1, hi = (n & 1) * 2;
+		pa[k][hi] = pack_bf16(p00, p01);
+		pa[k][hi + 1] = pack_bf16(p10, p11);
+	}
+	l[0] = l[0] * c0 + ps0;
+	l[1] = l[1] * c1 + ps1;
+	m[0] = mn0;
+	m[1] = mn1;
+#pragma unroll
+	for (int n = 0; n < NT; n++) {
+		o[n][0] *= c0;
+		o[n][1] *= c0;
+		o[n][2] *= c1;
+		o[n][3] *= c1;
+	}
+}
+
+// flash_pv adds P.V of a key tile to the accumulators of MT row tiles, V's
+// fragments by transposing loads from sV (byte address, rows KP bf16
+// apart): lane l addresses row l%8 of matrix l/8 = (keys +0/+8) x (dims of
+// n-tile n / n+1), and each fragment serves every row tile.
+template <int MT, int BK, int NT, int KP>
+__device__ __forceinline__ void flash_pv(float (&o)[MT][NT][4], const unsigned (&pa)[MT][BK / 16][4], unsigned sV, int mi, int mr) {
+#pragma unroll
+	for (int k = 0; k < BK / 16; k++) {
+#pragma unroll
+		for (int n = 0; n < NT; n += 2) {
+			unsigned v0, v1, v2, v3;
+			ldmatrix_x4_trans(sV + 2 * ((k * 16 + (mi & 1) * 8 + mr) * KP + (n + (mi >> 1)) * 8), v0, v1, v2, v3);
+#pragma unroll
+			for (int t = 0; t < MT; t++) {
+				mma_bf16(o[t][n], pa[t][k][0], pa[t][k][1], pa[t][k][2], pa[t][k][3], v0, v1);
+				mma_bf16(o[t][n + 1], pa[t][k][0], pa[t][k][1], pa[t][k][2], pa[t][k][3], v2, v3);
+			}
+		}
+	}
+}
+
+// FlashOut is where a flash kernel's rows go: out (odt) and, for gated
+// heads, the gates in the projection qkv (qdt); or, split, the partial
+// results pm, pl, pacc of nsplit ranges.
+struct FlashOut {
+	void *out;
+	int odt;
+	const void *qkv;
+	int qdt, gated;
+	float *pm, *pl, *pacc;
+	int nsplit, split;
+};
+
+// flash_store writes the rows of MT row tiles from query w0 on (lane rows
+// w0 + 16 t + quad, + 8) of a sequence of nN new tokens from start: o / l,
+// times the gate where gated; split, the unnormalised partial results.
+template <int HD, int MT, bool SPLIT>
+__device__ __forceinline__ void flash_store(const FlashOut &f, const float (&o)[MT][HD / 8][4], const float (&m)[MT][2],
+		const float (&l)[MT][2], int w0, int nN, int start, int h, int H, int KH) {
+	constexpr int NT = HD / 8;
+	int lane = threadIdx.x & 31, quad = lane >> 2, qc = (lane & 3) * 2;
+	long width = (long)H * (f.gated ? 2 * HD : HD) + 2L * KH * HD;
+#pragma unroll
+	for (int t = 0; t < MT; t++) {
+#pragma unroll
+		for (int half = 0; half < 2; half++) {
+			// Row sums are spread over the quad.
+			float lt = l[t][half];
+			lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+			lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+			int r = w0 + t * 16 + quad + half * 8;
+			if (r >= nN) continue;
+			long tok = start + r;
+			if (SPLIT) {
+				// Rows that saw no key of this split leave m = -inf, l = 0
+				// and zeros, which attn_combine weighs zero.
+				long pi = (tok * H + h) * f.nsplit + f.split;
+				if ((lane & 3) == 0) {
+					f.pm[pi] = m[t][half];
+					f.pl[pi] = lt;
+				}
+#pragma unroll
+				for (int n = 0; n < NT; n++) {
+					f.pacc[pi * HD + n * 8 + qc] = o[t][n][half * 2];
+					f.pacc[pi * HD + n * 8 + qc + 1] = o[t][n][half * 2 + 1];
+				}
+				continue;
+			}
+			float inv = 1.f / lt;
+#pragma unroll
+			for (int n = 0; n < NT; n++) {
+#pragma unroll
+				for (int e = 0; e < 2; e++) {
+					int d = n * 8 + qc + e;
+					float v = o[t][n][half * 2 + e] * inv;
+					if (f.gated) v *= 1.f / (1.f + __expf(-ld(f.qkv, tok * width + (long)h * 2 * HD + HD + d, f.qdt)));
+					st(f.out, (tok * H + h) * HD + d, f.odt, v);
+				}
+			}
+		}
+	}
+}
+
 template <int HD, int BK, int NW, int MT, bool SPLIT>
 __device__ __forceinline__ void flash_prefill(void *out, int odt, const u16 *qbuf, const u16 *kc, const u16 *vc, const void *qkv, int qdt,
 		const int *seqpos, const int *seqn, const int *seqstart, const int *seqblk, const int *blocks,
@@ -45,11 +203,7 @@ __device__ __forceinline__ void flash_prefill(void *out, int odt, const u16 *qbu
 	unsigned sbase = smem_addr(fsm);  // byte addresses below: 2 per element
 	for (int idx = threadIdx.x; idx < BQ * HD / 4; idx += blockDim.x) {
 		int r = idx / (HD / 4), d = (idx % (HD / 4)) * 4;
-		uint2 v = *(const uint2 *)(qbuf + ((long)(start + min(qi0 + r, nN - 1)) * H + h) * HD + d);
-		uint2 u;
-		u.x = pack_bf16(__uint_as_float(v.x << 16) * qs, __uint_as_float(v.x & 0xffff0000u) * qs);
-		u.y = pack_bf16(__uint_as_float(v.y << 16) * qs, __uint_as_float(v.y & 0xffff0000u) * qs);
-		*(uint2 *)(sQ + r * KP + d) = u;
+		*(uint2 *)(sQ + r * KP + d) = flash_q4(qbuf, start, min(qi0 + r, nN - 1), H, h, HD, d, qs);
 	}
 	// Lane l's ldmatrix row of the warp's first query tile: matrices are
 	// (rows +0/+8) x (dims +0/+8) in the order of an A fragment.
@@ -75,8 +229,8 @@ __device__ __forceinline__ void flash_prefill(void *out, int odt, const u16 *qbu
 	auto stage = [&](int st, int kt) {
 		unsigned dK = sbase + 2 * st * 2 * BK * KP, dV = dK + 2 * BK * KP;
 		for (int idx = threadIdx.x; idx < BK * HD / 8; idx += blockDim.x) {
-			int j = idx / (HD / 8), d = idx % (HD / 8) * 8, key = min(kt + j, kend - 1);
-			long off = (((long)bt[key / bs] * bs + key % bs) * KH + kh) * HD + d;
+			int j = idx / (HD / 8), d = idx % (HD / 8) * 8;
+			long off = flash_kv(bt, bs, KH, kh, HD, min(kt + j, kend - 1)) + d;
 			cp_async16(dK + 2 * (j * KP + d), kc + off);
 			cp_async16(dV + 2 * (j * KP + d), vc + off);
 		}
@@ -124,112 +278,122 @@ __device__ __forceinline__ void flash_prefill(void *out, int odt, const u16 *qbu
 				}
 			}
 			// Only tiles crossing the diagonal or the end of the keys are masked.
-			if (kt + BK - 1 > p0 + w0 || kt + BK > k1) {
+			if (kt + BK - 1 > p0 + w0 || kt + BK > k1)
 #pragma unroll
-				for (int t = 0; t < MT; t++)
-#pragma unroll
-					for (int n = 0; n < BK / 8; n++) {
-						int key = kt + n * 8 + qc;
-#pragma unroll
-						for (int e = 0; e < 4; e++) {
-							int kk = key + (e & 1);
-							if (kk > pos[t][e >> 1] || kk >= k1) sc[t][n][e] = -INF;
-						}
-					}
-			}
+				for (int t = 0; t < MT; t++) flash_mask<BK>(sc[t], pos[t], kt, qc, k1);
 			unsigned pa[MT][BK / 16][4];
 #pragma unroll
-			for (int t = 0; t < MT; t++) {
-				float mx0 = -INF, mx1 = -INF;
-#pragma unroll
-				for (int n = 0; n < BK / 8; n++) {
-					mx0 = fmaxf(mx0, fmaxf(sc[t][n][0], sc[t][n][1]));
-					mx1 = fmaxf(mx1, fmaxf(sc[t][n][2], sc[t][n][3]));
-				}
-				mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-				mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-				mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-				mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-				float mn0 = fmaxf(m[t][0], mx0), mn1 = fmaxf(m[t][1], mx1);
-				// Rows with nothing visible yet keep a zero state (and avoid inf - inf).
-				float c0 = mn0 == -INF ? 1.f : exp2f(m[t][0] - mn0), c1 = mn1 == -INF ? 1.f : exp2f(m[t][1] - mn1);
-				float b0 = mn0 == -INF ? 0.f : mn0, b1 = mn1 == -INF ? 0.f : mn1;
-				float ps0 = 0.f, ps1 = 0.f;
-#pragma unroll
-				for (int n = 0; n < BK / 8; n++) {
-					float p00 = exp2f(sc[t][n][0] - b0), p01 = exp2f(sc[t][n][1] - b0);
-					float p10 = exp2f(sc[t][n][2] - b1), p11 = exp2f(sc[t][n][3] - b1);
-					ps0 += p00 + p01;
-					ps1 += p10 + p11;
-					int k = n >> 1, hi = (n & 1) * 2;
-					pa[t][k][hi] = pack_bf16(p00, p01);
-					pa[t][k][hi + 1] = pack_bf16(p10, p11);
-				}
-				l[t][0] = l[t][0] * c0 + ps0;
-				l[t][1] = l[t][1] * c1 + ps1;
-				m[t][0] = mn0;
-				m[t][1] = mn1;
-#pragma unroll
-				for (int n = 0; n < NT; n++) { o[t][n][0] *= c0; o[t][n][1] *= c0; o[t][n][2] *= c1; o[t][n][3] *= c1; }
-			}
-			// V fragments by transposing loads: lane l addresses row l%8 of matrix
-			// l/8 = (keys +0/+8) x (dims of n-tile n / n+1).
-#pragma unroll
-			for (int k = 0; k < BK / 16; k++) {
-#pragma unroll
-				for (int n = 0; n < NT; n += 2) {
-					unsigned v0, v1, v2, v3;
-					ldmatrix_x4_trans(sV + 2 * ((k * 16 + (mi & 1) * 8 + mr) * KP + (n + (mi >> 1)) * 8), v0, v1, v2, v3);
-#pragma unroll
-					for (int t = 0; t < MT; t++) {
-						mma_bf16(o[t][n], pa[t][k][0], pa[t][k][1], pa[t][k][2], pa[t][k][3], v0, v1);
-						mma_bf16(o[t][n + 1], pa[t][k][0], pa[t][k][1], pa[t][k][2], pa[t][k][3], v2, v3);
-					}
-				}
-			}
+			for (int t = 0; t < MT; t++) flash_softmax<BK, NT>(sc[t], m[t], l[t], o[t], pa[t]);
+			flash_pv<MT, BK, NT, KP>(o, pa, sV, mi, mr);
 		}
 		__syncthreads();  // the next stage overwrites this buffer
 	}
-	long width = (long)H * (gated ? 2 * HD : HD) + 2L * KH * HD;
-#pragma unroll
-	for (int t = 0; t < MT; t++) {
-#pragma unroll
-		for (int half = 0; half < 2; half++) {
-			// Row sums are spread over the quad.
-			float lt = l[t][half];
-			lt += __shfl_xor_sync(0xffffffffu, lt, 1);
-			lt += __shfl_xor_sync(0xffffffffu, lt, 2);
-			int r = w0 + t * 16 + quad + half * 8;
-			if (r >= nN) continue;
-			long tok = start + r;
-			if (SPLIT) {
-				// Rows that saw no key of this split leave m = -inf, l = 0
-				// and zeros, which attn_combine weighs zero.
-				long pi = (tok * H + h) * nsplit + split;
-				if ((lane & 3) == 0) {
-					pm[pi] = m[t][half];
-					pl[pi] = lt;
-				}
-#pragma unroll
-				for (int n = 0; n < NT; n++) {
-					pacc[pi * HD + n * 8 + qc] = o[t][n][half * 2];
-					pacc[pi * HD + n * 8 + qc + 1] = o[t][n][half * 2 + 1];
-				}
-				continue;
-			}
-			float inv = 1.f / lt;
-#pragma unroll
-			for (int n = 0; n < NT; n++) {
-#pragma unroll
-				for (int e = 0; e < 2; e++) {
-					int d = n * 8 + qc + e;
-					float v = o[t][n][half * 2 + e] * inv;
-					if (gated) v *= 1.f / (1.f + __expf(-ld(qkv, tok * width + (long)h * 2 * HD + HD + d, qdt)));
-					st(out, (tok * H + h) * HD + d, odt, v);
-				}
-			}
-		}
+	FlashOut f{out, odt, qkv, qdt, gated, pm, pl, pacc, nsplit, split};
+	flash_store<HD, MT, SPLIT>(f, o, m, l, w0, nN, start, h, H, KH);
+}
+
+// flash_wg: the prefill attention of long prompts on Hopper (sm_90a), both
+// products on wgmma: blocks of two warpgroups and 128 queries of one
+// sequence and head, a warpgroup 64 of them, key tiles of 64, staged by
+// cp.async two deep. Q, K and V lie in shared memory in the 128-byte
+// swizzle (wgmma.cuh) in panels of 64 dims: rows of 128 bytes, one query
+// or key each. S = Q K^T is a wgmma m64n64 each 16 dims with both operands
+// there, K-major; O += P V takes P from registers (the softmax leaves it as
+// mma.sync A fragments, which is wgmma's register layout) and V as the
+// transposed (MN-major) operand, its rows as they are. The softmax is
+// flash_prefill's: a warp's 16 rows of scores are an mma accumulator.
+// (flash_prefill's 128-query tiles ran Qwen3-30B-A3B's 4K prompt at 214
+// TFLOP/s on an H200, 27% of the tensor cores, its shared memory the
+// limit: Q, K and V fragments loaded by ldmatrix for each warp's rows; the
+// scores alone on wgmma, 218.) Dynamic shared memory flashWGSmem(HD),
+// aligned to 1024 bytes within: Q [HD / 64][128][64] bf16, then 2 stages
+// of K and then of V [HD / 64][64][64] bf16.
+template <int HD>
+__device__ __forceinline__ void flash_wg(void *out, int odt, const u16 *qbuf, const u16 *kc, const u16 *vc, const void *qkv, int qdt,
+		const int *seqpos, const int *seqn, const int *seqstart, const int *seqblk, const int *blocks, int H, int KH, int bs,
+		float scale, int gated) {
+	constexpr int BQ = 128, BK = 64, NP = HD / 64, NT = HD / 8;
+	constexpr int SQ = NP * BQ * 128, SK = NP * BK * 128;  // bytes
+	extern __shared__ __align__(16) u16 fsm[];
+	unsigned base = (smem_addr(fsm) + 1023) & ~1023u;
+	unsigned sQ = base, sK0 = sQ + SQ, sV0 = sK0 + 2 * SK;
+	int h = blockIdx.x, qi0 = (gridDim.y - 1 - blockIdx.y) * BQ, s = blockIdx.z;
+	int nN = seqn[s];
+	if (qi0 >= nN) return;
+	int kh = h / (H / KH), p0 = seqpos[s], start = seqstart[s];
+	const int *bt = blocks + seqblk[s];
+	int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wg = warp >> 2, quad = lane >> 2, qc = (lane & 3) * 2;
+	// swz is the byte offset of dims d.. (a multiple of 4) of row r in a
+	// [HD / 64][rows][64] swizzled array.
+	auto swz = [](int rows, int r, int d) { return (d >> 6) * rows * 128 + r * 128 + ((((d & 63) >> 3) ^ (r & 7)) << 4) + (d & 7) * 2; };
+	float qs = scale * LOG2E;
+	for (int idx = threadIdx.x; idx < BQ * HD / 4; idx += blockDim.x) {
+		int r = idx / (HD / 4), d = (idx % (HD / 4)) * 4;
+		uint2 v = flash_q4(qbuf, start, min(qi0 + r, nN - 1), H, h, HD, d, qs);
+		asm volatile("st.shared.v2.b32 [%0], {%1, %2};" ::"r"(sQ + swz(BQ, r, d)), "r"(v.x), "r"(v.y));
 	}
+	int kend = p0 + min(nN, qi0 + BQ);
+	auto stage = [&](int st, int kt) {
+		for (int idx = threadIdx.x; idx < BK * HD / 8; idx += blockDim.x) {
+			int j = idx / (HD / 8), d = idx % (HD / 8) * 8;
+			long off = flash_kv(bt, bs, KH, kh, HD, min(kt + j, kend - 1)) + d;
+			cp_async16(sK0 + st * SK + swz(BK, j, d), kc + off);
+			cp_async16(sV0 + st * SK + swz(BK, j, d), vc + off);
+		}
+		asm volatile("cp.async.commit_group;");
+	};
+	int w0 = qi0 + 16 * warp, g0 = qi0 + 64 * wg;  // the warp's and its warpgroup's first query
+	float o[NT][4], m[2] = {-INF, -INF}, l[2] = {0.f, 0.f};
+	int pos[2] = {p0 + w0 + quad, p0 + w0 + quad + 8};
+#pragma unroll
+	for (int n = 0; n < NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+	stage(0, 0);
+	int it = 0;
+	for (int kt = 0; kt < kend; kt += BK, it++) {
+		if (kt + BK < kend) {
+			stage((it + 1) & 1, kt + BK);
+			asm volatile("cp.async.wait_group 1;");
+		} else {
+			asm volatile("cp.async.wait_group 0;");
+		}
+		fence_async_smem();
+		__syncthreads();  // the stage is in, and Q (first time round)
+		// A warpgroup skips the tiles above its rows' diagonal (the
+		// products are the warpgroup's: the test is too).
+		if (g0 < nN && kt <= p0 + min(g0 + 63, nN - 1)) {
+			unsigned sK = sK0 + (it & 1) * SK, sV = sV0 + (it & 1) * SK;
+			float acc[32];
+			wgmma_fence();
+#pragma unroll
+			for (int p = 0; p < NP; p++)
+#pragma unroll
+				for (int ks = 0; ks < 4; ks++)
+					wgmma_bf16_n64(acc, wg_desc(sQ + p * BQ * 128 + wg * 64 * 128 + 32 * ks), wg_desc(sK + p * BK * 128 + 32 * ks), p | ks);
+			wgmma_commit_wait<0>();
+			float sc[BK / 8][4];
+#pragma unroll
+			for (int n = 0; n < BK / 8; n++)
+#pragma unroll
+				for (int e = 0; e < 4; e++) sc[n][e] = acc[4 * n + e];
+			if (kt + BK - 1 > p0 + w0 || kt + BK > kend) flash_mask<BK>(sc, pos, kt, qc, kend);
+			unsigned pa[BK / 16][4];
+			flash_softmax<BK, NT>(sc, m, l, o, pa);
+			// V's 16 keys ks are two atoms of 8 rows (2048 bytes); its
+			// panels of 64 dims lie BK rows apart.
+			wgmma_fence();
+#pragma unroll
+			for (int ks = 0; ks < BK / 16; ks++) wgmma_bf16_rs<HD, 0, NT>(o, pa[ks], wg_desc_mn(sV + 2048 * ks, BK * 128));
+			wgmma_commit_wait<0>();
+		}
+		__syncthreads();  // the next stage overwrites this buffer
+	}
+	FlashOut f{out, odt, qkv, qdt, gated, nullptr, nullptr, nullptr, 1, 0};
+	float o1[1][NT][4], m1[1][2] = {{m[0], m[1]}}, l1[1][2] = {{l[0], l[1]}};
+#pragma unroll
+	for (int n = 0; n < NT; n++)
+#pragma unroll
+		for (int e = 0; e < 4; e++) o1[0][n][e] = o[n][e];
+	flash_store<HD, 1, false>(f, o1, m1, l1, w0, nN, start, h, H, KH);
 }
 
 // flash_prefill_BQ_BK_HD: blocks of four warps, BQ queries, key tiles of
@@ -268,6 +432,22 @@ FLASH(flash_split_64_32_128, 64, 32, 4, 128, true)
 FLASH(flash_split_64_32_256, 64, 32, 2, 256, true)
 FLASH(flash_split_128_32_64, 128, 32, 2, 64, true)
 FLASH(flash_split_128_32_128, 128, 32, 2, 128, true)
+
+// flash_wg_HD: flash_wg's kernels (sm_90a; elsewhere they trap). Grid (H,
+// query tiles of 128, sequences), 256 threads; MINB blocks a multiprocessor.
+#define FLASH_WG(HD, MINB) \
+	extern "C" __global__ void __launch_bounds__(256, MINB) flash_wg_##HD(void *out, int odt, const u16 *qbuf, const u16 *kc, \
+			const u16 *vc, const void *qkv, int qdt, const int *seqpos, const int *seqn, const int *seqstart, const int *seqblk, \
+			const int *blocks, int H, int KH, int bs, float scale, int gated) { \
+		if (WGMMA) { \
+			flash_wg<HD>(out, odt, qbuf, kc, vc, qkv, qdt, seqpos, seqn, seqstart, seqblk, blocks, H, KH, bs, scale, gated); \
+		} else { \
+			__trap(); \
+		} \
+	}
+FLASH_WG(64, 2)
+FLASH_WG(128, 2)
+FLASH_WG(256, 1)
 
 // attn_decode_mma: the split-K decode attention of attn_decode (same grid
 // (T, KH, S), same partial results for attn_combine) on tensor cores, for
@@ -310,7 +490,7 @@ __device__ __forceinline__ void attn_decode_mma(const u16 *qbuf, const u16 *kc, 
 			int idx = threadIdx.x + c * 32 * W, j = idx / (HD / 8), d = idx % (HD / 8) * 8;
 			int key = min(kt + j, k1 - 1);
 			if ((when == early && key >= cached) || (when == fixup && key < cached)) continue;
-			long off = (((long)bt[key / bs] * bs + key % bs) * KH + kh) * HD + d;
+			long off = flash_kv(bt, bs, KH, kh, HD, key) + d;
 			if (when == fixup) {
 				*(uint4 *)(dK + j * KP + d) = *(const uint4 *)(kc + off);
 				*(uint4 *)(dV + j * KP + d) = *(const uint4 *)(vc + off);

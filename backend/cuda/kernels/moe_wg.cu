@@ -32,66 +32,7 @@
 // (converted to f16 first) and ran the FP8 tiles in 2.8 ms. Grid (ceil(O /
 // MW_BN), tiles allowed for), a warpgroup per 64 rows of a tile; an FP8
 // warpgroup past the tile's rows skips its products. Requires I % 128 == 0
-// (FP8) or I % 64 == 0 (bf16).
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define WGMMA 1
-#else
-#define WGMMA 0
-#endif
-
-// wg_desc is the shared-memory descriptor of a K-major operand in the
-// 128-byte swizzle whose 8-row atoms are 1024 bytes apart, from shared
-// address a.
-__device__ __forceinline__ unsigned long long wg_desc(unsigned a) {
-	return (unsigned long long)((a & 0x3ffff) >> 4) | ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
-}
-
-// wgmma_e4m3 is d (+)= A . B^T for a warpgroup: 64 rows (da) by 128 outputs
-// (db), 32 columns; add 0 overwrites d.
-__device__ __forceinline__ void wgmma_e4m3(float (&d)[64], unsigned long long da, unsigned long long db, int add) {
-#if WGMMA
-	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-		"wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
-		: "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-		: "l"(da), "l"(db), "r"(add));
-#else
-	__trap();
-#endif
-}
-
-// wgmma_bf16 is d += A . B^T for a warpgroup: 64 rows (da) by 128 outputs
-// (db), 16 columns.
-__device__ __forceinline__ void wgmma_bf16(float (&d)[64], unsigned long long da, unsigned long long db) {
-#if WGMMA
-	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-		"wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-		: "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-		: "l"(da), "l"(db), "n"(1));
-#else
-	__trap();
-#endif
-}
-
-__device__ __forceinline__ void wgmma_fence() {
-#if WGMMA
-	asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#endif
-}
-// wgmma_commit_wait commits the products issued and waits until at most N
-// groups of them are running.
-template <int N>
-__device__ __forceinline__ void wgmma_commit_wait() {
-#if WGMMA
-	asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
-#endif
-}
-// fence_async_smem orders this thread's writes to shared memory before the
-// async proxy's reads (wgmma's operands).
-__device__ __forceinline__ void fence_async_smem() {
-#if WGMMA
-	asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-#endif
-}
+// (FP8) or I % 64 == 0 (bf16); the products are wgmma.cuh's.
 
 // store_rows writes a thread's accumulators of a tile BN outputs wide to
 // y[order[j]] for its rows j < j1: rows r0 and r0 + 8, outputs c0 + 8 n
