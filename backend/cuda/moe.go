@@ -23,9 +23,9 @@ var (
 	moeGroupMMKernels = [2]kernel[moeGroupMMArgs]{newKernel[moeGroupMMArgs]("moe_group_mm64"), newKernel[moeGroupMMArgs]("moe_group_mm128")}
 	moeGroupF8Kernels = [2]kernel[moeGroupF8Args]{newKernel[moeGroupF8Args]("moe_group_f8_64"), newKernel[moeGroupF8Args]("moe_group_f8_128")}
 	// The bf16 ones on wgmma: [0] 64 rows by moeWGOuts, [1] 128 by twice that.
-	moeGroupWGKernels = [2]kernel[moeGroupMMArgs]{newKernel[moeGroupMMArgs]("moe_group_wg64"), newKernel[moeGroupMMArgs]("moe_group_wg128")}
+	moeGroupWGKernels = [2]kernel[moeGroupWGArgs]{newKernel[moeGroupWGArgs]("moe_group_wg64"), newKernel[moeGroupWGArgs]("moe_group_wg128")}
 	// Those as gate/up products with the SwiGLU.
-	moeGroupWGSwiGLUKernels = [2]kernel[moeGroupMMArgs]{newKernel[moeGroupMMArgs]("moe_group_wg64_swiglu"), newKernel[moeGroupMMArgs]("moe_group_wg128_swiglu")}
+	moeGroupWGSwiGLUKernels = [2]kernel[moeGroupWGArgs]{newKernel[moeGroupWGArgs]("moe_group_wg64_swiglu"), newKernel[moeGroupWGArgs]("moe_group_wg128_swiglu")}
 	moeCombineKernel        = newKernel[moeCombineArgs]("moe_combine")
 	// moe_rows by [rows a block - 1][swiglu].
 	moeRowsKernels = [2][2]kernel[moeRowsArgs]{
@@ -92,6 +92,13 @@ type moeGatherArgs struct {
 type moeGroupMMArgs struct {
 	y, xg, w, start, order, tiles, ntiles devptr
 	O, I                                  int32
+}
+
+type moeGroupWGArgs struct {
+	y, x                           devptr
+	xdiv                           int32
+	w, start, order, tiles, ntiles devptr
+	O, I                           int32
 }
 
 type moeGroupF8Args struct {
@@ -370,9 +377,14 @@ func (b *Backend) expertRows(xt *tensor, sel devptr, K int, gu, down, sgu, sdown
 		// SwiGLU applied (silu_mul and the second gather, 1.8 ms of a 4K
 		// prompt's 38 in qnext12's 12 layers, and the float32 rows between
 		// them, gone).
+		// Gate/up's tiles read the tokens' rows through the order, cast
+		// to bf16 once (moe_gather's R rows: 96 us a layer of qnext12's
+		// 4K prompt, H200).
+		xh := b.scratchBuf("moe.xh", 2*T*H)
+		b.toHalf(xh, xt.ptr, T*H, backend.BF16)
 		act := b.scratchBuf("moe.actg", 2*R*I)
-		b.groupTiles(act, b.gatherRows(xt.ptr, K, g, R, H), gu, g, R, E, bm, 2*I, H, true)
-		b.groupTiles(y.ptr, act, down, g, R, E, bm, H, I, false)
+		b.groupTiles(act, xh, K, gu, g, R, E, bm, 2*I, H, true)
+		b.groupTiles(y.ptr, act, 0, down, g, R, E, bm, H, I, false)
 		return y, ys, false
 	}
 	var act *tensor // [R + S, I], f32 or (qmv_swiglu) bf16
@@ -417,7 +429,7 @@ func (b *Backend) groupProduct(y, x devptr, xdiv int, w *tensor, g expertGroups,
 		b.groupF8Product(y, xq, xs, n, xdiv, w, g, R, E, bm, O, in)
 		return
 	}
-	b.groupTiles(y, b.gatherRows(x, xdiv, g, R, in), w, g, R, E, bm, O, in, false)
+	b.groupTiles(y, b.gatherRows(x, xdiv, g, R, in), 0, w, g, R, E, bm, O, in, false)
 }
 
 // gatherRows returns x's R rows (of in) in g's order, in bf16: row j is
@@ -428,36 +440,43 @@ func (b *Backend) gatherRows(x devptr, xdiv int, g expertGroups, R, in int) devp
 	return xg
 }
 
-// groupTiles is groupProduct's tiles, on the gathered bf16 rows xg. With
-// swiglu (bf16 experts on wgmma only: groupWG), w is gate/up and y is
-// silu(gate) * up in bf16 ([R, O / 2]) in xg's order: the down product's
+// groupTiles is groupProduct's tiles, on bf16 rows x: x[order[j] / xdiv]
+// is row j of the tiles (the wgmma tiles only: groupWG), or with xdiv 0
+// x[j] (the rows gathered). With swiglu (wgmma only), w is gate/up and y is
+// silu(gate) * up in bf16 ([R, O / 2]) in g's order: the down product's
 // gathered rows.
-func (b *Backend) groupTiles(y, xg devptr, w *tensor, g expertGroups, R, E, bm, O, in int, swiglu bool) {
+func (b *Backend) groupTiles(y, x devptr, xdiv int, w *tensor, g expertGroups, R, E, bm, O, in int, swiglu bool) {
 	large := bm == moeGroupRowsLarge
 	grid := [3]int{(O + moeGroupOuts - 1) / moeGroupOuts, expertTiles(R, E, bm), 1}
-	if w.dt.Quantized() {
-		k, smem := quantKernelsOf(w.dt).groupMM[boolInt(large)], moeGroupQSmem(bm)
-		b.allowSmem(k.name, smem)
-		b.preferSmem(k.name)
-		k.run(b, grid, 2*bm, smem, qgroupMMArgs{y: y, xg: xg, w: w.ptr, rb: int64(w.rb()), estride: int64(O * w.rb()),
-			start: g.start, order: g.order, tiles: g.tiles, ntiles: g.ntiles, O: int32(O), I: int32(in)})
-		return
-	}
-	k, smem := moeGroupMMKernels[boolInt(large)], moeGroupSmem(bm)
 	if b.groupWG(w, in) {
 		bn := moeWGOuts * bm / moeGroupRows
-		k, smem = moeGroupWGKernels[boolInt(large)], moeGroupWGSmem(bm, bn)
+		k, smem := moeGroupWGKernels[boolInt(large)], moeGroupWGSmem(bm, bn)
 		grid[0] = (O + bn - 1) / bn
 		if swiglu {
 			k = moeGroupWGSwiGLUKernels[boolInt(large)]
 			grid[0] = (O/2 + bn/2 - 1) / (bn / 2)
 		}
-	} else if swiglu {
-		panic("cuda: moe: the SwiGLU in the tiles is wgmma's")
+		b.allowSmem(k.name, smem)
+		b.preferSmem(k.name)
+		k.run(b, grid, 2*bm, smem, moeGroupWGArgs{y: y, x: x, xdiv: int32(xdiv), w: w.ptr, start: g.start, order: g.order, tiles: g.tiles,
+			ntiles: g.ntiles, O: int32(O), I: int32(in)})
+		return
 	}
+	if swiglu || xdiv != 0 {
+		panic("cuda: moe: the SwiGLU in the tiles and rows read through the order are the wgmma tiles'")
+	}
+	if w.dt.Quantized() {
+		k, smem := quantKernelsOf(w.dt).groupMM[boolInt(large)], moeGroupQSmem(bm)
+		b.allowSmem(k.name, smem)
+		b.preferSmem(k.name)
+		k.run(b, grid, 2*bm, smem, qgroupMMArgs{y: y, xg: x, w: w.ptr, rb: int64(w.rb()), estride: int64(O * w.rb()),
+			start: g.start, order: g.order, tiles: g.tiles, ntiles: g.ntiles, O: int32(O), I: int32(in)})
+		return
+	}
+	k, smem := moeGroupMMKernels[boolInt(large)], moeGroupSmem(bm)
 	b.allowSmem(k.name, smem)
 	b.preferSmem(k.name)
-	k.run(b, grid, 2*bm, smem, moeGroupMMArgs{y: y, xg: xg, w: w.ptr, start: g.start, order: g.order, tiles: g.tiles, ntiles: g.ntiles,
+	k.run(b, grid, 2*bm, smem, moeGroupMMArgs{y: y, xg: x, w: w.ptr, start: g.start, order: g.order, tiles: g.tiles, ntiles: g.ntiles,
 		O: int32(O), I: int32(in)})
 }
 

@@ -14,8 +14,10 @@
 // once (quant_fp8_act: e4m3 with a float32 scale a row and 128 columns),
 // read through order (no gather), and the weights' device rows hold the
 // 128-byte bodies of their blocks and then the blocks' scales (qlayout.go);
-// a stage is one block of 128 columns, with its scales. bf16: the rows come
-// gathered (moe_gather) and a stage is 64 columns. A warpgroup takes 64 of
+// a stage is one block of 128 columns, with its scales. bf16: the rows are
+// the tokens' (bf16, read through order: gate/up's, cast once) or come
+// gathered (moe_gather; down's, written by gate/up's tiles) and a stage is
+// 64 columns. A warpgroup takes 64 of
 // the tile's rows by its MW_BN outputs, one wgmma m64n128 each 32 bytes of
 // columns with both operands in shared memory, K-major in the 128-byte
 // swizzle (atoms of 8 rows 1024 bytes apart, 16-byte piece c of row r at
@@ -87,8 +89,8 @@ __device__ __forceinline__ void store_swiglu(u16 *y, const float (&acc)[OB / 64]
 }
 
 // group_wg is the products of either kind (F8: xq and xs are quant_fp8_act's
-// rows, read through order / xdiv; else xq is the gathered bf16 rows, xs
-// unused); rb is a weight row's bytes, estride an expert's. SW (bf16): w is
+// rows; else xq is bf16 rows, xs unused), row j of a tile's x being xq's
+// row order[j] / xdiv, or j where xdiv is 0 (bf16 rows gathered); rb is a weight row's bytes, estride an expert's. SW (bf16): w is
 // an expert's gate rows then its up rows (O of them), and a tile takes BN /
 // 2 of each, the same outputs, to write silu(gate) * up in bf16 as row j of
 // y ([rows, O / 2]): the down product's gathered rows, with no f32 rows
@@ -125,7 +127,7 @@ __device__ __forceinline__ void group_wg(float *y, const u8 *xq, const float *xs
 #pragma unroll
 	for (int i = 0; i < CA; i++) {
 		int c = threadIdx.x + NTHR * i, r = c >> 3, j = min(j0 + r, j1 - 1);
-		ap[i] = xq + (F8 ? order[j] / xdiv : j) * ab + (c & 7) * 16;
+		ap[i] = xq + (xdiv ? order[j] / xdiv : j) * ab + (c & 7) * 16;
 		ad[i] = r * 128 + (((c & 7) ^ (r & 7)) << 4);
 		amask |= (unsigned)(j0 + r < j1) << i;
 	}
@@ -211,10 +213,11 @@ __device__ __forceinline__ void group_wg(float *y, const u8 *xq, const float *xs
 
 // moe_group_f8_64, moe_group_f8_128: the FP8 products in tiles of 64 and
 // 128 rows (one and two warpgroups) by MW_BN outputs; moe_group_wg64,
-// moe_group_wg128: the bf16 ones (the arguments of moe_group_mm), the
-// second by 2 MW_BN outputs; moe_group_wg64_swiglu, moe_group_wg128_swiglu:
-// those tiles as gate/up products with the SwiGLU (SW; y bf16 [rows, O /
-// 2], gathered order). Shared memory moeGroupWGSmem;
+// moe_group_wg128: the bf16 ones (moe_group_mm's arguments and xdiv, the
+// rows read as group_wg reads them), the second by 2 MW_BN outputs;
+// moe_group_wg64_swiglu, moe_group_wg128_swiglu: those tiles as gate/up
+// products with the SwiGLU (SW; y bf16 [rows, O / 2], gathered order).
+// Shared memory moeGroupWGSmem;
 // sm_90a only (elsewhere they trap).
 #define MOE_GROUP_F8(BM) \
 	extern "C" __global__ void __launch_bounds__(2 * BM, 1) moe_group_f8_##BM(float *y, const u8 *xq, const float *xs, int T, int xdiv, \
@@ -229,10 +232,10 @@ MOE_GROUP_F8(64)
 MOE_GROUP_F8(128)
 
 #define MOE_GROUP_WG(BM, BN, SW, NAME) \
-	extern "C" __global__ void __launch_bounds__(2 * BM, 1) NAME(float *y, const u16 *xg, const u16 *w, const int *start, \
+	extern "C" __global__ void __launch_bounds__(2 * BM, 1) NAME(float *y, const u16 *x, int xdiv, const u16 *w, const int *start, \
 			const int *order, const int *tiles, const int *ntiles, int O, int I) { \
 		if (WGMMA) { \
-			group_wg<BM, BN, false, SW>(y, (const u8 *)xg, nullptr, 0, 1, (const u8 *)w, 2L * I, 2L * O * I, start, order, tiles, ntiles, O, I); \
+			group_wg<BM, BN, false, SW>(y, (const u8 *)x, nullptr, 0, xdiv, (const u8 *)w, 2L * I, 2L * O * I, start, order, tiles, ntiles, O, I); \
 		} else { \
 			__trap(); \
 		} \
