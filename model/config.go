@@ -607,8 +607,11 @@ func (c *Config) fillLayers(r *rawConfig) error {
 		d.Chunk = 64
 		if err := checkSizes(size{"linear_num_key_heads", d.KeyHeads, 1, maxHeads}, size{"linear_num_value_heads", d.ValueHeads, 1, maxHeads},
 			size{"linear_key_head_dim", d.KeyDim, 1, maxDim}, size{"linear_value_head_dim", d.ValueDim, 1, maxDim},
-			size{"linear_conv_kernel_dim", d.ConvKernel, 1, maxConvKernel}); err != nil {
+			size{"linear_conv_kernel_dim", d.ConvKernel, 1, maxDim}); err != nil {
 			return err
+		}
+		if d.ConvKernel > maxConvKernel {
+			return fmt.Errorf("linear_conv_kernel_dim %d is wider than kiln's convs take (%d taps)", d.ConvKernel, maxConvKernel)
 		}
 		if d.ValueHeads%d.KeyHeads != 0 {
 			return fmt.Errorf("linear_num_value_heads %d is not a multiple of linear_num_key_heads %d", d.ValueHeads, d.KeyHeads)

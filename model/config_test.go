@@ -170,6 +170,7 @@ func TestConfigErrors(t *testing.T) {
 		{`{"architectures":["Qwen3MoeForCausalLM"],` + base + `,"num_experts":4,"num_experts_per_tok":2,"moe_intermediate_size":8,"mlp_only_layers":[7]}`, "mlp_only_layers[0] = 7 is not a layer (0 to 1)"},
 		{`{"architectures":["Qwen3MoeForCausalLM"],` + base + `,"num_experts":-4,"num_experts_per_tok":2,"moe_intermediate_size":8}`, "num_experts -4 is out of range"},
 		{`{"architectures":["Qwen3_5ForCausalLM"],` + base + `,"linear_num_key_heads":1,"linear_num_value_heads":2,"linear_key_head_dim":8,"linear_value_head_dim":8,"linear_conv_kernel_dim":-1}`, "linear_conv_kernel_dim must be positive"},
+		{`{"architectures":["Qwen3_5ForCausalLM"],` + base + `,"linear_num_key_heads":1,"linear_num_value_heads":2,"linear_key_head_dim":8,"linear_value_head_dim":8,"linear_conv_kernel_dim":9}`, "linear_conv_kernel_dim 9 is wider than kiln's convs take (8 taps)"},
 		{`{"architectures":["Qwen3_5ForCausalLM"],` + base + `,"linear_num_key_heads":1,"linear_num_value_heads":2,"linear_key_head_dim":8,"linear_value_head_dim":8,"full_attention_interval":-3}`, "full_attention_interval -3 is out of range"},
 		{`{"architectures":["Qwen3ForCausalLM"],` + base + `,"quantization_config":{"quant_method":"fp8","weight_block_size":[1000000000,128]}}`, "weight_block_size"},
 	}
