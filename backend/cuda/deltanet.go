@@ -40,14 +40,15 @@ var (
 )
 
 // dnChunkKernels are the chunked kernels of deltanet_chunk.cu (DN_PREP,
-// DN_RUN) by key dim, with the value columns of a dn_chunk_run block.
+// DN_RUN) by key dim, with the value columns and the warps of a
+// dn_chunk_run block.
 var dnChunkKernels = map[int]struct {
-	prep kernel[dnChunkPrepArgs]
-	run  kernel[dnChunkRunArgs]
-	dvs  int
+	prep      kernel[dnChunkPrepArgs]
+	run       kernel[dnChunkRunArgs]
+	dvs, warp int
 }{
-	16:  {newKernel[dnChunkPrepArgs]("dn_chunk_prep_16"), newKernel[dnChunkRunArgs]("dn_chunk_run_16_16"), 16},
-	128: {newKernel[dnChunkPrepArgs]("dn_chunk_prep_128"), newKernel[dnChunkRunArgs]("dn_chunk_run_128_32"), 32},
+	16:  {newKernel[dnChunkPrepArgs]("dn_chunk_prep_16"), newKernel[dnChunkRunArgs]("dn_chunk_run_16_16"), 16, 4},
+	128: {newKernel[dnChunkPrepArgs]("dn_chunk_prep_128"), newKernel[dnChunkRunArgs]("dn_chunk_run_128_32"), 32, 8},
 }
 
 type dnConvArgs struct {
@@ -137,7 +138,7 @@ type dnChunkRunArgs struct {
 type dnChunk struct {
 	prep              kernel[dnChunkPrepArgs]
 	run               kernel[dnChunkRunArgs]
-	dvs               int // value columns of a dn_chunk_run block
+	dvs, warp         int // value columns and warps of a dn_chunk_run block
 	prepSmem, runSmem int
 }
 
@@ -175,7 +176,7 @@ func (b *Backend) NewStateCache(spec backend.StateSpec) (backend.StateCache, err
 	c.convN, c.recN = spec.SlotFloats()
 	if ck, ok := dnChunkKernels[d.KeyDim]; ok && d.ValueDim%ck.dvs == 0 {
 		k := &dnChunk{
-			prep: ck.prep, run: ck.run, dvs: ck.dvs,
+			prep: ck.prep, run: ck.run, dvs: ck.dvs, warp: ck.warp,
 			prepSmem: dnPrepSmem(d.KeyDim, d.ValueDim), runSmem: dnRunSmem(d.KeyDim, ck.dvs),
 		}
 		// dn_chunk_run takes 150 KB at Qwen3-Next's heads: an A100 or H100
@@ -512,11 +513,11 @@ func (b *Backend) GatedDeltaRule(out, qkv, ba, aLog, dtBias backend.Tensor, spec
 			if k.runSmem > 48<<10 {
 				b.allowSmem(k.run.name, k.runSmem)
 			}
-			k.prep.run(b, [3]int{(maxN + dnChunkLen - 1) / dnChunkLen, HV, S}, 128, k.prepSmem, dnChunkPrepArgs{
+			k.prep.run(b, [3]int{(maxN + dnChunkLen - 1) / dnChunkLen, HV, S}, 256, k.prepSmem, dnChunkPrepArgs{
 				qkv: xt.ptr, ba: bt.ptr, aLog: al.ptr, adt: int32(al.dt), dtBias: db.ptr, bdt: int32(db.dt),
 				qg: qg, kd: kd, wg: wg, pg: pg, ug: ug, gg: gg, HK: int32(HK), HV: int32(HV), DV: int32(dv), chunkMin: int32(chunkMin),
 				tiled: boolInt(spec.TiledHeads), seqn: seqn, seqstart: seqstart})
-			k.run.run(b, [3]int{dv / k.dvs, HV, S}, 128, k.runSmem, dnChunkRunArgs{
+			k.run.run(b, [3]int{dv / k.dvs, HV, S}, 32*k.warp, k.runSmem, dnChunkRunArgs{
 				out: ot.ptr, qg: qg, kd: kd, wg: wg, pg: pg, ug: ug, gg: gg, state: c.rec[layer], HV: int32(HV), DV: int32(dv), recN: int32(c.recN),
 				chunkMin: int32(chunkMin), seqpos: seqpos, seqn: seqn, seqstart: seqstart, slots: m.dev[mSeqSlot]})
 			c.chunked += long

@@ -71,7 +71,9 @@ __device__ __forceinline__ int b_frag(int k0, int n0, int stride) {
 	return 2 * ((n0 + (l >> 4) * 8 + (l & 7)) * stride + k0 + ((l >> 3) & 1) * 8);
 }
 
-// dn_chunk_prep: grid (ceil(max new tokens / DN_C), HV, S), 128 threads,
+// dn_chunk_prep: grid (ceil(max new tokens / DN_C), HV, S), 256 threads
+// (two blocks a multiprocessor by its shared memory: four warps a block
+// left the schedulers without a ready warp 75% of the time, ncu, H200),
 // dynamic shared memory dn_prep_smem(DK, DV) bytes (Go: dnPrepSmem), laid
 // out as: K [2][DN_C][DK+8] bf16; Q [2][DN_C][DK+8] bf16, then V
 // [2][DN_C][DV+8] bf16 in the same place; A [DN_C][68] f32, then T diag(beta)
@@ -83,7 +85,7 @@ template <int DK>
 __device__ __forceinline__ void dn_chunk_prep(const float *qkv, const float *ba, const void *aLog, int adt, const void *dtBias,
 		int bdt, u16 *qg, u16 *kd, u16 *wg, u16 *pg, float *ug, float *gg, int HK, int HV, int DV, int chunkMin, int tiled,
 		const int *seqn, const int *seqstart) {
-	constexpr int KP = DK + 8, AP = 68, TP = 72, E = (DK + 31) / 32;
+	constexpr int KP = DK + 8, AP = 68, TP = 72, E = (DK + 31) / 32, NW = 8;  // NW warps
 	extern __shared__ __align__(16) unsigned char dsm[];
 	int s = blockIdx.z, h = blockIdx.y, c0 = blockIdx.x * DN_C, n = seqn[s];
 	if (n < chunkMin || c0 >= n) return;
@@ -91,6 +93,7 @@ __device__ __forceinline__ void dn_chunk_prep(const float *qkv, const float *ba,
 	long t0 = seqstart[s] + c0;
 	int kh = tiled ? h % HK : h / (HV / HK), CD = 2 * HK * DK + HV * DV;
 	int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, quad = lane >> 2, qc = (lane & 3) * 2;
+	int rw = warp & 3, par = warp >> 2;  // K K^T and Q K^T: the warp's rows, and which key blocks
 	u16 *sK = (u16 *)dsm, *sQV = sK + 2 * DN_C * KP;
 	static_assert(2 * DN_C * TP * 2 >= DN_C * AP * 4, "the scaled T's take A's place");
 	float *sA = (float *)(sQV + 2 * DN_C * max(KP, VP));
@@ -122,7 +125,7 @@ __device__ __forceinline__ void dn_chunk_prep(const float *qkv, const float *ba,
 	// Normalised q (scaled by 1/sqrt(DK)) and k, a warp per row: to shared
 	// memory as they are, to the scratch as q exp(G_i) and k exp(G_L - G_i).
 	float gl = sG[L - 1];
-	for (int r = warp; r < DN_C; r += 4) {
+	for (int r = warp; r < DN_C; r += NW) {
 #pragma unroll
 		for (int isk = 0; isk < 2; isk++) {
 			float x[E], ss = 0.f;
@@ -156,9 +159,10 @@ __device__ __forceinline__ void dn_chunk_prep(const float *qkv, const float *ba,
 	}
 	__syncthreads();
 
-	// K K^T and Q K^T, warp w taking rows 16w.. and the key blocks up to its
-	// own (both are lower triangular); then A to shared memory and P's rows
-	// (zero above the diagonal) to the scratch.
+	// K K^T and Q K^T, warp w taking rows 16 (w % 4).. and, of the key
+	// blocks up to its own (both are lower triangular), those of parity w /
+	// 4; then A to shared memory and P's rows (zero above the diagonal) to
+	// the scratch.
 	{
 		unsigned aK = smem_addr(sK), aQ = smem_addr(sQV);
 		float kk[8][4], qk[8][4];
@@ -169,14 +173,14 @@ __device__ __forceinline__ void dn_chunk_prep(const float *qkv, const float *ba,
 #pragma unroll
 		for (int ks = 0; ks < DK / 16; ks++) {
 			unsigned akh[4], akl[4], aqh[4], aql[4];
-			int ao = a_frag(warp * 16, ks * 16, KP);
+			int ao = a_frag(rw * 16, ks * 16, KP);
 			ldsm(aK + ao, akh);
 			ldsm(aK + ao + 2 * DN_C * KP, akl);
 			ldsm(aQ + ao, aqh);
 			ldsm(aQ + ao + 2 * DN_C * KP, aql);
 #pragma unroll
 			for (int jb = 0; jb < 4; jb++) {
-				if (jb > warp) continue;
+				if (jb > rw || (jb & 1) != par) continue;
 				unsigned bh[4], bl[4];
 				int bo = b_frag(ks * 16, jb * 16, KP);
 				ldsm(aK + bo, bh);
@@ -189,14 +193,15 @@ __device__ __forceinline__ void dn_chunk_prep(const float *qkv, const float *ba,
 		}
 #pragma unroll
 		for (int hf = 0; hf < 2; hf++) {
-			int i = warp * 16 + quad + hf * 8;
+			int i = rw * 16 + quad + hf * 8;
 			float gi = sG[i], bi = sBeta[i];
 			u16 *prow = pg + ((t0 + i) * HV + h) * 2 * DN_C;
 #pragma unroll
 			for (int nt = 0; nt < 8; nt++) {
+				if ((nt >> 1 & 1) != par) continue;
 				int j = nt * 8 + qc;
 				float p[2] = {0.f, 0.f}, a[2] = {0.f, 0.f};
-				if (nt <= 2 * warp + 1) {
+				if (nt <= 2 * rw + 1) {
 #pragma unroll
 					for (int e = 0; e < 2; e++) {
 						if (j + e > i) continue;
@@ -282,11 +287,11 @@ __device__ __forceinline__ void dn_chunk_prep(const float *qkv, const float *ba,
 		}
 	};
 	// mulT multiplies that matrix by the DN_C-row matrix at sB (row stride
-	// BP) in groups of 16 columns, each warp taking every fourth group and
+	// BP) in groups of 16 columns, each warp taking every NW-th group and
 	// all rows, and hands the valid rows' results to store(i, col, v0, v1).
 	auto mulT = [&](const u16 *sB, int BP, int ncols, auto store) {
 		unsigned aT = smem_addr(sT12), aB = smem_addr(sB);
-		for (int g = warp; g < ncols / 16; g += 4) {
+		for (int g = warp; g < ncols / 16; g += NW) {
 			float acc[4][2][4];
 #pragma unroll
 			for (int m = 0; m < 4; m++)
@@ -336,25 +341,31 @@ __device__ __forceinline__ void dn_chunk_prep(const float *qkv, const float *ba,
 	});
 }
 
-// dn_chunk_run: grid (DV / DVS, HV, S), 128 threads, dynamic shared memory
-// dn_run_smem(DK, DVS) bytes (Go: dnRunSmem): W, then Q exp(G), then
+// dn_chunk_run: grid (DV / DVS, HV, S), NW warps (4 or 8), dynamic shared
+// memory dn_run_smem(DK, DVS) bytes (Go: dnRunSmem): W, then Q exp(G), then
 // K exp(G_L - G) [2][DN_C][DK+8] bf16; P [2][DN_C][DN_C+8] bf16; S
 // [2][DK][DVS+8] bf16; Vn [2][DN_C][DVS+8] bf16. Warp w owns the chunk's
-// rows 16w.. of W S, Q S, Vn and O (sharing each fragment of S between W and
-// Q), and rows of S as accumulators (m-tiles w * MTW..). A chunk's W and Q
+// rows 16 (w % 4).. of W S, Q S, Vn and O, their columns' NW / 4th part
+// w / 4 (sharing each fragment of S between W and Q), and rows of S as
+// accumulators (m-tiles w * MTW..). (Four warps a block, one block a
+// multiprocessor by its shared memory, left the schedulers without a ready
+// warp 69% of the time: ncu, H200.) A chunk's W and Q
 // are loaded by cp.async during the previous chunk's output and state update,
 // its K and P during its own W S and Q S. Rows past a partial chunk's end
 // repeat its last row (finite; their Vn is zeroed, so they add nothing to S,
 // and their outputs are not stored).
-template <int DK, int DVS>
+template <int DK, int DVS, int NW>
 __device__ __forceinline__ void dn_chunk_run(float *out, const u16 *qg, const u16 *kd, const u16 *wg, const u16 *pg, const float *ug,
 		const float *gg, float *state, int HV, int DV, int recN, int chunkMin, const int *seqpos, const int *seqn,
 		const int *seqstart, const int *slots) {
-	constexpr int AP = DK + 8, PP = DN_C + 8, SP = DVS + 8, NT = DVS / 8, MS = DK / 16, MTW = (MS + 3) / 4, RC = DK / 8;
+	constexpr int AP = DK + 8, PP = DN_C + 8, SP = DVS + 8, NT = DVS / 8, MS = DK / 16, MTW = (MS + NW - 1) / NW, RC = DK / 8;
+	constexpr int NTW = NT * 4 / NW;  // the n-tiles of a warp's rows (pairs: NTW even)
+	static_assert(NTW % 2 == 0, "dn_chunk_run: a warp's columns are pairs of n-tiles");
 	extern __shared__ __align__(16) unsigned char dsm[];
 	int s = blockIdx.z, h = blockIdx.y, v0 = blockIdx.x * DVS, n = seqn[s];
 	if (n < chunkMin) return;
 	int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, quad = lane >> 2, qc = (lane & 3) * 2;
+	int rw = warp & 3, wc = (warp >> 2) * NTW * 8;  // the warp's row block and first column in W S, Q S, Vn and O
 	u16 *sW = (u16 *)dsm, *sQ = sW + 2 * DN_C * AP, *sKd = sQ + 2 * DN_C * AP, *sP = sKd + 2 * DN_C * AP;
 	u16 *sS = sP + 2 * DN_C * PP, *sV = sS + 2 * DK * SP;
 	unsigned aW = smem_addr(sW), aQ = smem_addr(sQ), aKd = smem_addr(sKd), aP = smem_addr(sP), aS = smem_addr(sS), aV = smem_addr(sV);
@@ -419,13 +430,13 @@ __device__ __forceinline__ void dn_chunk_run(float *out, const u16 *qg, const u1
 		long t0 = start + (long)c * DN_C;
 		int L = min(DN_C, n - c * DN_C);
 		// U of this warp's rows, requested before the products that hide its latency.
-		float u[NT][4];
+		float u[NTW][4];
 #pragma unroll
-		for (int nt = 0; nt < NT; nt++)
+		for (int nt = 0; nt < NTW; nt++)
 #pragma unroll
 			for (int hf = 0; hf < 2; hf++) {
-				int r = min(warp * 16 + quad + hf * 8, L - 1);
-				float2 x = *(const float2 *)(ug + ((t0 + r) * HV + h) * DV + v0 + nt * 8 + qc);
+				int r = min(rw * 16 + quad + hf * 8, L - 1);
+				float2 x = *(const float2 *)(ug + ((t0 + r) * HV + h) * DV + v0 + wc + nt * 8 + qc);
 				u[nt][2 * hf] = x.x;
 				u[nt][2 * hf + 1] = x.y;
 			}
@@ -433,23 +444,23 @@ __device__ __forceinline__ void dn_chunk_run(float *out, const u16 *qg, const u1
 		asm volatile("cp.async.wait_group 1;");
 		__syncthreads();  // W, Q and the state's fragments are in
 
-		float ws[NT][4], qs[NT][4];
+		float ws[NTW][4], qs[NTW][4];
 #pragma unroll
-		for (int nt = 0; nt < NT; nt++)
+		for (int nt = 0; nt < NTW; nt++)
 #pragma unroll
 			for (int e = 0; e < 4; e++) ws[nt][e] = qs[nt][e] = 0.f;
 #pragma unroll
 		for (int ks = 0; ks < MS; ks++) {
 			unsigned awh[4], awl[4], aqh[4], aql[4];
-			int ao = a_frag(warp * 16, ks * 16, AP);
+			int ao = a_frag(rw * 16, ks * 16, AP);
 			ldsm(aW + ao, awh);
 			ldsm(aW + ao + 2 * DN_C * AP, awl);
 			ldsm(aQ + ao, aqh);
 			ldsm(aQ + ao + 2 * DN_C * AP, aql);
 #pragma unroll
-			for (int np = 0; np < NT / 2; np++) {
+			for (int np = 0; np < NTW / 2; np++) {
 				unsigned bh[4], bl[4];
-				int bo = b_frag_t(ks * 16, np * 16, SP);
+				int bo = b_frag_t(ks * 16, wc + np * 16, SP);
 				ldsm_t(aS + bo, bh);
 				ldsm_t(aS + bo + 2 * DK * SP, bl);
 				mma3(ws[2 * np], awh, awl, bh[0], bh[1], bl[0], bl[1]);
@@ -460,15 +471,15 @@ __device__ __forceinline__ void dn_chunk_run(float *out, const u16 *qg, const u1
 		}
 		// Vn = U - W S, zero past the chunk's end.
 #pragma unroll
-		for (int nt = 0; nt < NT; nt++)
+		for (int nt = 0; nt < NTW; nt++)
 #pragma unroll
 			for (int hf = 0; hf < 2; hf++) {
-				int r = warp * 16 + quad + hf * 8;
+				int r = rw * 16 + quad + hf * 8;
 				bool ok = r < L;
 				unsigned hi, lo;
 				split2(ok ? u[nt][2 * hf] - ws[nt][2 * hf] : 0.f, ok ? u[nt][2 * hf + 1] - ws[nt][2 * hf + 1] : 0.f, hi, lo);
-				*(unsigned *)(sV + r * SP + nt * 8 + qc) = hi;
-				*(unsigned *)(sV + (DN_C + r) * SP + nt * 8 + qc) = lo;
+				*(unsigned *)(sV + r * SP + wc + nt * 8 + qc) = hi;
+				*(unsigned *)(sV + (DN_C + r) * SP + wc + nt * 8 + qc) = lo;
 			}
 		asm volatile("cp.async.wait_group 0;");
 		__syncthreads();  // Vn, K and P are in; W and Q are free
@@ -477,15 +488,15 @@ __device__ __forceinline__ void dn_chunk_run(float *out, const u16 *qg, const u1
 		// O = (Q exp(G)) S + P Vn; P is lower triangular: key blocks up to the warp's own.
 #pragma unroll
 		for (int kb = 0; kb < 4; kb++) {
-			if (kb > warp) continue;
+			if (kb > rw) continue;
 			unsigned aph[4], apl[4];
-			int ao = a_frag(warp * 16, kb * 16, PP);
+			int ao = a_frag(rw * 16, kb * 16, PP);
 			ldsm(aP + ao, aph);
 			ldsm(aP + ao + 2 * DN_C * PP, apl);
 #pragma unroll
-			for (int np = 0; np < NT / 2; np++) {
+			for (int np = 0; np < NTW / 2; np++) {
 				unsigned bh[4], bl[4];
-				int bo = b_frag_t(kb * 16, np * 16, SP);
+				int bo = b_frag_t(kb * 16, wc + np * 16, SP);
 				ldsm_t(aV + bo, bh);
 				ldsm_t(aV + bo + 2 * DN_C * SP, bl);
 				mma3(qs[2 * np], aph, apl, bh[0], bh[1], bl[0], bl[1]);
@@ -494,11 +505,11 @@ __device__ __forceinline__ void dn_chunk_run(float *out, const u16 *qg, const u1
 		}
 #pragma unroll
 		for (int hf = 0; hf < 2; hf++) {
-			int r = warp * 16 + quad + hf * 8;
+			int r = rw * 16 + quad + hf * 8;
 			if (r >= L) continue;
-			float *o = out + (t0 + r) * HV * DV + h * DV + v0 + qc;
+			float *o = out + (t0 + r) * HV * DV + h * DV + v0 + wc + qc;
 #pragma unroll
-			for (int nt = 0; nt < NT; nt++) *(float2 *)(o + nt * 8) = float2{qs[nt][2 * hf], qs[nt][2 * hf + 1]};
+			for (int nt = 0; nt < NTW; nt++) *(float2 *)(o + nt * 8) = float2{qs[nt][2 * hf], qs[nt][2 * hf + 1]};
 		}
 
 		// S = exp(G_L) S + (K exp(G_L - G))^T Vn.
@@ -544,22 +555,23 @@ __device__ __forceinline__ void dn_chunk_run(float *out, const u16 *qg, const u1
 	}
 }
 
-// The head shapes built (Go: dnChunkSlice): key dim DK, DVS value columns a
-// dn_chunk_run block. 16 is the test fixtures' shape; 128 is Qwen3-Next's and
-// Qwen3.5's, where 32-column slices make HV * 4 blocks a sequence.
+// The head shapes built (Go: dnChunkKernels): key dim DK, DVS value columns
+// and NW warps a dn_chunk_run block. 16 is the test fixtures' shape; 128 is
+// Qwen3-Next's and Qwen3.5's, where 32-column slices make HV * 4 blocks a
+// sequence.
 #define DN_PREP(DK) \
-	extern "C" __global__ void __launch_bounds__(128) dn_chunk_prep_##DK(const float *qkv, const float *ba, const void *aLog, \
+	extern "C" __global__ void __launch_bounds__(256, 2) dn_chunk_prep_##DK(const float *qkv, const float *ba, const void *aLog, \
 			int adt, const void *dtBias, int bdt, u16 *qg, u16 *kd, u16 *wg, u16 *pg, float *ug, float *gg, int HK, int HV, \
 			int DV, int chunkMin, int tiled, const int *seqn, const int *seqstart) { \
 		dn_chunk_prep<DK>(qkv, ba, aLog, adt, dtBias, bdt, qg, kd, wg, pg, ug, gg, HK, HV, DV, chunkMin, tiled, seqn, seqstart); \
 	}
-#define DN_RUN(DK, DVS) \
-	extern "C" __global__ void __launch_bounds__(128) dn_chunk_run_##DK##_##DVS(float *out, const u16 *qg, const u16 *kd, \
+#define DN_RUN(DK, DVS, NW) \
+	extern "C" __global__ void __launch_bounds__(32 * NW) dn_chunk_run_##DK##_##DVS(float *out, const u16 *qg, const u16 *kd, \
 			const u16 *wg, const u16 *pg, const float *ug, const float *gg, float *state, int HV, int DV, int recN, int chunkMin, \
 			const int *seqpos, const int *seqn, const int *seqstart, const int *slots) { \
-		dn_chunk_run<DK, DVS>(out, qg, kd, wg, pg, ug, gg, state, HV, DV, recN, chunkMin, seqpos, seqn, seqstart, slots); \
+		dn_chunk_run<DK, DVS, NW>(out, qg, kd, wg, pg, ug, gg, state, HV, DV, recN, chunkMin, seqpos, seqn, seqstart, slots); \
 	}
 DN_PREP(16)
 DN_PREP(128)
-DN_RUN(16, 16)
-DN_RUN(128, 32)
+DN_RUN(16, 16, 4)
+DN_RUN(128, 32, 8)
