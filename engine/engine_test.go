@@ -879,8 +879,12 @@ func TestAdmitIntoAFullCache(t *testing.T) {
 			t.Errorf("%d tokens, want 8 (%v)", len(r.tokens), r.err)
 		}
 	}
+	// Refused admission would leave one request a pass. Some pass must
+	// carry more (not most: a loaded machine can start the first request's
+	// decode before the others arrive; 20 tokens in 11 passes under -race
+	// beside a compiler).
 	after := e.Stats()
-	if steps, tokens := after.DecodeSteps-before.DecodeSteps, after.DecodeTokens-before.DecodeTokens; tokens < 2*steps {
+	if steps, tokens := after.DecodeSteps-before.DecodeSteps, after.DecodeTokens-before.DecodeTokens; tokens <= steps {
 		t.Errorf("%d tokens in %d decode-only passes: the requests did not run together", tokens, steps)
 	}
 }
