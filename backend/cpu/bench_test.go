@@ -125,14 +125,16 @@ func benchMatMul(b *testing.B, dt backend.DType, o, k, n int) {
 }
 
 // BenchmarkAttention is one attention layer of Qwen3-0.6B's shape (16 heads,
-// 8 kv heads, head dim 128) after 8K tokens of context: a 512-token prefill
-// chunk and a single decoded token.
+// 8 kv heads, head dim 128): a 512-token prefill chunk and a single decoded
+// token after 8K tokens of context, and a follow-up turn's 100 tokens after
+// 850.
 func BenchmarkAttention(b *testing.B) {
-	for _, n := range []int{512, 1} {
-		b.Run(fmt.Sprintf("ctx8192/new=%d", n), func(b *testing.B) {
+	for _, c := range []struct{ ctx, n int }{{8192, 512}, {8192, 1}, {850, 100}} {
+		ctx, n := c.ctx, c.n
+		b.Run(fmt.Sprintf("ctx%d/new=%d", ctx, n), func(b *testing.B) {
 			be := New(Options{})
 			spec := attnSpec(16, 8, 128, 128, false, false)
-			const bs, ctx = 16, 8192
+			const bs = 16
 			kv, err := be.NewKVCache(backend.KVSpec{Layers: 1, Blocks: (ctx + n + bs - 1) / bs, BlockSize: bs, KVHeads: 8, HeadDim: 128, DType: backend.BF16})
 			if err != nil {
 				b.Fatal(err)
