@@ -373,13 +373,12 @@ func (b *Backend) expertRows(xt *tensor, sel devptr, K int, gu, down, sgu, sdown
 		return y, ys, false
 	}
 	if grouped && b.groupWG(gu, H) && b.groupWG(down, I) {
-		// Both on wgmma: gate/up's tiles write down's gathered rows, the
+		// Both on wgmma: gate/up's tiles read the tokens' rows through the
+		// order, cast to bf16 once (moe_gather's R rows: 96 us a layer of
+		// qnext12's 4K prompt, H200), and write down's gathered rows, the
 		// SwiGLU applied (silu_mul and the second gather, 1.8 ms of a 4K
 		// prompt's 38 in qnext12's 12 layers, and the float32 rows between
 		// them, gone).
-		// Gate/up's tiles read the tokens' rows through the order, cast
-		// to bf16 once (moe_gather's R rows: 96 us a layer of qnext12's
-		// 4K prompt, H200).
 		xh := b.scratchBuf("moe.xh", 2*T*H)
 		b.toHalf(xh, xt.ptr, T*H, backend.BF16)
 		act := b.scratchBuf("moe.actg", 2*R*I)
