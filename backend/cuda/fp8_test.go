@@ -567,8 +567,9 @@ func TestGroupWG(t *testing.T) {
 	}
 
 	// Through MoE (gate/up with the SwiGLU in its tiles, reading the
-	// tokens' rows through the order; down on the rows they wrote) against
-	// the CPU's float32 activations: rows in bf16, as cuBLASLt's inputs.
+	// tokens' rows through the order; down on the rows they wrote, writing
+	// bf16 rows) against the CPU's float32 activations: rows in bf16, as
+	// cuBLASLt's inputs.
 	{
 		const H, I = 512, 256
 		var ce, ge backend.Experts
@@ -578,8 +579,8 @@ func TestGroupWG(t *testing.T) {
 		for _, c := range []struct{ T, bm int }{{40, moeGroupRows}, {300, moeGroupRowsLarge}} {
 			r := p.moe(&ce, &ge, c.T, H, &backend.MoESpec{Experts: E, TopK: 2, NormTopK: true}, func(f func()) { f() })
 			what := fmt.Sprintf("bf16 moe of %d tokens, tiles of %d rows", c.T, c.bm)
-			expect(t, what, r.seen, []string{fmt.Sprintf("moe_group_wg%d_swiglu", c.bm), fmt.Sprintf("moe_group_wg%d", c.bm)},
-				[]string{"silu_mul", "moe_gather"})
+			expect(t, what, r.seen, []string{fmt.Sprintf("moe_group_wg%d_swiglu", c.bm), fmt.Sprintf("moe_group_wg%d_bf16", c.bm)},
+				[]string{"silu_mul", "moe_gather", fmt.Sprintf("moe_group_wg%d", c.bm)})
 			p.compare(what, r.co, r.gout, 5e-3)
 		}
 	}

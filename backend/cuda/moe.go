@@ -26,7 +26,9 @@ var (
 	moeGroupWGKernels = [2]kernel[moeGroupWGArgs]{newKernel[moeGroupWGArgs]("moe_group_wg64"), newKernel[moeGroupWGArgs]("moe_group_wg128")}
 	// Those as gate/up products with the SwiGLU.
 	moeGroupWGSwiGLUKernels = [2]kernel[moeGroupWGArgs]{newKernel[moeGroupWGArgs]("moe_group_wg64_swiglu"), newKernel[moeGroupWGArgs]("moe_group_wg128_swiglu")}
-	moeCombineKernel        = newKernel[moeCombineArgs]("moe_combine")
+	// And writing bf16 rows.
+	moeGroupWGBF16Kernels = [2]kernel[moeGroupWGArgs]{newKernel[moeGroupWGArgs]("moe_group_wg64_bf16"), newKernel[moeGroupWGArgs]("moe_group_wg128_bf16")}
+	moeCombineKernel      = newKernel[moeCombineArgs]("moe_combine")
 	// moe_rows by [rows a block - 1][swiglu].
 	moeRowsKernels = [2][2]kernel[moeRowsArgs]{
 		{newKernel[moeRowsArgs]("moe_rows_plain"), newKernel[moeRowsArgs]("moe_rows_swiglu")},
@@ -102,7 +104,9 @@ type moeGroupWGArgs struct {
 }
 
 type moeGroupF8Args struct {
-	y, xq, xs                   devptr
+	y                           devptr
+	ydt                         int32
+	xq, xs                      devptr
 	T, xdiv                     int32
 	w                           devptr
 	rb, estride                 int64
@@ -111,11 +115,13 @@ type moeGroupF8Args struct {
 }
 
 type moeCombineArgs struct {
-	out, y, wts devptr
-	K, H        int32
-	ys, x, wg   devptr
-	wgdt        int32
-	gs          devptr
+	out, y    devptr
+	ydt       int32
+	wts       devptr
+	K, H      int32
+	ys, x, wg devptr
+	wgdt      int32
+	gs        devptr
 }
 
 // moeSum is the combine that f8mv's down product of expert rows finishes
@@ -282,7 +288,7 @@ func (b *Backend) Experts(out, x, experts, weights, gateUp, down backend.Tensor)
 		panic(fmt.Sprintf("cuda: experts: expert ids %v must be i32", et))
 	}
 	y, _, _ := b.expertRows(xt, et.ptr, K, asT(gateUp), asT(down), nil, nil, nil)
-	b.combine(ot, xt, y.ptr, wt.ptr, K, 0, nil, 0)
+	b.combine(ot, xt, y, wt.ptr, K, 0, nil, 0)
 }
 
 // expertRows returns y [T*K, H]: row t*K + j is token t's j-th chosen
@@ -337,10 +343,6 @@ func (b *Backend) expertRows(xt *tensor, sel devptr, K int, gu, down, sgu, sdown
 		sgu.rows() == 2*I && sgu.cols() == H && sdown.rows() == H && sdown.cols() == I {
 		S = T
 	}
-	y = b.scratchF32("moe.y", R+S, H)
-	if S > 0 {
-		ys = y.ptr + devptr(4*R*H)
-	}
 	expertProduct := func(y, x devptr, xdiv int, w *tensor, O, in int) {
 		moeGemvKernel.run(b, [3]int{(O + 7) / 8, R, 1}, 256, 0, moeGemvArgs{y: y, x: x, xdiv: int32(xdiv), w: w.ptr, wdt: int32(w.dt), sel: sel, O: int32(O), I: int32(in)})
 	}
@@ -369,8 +371,9 @@ func (b *Backend) expertRows(xt *tensor, sel devptr, K int, gu, down, sgu, sdown
 		h := b.scratchF32("moe.h", R, 2*I)
 		expertProduct(h.ptr, xt.ptr, K, gu, 2*I, H)
 		xq, xs := b.quantAct("moe", h.ptr, backend.F32, R, R, I, true)
-		b.groupF8Product(y.ptr, xq, xs, R, 1, down, g, R, E, bm, H, I)
-		return y, ys, false
+		yb := b.expertRowsBF16(R, H)
+		b.groupF8Product(yb.ptr, backend.BF16, xq, xs, R, 1, down, g, R, E, bm, H, I)
+		return yb, ys, false
 	}
 	if grouped && b.groupWG(gu, H) && b.groupWG(down, I) {
 		// Both on wgmma: gate/up's tiles read the tokens' rows through the
@@ -382,9 +385,14 @@ func (b *Backend) expertRows(xt *tensor, sel devptr, K int, gu, down, sgu, sdown
 		xh := b.scratchBuf("moe.xh", 2*T*H)
 		b.toHalf(xh, xt.ptr, T*H, backend.BF16)
 		act := b.scratchBuf("moe.actg", 2*R*I)
-		b.groupTiles(act, xh, K, gu, g, R, E, bm, 2*I, H, true)
-		b.groupTiles(y.ptr, act, 0, down, g, R, E, bm, H, I, false)
-		return y, ys, false
+		b.groupTiles(act, backend.BF16, xh, K, gu, g, R, E, bm, 2*I, H, true)
+		yb := b.expertRowsBF16(R, H)
+		b.groupTiles(yb.ptr, backend.BF16, act, 0, down, g, R, E, bm, H, I, false)
+		return yb, ys, false
+	}
+	y = b.scratchF32("moe.y", R+S, H)
+	if S > 0 {
+		ys = y.ptr + devptr(4*R*H)
 	}
 	var act *tensor // [R + S, I], f32 or (qmv_swiglu) bf16
 	upF8 := false   // gate/up took f8mv: down may read sel at once
@@ -416,6 +424,16 @@ func (b *Backend) expertRows(xt *tensor, sel devptr, K int, gu, down, sgu, sdown
 	return y, ys, summed
 }
 
+// expertRowsBF16 is the expert rows [R, H] in bf16, where the wgmma tiles
+// write them: half the bytes of float32 rows to write and for moe_combine
+// to read (~80 us a layer of qnext12's 4K prompt), for one more rounding
+// to bf16 of each expert's output before the weighted sum (vLLM's fused
+// MoE keeps these rows in bf16 too; a dense layer's down product adds
+// float32 to the residual).
+func (b *Backend) expertRowsBF16(R, H int) *tensor {
+	return &tensor{dt: backend.BF16, shape: []int{R, H}, ptr: b.scratchBuf("moe.yb", 2*R*H), view: true}
+}
+
 // groupProduct is the grouped product of experts w (O rows of in each) in
 // tiles of bm rows listed by g: y[r] = x[r / xdiv] . w[sel[r]]^T for the R
 // rows r, x float32. FP8 experts on Hopper take their rows in e4m3
@@ -425,10 +443,10 @@ func (b *Backend) groupProduct(y, x devptr, xdiv int, w *tensor, g expertGroups,
 	if b.groupF8(w, in) {
 		n := R / xdiv
 		xq, xs := b.quantAct("moe", x, backend.F32, n, n, in, false)
-		b.groupF8Product(y, xq, xs, n, xdiv, w, g, R, E, bm, O, in)
+		b.groupF8Product(y, backend.F32, xq, xs, n, xdiv, w, g, R, E, bm, O, in)
 		return
 	}
-	b.groupTiles(y, b.gatherRows(x, xdiv, g, R, in), 0, w, g, R, E, bm, O, in, false)
+	b.groupTiles(y, backend.F32, b.gatherRows(x, xdiv, g, R, in), 0, w, g, R, E, bm, O, in, false)
 }
 
 // gatherRows returns x's R rows (of in) in g's order, in bf16: row j is
@@ -444,16 +462,21 @@ func (b *Backend) gatherRows(x devptr, xdiv int, g expertGroups, R, in int) devp
 // x[j] (the rows gathered). With swiglu (wgmma only), w is gate/up and y is
 // silu(gate) * up in bf16 ([R, O / 2]) in g's order: the down product's
 // gathered rows.
-func (b *Backend) groupTiles(y, x devptr, xdiv int, w *tensor, g expertGroups, R, E, bm, O, in int, swiglu bool) {
+func (b *Backend) groupTiles(y devptr, ydt backend.DType, x devptr, xdiv int, w *tensor, g expertGroups, R, E, bm, O, in int, swiglu bool) {
 	large := bm == moeGroupRowsLarge
 	grid := [3]int{(O + moeGroupOuts - 1) / moeGroupOuts, expertTiles(R, E, bm), 1}
 	if b.groupWG(w, in) {
 		bn := moeWGOuts * bm / moeGroupRows
 		k, smem := moeGroupWGKernels[boolInt(large)], moeGroupWGSmem(bm, bn)
 		grid[0] = (O + bn - 1) / bn
-		if swiglu {
+		switch {
+		case swiglu && ydt == backend.BF16:
 			k = moeGroupWGSwiGLUKernels[boolInt(large)]
 			grid[0] = (O/2 + bn/2 - 1) / (bn / 2)
+		case swiglu:
+			panic("cuda: moe: the SwiGLU tiles write bf16 rows")
+		case ydt == backend.BF16:
+			k = moeGroupWGBF16Kernels[boolInt(large)]
 		}
 		b.allowSmem(k.name, smem)
 		b.preferSmem(k.name)
@@ -461,8 +484,8 @@ func (b *Backend) groupTiles(y, x devptr, xdiv int, w *tensor, g expertGroups, R
 			ntiles: g.ntiles, O: int32(O), I: int32(in)})
 		return
 	}
-	if swiglu || xdiv != 0 {
-		panic("cuda: moe: the SwiGLU in the tiles and rows read through the order are the wgmma tiles'")
+	if swiglu || xdiv != 0 || ydt != backend.F32 {
+		panic("cuda: moe: the SwiGLU in the tiles, rows read through the order and bf16 rows out are the wgmma tiles'")
 	}
 	if w.dt.Quantized() {
 		k, smem := quantKernelsOf(w.dt).groupMM[boolInt(large)], moeGroupQSmem(bm)
@@ -500,10 +523,10 @@ func (b *Backend) groupWG(w *tensor, in int) bool {
 // each) on Hopper's FP8 tensor cores, in tiles of bm rows listed by g: y[r]
 // = x[r / xdiv] . w[sel[r]]^T for the R rows r, x's n rows given in e4m3
 // with their scales (xq, xs: quantAct's).
-func (b *Backend) groupF8Product(y, xq, xs devptr, n, xdiv int, w *tensor, g expertGroups, R, E, bm, O, in int) {
+func (b *Backend) groupF8Product(y devptr, ydt backend.DType, xq, xs devptr, n, xdiv int, w *tensor, g expertGroups, R, E, bm, O, in int) {
 	k, smem := moeGroupF8Kernels[boolInt(bm == moeGroupRowsLarge)], moeGroupWGSmem(bm, moeWGOuts)
 	b.allowSmem(k.name, smem)
-	k.run(b, [3]int{(O + moeWGOuts - 1) / moeWGOuts, expertTiles(R, E, bm), 1}, 2*bm, smem, moeGroupF8Args{y: y, xq: xq, xs: xs,
+	k.run(b, [3]int{(O + moeWGOuts - 1) / moeWGOuts, expertTiles(R, E, bm), 1}, 2*bm, smem, moeGroupF8Args{y: y, ydt: int32(ydt), xq: xq, xs: xs,
 		T: int32(n), xdiv: int32(xdiv), w: w.ptr, rb: int64(w.rb()), estride: int64(O * w.rb()), start: g.start, order: g.order,
 		tiles: g.tiles, ntiles: g.ntiles, O: int32(O), I: int32(in)})
 }
@@ -570,12 +593,15 @@ const moeCombineTokenBlocks = 8
 // combine adds to out [T, H] the expert rows y [T*K, H] weighted by wts
 // and, where ys is set, the shared expert's rows ys [T, H] weighted by
 // sigmoid(x . gate): gs[t] where route made it (else 0).
-func (b *Backend) combine(ot, xt *tensor, y, wts devptr, K int, ys devptr, gate *tensor, gs devptr) {
+func (b *Backend) combine(ot, xt, y *tensor, wts devptr, K int, ys devptr, gate *tensor, gs devptr) {
 	T, H := xt.rows(), xt.cols()
 	if T == 0 {
 		return
 	}
-	a := moeCombineArgs{out: ot.ptr, y: y, wts: wts, K: int32(K), H: int32(H), ys: ys, gs: gs}
+	a := moeCombineArgs{out: ot.ptr, wts: wts, K: int32(K), H: int32(H), ys: ys, gs: gs}
+	if y != nil {
+		a.y, a.ydt = y.ptr, int32(y.dt)
+	}
 	if ys != 0 {
 		checkFloatW("shared expert gate", gate)
 		if gate.numel() != H {
@@ -600,7 +626,7 @@ func (b *Backend) SharedExpert(out, x, gateUp, down, gate backend.Tensor) {
 	checkRows("shared expert out", ot, xt.rows(), xt.cols())
 	checkF32("shared expert", ot, xt)
 	ys := b.sharedExpert(xt, asT(gateUp), asT(down))
-	b.combine(ot, xt, 0, 0, 0, ys.ptr, asT(gate), 0)
+	b.combine(ot, xt, nil, 0, 0, ys.ptr, asT(gate), 0)
 }
 
 // sharedExpert returns the shared expert's output ys [T, H] (moe_combine
@@ -648,5 +674,5 @@ func (b *Backend) MoE(out, x backend.Tensor, e *backend.Experts, spec *backend.M
 	if sgu != nil && ys == 0 {
 		ys = b.sharedExpert(xt, sgu, sdown).ptr
 	}
-	b.combine(ot, xt, y.ptr, wts, K, ys, gate, gs)
+	b.combine(ot, xt, y, wts, K, ys, gate, gs)
 }

@@ -133,13 +133,13 @@ struct BF16Tiles {
 MOE_GROUP_MM(64, 4)
 MOE_GROUP_MM(128, 2)
 
-// moe_combine: out[t, j] += sum_k wts[t, k] * y[t * K + k, j], and, with a
-// shared expert, + sigmoid(x[t] . wg) * ys[t, j]: gs[t] where moe_router
-// made it, else each block makes it itself (a dot of H: cheaper than a
-// launch of its own). Grid (T, column blocks), 256 threads, a column each a
-// round.
-extern "C" __global__ void moe_combine(float *__restrict__ out, const float *__restrict__ y, const float *__restrict__ wts, int K, int H,
-		const float *__restrict__ ys, const float *__restrict__ x, const void *wg, int wgdt, const float *__restrict__ gs) {
+// moe_combine: out[t, j] += sum_k wts[t, k] * y[t * K + k, j] (y float32 or
+// bf16: ydt; bf16 wants H even), and, with a shared expert, + sigmoid(x[t] . wg) * ys[t, j]:
+// gs[t] where moe_router made it, else each block makes it itself (a dot
+// of H: cheaper than a launch of its own). Grid (T, column blocks), 256
+// threads, a column each a round.
+extern "C" __global__ void moe_combine(float *__restrict__ out, const void *__restrict__ y, int ydt, const float *__restrict__ wts, int K,
+		int H, const float *__restrict__ ys, const float *__restrict__ x, const void *wg, int wgdt, const float *__restrict__ gs) {
 	__shared__ float red[32];
 	pdl_trigger();
 	pdl_wait();
@@ -154,8 +154,24 @@ extern "C" __global__ void moe_combine(float *__restrict__ out, const float *__r
 		d = block_sum(d, red);
 		g = 1.f / (1.f + __expf(-d));
 	}
+	if (ydt == DT_BF16) {
+		// bf16 rows a pair of columns a thread: a warp's loads are 128
+		// bytes of a row, as float32 rows' are (one column a thread made
+		// 64-byte loads, and the combine slower than on float32 rows).
+		for (int j = 2 * (blockIdx.y * blockDim.x + threadIdx.x); j < H; j += 2 * gridDim.y * blockDim.x) {
+			float2 a = *(const float2 *)(out + (long)t * H + j);
+			a = moe_add_rows2(a, wts + t * K, (const unsigned *)((const u16 *)y + (long)t * K * H + j), H / 2, K);
+			if (ys) {
+				float2 v = *(const float2 *)(ys + (long)t * H + j);
+				a.x += g * v.x;
+				a.y += g * v.y;
+			}
+			*(float2 *)(out + (long)t * H + j) = a;
+		}
+		return;
+	}
 	for (int j = blockIdx.y * blockDim.x + threadIdx.x; j < H; j += gridDim.y * blockDim.x) {
-		float a = moe_add_rows(out[(long)t * H + j], wts + t * K, y + (long)t * K * H + j, H, K);
+		float a = moe_add_rows(out[(long)t * H + j], wts + t * K, (const float *)y + (long)t * K * H + j, H, K);
 		if (ys) a += g * ys[(long)t * H + j];
 		out[(long)t * H + j] = a;
 	}

@@ -82,3 +82,25 @@ __device__ __forceinline__ float moe_add_rows(float a, const float *wts, const f
 	}
 	return a;
 }
+
+// moe_add_rows2 is moe_add_rows on a pair of columns of bf16 rows (y: the
+// pair in its first row, rows ys pairs apart), in the same order.
+__device__ __forceinline__ float2 moe_add_rows2(float2 a, const float *wts, const unsigned *y, long ys, int K) {
+	for (int k0 = 0; k0 < K; k0 += MOE_ADD_ROWS) {
+		float wk[MOE_ADD_ROWS];
+		unsigned v[MOE_ADD_ROWS];
+#pragma unroll
+		for (int u = 0; u < MOE_ADD_ROWS; u++) {
+			int k = k0 + u;
+			wk[u] = k < K ? wts[k] : 0.f;
+			v[u] = k < K ? __ldcg(y + k * ys) : 0u;
+		}
+#pragma unroll
+		for (int u = 0; u < MOE_ADD_ROWS; u++)
+			if (wk[u] != 0.f) {
+				a.x += wk[u] * __uint_as_float(v[u] << 16);
+				a.y += wk[u] * __uint_as_float(v[u] & 0xffff0000u);
+			}
+	}
+	return a;
+}

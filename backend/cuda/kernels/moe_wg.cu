@@ -37,26 +37,32 @@
 // (FP8) or I % 64 == 0 (bf16); the products are wgmma.cuh's.
 
 // store_rows writes a thread's accumulators of a tile BN outputs wide to
-// y[order[j]] for its rows j < j1: rows r0 and r0 + 8, outputs c0 + 8 n
-// and the next, c0 + 8 n < O.
+// y[order[j]] (float32, or bf16 where ydt says) for its rows j < j1: rows
+// r0 and r0 + 8, outputs c0 + 8 n and the next, c0 + 8 n < O.
 template <int BN>
-__device__ __forceinline__ void store_rows(float *y, const float (&acc)[BN / 128][64], const int *order, int r0, int j1, int c0, int O) {
+__device__ __forceinline__ void store_rows(void *y, int ydt, const float (&acc)[BN / 128][64], const int *order, int r0, int j1, int c0,
+		int O) {
+	bool bf = ydt == DT_BF16;
 #pragma unroll
 	for (int h = 0; h < 2; h++) {
 		int j = r0 + 8 * h;
 		if (j >= j1) continue;
-		float *row = y + (long)order[j] * O;
+		long row = (long)order[j] * O;
 #pragma unroll
 		for (int q = 0; q < BN / 128; q++)
 #pragma unroll
 			for (int n = 0; n < 16; n++) {
 				int o = c0 + 128 * q + 8 * n;
-				const float *a = &acc[q][4 * n + 2 * h];
+				float v0 = acc[q][4 * n + 2 * h], v1 = acc[q][4 * n + 2 * h + 1];
+				unsigned pb = pack_bf16(v0, v1);
 				if (o + 1 < O && !(O & 1)) {
-					*(float2 *)(row + o) = make_float2(a[0], a[1]);
+					if (bf)
+						*(unsigned *)((u16 *)y + row + o) = pb;
+					else
+						*(float2 *)((float *)y + row + o) = make_float2(v0, v1);
 				} else {
-					if (o < O) row[o] = a[0];
-					if (o + 1 < O) row[o + 1] = a[1];
+					if (o < O) st(y, row + o, ydt, v0);
+					if (o + 1 < O) st(y, row + o + 1, ydt, v1);
 				}
 			}
 	}
@@ -90,13 +96,15 @@ __device__ __forceinline__ void store_swiglu(u16 *y, const float (&acc)[OB / 64]
 
 // group_wg is the products of either kind (F8: xq and xs are quant_fp8_act's
 // rows; else xq is bf16 rows, xs unused), row j of a tile's x being xq's
-// row order[j] / xdiv, or j where xdiv is 0 (bf16 rows gathered); rb is a weight row's bytes, estride an expert's. SW (bf16): w is
-// an expert's gate rows then its up rows (O of them), and a tile takes BN /
-// 2 of each, the same outputs, to write silu(gate) * up in bf16 as row j of
-// y ([rows, O / 2]): the down product's gathered rows, with no f32 rows
-// written, read again, and gathered between them.
+// row order[j] / xdiv, or j where xdiv is 0 (bf16 rows gathered); rb is a
+// weight row's bytes, estride an expert's; y's rows are float32 or bf16
+// (ydt; bf16 halves the bytes of the rows moe_combine reads). SW (bf16): w
+// is an expert's gate rows then its up rows (O of them), and a tile takes
+// BN / 2 of each, the same outputs, to write silu(gate) * up in bf16 as row
+// j of y ([rows, O / 2]): the down product's gathered rows, with no f32
+// rows written, read again, and gathered between them.
 template <int BM, int BN, bool F8, bool SW = false>
-__device__ __forceinline__ void group_wg(float *y, const u8 *xq, const float *xs, int T, int xdiv, const u8 *w, long rb, long estride,
+__device__ __forceinline__ void group_wg(void *y, int ydt, const u8 *xq, const float *xs, int T, int xdiv, const u8 *w, long rb, long estride,
 		const int *start, const int *order, const int *tiles, const int *ntiles, int O, int I) {
 	constexpr int NTHR = 2 * BM, CA = BM * 8 / NTHR, CB = BN * 8 / NTHR;  // a warpgroup each 64 rows; a thread's 16-byte copies a stage
 	constexpr int SA = BM * 128, SB = BN * 128;                           // a stage's bytes
@@ -208,22 +216,26 @@ __device__ __forceinline__ void group_wg(float *y, const u8 *xq, const float *xs
 	if constexpr (SW)
 		store_swiglu<OB>((u16 *)y, acc, r0, j1, c0, O / 2);
 	else
-		store_rows<BN>(y, acc, order, r0, j1, c0, O);
+		store_rows<BN>(y, ydt, acc, order, r0, j1, c0, O);
 }
 
 // moe_group_f8_64, moe_group_f8_128: the FP8 products in tiles of 64 and
 // 128 rows (one and two warpgroups) by MW_BN outputs; moe_group_wg64,
 // moe_group_wg128: the bf16 ones (moe_group_mm's arguments and xdiv, the
-// rows read as group_wg reads them), the second by 2 MW_BN outputs;
-// moe_group_wg64_swiglu, moe_group_wg128_swiglu: those tiles as gate/up
-// products with the SwiGLU (SW; y bf16 [rows, O / 2], gathered order).
+// rows read as group_wg reads them), the second by 2 MW_BN outputs, and
+// moe_group_wg64_bf16, moe_group_wg128_bf16 the same writing bf16 rows (the
+// output type a constant: as a branch it had ptxas serialize the products,
+// C7514); moe_group_wg64_swiglu, moe_group_wg128_swiglu: those tiles as
+// gate/up products with the SwiGLU (SW; y bf16 [rows, O / 2], gathered
+// order).
 // Shared memory moeGroupWGSmem;
 // sm_90a only (elsewhere they trap).
 #define MOE_GROUP_F8(BM) \
-	extern "C" __global__ void __launch_bounds__(2 * BM, 1) moe_group_f8_##BM(float *y, const u8 *xq, const float *xs, int T, int xdiv, \
-			const u8 *w, long rb, long estride, const int *start, const int *order, const int *tiles, const int *ntiles, int O, int I) { \
+	extern "C" __global__ void __launch_bounds__(2 * BM, 1) moe_group_f8_##BM(void *y, int ydt, const u8 *xq, const float *xs, int T, \
+			int xdiv, const u8 *w, long rb, long estride, const int *start, const int *order, const int *tiles, const int *ntiles, int O, \
+			int I) { \
 		if (WGMMA) { \
-			group_wg<BM, MW_BN, true>(y, xq, xs, T, xdiv, w, rb, estride, start, order, tiles, ntiles, O, I); \
+			group_wg<BM, MW_BN, true>(y, ydt, xq, xs, T, xdiv, w, rb, estride, start, order, tiles, ntiles, O, I); \
 		} else { \
 			__trap(); \
 		} \
@@ -231,16 +243,19 @@ __device__ __forceinline__ void group_wg(float *y, const u8 *xq, const float *xs
 MOE_GROUP_F8(64)
 MOE_GROUP_F8(128)
 
-#define MOE_GROUP_WG(BM, BN, SW, NAME) \
-	extern "C" __global__ void __launch_bounds__(2 * BM, 1) NAME(float *y, const u16 *x, int xdiv, const u16 *w, const int *start, \
+#define MOE_GROUP_WG(BM, BN, SW, YDT, NAME) \
+	extern "C" __global__ void __launch_bounds__(2 * BM, 1) NAME(void *y, const u16 *x, int xdiv, const u16 *w, const int *start, \
 			const int *order, const int *tiles, const int *ntiles, int O, int I) { \
 		if (WGMMA) { \
-			group_wg<BM, BN, false, SW>(y, (const u8 *)x, nullptr, 0, xdiv, (const u8 *)w, 2L * I, 2L * O * I, start, order, tiles, ntiles, O, I); \
+			group_wg<BM, BN, false, SW>(y, YDT, (const u8 *)x, nullptr, 0, xdiv, (const u8 *)w, 2L * I, 2L * O * I, start, order, tiles, \
+					ntiles, O, I); \
 		} else { \
 			__trap(); \
 		} \
 	}
-MOE_GROUP_WG(64, MW_BN, false, moe_group_wg64)
-MOE_GROUP_WG(128, 2 * MW_BN, false, moe_group_wg128)
-MOE_GROUP_WG(64, MW_BN, true, moe_group_wg64_swiglu)
-MOE_GROUP_WG(128, 2 * MW_BN, true, moe_group_wg128_swiglu)
+MOE_GROUP_WG(64, MW_BN, false, DT_F32, moe_group_wg64)
+MOE_GROUP_WG(128, 2 * MW_BN, false, DT_F32, moe_group_wg128)
+MOE_GROUP_WG(64, MW_BN, false, DT_BF16, moe_group_wg64_bf16)
+MOE_GROUP_WG(128, 2 * MW_BN, false, DT_BF16, moe_group_wg128_bf16)
+MOE_GROUP_WG(64, MW_BN, true, DT_BF16, moe_group_wg64_swiglu)
+MOE_GROUP_WG(128, 2 * MW_BN, true, DT_BF16, moe_group_wg128_swiglu)
