@@ -14,11 +14,13 @@ const moeRouterGemm = 64
 
 // The kernels of kernels/moe.cu.
 var (
-	moeRouteKernel  = newKernel[moeRouteArgs]("moe_route")
-	moeGemvKernel   = newKernel[moeGemvArgs]("moe_gemv")
-	moeGroupKernel  = newKernel[moeGroupArgs]("moe_group")
-	moeSplitKernel  = newKernel[moeSplitArgs]("moe_split")
-	moeGatherKernel = newKernel[moeGatherArgs]("moe_gather")
+	moeRouteKernel   = newKernel[moeRouteArgs]("moe_route")
+	moeGemvKernel    = newKernel[moeGemvArgs]("moe_gemv")
+	moeGroupKernel   = newKernel[moeGroupArgs]("moe_group")
+	moeCountKernel   = newKernel[moeCountArgs]("moe_count")
+	moeScatterKernel = newKernel[moeScatterArgs]("moe_scatter")
+	moeSplitKernel   = newKernel[moeSplitArgs]("moe_split")
+	moeGatherKernel  = newKernel[moeGatherArgs]("moe_gather")
 	// The grouped products by their tiles' rows: [0] 64, [1] 128.
 	moeGroupMMKernels = [2]kernel[moeGroupMMArgs]{newKernel[moeGroupMMArgs]("moe_group_mm64"), newKernel[moeGroupMMArgs]("moe_group_mm128")}
 	moeGroupF8Kernels = [2]kernel[moeGroupF8Args]{newKernel[moeGroupF8Args]("moe_group_f8_64"), newKernel[moeGroupF8Args]("moe_group_f8_128")}
@@ -58,10 +60,10 @@ type moeRouterArgs struct {
 }
 
 type moeRouteArgs struct {
-	logits     devptr
-	E, K, norm int32
-	e0, held   int32
-	sel, wts   devptr
+	logits        devptr
+	T, E, K, norm int32
+	e0, held      int32
+	sel, wts      devptr
 }
 
 type moeGemvArgs struct {
@@ -75,8 +77,21 @@ type moeGemvArgs struct {
 
 type moeGroupArgs struct {
 	sel                         devptr
-	R, E, tm                    int32
+	R, E, tm, nb                int32
+	bcnt                        devptr
 	start, order, tiles, ntiles devptr
+}
+
+type moeCountArgs struct {
+	sel  devptr
+	R, E int32
+	bcnt devptr
+}
+
+type moeScatterArgs struct {
+	sel         devptr
+	R, E        int32
+	bcnt, order devptr
 }
 
 type moeSplitArgs struct {
@@ -224,8 +239,10 @@ func (b *Backend) Route(experts, weights, x, router backend.Tensor, spec *backen
 // wts ([T, TopK] each): for a rank that holds experts [spec.First,
 // spec.First + held), the index among them, or -1 and weight 0 for
 // another rank's. Given a shared expert's gate, it may make the gate's
-// sigmoid a token as well, and returns where (else 0).
-func (b *Backend) route(sel, wts devptr, xt, router *tensor, spec *backend.MoESpec, held int, gate *tensor) (gs devptr) {
+// sigmoid a token as well, and returns where (else 0). Where the product
+// takes x in bf16 parts, xh is the first of them: x in bf16, for the
+// experts' products to read too.
+func (b *Backend) route(sel, wts devptr, xt, router *tensor, spec *backend.MoESpec, held int, gate *tensor) (gs devptr, xh *tensor) {
 	T, H := xt.rows(), xt.cols()
 	E, K := spec.Experts, spec.TopK
 	checkF32("route", xt)
@@ -235,7 +252,7 @@ func (b *Backend) route(sel, wts devptr, xt, router *tensor, spec *backend.MoESp
 		panic(fmt.Sprintf("cuda: route: router %v for %d experts (top %d) of width %d", router, E, K, H))
 	}
 	if T == 0 {
-		return 0
+		return 0, nil
 	}
 	// The router product keeps float32's precision (not cuBLASLt's bf16
 	// inputs): a rounding-sized change there can flip the choice of
@@ -255,13 +272,14 @@ func (b *Backend) route(sel, wts devptr, xt, router *tensor, spec *backend.MoESp
 			rows++
 		}
 		moeRouterKernels[T-1].runOverlapped(b, g1((rows+moeRouterRows-1)/moeRouterRows), 256, 0, a)
-		return a.gs
+		return a.gs, nil
 	}
 	if b.routerGemm > 0 && T >= b.routerGemm && router.dt == backend.BF16 {
 		hi, lo := b.scratchBuf("moe.xhi", 2*T*H), b.scratchBuf("moe.xlo", 2*T*H)
 		moeSplitKernel.run(b, g1(b.blocksFor(T*H)), 256, 0, moeSplitArgs{hi: hi, lo: lo, x: xt.ptr, n: int64(T * H)})
 		b.gemm(logits.ptr, hi, router.ptr, T, E, H, backend.BF16, backend.F32, false)
 		b.gemm(logits.ptr, lo, router.ptr, T, E, H, backend.BF16, backend.F32, true)
+		xh = &tensor{dt: backend.BF16, shape: []int{T, H}, ptr: hi, view: true}
 	} else if b.routerGemm > 0 && T >= b.routerGemm && router.dt == backend.F32 {
 		// A router kept in float32 (GGUF files: llama.cpp's converter
 		// writes them so) takes cuBLASLt's float32 GEMM: moe_gemv reads
@@ -271,9 +289,9 @@ func (b *Backend) route(sel, wts devptr, xt, router *tensor, spec *backend.MoESp
 	} else {
 		moeGemvKernel.run(b, [3]int{(E + 7) / 8, T, 1}, 256, 0, moeGemvArgs{y: logits.ptr, x: xt.ptr, xdiv: 1, w: router.ptr, wdt: int32(router.dt), sel: 0, O: int32(E), I: int32(H)})
 	}
-	moeRouteKernel.runOverlapped(b, g1(T), 32, 0, moeRouteArgs{logits: logits.ptr, E: int32(E), K: int32(K), norm: boolInt(spec.NormTopK),
+	moeRouteKernel.runOverlapped(b, g1((T+7)/8), 256, 0, moeRouteArgs{logits: logits.ptr, T: int32(T), E: int32(E), K: int32(K), norm: boolInt(spec.NormTopK),
 		e0: int32(spec.First), held: int32(held), sel: sel, wts: wts})
-	return 0
+	return 0, xh
 }
 
 // Experts adds each token's chosen experts to out; see backend.Backend.
@@ -287,7 +305,7 @@ func (b *Backend) Experts(out, x, experts, weights, gateUp, down backend.Tensor)
 	if et.dt != backend.I32 {
 		panic(fmt.Sprintf("cuda: experts: expert ids %v must be i32", et))
 	}
-	y, _, _ := b.expertRows(xt, et.ptr, K, asT(gateUp), asT(down), nil, nil, nil)
+	y, _, _ := b.expertRows(xt, nil, et.ptr, K, asT(gateUp), asT(down), nil, nil, nil)
 	b.combine(ot, xt, y, wt.ptr, K, 0, nil, 0)
 }
 
@@ -298,7 +316,7 @@ func (b *Backend) Experts(out, x, experts, weights, gateUp, down backend.Tensor)
 // (sum: every expert this rank's), it reports whether the down product
 // finished it, which f8mv does where the shared expert, if any, is among
 // its rows.
-func (b *Backend) expertRows(xt *tensor, sel devptr, K int, gu, down, sgu, sdown *tensor, sum *moeSum) (y *tensor, ys devptr, summed bool) {
+func (b *Backend) expertRows(xt, xh *tensor, sel devptr, K int, gu, down, sgu, sdown *tensor, sum *moeSum) (y *tensor, ys devptr, summed bool) {
 	T, H := xt.rows(), xt.cols()
 	checkF32("experts", xt)
 	if len(gu.shape) != 3 || len(down.shape) != 3 {
@@ -382,10 +400,12 @@ func (b *Backend) expertRows(xt *tensor, sel devptr, K int, gu, down, sgu, sdown
 		// SwiGLU applied (silu_mul and the second gather, 1.8 ms of a 4K
 		// prompt's 38 in qnext12's 12 layers, and the float32 rows between
 		// them, gone).
-		xh := b.scratchBuf("moe.xh", 2*T*H)
-		b.toHalf(xh, xt.ptr, T*H, backend.BF16)
+		if xh == nil {
+			xh = &tensor{dt: backend.BF16, shape: []int{T, H}, ptr: b.scratchBuf("moe.xh", 2*T*H), view: true}
+			b.toHalf(xh.ptr, xt.ptr, T*H, backend.BF16)
+		}
 		act := b.scratchBuf("moe.actg", 2*R*I)
-		b.groupTiles(act, backend.BF16, xh, K, gu, g, R, E, bm, 2*I, H, true)
+		b.groupTiles(act, backend.BF16, xh.ptr, K, gu, g, R, E, bm, 2*I, H, true)
 		yb := b.expertRowsBF16(R, H)
 		b.groupTiles(yb.ptr, backend.BF16, act, 0, down, g, R, E, bm, H, I, false)
 		return yb, ys, false
@@ -549,9 +569,24 @@ func (b *Backend) groupRows(sel devptr, R, E, tm int) expertGroups {
 		start: b.scratchBuf("moe.start", 4*(E+1)), order: b.scratchBuf("moe.order", 4*R),
 		tiles: b.scratchBuf("moe.tiles", 8*expertTiles(R, E, tm)), ntiles: b.scratchBuf("moe.ntiles", 4),
 	}
-	moeGroupKernel.run(b, g1(1), 1024, 0, moeGroupArgs{sel: sel, R: int32(R), E: int32(E), tm: int32(tm), start: g.start, order: g.order, tiles: g.tiles, ntiles: g.ntiles})
+	a := moeGroupArgs{sel: sel, R: int32(R), E: int32(E), tm: int32(tm), start: g.start, order: g.order, tiles: g.tiles, ntiles: g.ntiles}
+	if R <= moeGroupBlockRows {
+		moeGroupKernel.run(b, g1(1), 1024, 0, a)
+		return g
+	}
+	// A prompt's rows: counted and placed by blocks of moeGroupBlockRows,
+	// between them one block that lays out the experts.
+	nb := (R + moeGroupBlockRows - 1) / moeGroupBlockRows
+	a.nb, a.bcnt = int32(nb), b.scratchBuf("moe.bcnt", 4*nb*(E+1))
+	moeCountKernel.run(b, g1(nb), moeGroupBlockRows, 0, moeCountArgs{sel: sel, R: int32(R), E: int32(E), bcnt: a.bcnt})
+	moeGroupKernel.run(b, g1(1), 1024, 0, a)
+	moeScatterKernel.run(b, g1(nb), moeGroupBlockRows, 0, moeScatterArgs{sel: sel, R: int32(R), E: int32(E), bcnt: a.bcnt, order: g.order})
 	return g
 }
+
+// moeGroupBlockRows is the rows a block of moe_count and moe_scatter
+// takes, a thread each.
+const moeGroupBlockRows = 1024
 
 // expertGemv is expertRows for bf16 experts at decode: moe_rows streams
 // each row's expert (gate/up with the SwiGLU, then down), 16 bytes a load,
@@ -660,19 +695,23 @@ func (b *Backend) MoE(out, x backend.Tensor, e *backend.Experts, spec *backend.M
 	if e.SharedGateUp != nil {
 		sgu, sdown, gate = asT(e.SharedGateUp), asT(e.SharedDown), asT(e.SharedGate)
 	}
-	gs := b.route(sel, wts, xt, asT(e.Router), spec, held, gate)
+	gs, xh := b.route(sel, wts, xt, asT(e.Router), spec, held, gate)
 	// The down product may add the rows to the residual itself where every
 	// expert is this rank's and route made the shared expert's gate.
 	var sum *moeSum
 	if held == spec.Experts && (sgu == nil || gs != 0) {
 		sum = &moeSum{out: ot.ptr, wts: wts, gs: gs, K: int32(K)}
 	}
-	y, ys, summed := b.expertRows(xt, sel, K, asT(e.GateUp), asT(e.Down), sgu, sdown, sum)
+	y, ys, summed := b.expertRows(xt, xh, sel, K, asT(e.GateUp), asT(e.Down), sgu, sdown, sum)
 	if summed {
 		return
 	}
 	if sgu != nil && ys == 0 {
-		ys = b.sharedExpert(xt, sgu, sdown).ptr
+		x := xt
+		if xh != nil && sgu.dt == backend.BF16 {
+			x = xh // route's bf16 x, which the product would make again
+		}
+		ys = b.sharedExpert(x, sgu, sdown).ptr
 	}
 	b.combine(ot, xt, y, wts, K, ys, gate, gs)
 }

@@ -34,6 +34,9 @@
 #define MW_BN 128
 #define MW_STAGES 4
 
+// The rows a block of moe_count and moe_scatter takes (moe.cu), a thread each.
+#define MOE_GROUP_ROWS 1024
+
 // The tokens of a chunk of the chunked DeltaNet kernels (deltanet_chunk.cu).
 #define DN_C 64
 

@@ -206,7 +206,7 @@ __device__ __forceinline__ void moe_router(const float *x, const u16 *w, const u
 	__syncthreads();
 	if (!last) return;
 	if (threadIdx.x == 0) *cnt = 0;
-	for (int t = warp; t < NT; t += blockDim.x >> 5) moe_rank(logits + (long)t * E, E, K, norm, e0, held, sel + t * K, wts + t * K, lane);
+	for (int t = warp; t < NT; t += blockDim.x >> 5) moe_rank_e(logits + (long)t * E, E, K, norm, e0, held, sel + t * K, wts + t * K, lane);
 }
 
 #define MOE_ROUTER(NT) \

@@ -4,8 +4,6 @@
 // of a token's expert rows (moe_combine; f8mv's down product, which
 // finishes the combine at decode).
 
-#define MOE_ROUTE_PER_LANE 32
-
 // moe_rank: a warp ranks one token's E router logits lt (E <= 1024), each
 // lane holding experts lane, lane + 32, ...: softmax over all of them
 // (f32), then the top k in torch.topk's order (higher probability first,
@@ -16,11 +14,15 @@
 // (its rank adds it). lt is read past L1: moe_router's other blocks wrote
 // it. (A block a token, a thread an expert, ranking the warps' first k:
 // 10-16 us at 512 experts and top 10 on an H200, its barriers most of it.)
+// PL is the experts a lane holds, E <= 32 PL: each of the k picks scans
+// them (moe_rank_e takes the least PL that E allows; 32 for 128 experts
+// scanned 28 empty places a pick).
+template <int PL>
 __device__ __forceinline__ void moe_rank(const float *lt, int E, int K, int norm, int e0, int held, int *sel, float *wts, int lane) {
-	float p[MOE_ROUTE_PER_LANE];
+	float p[PL];
 	float mx = -INF;
 #pragma unroll
-	for (int j = 0; j < MOE_ROUTE_PER_LANE; j++) {
+	for (int j = 0; j < PL; j++) {
 		int e = lane + 32 * j;
 		p[j] = e < E ? __ldcg(lt + e) : -INF;
 		mx = fmaxf(mx, p[j]);
@@ -28,7 +30,7 @@ __device__ __forceinline__ void moe_rank(const float *lt, int E, int K, int norm
 	mx = warp_max(mx);
 	float s = 0.f;
 #pragma unroll
-	for (int j = 0; j < MOE_ROUTE_PER_LANE; j++) {
+	for (int j = 0; j < PL; j++) {
 		int e = lane + 32 * j;
 		p[j] = e < E ? expf(p[j] - mx) : -1.f;  // padding: below every probability
 		s += e < E ? p[j] : 0.f;
@@ -41,7 +43,7 @@ __device__ __forceinline__ void moe_rank(const float *lt, int E, int K, int norm
 		float bp = -1.f;  // none: padding is never picked
 		int bj = 0;
 #pragma unroll
-		for (int j = 0; j < MOE_ROUTE_PER_LANE; j++)
+		for (int j = 0; j < PL; j++)
 			if (!(taken >> j & 1) && p[j] > bp) bp = p[j], bj = j;
 		// The warp's best in two reductions (not ten shuffles): a
 		// probability's bits order as it does (it is >= 0), and of the
@@ -58,6 +60,18 @@ __device__ __forceinline__ void moe_rank(const float *lt, int E, int K, int norm
 		sel[lane] = ours ? mi - e0 : -1;
 		wts[lane] = !ours ? 0.f : norm ? pr / tot : pr;
 	}
+}
+
+// moe_rank_e is moe_rank for any E <= 1024.
+__device__ __forceinline__ void moe_rank_e(const float *lt, int E, int K, int norm, int e0, int held, int *sel, float *wts, int lane) {
+	if (E <= 128)
+		moe_rank<4>(lt, E, K, norm, e0, held, sel, wts, lane);
+	else if (E <= 256)
+		moe_rank<8>(lt, E, K, norm, e0, held, sel, wts, lane);
+	else if (E <= 512)
+		moe_rank<16>(lt, E, K, norm, e0, held, sel, wts, lane);
+	else
+		moe_rank<32>(lt, E, K, norm, e0, held, sel, wts, lane);
 }
 
 // moe_add_rows returns a + sum_k wts[k] * y[k * ys] over a token's K rows
