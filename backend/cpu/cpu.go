@@ -47,8 +47,9 @@ type Backend struct {
 	// kpack and vpack are Attention's packed keys and values, kept to be
 	// reused by the next call.
 	kpack, vpack []float32
-	// mlpBuf holds the products and activations of a SwiGLU block.
-	mlpBuf []float32
+	// mlpBuf holds the products and activations of a SwiGLU block;
+	// expertBuf an expert's gathered rows, then its outputs.
+	mlpBuf, expertBuf []float32
 	// group, when set, is the tensor-parallel group the backend is rank
 	// rank of (NewGroup).
 	group *group

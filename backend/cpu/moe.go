@@ -140,7 +140,13 @@ func (b *Backend) MoE(out, x backend.Tensor, e *backend.Experts, spec *backend.M
 // out[tokens[i]].
 func (b *Backend) expert(out, xs []float32, H int, tokens []int32, wts []float32, gateUp, down weights) {
 	n := len(tokens)
-	xe := make([]float32, n*H)
+	// Kept for the backend's life, as mlpBuf: a buffer a call (the
+	// shared expert's a prompt's rows) was fresh memory each time, its
+	// pages faulted in by the copy (6% of a Qwen3-Next prompt's CPU time).
+	if len(b.expertBuf) < n*H {
+		b.expertBuf = make([]float32, n*H)
+	}
+	xe := b.expertBuf[:n*H]
 	for i, t := range tokens {
 		copy(xe[i*H:(i+1)*H], xs[int(t)*H:(int(t)+1)*H])
 	}
