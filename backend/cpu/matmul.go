@@ -280,8 +280,7 @@ func (p *pool) matmulDirect(out, x []float32, n int, w weights, accumulate bool)
 		p.matmulQuant(out, x, n, w, accumulate)
 		return
 	}
-	grain := max(16, 1<<16/max(k, 1)) // at least ~64K weights per task
-	p.For(o, grain, func(lo, hi int) {
+	p.For(o, rowGrain(k), func(lo, hi int) {
 		var res [4]float32
 		put := func(t, r int, v float32) {
 			if accumulate {
@@ -336,13 +335,58 @@ var intDotKernels = false
 // every input row of a tile (sized to stay in L2) is dotted with them, four
 // input rows per kernel call while there are four.
 func (p *pool) matmulQuant(out, x []float32, n int, w weights, accumulate bool) {
+	j := quantJob{out: out, x: x, n: n, w: w, accumulate: accumulate}
+	if blk, ok := intDot(w.dt); ok {
+		j.qx = quantizeRows(x, n, w.cols, blk)
+		defer q8Pool.Put(j.qx)
+	}
+	p.For(w.rows, rowGrain(w.cols), j.rows)
+}
+
+// rowGrain is the fewest weight rows of k columns a task of a direct
+// product takes: ~64K weights.
+func rowGrain(k int) int { return max(16, 1<<16/max(k, 1)) }
+
+// quantJobs runs the products of jobs in one For over all their weight
+// rows: a decode step's experts, each a few input rows, whose products one
+// at a time met the threads three times an expert.
+func (p *pool) quantJobs(jobs []quantJob) {
+	if len(jobs) == 0 {
+		return
+	}
+	total := 0
+	for _, j := range jobs {
+		total += j.w.rows
+	}
+	p.For(total, rowGrain(jobs[0].w.cols), func(lo, hi int) {
+		off := 0
+		for i := range jobs {
+			o := jobs[i].w.rows
+			if lo < off+o && hi > off {
+				jobs[i].rows(max(lo, off)-off, min(hi, off+o)-off)
+			}
+			off += o
+		}
+	})
+}
+
+// quantJob is one product of quantized weights: out[n, w.rows] (+)= x .
+// w^T, the input rows quantized to int8 blocks in qx for the integer
+// kernels (FP8's read x as it is).
+type quantJob struct {
+	out, x     []float32
+	qx         *q8Rows
+	n          int
+	w          weights
+	accumulate bool
+}
+
+// rows computes the job's outputs of weight rows [lo, hi).
+func (j *quantJob) rows(lo, hi int) {
+	out, x, n, w, qx, accumulate := j.out, j.x, j.n, j.w, j.qx, j.accumulate
 	k, o, rb := w.cols, w.rows, w.rowBytes()
-	blk, isInt := intDot(w.dt)
-	var qx *q8Rows
 	xstride := 4 * k // bytes of an input row as the kernels read it
-	if isInt {
-		qx = quantizeRows(x, n, k, blk)
-		defer q8Pool.Put(qx)
+	if qx != nil {
 		xstride = qx.stride
 	}
 	var kern func(w []byte, rb int, x []byte, out []float32)
@@ -361,59 +405,56 @@ func (p *pool) matmulQuant(out, x []float32, n int, w weights, accumulate bool) 
 	}
 	chunk := max(1, min(quantChunk, (16<<10)/max(rb, 1)))
 	tile := max(4, (64<<10)/xstride&^3)
-	grain := max(16, 1<<16/max(k, 1))
-	p.For(o, grain, func(lo, hi int) {
-		var res [4 * quantChunk]float32
-		// put stores (or adds) v[j*stride] for j < nr at out[t, r0+j].
-		put := func(t, r0, nr int, v []float32, stride int) {
-			dst := out[t*o+r0 : t*o+r0+nr]
-			if accumulate {
-				for j := range dst {
-					dst[j] += v[j*stride]
+	var res [4 * quantChunk]float32
+	// put stores (or adds) v[j*stride] for j < nr at out[t, r0+j].
+	put := func(t, r0, nr int, v []float32, stride int) {
+		dst := out[t*o+r0 : t*o+r0+nr]
+		if accumulate {
+			for j := range dst {
+				dst[j] += v[j*stride]
+			}
+		} else {
+			for j := range dst {
+				dst[j] = v[j*stride]
+			}
+		}
+	}
+	for t0 := 0; t0 < n; t0 += tile {
+		t1 := min(n, t0+tile)
+		for r0 := lo; r0 < hi; r0 += chunk {
+			nr := min(chunk, hi-r0)
+			rows := w.buf[r0*rb : (r0+nr)*rb]
+			switch {
+			case qx != nil:
+				t := t0
+				for ; t+4 <= t1; t += 4 {
+					kern4(rows, rb, qx.buf[t*qx.stride:], qx.stride, res[:4*nr])
+					for j := range 4 {
+						put(t+j, r0, nr, res[j:], 4)
+					}
 				}
-			} else {
-				for j := range dst {
-					dst[j] = v[j*stride]
+				for ; t < t1; t++ {
+					kern(rows, rb, qx.row(t), res[:nr])
+					put(t, r0, nr, res[:], 1)
+				}
+			default: // FP8
+				t := t0
+				for ; t+4 <= t1; t += 4 {
+					dotFP8x4(rows, rb, x[t*k:(t+4)*k], k, res[:4*nr])
+					for j := range 4 {
+						fp8Tail(rows, rb, nr, x[(t+j)*k:(t+j+1)*k], res[j:], 4)
+						put(t+j, r0, nr, res[j:], 4)
+					}
+				}
+				for ; t < t1; t++ {
+					xt, v := x[t*k:(t+1)*k], res[:nr]
+					dotFP8(rows, rb, xt, v)
+					fp8Tail(rows, rb, nr, xt, v, 1)
+					put(t, r0, nr, v, 1)
 				}
 			}
 		}
-		for t0 := 0; t0 < n; t0 += tile {
-			t1 := min(n, t0+tile)
-			for r0 := lo; r0 < hi; r0 += chunk {
-				nr := min(chunk, hi-r0)
-				rows := w.buf[r0*rb : (r0+nr)*rb]
-				switch {
-				case isInt:
-					t := t0
-					for ; t+4 <= t1; t += 4 {
-						kern4(rows, rb, qx.buf[t*qx.stride:], qx.stride, res[:4*nr])
-						for j := range 4 {
-							put(t+j, r0, nr, res[j:], 4)
-						}
-					}
-					for ; t < t1; t++ {
-						kern(rows, rb, qx.row(t), res[:nr])
-						put(t, r0, nr, res[:], 1)
-					}
-				default: // FP8
-					t := t0
-					for ; t+4 <= t1; t += 4 {
-						dotFP8x4(rows, rb, x[t*k:(t+4)*k], k, res[:4*nr])
-						for j := range 4 {
-							fp8Tail(rows, rb, nr, x[(t+j)*k:(t+j+1)*k], res[j:], 4)
-							put(t+j, r0, nr, res[j:], 4)
-						}
-					}
-					for ; t < t1; t++ {
-						xt, v := x[t*k:(t+1)*k], res[:nr]
-						dotFP8(rows, rb, xt, v)
-						fp8Tail(rows, rb, nr, xt, v, 1)
-						put(t, r0, nr, v, 1)
-					}
-				}
-			}
-		}
-	})
+	}
 }
 
 // quantChunk bounds the weight rows of one quantized kernel call.

@@ -94,9 +94,74 @@ func (b *Backend) experts(ot, xt *Tensor, ids []int32, wts []float32, K int, gat
 	guW.rows, guW.cols = E*2*I, H
 	downW.rows, downW.cols = E*H, I
 	o, xs := ot.out32(), xt.f32()
+	_, guInt := intDot(gu.dt)
+	_, dnInt := intDot(dn.dt)
+	if guInt && dnInt && intDotKernels {
+		b.expertsTogether(o, xs, H, I, byExpert, weightsBy, guW, downW)
+		return
+	}
 	for ex := range E {
 		if len(byExpert[ex]) > 0 {
 			b.expert(o, xs, H, byExpert[ex], weightsBy[ex], guW.sub(ex*2*I, 2*I), downW.sub(ex*H, H))
+		}
+	}
+}
+
+// expertsTogether is the loop over expert above, for experts of int8-dot
+// types: every chosen expert's rows gathered into one buffer and quantized
+// once, and each of the three steps (gate and up, the SwiGLU, down) one
+// pool.For over all the experts' rows, where expert by expert the threads
+// met three times an expert (a decode step of ten experts: 30 times a MoE
+// layer). The products and their order are expert's: the same sums.
+func (b *Backend) expertsTogether(out, xs []float32, H, I int, byExpert [][]int32, weightsBy [][]float32, guW, downW weights) {
+	R := 0
+	for _, toks := range byExpert {
+		R += len(toks)
+	}
+	if len(b.expertBuf) < R*(H+3*I) {
+		b.expertBuf = make([]float32, R*(H+3*I))
+	}
+	// xe holds the rows, then (quantized meanwhile) down's outputs.
+	xe, h, act := b.expertBuf[:R*H], b.expertBuf[R*H:R*(H+2*I)], b.expertBuf[R*(H+2*I):R*(H+3*I)]
+	r := 0
+	for _, toks := range byExpert {
+		for _, t := range toks {
+			copy(xe[r*H:(r+1)*H], xs[int(t)*H:(int(t)+1)*H])
+			r++
+		}
+	}
+	gblk, _ := intDot(guW.dt)
+	qx := quantizeRows(xe, R, H, gblk)
+	defer q8Pool.Put(qx)
+	// jobs makes a product a chosen expert: of its rows of q (quantized
+	// inputs, in byExpert's order) with its matrix of w (width rows a
+	// row of the outputs y).
+	jobs := func(q *q8Rows, y []float32, w weights, width int) []quantJob {
+		var js []quantJob
+		r := 0
+		for ex, toks := range byExpert {
+			n := len(toks)
+			if n == 0 {
+				continue
+			}
+			sub := *q
+			sub.buf = q.buf[r*q.stride : (r+n)*q.stride]
+			js = append(js, quantJob{out: y[r*width : (r+n)*width], qx: &sub, n: n, w: w.sub(ex*width, width)})
+			r += n
+		}
+		return js
+	}
+	b.pool.quantJobs(jobs(qx, h, guW, 2*I))
+	siluMul(b.pool, act, h, R, I)
+	dblk, _ := intDot(downW.dt)
+	qa := quantizeRows(act, R, I, dblk)
+	defer q8Pool.Put(qa)
+	b.pool.quantJobs(jobs(qa, xe, downW, H))
+	r = 0
+	for ex, toks := range byExpert {
+		for i, t := range toks {
+			axpy(out[int(t)*H:(int(t)+1)*H], weightsBy[ex][i], xe[r*H:(r+1)*H])
+			r++
 		}
 	}
 }

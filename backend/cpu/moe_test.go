@@ -136,3 +136,58 @@ func TestTopK(t *testing.T) {
 		t.Errorf("topK = %v, want %v (ties by lower index)", idx, want)
 	}
 }
+
+// TestExpertsTogether: experts of int8-dot types go through
+// expertsTogether (one pool.For a step over every chosen expert's rows);
+// the sums are expert's, expert by expert, to the bit, at decode's few
+// rows an expert and at a prompt's, four at a time and one by one.
+func TestExpertsTogether(t *testing.T) {
+	if !intDotKernels {
+		t.Skip("the int8 kernels are not assembly here: experts take the loop")
+	}
+	const H, E, I, K = 512, 8, 256, 3
+	for _, dt := range []backend.DType{backend.Q8_0, backend.Q4_K, backend.Q6_K} {
+		for _, T := range []int{1, 2, 11, 40} {
+			b := New(Options{Threads: 2})
+			r := newRand(uint64(T))
+			gu, _, _ := loadQuant(t, b, r, dt, 0.05, E, 2*I, H)
+			down, _, _ := loadQuant(t, b, r, backend.Q6_K, 0.05, E, H, I)
+			x := tensorF32(b, randVec(r, T*H, 1), T, H)
+			ids := make([]int32, T*K)
+			wts := make([]float32, T*K)
+			for i := range ids {
+				ids[i], wts[i] = int32((i*5+i/K)%E), float32(r.Float64())
+			}
+			init := randVec(r, T*H, 1)
+			together, loop := tensorF32(b, init, T, H), tensorF32(b, init, T, H)
+			b.experts(asT(together), asT(x), ids, wts, K, gu, down, 0, false)
+			// The loop over experts, as experts runs it for other types.
+			gt, dn := asT(gu), asT(down)
+			guW, downW := weightsOf(gt), weightsOf(dn)
+			guW.rows, guW.cols, downW.rows, downW.cols = E*2*I, H, E*H, I
+			for ex := range E {
+				var toks []int32
+				var ws []float32
+				for i, id := range ids {
+					if int(id) == ex {
+						toks, ws = append(toks, int32(i/K)), append(ws, wts[i])
+					}
+				}
+				if len(toks) > 0 {
+					b.expert(asT(loop).out32(), asT(x).f32(), H, toks, ws, guW.sub(ex*2*I, 2*I), downW.sub(ex*H, H))
+				}
+			}
+			if got, want := readF32(t, b, together), readF32(t, b, loop); !slices.Equal(got, want) {
+				t.Errorf("%v, %d tokens: experts together differ from one by one (max |diff| %.3g)", dt, T, maxAbsDiff(got, want))
+			}
+		}
+	}
+}
+
+func maxAbsDiff(a, b []float32) float64 {
+	d := 0.0
+	for i := range a {
+		d = max(d, math.Abs(float64(a[i]-b[i])))
+	}
+	return d
+}
