@@ -94,6 +94,9 @@ func (b *Backend) experts(ot, xt *Tensor, ids []int32, wts []float32, K int, gat
 	guW.rows, guW.cols = E*2*I, H
 	downW.rows, downW.cols = E*H, I
 	o, xs := ot.out32(), xt.f32()
+	// Where the int8 kernels are assembly, every product of these types
+	// is matmulQuant's whatever its rows (quantDirectRows), which
+	// expertsTogether runs for all the experts at once.
 	_, guInt := intDot(gu.dt)
 	_, dnInt := intDot(dn.dt)
 	if guInt && dnInt && intDotKernels {
