@@ -9,8 +9,9 @@ seen) it prints each kernel of the last of them: its start and duration,
 its start against the previous kernel's end (negative: it overlapped, as
 programmatic dependent launch allows), and its advance, how far it moved
 the step's end, which is what leaving the kernel out could save at most.
-Then the advance summed by kernel name over one step, averaged over the N
-steps, largest first; all in microseconds.
+Then the GPU's idle time between steps (the host's work, and the trace's
+own), and the advance summed by kernel name over one step, averaged over
+the N steps, largest first; all in microseconds.
 
 With --requests (a serving benchmark's trace, requests apart in time, as
 kiln bench serve --think-time sends a conversation's turns) it cuts the
@@ -93,6 +94,10 @@ for off, dur, gap, adv, name, shape in walk(step):
     print(f"{off / 1e3:9.2f} {dur / 1e3:7.2f} start-prev-end {gap / 1e3:7.2f} advance {adv / 1e3:6.2f}  {name[:44]} {shape}")
 span = [ks[b - 1][1] - ks[a][0] for a, b in bounds]
 print(f"step {span[-1] / 1e3:.1f} us ({len(step)} kernels); mean over {len(bounds)} steps {sum(span) / len(span) / 1e3:.1f} us")
+# The GPU idle between a step's last kernel and the next step's first: the
+# host's work (sampling's read-back, planning, the launch), and the tracer's.
+idle = sorted(ks[b][0] - max(k[1] for k in ks[a:b]) for a, b in bounds)
+print(f"idle between steps: median {idle[len(idle) // 2] / 1e3:.1f} us (min {idle[0] / 1e3:.1f}, max {idle[-1] / 1e3:.1f})")
 tot, dsum, n = collections.Counter(), collections.Counter(), collections.Counter()
 for a, b in bounds:
     for _, dur, _, adv, name, _ in walk(ks[a:b]):
