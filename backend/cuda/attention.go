@@ -19,8 +19,10 @@ var (
 	// The scalar decode kernels by cache type, head dim and query heads
 	// per kv head.
 	attnDecodeKernels = map[attnShape]kernel[attnDecodeArgs]{}
-	// The tensor-core decode kernels of bf16 caches by head dim.
-	attnDecodeMMAKernels = map[int]kernel[attnDecodeArgs]{}
+	// The tensor-core decode kernels of bf16 caches by head dim, and their
+	// fused form (q/k norms, RoPE and the combine inside).
+	attnDecodeMMAKernels   = map[int]kernel[attnDecodeArgs]{}
+	attnDecodeFusedKernels = map[int]kernel[attnDecodeFusedArgs]{}
 	// The flash prefill kernels of bf16 caches by query tile, key tile and
 	// head dim.
 	flashKernels = map[[3]int]kernel[flashArgs]{}
@@ -46,6 +48,7 @@ const (
 	decodeSplitMMA    = decodeMMAKeys
 	decodeSplitScalar = 16
 	decodeMMAStages   = 3
+	decodeSplitsMax   = 512
 )
 
 // The scalar prefill attention (attn_prefill) takes attnPrefillQueries
@@ -72,6 +75,7 @@ func init() {
 	}
 	for _, hd := range []int{64, 128} {
 		attnDecodeMMAKernels[hd] = newKernel[attnDecodeArgs](fmt.Sprintf("attn_decode_mma_%d", hd))
+		attnDecodeFusedKernels[hd] = newKernel[attnDecodeFusedArgs](fmt.Sprintf("attn_decode_fused_%d", hd))
 	}
 	for _, t := range [][3]int{{128, 64, 64}, {128, 64, 128}, {64, 64, 64}, {64, 64, 128}, {64, 32, 64}, {64, 32, 128}, {64, 32, 256}} {
 		flashKernels[t] = newKernel[flashArgs](fmt.Sprintf("flash_prefill_%d_%d_%d", t[0], t[1], t[2]))
@@ -133,6 +137,30 @@ type attnDecodeArgs struct {
 	pacc                                           devptr
 	H, KH, bs                                      int32
 	scale                                          float32
+}
+
+type attnDecodeFusedArgs struct {
+	kc, vc                                         devptr
+	tokpos, tokseq, seqpos, seqblk, blocks, pm, pl devptr
+	pacc                                           devptr
+	H, KH, bs                                      int32
+	scale                                          float32
+	f                                              decodeFuse
+	rf                                             ropeFreq
+}
+
+// decodeFuse is struct DecodeFuse: what attn_decode_fused takes to be
+// qk_norm_rope and attn_combine too.
+type decodeFuse struct {
+	qkv             devptr
+	qdt             int32
+	qn, kn          devptr
+	wdt, unitOffset int32
+	eps, attnFactor float32
+	rd, gated       int32
+	out             devptr
+	odt             int32
+	cnt             devptr
 }
 
 type attnCombineArgs struct {
@@ -428,6 +456,19 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 		panic(fmt.Sprintf("cuda: attention: q/k norms %v %v for head dim %d", qn, kn, hd))
 	}
 	checkFloatW("attention", qn)
+	if G := H / KH; b.fusedDecode && m.maxN == 1 && c.spec.DType == backend.BF16 && (hd == 64 || hd == 128) && G <= 16 {
+		k, smem := attnDecodeFusedKernels[hd], decodeMMASmem(hd)
+		b.allowSmem(k.name, smem)
+		S := b.decodeSplits(T, KH, b.mmaSplitBlocks)
+		k.runOverlapped(b, [3]int{T, KH, S}, 128, smem, attnDecodeFusedArgs{
+			kc: c.k(layer), vc: c.v(layer), tokpos: m.dev[mTokPos], tokseq: m.dev[mTokSeq], seqpos: m.dev[mSeqPos],
+			seqblk: m.dev[mSeqBlk], blocks: m.dev[mBlocks], pm: b.scratchBuf("attnm", T*H*S*4), pl: b.scratchBuf("attnl", T*H*S*4),
+			pacc: b.scratchBuf("attnacc", T*H*S*hd*4), H: int32(H), KH: int32(KH), bs: int32(c.spec.BlockSize), scale: spec.Scale,
+			f: decodeFuse{qkv: qt.ptr, qdt: int32(qt.dt), qn: qn.ptr, kn: kn.ptr, wdt: int32(qn.dt), unitOffset: boolInt(spec.UnitOffsetNorm),
+				eps: spec.NormEps, attnFactor: spec.Rope.AttnFactor, rd: int32(rd), gated: boolInt(spec.Gated),
+				out: ot.ptr, odt: int32(ot.dt), cnt: b.zeroedScratch("attncnt", T*KH*4)}, rf: ropeFreqs(&spec.Rope)})
+		return
+	}
 	// The rotated queries, in the cache's type (what the kernels multiply the
 	// keys in).
 	qbuf := b.scratchBuf("attnq", T*H*hd*c.spec.DType.Size())
@@ -480,16 +521,12 @@ func (b *Backend) attend(ot *tensor, qbuf devptr, c *kvCache, layer, H int, scal
 		perSM, smem, least := b.splitBlocks, 0, decodeSplitScalar
 		if mma {
 			// The stages of keys and values, rows of hd + 8 bf16.
-			k, perSM, smem, least = kernelFor(attnDecodeMMAKernels, hd), b.mmaSplitBlocks, decodeMMAStages*2*decodeMMAKeys*(hd+8)*2, decodeSplitMMA
+			k, perSM, smem, least = kernelFor(attnDecodeMMAKernels, hd), b.mmaSplitBlocks, decodeMMASmem(hd), decodeSplitMMA
 			b.allowSmem(k.name, smem)
 		} else {
 			k = kernelFor(attnDecodeKernels, attnShape{c.spec.DType, hd, G})
 		}
-		// As many splits as fill one wave of blocks: a partial second
-		// wave of short splits measured slower (NOTES.md, "Figures behind
-		// the code"; the scalar kernel of f32 caches follows the rule
-		// unmeasured).
-		S := max(1, min(b.splitMax, perSM*b.sms/(T*KH)))
+		S := b.decodeSplits(T, KH, perSM)
 		pm := b.scratchBuf("attnm", T*H*S*4)
 		pl := b.scratchBuf("attnl", T*H*S*4)
 		pacc := b.scratchBuf("attnacc", T*H*S*hd*4)
@@ -555,6 +592,19 @@ func (b *Backend) attend(ot *tensor, qbuf devptr, c *kvCache, layer, H int, scal
 		b.allowSmem(k.name, smem)
 	}
 	k.run(b, [3]int{(m.maxN + attnPrefillQueries - 1) / attnPrefillQueries, H, m.S}, 4*attnPrefillQueries, smem, pa)
+}
+
+// decodeMMASmem is attn_decode_mma's shared memory: the stages of keys and
+// values, rows of hd + 8 bf16.
+func decodeMMASmem(hd int) int { return decodeMMAStages * 2 * decodeMMAKeys * (hd + 8) * 2 }
+
+// decodeSplits is the number of splits of the decode attention's keys for
+// T tokens: as many as fill one wave of perSM blocks a multiprocessor (a
+// partial second wave of short splits measured slower: NOTES.md, "Figures
+// behind the code"; the scalar kernel of f32 caches follows the rule
+// unmeasured).
+func (b *Backend) decodeSplits(T, KH, perSM int) int {
+	return max(1, min(b.splitMax, perSM*b.sms/(T*KH)))
 }
 
 // flashSmem is the flash prefill kernel's shared memory: two stages of bk

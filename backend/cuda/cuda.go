@@ -95,6 +95,10 @@ type Backend struct {
 	// KILN_CUDA_MOE_WG=0 for A/B). flashWG: long prompts' attention runs
 	// its scores on wgmma (flash_wg; KILN_CUDA_FLASH_WG=0 for A/B).
 	moeWG, flashWG bool
+	// fusedDecode: a decode step's attention (one token a sequence) is one
+	// kernel, attn_decode_fused, where the bf16 tensor-core kernel applies
+	// (KILN_CUDA_FUSED_DECODE=0 for A/B).
+	fusedDecode bool
 	// trace, when set (tests), is told the name of every kernel launched
 	// and "cublasLt" for every cuBLASLt product.
 	trace func(name string)
@@ -178,7 +182,7 @@ func New(opts Options) (*Backend, error) {
 	if os.Getenv("KILN_CUDA_PROFILE") == "1" {
 		b.prof = &profiler{total: map[string]float64{}, count: map[string]int{}}
 	}
-	b.splitMax = envInt("KILN_CUDA_SPLITS", 512, 1, 512)
+	b.splitMax = envInt("KILN_CUDA_SPLITS", decodeSplitsMax, 1, decodeSplitsMax)
 	// Six decode-attention blocks per multiprocessor measured best on an
 	// H100 (2, 3, 4, 6 and 8 tried at batch 1 and 64, contexts 1K and 32K).
 	b.splitBlocks = envInt("KILN_CUDA_SPLIT_BLOCKS", 6, 1, 64)
@@ -187,6 +191,7 @@ func New(opts Options) (*Backend, error) {
 	// best (2, 3, 4, 6 and 8 tried at batch 1 and 16, contexts 1K to 32K).
 	b.mmaSplitBlocks = envInt("KILN_CUDA_MMA_SPLIT_BLOCKS", 2, 1, 64)
 	b.flashSplitQueries = envInt("KILN_CUDA_FLASH_SPLIT_QUERIES", 128, 64, 128)
+	b.fusedDecode = os.Getenv("KILN_CUDA_FUSED_DECODE") != "0"
 	b.pdl = major >= 9 && envInt("KILN_CUDA_PDL", 1, 0, 1) == 1
 	b.skinnyMax = envInt("KILN_CUDA_SKINNY_MAX", skinnyMaxTokens, 0, skinnyMaxTokens)
 	b.qgemvMax = envInt("KILN_CUDA_QGEMV_MAX", qgemvMaxTokens, 0, qgemvTokens)

@@ -5,40 +5,6 @@
 // Caches are [Blocks, BlockSize, KVHeads, HeadDim] per layer, bf16 or f32;
 // block tables are concatenated per sequence (seqblk gives each one's start).
 
-struct RopeFreq {
-	float f[128];  // RotaryDim/2 inverse frequencies
-};
-
-// ld4 and st4 move four consecutive elements (from an index that is a
-// multiple of four) of an f32, bf16 or f16 array.
-__device__ __forceinline__ float4 ld4(const void *p, long i, int dt) {
-	if (dt == DT_BF16) {
-		uint2 u = *(const uint2 *)((const u16 *)p + i);
-		return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
-	}
-	if (dt == DT_F32) return *(const float4 *)((const float *)p + i);
-	return make_float4(ld(p, i, dt), ld(p, i + 1, dt), ld(p, i + 2, dt), ld(p, i + 3, dt));
-}
-
-__device__ __forceinline__ void st4(void *p, long i, int dt, float4 v) {
-	if (dt == DT_BF16) *(uint2 *)((u16 *)p + i) = make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
-	else if (dt == DT_F32) *(float4 *)((float *)p + i) = v;
-	else { st(p, i, dt, v.x); st(p, i + 1, dt, v.y); st(p, i + 2, dt, v.z); st(p, i + 3, dt, v.w); }
-}
-
-// rope_table fills cs and sn with the cos and sin (times attnFactor) of a
-// position's angles, rounded to float32 as transformers computes them,
-// then cos and sin in double; the block's threads share the work.
-__device__ __forceinline__ void rope_table(float *cs, float *sn, int pos, int half, float attnFactor, const RopeFreq &rf) {
-	for (int i = threadIdx.x; i < half; i += blockDim.x) {
-		float a = (float)pos * rf.f[i];
-		double s, c;
-		sincos((double)a, &s, &c);
-		cs[i] = (float)c * attnFactor;
-		sn[i] = (float)s * attnFactor;
-	}
-}
-
 // rope: grid (T), block 256. Rotates each of the heads of token t's row of
 // x [T, heads*hd] (f32, bf16 or f16) in place by the token's position: the
 // first rd dims, NeoX style (rotate-half within them).
@@ -89,7 +55,8 @@ extern "C" __global__ void kv_move(char *cache, char *buf, const int *blocks, lo
 // elements (hd % 4 == 0), after the block made the token's cos/sin table
 // (angles rounded to float32 as transformers computes them, then cos and
 // sin in double) and loaded the norm weights. Query heads go normed and
-// rotated to qbuf [T, H, hd] (of the cache's type); key heads (normed,
+// rotated to qbuf [T, H, hd] (of the cache's type); key heads (normed and
+// rotated) and value heads go to the paged caches at the token's
 // position. Launched overlapped: the table, the weights and the cache
 // slot (the step's metadata) come before pdl_wait, the projection after.
 extern "C" __global__ void __launch_bounds__(256) qk_norm_rope(const void *qkv, int qdt, void *qbuf, void *kc, void *vc, int kvdt,
@@ -127,36 +94,10 @@ extern "C" __global__ void __launch_bounds__(256) qk_norm_rope(const void *qkv, 
 			for (int i = 4 * lane; i < hd; i += 128) st4(vc, off + i, kvdt, ld4(qkv, src + i, qdt));
 			continue;
 		}
-		const float *w = kind == 0 ? wq : wk;
-		float ss = 0.f;
-		for (int i = 4 * lane; i < hd; i += 128) {
-			float4 v = ld4(qkv, src + i, qdt);
-			*(float4 *)(hb + i) = v;
-			ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-		}
-		float sc = rsqrtf(warp_sum(ss) / hd + eps);
-		for (int i = 4 * lane; i < hd; i += 128) {
-			float4 v = *(float4 *)(hb + i);
-			*(float4 *)(hb + i) = make_float4(v.x * sc * w[i], v.y * sc * w[i + 1], v.z * sc * w[i + 2], v.w * sc * w[i + 3]);
-		}
-		__syncwarp();
-		for (int i = 4 * lane; i < hd; i += 128) {
-			float o[4];
-#pragma unroll
-			for (int e = 0; e < 4; e++) {
-				int k = i + e;
-				float v = hb[k];
-				if (k < rd) {
-					int j = k < half ? k : k - half;
-					v = k < half ? v * cs[j] - hb[k + half] * sn[j] : v * cs[j] + hb[j] * sn[j];
-				}
-				o[e] = v;
-			}
-			float4 v = make_float4(o[0], o[1], o[2], o[3]);
+		head_norm_rope(qkv, src, qdt, kind == 0 ? wq : wk, eps, cs, sn, hd, rd, hb, [&](int i, float4 v) {
 			if (kind == 0) st4(qbuf, ((long)t * H + h) * hd + i, kvdt, v);
 			else st4(kc, off + i, kvdt, v);
-		}
-		__syncwarp();
+		});
 	}
 }
 
@@ -321,7 +262,7 @@ __device__ __forceinline__ void attn_decode(const KT *qbuf, const KT *kc, const 
 		}
 	}
 	__syncthreads();
-	sp.merge<W, G, HD>(sm_acc, sm_m, sm_l, pm, pl, pacc, H, G);
+	sp.partial<W, G, HD>(sm_acc, sm_m, sm_l, pm, pl, pacc, H, G);
 }
 
 #define DECODE(KT, KN, HD, G) \
@@ -351,7 +292,7 @@ extern "C" __global__ void attn_combine(void *out, int odt, const float *pm, con
 	__shared__ float red[32];
 	int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x % HD, sg = threadIdx.x / HD;
 	int n = tokpos[t] + 1;  // step metadata, uploaded before the step
-	int act = least == 0 ? S : min(S, (n + decode_chunk(n, S, least) - 1) / decode_chunk(n, S, least));
+	int act = least == 0 ? S : decode_active(n, S, least);
 	pdl_wait();
 	long pi = ((long)t * H + h) * S;
 	float M = -INF;
@@ -371,13 +312,7 @@ extern "C" __global__ void attn_combine(void *out, int odt, const float *pm, con
 	__syncthreads();
 	if (sg > 0) return;
 	A += part[0][d] + part[1][d] + part[2][d];
-	float o = A / L;
-	if (gated) {
-		long width = 2L * H * HD + 2L * KH * HD;
-		float g = ld(qkv, t * width + (long)h * 2 * HD + HD + d, qdt);
-		o *= 1.f / (1.f + __expf(-g));
-	}
-	st(out, ((long)t * H + h) * HD + d, odt, o);
+	attn_store(out, odt, qkv, qdt, gated, t, h, H, KH, HD, d, A / L);
 }
 
 // attn_prefill: grid (ceil(maxN/AP_BQ), H, S), block 4*AP_BQ, dynamic shared

@@ -127,29 +127,49 @@ __device__ __forceinline__ void pdl_trigger() {
 // block: at least least keys (DS_MMA or DS_SCALAR).
 __device__ __forceinline__ int decode_chunk(int n, int S, int least) { return max((n + S - 1) / S, least); }
 
+// decode_active is how many of the S splits hold keys of a context of n.
+__device__ __forceinline__ int decode_active(int n, int S, int least) {
+	int c = decode_chunk(n, S, least);
+	return min(S, (n + c - 1) / c);
+}
+
+// attn_store writes dim d of head h of token t's attention output o to out
+// [T, H*HD], times the sigmoid of its gate for a gated layer (whose fused
+// projection qkv holds per query head [query | gate], then the keys and
+// values).
+__device__ __forceinline__ void attn_store(void *out, int odt, const void *qkv, int qdt, int gated, int t, int h, int H, int KH,
+		int HD, int d, float o) {
+	if (gated) {
+		long width = 2L * H * HD + 2L * KH * HD;
+		float g = ld(qkv, t * width + (long)h * 2 * HD + HD + d, qdt);
+		o *= 1.f / (1.f + __expf(-g));
+	}
+	st(out, ((long)t * H + h) * HD + d, odt, o);
+}
+
 // DecodeSplit is what block (t, kh, split) of a split-K decode attention
 // grid (T, KH, S) attends: keys [k0, k1) of token t's sequence, through its
 // block table bt; keys before cached were stored by earlier steps.
 struct DecodeSplit {
-	int t, kh, split, S, k0, k1, cached;
+	int t, kh, split, S, n, k0, k1, cached;
 	const int *bt;
-	// init returns false for an idle split (attn_combine reads only the
+	// init returns false for an idle split (the combine reads only the
 	// active ones).
 	__device__ __forceinline__ bool init(const int *tokpos, const int *tokseq, const int *seqpos, const int *seqblk, const int *blocks,
 			int least) {
 		t = blockIdx.x, kh = blockIdx.y, split = blockIdx.z, S = gridDim.z;
-		int n = tokpos[t] + 1, chunk = decode_chunk(n, S, least);
+		n = tokpos[t] + 1;
+		int chunk = decode_chunk(n, S, least);
 		k0 = split * chunk, k1 = min(n, k0 + chunk);
 		bt = blocks + seqblk[tokseq[t]];
 		cached = seqpos[tokseq[t]];
 		return k0 < n;
 	}
-	// merge writes the block's partial result for attn_combine from the W
-	// warps' maxima, sums and unnormalised outputs (all in log2 units) of
-	// its G query heads (arrays sized for GM).
-	template <int W, int GM, int HD>
-	__device__ __forceinline__ void merge(const float (*acc)[GM][HD], const float (*m)[GM], const float (*l)[GM],
-			float *pm, float *pl, float *pacc, int H, int G) const {
+	// merge hands put(g, d, M, L, A) the block's result for dim d of its
+	// query head g from the W warps' maxima, sums and unnormalised outputs
+	// (all in log2 units) of its G query heads (arrays sized for GM).
+	template <int W, int GM, int HD, typename Put>
+	__device__ __forceinline__ void merge(const float (*acc)[GM][HD], const float (*m)[GM], const float (*l)[GM], int G, Put put) const {
 		for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
 			int g = i / HD, d = i % HD;
 			float M = -INF;
@@ -164,9 +184,67 @@ struct DecodeSplit {
 					A += acc[w][g][d] * c;
 				}
 			}
+			put(g, d, M, L, A);
+		}
+	}
+	// partial writes the block's result as split's partial for the combine.
+	template <int W, int GM, int HD>
+	__device__ __forceinline__ void partial(const float (*acc)[GM][HD], const float (*m)[GM], const float (*l)[GM],
+			float *pm, float *pl, float *pacc, int H, int G) const {
+		merge<W, GM, HD>(acc, m, l, G, [&](int g, int d, float M, float L, float A) {
 			long pi = ((long)t * H + kh * G + g) * S + split;
 			pacc[pi * HD + d] = A;
 			if (d == 0) { pm[pi] = M; pl[pi] = L; }
+		});
+	}
+	// arrive counts the block's partial in (cnt: arrivals per token and kv
+	// head, KH a token) and returns true in the last of the act active
+	// splits to arrive, which leaves the count at zero again.
+	__device__ __forceinline__ bool arrive(int *cnt, int KH, int act) const {
+		__shared__ int last;
+		__threadfence();  // the partial before the arrival
+		__syncthreads();
+		if (threadIdx.x == 0) {
+			int *c = cnt + t * KH + kh;
+			last = atomicAdd(c, 1) == act - 1;
+			if (last) *c = 0;
+		}
+		__syncthreads();
+		if (last) __threadfence();
+		return last;
+	}
+	// combine merges the act active splits' partials of the block's G query
+	// heads, in split order (the result does not depend on which block came
+	// last), and hands put(g, d, o) the normalised outputs; wt is shared
+	// memory for G * (act + 1) floats. The partials are read past L1: other
+	// blocks wrote them.
+	template <int HD, typename Put>
+	__device__ __forceinline__ void combine(const float *pm, const float *pl, const float *pacc, float *wt, int act, int H, int G,
+			Put put) const {
+		int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+		for (int g = warp; g < G; g += nw) {
+			long pi = ((long)t * H + kh * G + g) * S;
+			float M = -INF;
+			for (int s = lane; s < act; s += 32) M = fmaxf(M, __ldcg(pm + pi + s));
+			M = warp_max(M);
+			float L = 0.f;
+			for (int s = lane; s < act; s += 32) {
+				float ms = __ldcg(pm + pi + s), c = ms == -INF ? 0.f : exp2f(ms - M);
+				wt[g * (act + 1) + s] = c;
+				L += __ldcg(pl + pi + s) * c;
+			}
+			L = warp_sum(L);
+			if (lane == 0) wt[g * (act + 1) + act] = L;
+		}
+		__syncthreads();
+		for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
+			int g = i / HD, d = i % HD;
+			const float *w = wt + g * (act + 1);
+			const float *p = pacc + ((long)t * H + kh * G + g) * S * HD + d;
+			float A = 0.f;
+#pragma unroll 4
+			for (int s = 0; s < act; s++) A += __ldcg(p + (long)s * HD) * w[s];
+			put(g, d, A / w[act]);
 		}
 	}
 };

@@ -462,10 +462,30 @@ FLASH_WG(256, 1)
 // Launched overlapped like attn_decode: the first two tiles' keys cached by
 // earlier steps are requested before pdl_wait, this step's keys (at and past
 // seqpos) and the queries are read after it.
-template <int HD>
+//
+// Fused (a step of one token a sequence, the decode of every batch): the
+// kernel is also qk_norm_rope and attn_combine. Each block norms and rotates
+// its G query heads itself, the split that holds the step's key (the last)
+// norms, rotates and stores the key and value of kv head kh, and the last
+// active split of (t, kh) to finish merges the partials into the output (a
+// split alone writes it at once): three dependent launches a layer become
+// one.
+struct DecodeFuse {
+	const void *qkv;  // the layer's fused projection [T, q | k | v], type qdt
+	int qdt;
+	const void *qn, *kn;  // the q and k norms' weights, type wdt
+	int wdt, unitOffset;
+	float eps, attnFactor;
+	int rd, gated;
+	void *out;  // [T, H*HD], type odt
+	int odt;
+	int *cnt;  // arrivals per (token, kv head), left at zero
+};
+
+template <int HD, bool FUSED>
 __device__ __forceinline__ void attn_decode_mma(const u16 *qbuf, const u16 *kc, const u16 *vc,
 		const int *tokpos, const int *tokseq, const int *seqpos, const int *seqblk, const int *blocks,
-		float *pm, float *pl, float *pacc, int H, int KH, int bs, float scale) {
+		float *pm, float *pl, float *pacc, int H, int KH, int bs, float scale, const DecodeFuse &f, const RopeFreq &rf) {
 	constexpr int W = 4, BK = DM_BK, KS = HD / 16, NT = HD / 8, KP = HD + 8, ST = DM_STAGES, CPT = BK * HD / 8 / (32 * W);
 	extern __shared__ __align__(16) u16 dsm[];  // ST stages x (K + V) x BK rows of KP bf16
 	__shared__ float sm_m[W][16], sm_l[W][16];
@@ -474,7 +494,7 @@ __device__ __forceinline__ void attn_decode_mma(const u16 *qbuf, const u16 *kc, 
 	int mi = lane >> 3, mr = lane & 7;
 	DecodeSplit sp;
 	if (!sp.init(tokpos, tokseq, seqpos, seqblk, blocks, DS_MMA)) return;
-	int t = sp.t, kh = sp.kh, k0 = sp.k0, k1 = sp.k1, cached = sp.cached;
+	int t = sp.t, kh = sp.kh, n = sp.n, k0 = sp.k0, k1 = sp.k1, cached = sp.cached;
 	const int *bt = sp.bt;
 
 	// copy moves the tile at kt into buffer st, consecutive threads taking
@@ -506,10 +526,44 @@ __device__ __forceinline__ void attn_decode_mma(const u16 *qbuf, const u16 *kc, 
 	};
 	stage(0, k0, early);
 	stage(1, k0 + BK, early);
+	// Fused: the last stage, idle until the loop, holds the rope table, the
+	// norms' weights, a head a warp as it is normed and the normed queries.
+	static_assert(ST >= 3 && (128 + 14 * HD) * 4 <= 2 * BK * KP * 2, "the fused prologue's scratch");
+	float *cs = (float *)(dsm + (ST - 1) * 2 * BK * KP), *sn = cs + 64, *wq = sn + 64, *wk = wq + HD, *hb = wk + HD + warp * HD;
+	u16 *sq = (u16 *)(wk + HD + W * HD);
+	if constexpr (FUSED) {
+		rope_table(cs, sn, n - 1, f.rd / 2, f.attnFactor, rf);
+		float u = f.unitOffset ? 1.f : 0.f;
+		for (int i = threadIdx.x; i < HD; i += blockDim.x) {
+			wq[i] = ld(f.qn, i, f.wdt) + u;
+			wk[i] = ld(f.kn, i, f.wdt) + u;
+		}
+	}
 	pdl_wait();
-	pdl_trigger();  // attn_combine may launch and wait for this grid
-	// This step's keys in the first two tiles, now that qk_norm_rope has
-	// stored them (plain loads: the barrier before their use publishes them).
+	pdl_trigger();  // the next kernel may launch and wait for this grid
+	if constexpr (FUSED) {
+		__syncthreads();
+		int qstride = f.gated ? 2 * HD : HD;
+		long row = (long)t * ((long)H * qstride + 2L * KH * HD), kv = row + (long)H * qstride + kh * HD;
+		long off = (((long)bt[(n - 1) / bs] * bs + (n - 1) % bs) * KH + kh) * HD;
+		// A warp a query head; the split of the step's key also norms and
+		// stores the key and the value.
+		for (int j = warp; j < G + (k1 == n ? 2 : 0); j += W) {
+			if (j < G) {
+				head_norm_rope(f.qkv, row + (long)(kh * G + j) * qstride, f.qdt, wq, f.eps, cs, sn, HD, f.rd, hb,
+					[&](int i, float4 v) { st4(sq, j * HD + i, DT_BF16, v); });
+			} else if (j == G) {
+				head_norm_rope(f.qkv, kv, f.qdt, wk, f.eps, cs, sn, HD, f.rd, hb,
+					[&](int i, float4 v) { st4((u16 *)kc, off + i, DT_BF16, v); });
+			} else {
+				for (int i = 4 * lane; i < HD; i += 128) st4((u16 *)vc, off + i, DT_BF16, ld4(f.qkv, kv + (long)KH * HD + i, f.qdt));
+			}
+		}
+		__syncthreads();
+	}
+	// This step's keys in the first two tiles, now that qk_norm_rope (or
+	// this block) has stored them (plain loads: the barrier before their use
+	// publishes them).
 	copy(0, k0, fixup);
 	copy(1, k0 + BK, fixup);
 
@@ -517,7 +571,7 @@ __device__ __forceinline__ void attn_decode_mma(const u16 *qbuf, const u16 *kc, 
 	// registers for all tiles.
 	float qs = scale * LOG2E;
 	unsigned qa[KS][4];
-	const u16 *q0 = qbuf + ((long)t * H + kh * G + quad) * HD, *q1 = q0 + 8L * HD;
+	const u16 *q0 = (FUSED ? sq : qbuf + ((long)t * H + kh * G) * HD) + quad * HD, *q1 = q0 + 8L * HD;
 #pragma unroll
 	for (int k = 0; k < KS; k++) {
 		int d = k * 16 + qc;
@@ -526,6 +580,7 @@ __device__ __forceinline__ void attn_decode_mma(const u16 *qbuf, const u16 *kc, 
 		qa[k][2] = quad < G ? pack_bf16(bf2f(q0[d + 8]) * qs, bf2f(q0[d + 9]) * qs) : 0u;
 		qa[k][3] = quad + 8 < G ? pack_bf16(bf2f(q1[d + 8]) * qs, bf2f(q1[d + 9]) * qs) : 0u;
 	}
+	if constexpr (FUSED) __syncthreads();  // the loop's first stage overwrites sq
 	float o[NT][4];
 #pragma unroll
 	for (int j = 0; j < NT; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
@@ -621,14 +676,33 @@ __device__ __forceinline__ void attn_decode_mma(const u16 *qbuf, const u16 *kc, 
 		}
 	}
 	__syncthreads();
-	sp.merge<W, 16, HD>(sm_acc, sm_m, sm_l, pm, pl, pacc, H, G);
+	if constexpr (FUSED) {
+		auto out = [&](int g, int d, float o) { attn_store(f.out, f.odt, f.qkv, f.qdt, f.gated, t, kh * G + g, H, KH, HD, d, o); };
+		int act = decode_active(sp.n, sp.S, DS_MMA);
+		if (act == 1) {
+			sp.merge<W, 16, HD>(sm_acc, sm_m, sm_l, G, [&](int g, int d, float M, float L, float A) { out(g, d, A / L); });
+			return;
+		}
+		sp.partial<W, 16, HD>(sm_acc, sm_m, sm_l, pm, pl, pacc, H, G);
+		if (!sp.arrive(f.cnt, KH, act)) return;
+		// The stages' memory (sm_acc) is free once the partial is out.
+		static_assert(16 * (DS_MAX + 1) * 4 <= ST * 2 * BK * KP * 2, "the combine's weights");
+		sp.combine<HD>(pm, pl, pacc, (float *)dsm, act, H, G, out);
+		return;
+	}
+	sp.partial<W, 16, HD>(sm_acc, sm_m, sm_l, pm, pl, pacc, H, G);
 }
 
 #define DECODE_MMA(HD) \
 	extern "C" __global__ void __launch_bounds__(128) attn_decode_mma_##HD(const u16 *qbuf, const u16 *kc, const u16 *vc, \
 			const int *tokpos, const int *tokseq, const int *seqpos, const int *seqblk, const int *blocks, \
 			float *pm, float *pl, float *pacc, int H, int KH, int bs, float scale) { \
-		attn_decode_mma<HD>(qbuf, kc, vc, tokpos, tokseq, seqpos, seqblk, blocks, pm, pl, pacc, H, KH, bs, scale); \
+		attn_decode_mma<HD, false>(qbuf, kc, vc, tokpos, tokseq, seqpos, seqblk, blocks, pm, pl, pacc, H, KH, bs, scale, DecodeFuse{}, RopeFreq{}); \
+	} \
+	extern "C" __global__ void __launch_bounds__(128) attn_decode_fused_##HD(const u16 *kc, const u16 *vc, \
+			const int *tokpos, const int *tokseq, const int *seqpos, const int *seqblk, const int *blocks, \
+			float *pm, float *pl, float *pacc, int H, int KH, int bs, float scale, DecodeFuse f, RopeFreq rf) { \
+		attn_decode_mma<HD, true>(nullptr, kc, vc, tokpos, tokseq, seqpos, seqblk, blocks, pm, pl, pacc, H, KH, bs, scale, f, rf); \
 	}
 DECODE_MMA(64)
 DECODE_MMA(128)
