@@ -48,7 +48,6 @@ const (
 	decodeSplitMMA    = decodeMMAKeys
 	decodeSplitScalar = 16
 	decodeMMAStages   = 3
-	decodeSplitsMax   = 512
 )
 
 // The scalar prefill attention (attn_prefill) takes attnPrefillQueries
@@ -456,10 +455,12 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 		panic(fmt.Sprintf("cuda: attention: q/k norms %v %v for head dim %d", qn, kn, hd))
 	}
 	checkFloatW("attention", qn)
-	if G := H / KH; b.fusedDecode && m.maxN == 1 && c.spec.DType == backend.BF16 && (hd == 64 || hd == 128) && G <= 16 {
+	G, S := H/KH, b.decodeSplits(T, KH, b.mmaSplitBlocks)
+	// The fused kernel's combine keeps two floats a head and split (and a
+	// float a head) in the stages' memory.
+	if b.fusedDecode && m.maxN == 1 && c.spec.DType == backend.BF16 && (hd == 64 || hd == 128) && G <= 16 && 4*(2*G*S+G) <= decodeMMASmem(hd) {
 		k, smem := attnDecodeFusedKernels[hd], decodeMMASmem(hd)
 		b.allowSmem(k.name, smem)
-		S := b.decodeSplits(T, KH, b.mmaSplitBlocks)
 		k.runOverlapped(b, [3]int{T, KH, S}, 128, smem, attnDecodeFusedArgs{
 			kc: c.k(layer), vc: c.v(layer), tokpos: m.dev[mTokPos], tokseq: m.dev[mTokSeq], seqpos: m.dev[mSeqPos],
 			seqblk: m.dev[mSeqBlk], blocks: m.dev[mBlocks], pm: b.scratchBuf("attnm", T*H*S*4), pl: b.scratchBuf("attnl", T*H*S*4),

@@ -182,7 +182,7 @@ func New(opts Options) (*Backend, error) {
 	if os.Getenv("KILN_CUDA_PROFILE") == "1" {
 		b.prof = &profiler{total: map[string]float64{}, count: map[string]int{}}
 	}
-	b.splitMax = envInt("KILN_CUDA_SPLITS", decodeSplitsMax, 1, decodeSplitsMax)
+	b.splitMax = envInt("KILN_CUDA_SPLITS", 512, 1, 512)
 	// Six decode-attention blocks per multiprocessor measured best on an
 	// H100 (2, 3, 4, 6 and 8 tried at batch 1 and 64, contexts 1K and 32K).
 	b.splitBlocks = envInt("KILN_CUDA_SPLIT_BLOCKS", 6, 1, 64)

