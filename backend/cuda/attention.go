@@ -139,17 +139,16 @@ type attnDecodeArgs struct {
 }
 
 type attnDecodeFusedArgs struct {
-	kc, vc                                         devptr
-	tokpos, tokseq, seqpos, seqblk, blocks, pm, pl devptr
-	pacc                                           devptr
-	H, KH, bs                                      int32
-	scale                                          float32
-	f                                              decodeFuse
-	rf                                             ropeFreq
+	kc, vc                                 devptr
+	tokpos, tokseq, seqpos, seqblk, blocks devptr
+	H, KH, bs                              int32
+	scale                                  float32
+	f                                      decodeFuse
+	rf                                     ropeFreq
 }
 
 // decodeFuse is struct DecodeFuse: what attn_decode_fused takes to be
-// qk_norm_rope and attn_combine too.
+// qk_norm_rope too and write the output.
 type decodeFuse struct {
 	qkv             devptr
 	qdt             int32
@@ -159,7 +158,6 @@ type decodeFuse struct {
 	rd, gated       int32
 	out             devptr
 	odt             int32
-	cnt             devptr
 }
 
 type attnCombineArgs struct {
@@ -455,19 +453,16 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 		panic(fmt.Sprintf("cuda: attention: q/k norms %v %v for head dim %d", qn, kn, hd))
 	}
 	checkFloatW("attention", qn)
-	G, S := H/KH, b.decodeSplits(T, KH, b.mmaSplitBlocks)
-	// The fused kernel's combine keeps two floats a head and split (and a
-	// float a head) in the stages' memory.
-	if b.fusedDecode && m.maxN == 1 && c.spec.DType == backend.BF16 && (hd == 64 || hd == 128) && G <= 16 && 4*(2*G*S+G) <= decodeMMASmem(hd) {
+	// A decode step with a block a token and kv head: the fused kernel.
+	if b.fusedDecode && m.maxN == 1 && c.spec.DType == backend.BF16 && (hd == 64 || hd == 128) && H/KH <= 16 && b.decodeSplits(T, KH, b.mmaSplitBlocks) == 1 {
 		k, smem := attnDecodeFusedKernels[hd], decodeMMASmem(hd)
 		b.allowSmem(k.name, smem)
-		k.runOverlapped(b, [3]int{T, KH, S}, 128, smem, attnDecodeFusedArgs{
+		k.runOverlapped(b, [3]int{T, KH, 1}, 128, smem, attnDecodeFusedArgs{
 			kc: c.k(layer), vc: c.v(layer), tokpos: m.dev[mTokPos], tokseq: m.dev[mTokSeq], seqpos: m.dev[mSeqPos],
-			seqblk: m.dev[mSeqBlk], blocks: m.dev[mBlocks], pm: b.scratchBuf("attnm", T*H*S*4), pl: b.scratchBuf("attnl", T*H*S*4),
-			pacc: b.scratchBuf("attnacc", T*H*S*hd*4), H: int32(H), KH: int32(KH), bs: int32(c.spec.BlockSize), scale: spec.Scale,
+			seqblk: m.dev[mSeqBlk], blocks: m.dev[mBlocks], H: int32(H), KH: int32(KH), bs: int32(c.spec.BlockSize), scale: spec.Scale,
 			f: decodeFuse{qkv: qt.ptr, qdt: int32(qt.dt), qn: qn.ptr, kn: kn.ptr, wdt: int32(qn.dt), unitOffset: boolInt(spec.UnitOffsetNorm),
-				eps: spec.NormEps, attnFactor: spec.Rope.AttnFactor, rd: int32(rd), gated: boolInt(spec.Gated),
-				out: ot.ptr, odt: int32(ot.dt), cnt: b.zeroedScratch("attncnt", T*KH*4)}, rf: ropeFreqs(&spec.Rope)})
+				eps: spec.NormEps, attnFactor: spec.Rope.AttnFactor, rd: int32(rd), gated: boolInt(spec.Gated), out: ot.ptr, odt: int32(ot.dt)},
+			rf: ropeFreqs(&spec.Rope)})
 		return
 	}
 	// The rotated queries, in the cache's type (what the kernels multiply the

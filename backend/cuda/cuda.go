@@ -95,9 +95,9 @@ type Backend struct {
 	// KILN_CUDA_MOE_WG=0 for A/B). flashWG: long prompts' attention runs
 	// its scores on wgmma (flash_wg; KILN_CUDA_FLASH_WG=0 for A/B).
 	moeWG, flashWG bool
-	// fusedDecode: a decode step's attention (one token a sequence) is one
-	// kernel, attn_decode_fused, where the bf16 tensor-core kernel applies
-	// (KILN_CUDA_FUSED_DECODE=0 for A/B).
+	// fusedDecode: a decode step's attention (one token a sequence, a
+	// block a token and kv head) is one kernel, attn_decode_fused, where the
+	// bf16 tensor-core kernel applies (KILN_CUDA_FUSED_DECODE=0 for A/B).
 	fusedDecode bool
 	// trace, when set (tests), is told the name of every kernel launched
 	// and "cublasLt" for every cuBLASLt product.

@@ -516,6 +516,24 @@ func TestAttention(t *testing.T) {
 			}
 		}
 	}
+	// One split a token, as batches that fill the GPU take: the decode
+	// steps of bf16 caches at head dim 64 and 128 run attn_decode_fused.
+	func() {
+		defer func(s int) { p.g.splitMax, p.g.trace = s, nil }(p.g.splitMax)
+		p.g.splitMax = 1
+		fused := 0
+		p.g.trace = func(name string) {
+			if strings.HasPrefix(name, "attn_decode_fused_") {
+				fused++
+			}
+		}
+		for _, c := range cases {
+			attnSteps(p, c, backend.BF16, steps, false, func(_ string, f func()) { f() })
+		}
+		if fused == 0 {
+			p.t.Error("no decode step took attn_decode_fused")
+		}
+	}()
 	// The split keys' other query tile (KILN_CUDA_FLASH_SPLIT_QUERIES).
 	defer func(q int) { p.g.flashSplitQueries = q }(p.g.flashSplitQueries)
 	p.g.flashSplitQueries = 192 - p.g.flashSplitQueries

@@ -463,13 +463,14 @@ FLASH_WG(256, 1)
 // earlier steps are requested before pdl_wait, this step's keys (at and past
 // seqpos) and the queries are read after it.
 //
-// Fused (a step of one token a sequence, the decode of every batch): the
-// kernel is also qk_norm_rope and attn_combine. Each block norms and rotates
-// its G query heads itself, the split that holds the step's key (the last)
-// norms, rotates and stores the key and value of kv head kh, and the last
-// active split of (t, kh) to finish merges the partials into the output (a
-// split alone writes it at once): three dependent launches a layer become
-// one.
+// Fused (a step of one token a sequence, and enough of them that a block
+// takes all of a token's keys: S = 1): the kernel is also qk_norm_rope and
+// writes the output itself, no partials for attn_combine. Each block norms
+// and rotates its G query heads and the key of kv head kh, stores the key
+// and value, and attends: three dependent launches a layer become one.
+// (With splits, the last to finish merging the partials was tried: at
+// batch 1 the kernel could no longer be placed beside the projection's
+// blocks to stream the cached keys early, and lost 3.4 us a layer; NOTES.md.)
 struct DecodeFuse {
 	const void *qkv;  // the layer's fused projection [T, q | k | v], type qdt
 	int qdt;
@@ -479,7 +480,6 @@ struct DecodeFuse {
 	int rd, gated;
 	void *out;  // [T, H*HD], type odt
 	int odt;
-	int *cnt;  // arrivals per (token, kv head), left at zero
 };
 
 template <int HD, bool FUSED>
@@ -546,9 +546,8 @@ __device__ __forceinline__ void attn_decode_mma(const u16 *qbuf, const u16 *kc, 
 		int qstride = f.gated ? 2 * HD : HD;
 		long row = (long)t * ((long)H * qstride + 2L * KH * HD), kv = row + (long)H * qstride + kh * HD;
 		long off = (((long)bt[(n - 1) / bs] * bs + (n - 1) % bs) * KH + kh) * HD;
-		// A warp a query head; the split of the step's key also norms and
-		// stores the key and the value.
-		for (int j = warp; j < G + (k1 == n ? 2 : 0); j += W) {
+		// A warp a query head, then the key and the value.
+		for (int j = warp; j < G + 2; j += W) {
 			if (j < G) {
 				head_norm_rope(f.qkv, row + (long)(kh * G + j) * qstride, f.qdt, wq, f.eps, cs, sn, HD, f.rd, hb,
 					[&](int i, float4 v) { st4(sq, j * HD + i, DT_BF16, v); });
@@ -677,17 +676,9 @@ __device__ __forceinline__ void attn_decode_mma(const u16 *qbuf, const u16 *kc, 
 	}
 	__syncthreads();
 	if constexpr (FUSED) {
-		auto out = [&](int g, int d, float o) { attn_store(f.out, f.odt, f.qkv, f.qdt, f.gated, t, kh * G + g, H, KH, HD, d, o); };
-		int act = decode_active(sp.n, sp.S, DS_MMA);
-		if (act == 1) {
-			sp.merge<W, 16, HD>(sm_acc, sm_m, sm_l, G, [&](int g, int d, float M, float L, float A) { out(g, d, A / L); });
-			return;
-		}
-		sp.partial<W, 16, HD>(sm_acc, sm_m, sm_l, pm, pl, pacc, H, G);
-		if (!sp.arrive(f.cnt, KH, act)) return;
-		// The stages' memory (sm_acc) is free once the partial is out; the
-		// Go side launches the kernel where the combine's weights fit.
-		sp.combine<HD>(pm, pl, pacc, (float *)dsm, act, H, G, out);
+		sp.merge<W, 16, HD>(sm_acc, sm_m, sm_l, G, [&](int g, int d, float M, float L, float A) {
+			attn_store(f.out, f.odt, f.qkv, f.qdt, f.gated, t, kh * G + g, H, KH, HD, d, A / L);
+		});
 		return;
 	}
 	sp.partial<W, 16, HD>(sm_acc, sm_m, sm_l, pm, pl, pacc, H, G);
@@ -701,8 +692,8 @@ __device__ __forceinline__ void attn_decode_mma(const u16 *qbuf, const u16 *kc, 
 	} \
 	extern "C" __global__ void __launch_bounds__(128) attn_decode_fused_##HD(const u16 *kc, const u16 *vc, \
 			const int *tokpos, const int *tokseq, const int *seqpos, const int *seqblk, const int *blocks, \
-			float *pm, float *pl, float *pacc, int H, int KH, int bs, float scale, DecodeFuse f, RopeFreq rf) { \
-		attn_decode_mma<HD, true>(nullptr, kc, vc, tokpos, tokseq, seqpos, seqblk, blocks, pm, pl, pacc, H, KH, bs, scale, f, rf); \
+			int H, int KH, int bs, float scale, DecodeFuse f, RopeFreq rf) { \
+		attn_decode_mma<HD, true>(nullptr, kc, vc, tokpos, tokseq, seqpos, seqblk, blocks, nullptr, nullptr, nullptr, H, KH, bs, scale, f, rf); \
 	}
 DECODE_MMA(64)
 DECODE_MMA(128)
