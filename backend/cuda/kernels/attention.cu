@@ -391,17 +391,8 @@ __device__ __forceinline__ void attn_prefill(void *out, int odt, const KT *qbuf,
 	}
 	if (!vq) return;
 	float inv = 1.f / l;
-	long width = (long)H * (gated ? 2 * HD : HD) + 2L * KH * HD;
 #pragma unroll
-	for (int i = 0; i < DPT; i++) {
-		int d = i * 4 + c;
-		float o = acc[i] * inv;
-		if (gated) {
-			float g = ld(qkv, t * width + (long)h * 2 * HD + HD + d, qdt);
-			o *= 1.f / (1.f + __expf(-g));
-		}
-		st(out, (t * H + h) * HD + d, odt, o);
-	}
+	for (int i = 0; i < DPT; i++) attn_store(out, odt, qkv, qdt, gated, t, h, H, KH, HD, i * 4 + c, acc[i] * inv);
 }
 
 #define PREFILL(KT, KN, HD) \

@@ -137,7 +137,7 @@ __device__ __forceinline__ int decode_active(int n, int S, int least) {
 // [T, H*HD], times the sigmoid of its gate for a gated layer (whose fused
 // projection qkv holds per query head [query | gate], then the keys and
 // values).
-__device__ __forceinline__ void attn_store(void *out, int odt, const void *qkv, int qdt, int gated, int t, int h, int H, int KH,
+__device__ __forceinline__ void attn_store(void *out, int odt, const void *qkv, int qdt, int gated, long t, int h, int H, int KH,
 		int HD, int d, float o) {
 	if (gated) {
 		long width = 2L * H * HD + 2L * KH * HD;
@@ -153,7 +153,7 @@ __device__ __forceinline__ void attn_store(void *out, int odt, const void *qkv, 
 struct DecodeSplit {
 	int t, kh, split, S, n, k0, k1, cached;
 	const int *bt;
-	// init returns false for an idle split (the combine reads only the
+	// init returns false for an idle split (attn_combine reads only the
 	// active ones).
 	__device__ __forceinline__ bool init(const int *tokpos, const int *tokseq, const int *seqpos, const int *seqblk, const int *blocks,
 			int least) {

@@ -133,7 +133,6 @@ __device__ __forceinline__ void flash_store(const FlashOut &f, const float (&o)[
 		const float (&l)[MT][2], int w0, int nN, int start, int h, int H, int KH) {
 	constexpr int NT = HD / 8;
 	int lane = threadIdx.x & 31, quad = lane >> 2, qc = (lane & 3) * 2;
-	long width = (long)H * (f.gated ? 2 * HD : HD) + 2L * KH * HD;
 #pragma unroll
 	for (int t = 0; t < MT; t++) {
 #pragma unroll
@@ -165,10 +164,7 @@ __device__ __forceinline__ void flash_store(const FlashOut &f, const float (&o)[
 			for (int n = 0; n < NT; n++) {
 #pragma unroll
 				for (int e = 0; e < 2; e++) {
-					int d = n * 8 + qc + e;
-					float v = o[t][n][half * 2 + e] * inv;
-					if (f.gated) v *= 1.f / (1.f + __expf(-ld(f.qkv, tok * width + (long)h * 2 * HD + HD + d, f.qdt)));
-					st(f.out, (tok * H + h) * HD + d, f.odt, v);
+					attn_store(f.out, f.odt, f.qkv, f.qdt, f.gated, tok, h, H, KH, HD, n * 8 + qc + e, o[t][n][half * 2 + e] * inv);
 				}
 			}
 		}
@@ -528,7 +524,7 @@ __device__ __forceinline__ void attn_decode_mma(const u16 *qbuf, const u16 *kc, 
 	stage(1, k0 + BK, early);
 	// Fused: the last stage, idle until the loop, holds the rope table, the
 	// norms' weights, a head a warp as it is normed and the normed queries.
-	static_assert(ST >= 3 && (128 + 14 * HD) * 4 <= 2 * BK * KP * 2, "the fused prologue's scratch");
+	static_assert(ST >= 3 && (128 + (2 + W + 8) * HD) * 4 <= 2 * BK * KP * 2, "the fused prologue's scratch");
 	float *cs = (float *)(dsm + (ST - 1) * 2 * BK * KP), *sn = cs + 64, *wq = sn + 64, *wk = wq + HD, *hb = wk + HD + warp * HD;
 	u16 *sq = (u16 *)(wk + HD + W * HD);
 	if constexpr (FUSED) {
