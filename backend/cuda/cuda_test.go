@@ -528,7 +528,9 @@ func TestAttention(t *testing.T) {
 			}
 		}
 		for _, c := range cases {
-			attnSteps(p, c, backend.BF16, steps, false, func(_ string, f func()) { f() })
+			for _, out := range []backend.DType{backend.F32, backend.BF16} {
+				attnSteps(p, c, out, steps, false, func(_ string, f func()) { f() })
+			}
 		}
 		if fused == 0 {
 			p.t.Error("no decode step took attn_decode_fused")
