@@ -454,7 +454,7 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 	}
 	checkFloatW("attention", qn)
 	// A decode step with a block a token and kv head: the fused kernel.
-	if b.fusedDecode && m.maxN == 1 && c.spec.DType == backend.BF16 && (hd == 64 || hd == 128) && H/KH <= 16 && b.decodeSplits(T, KH, b.mmaSplitBlocks) == 1 {
+	if b.fusedDecode && m.maxN == 1 && decodeMMA(c, H/KH) && b.decodeSplits(T, KH, b.mmaSplitBlocks) == 1 {
 		k, smem := attnDecodeFusedKernels[hd], decodeMMASmem(hd)
 		b.allowSmem(k.name, smem)
 		k.runOverlapped(b, [3]int{T, KH, 1}, 128, smem, attnDecodeFusedArgs{
@@ -510,7 +510,7 @@ func (b *Backend) attend(ot *tensor, qbuf devptr, c *kvCache, layer, H int, scal
 	// Decode: tensor cores on bf16 caches of head dim 64 or 128 (any group
 	// of up to 16 query heads per kv head), else the scalar kernel (f32
 	// caches, head dim 256; groups of 1, 2, 4 or 8).
-	mma := c.spec.DType == backend.BF16 && (hd == 64 || hd == 128) && G <= 16
+	mma := decodeMMA(c, G)
 	scalar := (hd == 64 || hd == 128 || hd == 256) && (G == 1 || G == 2 || G == 4 || G == 8)
 	if (mma || scalar) && m.maxN <= 4 {
 		var k kernel[attnDecodeArgs]
@@ -588,6 +588,13 @@ func (b *Backend) attend(ot *tensor, qbuf devptr, c *kvCache, layer, H int, scal
 		b.allowSmem(k.name, smem)
 	}
 	k.run(b, [3]int{(m.maxN + attnPrefillQueries - 1) / attnPrefillQueries, H, m.S}, 4*attnPrefillQueries, smem, pa)
+}
+
+// decodeMMA reports whether decode attention over cache c with G query
+// heads a kv head runs on tensor cores (attn_decode_mma, or fused): bf16
+// caches of head dim 64 or 128, up to 16 query heads a kv head.
+func decodeMMA(c *kvCache, G int) bool {
+	return c.spec.DType == backend.BF16 && (c.spec.HeadDim == 64 || c.spec.HeadDim == 128) && G <= 16
 }
 
 // decodeMMASmem is attn_decode_mma's shared memory: the stages of keys and
