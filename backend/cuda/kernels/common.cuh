@@ -248,6 +248,16 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned a, unsigned &r0, unsigned &
 		: "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a));
 }
 
+// Walk walks a warp's items in order without divisions (tens of
+// instructions each by a count known at run time): item bi of n of group
+// gi.
+struct Walk {
+	int gi = 0, bi = 0;
+	__device__ void next(int n) {
+		if (++bi == n) bi = 0, gi++;
+	}
+};
+
 // qld16 streams 16 bytes of quants past L1 (each is read once).
 __device__ __forceinline__ uint4 qld16(const u8 *p) {
 	uint4 v;
@@ -294,6 +304,55 @@ __device__ __forceinline__ void e4m3x2f(unsigned v, float &lo, float &hi) {
 	asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"((unsigned short)v));
 #endif
 	lo = h2f((u16)(h & 0xffffu)), hi = h2f((u16)(h >> 16));
+}
+
+// F8_F16: FP8 products on the f16 tensor cores, each e4m3 weight widened
+// once by cvt (exact), the activations in f16 under one scale per 128
+// columns. Hopper's mma.sync has no FP8: ptxas emulates mma m16n8k32 e4m3
+// by widening both operands to f16 for every instruction, four times the
+// instructions of a decode product (ncu on an H200: f8mv's gate/up product
+// issued ~4x the instructions its arithmetic needs) and both halves of
+// f8_split's pair. Default on sm_90 on; A/B: -DF8_F16=0.
+#ifndef F8_F16
+#if F8_MMA && __CUDA_ARCH__ >= 900
+#define F8_F16 1
+#else
+#define F8_F16 0
+#endif
+#endif
+
+__device__ __forceinline__ void mma_f16(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+		: "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+		: "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// mma_f8w adds the products of four consecutive e4m3 weights of rows g (wa)
+// and g + 8 (wb) with token g's f16 activations at the same columns (x01,
+// x23: f16 pairs) to the m16n8k16 accumulators c. The mma's k slots (2q,
+// 2q + 1) take the first two columns and (2q + 8, 2q + 9) the last two, in
+// A and B alike.
+__device__ __forceinline__ void mma_f8w(float (&c)[4], unsigned wa, unsigned wb, unsigned x01, unsigned x23) {
+	unsigned a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+#if F8_MMA
+	asm("{.reg .b16 l, h;\n\tmov.b32 {l, h}, %4;\n\tcvt.rn.f16x2.e4m3x2 %0, l;\n\tcvt.rn.f16x2.e4m3x2 %2, h;\n\t"
+		"mov.b32 {l, h}, %5;\n\tcvt.rn.f16x2.e4m3x2 %1, l;\n\tcvt.rn.f16x2.e4m3x2 %3, h;\n\t}"
+		: "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3) : "r"(wa), "r"(wb));
+#endif
+	mma_f16(c, a0, a1, a2, a3, x01, x23);
+}
+
+// f16_block writes 128 activations (a warp, four a lane: v) as f16 under
+// one scale s = amax / 2^14 (*sc) at x (128 f16): within f16's range
+// whatever the activations' (bf16 or f32), rounded to 2^-11 of each value.
+__device__ __forceinline__ void f16_block(float (&v)[4], unsigned char *x, float *sc, int lane) {
+	float a = warp_max(fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3]))));
+	float s = a > 0.f ? a * (1.f / 16384.f) : 1.f, inv = 1.f / s;
+	unsigned h01, h23;
+	asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(h01) : "f"(v[1] * inv), "f"(v[0] * inv));
+	asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(h23) : "f"(v[3] * inv), "f"(v[2] * inv));
+	((uint2 *)x)[lane] = make_uint2(h01, h23);
+	if (lane == 0) *sc = s;
 }
 
 // f8_split quantizes 128 activations (a warp, four a lane: v) to e4m3

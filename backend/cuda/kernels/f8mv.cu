@@ -49,15 +49,6 @@ struct F8Raw {
 	float sa, sb;
 };
 
-// F8Walk walks a warp's items: group gi (of the block's groups) and block
-// b of 128 columns (warp, warp + W, ...: bi of n).
-struct F8Walk {
-	int gi = 0, bi = 0;
-	__device__ void next(int n) {
-		if (++bi == n) bi = 0, gi++;
-	}
-};
-
 // The row pitch of the quantized activations in shared memory: 64 bytes
 // more than a row, so that the lanes of consecutive tokens read other banks.
 __device__ __forceinline__ int f8mv_pitch(int I) { return I + 64; }
@@ -121,7 +112,7 @@ __device__ __forceinline__ void f8mv(void *out, int odt, const void *x, int T, i
 	int total = n * ng;
 	// Item (gi, bi): rows g and g + 8 of group blockIdx.x + gi * gridDim.x
 	// (gate row g and its up row with SWIGLU), block warp + bi * W.
-	auto load = [&](F8Raw &raw, F8Walk it) {
+	auto load = [&](F8Raw &raw, Walk it) {
 		int o0 = (blockIdx.x + it.gi * gridDim.x) * OUTS, col = 128 * (warp + it.bi * W) + 16 * q;
 		long ra = min(o0 + g, O - 1), rb8 = SWIGLU ? O + ra : min(o0 + g + 8, O - 1);
 		const u8 *pa = w + ra * rb, *pb = w + rb8 * rb;
@@ -133,7 +124,7 @@ __device__ __forceinline__ void f8mv(void *out, int odt, const void *x, int T, i
 		raw.sb = __ldg((const float *)(pb + I) + (col >> 7));
 	};
 	F8Raw raw[F8MV_U];
-	F8Walk ld;  // the next item to load
+	Walk ld;  // the next item to load: group gi (of the block's groups), block warp + bi * W of 128 columns
 #pragma unroll
 	for (int k = 0; k < F8MV_U; k++)
 		if (k < total) {
@@ -143,10 +134,12 @@ __device__ __forceinline__ void f8mv(void *out, int odt, const void *x, int T, i
 	if (!sel || early) pdl_wait();
 	if (sel && early) pdl_trigger();
 	// The tokens' activations (bf16 or f32), quantized: hi and lo rows of
-	// P bytes, then the scales; a warp per token and 128 columns, each
-	// warp's reads requested together.
+	// P bytes (with F8_F16 f16 rows of XP bytes in their place), then the
+	// scales; a warp per token and 128 columns, each warp's reads requested
+	// together.
 	unsigned char *qhi = fsm, *qlo = fsm + NT * P;
 	float *xsc = (float *)(fsm + 2 * NT * P);
+	const int XP = 2 * P - 16;  // f16 rows: consecutive tokens' lanes on other banks
 	for (int p0 = warp; p0 < NT * NB; p0 += 4 * W) {
 		float v[4][4];
 #pragma unroll
@@ -166,12 +159,17 @@ __device__ __forceinline__ void f8mv(void *out, int odt, const void *x, int T, i
 #pragma unroll
 		for (int j = 0; j < 4; j++) {
 			int p = p0 + j * W, t = p / NB, b = p % NB;
-			if (p < NT * NB) f8_split(v[j], qhi + t * P + 128 * b, qlo + t * P + 128 * b, xsc + t * NB + b, lane);
+			if (p >= NT * NB) continue;
+			if (F8_F16) {
+				f16_block(v[j], fsm + t * XP + 256 * b, xsc + t * NB + b, lane);
+			} else {
+				f8_split(v[j], qhi + t * P + 128 * b, qlo + t * P + 128 * b, xsc + t * NB + b, lane);
+			}
 		}
 	}
 	__syncthreads();
 	float acc[4] = {0.f, 0.f, 0.f, 0.f};
-	F8Walk it;  // the item to multiply
+	Walk it;  // the item to multiply
 	for (int i = 0; i < total; i += F8MV_U) {
 #pragma unroll
 		for (int k = 0; k < F8MV_U; k++) {
@@ -183,23 +181,42 @@ __device__ __forceinline__ void f8mv(void *out, int odt, const void *x, int T, i
 			}
 			int b = warp + it.bi * W, col = 128 * b + 16 * q;
 			uint4 h0 = make_uint4(0u, 0u, 0u, 0u), h1 = h0, l0 = h0, l1 = h0;
-			if (g < NT) {
-				h0 = *(const uint4 *)(qhi + g * P + col);
-				h1 = *(const uint4 *)(qhi + g * P + col + 64);
-				l0 = *(const uint4 *)(qlo + g * P + col);
-				l1 = *(const uint4 *)(qlo + g * P + col + 64);
-			}
-			// A: rows g (a0, a2) and g + 8 (a1, a3) at the lane's columns
-			// 0-3 and 4-7 of each 8; B: token g at the same columns.
 			float th[4] = {0.f, 0.f, 0.f, 0.f}, tl[4] = {0.f, 0.f, 0.f, 0.f};
-			mma_e4m3(th, c.a0.x, c.b0.x, c.a0.y, c.b0.y, h0.x, h0.y);
-			mma_e4m3(tl, c.a0.x, c.b0.x, c.a0.y, c.b0.y, l0.x, l0.y);
-			mma_e4m3(th, c.a0.z, c.b0.z, c.a0.w, c.b0.w, h0.z, h0.w);
-			mma_e4m3(tl, c.a0.z, c.b0.z, c.a0.w, c.b0.w, l0.z, l0.w);
-			mma_e4m3(th, c.a1.x, c.b1.x, c.a1.y, c.b1.y, h1.x, h1.y);
-			mma_e4m3(tl, c.a1.x, c.b1.x, c.a1.y, c.b1.y, l1.x, l1.y);
-			mma_e4m3(th, c.a1.z, c.b1.z, c.a1.w, c.b1.w, h1.z, h1.w);
-			mma_e4m3(tl, c.a1.z, c.b1.z, c.a1.w, c.b1.w, l1.z, l1.w);
+			if (F8_F16) {
+				// Token g's f16 activations at the lane's 32 columns (h0 and
+				// l0 the first 16, h1 and l1 the 16 at + 64); two chains.
+				if (g < NT) {
+					const unsigned char *xr = fsm + g * XP + 2 * col;
+					h0 = *(const uint4 *)xr, l0 = *(const uint4 *)(xr + 16);
+					h1 = *(const uint4 *)(xr + 128), l1 = *(const uint4 *)(xr + 144);
+				}
+				mma_f8w(th, c.a0.x, c.b0.x, h0.x, h0.y);
+				mma_f8w(tl, c.a0.y, c.b0.y, h0.z, h0.w);
+				mma_f8w(th, c.a0.z, c.b0.z, l0.x, l0.y);
+				mma_f8w(tl, c.a0.w, c.b0.w, l0.z, l0.w);
+				mma_f8w(th, c.a1.x, c.b1.x, h1.x, h1.y);
+				mma_f8w(tl, c.a1.y, c.b1.y, h1.z, h1.w);
+				mma_f8w(th, c.a1.z, c.b1.z, l1.x, l1.y);
+				mma_f8w(tl, c.a1.w, c.b1.w, l1.z, l1.w);
+			} else {
+				if (g < NT) {
+					h0 = *(const uint4 *)(qhi + g * P + col);
+					h1 = *(const uint4 *)(qhi + g * P + col + 64);
+					l0 = *(const uint4 *)(qlo + g * P + col);
+					l1 = *(const uint4 *)(qlo + g * P + col + 64);
+				}
+				// A: rows g (a0, a2) and g + 8 (a1, a3) at the lane's
+				// columns 0-3 and 4-7 of each 8; B: token g at the same
+				// columns.
+				mma_e4m3(th, c.a0.x, c.b0.x, c.a0.y, c.b0.y, h0.x, h0.y);
+				mma_e4m3(tl, c.a0.x, c.b0.x, c.a0.y, c.b0.y, l0.x, l0.y);
+				mma_e4m3(th, c.a0.z, c.b0.z, c.a0.w, c.b0.w, h0.z, h0.w);
+				mma_e4m3(tl, c.a0.z, c.b0.z, c.a0.w, c.b0.w, l0.z, l0.w);
+				mma_e4m3(th, c.a1.x, c.b1.x, c.a1.y, c.b1.y, h1.x, h1.y);
+				mma_e4m3(tl, c.a1.x, c.b1.x, c.a1.y, c.b1.y, l1.x, l1.y);
+				mma_e4m3(th, c.a1.z, c.b1.z, c.a1.w, c.b1.w, h1.z, h1.w);
+				mma_e4m3(tl, c.a1.z, c.b1.z, c.a1.w, c.b1.w, l1.z, l1.w);
+			}
 			// C: rows g (c0, c1) and g + 8 (c2, c3), tokens 2q and 2q + 1.
 			float x0 = 2 * q < NT ? xsc[2 * q * NB + b] : 0.f, x1 = 2 * q + 1 < NT ? xsc[(2 * q + 1) * NB + b] : 0.f;
 			acc[0] += (th[0] + tl[0]) * (c.sa * x0);

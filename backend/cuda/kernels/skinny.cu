@@ -250,13 +250,18 @@ struct SkFp8 {
 		const unsigned char *xr = stage + SK_BM * F8_WP + SK_BM * 16;
 		unsigned char *qhi = sm + SK_STAGES * STAGE, *qlo = qhi + TOK * F8_QP;
 		float *xsc = (float *)(qlo + TOK * F8_QP);
-		// Quantize the stage's activations: a warp per (token, 128 columns).
+		// Quantize the stage's activations: a warp per (token, 128 columns);
+		// with F8_F16 f16 rows of 2 F8_QP bytes in the place of hi and lo.
 		for (int p = warp; p < T * NB; p += 4) {
 			int t = p / NB, j = p % NB;
 			uint2 u = *((const uint2 *)(xr + t * F8_XP + 256 * j) + lane);
 			float v[4] = {__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
 				__uint_as_float(u.y & 0xffff0000u)};
-			f8_split(v, qhi + t * F8_QP + 128 * j, qlo + t * F8_QP + 128 * j, xsc + t * NB + j, lane);
+			if (F8_F16) {
+				f16_block(v, qhi + 2 * t * F8_QP + 256 * j, xsc + t * NB + j, lane);
+			} else {
+				f8_split(v, qhi + t * F8_QP + 128 * j, qlo + t * F8_QP + 128 * j, xsc + t * NB + j, lane);
+			}
 		}
 		__syncthreads();
 		// ldmatrix rows: lane l -> weight row l % 16 of the warp's 16, bytes
@@ -274,14 +279,26 @@ struct SkFp8 {
 				int col = 128 * blk + 32 * k;
 				unsigned a0, a1, a2, a3, h0 = 0, h1 = 0, l0 = 0, l1 = 0;
 				ldmatrix_x4(a + col, a0, a1, a2, a3);
-				if (g < T) {
-					h0 = *(const unsigned *)(qhi + g * F8_QP + col + 4 * q);
-					h1 = *(const unsigned *)(qhi + g * F8_QP + col + 16 + 4 * q);
-					l0 = *(const unsigned *)(qlo + g * F8_QP + col + 4 * q);
-					l1 = *(const unsigned *)(qlo + g * F8_QP + col + 16 + 4 * q);
+				if (F8_F16) {
+					// a0 and a1: rows g and g + 8 at columns 4q to 4q + 3 of
+					// the 32; a2 and a3 at 16 + 4q.
+					uint2 x0 = make_uint2(0u, 0u), x1 = x0;
+					if (g < T) {
+						const unsigned char *xg = qhi + 2 * g * F8_QP + 2 * (col + 4 * q);
+						x0 = *(const uint2 *)xg, x1 = *(const uint2 *)(xg + 32);
+					}
+					mma_f8w(tmp, a0, a1, x0.x, x0.y);
+					mma_f8w(tmp, a2, a3, x1.x, x1.y);
+				} else {
+					if (g < T) {
+						h0 = *(const unsigned *)(qhi + g * F8_QP + col + 4 * q);
+						h1 = *(const unsigned *)(qhi + g * F8_QP + col + 16 + 4 * q);
+						l0 = *(const unsigned *)(qlo + g * F8_QP + col + 4 * q);
+						l1 = *(const unsigned *)(qlo + g * F8_QP + col + 16 + 4 * q);
+					}
+					mma_e4m3(tmp, a0, a1, a2, a3, h0, h1);
+					mma_e4m3(tmp, a0, a1, a2, a3, l0, l1);
 				}
-				mma_e4m3(tmp, a0, a1, a2, a3, h0, h1);
-				mma_e4m3(tmp, a0, a1, a2, a3, l0, l1);
 			}
 			float w0 = wsc[(wm * 16 + g) * 4 + blk], w1 = wsc[(wm * 16 + g + 8) * 4 + blk];
 			float x0 = 2 * q < T ? xsc[2 * q * NB + blk] : 0.f, x1 = 2 * q + 1 < T ? xsc[(2 * q + 1) * NB + blk] : 0.f;
