@@ -811,15 +811,18 @@ __device__ __forceinline__ void qgemv(void *out, int odt, const void *x, int xdt
 	// requests the next row's first units while it finishes a row.
 	int OB = SWIGLU ? W >> 1 : W, wo = SWIGLU ? warp >> 1 : warp;
 	int NU = q::units(I), L = (NU + 31) >> 5, NB = I >> 5, C = ((I >> 4) + 7) & ~7;
-	int S = (O - OB * (int)blockIdx.x + OB * (int)gridDim.x - 1) / (OB * (int)gridDim.x) * L;
+	int R = (O - OB * (int)blockIdx.x + OB * (int)gridDim.x - 1) / (OB * (int)gridDim.x), S = R * L;
 	auto output = [&](int j) { return OB * ((int)blockIdx.x + j * (int)gridDim.x) + wo; };
-	auto fetch = [&](typename q::Raw &r, int s) {
-		int u = lane + 32 * (s % L), o = min(output(s / L), O - 1);  // a warp past the end reads row O - 1 and writes nothing
-		if (s < S && u < NU) q::load(r, w + (long)(SWIGLU && (warp & 1) ? O + o : o) * rb, I, u);
+	// Slot (gi, bi) is unit lane + 32 bi of round gi's row.
+	Walk f;  // the next slot to fetch
+	auto fetch = [&](typename q::Raw &r) {
+		int u = lane + 32 * f.bi, o = min(output(f.gi), O - 1);  // a warp past the end reads row O - 1 and writes nothing
+		if (f.gi < R && u < NU) q::load(r, w + (long)(SWIGLU && (warp & 1) ? O + o : o) * rb, I, u);
+		f.next(L);
 	};
 	typename q::Raw raw[U];
 #pragma unroll
-	for (int k = 0; k < U; k++) fetch(raw[k], k);
+	for (int k = 0; k < U; k++) fetch(raw[k]);
 	pdl_wait();
 	// A thread quantizes a block of 32 columns (a NaN makes its d NaN).
 	XQ *xb = (XQ *)(xq + NT * C);
@@ -870,18 +873,19 @@ __device__ __forceinline__ void qgemv(void *out, int odt, const void *x, int xdt
 	float acc[NT];
 #pragma unroll
 	for (int t = 0; t < NT; t++) acc[t] = 0.f;
+	Walk c;  // the slot to compute
 	for (int s0 = 0; s0 < S; s0 += U) {
 #pragma unroll
 		for (int k = 0; k < U; k++) {
-			int s = s0 + k;
-			if (s >= S) break;
+			if (s0 + k >= S) break;
 			typename q::Raw cur = raw[k];
-			fetch(raw[k], s + U);
-			int u = lane + 32 * (s % L);
+			fetch(raw[k]);
+			int u = lane + 32 * c.bi, j = c.gi;
 			if (u < NU) qidot<QT, NT>(acc, cur, u, xq, xb, C, NB);
-			if (s % L != L - 1) continue;
+			c.next(L);
+			if (c.bi != 0) continue;
 			// The row is done (the slots and rounds are the same for every warp of the block).
-			int j = s / L, o = output(j);
+			int o = output(j);
 #pragma unroll
 			for (int t = 0; t < NT; t++) acc[t] = warp_sum(acc[t]);
 			if constexpr (SWIGLU) {
