@@ -14,7 +14,9 @@
 // once a block, as the skinny GEMM does (f8_split: an e4m3 pair under one
 // scale a token and 128 columns, two mmas a step); each block's products
 // are scaled by the weight row's and the token's scales into the
-// accumulators.
+// accumulators. On Hopper (F8_F16, common.cuh) each 4-byte word of weights
+// is widened to f16 pairs for one f16 mma, and the activations are f16 rows
+// under f16_block's scale instead of f8_split's pair.
 //
 // A block's W warps split each row's blocks of 128 columns (warp, warp + W,
 // ...) and add their sums in a fixed order at the end; a block takes the

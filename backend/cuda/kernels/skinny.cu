@@ -199,7 +199,9 @@ struct SkBf16 {
 // amax / 448: two mmas a step, and the products within ~2^-8 of bf16
 // activations', where one e4m3 alone would be 2^-4. Each 128 columns the
 // block's partial sums are scaled by the weight row's and the token's
-// scales into the accumulators.
+// scales into the accumulators. On Hopper (F8_F16) the ldmatrix fragments
+// are widened to f16 for two f16 mmas a step, against the activations as
+// f16 rows (f16_block) in hi and lo's place.
 // The tiles are sized for TOK tokens: 8, or 2 for the kernels of one or two
 // tokens (decode at batch 1), whose smaller tiles let more blocks share a
 // multiprocessor. F8_BK and the shared memory the Go side gives a block of
