@@ -309,10 +309,11 @@ __device__ __forceinline__ void e4m3x2f(unsigned v, float &lo, float &hi) {
 // F8_F16: FP8 products on the f16 tensor cores, each e4m3 weight widened
 // once by cvt (exact), the activations in f16 under one scale per 128
 // columns. Hopper's mma.sync has no FP8: ptxas emulates mma m16n8k32 e4m3
-// by widening both operands to f16 for every instruction, four times the
-// instructions of a decode product (ncu on an H200: f8mv's gate/up product
-// issued ~4x the instructions its arithmetic needs) and both halves of
-// f8_split's pair. Default on sm_90 on; A/B: -DF8_F16=0.
+// by widening both operands to f16 for every instruction, for both halves
+// of f8_split's pair (ncu on an H200: f8mv's gate/up product issued ~124K
+// warp instructions a multiprocessor where its loads, mmas and scaling
+// count ~37K in the source). Default from sm_90 (measured on Hopper only);
+// A/B: -DF8_F16=0.
 #ifndef F8_F16
 #if F8_MMA && __CUDA_ARCH__ >= 900
 #define F8_F16 1
