@@ -39,10 +39,13 @@ type param struct {
 	// expert marks a stack of MoE experts, of which a step reads only the
 	// chosen ones.
 	expert bool
-	// split, when set, receives the parts of a fused weight one by one
-	// when the file stores them in different types (the model then
-	// multiplies by each and joins the products), so nothing is widened.
+	// split and runs, when set, receive a fused weight that the file
+	// stores in different types, so that nothing is widened: runs the
+	// tensors of each run of consecutive parts of one type, split the
+	// parts one by one, as views of those (loadRuns). The model makes a
+	// product a run and joins them.
 	split []*backend.Tensor
+	runs  *[]backend.Tensor
 	// tp is how the weight splits across the ranks of a tensor-parallel
 	// model; its declared shape is then a rank's share.
 	tp tpSplit
@@ -350,21 +353,7 @@ func (bd *binder) load(p *param) error {
 		mixed = mixed || st.dt != parts[0].dt
 	}
 	if mixed && len(p.split) == len(parts) && p.rows == nil && (!sharded || p.tp == tpRows && p.sections == nil) {
-		// A fused weight holds one type; a GGUF file may store its parts
-		// in several (Q4_K_M keeps some v projections in Q6_K). A rank
-		// takes its rows of each.
-		for i, st := range parts {
-			shape, data := layout[i].shape, st.data
-			if sharded {
-				shape, data = bd.rowShare(p, i, shape, st)
-			}
-			t, err := bd.b.Load(st.dt, shape, data)
-			if err != nil {
-				return fmt.Errorf("model: tensor %q: %w", layout[i].name, err)
-			}
-			*p.split[i] = t
-		}
-		return nil
+		return bd.loadRuns(p, layout, parts, srcs, sharded)
 	}
 	if mixed {
 		// Elsewhere the parts are widened to f32, which holds each exactly.
@@ -474,6 +463,46 @@ func (bd *binder) share(p *param, layout []part, dt backend.DType, parts []store
 		data = append(data, rows...)
 	}
 	return data
+}
+
+// loadRuns loads a fused weight whose parts a file stores in several
+// types (Q4_K_M keeps some v projections in Q6_K, q and k in Q4_K) without
+// widening any: each run of consecutive parts of one type as one tensor
+// (p.runs), the parts as views of it (p.split), so that the model makes
+// one product a run. A rank takes its rows of each part.
+func (bd *binder) loadRuns(p *param, layout []part, parts []stored, srcs [][]byte, sharded bool) error {
+	*p.runs = nil
+	for i := 0; i < len(parts); {
+		j, rows := i, 0
+		var datas [][]byte
+		var shapes [][]int
+		for ; j < len(parts) && parts[j].dt == parts[i].dt; j++ {
+			shape, d := layout[j].shape, parts[j].data
+			if sharded {
+				shape, d = bd.rowShare(p, j, shape, parts[j])
+			}
+			datas, shapes = append(datas, d), append(shapes, shape)
+			rows += shape[0]
+		}
+		data := datas[0] // used in place when a run is one part
+		if len(datas) > 1 {
+			data = slices.Concat(datas...)
+			bd.copied = append(bd.copied, srcs[i:j]...)
+		}
+		shape := append([]int{rows}, shapes[0][1:]...)
+		t, err := bd.b.Load(parts[i].dt, shape, data)
+		if err != nil {
+			return fmt.Errorf("model: tensor %q: %w", layout[i].name, err)
+		}
+		*p.runs = append(*p.runs, t)
+		at := 0
+		for k, s := range shapes {
+			*p.split[i+k] = bd.b.Rows(t, at, s[0])
+			at += s[0]
+		}
+		i = j
+	}
+	return nil
 }
 
 // rowShare returns the rank's range of the rows of part i of p (shape, as

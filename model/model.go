@@ -228,8 +228,11 @@ func build(cfg *Config, b backend.Backend, bd *binder, kv backend.DType) (m *Mod
 	}
 	err = bd.bindAll(params)
 	for _, p := range params {
-		for _, dst := range append([]*backend.Tensor{p.dst}, p.split...) {
-			t := *dst
+		owned := []backend.Tensor{*p.dst}
+		if p.runs != nil {
+			owned = append(owned, *p.runs...) // p.split's are views of these
+		}
+		for _, t := range owned {
 			if t == nil {
 				continue
 			}

@@ -282,6 +282,59 @@ func TestGGUFQKVZApart(t *testing.T) {
 	}
 }
 
+// TestGGUFQKVRuns: Q4_K_M files keep some layers' v projections in Q6_K
+// and q and k in Q4_K; such a layer holds q|k as one tensor and v as
+// another (two products a token, not three), and a decode step, whose
+// products write their columns of [q | k | v] in place, gives the logits
+// of the same position in a prefill, which joins them by copies.
+func TestGGUFQKVRuns(t *testing.T) {
+	m, err := Load(quantDir("qwen3-w256-Q4_K_M.gguf"), cpu.New(cpu.Options{}), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	var runs int
+	for _, l := range m.layers {
+		a := l.mixer.(*attention)
+		if a.qkv != nil {
+			continue
+		}
+		var types []backend.DType
+		for _, r := range a.runs {
+			types = append(types, r.DType())
+		}
+		q, kv := a.spec.Heads*a.spec.HeadDim, a.spec.KVHeads*a.spec.HeadDim
+		if !slices.Equal(types, []backend.DType{backend.Q4_K, backend.Q6_K}) || a.runs[0].Shape()[0] != q+kv || a.runs[1].Shape()[0] != kv {
+			t.Fatalf("layer %d: runs %v of %d and %d rows; want Q4_K q|k (%d rows), Q6_K v (%d)", a.layer, types, a.runs[0].Shape()[0], a.runs[1].Shape()[0], q+kv, kv)
+		}
+		runs++
+	}
+	if runs == 0 {
+		t.Fatal("no layer stores q, k and v in different types")
+	}
+	ids := []int32{3, 141, 59, 26, 5, 35, 89, 79, 32, 38, 46}
+	if err := m.AllocCache(CacheSpec{Blocks: 4, BlockSize: testBlockSize, Slots: 1}); err != nil {
+		t.Fatal(err)
+	}
+	blocks := blocksFor(0, len(ids), testBlockSize)
+	l, err := m.Forward([]Seq{{Tokens: ids, Blocks: blocks, Logits: LastLogits}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	whole := readRows(t, m.Backend(), l)[0]
+	n := len(ids) - 1
+	if _, err := m.Forward([]Seq{{Tokens: ids[:n], Blocks: blocks, Logits: LastLogits}}); err != nil {
+		t.Fatal(err)
+	}
+	l, err = m.Forward([]Seq{{Tokens: ids[n:], Pos: n, Blocks: blocks, Logits: LastLogits}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := maxDiff(readRows(t, m.Backend(), l)[0], whole); e > stepTol {
+		t.Errorf("decoding the last token differs from the prefill's last position by %.3g", e)
+	}
+}
+
 // TestGGUFMissingTensor: a file that lacks a layer's tensor is refused
 // with the file's own name for it.
 func TestGGUFMissingTensor(t *testing.T) {

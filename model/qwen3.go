@@ -73,8 +73,9 @@ func normInit(c *Config) initKind {
 // attention is softmax self-attention over the paged KV cache (GQA: a kv
 // head serves Heads/KVHeads query heads).
 type attention struct {
-	qkv     backend.Tensor // q|k|v fused, nil when a file stores them in different types
-	q, k, v backend.Tensor // q_proj, k_proj, v_proj: views of qkv, or the parts
+	qkv     backend.Tensor   // q|k|v fused, nil when a file stores them in different types
+	runs    []backend.Tensor // then the runs of them in one type (q|k and v in a Q4_K_M file)
+	q, k, v backend.Tensor   // q_proj, k_proj, v_proj: views of qkv or of the runs
 	o       backend.Tensor
 	norms   backend.AttnWeights
 	spec    *backend.AttnSpec
@@ -92,7 +93,7 @@ func (a *attention) weights(c *Config, p string) []param {
 	qkv := fused(&a.qkv, part{name: p + "q_proj.weight", shape: []int{q, c.Hidden}},
 		part{name: p + "k_proj.weight", shape: []int{kv, c.Hidden}},
 		part{name: p + "v_proj.weight", shape: []int{kv, c.Hidden}}).linear().rowSplit()
-	qkv.split = []*backend.Tensor{&a.q, &a.k, &a.v}
+	qkv.split, qkv.runs = []*backend.Tensor{&a.q, &a.k, &a.v}, &a.runs
 	if c.kvWays > 0 {
 		qkv.ways = []int{0, c.kvWays, c.kvWays} // the KV head of the rank's query heads
 	}
@@ -167,19 +168,25 @@ func (a *attention) headNorm(s *workspace, x, w backend.Tensor) {
 
 // projectQKV returns the fused projection [q | k | v] of h that
 // FusedAttention reads, in one product or, when the file stores the parts
-// in different types, joined from three.
+// in different types, joined from a product a run of them. One token's
+// columns are contiguous, so that its products write them in place.
 func (a *attention) projectQKV(s *workspace, h backend.Tensor) backend.Tensor {
-	qkv := s.act("qkv", a.spec.QKVWidth())
+	b, W := s.b, a.spec.QKVWidth()
+	qkv := s.act("qkv", W)
 	if a.qkv != nil {
-		s.b.MatMul(qkv, h, a.qkv, false)
+		b.MatMul(qkv, h, a.qkv, false)
 		return qkv
 	}
 	col := 0
-	for i, w := range []backend.Tensor{a.q, a.k, a.v} {
+	for i, w := range a.runs {
 		n := w.Shape()[0]
-		part := s.act(fmt.Sprintf("qkv%d", i), n)
-		s.b.MatMul(part, h, w, false)
-		s.b.CopyCols(qkv, part, col)
+		if s.T == 1 {
+			b.MatMul(b.Reshape(b.Rows(b.Reshape(qkv, W, 1), col, n), 1, n), h, w, false)
+		} else {
+			part := s.act(fmt.Sprintf("qkv%d", i), n)
+			b.MatMul(part, h, w, false)
+			b.CopyCols(qkv, part, col)
+		}
 		col += n
 	}
 	return qkv
