@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"reflect"
 	"regexp"
 	"sort"
@@ -308,7 +309,9 @@ func at(s []string, i int) string {
 // compiles for real the wgmma and FP8 paths that an older local nvcc
 // compiles to traps (scripts/check-kernels.sh). Minutes on two cores, so
 // only when asked; it skips where no NVRTC loads (Debian's libnvrtc12 is
-// in trixie: extract it and set LD_LIBRARY_PATH).
+// in trixie: extract it and set LD_LIBRARY_PATH). With KILN_NVRTC_OUT=DIR
+// it writes each cubin there (ARCH-FILE.cubin), for nvdisasm -c (in
+// trixie's nvidia-cuda-toolkit) to show the instructions a kernel issues.
 func TestNVRTCCompile(t *testing.T) {
 	archs := os.Getenv("KILN_NVRTC_CHECK")
 	if archs == "" {
@@ -332,8 +335,14 @@ func TestNVRTCCompile(t *testing.T) {
 		for _, n := range names {
 			t.Run(arch+"/"+n, func(t *testing.T) {
 				t.Parallel()
-				if _, err := nvrtcCompile(n, srcs[n], opts); err != nil {
-					t.Error(err)
+				cubin, err := nvrtcCompile(n, srcs[n], opts)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if dir := os.Getenv("KILN_NVRTC_OUT"); dir != "" {
+					if err := os.WriteFile(filepath.Join(dir, arch+"-"+strings.TrimSuffix(n, ".cu")+".cubin"), cubin, 0o644); err != nil {
+						t.Error(err)
+					}
 				}
 			})
 		}
