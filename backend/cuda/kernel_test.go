@@ -310,8 +310,9 @@ func at(s []string, i int) string {
 // compiles to traps (scripts/check-kernels.sh). Minutes on two cores, so
 // only when asked; it skips where no NVRTC loads (Debian's libnvrtc12 is
 // in trixie: extract it and set LD_LIBRARY_PATH). With KILN_NVRTC_OUT=DIR
-// it writes each cubin there (ARCH-FILE.cubin), for nvdisasm -c (in
-// trixie's nvidia-cuda-toolkit) to show the instructions a kernel issues.
+// it writes each cubin there (ARCH-FILE.cubin), for cuobjdump -sass -fun
+// KERNEL (in trixie's nvidia-cuda-toolkit) to show the instructions a
+// kernel issues.
 func TestNVRTCCompile(t *testing.T) {
 	archs := os.Getenv("KILN_NVRTC_CHECK")
 	if archs == "" {
