@@ -258,6 +258,9 @@ struct Walk {
 	}
 };
 
+// prefetch_l2 asks for the line at p in L2, with nothing waiting for it.
+__device__ __forceinline__ void prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
 // qld16 streams 16 bytes of quants past L1 (each is read once).
 __device__ __forceinline__ uint4 qld16(const u8 *p) {
 	uint4 v;

@@ -147,7 +147,7 @@ template <int QT> struct Q;
 
 // Q8_0: a unit is a block (32 columns): 32 quants and the f16 scale.
 template <> struct Q<QT_Q8_0> {
-	static constexpr int E = 32, U = QMV_U32;
+	static constexpr int E = 32, U = QMV_U32, UB = 32;
 	static constexpr bool SCALED = false;
 	struct Raw {
 		uint4 a, b;
@@ -190,7 +190,7 @@ template <> struct Q<QT_Q8_0> {
 // sub-blocks 2p (low nibbles) and 2p + 1 (high nibbles), and the block's
 // 16-byte header.
 template <> struct Q<QT_Q4_K> {
-	static constexpr int E = 64, U = QMV_U64;
+	static constexpr int E = 64, U = QMV_U64, UB = 36;
 	static constexpr bool SCALED = false;
 	struct Raw {
 		uint4 a, b, h;
@@ -246,7 +246,7 @@ template <> struct Q<QT_Q4_K> {
 // Q5_K: Q4_K's units, with the block's 32 bytes of fifth bits (bit 2p + h
 // of byte l for element l of sub-block 2p + h).
 template <> struct Q<QT_Q5_K> {
-	static constexpr int E = 64, U = QMV_U64;
+	static constexpr int E = 64, U = QMV_U64, UB = 44;
 	static constexpr bool SCALED = false;
 	struct Raw {
 		uint4 a, b, qa, qb, h;
@@ -310,7 +310,7 @@ template <> struct Q<QT_Q5_K> {
 // Device block: ql, qh and scales (208 bytes); the d values follow the
 // row's blocks.
 template <> struct Q<QT_Q6_K> {
-	static constexpr int E = 64, U = QMV_U64;
+	static constexpr int E = 64, U = QMV_U64, UB = 52;
 	static constexpr bool SCALED = false;
 	struct Raw {
 		uint4 a, b, qa, qb;
@@ -708,6 +708,13 @@ __device__ __forceinline__ void qmv(void *out, int odt, const u16 *x, int T, int
 #ifndef QGEMV_U56
 #define QGEMV_U56 1
 #endif
+// QGEMV_PF: each fetch also prefetches into L2 the lane's unit this many
+// slots on in its row: 2 for Q8_0, none for the K-quants (H200, Qwen3-8B
+// b1: Q8_0 +1.5-4%, Q4_K -2%; NOTES.md); -DQGEMV_PF=N sets N for every
+// type (A/B runs).
+#ifndef QGEMV_PF
+#define QGEMV_PF -1
+#endif
 #ifndef QGEMV_MINB
 #define QGEMV_MINB 3
 #endif
@@ -800,6 +807,7 @@ template <int QT, int NT, bool SWIGLU>
 __device__ __forceinline__ void qgemv(void *out, int odt, const void *x, int xdt, const u8 *w, long rb, int O, int I, int accumulate) {
 	typedef Q<QT> q;
 	constexpr int U = QT == QT_Q5_K || QT == QT_Q6_K ? QGEMV_U56 : QGEMV_U;
+	constexpr int PF = QGEMV_PF >= 0 ? QGEMV_PF : QT == QT_Q8_0 ? 2 : 0;
 	extern __shared__ uint4 xq[];
 	__shared__ float up[2][4][NT];
 	pdl_trigger();
@@ -817,7 +825,13 @@ __device__ __forceinline__ void qgemv(void *out, int odt, const void *x, int xdt
 	Walk f;  // the next slot to fetch
 	auto fetch = [&](typename q::Raw &r) {
 		int u = lane + 32 * f.bi, o = min(output(f.gi), O - 1);  // a warp past the end reads row O - 1 and writes nothing
-		if (f.gi < R && u < NU) q::load(r, w + (long)(SWIGLU && (warp & 1) ? O + o : o) * rb, I, u);
+		const u8 *row = w + (long)(SWIGLU && (warp & 1) ? O + o : o) * rb;
+		if (f.gi < R && u < NU) q::load(r, row, I, u);
+		// The unit PF slots on in the row, into L2 only: requested from
+		// DRAM now, loaded from L2 when its turn comes, with no register
+		// waiting for it. A unit's quants are about UB bytes at UB * u of
+		// the row (the scales kept apart are not prefetched).
+		if (PF > 0 && f.gi < R && u + 32 * PF < NU) prefetch_l2(row + (long)(u + 32 * PF) * q::UB);
 		f.next(L);
 	};
 	typename q::Raw raw[U];
