@@ -13,8 +13,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
+	"path"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -29,28 +31,41 @@ var kernelFS embed.FS
 // definesHeader is the header generated from kernelDefines.
 const definesHeader = "defines.cuh"
 
+// kernelDir returns where the kernel sources are read: the built-in ones,
+// or with KILN_CUDA_KERNELS set, the .cu and .cuh files of that directory,
+// so that a kernel variant runs on a GPU machine without Go (the host code
+// must still match its kernels' signatures).
+func kernelDir() (fs.FS, string) {
+	if d := os.Getenv("KILN_CUDA_KERNELS"); d != "" {
+		slog.Warn("cuda: kernel sources from KILN_CUDA_KERNELS, not the built-in ones", "dir", d)
+		return os.DirFS(d), "."
+	}
+	return kernelFS, "kernels"
+}
+
 // kernelSources returns one translation unit per kernel file, each with the
 // headers in front: definesHeader, then the others by name. Separate units
 // compile in parallel.
 func kernelSources() (map[string]string, error) {
-	ents, err := kernelFS.ReadDir("kernels")
+	fsys, dir := kernelDir()
+	ents, err := fs.ReadDir(fsys, dir)
 	if err != nil {
 		return nil, err
 	}
 	headers := []string{definesHeader}
 	var files []string
 	for _, e := range ents {
-		switch {
-		case e.Name() == definesHeader:
-		case strings.HasSuffix(e.Name(), ".cuh"):
-			headers = append(headers, e.Name())
-		default:
-			files = append(files, e.Name())
+		switch n := e.Name(); {
+		case n == definesHeader:
+		case strings.HasSuffix(n, ".cuh"):
+			headers = append(headers, n)
+		case strings.HasSuffix(n, ".cu"):
+			files = append(files, n)
 		}
 	}
 	var header strings.Builder
 	for _, h := range headers {
-		data, err := kernelFS.ReadFile("kernels/" + h)
+		data, err := fs.ReadFile(fsys, path.Join(dir, h))
 		if err != nil {
 			return nil, err
 		}
@@ -58,7 +73,7 @@ func kernelSources() (map[string]string, error) {
 	}
 	out := map[string]string{}
 	for _, n := range files {
-		data, err := kernelFS.ReadFile("kernels/" + n)
+		data, err := fs.ReadFile(fsys, path.Join(dir, n))
 		if err != nil {
 			return nil, err
 		}

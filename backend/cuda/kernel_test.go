@@ -349,3 +349,50 @@ func TestNVRTCCompile(t *testing.T) {
 		}
 	}
 }
+
+// TestKernelDir: with KILN_CUDA_KERNELS, the sources are the directory's
+// .cu and .cuh files (other files left out), each unit as the built-in
+// ones are put together.
+func TestKernelDir(t *testing.T) {
+	builtin, err := kernelSources()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	ents, err := kernelFS.ReadDir("kernels")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		data, err := kernelFS.ReadFile("kernels/" + e.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e.Name() == "sample.cu" {
+			data = append(data, "// variant\n"...)
+		}
+		if err := os.WriteFile(filepath.Join(dir, e.Name()), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "README.txt"), []byte("not a kernel"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("KILN_CUDA_KERNELS", dir)
+	got, err := kernelSources()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(builtin) {
+		t.Fatalf("%d units from the directory, %d built in", len(got), len(builtin))
+	}
+	for n, src := range builtin {
+		want := src
+		if n == "sample.cu" {
+			want = strings.TrimSuffix(src, "\n") + "// variant\n\n"
+		}
+		if got[n] != want {
+			t.Errorf("%s: the directory's unit differs from the built-in one", n)
+		}
+	}
+}
