@@ -648,8 +648,32 @@ type FusedMoE interface {
 	MoE(out, x Tensor, e *Experts, spec *MoESpec)
 }
 
+// Norm is the RMSNorm of NormedProducts: x * rsqrt(mean(x^2) + Eps) * W,
+// or * (1 + W) when UnitOffset, as RMSNorm computes it.
+type Norm struct {
+	W          Tensor
+	Eps        float32
+	UnitOffset bool
+}
+
+// NormedProducts is implemented by a backend whose products can normalise
+// their input themselves (on CUDA the decode kernels of quantized weights
+// quantize the residual rows times the norm's weights, and scale their sums
+// by the rows' factor): a pre-norm block's RMSNorm then costs a decode step
+// no operation of its own. A model calls them where NormsInput allows, and
+// RMSNorm and the plain product elsewhere.
+type NormedProducts interface {
+	// NormsInput reports whether NormMatMul and NormMLP take x [T, H] f32
+	// with the weight w (MLP's gateUp).
+	NormsInput(x, w Tensor) bool
+	// NormMatMul is MatMul(out, RMSNorm(x), w, accumulate).
+	NormMatMul(out, x Tensor, n *Norm, w Tensor, accumulate bool)
+	// NormMLP is MLP(out, RMSNorm(x), gateUp, down).
+	NormMLP(out, x Tensor, n *Norm, gateUp, down Tensor)
+}
+
 // Unfused returns b without its fused operations (FusedAttention,
-// FusedDeltaNet, FusedMoE), so that a model on it runs every layer step by
+// FusedDeltaNet, FusedMoE, NormedProducts), so that a model on it runs every layer step by
 // step: the tests compare the two paths through it.
 func Unfused(b Backend) Backend { return unfused{b} }
 

@@ -26,10 +26,10 @@ type decoderLayer struct {
 	unitOffset          bool // norms weigh by (1 + w) (Qwen3-Next family)
 }
 
-// block is a sub-layer: it reads the normalised hidden states h [T, H] and
-// adds its output to the residual stream x [T, H].
+// block is a sub-layer: it reads its input, the normalised hidden states
+// [T, H], and adds its output to the residual stream x [T, H].
 type block interface {
-	forward(s *workspace, h, x backend.Tensor)
+	forward(s *workspace, in *input, x backend.Tensor)
 }
 
 // mixer is the block that mixes tokens; bound makes the views of its fused
@@ -40,17 +40,74 @@ type mixer interface {
 }
 
 func (l *decoderLayer) forward(s *workspace, x backend.Tensor) {
-	H := x.Shape()[1]
-	h := s.act("h", H)
-	s.b.RMSNorm(h, x, l.inputNorm, l.eps, l.unitOffset)
-	l.mixer.forward(s, h, x)
-	if _, sparse := l.mlp.(*sparseMLP); sparse {
-		// The router product reads f32: a rounding-sized change there can
-		// flip the choice of experts.
-		h = s.get("h", H)
+	l.mixer.forward(s, l.input(s, x, l.inputNorm, false), x)
+	// The router product reads f32: a rounding-sized change there can flip
+	// the choice of experts.
+	_, sparse := l.mlp.(*sparseMLP)
+	l.mlp.forward(s, l.input(s, x, l.postNorm, sparse), x)
+}
+
+// input is RMSNorm(x) with the weights w, as a block reads it.
+func (l *decoderLayer) input(s *workspace, x, w backend.Tensor, f32 bool) *input {
+	in := &input{s: s, x: x, norm: backend.Norm{W: w, Eps: l.eps, UnitOffset: l.unitOffset}, f32: f32}
+	if s.tp != nil {
+		in.tensor() // the ranks' partial sums start in x before the block's last product
 	}
-	s.b.RMSNorm(h, x, l.postNorm, l.eps, l.unitOffset)
-	l.mlp.forward(s, h, x)
+	return in
+}
+
+// input is a block's input, RMSNorm(x) of the residual rows x. Products
+// take it from x themselves where the backend can (NormedProducts: a
+// decode step's norm then costs no operation of its own); anything else
+// reads it as a tensor, normalised once. x must not change while the
+// block reads its input.
+type input struct {
+	s    *workspace
+	x    backend.Tensor
+	norm backend.Norm
+	f32  bool           // the normalised rows in f32 rather than ActivationType
+	h    backend.Tensor // the normalised rows, once made
+}
+
+// tensor returns the normalised rows.
+func (in *input) tensor() backend.Tensor {
+	if in.h == nil {
+		H := in.x.Shape()[1]
+		if in.f32 {
+			in.h = in.s.get("h", H)
+		} else {
+			in.h = in.s.act("h", H)
+		}
+		in.s.b.RMSNorm(in.h, in.x, in.norm.W, in.norm.Eps, in.norm.UnitOffset)
+	}
+	return in.h
+}
+
+// matmul computes out (+)= RMSNorm(x) . w^T.
+func (in *input) matmul(out, w backend.Tensor, accumulate bool) {
+	if nb := in.normed(w); nb != nil {
+		nb.NormMatMul(out, in.x, &in.norm, w, accumulate)
+		return
+	}
+	in.s.b.MatMul(out, in.tensor(), w, accumulate)
+}
+
+// mlp adds the SwiGLU feed-forward of RMSNorm(x) to out.
+func (in *input) mlp(out, gateUp, down backend.Tensor) {
+	if nb := in.normed(gateUp); nb != nil {
+		nb.NormMLP(out, in.x, &in.norm, gateUp, down)
+		return
+	}
+	in.s.b.MLP(out, in.tensor(), gateUp, down)
+}
+
+// normed returns the backend's NormedProducts where a product with w
+// takes the norm itself (and the rows are not made already), or nil.
+func (in *input) normed(w backend.Tensor) backend.NormedProducts {
+	if nb, ok := in.s.b.(backend.NormedProducts); ok && in.h == nil && nb.NormsInput(in.x, w) {
+		return nb
+	}
+	return nil
 }
 
 func (l *decoderLayer) weights(c *Config, p string) []param {
@@ -118,16 +175,16 @@ func (a *attention) bound(b backend.Backend) {
 // per head, then rotated by their positions; k and v join the cache; each
 // query attends over its sequence's keys so far; a gated layer multiplies
 // the result by sigmoid(gate); x += o_proj(o).
-func (a *attention) forward(s *workspace, h, x backend.Tensor) {
+func (a *attention) forward(s *workspace, in *input, x backend.Tensor) {
 	b, sp := s.b, a.spec
 	o := s.act("attn", sp.Heads*sp.HeadDim)
 	if fused, ok := b.(backend.FusedAttention); ok {
-		fused.Attention(o, a.projectQKV(s, h), a.norms, sp, s.kv, a.layer) // the steps below, as one operation
+		fused.Attention(o, a.projectQKV(s, in), a.norms, sp, s.kv, a.layer) // the steps below, as one operation
 	} else {
-		q, gate := a.query(s, h)
+		q, gate := a.query(s, in)
 		k, v := s.get("k", sp.KVHeads*sp.HeadDim), s.act("v", sp.KVHeads*sp.HeadDim)
-		b.MatMul(k, h, a.k, false)
-		b.MatMul(v, h, a.v, false)
+		in.matmul(k, a.k, false)
+		in.matmul(v, a.v, false)
 		a.headNorm(s, q, a.norms.QNorm)
 		a.headNorm(s, k, a.norms.KNorm)
 		b.RoPE(q, sp.HeadDim, &sp.Rope)
@@ -143,16 +200,16 @@ func (a *attention) forward(s *workspace, h, x backend.Tensor) {
 
 // query returns q_proj(h) [T, Heads*HeadDim] and, for a gated layer,
 // whose q_proj gives per head [query | gate], the gate apart.
-func (a *attention) query(s *workspace, h backend.Tensor) (q, gate backend.Tensor) {
+func (a *attention) query(s *workspace, in *input) (q, gate backend.Tensor) {
 	b, sp := s.b, a.spec
 	n := sp.Heads * sp.HeadDim
 	q = s.get("q", n)
 	if !sp.Gated {
-		b.MatMul(q, h, a.q, false)
+		in.matmul(q, a.q, false)
 		return q, nil
 	}
 	qg := s.get("qgate", 2*n)
-	b.MatMul(qg, h, a.q, false)
+	in.matmul(qg, a.q, false)
 	heads := b.Reshape(qg, s.T*sp.Heads, 2*sp.HeadDim)
 	gate = s.get("gate", n)
 	b.SliceCols(s.heads(q, sp.HeadDim), heads, 0)
@@ -166,25 +223,25 @@ func (a *attention) headNorm(s *workspace, x, w backend.Tensor) {
 	s.b.RMSNorm(heads, heads, w, a.spec.NormEps, a.spec.UnitOffsetNorm)
 }
 
-// projectQKV returns the fused projection [q | k | v] of h that
+// projectQKV returns the fused projection [q | k | v] of the input that
 // FusedAttention reads, in one product or, when the file stores the parts
 // in different types, joined from a product a run of them. One token's
 // columns are contiguous, so that its products write them in place.
-func (a *attention) projectQKV(s *workspace, h backend.Tensor) backend.Tensor {
+func (a *attention) projectQKV(s *workspace, in *input) backend.Tensor {
 	b, W := s.b, a.spec.QKVWidth()
 	qkv := s.act("qkv", W)
 	if a.qkv != nil {
-		b.MatMul(qkv, h, a.qkv, false)
+		in.matmul(qkv, a.qkv, false)
 		return qkv
 	}
 	col := 0
 	for i, w := range a.runs {
 		n := w.Shape()[0]
 		if s.T == 1 {
-			b.MatMul(b.Reshape(b.Rows(b.Reshape(qkv, W, 1), col, n), 1, n), h, w, false)
+			in.matmul(b.Reshape(b.Rows(b.Reshape(qkv, W, 1), col, n), 1, n), w, false)
 		} else {
 			part := s.act(fmt.Sprintf("qkv%d", i), n)
-			b.MatMul(part, h, w, false)
+			in.matmul(part, w, false)
 			b.CopyCols(qkv, part, col)
 		}
 		col += n
@@ -206,8 +263,8 @@ func (m *mlp) weights(c *Config, p string) []param {
 	}
 }
 
-func (m *mlp) forward(s *workspace, h, x backend.Tensor) {
-	s.addOutput(x, func(out backend.Tensor) { s.b.MLP(out, h, m.gateUp, m.down) })
+func (m *mlp) forward(s *workspace, in *input, x backend.Tensor) {
+	s.addOutput(x, func(out backend.Tensor) { in.mlp(out, m.gateUp, m.down) })
 }
 
 // sparseMLP is a mixture of SwiGLU experts: a router picks the top-k
@@ -255,8 +312,8 @@ func (m *sparseMLP) weights(c *Config, p string) []param {
 // forward: the router picks each token's top-k experts (softmax over all,
 // renormalised when norm_topk_prob); x += the chosen experts' outputs,
 // weighed; x += sigmoid(shared_expert_gate(h)) * shared_expert(h).
-func (m *sparseMLP) forward(s *workspace, h, x backend.Tensor) {
-	b, e := s.b, &m.experts
+func (m *sparseMLP) forward(s *workspace, in *input, x backend.Tensor) {
+	b, e, h := s.b, &m.experts, in.tensor()
 	if fused, ok := b.(backend.FusedMoE); ok {
 		s.addOutput(x, func(out backend.Tensor) { fused.MoE(out, h, e, &m.spec) }) // the steps below, as one operation
 		return

@@ -127,32 +127,32 @@ func baRows(s *backend.DeltaNetSpec) []int {
 }
 
 // forward follows the layer's description above.
-func (d *gatedDeltaNet) forward(s *workspace, h, x backend.Tensor) {
-	gated := d.mix(s, h)
+func (d *gatedDeltaNet) forward(s *workspace, in *input, x backend.Tensor) {
+	gated := d.mix(s, in)
 	s.addOutput(x, func(out backend.Tensor) { s.b.MatMul(out, gated, d.out, true) })
 }
 
-// mix returns RMSNorm(o) * w * silu(z) for the normalised input h. The
+// mix returns RMSNorm(o) * w * silu(z) for the layer's input. The
 // delta rule takes b and a as they are and makes beta and g itself (the
 // GPU kernels compute them as they read them). A backend that fuses the
 // steps after the projections takes q, k, v and z from one product where
 // the weights are one.
-func (d *gatedDeltaNet) mix(s *workspace, h backend.Tensor) backend.Tensor {
+func (d *gatedDeltaNet) mix(s *workspace, in *input) backend.Tensor {
 	b, sp := s.b, d.spec
 	conv, vdim := sp.ConvDim(), sp.ValueHeads*sp.ValueDim
 	ba, gated := s.get("ba", 2*sp.ValueHeads), s.act("gated", vdim)
 	fused, isFused := b.(backend.FusedDeltaNet)
 	// b and a first: on a GPU the large product after this small one
 	// starts streaming its weights while this one runs.
-	b.MatMul(ba, h, d.ba, false) // [b | a]
-	var mixed, z backend.Tensor  // [q | k | v] and z; z nil: after them in mixed's rows
+	in.matmul(ba, d.ba, false)  // [b | a]
+	var mixed, z backend.Tensor // [q | k | v] and z; z nil: after them in mixed's rows
 	if isFused && d.qkvz != nil {
 		mixed = s.get("qkvz", conv+vdim)
-		b.MatMul(mixed, h, d.qkvz, false)
+		in.matmul(mixed, d.qkvz, false)
 	} else {
 		mixed, z = s.get("mixed", conv), s.get("z", vdim)
-		b.MatMul(mixed, h, d.qkv, false)
-		b.MatMul(z, h, d.z, false)
+		in.matmul(mixed, d.qkv, false)
+		in.matmul(z, d.z, false)
 	}
 	if isFused {
 		fused.DeltaNet(gated, mixed, z, ba, &d.w, sp, s.state, d.layer)

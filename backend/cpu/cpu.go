@@ -48,8 +48,9 @@ type Backend struct {
 	// reused by the next call.
 	kpack, vpack []float32
 	// mlpBuf holds the products and activations of a SwiGLU block;
-	// expertBuf an expert's gathered rows, then its outputs.
-	mlpBuf, expertBuf []float32
+	// expertBuf an expert's gathered rows, then its outputs; normBuf the
+	// normalised rows of a NormedProducts product.
+	mlpBuf, expertBuf, normBuf []float32
 	// group, when set, is the tensor-parallel group the backend is rank
 	// rank of (NewGroup).
 	group *group

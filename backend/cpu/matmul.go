@@ -465,12 +465,19 @@ const quantChunk = 16
 func (b *Backend) MatMul(out, x, w backend.Tensor, accumulate bool) {
 	ot, xt := asT(out), asT(x)
 	wm := weightsOf(asT(w))
+	n := checkMatMul(ot, xt, wm, asT(w))
+	b.pool.matmul(ot.out32(), xt.f32(), n, wm, accumulate)
+}
+
+// checkMatMul panics unless out, x and w (wt, as wm) are a product's, and
+// returns its rows.
+func checkMatMul(ot, xt *Tensor, wm weights, wt *Tensor) int {
 	n, k := matrix(xt)
 	if k != wm.cols {
-		panic(fmt.Sprintf("cpu: matmul x %v, w %v: inner dimensions differ", xt, asT(w)))
+		panic(fmt.Sprintf("cpu: matmul x %v, w %v: inner dimensions differ", xt, wt))
 	}
 	if on, oc := matrix(ot); on != n || oc != wm.rows {
 		panic(fmt.Sprintf("cpu: matmul out %v, want [%d, %d]", ot, n, wm.rows))
 	}
-	b.pool.matmul(ot.out32(), xt.f32(), n, wm, accumulate)
+	return n
 }

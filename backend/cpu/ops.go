@@ -76,13 +76,48 @@ func (b *Backend) RMSNorm(out, x, w backend.Tensor, eps float32, unitOffset bool
 	if on, oh := matrix(ot); on != n || oh != h {
 		panic(fmt.Sprintf("cpu: rmsnorm out %v, x %v", ot, xt))
 	}
-	wf := normWeights(w, h, unitOffset)
-	o, xs := ot.out32(), xt.f32()
+	b.rmsNorm(ot.out32(), xt.f32(), n, h, normWeights(w, h, unitOffset), eps)
+}
+
+// rmsNorm normalises the n rows of h floats of xs into o.
+func (b *Backend) rmsNorm(o, xs []float32, n, h int, wf []float32, eps float32) {
 	b.pool.For(n, max(1, 4096/max(h, 1)), func(lo, hi int) {
 		for r := lo; r < hi; r++ {
 			rmsNormRow(o[r*h:(r+1)*h], xs[r*h:(r+1)*h], wf, eps)
 		}
 	})
+}
+
+// NormsInput is true for f32 rows (backend.NormedProducts): the products
+// normalise their input in float32 as RMSNorm does, so that the tests'
+// fused path runs the model's normalised products.
+func (b *Backend) NormsInput(x, w backend.Tensor) bool { return asT(x).dt == backend.F32 }
+
+// NormMatMul is MatMul(out, RMSNorm(x), w, accumulate).
+func (b *Backend) NormMatMul(out, x backend.Tensor, n *backend.Norm, w backend.Tensor, accumulate bool) {
+	ot, wm := asT(out), weightsOf(asT(w))
+	rows := checkMatMul(ot, asT(x), wm, asT(w))
+	b.pool.matmul(ot.out32(), b.normed(x, n), rows, wm, accumulate)
+}
+
+// NormMLP is MLP(out, RMSNorm(x), gateUp, down).
+func (b *Backend) NormMLP(out, x backend.Tensor, n *backend.Norm, gateUp, down backend.Tensor) {
+	ot := asT(out)
+	gu, dn := weightsOf(asT(gateUp)), weightsOf(asT(down))
+	rows := checkMLP(ot, asT(x), gu, dn, gateUp, down)
+	b.swiglu(ot.out32(), b.normed(x, n), rows, gu, dn, true)
+}
+
+// normed returns RMSNorm(x) in b.normBuf.
+func (b *Backend) normed(x backend.Tensor, n *backend.Norm) []float32 {
+	xt := asT(x)
+	rows, h := matrix(xt)
+	if len(b.normBuf) < rows*h {
+		b.normBuf = make([]float32, rows*h)
+	}
+	o := b.normBuf[:rows*h]
+	b.rmsNorm(o, xt.f32(), rows, h, normWeights(n.W, h, n.UnitOffset), n.Eps)
+	return o
 }
 
 func sigmoid(x float32) float32 { return 1 / (1 + expf(-x)) }
@@ -92,12 +127,19 @@ func silu(x float32) float32 { return x * sigmoid(x) }
 // MLP adds to out the SwiGLU feed-forward of x; see backend.Backend.
 func (b *Backend) MLP(out, x, gateUp, down backend.Tensor) {
 	ot, xt := asT(out), asT(x)
-	n, h := matrix(xt)
 	gu, dn := weightsOf(asT(gateUp)), weightsOf(asT(down))
+	n := checkMLP(ot, xt, gu, dn, gateUp, down)
+	b.swiglu(ot.out32(), xt.f32(), n, gu, dn, true)
+}
+
+// checkMLP panics unless out, x and the weights are an MLP's, and returns
+// its rows.
+func checkMLP(ot, xt *Tensor, gu, dn weights, gateUp, down backend.Tensor) int {
+	n, h := matrix(xt)
 	if on, oh := matrix(ot); on != n || oh != h || gu.cols != h || gu.rows != 2*dn.cols || dn.rows != h {
 		panic(fmt.Sprintf("cpu: mlp out %v, x %v, gate_up %v, down %v", ot, xt, asT(gateUp), asT(down)))
 	}
-	b.swiglu(ot.out32(), xt.f32(), n, gu, dn, true)
+	return n
 }
 
 // swiglu writes (or adds, when accumulate) down(silu(gate(x)) * up(x)) for

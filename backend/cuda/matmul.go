@@ -72,20 +72,27 @@ func (b *Backend) MLP(out, x, gateUp, down backend.Tensor) {
 	b.mlp(asT(out), asT(x), asT(gateUp), asT(down), true)
 }
 
-// mlp writes (or adds, when accumulate) down(silu(gate(x)) * up(x)) to out.
-// A few tokens take the GEMV with the activation fused in, up to
-// skinnyMaxTokens the skinny GEMM with it fused in its epilogue; more take
-// cuBLASLt with bf16 in and out around a bf16 activation, where
-// transformers rounds too. Quantized weights take qmlp.
-func (b *Backend) mlp(ot, xt, gu, dn *tensor, accumulate bool) {
-	n, H := xt.rows(), xt.cols()
-	I := dn.cols()
+// checkMLP panics unless out, x, gateUp and down are an MLP's, and returns
+// its tokens, hidden and intermediate sizes.
+func checkMLP(ot, xt, gu, dn *tensor) (n, H, I int) {
+	n, H = xt.rows(), xt.cols()
+	I = dn.cols()
 	if gu.rows() != 2*I || gu.cols() != H || dn.rows() != H {
 		panic(fmt.Sprintf("cuda: mlp x %v, gate_up %v, down %v", xt, gu, dn))
 	}
 	checkRows("mlp out", ot, n, H)
 	checkF32("mlp", ot)
 	checkAct("mlp", xt)
+	return n, H, I
+}
+
+// mlp writes (or adds, when accumulate) down(silu(gate(x)) * up(x)) to out.
+// A few tokens take the GEMV with the activation fused in, up to
+// skinnyMaxTokens the skinny GEMM with it fused in its epilogue; more take
+// cuBLASLt with bf16 in and out around a bf16 activation, where
+// transformers rounds too. Quantized weights take qmlp.
+func (b *Backend) mlp(ot, xt, gu, dn *tensor, accumulate bool) {
+	n, H, I := checkMLP(ot, xt, gu, dn)
 	if n == 0 {
 		return
 	}
@@ -140,11 +147,10 @@ func (b *Backend) gemv(ot, xt, wt *tensor, accumulate bool) {
 // KILN_CUDA_GEMV_MAX overrides it (0 to gemvTokens).
 const gemvMaxTokens = 2
 
-// MatMul computes out[n,o] = sum_i x[n,i] * w[o,i] (+ out when accumulate).
-func (b *Backend) MatMul(out, x, w backend.Tensor, accumulate bool) {
-	ot, xt, wt := asT(out), asT(x), asT(w)
-	n, in := xt.rows(), xt.cols()
-	o := wt.rows()
+// checkMatMul panics unless out, x and w are a product's, and returns its
+// tokens, columns and outputs.
+func checkMatMul(ot, xt, wt *tensor, accumulate bool) (n, in, o int) {
+	n, in, o = xt.rows(), xt.cols(), wt.rows()
 	if wt.cols() != in {
 		panic(fmt.Sprintf("cuda: matmul x %v, w %v", xt, wt))
 	}
@@ -153,6 +159,13 @@ func (b *Backend) MatMul(out, x, w backend.Tensor, accumulate bool) {
 	if accumulate && ot.dt != backend.F32 {
 		panic(fmt.Sprintf("cuda: matmul: accumulating into %v", ot))
 	}
+	return n, in, o
+}
+
+// MatMul computes out[n,o] = sum_i x[n,i] * w[o,i] (+ out when accumulate).
+func (b *Backend) MatMul(out, x, w backend.Tensor, accumulate bool) {
+	ot, xt, wt := asT(out), asT(x), asT(w)
+	n, in, o := checkMatMul(ot, xt, wt, accumulate)
 	if n == 0 {
 		return
 	}
@@ -194,4 +207,41 @@ func (b *Backend) productInput(xt *tensor, dt backend.DType) devptr {
 		b.cast(xp, dt, xt.ptr, xt.dt, n)
 	}
 	return xp
+}
+
+// NormsInput reports whether a product with w takes x's RMSNorm itself
+// (backend.NormedProducts): the qgemv decode products of quantized
+// weights, from the f32 residual rows.
+func (b *Backend) NormsInput(x, w backend.Tensor) bool {
+	xt, wt := asT(x), asT(w)
+	n, in := xt.rows(), xt.cols()
+	return xt.dt == backend.F32 && wt.cols() == in && b.qgemvFits(wt.dt, xt, n, in) && qgemvSmem(n, in)+qgemvNormSmem(in) <= qgemvSmemMax
+}
+
+// NormMatMul is MatMul(out, RMSNorm(x), w, accumulate) on qgemv.
+func (b *Backend) NormMatMul(out, x backend.Tensor, n *backend.Norm, w backend.Tensor, accumulate bool) {
+	ot, xt, wt := asT(out), asT(x), asT(w)
+	_, in, o := checkMatMul(ot, xt, wt, accumulate)
+	b.qgemv(false, ot.ptr, ot.dt, xt, wt, o, in, b.normOf(xt, wt, n), accumulate)
+}
+
+// NormMLP is MLP(out, RMSNorm(x), gateUp, down), its gate/up product on
+// qgemv.
+func (b *Backend) NormMLP(out, x backend.Tensor, n *backend.Norm, gateUp, down backend.Tensor) {
+	ot, xt, gu, dn := asT(out), asT(x), asT(gateUp), asT(down)
+	rows, H, I := checkMLP(ot, xt, gu, dn)
+	act := &tensor{dt: backend.BF16, shape: []int{rows, I}, view: true, ptr: b.scratchBuf("mlp.act", 2*rows*I)}
+	b.qgemv(true, act.ptr, backend.BF16, xt, gu, I, H, b.normOf(xt, gu, n), false)
+	b.MatMul(ot, act, dn, true)
+}
+
+// normOf is the kernels' form of n for a product of x with w, which must
+// be one NormsInput allows.
+func (b *Backend) normOf(xt, wt *tensor, n *backend.Norm) qNorm {
+	nw := asT(n.W)
+	checkFloatW("rmsnorm", nw)
+	if !b.NormsInput(xt, wt) || nw.numel() != xt.cols() {
+		panic(fmt.Sprintf("cuda: a product of x %v with %v cannot take the norm %v", xt, wt, nw))
+	}
+	return qNorm{w: nw.ptr, wdt: int32(nw.dt), eps: n.Eps, unit: boolInt(n.UnitOffset)}
 }

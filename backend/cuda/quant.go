@@ -193,6 +193,16 @@ type qgemvSwigluArgs struct {
 	w    devptr
 	rb   int64
 	O, I int32
+	nrm  qNorm
+}
+
+// qNorm is the kernels' QNorm: the RMSNorm a product applies to its
+// input, the f32 residual rows (w 0: none).
+type qNorm struct {
+	w    devptr
+	wdt  int32
+	eps  float32
+	unit int32
 }
 
 // qgemvArgs are qgemv_swiglu's and the accumulate flag.
@@ -425,6 +435,10 @@ func (b *Backend) f8mv(swiglu bool, rows int, q qmvSwigluArgs, xt *tensor, accum
 // bytes, and a 16-byte XQ a block of 32.
 func qgemvSmem(n, in int) int { return n * ((in+127)/128*128 + in/32*16) }
 
+// qgemvNormSmem is the shared memory a qgemv that takes the RMSNorm of its
+// input adds for the norm's weights: float32 of each of the in columns.
+func qgemvNormSmem(in int) int { return 4 * in }
+
 // qgemvFits reports whether qgemv takes a product of n tokens of x by rows
 // of in elements of dt.
 func (b *Backend) qgemvFits(dt backend.DType, xt *tensor, n, in int) bool {
@@ -435,13 +449,16 @@ func (b *Backend) qgemvFits(dt backend.DType, xt *tensor, n, in int) bool {
 // dot products (see qgemvFits): out[t, o] (+)= x[t] . w_o, or with swiglu
 // (w = [gate | up] of 2O rows) out = silu(gate) * up. x is f32 or bf16,
 // out f32 or bf16.
-func (b *Backend) qgemv(swiglu bool, out devptr, odt backend.DType, xt, w *tensor, O, I int, accumulate bool) {
+func (b *Backend) qgemv(swiglu bool, out devptr, odt backend.DType, xt, w *tensor, O, I int, nrm qNorm, accumulate bool) {
 	n := xt.rows()
 	if w.qcols() != I {
 		panic(fmt.Sprintf("cuda: qgemv of %v with rows of %d", w, I))
 	}
 	qk, smem := quantKernelsOf(w.dt), qgemvSmem(n, I)
-	a := qgemvSwigluArgs{out: out, odt: int32(odt), x: xt.ptr, xdt: int32(xt.dt), w: w.ptr, rb: int64(w.rb()), O: int32(O), I: int32(I)}
+	if nrm.w != 0 {
+		smem += qgemvNormSmem(I)
+	}
+	a := qgemvSwigluArgs{out: out, odt: int32(odt), x: xt.ptr, xdt: int32(xt.dt), w: w.ptr, rb: int64(w.rb()), O: int32(O), I: int32(I), nrm: nrm}
 	// Blocks of eight warps take rounds of eight outputs, or four with
 	// swiglu (a warp a gate or up row).
 	if swiglu {
@@ -520,7 +537,7 @@ func (b *Backend) qgemm(out devptr, odt backend.DType, x devptr, w *tensor, n, o
 func (b *Backend) qmatmul(ot, xt, wt *tensor, accumulate bool) {
 	n, in, o := xt.rows(), xt.cols(), wt.rows()
 	if b.qgemvFits(wt.dt, xt, n, in) {
-		b.qgemv(false, ot.ptr, ot.dt, xt, wt, o, in, accumulate)
+		b.qgemv(false, ot.ptr, ot.dt, xt, wt, o, in, qNorm{}, accumulate)
 		return
 	}
 	if b.f8mvFits(wt.dt, n, o, in) || b.fp8QmvFirst(wt.dt, n, o, in) {
@@ -561,7 +578,7 @@ func (b *Backend) qmlp(ot, xt, gu, dn *tensor, accumulate bool) bool {
 	switch {
 	case b.qgemvFits(gu.dt, xt, n, H):
 		act.ptr = b.scratchBuf("mlp.act", 2*n*I)
-		b.qgemv(true, act.ptr, backend.BF16, xt, gu, I, H, false)
+		b.qgemv(true, act.ptr, backend.BF16, xt, gu, I, H, qNorm{}, false)
 	case b.f8mvFits(gu.dt, n, I, H) || b.fp8QmvFirst(gu.dt, n, I, H):
 		act.ptr = b.scratchBuf("mlp.act", 2*n*I)
 		b.qmv(true, act.ptr, backend.BF16, xt, n, gu, I, H, false)

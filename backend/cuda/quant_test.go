@@ -385,6 +385,90 @@ func TestQuantMLP(t *testing.T) {
 	}
 }
 
+// TestNormedProducts: qgemv's products of one and two tokens taking the
+// RMSNorm of their f32 input themselves (backend.NormedProducts), against
+// RMSNorm then the product on the CPU: every integer type, norm weights in
+// f32 and bf16, plain and (1 + w), rows of very different scales, one
+// round of outputs a block and several; the MLP with Q4_K gate/up and Q6_K
+// down, as Q4_K_M files hold them. No rmsnorm kernel runs; other products
+// do not take the norm.
+func TestNormedProducts(t *testing.T) {
+	p := newPair(t, 31)
+	const H, I = 1024, 512
+	norm := func(dt backend.DType, unit bool) (*backend.Norm, *backend.Norm) {
+		cw, gw := p.load(dt, p.randn(H, 0.3), H)
+		return &backend.Norm{W: cw, Eps: 1e-6, UnitOffset: unit}, &backend.Norm{W: gw, Eps: 1e-6, UnitOffset: unit}
+	}
+	input := func(n int) (backend.Tensor, backend.Tensor) {
+		v := p.randn(n*H, 1)
+		for i := range v[:H] {
+			v[i] *= 40 // the first row far from unit scale
+		}
+		return p.load(backend.F32, v, n, H)
+	}
+	for _, dt := range []backend.DType{backend.Q8_0, backend.Q4_K, backend.Q5_K, backend.Q6_K} {
+		cw, gw := p.qload(dt, 300, H)
+		for _, n := range []int{1, 2} {
+			for _, ndt := range []backend.DType{backend.F32, backend.BF16} {
+				for _, unit := range []bool{false, true} {
+					for _, grid := range []int{0, 3} {
+						cn, gn := norm(ndt, unit)
+						cx, gx := input(n)
+						if !p.g.NormsInput(gx, gw) {
+							t.Fatalf("%v: %d tokens: the product does not take the norm", dt, n)
+						}
+						init := encode(backend.F32, p.randn(n*300, 1))
+						co, gout := p.out(n, 300)
+						p.c.Write(co, init)
+						p.g.Write(gout, init)
+						ch := p.c.Alloc(backend.F32, n, H)
+						p.c.RMSNorm(ch, cx, cn.W, cn.Eps, unit)
+						p.c.MatMul(co, ch, cw, true)
+						full := p.g.qgemvGrid
+						if grid > 0 {
+							p.g.qgemvGrid = grid
+						}
+						seen := p.launches(func() { p.g.NormMatMul(gout, gx, gn, gw, true) })
+						p.g.qgemvGrid = full
+						what := fmt.Sprintf("normed matmul %d x 300 x %d %v, norm %v unit=%v, grid %d", n, H, dt, ndt, unit, grid)
+						p.compare(what, co, gout, 1e-2)
+						expect(t, what, seen, []string{p.decodeName(false, dt, n)}, []string{"rmsnorm", "rmsnorm_v4_1"})
+					}
+				}
+			}
+		}
+	}
+	cgu, ggu := p.qload(backend.Q4_K, 2*I, H)
+	cd, gd := p.qload(backend.Q6_K, H, I)
+	for _, n := range []int{1, 2} {
+		cn, gn := norm(backend.BF16, true)
+		cx, gx := input(n)
+		init := encode(backend.F32, p.randn(n*H, 0.1))
+		co, gout := p.out(n, H)
+		p.c.Write(co, init)
+		p.g.Write(gout, init)
+		ch := p.c.Alloc(backend.F32, n, H)
+		p.c.RMSNorm(ch, cx, cn.W, cn.Eps, true)
+		p.c.MLP(co, ch, cgu, cd)
+		seen := p.launches(func() { p.g.NormMLP(gout, gx, gn, ggu, gd) })
+		what := fmt.Sprintf("normed mlp %d x %d x %d Q4_K / Q6_K", n, H, I)
+		p.compare(what, co, gout, 1.5e-2)
+		expect(t, what, seen, []string{p.decodeName(true, backend.Q4_K, n), p.decodeName(false, backend.Q6_K, n)}, []string{"rmsnorm", "rmsnorm_v4_1"})
+	}
+	_, bw := p.load(backend.BF16, p.randn(300*H, 0.05), 300, H)
+	_, q8 := p.qload(backend.Q8_0, 300, H)
+	_, x3 := input(3)
+	_, xb := p.activation(backend.BF16, p.randn(H, 1), 1, H)
+	for _, c := range []struct {
+		what string
+		x, w backend.Tensor
+	}{{"bf16 weights", x3, bw}, {"three tokens", x3, q8}, {"bf16 rows", xb, q8}} {
+		if p.g.NormsInput(c.x, c.w) {
+			t.Errorf("%s: the product takes the norm", c.what)
+		}
+	}
+}
+
 // TestQuantMoE: quantized experts (and a quantized shared expert) with a
 // bf16 router, per row (qmv_swiglu and qmv over each row's expert), by
 // tiles of one expert's rows (qmvt_) and grouped (moe_group_mm64_ and
