@@ -282,6 +282,7 @@ func TestQuantMatMul(t *testing.T) {
 	cases := []quantCase{
 		{1, 300, 4096, false},
 		{2, 260, 512, true},
+		{2, 300, 2304, true}, // rounds: warps of several rows of 2-3 slots, adding to out
 		{3, 300, 1024, false},
 		{8, 77, 2304, true},
 		{16, 300, 512, true},
