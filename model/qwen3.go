@@ -49,11 +49,7 @@ func (l *decoderLayer) forward(s *workspace, x backend.Tensor) {
 
 // input is RMSNorm(x) with the weights w, as a block reads it.
 func (l *decoderLayer) input(s *workspace, x, w backend.Tensor, f32 bool) *input {
-	in := &input{s: s, x: x, norm: backend.Norm{W: w, Eps: l.eps, UnitOffset: l.unitOffset}, f32: f32}
-	if s.tp != nil {
-		in.tensor() // the ranks' partial sums start in x before the block's last product
-	}
-	return in
+	return &input{s: s, x: x, norm: backend.Norm{W: w, Eps: l.eps, UnitOffset: l.unitOffset}, f32: f32}
 }
 
 // input is a block's input, RMSNorm(x) of the residual rows x. Products
@@ -81,6 +77,19 @@ func (in *input) tensor() backend.Tensor {
 		in.s.b.RMSNorm(in.h, in.x, in.norm.W, in.norm.Eps, in.norm.UnitOffset)
 	}
 	return in.h
+}
+
+// detach makes the input independent of x, which a split model readies
+// for the ranks' partial sums (addOutput) before a block like the MLP has
+// read it: the products then read a copy of the rows, and compute from it
+// what they would from x (a split model in one rank equals the whole).
+func (in *input) detach() {
+	if in.h != nil {
+		return
+	}
+	xc := in.s.get("xin", in.x.Shape()[1])
+	in.s.b.CopyCols(xc, in.x, 0)
+	in.x = xc
 }
 
 // matmul computes out (+)= RMSNorm(x) . w^T.
@@ -264,6 +273,9 @@ func (m *mlp) weights(c *Config, p string) []param {
 }
 
 func (m *mlp) forward(s *workspace, in *input, x backend.Tensor) {
+	if s.tp != nil {
+		in.detach() // the product reads its input inside addOutput
+	}
 	s.addOutput(x, func(out backend.Tensor) { in.mlp(out, m.gateUp, m.down) })
 }
 
