@@ -673,8 +673,8 @@ type NormedProducts interface {
 }
 
 // Unfused returns b without its fused operations (FusedAttention,
-// FusedDeltaNet, FusedMoE, NormedProducts), so that a model on it runs every layer step by
-// step: the tests compare the two paths through it.
+// FusedDeltaNet, FusedMoE, NormedProducts), so that a model on it runs
+// every layer step by step: the tests compare the two paths through it.
 func Unfused(b Backend) Backend { return unfused{b} }
 
 // unfused has the methods of Backend only.
