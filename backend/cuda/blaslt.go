@@ -33,6 +33,10 @@ type blasLt struct {
 	h     C.cublasLtHandle_t
 	ws    devptr
 	plans map[ltKey]*ltPlan
+	// fp8Tile is the tile (cublasLt.h's cublasLtMatmulTile_t) of the
+	// block-scaled FP8 products of a decode step (KILN_CUDA_FP8_TILE; 0:
+	// the heuristic's).
+	fp8Tile int
 }
 
 type ltKey struct {
@@ -53,7 +57,7 @@ func newBlasLt(ctx C.CUcontext, s stream) (*blasLt, error) {
 	if err := loadCublasLt(); err != nil {
 		return nil, fmt.Errorf("cuda: no cuBLASLt: %w", err)
 	}
-	l := &blasLt{ctx: ctx, plans: map[ltKey]*ltPlan{}}
+	l := &blasLt{ctx: ctx, plans: map[ltKey]*ltPlan{}, fp8Tile: envInt("KILN_CUDA_FP8_TILE", tile128x64, 0, 1<<20)}
 	if r := C.k_cublasLtCreate(l.ctx, &l.h); r != 0 {
 		return nil, fmt.Errorf("cuda: cublasLtCreate failed (%d)", r)
 	}
@@ -149,8 +153,50 @@ func (l *blasLt) plan(key ltKey, setup func(C.cublasLtMatmulDesc_t) error) (*ltP
 	if got == 0 {
 		return nil, fmt.Errorf("cuda: cuBLASLt has no algorithm for %+v", key)
 	}
+	if key.wt == backend.FP8 && key.n <= fp8TileTokens && l.fp8Tile > 0 {
+		l.setTile(p, l.fp8Tile)
+	}
 	l.plans[key] = p
 	return p, nil
+}
+
+// The block-scaled FP8 GEMM of a decode step (up to fp8TileTokens tokens)
+// runs on tiles of 128 outputs by 64 tokens. cuBLASLt's heuristic gives
+// it 128 x 128 tiles, which pad 16 tokens to 128, and its FP8 tensor cores
+// then do eight times the step's products: at 4096 outputs that is 32
+// blocks, each bound by its multiplications (o_proj: 14.3 us for 3.9 us
+// of weight bytes). Of the tiles cuBLASLt offers the algorithm, 128 x 8 to
+// 128 x 48, 64 x 16, 64 x 32, 256 x 16 and 256 x 32 are refused; 128 x 64
+// ran Qwen3-8B FP8's decode at 16 tokens +11% and at 64 +7%, 64 x 64 +5%
+// and +4% (H200, docs/performance.md). Splitting K in two on top gained
+// nothing.
+const (
+	tile128x64    = 18 // CUBLASLT_MATMUL_TILE_128x64
+	fp8TileTokens = 64
+	algoTile      = 1 // CUBLASLT_ALGO_CONFIG_TILE_ID
+)
+
+// setTile sets tile on p's algorithm where cuBLASLt accepts it for p's
+// shape, and otherwise leaves the heuristic's.
+func (l *blasLt) setTile(p *ltPlan, tile int) {
+	a := p.algo.algo
+	t := uint32(tile)
+	if C.k_cublasLtMatmulAlgoConfigSetAttribute(l.ctx, &a, algoTile, unsafePtr(&t), 4) != 0 {
+		return
+	}
+	var r C.cublasLtMatmulHeuristicResult_t
+	if C.k_cublasLtMatmulAlgoCheck(l.ctx, l.h, p.desc, p.la, p.lb, p.lc, p.lc, &a, &r) != 0 || r.workspaceSize > ltWorkspaceB {
+		return
+	}
+	p.algo.algo, p.algo.workspaceSize = a, r.workspaceSize
+}
+
+// tileOf returns the tile of p's algorithm.
+func (l *blasLt) tileOf(p *ltPlan) int {
+	var t uint32
+	var n C.size_t
+	C.k_cublasLtMatmulAlgoConfigGetAttribute(l.ctx, &p.algo.algo, algoTile, unsafePtr(&t), 4, &n)
+	return int(t)
 }
 
 // ltBucket is the token count whose algorithm a product of n tokens runs:

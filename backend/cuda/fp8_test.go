@@ -85,7 +85,8 @@ func fp8Reference(x []float32, w []float32, n, o, in int) []float32 {
 // block-scaled FP8 GEMMs and equal the product of the exact weights with
 // the activations quantized as the kernel quantizes them; token counts that
 // are not multiples of four, bf16 and f32 activations and outputs,
-// accumulation, views by rows, the MLP and graph capture.
+// accumulation, views by rows, the MLP, graph capture, and the tile of the
+// products of a decode step.
 func TestFP8GEMM(t *testing.T) {
 	p := newPair(t, 31)
 	if p.g.fp8Min == 0 {
@@ -135,6 +136,15 @@ func (p *pair) fp8GEMM(t *testing.T) {
 					p.g.Free(gx)
 					p.g.Free(gout)
 				}
+			}
+		}
+	}
+	// A decode step's products (up to fp8TileTokens tokens) run on 128 x 64
+	// tiles (blaslt.go).
+	for k, pl := range p.g.lt.plans {
+		if k.wt == backend.FP8 && k.n <= fp8TileTokens {
+			if tile := p.g.lt.tileOf(pl); tile != tile128x64 {
+				t.Errorf("the FP8 product of %d x %d x %d runs tile %d, want %d (128 x 64)", k.n, k.m, k.k, tile, tile128x64)
 			}
 		}
 	}

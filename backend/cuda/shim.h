@@ -114,6 +114,8 @@ typedef struct { char internal[128]; } ncclUniqueId;
 	X(cublasLtMatmulPreferenceDestroy, (cublasLtMatmulPreference_t p), (p)) \
 	X(cublasLtMatmulPreferenceSetAttribute, (cublasLtMatmulPreference_t p, int a, const void *v, size_t n), (p, a, v, n)) \
 	X(cublasLtMatmulAlgoGetHeuristic, (cublasLtHandle_t h, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t dd, cublasLtMatmulPreference_t p, int n, cublasLtMatmulHeuristicResult_t *r, int *got), (h, d, a, b, c, dd, p, n, r, got)) \
+	X(cublasLtMatmulAlgoConfigSetAttribute, (cublasLtMatmulAlgo_t *algo, int a, const void *v, size_t n), (algo, a, v, n)) \
+	X(cublasLtMatmulAlgoConfigGetAttribute, (const cublasLtMatmulAlgo_t *algo, int a, void *v, size_t n, size_t *w), (algo, a, v, n, w)) \
 	X(cublasLtMatmulAlgoCheck, (cublasLtHandle_t h, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t dd, const cublasLtMatmulAlgo_t *algo, cublasLtMatmulHeuristicResult_t *r), (h, d, a, b, c, dd, algo, r)) \
 	X(cublasLtMatmul, (cublasLtHandle_t h, cublasLtMatmulDesc_t d, const void *alpha, const void *A, cublasLtMatrixLayout_t la, const void *B, cublasLtMatrixLayout_t lb, const void *beta, const void *C, cublasLtMatrixLayout_t lc, void *D, cublasLtMatrixLayout_t ld, const cublasLtMatmulAlgo_t *algo, void *ws, size_t wsn, CUstream s), (h, d, alpha, A, la, B, lb, beta, C, lc, D, ld, algo, ws, wsn, s))
 
