@@ -82,7 +82,10 @@ func ParseRef(s string) (Ref, error) {
 		return Ref{}, fmt.Errorf("hub reference %q: want ORG/NAME, as in Qwen/Qwen3-8B", in)
 	}
 	for _, p := range []string{org, name} {
-		if !repoPart.MatchString(p) || strings.Contains(p, "--") || strings.Contains(p, "..") || strings.HasSuffix(p, ".") {
+		// As the hub: no "--" or "..", no "-" or "." at either end (which
+		// also keeps the cache's folder name, models--ORG--NAME, one way
+		// to read).
+		if !repoPart.MatchString(p) || strings.Contains(p, "--") || strings.Contains(p, "..") || strings.TrimRight(p, ".-") != p {
 			return Ref{}, fmt.Errorf("hub reference %q: %q is not a valid repository name", in, p)
 		}
 	}

@@ -37,6 +37,7 @@ func TestParseRef(t *testing.T) {
 		"./models/Qwen3-8B":               "want ORG/NAME",
 		"/models/Qwen3-8B":                "want ORG/NAME",
 		"Qwen/Qwen3-8B.":                  "not a valid repository name",
+		"Qwen-/Qwen3-8B":                  "not a valid repository name",
 		"Qwen/" + strings.Repeat("x", 97): "not a valid repository name",
 	} {
 		if _, err := ParseRef(in); err == nil || !strings.Contains(err.Error(), want) {
