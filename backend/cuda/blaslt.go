@@ -167,9 +167,9 @@ func (l *blasLt) plan(key ltKey, setup func(C.cublasLtMatmulDesc_t) error) (*ltP
 // blocks, each bound by its multiplications (o_proj: 14.3 us for 3.9 us
 // of weight bytes). Of the tiles cuBLASLt offers the algorithm, 128 x 8 to
 // 128 x 48, 64 x 16, 64 x 32, 256 x 16 and 256 x 32 are refused; 128 x 64
-// ran Qwen3-8B FP8's decode at 16 tokens +11% and at 64 +7%, 64 x 64 +5%
-// and +4% (H200, docs/performance.md). Splitting K in two on top gained
-// nothing.
+// ran Qwen3-8B FP8's decode at 4 to 16 tokens +11-14% and at 64 +6-7%,
+// 64 x 64 +4-5% (H200, docs/performance.md). Splitting K in two on top
+// gained nothing.
 const (
 	tile128x64    = 18 // CUBLASLT_MATMUL_TILE_128x64
 	fp8TileTokens = 64
