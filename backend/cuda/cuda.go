@@ -89,7 +89,9 @@ type Backend struct {
 	// takes FP8 expert rows from 0; -1: no f8mv (as fp8SkinnyMax 0).
 	// f8mvOuts and f8mvCols are the fewest outputs and the most columns
 	// of a product on it.
-	fp8Min, fp8SkinnyMax, f8mvMax, f8mvOuts, f8mvCols int
+	// f8wgMax is the most tokens of a block-scaled product on f8wg
+	// (wgmma, sm_90a) rather than cuBLASLt; 0: none.
+	fp8Min, fp8SkinnyMax, f8mvMax, f8mvOuts, f8mvCols, f8wgMax int
 	// moeWG: the experts' grouped products run on wgmma (sm_90a): bf16
 	// experts, and FP8 ones where fp8Min is set (groupWG, groupF8;
 	// KILN_CUDA_MOE_WG=0 for A/B). flashWG: long prompts' attention runs
@@ -208,6 +210,9 @@ func New(opts Options) (*Backend, error) {
 			b.fp8Min = max(b.fp8Min, fp8GemmMinTokens)
 		}
 		b.moeWG = strings.HasSuffix(b.arch, "a") && os.Getenv("KILN_CUDA_MOE_WG") != "0"
+		if b.fp8Min > 0 && strings.HasSuffix(b.arch, "a") {
+			b.f8wgMax = envInt("KILN_CUDA_F8WG_MAX", f8wgMaxTokens, 0, f8wgMaxTokens)
+		}
 		b.flashWG = strings.HasSuffix(b.arch, "a") && os.Getenv("KILN_CUDA_FLASH_WG") != "0"
 	}
 	b.f8mvMax = -1

@@ -35,6 +35,45 @@ var (
 	fp8RowsOutKernel  = newKernel[fp8RowsOutArgs]("fp8_rows_out")
 )
 
+// The decode products on wgmma (kernels/f8wg.cu) by their tiles' tokens:
+// 8, 16.
+var f8wgKernels = [2]kernel[f8wgArgs]{newKernel[f8wgArgs]("f8wg_8"), newKernel[f8wgArgs]("f8wg_16")}
+
+type f8wgArgs struct {
+	out        devptr
+	odt        int32
+	xq, xs     devptr
+	T          int32
+	w          devptr
+	rb         int64
+	wt         devptr
+	ld, O, I   int32
+	accumulate int32
+	part, cnt  devptr
+}
+
+// f8wgMaxTokens is the most tokens of an FP8 product on f8wg (tiles of 32
+// and 64 tokens lost to cuBLASLt: NOTES.md), and f8wgStages the stages of
+// 128 columns its blocks keep in flight (F8WG_STAGES).
+const (
+	f8wgMaxTokens = 16
+	f8wgStages    = 6
+)
+
+// f8wgTile is the tokens of the f8wg tile that takes n tokens, and its
+// index in f8wgKernels.
+func f8wgTile(n int) (tok, k int) {
+	if n <= 8 {
+		return 8, 0
+	}
+	return 16, 1
+}
+
+// f8wgSmem is the shared memory of an f8wg block of tok tokens: the
+// swizzle's alignment, the stages' 64 weight rows and tok token rows of 128
+// bytes, and their scales.
+func f8wgSmem(tok int) int { return 1024 + f8wgStages*(64+tok)*128 + f8wgStages*(tok+1)*4 }
+
 type quantFP8ActArgs struct {
 	q, s, x               devptr
 	xdt, T, Tp, K, swiglu int32
@@ -108,6 +147,10 @@ func (b *Backend) fp8Gemm(w, x *tensor, n, in, o int) bool {
 // (written or added to) or bf16. A token count that is not a multiple of
 // four (cuBLASLt's) is padded with zero rows whose products go to scratch.
 func (b *Backend) fp8gemm(out devptr, odt backend.DType, xt *tensor, w *tensor, n, o, in int, accumulate bool) {
+	if n <= b.f8wgMax {
+		b.f8wg(out, odt, xt, w, n, o, in, accumulate)
+		return
+	}
 	np := (n + 3) &^ 3
 	q, s := b.quantAct("fp8", xt.ptr, xt.dt, n, np, in, false)
 	d := out
@@ -128,6 +171,27 @@ func (b *Backend) fp8gemm(out devptr, odt backend.DType, xt *tensor, w *tensor, 
 	}
 }
 
+// f8wg is fp8gemm's product of up to b.f8wgMax tokens on wgmma (sm_90a):
+// blocks of 64 weight rows, the columns split where the tiles fill less
+// than a wave (at least two stages a split).
+func (b *Backend) f8wg(out devptr, odt backend.DType, xt *tensor, w *tensor, n, o, in int, accumulate bool) {
+	q, s := b.quantAct("fp8", xt.ptr, xt.dt, n, n, in, false)
+	tok, k := f8wgTile(n)
+	smem, tiles, S := f8wgSmem(tok), (o+63)/64, 1
+	kk := f8wgKernels[k]
+	b.allowSmem(kk.name, smem)
+	if tiles <= b.skinnyWave() { // a counter a tile
+		S = max(1, min(in/128/2, b.residentBlocks(kk.name, 128, smem)*b.sms/tiles))
+	}
+	var part devptr
+	if S > 1 {
+		part = b.scratchBuf("f8wg.part", 4*S*n*o)
+	}
+	kk.runOverlapped(b, [3]int{tiles, S, 1}, 128, smem, f8wgArgs{
+		out: out, odt: int32(odt), xq: q, xs: s, T: int32(n), w: w.ptr, rb: int64(w.rb()), wt: w.fp8t,
+		ld: int32(fp8TileStride(in)), O: int32(o), I: int32(in), accumulate: boolInt(accumulate), part: part, cnt: b.skinnyCnt})
+}
+
 // quantAct quantizes n rows of x (f32 or bf16, rows of in; with swiglu,
 // f32 rows of gate | up, 2 in, whose SwiGLU it quantizes) for FP8
 // products, in rows of e4m3 padded with zeros to np, and their scales
@@ -136,7 +200,7 @@ func (b *Backend) quantAct(pre string, x devptr, xdt backend.DType, n, np, in in
 	nb := (in + 127) / 128
 	q = b.scratchBuf(pre+".x", np*in)
 	s = b.scratchBuf(pre+".s", 4*nb*np)
-	quantFP8ActKernel.run(b, g1(max(1, min((nb*np+7)/8, 16*b.sms))), 256, 0, quantFP8ActArgs{q: q, s: s, x: x, xdt: int32(xdt), T: int32(n), Tp: int32(np), K: int32(in),
+	quantFP8ActKernel.runOverlapped(b, g1(max(1, min((nb*np+7)/8, 16*b.sms))), 256, 0, quantFP8ActArgs{q: q, s: s, x: x, xdt: int32(xdt), T: int32(n), Tp: int32(np), K: int32(in),
 		swiglu: boolInt(swiglu)})
 	return q, s
 }

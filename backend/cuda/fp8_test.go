@@ -92,7 +92,27 @@ func TestFP8GEMM(t *testing.T) {
 	if p.g.fp8Min == 0 {
 		t.Skip("no block-scaled FP8 GEMM before Hopper")
 	}
-	p.withFP8(-1, 0, p.g.fp8Min, func() { p.fp8GEMM(t) })
+	// Up to 64 tokens on f8wg (sm_90a), then on cuBLASLt alone.
+	for _, wg := range []int{p.g.f8wgMax, 0} {
+		func(m int) {
+			defer func() { p.g.f8wgMax = m }()
+			p.g.f8wgMax = wg
+			p.withFP8(-1, 0, p.g.fp8Min, func() { p.fp8GEMM(t) })
+		}(p.g.f8wgMax)
+		if wg == 0 {
+			break
+		}
+	}
+}
+
+// fp8Product is the name of the launch that runs a block-scaled product
+// of n tokens: f8wg's tile, or cuBLASLt.
+func (p *pair) fp8Product(n int) string {
+	if n <= p.g.f8wgMax {
+		tok, _ := f8wgTile(n)
+		return fmt.Sprintf("f8wg_%d", tok)
+	}
+	return "cublasLt"
 }
 
 func (p *pair) fp8GEMM(t *testing.T) {
@@ -108,7 +128,7 @@ func (p *pair) fp8GEMM(t *testing.T) {
 		if view { // rows [256, 640): whole tiles of the stacked weight
 			w, wv = p.g.Rows(gw, 256, o), wf[256*in:(256+o)*in]
 		}
-		for _, n := range []int{4, 5, 16, 33, 130} {
+		for _, n := range []int{4, 5, 16, 20, 33, 130} {
 			for _, xdt := range []backend.DType{backend.F32, backend.BF16} {
 				for _, odt := range []backend.DType{backend.F32, backend.BF16} {
 					acc := odt == backend.F32 && n%2 == 1
@@ -124,8 +144,8 @@ func (p *pair) fp8GEMM(t *testing.T) {
 						}
 					}
 					seen := p.launches(func() { p.g.MatMul(gout, gx, w, acc) })
-					what := fmt.Sprintf("view %v: %d x %d x %d, x %v, out %v, acc %v", view, n, o, in, xdt, odt, acc)
-					expect(t, what, seen, []string{"quant_fp8_act", "cublasLt"}, []string{qmvName(false, backend.FP8, n), "qdeq_fp8"})
+					what := fmt.Sprintf("f8wg to %d: view %v: %d x %d x %d, x %v, out %v, acc %v", p.g.f8wgMax, view, n, o, in, xdt, odt, acc)
+					expect(t, what, seen, []string{"quant_fp8_act", p.fp8Product(n)}, []string{qmvName(false, backend.FP8, n), "qdeq_fp8"})
 					tol := 1e-3
 					if odt == backend.BF16 {
 						tol = 5e-3
@@ -151,7 +171,7 @@ func (p *pair) fp8GEMM(t *testing.T) {
 	// Below four tokens the products stay on qmv with bf16 activations.
 	_, gx := p.activation(backend.BF16, p.randn(3*in, 1), 3, in)
 	seen := p.launches(func() { p.g.MatMul(p.poisoned(backend.F32, 3, o), gx, p.g.Rows(gw, 0, o), false) })
-	expect(t, "3 tokens", seen, []string{qmvName(false, backend.FP8, 3)}, []string{"quant_fp8_act", "cublasLt"})
+	expect(t, "3 tokens", seen, []string{qmvName(false, backend.FP8, 3)}, []string{"quant_fp8_act", "cublasLt", "f8wg_8"})
 
 	// The MLP: gate/up as a GEMM to bf16, SwiGLU, down as a GEMM. Against
 	// the CPU's unquantized activations: the quantization's own distance.
@@ -165,7 +185,7 @@ func (p *pair) fp8GEMM(t *testing.T) {
 		p.c.MLP(co, cx, cgu, cd)
 		seen := p.launches(func() { p.g.MLP(gout, gx, ggu, gd) })
 		what := fmt.Sprintf("mlp %d x %d x %d", n, H, I)
-		expect(t, what, seen, []string{"quant_fp8_act", "cublasLt", "silu_mul_bf16"}, []string{qmvName(true, backend.FP8, n)})
+		expect(t, what, seen, []string{"quant_fp8_act", p.fp8Product(n), "silu_mul_bf16"}, []string{qmvName(true, backend.FP8, n)})
 		p.compare(what, co, gout, 6e-2)
 	}
 
@@ -178,7 +198,7 @@ func (p *pair) fp8GEMM(t *testing.T) {
 	want := fp8Reference(x, wf[:o*in], n, o, in)
 	for step := range 3 {
 		p.g.Write(gq, encode(backend.F32, make([]float32, n*o)))
-		p.g.Graph("fp8 gemm", func() { p.g.MatMul(gq, gxg, p.g.Rows(gw, 0, o), false) })
+		p.g.Graph(fmt.Sprintf("fp8 gemm, f8wg to %d", p.g.f8wgMax), func() { p.g.MatMul(gq, gxg, p.g.Rows(gw, 0, o), false) })
 		if d := relL2(read(t, p.g, gq), want); !(d <= 1e-3) {
 			t.Errorf("graph step %d: relative L2 %.2e from the quantized reference", step, d)
 		}

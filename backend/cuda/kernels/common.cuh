@@ -43,6 +43,13 @@ __device__ __forceinline__ void st(void *p, long i, int dt, float v) {
 	else ((float *)p)[i] = v;
 }
 
+// ld_cg reads past L1, where another block's partial sums may be stale.
+__device__ __forceinline__ float ld_cg(const float *p) {
+	float v;
+	asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+	return v;
+}
+
 // qstore writes output i: bf16, or f32 written or added to.
 __device__ __forceinline__ void qstore(void *out, int odt, int accumulate, long i, float v) {
 	if (odt == DT_BF16) {

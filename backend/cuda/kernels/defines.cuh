@@ -34,6 +34,9 @@
 #define MW_BN 128
 #define MW_STAGES 4
 
+// The FP8 decode products on wgmma (f8wg.cu): F8WG_STAGES stages of 128 columns.
+#define F8WG_STAGES 6
+
 // The rows a block of moe_count and moe_scatter takes (moe.cu), a thread each.
 #define MOE_GROUP_ROWS 1024
 

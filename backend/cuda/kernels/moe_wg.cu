@@ -187,7 +187,7 @@ __device__ __forceinline__ void group_wg(void *y, int ydt, const u8 *xq, const f
 		wgmma_fence();
 		if constexpr (F8) {
 #pragma unroll
-			for (int ks = 0; ks < 4; ks++) wgmma_e4m3(part, wg_desc(sA + st * SA + wg * 64 * 128 + 32 * ks), wg_desc(sB + st * SB + 32 * ks), ks);
+			for (int ks = 0; ks < 4; ks++) wgmma_e4m3_n<128>(part, wg_desc(sA + st * SA + wg * 64 * 128 + 32 * ks), wg_desc(sB + st * SB + 32 * ks), ks);
 			wgmma_commit_wait<0>();
 			const float *sx = sX + st * BM + 64 * wg + 16 * wr + (lane >> 2), *sw = sW + st * MW_BN + (lane & 3) * 2;
 			float x0 = sx[0], x1 = sx[8];

@@ -1209,6 +1209,8 @@ QKERNELS(fp8, QT_FP8)
 // The e4m3 conversion needs F8_MMA's compiler.
 extern "C" __global__ void __launch_bounds__(256) quant_fp8_act(u8 *q, float *s, const void *x, int xdt, int T, int Tp, int K, int swiglu) {
 #if F8_MMA
+	pdl_trigger();  // the product after it requests its first weights
+	pdl_wait();
 	int lane = threadIdx.x & 31, nb = (K + 127) >> 7;
 	long items = (long)Tp * nb;
 	for (long it = blockIdx.x * 8L + (threadIdx.x >> 5); it < items; it += gridDim.x * 8L) {

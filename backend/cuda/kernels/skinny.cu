@@ -40,13 +40,6 @@ __device__ __forceinline__ int skinny_row(int tile, int r, int O) {
 	return g >= O ? -1 : (r & 8) ? O + g : g;
 }
 
-// ld_cg reads past L1, where another block's partial sums may be stale.
-__device__ __forceinline__ float ld_cg(const float *p) {
-	float v;
-	asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
-	return v;
-}
-
 __device__ __forceinline__ float silu_times(float g, float u) { return g / (1.f + __expf(-g)) * u; }
 
 // skinny_finish adds up a skinny block's accumulators (lane layout of
