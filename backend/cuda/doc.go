@@ -54,6 +54,7 @@
 //	KILN_CUDA_FP8_SKINNY_MAX=n    the most tokens of an FP8 product on the FP8 skinny GEMM (0-8, default 2 on Hopper, 8 on sm_89; 0: off)
 //	KILN_CUDA_FP8_GEMM_MIN=n      the fewest tokens of an FP8 product on cuBLASLt's block-scaled FP8 GEMM (default 4; 0: off)
 //	KILN_CUDA_FP8_TILE=n          the cuBLASLt tile id of the block-scaled FP8 products of up to 64 tokens (default 18: 128 x 64; 0: the heuristic's)
+//	KILN_CUDA_F8WG_MAX=n          the most tokens of a block-scaled FP8 product on f8wg (wgmma, sm_90a) rather than cuBLASLt (0-16, default 16; 0: off)
 //	KILN_CUDA_F8MV_MAX=n          the most tokens of an FP8 product on f8mv (-1-8, default 1; 0: expert rows only; -1: off)
 //	KILN_CUDA_F8MV_OUTS=n         the fewest outputs of an FP8 product on f8mv (default 4096; one token with fewer: qmv; expert rows: any)
 //	KILN_CUDA_F8MV_COLS=n         the most columns of an FP8 product on f8mv (default 2048; more: the FP8 skinny GEMM)
