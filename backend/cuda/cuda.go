@@ -218,7 +218,8 @@ func New(opts Options) (*Backend, error) {
 	b.f8mvMax = -1
 	if 10*major+minor >= 89 && k.nvrtc >= nvrtcVersion(12, 4) { // F8_MMA in kernels/common.cuh
 		// On Hopper the skinny GEMM is the faster up to two tokens; from
-		// three qmv, from four cuBLASLt's block-scaled GEMM (NOTES.md).
+		// three qmv, from four the block-scaled products (f8wg, then
+		// cuBLASLt; NOTES.md).
 		def := skinnyMaxTokens
 		if b.fp8Min > 0 {
 			def = 2

@@ -27,7 +27,9 @@ import (
 // 128-byte bodies of a row's blocks, then their scales; qlayout.go) are a
 // column-major K x N matrix whose leading dimension is the row's bytes, and
 // the tile scales are kept beside them at load. Below four tokens (the
-// GEMM's smallest) products stay on qmv, with bf16 activations.
+// GEMM's smallest) products stay on qmv, with bf16 activations; from four
+// to sixteen (sm_90a) they run on f8wg (kernels/f8wg.cu), which reads the
+// same rows and tile scales without padding the tokens to cuBLASLt's tiles.
 
 // The kernels of the block-scaled GEMM's activations (kernels/quant.cu).
 var (
