@@ -92,7 +92,7 @@ func TestFP8GEMM(t *testing.T) {
 	if p.g.fp8Min == 0 {
 		t.Skip("no block-scaled FP8 GEMM before Hopper")
 	}
-	// Up to 64 tokens on f8wg (sm_90a), then on cuBLASLt alone.
+	// Up to 16 tokens on f8wg (sm_90a), then on cuBLASLt alone.
 	for _, wg := range []int{p.g.f8wgMax, 0} {
 		func(m int) {
 			defer func() { p.g.f8wgMax = m }()
