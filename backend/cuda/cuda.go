@@ -69,8 +69,9 @@ type Backend struct {
 	// kernel where it splits the keys (head dims 64 and 128).
 	flashSplitQueries int
 	useGraphs         bool // KILN_CUDA_GRAPHS is not 0
-	// skinnyCnt holds the skinny GEMM's split-K counters, one per tile,
-	// zeroed once; each call's last block resets the ones it used.
+	// skinnyCnt holds the split-K counters of the skinny GEMM and of
+	// f8wg, one per tile (at most skinnyWave() tiles), zeroed once; each
+	// call's last block resets the ones it used.
 	skinnyCnt devptr
 	// pdl lets the kernels launched by runOverlapped start while the
 	// kernel before them finishes (sm_90 on; KILN_CUDA_PDL=0 turns it off).

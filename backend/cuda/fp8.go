@@ -146,8 +146,9 @@ func (b *Backend) fp8Gemm(w, x *tensor, n, in, o int) bool {
 
 // fp8gemm computes out[n, o] (+)= x[n, in] . w[o, in]^T on the FP8 tensor
 // cores: x quantized per token and 128 columns, w's tile scales, out f32
-// (written or added to) or bf16. A token count that is not a multiple of
-// four (cuBLASLt's) is padded with zero rows whose products go to scratch.
+// (written or added to) or bf16. Up to b.f8wgMax tokens it is f8wg's;
+// above, cuBLASLt's, where a token count that is not a multiple of four
+// is padded with zero rows whose products go to scratch.
 func (b *Backend) fp8gemm(out devptr, odt backend.DType, xt *tensor, w *tensor, n, o, in int, accumulate bool) {
 	if n <= b.f8wgMax {
 		b.f8wg(out, odt, xt, w, n, o, in, accumulate)

@@ -1195,8 +1195,8 @@ QKERNELS(mxfp4, QT_MXFP4)
 QKERNELS(fp8, QT_FP8)
 
 // quant_fp8_act quantizes the activations of an FP8 weight's product for
-// cuBLASLt's block-scaled FP8 GEMM (fp8.go) and for the FP8 experts'
-// grouped products (moe_f8.cu): rows t < T of x (f32 or bf16, K columns;
+// the block-scaled products (f8wg.cu, cuBLASLt's; fp8.go) and for the FP8
+// experts' grouped products (moe_wg.cu): rows t < T of x (f32 or bf16, K columns;
 // with swiglu, f32 rows of 2K whose halves g and u make silu(g) * u, as
 // silu_mul writes it) become e4m3 rows of q (K bytes apart; rows T..Tp-1 zeros, the GEMM's
 // padding to four tokens), with one float32 scale per row and 128 columns
@@ -1206,7 +1206,9 @@ QKERNELS(fp8, QT_FP8)
 // 128-column block), consecutive warps along a row, the block's warps
 // taking rounds of them (a block of one warp per item read 0.8 TB/s: 84 us
 // for 8K tokens of 2048 columns, H200); four columns a lane; K % 4 == 0.
-// The e4m3 conversion needs F8_MMA's compiler.
+// The e4m3 conversion needs F8_MMA's compiler. Launched overlapped: it
+// lets the product after it start (f8wg requests its weights) and waits
+// for the kernel before it.
 extern "C" __global__ void __launch_bounds__(256) quant_fp8_act(u8 *q, float *s, const void *x, int xdt, int T, int Tp, int K, int swiglu) {
 #if F8_MMA
 	pdl_trigger();  // the product after it requests its first weights
