@@ -37,10 +37,17 @@ var (
 
 // loadNCCL opens libnccl once, with NVLink multicast (NVLS) off: on a
 // shared host it can take every GPU of the host out of service, and kiln's
-// all-reduces are small.
+// all-reduces are small. NCCL's graph mixing support is off too (unless
+// the environment sets it): it adds an event's record and wait to every
+// collective a graph holds, which cost a decode step 5% at two ranks. Off,
+// NCCL forbids a collective issued while a graph holding one of the same
+// communicator is outstanding, so each rank has two (ncclCall).
 func loadNCCL() error {
 	ncclOnce.Do(func() {
 		os.Setenv("NCCL_NVLS_ENABLE", "0")
+		if _, set := os.LookupEnv("NCCL_GRAPH_MIXING_SUPPORT"); !set {
+			os.Setenv("NCCL_GRAPH_MIXING_SUPPORT", "0")
+		}
 		ncclErr = loadErr(func(b *C.char, n C.int) C.int { return C.load_nccl(b, n) })
 	})
 	return ncclErr
@@ -92,21 +99,28 @@ func NewGroup(devices []int, opts Options) ([]*Backend, error) {
 		b.group, b.rank = g, r
 		g.ranks = append(g.ranks, b)
 	}
-	var id C.ncclUniqueId
-	if err := ncclCheck("ncclGetUniqueId", C.k_ncclGetUniqueId(g.ranks[0].ctx, &id)); err != nil {
-		return nil, err
-	}
-	// Each rank's init waits for the others': one goroutine a rank.
-	errs := make([]error, len(devices))
-	var wg sync.WaitGroup
-	for r, b := range g.ranks {
-		wg.Go(func() {
-			errs[r] = ncclCheck("ncclCommInitRank", C.k_ncclCommInitRank(b.ctx, &b.comm, C.int(len(devices)), id, C.int(r)))
-		})
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return nil, err
+	for _, comm := range []func(*Backend) *C.ncclComm_t{
+		func(b *Backend) *C.ncclComm_t { return &b.comm },
+		func(b *Backend) *C.ncclComm_t { return &b.graphComm },
+	} {
+		var id C.ncclUniqueId
+		if err := ncclCheck("ncclGetUniqueId", C.k_ncclGetUniqueId(g.ranks[0].ctx, &id)); err != nil {
+			return nil, err
+		}
+		// Each rank's init waits for the others': one goroutine a rank.
+		errs := make([]error, len(devices))
+		var wg sync.WaitGroup
+		for r, b := range g.ranks {
+			wg.Go(func() {
+				var c C.ncclComm_t // cgo refuses a pointer into the Backend, which holds Go pointers
+				errs[r] = ncclCheck("ncclCommInitRank", C.k_ncclCommInitRank(b.ctx, &c, C.int(len(devices)), id, C.int(r)))
+				*comm(b) = c
+			})
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			return nil, err
+		}
 	}
 	return g.ranks, nil
 }
@@ -122,20 +136,26 @@ func (b *Backend) Ranks() int {
 	return len(b.group.ranks)
 }
 
-// ncclCall issues an NCCL call on the backend's communicator under the
-// rank's lock, which Abort takes before it aborts the communicator
-// (aborting one while another thread is inside a call on it is a race);
-// once the group is aborted it panics with backend.ErrGroupAborted
-// instead. The profile's time of a collective includes its wait for the
-// other ranks.
-func (b *Backend) ncclCall(name string, call func() C.int) {
+// ncclCall issues an NCCL call under the rank's lock, which Abort takes
+// before it aborts the communicators (aborting one while another thread is
+// inside a call on it is a race); once the group is aborted it panics with
+// backend.ErrGroupAborted instead. The call gets graphComm while a graph
+// is being captured, comm otherwise: with graph mixing support off (see
+// loadNCCL), no communicator has a collective issued while a graph of
+// its own is outstanding. The profile's time of a collective includes its
+// wait for the other ranks.
+func (b *Backend) ncclCall(name string, call func(comm C.ncclComm_t) C.int) {
 	b.around(name, func() {
 		b.ncclMu.Lock()
 		defer b.ncclMu.Unlock()
 		if b.group.aborted.Load() {
 			panic(backend.ErrGroupAborted)
 		}
-		b.fail(ncclCheck(name, call()))
+		comm := b.comm
+		if b.capture {
+			comm = b.graphComm
+		}
+		b.fail(ncclCheck(name, call(comm)))
 	})
 }
 
@@ -158,8 +178,8 @@ func (b *Backend) AllReduce(x backend.Tensor) {
 	if b.group == nil {
 		return
 	}
-	b.ncclCall("ncclAllReduce", func() C.int {
-		return C.k_ncclAllReduce(b.ctx, xt.ptr, xt.ptr, C.size_t(backend.Numel(xt)), C.NCCL_FLOAT32, C.NCCL_SUM, b.comm, b.stream)
+	b.ncclCall("ncclAllReduce", func(comm C.ncclComm_t) C.int {
+		return C.k_ncclAllReduce(b.ctx, xt.ptr, xt.ptr, C.size_t(backend.Numel(xt)), C.NCCL_FLOAT32, C.NCCL_SUM, comm, b.stream)
 	})
 }
 
@@ -181,8 +201,8 @@ func (b *Backend) GatherCols(out, x backend.Tensor) {
 		return
 	}
 	all := b.scratchF32("gather cols", n*R, W)
-	b.ncclCall("ncclAllGather", func() C.int {
-		return C.k_ncclAllGather(b.ctx, xt.ptr, all.ptr, C.size_t(R*W), C.NCCL_FLOAT32, b.comm, b.stream)
+	b.ncclCall("ncclAllGather", func(comm C.ncclComm_t) C.int {
+		return C.k_ncclAllGather(b.ctx, xt.ptr, all.ptr, C.size_t(R*W), C.NCCL_FLOAT32, comm, b.stream)
 	})
 	for r := range n {
 		part := &tensor{dt: backend.F32, shape: []int{R, W}, ptr: all.ptr + devptr(4*r*R*W), view: true}
@@ -190,7 +210,7 @@ func (b *Backend) GatherCols(out, x backend.Tensor) {
 	}
 }
 
-// Abort ends the group: every rank's communicator is aborted (which ends
+// Abort ends the group: every rank's communicators are aborted (which ends
 // the NCCL kernels a rank waits in), and every later collective panics
 // with backend.ErrGroupAborted; see backend.Collective. A rank inside an
 // NCCL call is let finish it first (ncclCall's lock), unless it stays
@@ -207,6 +227,7 @@ func (b *Backend) Abort() {
 			time.Sleep(time.Millisecond)
 		}
 		C.k_ncclCommAbort(r.ctx, r.comm)
+		C.k_ncclCommAbort(r.ctx, r.graphComm)
 		if locked {
 			r.ncclMu.Unlock()
 		}

@@ -37,12 +37,16 @@ type Backend struct {
 	// backend runs in (shim.c: use_ctx).
 	ctx    C.CUcontext
 	device int
-	// group, rank and comm: the backend's place in a group of GPUs that
-	// run a model split across them (collective.go); nil, 0 and nil alone.
-	group  *group
-	rank   int
-	comm   C.ncclComm_t
-	ncclMu sync.Mutex // held across an NCCL call (ncclCall), taken by Abort
+	// group, rank and the communicators: the backend's place in a group of
+	// GPUs that run a model split across them (collective.go); nil, 0 and
+	// nil alone. comm carries the collectives issued as they come, graphComm
+	// those captured in graphs (NCCL's graph mixing support is off).
+	group     *group
+	rank      int
+	comm      C.ncclComm_t
+	graphComm C.ncclComm_t
+	ncclMu    sync.Mutex // held across an NCCL call (ncclCall), taken by Abort
+
 	sms    int
 	smemOp int // opt-in shared memory per block
 	smemSM int // shared memory per multiprocessor
