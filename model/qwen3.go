@@ -81,10 +81,15 @@ func (in *input) tensor() backend.Tensor {
 
 // detach makes the input independent of x, which a split model readies
 // for the ranks' partial sums (addOutput) before a block like the MLP has
-// read it: the products then read a copy of the rows, and compute from it
-// what they would from x (a split model in one rank equals the whole).
-func (in *input) detach() {
+// read it: the rows are normalised now, or, where the product with w would
+// take the norm itself, it reads a copy of x and computes from it what it
+// would from x (a split model in one rank equals the whole).
+func (in *input) detach(w backend.Tensor) {
 	if in.h != nil {
+		return
+	}
+	if in.normed(w) == nil {
+		in.tensor()
 		return
 	}
 	xc := in.s.get("xin", in.x.Shape()[1])
@@ -274,7 +279,7 @@ func (m *mlp) weights(c *Config, p string) []param {
 
 func (m *mlp) forward(s *workspace, in *input, x backend.Tensor) {
 	if s.tp != nil {
-		in.detach() // the product reads its input inside addOutput
+		in.detach(m.gateUp) // the product reads its input inside addOutput
 	}
 	s.addOutput(x, func(out backend.Tensor) { in.mlp(out, m.gateUp, m.down) })
 }

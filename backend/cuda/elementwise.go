@@ -19,6 +19,7 @@ var (
 	gatherRowsKernel   = newKernel[gatherRowsArgs]("gather_rows")
 	copyColsKernel     = newKernel[copyColsArgs]("copy_cols")
 	mulSigmoidKernel   = newKernel[mulSigmoidArgs]("mul_sigmoid")
+	zeroF32Kernel      = newKernel[zeroF32Args]("zero_f32")
 	castKernel         = newKernel[castArgs]("cast")
 	toHalfKernel       = newKernel[toHalfArgs]("to_half")
 	// rmsnormV4Kernels[i] holds rows of up to 1024 << i floats in
@@ -80,6 +81,11 @@ type mulSigmoidArgs struct {
 	xdt  int32
 	gate devptr
 	n    int64
+}
+
+type zeroF32Args struct {
+	x devptr
+	n int64
 }
 
 type castArgs struct {

@@ -138,6 +138,15 @@ extern "C" __global__ void copy_cols(u16 *out, int oW, int ocol, const u16 *x, i
 	for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < w; i += gridDim.y * blockDim.x) dst[i] = src[i];
 }
 
+// zero_f32: x[k] = 0 for n floats, once the kernel before is done (a
+// rank's residual made a partial sum: a memset would end the chain of
+// overlapped launches, so the product after it could not start early).
+extern "C" __global__ void zero_f32(float *x, long n) {
+	pdl_trigger();
+	pdl_wait();
+	for (long k = blockIdx.x * (long)blockDim.x + threadIdx.x; k < n; k += (long)gridDim.x * blockDim.x) x[k] = 0.f;
+}
+
 // mul_sigmoid: x[k] *= sigmoid(gate[k]) for n elements, x of type xdt.
 extern "C" __global__ void mul_sigmoid(void *x, int xdt, const float *gate, long n) {
 	for (long k = blockIdx.x * (long)blockDim.x + threadIdx.x; k < n; k += (long)gridDim.x * blockDim.x)
