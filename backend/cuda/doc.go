@@ -37,6 +37,12 @@
 // block tables) from device buffers that Begin refreshes, so a replay stays
 // valid as contexts grow.
 //
+// A group of GPUs (NewGroup) loads NCCL with NVLink multicast off
+// (NCCL_NVLS_ENABLE=0) and, unless the environment sets it, its graph
+// mixing support off (NCCL_GRAPH_MIXING_SUPPORT=0); each rank then has a
+// communicator for the collectives its graphs capture and another for the
+// rest (collective.go).
+//
 // Environment variables, read once by New, for troubleshooting and
 // experiments (the defaults are what measured best; a value outside its
 // range is ignored with a warning):
