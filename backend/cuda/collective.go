@@ -99,30 +99,42 @@ func NewGroup(devices []int, opts Options) ([]*Backend, error) {
 		b.group, b.rank = g, r
 		g.ranks = append(g.ranks, b)
 	}
-	for _, comm := range []func(*Backend) *C.ncclComm_t{
-		func(b *Backend) *C.ncclComm_t { return &b.comm },
-		func(b *Backend) *C.ncclComm_t { return &b.graphComm },
-	} {
-		var id C.ncclUniqueId
-		if err := ncclCheck("ncclGetUniqueId", C.k_ncclGetUniqueId(g.ranks[0].ctx, &id)); err != nil {
-			return nil, err
-		}
-		// Each rank's init waits for the others': one goroutine a rank.
-		errs := make([]error, len(devices))
-		var wg sync.WaitGroup
-		for r, b := range g.ranks {
-			wg.Go(func() {
-				var c C.ncclComm_t // cgo refuses a pointer into the Backend, which holds Go pointers
-				errs[r] = ncclCheck("ncclCommInitRank", C.k_ncclCommInitRank(b.ctx, &c, C.int(len(devices)), id, C.int(r)))
-				*comm(b) = c
-			})
-		}
-		wg.Wait()
-		if err := errors.Join(errs...); err != nil {
-			return nil, err
-		}
+	eager, err := g.communicators()
+	if err != nil {
+		return nil, err
+	}
+	captured, err := g.communicators()
+	if err != nil {
+		return nil, err
+	}
+	for r, b := range g.ranks {
+		b.comm, b.graphComm = eager[r], captured[r]
 	}
 	return g.ranks, nil
+}
+
+// communicators makes one NCCL communicator of the group's ranks, a
+// handle a rank.
+func (g *group) communicators() ([]C.ncclComm_t, error) {
+	var id C.ncclUniqueId
+	if err := ncclCheck("ncclGetUniqueId", C.k_ncclGetUniqueId(g.ranks[0].ctx, &id)); err != nil {
+		return nil, err
+	}
+	// Each rank's init waits for the others': one goroutine a rank.
+	n := len(g.ranks)
+	comms, errs := make([]C.ncclComm_t, n), make([]error, n)
+	var wg sync.WaitGroup
+	for r, b := range g.ranks {
+		wg.Go(func() {
+			// A variable of its own: cgo checks the whole of a slice an
+			// element of which it is given, while the other ranks write it.
+			var c C.ncclComm_t
+			errs[r] = ncclCheck("ncclCommInitRank", C.k_ncclCommInitRank(b.ctx, &c, C.int(n), id, C.int(r)))
+			comms[r] = c
+		})
+	}
+	wg.Wait()
+	return comms, errors.Join(errs...)
 }
 
 // Rank is the backend's place in its group (0 outside one).
