@@ -106,6 +106,10 @@ type Backend struct {
 	// block a token and kv head) is one kernel, attn_decode_fused, where the
 	// bf16 tensor-core kernel applies (KILN_CUDA_FUSED_DECODE=0 for A/B).
 	fusedDecode bool
+	// moeSum: the down product of a decode step's expert rows adds them to
+	// the residual itself where it can (f8mv), with no moe_combine
+	// (KILN_CUDA_MOE_SUM=0 for A/B).
+	moeSum bool
 	// trace, when set (tests), is told the name of every kernel launched
 	// and "cublasLt" for every cuBLASLt product.
 	trace func(name string)
@@ -199,6 +203,7 @@ func New(opts Options) (*Backend, error) {
 	b.mmaSplitBlocks = envInt("KILN_CUDA_MMA_SPLIT_BLOCKS", 2, 1, 64)
 	b.flashSplitQueries = envInt("KILN_CUDA_FLASH_SPLIT_QUERIES", 128, 64, 128)
 	b.fusedDecode = os.Getenv("KILN_CUDA_FUSED_DECODE") != "0"
+	b.moeSum = os.Getenv("KILN_CUDA_MOE_SUM") != "0"
 	b.pdl = major >= 9 && envInt("KILN_CUDA_PDL", 1, 0, 1) == 1
 	b.skinnyMax = envInt("KILN_CUDA_SKINNY_MAX", skinnyMaxTokens, 0, skinnyMaxTokens)
 	b.qgemvMax = envInt("KILN_CUDA_QGEMV_MAX", qgemvMaxTokens, 0, qgemvTokens)

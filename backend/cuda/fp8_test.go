@@ -336,6 +336,16 @@ func (p *pair) f8mv(t *testing.T) {
 					if grid != p.g.qmvGrid {
 						continue
 					}
+					if summed {
+						// KILN_CUDA_MOE_SUM=0: the same rows, combined by moe_combine.
+						p.g.moeSum = false
+						off := p.moe(&ce, &ge, T, H, spec, func(f func()) { f() })
+						p.g.moeSum = true
+						if off.seen[moeCombineKernel.name] != 1 {
+							t.Errorf("%s: with the down product's sum off, launched %v", what, off.seen)
+						}
+						p.compare(what+", combined apart", off.co, off.gout, 1.5e-2)
+					}
 					for step := range 3 {
 						p.g.Write(r.gout, r.init)
 						p.g.Graph(fmt.Sprintf("f8mv moe %d/%d/%v", T, first, shared), func() { p.g.MoE(r.gout, r.gx, &ge, spec) })

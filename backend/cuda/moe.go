@@ -699,7 +699,7 @@ func (b *Backend) MoE(out, x backend.Tensor, e *backend.Experts, spec *backend.M
 	// The down product may add the rows to the residual itself where every
 	// expert is this rank's and route made the shared expert's gate.
 	var sum *moeSum
-	if held == spec.Experts && (sgu == nil || gs != 0) {
+	if held == spec.Experts && (sgu == nil || gs != 0) && b.moeSum {
 		sum = &moeSum{out: ot.ptr, wts: wts, gs: gs, K: int32(K)}
 	}
 	y, ys, summed := b.expertRows(xt, xh, sel, K, asT(e.GateUp), asT(e.Down), sgu, sdown, sum)
