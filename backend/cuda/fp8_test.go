@@ -338,9 +338,11 @@ func (p *pair) f8mv(t *testing.T) {
 					}
 					if summed {
 						// KILN_CUDA_MOE_SUM=0: the same rows, combined by moe_combine.
-						p.g.moeSum = false
-						off := p.moe(&ce, &ge, T, H, spec, func(f func()) { f() })
-						p.g.moeSum = true
+						off := p.moe(&ce, &ge, T, H, spec, func(f func()) {
+							p.g.moeSum = false
+							defer func() { p.g.moeSum = true }()
+							f()
+						})
 						if off.seen[moeCombineKernel.name] != 1 {
 							t.Errorf("%s: with the down product's sum off, launched %v", what, off.seen)
 						}

@@ -697,7 +697,8 @@ func (b *Backend) MoE(out, x backend.Tensor, e *backend.Experts, spec *backend.M
 	}
 	gs, xh := b.route(sel, wts, xt, asT(e.Router), spec, held, gate)
 	// The down product may add the rows to the residual itself where every
-	// expert is this rank's and route made the shared expert's gate.
+	// expert is this rank's and route made the shared expert's gate (unless
+	// b.moeSum is off).
 	var sum *moeSum
 	if held == spec.Experts && (sgu == nil || gs != 0) && b.moeSum {
 		sum = &moeSum{out: ot.ptr, wts: wts, gs: gs, K: int32(K)}

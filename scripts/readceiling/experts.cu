@@ -122,6 +122,8 @@ int main() {
 			char name[96];
 			snprintf(name, sizeof name, "%s (%d blocks/SM%s)", c.name, bs, pdl ? ", PDL" : "");
 			printf("%-44s %8.1f %10.2f %8.2f\n", name, bytes / 1e6, us, bytes / us / 1e6);
+			cudaEventDestroy(a);
+			cudaEventDestroy(b);
 			cudaGraphExecDestroy(ge);
 			cudaGraphDestroy(g);
 		}
