@@ -208,6 +208,10 @@ func (b *Backend) NewKVCache(spec backend.KVSpec) (backend.KVCache, error) {
 	if spec.DType != backend.F32 && spec.DType != backend.BF16 {
 		return nil, fmt.Errorf("cuda: kv cache: unsupported dtype %v (want f32 or bf16)", spec.DType)
 	}
+	if spec.BlockSize&(spec.BlockSize-1) != 0 {
+		// The decode attention finds a key's block by a shift (kernels/flash.cu).
+		return nil, fmt.Errorf("cuda: kv cache: block size %d is not a power of two", spec.BlockSize)
+	}
 	if !attnHeadDim(spec.HeadDim) {
 		// Refused here, when the model is loaded, rather than by the first
 		// attention call.

@@ -814,8 +814,6 @@ func TestMoE(t *testing.T) {
 	}
 }
 
-// TestKVCacheHeadDim: a head dim without attention kernels is refused when
-// the cache is made, not by the first attention call.
 // sameRouting reports whether got picks each token's K experts as want
 // does, in its order except where two picks' weights (the CPU's, wts) are
 // within rounding of each other: a router product on tensor cores (from 64
@@ -856,14 +854,19 @@ func TestCopyBandwidth(t *testing.T) {
 	}
 }
 
-func TestKVCacheHeadDim(t *testing.T) {
+// TestKVCacheSpec: a head dim without attention kernels, or a block size
+// that is not a power of two, is refused when the cache is made, not by the
+// first attention call.
+func TestKVCacheSpec(t *testing.T) {
 	p := newPair(t, 11)
 	spec := backend.KVSpec{Layers: 1, Blocks: 4, BlockSize: 16, KVHeads: 2, HeadDim: 96, DType: backend.BF16}
-	if c, err := p.g.NewKVCache(spec); err == nil {
-		c.Free()
-		t.Fatal("head dim 96 accepted")
-	} else {
-		t.Logf("refused as expected: %v", err)
+	for _, bad := range []backend.KVSpec{spec, {Layers: 1, Blocks: 4, BlockSize: 12, KVHeads: 2, HeadDim: 128, DType: backend.BF16}} {
+		if c, err := p.g.NewKVCache(bad); err == nil {
+			c.Free()
+			t.Fatalf("%+v accepted", bad)
+		} else {
+			t.Logf("refused as expected: %v", err)
+		}
 	}
 	spec.HeadDim = 128
 	c, err := p.g.NewKVCache(spec)
