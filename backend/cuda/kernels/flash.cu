@@ -602,9 +602,11 @@ __device__ __forceinline__ void attn_decode_mma(const u16 *qbuf, const u16 *kc, 
 		int kw = kt + warp * 16;  // this warp's 16 keys
 		if (kw < k1) {
 			const u16 *sK = dsm + (it % ST) * 2 * BK * KP + warp * 16 * KP, *sV = sK + BK * KP;
-			float sc[2][4];
+			// Each n-tile's scores in two chains (even and odd k), added
+			// after: half the dependent mmas in a row.
+			float sc[2][4], s2[2][4];
 #pragma unroll
-			for (int j = 0; j < 2; j++) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+			for (int j = 0; j < 2; j++) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = s2[j][0] = s2[j][1] = s2[j][2] = s2[j][3] = 0.f;
 #pragma unroll
 			for (int k = 0; k < KS; k += 2) {
 #pragma unroll
@@ -612,9 +614,11 @@ __device__ __forceinline__ void attn_decode_mma(const u16 *qbuf, const u16 *kc, 
 					unsigned b0, b1, b2, b3;
 					ldmatrix_x4(smem_addr(sK + (j * 8 + mr) * KP + mi * 8 + k * 16), b0, b1, b2, b3);
 					mma_bf16(sc[j], qa[k][0], qa[k][1], qa[k][2], qa[k][3], b0, b1);
-					mma_bf16(sc[j], qa[k + 1][0], qa[k + 1][1], qa[k + 1][2], qa[k + 1][3], b2, b3);
+					mma_bf16(s2[j], qa[k + 1][0], qa[k + 1][1], qa[k + 1][2], qa[k + 1][3], b2, b3);
 				}
 			}
+#pragma unroll
+			for (int j = 0; j < 2; j++) sc[j][0] += s2[j][0], sc[j][1] += s2[j][1], sc[j][2] += s2[j][2], sc[j][3] += s2[j][3];
 			if (kw + 16 > k1) {
 #pragma unroll
 				for (int j = 0; j < 2; j++) {
