@@ -13,7 +13,7 @@
 // Batch 64 at 1K tokens of Qwen3-8B's heads (8 kv heads of 128) is 268 MB
 // a layer: each launch reads another layer's cache (past L2). Block
 // tables in order, or shuffled. docs/performance.md has the figures
-// ("The decode attention's reads"). On the GPU machine:
+// ("The decode attention's copies and score chains"). On the GPU machine:
 //
 //   nvcc -O3 -arch=sm_90a -o /tmp/kvread scripts/readceiling/kvread.cu && /tmp/kvread
 #include <algorithm>
