@@ -21,8 +21,8 @@ var (
 	attnDecodeKernels = map[attnShape]kernel[attnDecodeArgs]{}
 	// The tensor-core decode kernels of bf16 caches by head dim, and their
 	// fused form (q/k norms, RoPE and the combine inside).
-	attnDecodeMMAKernels   = map[int]kernel[attnDecodeArgs]{}
-	attnDecodeFusedKernels = map[int]kernel[attnDecodeFusedArgs]{}
+	attnDecodeMMAKernels   = map[[2]int]kernel[attnDecodeArgs]{}      // by head dim and stages
+	attnDecodeFusedKernels = map[[2]int]kernel[attnDecodeFusedArgs]{} // by head dim and stages
 	// The flash prefill kernels of bf16 caches by query tile, key tile and
 	// head dim.
 	flashKernels = map[[3]int]kernel[flashArgs]{}
@@ -36,7 +36,8 @@ var (
 )
 
 // The tensor-core decode attention (attn_decode_mma) stages tiles of
-// decodeMMAKeys keys and values, decodeMMAStages deep (DM_BK, DM_STAGES).
+// decodeMMAKeys keys and values (DM_BK), decodeMMAStages deep where a block
+// may take their shared memory (decodeStages).
 // A split of the decode attention takes at least decodeSplitMMA keys on
 // tensor cores (a tile), decodeSplitScalar in the scalar kernel (a round
 // of its warps at head dim 256): below that, short contexts leave splits
@@ -72,9 +73,9 @@ func init() {
 			attnDecodeKernels[s] = newKernel[attnDecodeArgs](fmt.Sprintf("attn_decode_%v_%d_%d", s.kv, s.hd, G))
 		}
 	}
-	for _, hd := range []int{64, 128} {
-		attnDecodeMMAKernels[hd] = newKernel[attnDecodeArgs](fmt.Sprintf("attn_decode_mma_%d", hd))
-		attnDecodeFusedKernels[hd] = newKernel[attnDecodeFusedArgs](fmt.Sprintf("attn_decode_fused_%d", hd))
+	for _, s := range [][2]int{{64, decodeMMAStages}, {128, decodeMMAStages}, {128, 2}} {
+		attnDecodeMMAKernels[s] = newKernel[attnDecodeArgs](fmt.Sprintf("attn_decode_mma_%d_%d", s[0], s[1]))
+		attnDecodeFusedKernels[s] = newKernel[attnDecodeFusedArgs](fmt.Sprintf("attn_decode_fused_%d_%d", s[0], s[1]))
 	}
 	for _, t := range [][3]int{{128, 64, 64}, {128, 64, 128}, {64, 64, 64}, {64, 64, 128}, {64, 32, 64}, {64, 32, 128}, {64, 32, 256}} {
 		flashKernels[t] = newKernel[flashArgs](fmt.Sprintf("flash_prefill_%d_%d_%d", t[0], t[1], t[2]))
@@ -459,7 +460,8 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 	checkFloatW("attention", qn)
 	// A decode step with a block a token and kv head: the fused kernel.
 	if b.fusedDecode && m.maxN == 1 && decodeMMA(c, H/KH) && b.decodeSplits(T, KH, b.mmaSplitBlocks) == 1 {
-		k, smem := attnDecodeFusedKernels[hd], decodeMMASmem(hd)
+		st := b.decodeStages(hd)
+		k, smem := kernelFor(attnDecodeFusedKernels, [2]int{hd, st}), decodeMMASmem(hd, st)
 		b.allowSmem(k.name, smem)
 		k.runOverlapped(b, [3]int{T, KH, 1}, 128, smem, attnDecodeFusedArgs{
 			kc: c.k(layer), vc: c.v(layer), tokpos: m.dev[mTokPos], tokseq: m.dev[mTokSeq], seqpos: m.dev[mSeqPos],
@@ -521,7 +523,8 @@ func (b *Backend) attend(ot *tensor, qbuf devptr, c *kvCache, layer, H int, scal
 		perSM, smem, least := b.splitBlocks, 0, decodeSplitScalar
 		if mma {
 			// The stages of keys and values, rows of hd + 8 bf16.
-			k, perSM, smem, least = kernelFor(attnDecodeMMAKernels, hd), b.mmaSplitBlocks, decodeMMASmem(hd), decodeSplitMMA
+			st := b.decodeStages(hd)
+			k, perSM, smem, least = kernelFor(attnDecodeMMAKernels, [2]int{hd, st}), b.mmaSplitBlocks, decodeMMASmem(hd, st), decodeSplitMMA
 			b.allowSmem(k.name, smem)
 		} else {
 			k = kernelFor(attnDecodeKernels, attnShape{c.spec.DType, hd, G})
@@ -550,6 +553,11 @@ func (b *Backend) attend(ot *tensor, qbuf devptr, c *kvCache, layer, H int, scal
 	}
 	if c.spec.DType == backend.BF16 && (hd == 64 || hd == 128 || hd == 256) {
 		bq, bk := flashTile(m.maxN)
+		if flashSmem(bq, bk, hd) > b.smemOp {
+			// 128-query tiles at head dim 128 take 102 KB: GPUs of 99 KB a
+			// block (sm_86, sm_89) take 64.
+			bq, bk = 64, 64
+		}
 		if hd == 256 {
 			// Qwen3-Next's heads: one tile shape, whose 256-wide
 			// accumulators fill the registers (241, no spills).
@@ -601,9 +609,22 @@ func decodeMMA(c *kvCache, G int) bool {
 	return c.spec.DType == backend.BF16 && (c.spec.HeadDim == 64 || c.spec.HeadDim == 128) && G <= 16
 }
 
-// decodeMMASmem is attn_decode_mma's shared memory: the stages of keys and
+// decodeMMASmem is attn_decode_mma's shared memory: st stages of keys and
 // values, rows of hd + 8 bf16.
-func decodeMMASmem(hd int) int { return decodeMMAStages * 2 * decodeMMAKeys * (hd + 8) * 2 }
+func decodeMMASmem(hd, st int) int { return st * 2 * decodeMMAKeys * (hd + 8) * 2 }
+
+// decodeStages is how many stages the tensor-core decode attention of head
+// dim hd takes: decodeMMAStages where a block may have their shared
+// memory, else two (head dim 128 on GPUs of 99 KB a block: sm_86, sm_89).
+// Two stages everywhere measured -4% at batch 64 on an H200 (512 blocks
+// over three a multiprocessor, against two waves of two), +1% at 16
+// (branch wip/decode-2stage, NOTES.md).
+func (b *Backend) decodeStages(hd int) int {
+	if decodeMMASmem(hd, decodeMMAStages) <= b.smemOp {
+		return decodeMMAStages
+	}
+	return 2
+}
 
 // decodeSplits is the number of splits of the decode attention's keys for
 // T tokens: as many as fill one wave of perSM blocks a multiprocessor (a

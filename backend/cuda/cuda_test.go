@@ -551,6 +551,34 @@ func TestAttention(t *testing.T) {
 			attnSteps(p, c, backend.BF16, steps, false, func(_ string, f func()) { f() })
 		}
 	}
+	// A GPU of 99 KB a block (sm_86, sm_89), as this one would be without
+	// Hopper's kernels: head dim 128 decodes in two stages, split and
+	// fused, and the 1100-token step prefills in 64-query tiles (or split),
+	// where 128-query tiles would take 102 KB.
+	func() {
+		defer func(smem, split int, wg bool) { p.g.smemOp, p.g.splitMax, p.g.flashWG, p.g.trace = smem, split, wg, nil }(p.g.smemOp, p.g.splitMax, p.g.flashWG)
+		p.g.smemOp, p.g.flashWG = 99<<10, false
+		ran := map[string]bool{}
+		p.g.trace = func(name string) {
+			if strings.HasPrefix(name, "attn_decode_") || strings.HasPrefix(name, "flash_") {
+				ran[name] = true
+			}
+		}
+		for _, split := range []int{p.g.splitMax, 1} {
+			p.g.splitMax = split
+			attnSteps(p, cases[0], backend.BF16, steps, false, func(_ string, f func()) { f() })
+		}
+		for _, name := range []string{"attn_decode_mma_128_2", "attn_decode_fused_128_2"} {
+			if !ran[name] {
+				t.Errorf("with 99 KB a block %s did not run (ran %v)", name, ran)
+			}
+		}
+		for name := range ran {
+			if strings.HasPrefix(name, "flash_prefill_128_64") || strings.HasSuffix(name, "_128_3") {
+				t.Errorf("with 99 KB a block %s ran", name)
+			}
+		}
+	}()
 }
 
 // TestRoPE rotates f32 and bf16 activations at scattered positions

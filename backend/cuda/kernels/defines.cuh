@@ -52,10 +52,8 @@
 // rows of a state column (four warps: key dims up to 4 * DR_ROWS).
 #define DR_ROWS 32
 
-// The tensor-core decode attention (flash.cu): tiles of DM_BK keys, DM_STAGES
-// stages.
+// The tensor-core decode attention (flash.cu): tiles of DM_BK keys.
 #define DM_BK 64
-#define DM_STAGES 3
 
 // The fewest keys a split of the decode attention takes: DS_MMA on tensor cores,
 // DS_SCALAR in the scalar kernel.

@@ -449,15 +449,15 @@ FLASH_WG(256, 1)
 // (T, KH, S), same partial results for attn_combine) on tensor cores, for
 // bf16 caches. The G = H / KH <= 16 query heads of kv head kh are the rows
 // of one m16 tile (rows past G are zero); 128 threads stage tiles of DM_BK
-// keys and values in shared memory by cp.async, DM_STAGES deep, and each
+// keys and values in shared memory by cp.async, ST deep, and each
 // warp takes 16 keys of a tile: scores, online softmax and P.V by mma.sync,
 // then the four warps merge. The scalar kernel spends ~60 instructions per
 // key and lane on bf16 widening, shuffles and FMAs and stops short of the
 // memory's speed; here a key costs a few.
 //
-// Launched overlapped like attn_decode: the first two tiles' keys cached by
-// earlier steps are requested before pdl_wait, this step's keys (at and past
-// seqpos) and the queries are read after it.
+// Launched overlapped like attn_decode: the first ST - 1 tiles' keys cached
+// by earlier steps are requested before pdl_wait, this step's keys (at and
+// past seqpos) and the queries are read after it.
 //
 // Fused (a step of one token a sequence, and enough of them that a block
 // takes all of a token's keys: S = 1): the kernel is also qk_norm_rope and
@@ -478,11 +478,11 @@ struct DecodeFuse {
 	int odt;
 };
 
-template <int HD, bool FUSED>
+template <int HD, int ST, bool FUSED>
 __device__ __forceinline__ void attn_decode_mma(const u16 *qbuf, const u16 *kc, const u16 *vc,
 		const int *tokpos, const int *tokseq, const int *seqpos, const int *seqblk, const int *blocks,
 		float *pm, float *pl, float *pacc, int H, int KH, int bs, float scale, const DecodeFuse &f, const RopeFreq &rf) {
-	constexpr int W = 4, BK = DM_BK, KS = HD / 16, NT = HD / 8, KP = HD + 8, ST = DM_STAGES;
+	constexpr int W = 4, BK = DM_BK, KS = HD / 16, NT = HD / 8, KP = HD + 8;
 	extern __shared__ __align__(16) u16 dsm[];  // ST stages x (K + V) x BK rows of KP bf16
 	__shared__ float sm_m[W][16], sm_l[W][16];
 	int G = H / KH;
@@ -533,11 +533,13 @@ __device__ __forceinline__ void attn_decode_mma(const u16 *qbuf, const u16 *kc, 
 		copy(st, kt, when);
 		asm volatile("cp.async.commit_group;");
 	};
-	stage(0, k0, early);
-	stage(1, k0 + BK, early);
+	// The first ST - 1 tiles, then a tile a step of the loop into the buffer
+	// the step before freed.
+#pragma unroll
+	for (int s = 0; s < ST - 1; s++) stage(s, k0 + s * BK, early);
 	// Fused: the last stage, idle until the loop, holds the rope table, the
 	// norms' weights, a head a warp as it is normed and the normed queries.
-	static_assert(ST >= 3 && (128 + (2 + W + 8) * HD) * 4 <= 2 * BK * KP * 2, "the fused prologue's scratch");
+	static_assert(ST >= 2 && (128 + (2 + W + 8) * HD) * 4 <= 2 * BK * KP * 2, "the fused prologue's scratch");
 	float *cs = (float *)(dsm + (ST - 1) * 2 * BK * KP), *sn = cs + 64, *wq = sn + 64, *wk = wq + HD, *hb = wk + HD + warp * HD;
 	u16 *sq = (u16 *)(wk + HD + W * HD);
 	if constexpr (FUSED) {
@@ -569,11 +571,11 @@ __device__ __forceinline__ void attn_decode_mma(const u16 *qbuf, const u16 *kc, 
 		}
 		__syncthreads();
 	}
-	// This step's keys in the first two tiles, now that qk_norm_rope (or
+	// This step's keys in the first ST - 1 tiles, now that qk_norm_rope (or
 	// this block) has stored them (plain loads: the barrier before their use
 	// publishes them).
-	copy(0, k0, fixup);
-	copy(1, k0 + BK, fixup);
+#pragma unroll
+	for (int s = 0; s < ST - 1; s++) copy(s, k0 + s * BK, fixup);
 
 	// Query fragments (rows: heads, pre-scaled into log2 units), kept in
 	// registers for all tiles.
@@ -596,8 +598,8 @@ __device__ __forceinline__ void attn_decode_mma(const u16 *qbuf, const u16 *kc, 
 
 	int it = 0;
 	for (int kt = k0; kt < k1; kt += BK, it++) {
-		stage((it + 2) % ST, kt + 2 * BK, all);
-		asm volatile("cp.async.wait_group 2;");
+		stage((it + ST - 1) % ST, kt + (ST - 1) * BK, all);
+		asm volatile("cp.async.wait_group %0;" ::"n"(ST - 1));
 		__syncthreads();
 		int kw = kt + warp * 16;  // this warp's 16 keys
 		if (kw < k1) {
@@ -701,16 +703,19 @@ __device__ __forceinline__ void attn_decode_mma(const u16 *qbuf, const u16 *kc, 
 	sp.partial<W, 16, HD>(sm_acc, sm_m, sm_l, pm, pl, pacc, H, G);
 }
 
-#define DECODE_MMA(HD) \
-	extern "C" __global__ void __launch_bounds__(128) attn_decode_mma_##HD(const u16 *qbuf, const u16 *kc, const u16 *vc, \
+// Three stages where a block may take 102 KB at head dim 128 (backend:
+// decodeStages), two on GPUs of 99 KB a block (sm_86, sm_89).
+#define DECODE_MMA(HD, ST) \
+	extern "C" __global__ void __launch_bounds__(128) attn_decode_mma_##HD##_##ST(const u16 *qbuf, const u16 *kc, const u16 *vc, \
 			const int *tokpos, const int *tokseq, const int *seqpos, const int *seqblk, const int *blocks, \
 			float *pm, float *pl, float *pacc, int H, int KH, int bs, float scale) { \
-		attn_decode_mma<HD, false>(qbuf, kc, vc, tokpos, tokseq, seqpos, seqblk, blocks, pm, pl, pacc, H, KH, bs, scale, DecodeFuse{}, RopeFreq{}); \
+		attn_decode_mma<HD, ST, false>(qbuf, kc, vc, tokpos, tokseq, seqpos, seqblk, blocks, pm, pl, pacc, H, KH, bs, scale, DecodeFuse{}, RopeFreq{}); \
 	} \
-	extern "C" __global__ void __launch_bounds__(128) attn_decode_fused_##HD(const u16 *kc, const u16 *vc, \
+	extern "C" __global__ void __launch_bounds__(128) attn_decode_fused_##HD##_##ST(const u16 *kc, const u16 *vc, \
 			const int *tokpos, const int *tokseq, const int *seqpos, const int *seqblk, const int *blocks, \
 			int H, int KH, int bs, float scale, DecodeFuse f, RopeFreq rf) { \
-		attn_decode_mma<HD, true>(nullptr, kc, vc, tokpos, tokseq, seqpos, seqblk, blocks, nullptr, nullptr, nullptr, H, KH, bs, scale, f, rf); \
+		attn_decode_mma<HD, ST, true>(nullptr, kc, vc, tokpos, tokseq, seqpos, seqblk, blocks, nullptr, nullptr, nullptr, H, KH, bs, scale, f, rf); \
 	}
-DECODE_MMA(64)
-DECODE_MMA(128)
+DECODE_MMA(64, 3)
+DECODE_MMA(128, 3)
+DECODE_MMA(128, 2)
