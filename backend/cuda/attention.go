@@ -459,7 +459,7 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 	}
 	checkFloatW("attention", qn)
 	// A decode step with a block a token and kv head: the fused kernel.
-	if b.fusedDecode && m.maxN == 1 && decodeMMA(c, H/KH) && b.decodeSplits(T, KH, b.mmaSplitBlocks) == 1 {
+	if b.fusedDecode && m.maxN == 1 && decodeMMA(c, H/KH) && b.decodeSplits(T, KH, b.decodeMMAPerSM(hd)) == 1 {
 		st := b.decodeStages(hd)
 		k, smem := kernelFor(attnDecodeFusedKernels, [2]int{hd, st}), decodeMMASmem(hd, st)
 		b.allowSmem(k.name, smem)
@@ -524,8 +524,7 @@ func (b *Backend) attend(ot *tensor, qbuf devptr, c *kvCache, layer, H int, scal
 		if mma {
 			// The stages of keys and values, rows of hd + 8 bf16.
 			st := b.decodeStages(hd)
-			k, perSM, smem, least = kernelFor(attnDecodeMMAKernels, [2]int{hd, st}), b.mmaSplitBlocks, decodeMMASmem(hd, st), decodeSplitMMA
-			b.allowSmem(k.name, smem)
+			k, perSM, smem, least = kernelFor(attnDecodeMMAKernels, [2]int{hd, st}), b.decodeMMAPerSM(hd), decodeMMASmem(hd, st), decodeSplitMMA
 		} else {
 			k = kernelFor(attnDecodeKernels, attnShape{c.spec.DType, hd, G})
 		}
@@ -620,10 +619,26 @@ func decodeMMASmem(hd, st int) int { return st * 2 * decodeMMAKeys * (hd + 8) * 
 // over three a multiprocessor, against two waves of two), +1% at 16
 // (branch wip/decode-2stage, NOTES.md).
 func (b *Backend) decodeStages(hd int) int {
-	if decodeMMASmem(hd, decodeMMAStages) <= b.smemOp {
+	if decodeMMASmem(hd, decodeMMAStages)+decodeMMAStatic <= b.smemOp {
 		return decodeMMAStages
 	}
 	return 2
+}
+
+// decodeMMAStatic bounds the kernel's static shared memory (its warps'
+// maxima and sums: 1.5 KB under NVRTC 12.4), which the block's limit
+// counts with the stages.
+const decodeMMAStatic = 2 << 10
+
+// decodeMMAPerSM is how many blocks of the tensor-core decode attention of
+// head dim hd a multiprocessor holds, up to KILN_CUDA_MMA_SPLIT_BLOCKS: the
+// splits fill that many (two on Hopper, one on GPUs of 100 KB a
+// multiprocessor).
+func (b *Backend) decodeMMAPerSM(hd int) int {
+	st := b.decodeStages(hd)
+	k, smem := kernelFor(attnDecodeMMAKernels, [2]int{hd, st}), decodeMMASmem(hd, st)
+	b.allowSmem(k.name, smem)
+	return min(b.mmaSplitBlocks, b.residentBlocks(k.name, 128, smem))
 }
 
 // decodeSplits is the number of splits of the decode attention's keys for

@@ -197,9 +197,10 @@ func New(opts Options) (*Backend, error) {
 	// Six decode-attention blocks per multiprocessor measured best on an
 	// H100 (2, 3, 4, 6 and 8 tried at batch 1 and 64, contexts 1K and 32K).
 	b.splitBlocks = envInt("KILN_CUDA_SPLIT_BLOCKS", 6, 1, 64)
-	// The tensor-core kernel (bf16 caches) holds two blocks per
-	// multiprocessor (shared memory); two splits per multiprocessor measured
-	// best (2, 3, 4, 6 and 8 tried at batch 1 and 16, contexts 1K to 32K).
+	// The tensor-core kernel (bf16 caches) holds two blocks per Hopper
+	// multiprocessor (shared memory; one on GPUs of 100 KB,
+	// decodeMMAPerSM); two splits per multiprocessor measured best (2, 3, 4,
+	// 6 and 8 tried at batch 1 and 16, contexts 1K to 32K).
 	b.mmaSplitBlocks = envInt("KILN_CUDA_MMA_SPLIT_BLOCKS", 2, 1, 64)
 	b.flashSplitQueries = envInt("KILN_CUDA_FLASH_SPLIT_QUERIES", 128, 64, 128)
 	b.fusedDecode = os.Getenv("KILN_CUDA_FUSED_DECODE") != "0"

@@ -556,8 +556,10 @@ func TestAttention(t *testing.T) {
 	// fused, and the 1100-token step prefills in 64-query tiles (or split),
 	// where 128-query tiles would take 102 KB.
 	func() {
-		defer func(smem, split int, wg bool) { p.g.smemOp, p.g.splitMax, p.g.flashWG, p.g.trace = smem, split, wg, nil }(p.g.smemOp, p.g.splitMax, p.g.flashWG)
-		p.g.smemOp, p.g.flashWG = 99<<10, false
+		defer func(smem, split, sq int, wg bool) {
+			p.g.smemOp, p.g.splitMax, p.g.flashSplitQueries, p.g.flashWG, p.g.trace = smem, split, sq, wg, nil
+		}(p.g.smemOp, p.g.splitMax, p.g.flashSplitQueries, p.g.flashWG)
+		p.g.smemOp, p.g.flashSplitQueries, p.g.flashWG = 99<<10, 128, false
 		ran := map[string]bool{}
 		p.g.trace = func(name string) {
 			if strings.HasPrefix(name, "attn_decode_") || strings.HasPrefix(name, "flash_") {

@@ -493,24 +493,24 @@ __device__ __forceinline__ void attn_decode_mma(const u16 *qbuf, const u16 *kc, 
 	int t = sp.t, kh = sp.kh, n = sp.n, k0 = sp.k0, k1 = sp.k1, cached = sp.cached;
 	const int *bt = sp.bt;
 
-	// copy moves the tile at kt into buffer st: thread i takes columns d
-	// and d + HD/2 (16 bytes each) of keys r, r + JS, ..., so that
+	// copy moves the tile at kt into buffer st: thread i takes columns dc
+	// and dc + HD/2 (16 bytes each) of keys r, r + JS, ..., so that
 	// consecutive threads read a key's row in two runs of HD bytes and each
 	// address serves four copies; keys past k1 repeat the last key (finite
 	// values that the mask removes). Before pdl_wait (when = early) it
 	// leaves this step's keys out, and fixup then loads just those. The
-	// block size is a power of two (kvCache). Dividing each key's position
+	// block size is a power of two (NewKVCache). Dividing each key's position
 	// by it and a thread a 16-byte piece made the addresses ~390 of the
 	// loop's ~670 instructions a tile: with two warps a scheduler the kernel
 	// issued on 44% of cycles and read its keys at 2.7 TB/s (H200, ncu,
 	// batch 64).
 	enum { all, early, fixup };
 	constexpr int CH = HD / 16, JS = 32 * W / CH, CPT = BK / JS;
-	const int r = threadIdx.x / CH, lb = __ffs(bs) - 1, rs = KH * HD, bsr = bs * rs, d = threadIdx.x % CH * 8, hoff = kh * HD + d;
+	const int r = threadIdx.x / CH, lb = __ffs(bs) - 1, rs = KH * HD, bsr = bs * rs, dc = threadIdx.x % CH * 8, hoff = kh * HD + dc;
 	const long last = (long)bt[(k1 - 1) >> lb] * bsr + ((k1 - 1) & (bs - 1)) * rs + hoff;
 	auto copy = [&](int st, int kt, int when) {
 		if (kt >= k1) return;
-		u16 *dK = dsm + st * 2 * BK * KP + r * KP + d, *dV = dK + BK * KP;
+		u16 *dK = dsm + st * 2 * BK * KP + r * KP + dc, *dV = dK + BK * KP;
 #pragma unroll
 		for (int c = 0; c < CPT; c++) {
 			int key = kt + r + c * JS;
