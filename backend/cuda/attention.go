@@ -551,17 +551,7 @@ func (b *Backend) attend(ot *tensor, qbuf devptr, c *kvCache, layer, H int, scal
 		return
 	}
 	if c.spec.DType == backend.BF16 && (hd == 64 || hd == 128 || hd == 256) {
-		bq, bk := flashTile(m.maxN)
-		if flashSmem(bq, bk, hd) > b.smemOp {
-			// 128-query tiles at head dim 128 take 102 KB: GPUs of 99 KB a
-			// block (sm_86, sm_89) take 64.
-			bq, bk = 64, 64
-		}
-		if hd == 256 {
-			// Qwen3-Next's heads: one tile shape, whose 256-wide
-			// accumulators fill the registers (241, no spills).
-			bq, bk = 64, 32
-		}
+		bq, bk := b.flashTileFor(m.maxN, hd)
 		k := kernelFor(flashKernels, [3]int{bq, bk, hd})
 		fa := flashArgs{attnPrefillArgs: pa, nsplit: 1}
 		tiles, smem := (m.maxN+bq-1)/bq, flashSmem(bq, bk, hd)
@@ -693,6 +683,21 @@ const (
 	flashSplitKeys  = 256      // the fewest keys a split range takes
 	flashSplitBytes = 64 << 20 // most bytes of split partial results
 )
+
+// flashTileFor is flashTile for head dim hd on this GPU: Qwen3-Next's 256
+// take one tile shape, whose 256-wide accumulators fill the registers (241,
+// no spills); 128-query tiles at head dim 128 take 102 KB of shared memory,
+// so GPUs of 99 KB a block (sm_86, sm_89) take 64.
+func (b *Backend) flashTileFor(maxN, hd int) (bq, bk int) {
+	bq, bk = flashTile(maxN)
+	if hd == 256 {
+		return 64, 32
+	}
+	if flashSmem(bq, bk, hd) > b.smemOp {
+		return 64, 64
+	}
+	return bq, bk
+}
 
 // flashTile returns the query and key tile of the flash prefill kernel for
 // a step whose longest sequence adds maxN tokens (kernels/flash.cu):

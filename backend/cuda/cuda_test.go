@@ -906,6 +906,40 @@ func TestKVCacheSpec(t *testing.T) {
 	c.Free()
 }
 
+// TestSmallSmemChoices pins what a GPU of 99 KB a block (sm_86, sm_89)
+// takes against a Hopper's 227 KB (no GPU needed): the decode attention's
+// stages and the flash prefill's tiles.
+func TestSmallSmemChoices(t *testing.T) {
+	small, hopper := &Backend{smemOp: 99 << 10}, &Backend{smemOp: 227 << 10}
+	for _, c := range []struct {
+		b          *Backend
+		hd, stages int
+	}{{small, 64, 3}, {small, 128, 2}, {hopper, 64, 3}, {hopper, 128, 3}} {
+		if got := c.b.decodeStages(c.hd); got != c.stages {
+			t.Errorf("smemOp %d, head dim %d: %d stages, want %d", c.b.smemOp, c.hd, got, c.stages)
+		}
+		if st := c.b.decodeStages(c.hd); decodeMMASmem(c.hd, st)+decodeMMAStatic > c.b.smemOp {
+			t.Errorf("smemOp %d, head dim %d: %d stages take %d bytes", c.b.smemOp, c.hd, st, decodeMMASmem(c.hd, st))
+		}
+	}
+	for _, hd := range []int{64, 128, 256} {
+		for _, maxN := range []int{300, 600, 1100, 8192} {
+			for _, b := range []*Backend{small, hopper} {
+				bq, bk := b.flashTileFor(maxN, hd)
+				if flashSmem(bq, bk, hd) > b.smemOp {
+					t.Errorf("smemOp %d, head dim %d, %d tokens: tile %d x %d takes %d bytes", b.smemOp, hd, maxN, bq, bk, flashSmem(bq, bk, hd))
+				}
+				if _, ok := flashKernels[[3]int{bq, bk, hd}]; !ok {
+					t.Errorf("head dim %d, %d tokens: no flash kernel of tile %d x %d", hd, maxN, bq, bk)
+				}
+			}
+		}
+	}
+	if bq, _ := hopper.flashTileFor(1100, 128); bq != 128 {
+		t.Errorf("a Hopper's 1100-token prompt at head dim 128 takes %d-query tiles, want 128", bq)
+	}
+}
+
 // TestSkinnySplits pins the skinny GEMM's choice on an H100's figures (no
 // GPU needed): which products it takes and how far it splits them.
 func TestSkinnySplits(t *testing.T) {
