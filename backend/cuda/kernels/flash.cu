@@ -499,11 +499,10 @@ __device__ __forceinline__ void attn_decode_mma(const u16 *qbuf, const u16 *kc, 
 	// address serves four copies; keys past k1 repeat the last key (finite
 	// values that the mask removes). Before pdl_wait (when = early) it
 	// leaves this step's keys out, and fixup then loads just those. The
-	// block size is a power of two (NewKVCache). Dividing each key's position
-	// by it and a thread a 16-byte piece made the addresses ~390 of the
-	// loop's ~670 instructions a tile: with two warps a scheduler the kernel
-	// issued on 44% of cycles and read its keys at 2.7 TB/s (H200, ncu,
-	// batch 64).
+	// block size is a power of two (NewKVCache): with a division by it for
+	// every 16-byte piece, the addresses were ~390 of the loop's ~670
+	// instructions a tile, and with two warps a scheduler the kernel issued
+	// on 44% of cycles and read its keys at 2.7 TB/s (H200, ncu, batch 64).
 	enum { all, early, fixup };
 	constexpr int CH = HD / 16, JS = 32 * W / CH, CPT = BK / JS;
 	const int r = threadIdx.x / CH, lb = __ffs(bs) - 1, rs = KH * HD, bsr = bs * rs, dc = threadIdx.x % CH * 8, hoff = kh * HD + dc;
