@@ -21,8 +21,8 @@ var (
 	attnDecodeKernels = map[attnShape]kernel[attnDecodeArgs]{}
 	// The tensor-core decode kernels of bf16 caches by head dim, and their
 	// fused form (q/k norms, RoPE and the combine inside).
-	attnDecodeMMAKernels   = map[[2]int]kernel[attnDecodeArgs]{}      // by head dim and stages
-	attnDecodeFusedKernels = map[[2]int]kernel[attnDecodeFusedArgs]{} // by head dim and stages
+	attnDecodeMMAKernels   = map[[3]int]kernel[attnDecodeArgs]{}      // by head dim, stages and tiles of 8 heads
+	attnDecodeFusedKernels = map[[3]int]kernel[attnDecodeFusedArgs]{} // by head dim, stages and tiles of 8 heads
 	// The flash prefill kernels of bf16 caches by query tile, key tile and
 	// head dim.
 	flashKernels = map[[3]int]kernel[flashArgs]{}
@@ -74,8 +74,11 @@ func init() {
 		}
 	}
 	for _, s := range [][2]int{{64, decodeMMAStages}, {128, decodeMMAStages}, {128, 2}} {
-		attnDecodeMMAKernels[s] = newKernel[attnDecodeArgs](fmt.Sprintf("attn_decode_mma_%d_%d", s[0], s[1]))
-		attnDecodeFusedKernels[s] = newKernel[attnDecodeFusedArgs](fmt.Sprintf("attn_decode_fused_%d_%d", s[0], s[1]))
+		for ng := 1; ng <= 2; ng++ {
+			k := [3]int{s[0], s[1], ng}
+			attnDecodeMMAKernels[k] = newKernel[attnDecodeArgs](fmt.Sprintf("attn_decode_mma_%d_%d_%d", s[0], s[1], ng))
+			attnDecodeFusedKernels[k] = newKernel[attnDecodeFusedArgs](fmt.Sprintf("attn_decode_fused_%d_%d_%d", s[0], s[1], ng))
+		}
 	}
 	for _, t := range [][3]int{{128, 64, 64}, {128, 64, 128}, {64, 64, 64}, {64, 64, 128}, {64, 32, 64}, {64, 32, 128}, {64, 32, 256}} {
 		flashKernels[t] = newKernel[flashArgs](fmt.Sprintf("flash_prefill_%d_%d_%d", t[0], t[1], t[2]))
@@ -459,9 +462,9 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 	}
 	checkFloatW("attention", qn)
 	// A decode step with a block a token and kv head: the fused kernel.
-	if b.fusedDecode && m.maxN == 1 && decodeMMA(c, H/KH) && b.decodeSplits(T, KH, b.decodeMMAPerSM(hd)) == 1 {
+	if b.fusedDecode && m.maxN == 1 && decodeMMA(c, H/KH) && b.decodeSplits(T, KH, b.decodeMMAPerSM(hd, H/KH)) == 1 {
 		st := b.decodeStages(hd)
-		k, smem := kernelFor(attnDecodeFusedKernels, [2]int{hd, st}), decodeMMASmem(hd, st)
+		k, smem := kernelFor(attnDecodeFusedKernels, [3]int{hd, st, headTiles(H / KH)}), decodeMMASmem(hd, st)
 		b.allowSmem(k.name, smem)
 		k.runOverlapped(b, [3]int{T, KH, 1}, 128, smem, attnDecodeFusedArgs{
 			kc: c.k(layer), vc: c.v(layer), tokpos: m.dev[mTokPos], tokseq: m.dev[mTokSeq], seqpos: m.dev[mSeqPos],
@@ -524,7 +527,7 @@ func (b *Backend) attend(ot *tensor, qbuf devptr, c *kvCache, layer, H int, scal
 		if mma {
 			// The stages of keys and values, rows of hd + 8 bf16.
 			st := b.decodeStages(hd)
-			k, perSM, smem, least = kernelFor(attnDecodeMMAKernels, [2]int{hd, st}), b.decodeMMAPerSM(hd), decodeMMASmem(hd, st), decodeSplitMMA
+			k, perSM, smem, least = kernelFor(attnDecodeMMAKernels, [3]int{hd, st, headTiles(G)}), b.decodeMMAPerSM(hd, G), decodeMMASmem(hd, st), decodeSplitMMA
 		} else {
 			k = kernelFor(attnDecodeKernels, attnShape{c.spec.DType, hd, G})
 		}
@@ -615,18 +618,22 @@ func (b *Backend) decodeStages(hd int) int {
 	return 2
 }
 
+// headTiles is how many tiles of 8 query heads the tensor-core decode
+// attention takes for G heads a kv head (the columns of its mmas).
+func headTiles(G int) int { return (G + 7) / 8 }
+
 // decodeMMAStatic bounds the kernel's static shared memory (its warps'
 // maxima and sums: 1.5 KB under NVRTC 12.4), which the block's limit
 // counts with the stages.
 const decodeMMAStatic = 2 << 10
 
 // decodeMMAPerSM is how many blocks of the tensor-core decode attention of
-// head dim hd a multiprocessor holds, up to KILN_CUDA_MMA_SPLIT_BLOCKS: the
-// splits fill that many (two on Hopper, one on GPUs of 100 KB a
-// multiprocessor).
-func (b *Backend) decodeMMAPerSM(hd int) int {
+// head dim hd and G query heads a kv head a multiprocessor holds, up to
+// KILN_CUDA_MMA_SPLIT_BLOCKS: the splits fill that many (two on Hopper,
+// one on GPUs of 100 KB a multiprocessor).
+func (b *Backend) decodeMMAPerSM(hd, G int) int {
 	st := b.decodeStages(hd)
-	k, smem := kernelFor(attnDecodeMMAKernels, [2]int{hd, st}), decodeMMASmem(hd, st)
+	k, smem := kernelFor(attnDecodeMMAKernels, [3]int{hd, st, headTiles(G)}), decodeMMASmem(hd, st)
 	b.allowSmem(k.name, smem)
 	return min(b.mmaSplitBlocks, b.residentBlocks(k.name, 128, smem))
 }

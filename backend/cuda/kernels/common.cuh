@@ -255,6 +255,14 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned a, unsigned &r0, unsigned &
 		: "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a));
 }
 
+// movmatrix_trans transposes an 8 x 8 matrix of 16-bit elements held as
+// ldmatrix leaves one (lane l: row l / 4, columns (l % 4) * 2 and + 1).
+__device__ __forceinline__ unsigned movmatrix_trans(unsigned a) {
+	unsigned d;
+	asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(d) : "r"(a));
+	return d;
+}
+
 // Walk walks a warp's items in order without divisions (tens of
 // instructions each by a count known at run time): item bi of n of group
 // gi.

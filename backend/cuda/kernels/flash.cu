@@ -447,11 +447,11 @@ FLASH_WG(256, 1)
 
 // attn_decode_mma: the split-K decode attention of attn_decode (same grid
 // (T, KH, S), same partial results for attn_combine) on tensor cores, for
-// bf16 caches. The G = H / KH <= 16 query heads of kv head kh are the rows
-// of one m16 tile (rows past G are zero); 128 threads stage tiles of DM_BK
-// keys and values in shared memory by cp.async, ST deep, and each
-// warp takes 16 keys of a tile: scores, online softmax and P.V by mma.sync,
-// then the four warps merge. The scalar kernel spends ~60 instructions per
+// bf16 caches. The G = H / KH <= 16 query heads of kv head kh are the
+// columns of NG n-tiles of 8 (columns past G are zero) and a warp's 16 keys
+// the rows; 128 threads stage tiles of DM_BK keys and values in shared
+// memory by cp.async, ST deep, and each warp takes 16 keys of a tile:
+// scores, online softmax and P.V by mma.sync, then the four warps merge. The scalar kernel spends ~60 instructions per
 // key and lane on bf16 widening, shuffles and FMAs and stops short of the
 // memory's speed; here a key costs a few.
 //
@@ -478,11 +478,11 @@ struct DecodeFuse {
 	int odt;
 };
 
-template <int HD, int ST, bool FUSED>
+template <int HD, int ST, int NG, bool FUSED>
 __device__ __forceinline__ void attn_decode_mma(const u16 *qbuf, const u16 *kc, const u16 *vc,
 		const int *tokpos, const int *tokseq, const int *seqpos, const int *seqblk, const int *blocks,
 		float *pm, float *pl, float *pacc, int H, int KH, int bs, float scale, const DecodeFuse &f, const RopeFreq &rf) {
-	constexpr int W = 4, BK = DM_BK, KS = HD / 16, NT = HD / 8, KP = HD + 8;
+	constexpr int W = 4, BK = DM_BK, KS = HD / 16, KP = HD + 8;
 	extern __shared__ __align__(16) u16 dsm[];  // ST stages x (K + V) x BK rows of KP bf16
 	__shared__ float sm_m[W][16], sm_l[W][16];
 	int G = H / KH;
@@ -576,24 +576,37 @@ __device__ __forceinline__ void attn_decode_mma(const u16 *qbuf, const u16 *kc, 
 #pragma unroll
 	for (int s = 0; s < ST - 1; s++) copy(s, k0 + s * BK, fixup);
 
-	// Query fragments (rows: heads, pre-scaled into log2 units), kept in
-	// registers for all tiles.
+	// The products run with the keys as the mma's rows and the heads as
+	// its 8 columns (NG tiles of 8: G <= 8 NG): S^T = K Q^T, then O^T = V^T
+	// P^T, so that a warp's 16 keys take one row tile, not a 16-row tile
+	// of G heads, and its accumulators hold HD x 8 NG values (HD x 16
+	// with the heads as rows: half the mmas and registers at G = 4).
+	// Query fragments (B operands: dims x heads, pre-scaled into log2
+	// units), kept in registers for all tiles: lane l holds head l / 4 of
+	// each n-tile, dims (l % 4) * 2 and + 1 (and + 8).
 	float qs = scale * LOG2E;
-	unsigned qa[KS][4];
-	const u16 *q0 = (FUSED ? sq : qbuf + ((long)t * H + kh * G) * HD) + quad * HD, *q1 = q0 + 8L * HD;
+	unsigned qb[KS][NG][2];
 #pragma unroll
-	for (int k = 0; k < KS; k++) {
-		int d = k * 16 + qc;
-		qa[k][0] = quad < G ? pack_bf16(bf2f(q0[d]) * qs, bf2f(q0[d + 1]) * qs) : 0u;
-		qa[k][1] = quad + 8 < G ? pack_bf16(bf2f(q1[d]) * qs, bf2f(q1[d + 1]) * qs) : 0u;
-		qa[k][2] = quad < G ? pack_bf16(bf2f(q0[d + 8]) * qs, bf2f(q0[d + 9]) * qs) : 0u;
-		qa[k][3] = quad + 8 < G ? pack_bf16(bf2f(q1[d + 8]) * qs, bf2f(q1[d + 9]) * qs) : 0u;
+	for (int ng = 0; ng < NG; ng++) {
+		int g = ng * 8 + quad;
+		const u16 *q0 = (FUSED ? sq : qbuf + ((long)t * H + kh * G) * HD) + min(g, G - 1) * HD;
+#pragma unroll
+		for (int k = 0; k < KS; k++) {
+			int d = k * 16 + qc;
+			qb[k][ng][0] = g < G ? pack_bf16(bf2f(q0[d]) * qs, bf2f(q0[d + 1]) * qs) : 0u;
+			qb[k][ng][1] = g < G ? pack_bf16(bf2f(q0[d + 8]) * qs, bf2f(q0[d + 9]) * qs) : 0u;
+		}
 	}
 	if constexpr (FUSED) __syncthreads();  // the loop's first stage overwrites sq
-	float o[NT][4];
+	// o[m][ng]: dims 16 m + l / 4 (and + 8) of heads 8 ng + (l % 4) * 2
+	// and + 1; the lane's running maxima and (partial) sums of those heads.
+	float o[KS][NG][4], mx[NG][2], ls[NG][2];
 #pragma unroll
-	for (int j = 0; j < NT; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
-	float m0 = -INF, m1 = -INF, l0 = 0.f, l1 = 0.f;
+	for (int m = 0; m < KS; m++)
+#pragma unroll
+		for (int ng = 0; ng < NG; ng++) o[m][ng][0] = o[m][ng][1] = o[m][ng][2] = o[m][ng][3] = 0.f;
+#pragma unroll
+	for (int ng = 0; ng < NG; ng++) mx[ng][0] = mx[ng][1] = -INF, ls[ng][0] = ls[ng][1] = 0.f;
 
 	int it = 0;
 	for (int kt = k0; kt < k1; kt += BK, it++) {
@@ -603,95 +616,100 @@ __device__ __forceinline__ void attn_decode_mma(const u16 *qbuf, const u16 *kc, 
 		int kw = kt + warp * 16;  // this warp's 16 keys
 		if (kw < k1) {
 			const u16 *sK = dsm + (it % ST) * 2 * BK * KP + warp * 16 * KP, *sV = sK + BK * KP;
-			// Each n-tile's scores in two chains (even and odd k), added
-			// after: half the dependent mmas in a row.
-			float sc[2][4], s2[2][4];
+			// Scores: lane l holds keys l / 4 and l / 4 + 8 of heads (l %
+			// 4) * 2 and + 1 of each n-tile; even and odd k-steps in two
+			// chains, added after.
+			float sc[NG][4], s2[NG][4];
 #pragma unroll
-			for (int j = 0; j < 2; j++) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = s2[j][0] = s2[j][1] = s2[j][2] = s2[j][3] = 0.f;
+			for (int ng = 0; ng < NG; ng++) sc[ng][0] = sc[ng][1] = sc[ng][2] = sc[ng][3] = s2[ng][0] = s2[ng][1] = s2[ng][2] = s2[ng][3] = 0.f;
 #pragma unroll
-			for (int k = 0; k < KS; k += 2) {
+			for (int k = 0; k < KS; k++) {
+				unsigned a0, a1, a2, a3;
+				ldmatrix_x4(smem_addr(sK + ((mi & 1) * 8 + mr) * KP + k * 16 + (mi >> 1) * 8), a0, a1, a2, a3);
 #pragma unroll
-				for (int j = 0; j < 2; j++) {
-					unsigned b0, b1, b2, b3;
-					ldmatrix_x4(smem_addr(sK + (j * 8 + mr) * KP + mi * 8 + k * 16), b0, b1, b2, b3);
-					mma_bf16(sc[j], qa[k][0], qa[k][1], qa[k][2], qa[k][3], b0, b1);
-					mma_bf16(s2[j], qa[k + 1][0], qa[k + 1][1], qa[k + 1][2], qa[k + 1][3], b2, b3);
+				for (int ng = 0; ng < NG; ng++) mma_bf16(k & 1 ? s2[ng] : sc[ng], a0, a1, a2, a3, qb[k][ng][0], qb[k][ng][1]);
+			}
+			bool lo = kw + quad < k1, hi = kw + quad + 8 < k1;
+			unsigned pb[NG][2];
+			float cf[NG][2];
+#pragma unroll
+			for (int ng = 0; ng < NG; ng++) {
+#pragma unroll
+				for (int e = 0; e < 4; e++) sc[ng][e] += s2[ng][e];
+				if (!lo) sc[ng][0] = sc[ng][1] = -INF;
+				if (!hi) sc[ng][2] = sc[ng][3] = -INF;
+				// Each head's maximum over the warp's keys: down the rows
+				// (the lanes of one l % 4). The first key of the warp's
+				// range is always valid, so the new maxima are finite.
+#pragma unroll
+				for (int h = 0; h < 2; h++) {
+					float v = fmaxf(sc[ng][h], sc[ng][h + 2]);
+					v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
+					v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
+					v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
+					float mn = fmaxf(mx[ng][h], v);
+					cf[ng][h] = exp2f(mx[ng][h] - mn);
+					mx[ng][h] = mn;
 				}
+				float p0 = exp2f(sc[ng][0] - mx[ng][0]), p1 = exp2f(sc[ng][1] - mx[ng][1]);
+				float p2 = exp2f(sc[ng][2] - mx[ng][0]), p3 = exp2f(sc[ng][3] - mx[ng][1]);
+				ls[ng][0] = ls[ng][0] * cf[ng][0] + p0 + p2;
+				ls[ng][1] = ls[ng][1] * cf[ng][1] + p1 + p3;
+				// P^T as the B operand (keys x heads): the C fragment's
+				// 8 x 8 halves transposed across the warp.
+				pb[ng][0] = movmatrix_trans(pack_bf16(p0, p1));
+				pb[ng][1] = movmatrix_trans(pack_bf16(p2, p3));
 			}
-#pragma unroll
-			for (int j = 0; j < 2; j++) sc[j][0] += s2[j][0], sc[j][1] += s2[j][1], sc[j][2] += s2[j][2], sc[j][3] += s2[j][3];
-			if (kw + 16 > k1) {
-#pragma unroll
-				for (int j = 0; j < 2; j++) {
-					int key = kw + j * 8 + qc;
-					if (key >= k1) sc[j][0] = sc[j][2] = -INF;
-					if (key + 1 >= k1) sc[j][1] = sc[j][3] = -INF;
-				}
-			}
-			float mx0 = fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1]));
-			float mx1 = fmaxf(fmaxf(sc[0][2], sc[0][3]), fmaxf(sc[1][2], sc[1][3]));
-			mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-			mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-			mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-			mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-			// The first key of the warp's range is always valid, so the new
-			// maxima are finite.
-			float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-			float c0 = exp2f(m0 - mn0), c1 = exp2f(m1 - mn1);
-			float p[2][4];
-#pragma unroll
-			for (int j = 0; j < 2; j++) {
-				p[j][0] = exp2f(sc[j][0] - mn0);
-				p[j][1] = exp2f(sc[j][1] - mn0);
-				p[j][2] = exp2f(sc[j][2] - mn1);
-				p[j][3] = exp2f(sc[j][3] - mn1);
-			}
-			l0 = l0 * c0 + p[0][0] + p[0][1] + p[1][0] + p[1][1];
-			l1 = l1 * c1 + p[0][2] + p[0][3] + p[1][2] + p[1][3];
-			m0 = mn0;
-			m1 = mn1;
-			unsigned pa0 = pack_bf16(p[0][0], p[0][1]), pa1 = pack_bf16(p[0][2], p[0][3]);
-			unsigned pa2 = pack_bf16(p[1][0], p[1][1]), pa3 = pack_bf16(p[1][2], p[1][3]);
 			// Once the maxima settle the factors are 1 (exp2f(0)): the
-			// warp then skips the accumulators' NT * 4 multiplications.
-			if (!__all_sync(0xffffffffu, c0 == 1.f && c1 == 1.f)) {
+			// warp then skips the accumulators' multiplications.
+			bool same = true;
 #pragma unroll
-				for (int j = 0; j < NT; j++) o[j][0] *= c0, o[j][1] *= c0, o[j][2] *= c1, o[j][3] *= c1;
+			for (int ng = 0; ng < NG; ng++) same = same && cf[ng][0] == 1.f && cf[ng][1] == 1.f;
+			if (!__all_sync(0xffffffffu, same)) {
+#pragma unroll
+				for (int m = 0; m < KS; m++)
+#pragma unroll
+					for (int ng = 0; ng < NG; ng++)
+						o[m][ng][0] *= cf[ng][0], o[m][ng][1] *= cf[ng][1], o[m][ng][2] *= cf[ng][0], o[m][ng][3] *= cf[ng][1];
 			}
+			// O^T += V^T P^T: V^T's A fragments by transposing loads of
+			// the 16 keys' rows, 16 dims a row tile.
 #pragma unroll
-			for (int j = 0; j < NT; j += 2) {
-				unsigned v0, v1, v2, v3;
-				ldmatrix_x4_trans(smem_addr(sV + ((mi & 1) * 8 + mr) * KP + (j + (mi >> 1)) * 8), v0, v1, v2, v3);
-				mma_bf16(o[j], pa0, pa1, pa2, pa3, v0, v1);
-				mma_bf16(o[j + 1], pa0, pa1, pa2, pa3, v2, v3);
+			for (int m = 0; m < KS; m++) {
+				unsigned a0, a1, a2, a3;
+				ldmatrix_x4_trans(smem_addr(sV + ((mi >> 1) * 8 + mr) * KP + m * 16 + (mi & 1) * 8), a0, a1, a2, a3);
+#pragma unroll
+				for (int ng = 0; ng < NG; ng++) mma_bf16(o[m][ng], a0, a1, a2, a3, pb[ng][0], pb[ng][1]);
 			}
 		}
 		__syncthreads();  // the next stage overwrites this buffer
 	}
 	asm volatile("cp.async.wait_group 0;");
 
-	// Row sums are spread over the quad; then the warps merge as in
-	// attn_decode, their partial outputs in the stages' memory.
+	// Each head's sum over the warp's keys (down the rows); then the warps
+	// merge as in attn_decode, their partial outputs in the stages' memory.
 	float (*sm_acc)[16][HD] = (float (*)[16][HD])dsm;
-	l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-	l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-	l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-	l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
 #pragma unroll
-	for (int half = 0; half < 2; half++) {
-		int g = quad + 8 * half;
-		if (g < G) {
+	for (int ng = 0; ng < NG; ng++)
 #pragma unroll
-			for (int j = 0; j < NT; j++) {
-				sm_acc[warp][g][j * 8 + qc] = o[j][2 * half];
-				sm_acc[warp][g][j * 8 + qc + 1] = o[j][2 * half + 1];
-			}
-			if ((lane & 3) == 0) {
-				sm_m[warp][g] = half ? m1 : m0;
-				sm_l[warp][g] = half ? l1 : l0;
+		for (int h = 0; h < 2; h++) {
+			float v = ls[ng][h];
+			v += __shfl_xor_sync(0xffffffffu, v, 4);
+			v += __shfl_xor_sync(0xffffffffu, v, 8);
+			v += __shfl_xor_sync(0xffffffffu, v, 16);
+			int g = ng * 8 + qc + h;
+			if (g < G) {
+#pragma unroll
+				for (int m = 0; m < KS; m++) {
+					sm_acc[warp][g][m * 16 + quad] = o[m][ng][h];
+					sm_acc[warp][g][m * 16 + quad + 8] = o[m][ng][h + 2];
+				}
+				if (quad == 0) {
+					sm_m[warp][g] = mx[ng][h];
+					sm_l[warp][g] = v;
+				}
 			}
 		}
-	}
 	__syncthreads();
 	if constexpr (FUSED) {
 		sp.merge<W, 16, HD>(sm_acc, sm_m, sm_l, G, [&](int g, int d, float M, float L, float A) {
@@ -703,18 +721,24 @@ __device__ __forceinline__ void attn_decode_mma(const u16 *qbuf, const u16 *kc, 
 }
 
 // Three stages where a block may take 102 KB at head dim 128 (backend:
-// decodeStages), two on GPUs of 99 KB a block (sm_86, sm_89).
-#define DECODE_MMA(HD, ST) \
-	extern "C" __global__ void __launch_bounds__(128) attn_decode_mma_##HD##_##ST(const u16 *qbuf, const u16 *kc, const u16 *vc, \
-			const int *tokpos, const int *tokseq, const int *seqpos, const int *seqblk, const int *blocks, \
+// decodeStages), two on GPUs of 99 KB a block (sm_86, sm_89); NG tiles of
+// 8 query heads (G <= 8 NG).
+#define DECODE_MMA(HD, ST, NG) \
+	extern "C" __global__ void __launch_bounds__(128) attn_decode_mma_##HD##_##ST##_##NG(const u16 *qbuf, const u16 *kc, \
+			const u16 *vc, const int *tokpos, const int *tokseq, const int *seqpos, const int *seqblk, const int *blocks, \
 			float *pm, float *pl, float *pacc, int H, int KH, int bs, float scale) { \
-		attn_decode_mma<HD, ST, false>(qbuf, kc, vc, tokpos, tokseq, seqpos, seqblk, blocks, pm, pl, pacc, H, KH, bs, scale, DecodeFuse{}, RopeFreq{}); \
+		attn_decode_mma<HD, ST, NG, false>(qbuf, kc, vc, tokpos, tokseq, seqpos, seqblk, blocks, pm, pl, pacc, H, KH, bs, scale, \
+			DecodeFuse{}, RopeFreq{}); \
 	} \
-	extern "C" __global__ void __launch_bounds__(128) attn_decode_fused_##HD##_##ST(const u16 *kc, const u16 *vc, \
+	extern "C" __global__ void __launch_bounds__(128) attn_decode_fused_##HD##_##ST##_##NG(const u16 *kc, const u16 *vc, \
 			const int *tokpos, const int *tokseq, const int *seqpos, const int *seqblk, const int *blocks, \
 			int H, int KH, int bs, float scale, DecodeFuse f, RopeFreq rf) { \
-		attn_decode_mma<HD, ST, true>(nullptr, kc, vc, tokpos, tokseq, seqpos, seqblk, blocks, nullptr, nullptr, nullptr, H, KH, bs, scale, f, rf); \
+		attn_decode_mma<HD, ST, NG, true>(nullptr, kc, vc, tokpos, tokseq, seqpos, seqblk, blocks, nullptr, nullptr, nullptr, H, KH, \
+			bs, scale, f, rf); \
 	}
-DECODE_MMA(64, 3)
-DECODE_MMA(128, 3)
-DECODE_MMA(128, 2)
+DECODE_MMA(64, 3, 1)
+DECODE_MMA(64, 3, 2)
+DECODE_MMA(128, 3, 1)
+DECODE_MMA(128, 3, 2)
+DECODE_MMA(128, 2, 1)
+DECODE_MMA(128, 2, 2)
