@@ -489,9 +489,17 @@ func TestAttention(t *testing.T) {
 		{6, 2, 32, 32, false, false, backend.BF16}, // decode through the general kernel
 		{16, 2, 256, 64, true, false, backend.BF16},
 		{8, 1, 128, 128, false, false, backend.F32},
-		{10, 2, 128, 128, false, false, backend.BF16}, // groups of 5 (Qwen3-14B) and 16 (Qwen3-235B): tensor-core decode only
+		{10, 2, 128, 128, false, false, backend.BF16}, // a group of 5 (Qwen3-14B): tensor-core decode only
 		{16, 1, 64, 64, true, false, backend.BF16},
 		{8, 8, 64, 64, true, false, backend.BF16},
+		// The tensor-core decode's tiles of 8 heads: a group of 16 at head
+		// dim 128 (Qwen3-235B; two tiles), 12 (the second tile part
+		// empty), 8 (Qwen3-30B-A3B; one full tile), 7 at head dim 64
+		// (Qwen2.5-0.5B).
+		{32, 2, 128, 128, false, false, backend.BF16},
+		{24, 2, 128, 64, true, false, backend.BF16},
+		{16, 2, 128, 128, false, true, backend.BF16},
+		{14, 2, 64, 64, false, false, backend.BF16},
 	}
 	// {3, 1, 4, 2}: the decode kernel with tokens of one sequence that
 	// attend each other's keys, stored in the same step; {600, 2, 1, 1}:
@@ -509,6 +517,8 @@ func TestAttention(t *testing.T) {
 	if len(tiles) != 3 {
 		t.Fatalf("the steps take flash tiles %v, want all three", tiles)
 	}
+	ran := map[string]bool{}
+	p.g.trace = func(name string) { ran[name] = true }
 	for _, c := range cases {
 		for _, out := range []backend.DType{backend.F32, backend.BF16} {
 			for _, plain := range []bool{false, true} {
@@ -516,24 +526,31 @@ func TestAttention(t *testing.T) {
 			}
 		}
 	}
+	p.g.trace = nil
+	// Both tiles of 8 heads at both head dims (split steps).
+	for _, name := range []string{"attn_decode_mma_64_3_1", "attn_decode_mma_64_3_2",
+		fmt.Sprintf("attn_decode_mma_128_%d_1", p.g.decodeStages(128)), fmt.Sprintf("attn_decode_mma_128_%d_2", p.g.decodeStages(128))} {
+		if !ran[name] {
+			t.Errorf("%s did not run", name)
+		}
+	}
 	// One split a token, as batches that fill the GPU take: the decode
 	// steps of bf16 caches at head dim 64 and 128 run attn_decode_fused.
 	func() {
 		defer func(s int) { p.g.splitMax, p.g.trace = s, nil }(p.g.splitMax)
 		p.g.splitMax = 1
-		fused := 0
-		p.g.trace = func(name string) {
-			if strings.HasPrefix(name, "attn_decode_fused_") {
-				fused++
-			}
-		}
+		ran := map[string]bool{}
+		p.g.trace = func(name string) { ran[name] = true }
 		for _, c := range cases {
 			for _, out := range []backend.DType{backend.F32, backend.BF16} {
 				attnSteps(p, c, out, steps, false, func(_ string, f func()) { f() })
 			}
 		}
-		if fused == 0 {
-			p.t.Error("no decode step took attn_decode_fused")
+		for _, name := range []string{"attn_decode_fused_64_3_1", "attn_decode_fused_64_3_2",
+			fmt.Sprintf("attn_decode_fused_128_%d_1", p.g.decodeStages(128)), fmt.Sprintf("attn_decode_fused_128_%d_2", p.g.decodeStages(128))} {
+			if !ran[name] {
+				t.Errorf("%s did not run", name)
+			}
 		}
 	}()
 	// The split keys' other query tile (KILN_CUDA_FLASH_SPLIT_QUERIES).
@@ -568,9 +585,11 @@ func TestAttention(t *testing.T) {
 		}
 		for _, split := range []int{p.g.splitMax, 1} {
 			p.g.splitMax = split
-			attnSteps(p, cases[0], backend.BF16, steps, false, func(_ string, f func()) { f() })
+			for _, c := range []attnCase{cases[0], cases[8]} {
+				attnSteps(p, c, backend.BF16, steps, false, func(_ string, f func()) { f() })
+			}
 		}
-		for _, name := range []string{"attn_decode_mma_128_2_1", "attn_decode_fused_128_2_1"} {
+		for _, name := range []string{"attn_decode_mma_128_2_1", "attn_decode_fused_128_2_1", "attn_decode_mma_128_2_2", "attn_decode_fused_128_2_2"} {
 			if !ran[name] {
 				t.Errorf("with 99 KB a block %s did not run (ran %v)", name, ran)
 			}
