@@ -451,9 +451,10 @@ FLASH_WG(256, 1)
 // columns of NG n-tiles of 8 (columns past G are zero) and a warp's 16 keys
 // the rows; 128 threads stage tiles of DM_BK keys and values in shared
 // memory by cp.async, ST deep, and each warp takes 16 keys of a tile:
-// scores, online softmax and P.V by mma.sync, then the four warps merge. The scalar kernel spends ~60 instructions per
-// key and lane on bf16 widening, shuffles and FMAs and stops short of the
-// memory's speed; here a key costs a few.
+// scores, online softmax and P.V by mma.sync, then the four warps merge.
+// The scalar kernel spends ~60 instructions per key and lane on bf16
+// widening, shuffles and FMAs and stops short of the memory's speed; here
+// a key costs a few.
 //
 // Launched overlapped like attn_decode: the first ST - 1 tiles' keys cached
 // by earlier steps are requested before pdl_wait, this step's keys (at and
@@ -580,7 +581,9 @@ __device__ __forceinline__ void attn_decode_mma(const u16 *qbuf, const u16 *kc, 
 	// its 8 columns (NG tiles of 8: G <= 8 NG): S^T = K Q^T, then O^T = V^T
 	// P^T, so that a warp's 16 keys take one row tile, not a 16-row tile
 	// of G heads, and its accumulators hold HD x 8 NG values (HD x 16
-	// with the heads as rows: half the mmas and registers at G = 4).
+	// with the heads as rows: half the mmas and registers at G = 4). That
+	// gained only 0.7% at batch 64 (H200): the copies' issue and addresses,
+	// not the mmas, are what the warps wait on (NOTES.md, 2026-11-29).
 	// Query fragments (B operands: dims x heads, pre-scaled into log2
 	// units), kept in registers for all tiles: lane l holds head l / 4 of
 	// each n-tile, dims (l % 4) * 2 and + 1 (and + 8).
