@@ -25,6 +25,11 @@
 // counted by the stage's mbarrier. Its rows match the cp.async ones
 // (68.65 against 69.03 us, H200): the copies' issue is not what bounds
 // the read.
+//
+// The third times the cp.async kernel with the decode attention's start
+// (three dependent loads before its block table) and end (a merge through
+// shared memory and a store), back to back and with an event pair around
+// each launch, as KILN_CUDA_PROFILE times the attention.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -41,16 +46,29 @@ __device__ __forceinline__ void cp16(void *s, const void *g) {
 	asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(a), "l"(g));
 }
 
+// Start is where the attention finds a token's keys: its position, its
+// sequence, the sequence's first block (three dependent loads).
+struct Start {
+	const int *tokpos, *tokseq, *seqblk;
+};
+
 // kv reads the keys and values of token blockIdx.x's kv head blockIdx.y:
-// N keys through block table bt (nb blocks a token, bs keys a block).
-template <int HD, int BK, int ST, bool HEADMAJOR>
-__global__ void __launch_bounds__(128) kv(const u16 *kc, const u16 *vc, const int *bt, int nb, int bs, int KH, int N, unsigned *out) {
+// N keys through block table bt (nb blocks a token, bs keys a block). With
+// START it finds them as the attention does (s); with MERGE it ends as the
+// attention does, its threads' results through shared memory, then a
+// store.
+template <int HD, int BK, int ST, bool HEADMAJOR, bool START = false, bool MERGE = false>
+__global__ void __launch_bounds__(128) kv(const u16 *kc, const u16 *vc, const int *bt, int nb, int bs, int KH, int N, float *out, Start s0) {
 	constexpr int KP = HD + 8, CPT = BK * HD / 8 / 128;
 	extern __shared__ __align__(16) u16 sm[];
-	int t = blockIdx.x, kh = blockIdx.y;
+	int t = blockIdx.x, kh = blockIdx.y, n = N;
 	const int *b = bt + t * nb;
+	if (START) {
+		n = s0.tokpos[t] + 1;
+		b = bt + s0.seqblk[s0.tokseq[t]];
+	}
 	auto stage = [&](int st, int kt) {
-		if (kt < N) {
+		if (kt < n) {
 			u16 *dK = sm + st * 2 * BK * KP, *dV = dK + BK * KP;
 #pragma unroll
 			for (int c = 0; c < CPT; c++) {
@@ -66,7 +84,7 @@ __global__ void __launch_bounds__(128) kv(const u16 *kc, const u16 *vc, const in
 	for (int s = 0; s < ST - 1; s++) stage(s, s * BK);
 	unsigned acc = 0;
 	int it = 0;
-	for (int kt = 0; kt < N; kt += BK, it++) {
+	for (int kt = 0; kt < n; kt += BK, it++) {
 		stage((it + ST - 1) % ST, kt + (ST - 1) * BK);
 		asm volatile("cp.async.wait_group %0;" ::"n"(ST - 1));
 		__syncthreads();
@@ -74,25 +92,57 @@ __global__ void __launch_bounds__(128) kv(const u16 *kc, const u16 *vc, const in
 		acc += s[threadIdx.x * 2] ^ s[BK * KP + threadIdx.x * 2];
 		__syncthreads();
 	}
-	if (acc == 0x12345678u) out[0] = acc;  // keeps the copies
+	asm volatile("cp.async.wait_group 0;");
+	if (MERGE) {
+		float *sa = (float *)sm;
+		for (int i = 0; i < 64; i++) sa[threadIdx.x * 64 + (i ^ (threadIdx.x & 31))] = (float)(acc + i);
+		__syncthreads();
+		for (int i = threadIdx.x; i < 4 * HD; i += 128) {
+			float v = 0;
+			for (int w = 0; w < 4; w++) v += sa[w * 2048 + i];
+			out[((long)t * KH + kh) * 4 * HD + i] = v;
+		}
+	} else if (acc == 0x12345678u) {
+		out[0] = acc;  // keeps the copies
+	}
 }
 
-template <int HD, int BK, int ST, bool HM>
-float run(const u16 *K, const u16 *V, long plane, int L, const int *bt, int T, int KH, int nb, int bs, int N, unsigned *out) {
+// run returns kv's time a launch, launches back to back; with each, it
+// also times each launch between its own pair of events (as
+// KILN_CUDA_PROFILE does) and sets *each to their mean.
+template <int HD, int BK, int ST, bool HM, bool START = false, bool MERGE = false>
+float run(const u16 *K, const u16 *V, long plane, int L, const int *bt, int T, int KH, int nb, int bs, int N, float *out, Start s0 = {},
+		float *each = nullptr) {
 	int smem = ST * 2 * BK * (HD + 8) * 2;
-	cudaFuncSetAttribute(kv<HD, BK, ST, HM>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-	cudaEvent_t a, b;
-	cudaEventCreate(&a), cudaEventCreate(&b);
+	cudaFuncSetAttribute(kv<HD, BK, ST, HM, START, MERGE>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
 	const int R = 3 * L;
+	std::vector<cudaEvent_t> ev(2 * R + 2);
+	for (auto &e : ev) cudaEventCreate(&e);
+	auto launch = [&](int r) {
+		kv<HD, BK, ST, HM, START, MERGE><<<dim3(T, KH), 128, smem>>>(K + (r % L) * plane, V + (r % L) * plane, bt, nb, bs, KH, N, out, s0);
+	};
+	float ms = 0;
 	for (int w = 0; w < 2; w++) {
-		cudaEventRecord(a);
-		for (int r = 0; r < R; r++) kv<HD, BK, ST, HM><<<dim3(T, KH), 128, smem>>>(K + (r % L) * plane, V + (r % L) * plane, bt, nb, bs, KH, N, out);
-		cudaEventRecord(b);
-		cudaEventSynchronize(b);
+		cudaEventRecord(ev[0]);
+		for (int r = 0; r < R; r++) launch(r);
+		cudaEventRecord(ev[1]);
+		cudaEventSynchronize(ev[1]);
+		cudaEventElapsedTime(&ms, ev[0], ev[1]);
+		if (!each) continue;
+		for (int r = 0; r < R; r++) {
+			cudaEventRecord(ev[2 + 2 * r]);
+			launch(r);
+			cudaEventRecord(ev[3 + 2 * r]);
+		}
+		cudaEventSynchronize(ev[2 * R + 1]);
+		*each = 0;
+		for (int r = 0; r < R; r++) {
+			float m;
+			cudaEventElapsedTime(&m, ev[2 + 2 * r], ev[3 + 2 * r]);
+			*each += 1000 * m / R;
+		}
 	}
-	float ms;
-	cudaEventElapsedTime(&ms, a, b);
-	cudaEventDestroy(a), cudaEventDestroy(b);
+	for (auto &e : ev) cudaEventDestroy(e);
 	if (cudaGetLastError() != cudaSuccess) return -1;
 	return 1000 * ms / R;
 }
@@ -103,7 +153,7 @@ float run(const u16 *K, const u16 *V, long plane, int L, const int *bt, int T, i
 __device__ __forceinline__ unsigned sa(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
 template <int BK, int ST>
 __global__ void __launch_bounds__(128) kvt(const __grid_constant__ CUtensorMap mk, const __grid_constant__ CUtensorMap mv, const int *bt, int nb,
-		int bs, int N, unsigned *out) {
+		int bs, int N, float *out) {
 	extern __shared__ unsigned char tsm[];
 	__shared__ __align__(8) unsigned long long bar[ST];
 	unsigned base = (sa(tsm) + 1023) & ~1023u;
@@ -161,7 +211,7 @@ static CUtensorMap tmap(const u16 *p, int KH, int HD, long rows) {
 }
 
 template <int BK, int ST>
-float runt(const u16 *K, const u16 *V, long plane, int L, const int *bt, int T, int KH, int HD, int nb, int bs, int N, unsigned *out) {
+float runt(const u16 *K, const u16 *V, long plane, int L, const int *bt, int T, int KH, int HD, int nb, int bs, int N, float *out) {
 	int smem = 1024 + ST * 2 * BK * 256;
 	cudaFuncSetAttribute(kvt<BK, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
 	std::vector<CUtensorMap> mk(L), mv(L);
@@ -188,14 +238,25 @@ int main() {
 	const int T = 64, KH = 8, HD = 128, N = 1024, bs = 16, nb = N / bs, L = 4;
 	long plane = (long)T * N * KH * HD;  // elements of one layer's K
 	u16 *K, *V;
-	int *bt;
-	unsigned *out;
+	int *bt, *tokpos, *tokseq, *seqblk;
+	float *out;
 	CK(cudaMalloc(&K, 2 * L * plane));
 	CK(cudaMalloc(&V, 2 * L * plane));
 	CK(cudaMemset(K, 1, 2 * L * plane));
 	CK(cudaMemset(V, 1, 2 * L * plane));
 	CK(cudaMalloc(&bt, 4 * T * nb));
-	CK(cudaMalloc(&out, 4));
+	CK(cudaMalloc(&out, 4L * T * KH * 4 * HD));
+	// The start's loads: token t at position N - 1 of sequence t, whose
+	// blocks begin at t nb in the table.
+	std::vector<int> pos(T, N - 1), seq(T), first(T);
+	for (int t = 0; t < T; t++) seq[t] = t, first[t] = t * nb;
+	CK(cudaMalloc(&tokpos, 4 * T));
+	CK(cudaMalloc(&tokseq, 4 * T));
+	CK(cudaMalloc(&seqblk, 4 * T));
+	CK(cudaMemcpy(tokpos, pos.data(), 4 * T, cudaMemcpyHostToDevice));
+	CK(cudaMemcpy(tokseq, seq.data(), 4 * T, cudaMemcpyHostToDevice));
+	CK(cudaMemcpy(seqblk, first.data(), 4 * T, cudaMemcpyHostToDevice));
+	Start s0{tokpos, tokseq, seqblk};
 	double bytes = 2.0 * plane * 2;
 	std::vector<int> order(T * nb);
 	for (int shuffle = 0; shuffle < 2; shuffle++) {
@@ -223,5 +284,17 @@ int main() {
 		const char *tname[4] = {"TMA 64 keys x 3", "TMA 32 keys x 6", "TMA 64 keys x 2", "TMA 32 keys x 4"};
 		for (int i = 0; i < 4; i++) printf("%s, %-26s %7.2f us  %.2f TB/s\n", o, tname[i], ut[i], bytes / ut[i] / 1e6);
 	}
+	// The third table: 64 keys x 3, slot-major, in order, with the
+	// attention's start and end, back to back and an event pair a launch.
+	std::sort(order.begin(), order.end());
+	CK(cudaMemcpy(bt, order.data(), 4 * T * nb, cudaMemcpyHostToDevice));
+	float each[4], b2b[4] = {
+		run<HD, 64, 3, false, false, false>(K, V, plane, L, bt, T, KH, nb, bs, N, out, s0, &each[0]),
+		run<HD, 64, 3, false, true, false>(K, V, plane, L, bt, T, KH, nb, bs, N, out, s0, &each[1]),
+		run<HD, 64, 3, false, false, true>(K, V, plane, L, bt, T, KH, nb, bs, N, out, s0, &each[2]),
+		run<HD, 64, 3, false, true, true>(K, V, plane, L, bt, T, KH, nb, bs, N, out, s0, &each[3]),
+	};
+	const char *sname[4] = {"plain", "with the start", "with the merge", "with both"};
+	for (int i = 0; i < 4; i++) printf("64 keys x 3, %-15s back to back %7.2f us, an event pair a launch %7.2f us\n", sname[i], b2b[i], each[i]);
 	return 0;
 }
