@@ -974,7 +974,9 @@ __device__ __forceinline__ void qgemv(void *out, int odt, const void *x, int xdt
 				if (lane == 0 && (warp & 1))
 #pragma unroll
 					for (int t = 0; t < NT; t++) up[j & 1][wo][t] = acc[t];
-				__syncthreads();
+				// Only the pair meets (named barrier 1 + wo, 64 threads): the
+				// block's other pairs go on streaming their rows.
+				asm volatile("bar.sync %0, 64;" ::"r"(1 + wo) : "memory");
 				if (lane == 0 && !(warp & 1) && o < O)
 #pragma unroll
 					for (int t = 0; t < NT; t++) qstore(out, odt, 0, (long)t * O + o, acc[t] / (1.f + __expf(-acc[t])) * up[j & 1][wo][t]);
