@@ -585,7 +585,7 @@ func TestAttention(t *testing.T) {
 		}
 		for _, split := range []int{p.g.splitMax, 1} {
 			p.g.splitMax = split
-			for _, c := range []attnCase{cases[0], cases[8]} {
+			for _, c := range []attnCase{cases[0], cases[8]} { // groups of 4 and 16 (two tiles of 8 heads)
 				attnSteps(p, c, backend.BF16, steps, false, func(_ string, f func()) { f() })
 			}
 		}
