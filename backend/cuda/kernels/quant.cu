@@ -956,11 +956,12 @@ __device__ __forceinline__ void qgemv(void *out, int odt, const void *x, int xdt
 #pragma unroll
 	for (int t = 0; t < NT; t++) acc[t] = 0.f;
 	Walk c;  // the slot to compute
+	unsigned ks = keep_sel(I);
 	for (int s0 = 0; s0 < S; s0 += U) {
 #pragma unroll
 		for (int k = 0; k < U; k++) {
 			if (s0 + k >= S) break;
-			typename q::Raw cur = raw[k];
+			typename q::Raw cur = kept(raw[k], ks);
 			fetch(raw[k]);
 			int u = lane + 32 * c.bi, j = c.gi;
 			if (u < NU) qidot<QT, NT>(acc, cur, u, xq, xb, C, NB);
