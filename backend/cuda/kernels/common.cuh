@@ -286,6 +286,8 @@ __device__ __forceinline__ void prefetch_l2(const void *p) { asm volatile("prefe
 // where the move waits for the load just issued (qgemv: H200, Qwen3-8B
 // Q8_0 and Q4_K at two tokens +1-2%, one token +0.2-1.5%; qmv at eight
 // tokens lost 1% and f8mv nothing, so they copy plainly).
+// keep_sel's n is a kernel argument that is never negative (a width):
+// its sign bit is zero at run time, unknown to the compiler.
 __device__ __forceinline__ unsigned keep_sel(int n) { return 0x3210u + ((unsigned)n >> 31); }
 template <class T>
 __device__ __forceinline__ T kept(const T &v, unsigned sel) {
