@@ -9,7 +9,7 @@ loop's end, where the moves wait for the load just issued: the ring is a slot
 shallower than written. kernels/common.cuh's `kept` avoids it (NOTES.md,
 2026-11-30). This lists, for each kernel of the cubins, the backward branches
 whose last fifth (at least 12 instructions) holds four or more moves out of
-registers an LDG of the same loop wrote. Nested loops are listed once each.
+registers an LDG of the same loop wrote; each loop of a nest is listed on its own.
 
 Cubins come from the dev machine's NVRTC (no GPU needed):
 

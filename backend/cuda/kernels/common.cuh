@@ -276,19 +276,20 @@ struct Walk {
 // prefetch_l2 asks for the line at p in L2, with nothing waiting for it.
 __device__ __forceinline__ void prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
-// kept returns a copy of v (a struct of unsigned 32-bit words: a slot of a
-// ring of weight loads) through byte permutes whose selector (keep_sel:
-// the identity at run time) the compiler cannot see. A ring that copies
-// its oldest slot out and then loads the next into it is written so that
-// the load has somewhere to go while the copy is used; copied plainly, the
-// compiler loads into new registers instead, computes on the slot in
-// place, and moves the new registers into the slot at the loop's end,
-// where the move waits for the load just issued (qgemv: H200, Qwen3-8B
-// Q8_0 and Q4_K at two tokens +1-2%, one token +0.2-1.5%; qmv at eight
-// tokens lost 1% and f8mv nothing, so they copy plainly).
-// keep_sel's n is a kernel argument that is never negative (a width):
-// its sign bit is zero at run time, unknown to the compiler.
+// keep_sel returns prmt's identity selector made from n, a kernel argument
+// that is never negative (a width): its sign bit is zero at run time,
+// unknown to the compiler.
 __device__ __forceinline__ unsigned keep_sel(int n) { return 0x3210u + ((unsigned)n >> 31); }
+
+// kept returns a copy of v (a struct of unsigned 32-bit words: a slot of a
+// ring of weight loads) through byte permutes by a keep_sel selector, which
+// the compiler cannot fold. A ring that copies its oldest slot out and then
+// loads the next into it means the load to land in the slot's registers
+// while the copy is used; copied plainly, the compiler loads into new
+// registers instead, computes on the slot in place, and moves the new
+// registers into the slot at the loop's end, where the moves wait for the
+// load just issued. qgemv copies this way; qmv and f8mv gained nothing from
+// it (NOTES.md, 2026-11-30).
 template <class T>
 __device__ __forceinline__ T kept(const T &v, unsigned sel) {
 	static_assert(sizeof(T) % 4 == 0, "a slot of 32-bit words");
