@@ -710,6 +710,12 @@ __device__ __forceinline__ void qmv(void *out, int odt, const u16 *x, int T, int
 #ifndef QGEMV_U
 #define QGEMV_U 2
 #endif
+// QGEMV_U8: units in flight of Q8_0, whose 9-register units fit three
+// deep in 80 registers once the ring's copy is kept (NVRTC 12.4, sm_90a:
+// 79-80 registers, no stack; Q4_K spills 24 bytes at three).
+#ifndef QGEMV_U8
+#define QGEMV_U8 3
+#endif
 // QGEMV_U56: units in flight of Q5_K and Q6_K, whose larger units would
 // spill at QGEMV_U.
 #ifndef QGEMV_U56
@@ -823,7 +829,7 @@ template <int QT, int NT, bool SWIGLU>
 __device__ __forceinline__ void qgemv(void *out, int odt, const void *x, int xdt, const u8 *w, long rb, int O, int I, QNorm nrm,
 		int accumulate) {
 	typedef Q<QT> q;
-	constexpr int U = QT == QT_Q5_K || QT == QT_Q6_K ? QGEMV_U56 : QGEMV_U;
+	constexpr int U = QT == QT_Q5_K || QT == QT_Q6_K ? QGEMV_U56 : QT == QT_Q8_0 ? QGEMV_U8 : QGEMV_U;
 	constexpr int PF = QGEMV_PF >= 0 ? QGEMV_PF : QT == QT_Q8_0 ? 2 : 0;
 	extern __shared__ uint4 xq[];
 	__shared__ float up[2][4][NT], nss[8][NT], rs[NT];
