@@ -722,9 +722,9 @@ __device__ __forceinline__ void qmv(void *out, int odt, const u16 *x, int T, int
 #define QGEMV_U56 1
 #endif
 // QGEMV_PF: each fetch also prefetches into L2 the lane's unit this many
-// slots on in its row: 2 for Q8_0, none for the K-quants (H200, Qwen3-8B
-// b1: Q8_0 +1.5-4%, Q4_K -2%; NOTES.md); -DQGEMV_PF=N sets N for every
-// type (A/B runs).
+// slots on in its row: 1 for Q8_0 (with three units in flight 2 lost
+// 1-2%), none for the K-quants (H200, Qwen3-8B b1; NOTES.md); -DQGEMV_PF=N
+// sets N for every type (A/B runs).
 #ifndef QGEMV_PF
 #define QGEMV_PF -1
 #endif
@@ -830,7 +830,7 @@ __device__ __forceinline__ void qgemv(void *out, int odt, const void *x, int xdt
 		int accumulate) {
 	typedef Q<QT> q;
 	constexpr int U = QT == QT_Q5_K || QT == QT_Q6_K ? QGEMV_U56 : QT == QT_Q8_0 ? QGEMV_U8 : QGEMV_U;
-	constexpr int PF = QGEMV_PF >= 0 ? QGEMV_PF : QT == QT_Q8_0 ? 2 : 0;
+	constexpr int PF = QGEMV_PF >= 0 ? QGEMV_PF : QT == QT_Q8_0 ? 1 : 0;
 	extern __shared__ uint4 xq[];
 	__shared__ float up[2][4][NT], nss[8][NT], rs[NT];
 	pdl_trigger();
