@@ -707,6 +707,8 @@ __device__ __forceinline__ void qmv(void *out, int odt, const u16 *x, int T, int
 // multiplied by it at the end. The norm then costs a decode step no launch
 // of its own and no round trip of its rows through memory (H200, Qwen3-8B
 // at batch 1, the two norms a layer skipped: Q4_K +10%, Q8_0 +6%).
+//
+// QGEMV_U: units in flight a lane of Q4_K, as many as 80 registers hold.
 #ifndef QGEMV_U
 #define QGEMV_U 2
 #endif
