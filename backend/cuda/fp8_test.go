@@ -439,37 +439,24 @@ func TestFP8Routes(t *testing.T) {
 	}
 }
 
+// BenchmarkFP8Products times one token's product by an FP8 weight of
+// Qwen3-Coder-Next's and Qwen3-8B's shapes on each of the kernels that take
+// it: f8mv, the FP8 skinny GEMM and qmv.
 func BenchmarkFP8Products(b *testing.B) {
-	gpuOnce.Do(func() { gpu, gpuErr = New(Options{}) })
-	if gpuErr != nil {
-		b.Skipf("no GPU: %v", gpuErr)
-	}
-	g := gpu
+	g := benchGPU(b)
 	if g.f8mvMax < 0 || g.fp8SkinnyMax == 0 {
 		b.Skip("no FP8 tensor cores (sm_89) or NVRTC before 12.4")
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
-	for _, s := range []struct {
+	shapes := append([]struct {
 		name  string
 		o, in int
-	}{{"coder-next-qkv", 8192, 2048}, {"coder-next-z", 4096, 2048}, {"coder-next-out", 2048, 4096}, {"coder-next-kv", 1024, 2048},
-		{"qwen3-8b-qkv", 6144, 4096}, {"qwen3-8b-o", 4096, 4096}, {"qwen3-8b-gate-up", 24576, 4096}, {"qwen3-8b-down", 4096, 12288}} {
+	}{{"coder-next-qkv", 8192, 2048}, {"coder-next-z", 4096, 2048}, {"coder-next-out", 2048, 4096}, {"coder-next-kv", 1024, 2048}},
+		qwen3Products...)
+	for _, s := range shapes {
 		data := quant.Random(backend.FP8, s.o, s.in, 0.05, rng.Uint64)
-		ws := make([]backend.Tensor, max(1, (256<<20)/len(data)))
-		for i := range ws {
-			w, err := g.Load(backend.FP8, []int{s.o, s.in}, data)
-			if err != nil {
-				b.Fatal(err)
-			}
-			ws[i] = w
-		}
-		x := g.Alloc(backend.BF16, 1, s.in)
-		xs := make([]float32, s.in)
-		for i := range xs {
-			xs[i] = float32(rng.NormFloat64())
-		}
-		g.Write(x, encode(backend.BF16, xs))
-		out := g.Alloc(backend.F32, 1, s.o)
+		ws := benchWeights(b, g, backend.FP8, s.o, s.in, data)
+		x, out := benchActivation(g, rng, s.in), g.Alloc(backend.F32, 1, s.o)
 		for _, k := range []struct {
 			name          string
 			f8mvMax, sMax int
@@ -479,29 +466,7 @@ func BenchmarkFP8Products(b *testing.B) {
 					g.f8mvMax, g.f8mvOuts, g.f8mvCols, g.fp8SkinnyMax = m, o, c, s
 				}(g.f8mvMax, g.f8mvOuts, g.f8mvCols, g.fp8SkinnyMax)
 				g.f8mvMax, g.f8mvOuts, g.f8mvCols, g.fp8SkinnyMax = k.f8mvMax, 0, 1<<30, k.sMax
-				g.Begin(&backend.Batch{Tokens: []int32{0}, Seqs: []backend.SeqInfo{{N: 1}}})
-				step := func() {
-					g.Graph("fp8 products/"+s.name+"/"+k.name, func() {
-						for _, w := range ws {
-							g.MatMul(out, x, w, false)
-						}
-					})
-				}
-				step() // captures
-				if err := g.Sync(); err != nil {
-					b.Fatal(err)
-				}
-				// A synchronize a graph: b.Loop's timer stops at its end,
-				// and the launches alone return long before the GPU is done.
-				for b.Loop() {
-					step()
-					if err := g.Sync(); err != nil {
-						b.Fatal(err)
-					}
-				}
-				per := b.Elapsed().Seconds() / float64(b.N*len(ws))
-				b.ReportMetric(per*1e6, "us/product")
-				b.ReportMetric(float64(len(data))/per/1e12, "TB/s")
+				benchProducts(b, g, "fp8 products/"+s.name+"/"+k.name, ws, x, out, len(data))
 			})
 		}
 		for _, t := range append(ws, x, out) {

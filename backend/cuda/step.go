@@ -237,6 +237,15 @@ type graph struct {
 	gen  int
 }
 
+// dropGraph destroys the graph captured under key, if there is one.
+func (b *Backend) dropGraph(key string) {
+	if g := b.graphs[key]; g != nil {
+		C.k_cuGraphExecDestroy(b.ctx, g.exec)
+		C.k_cuGraphDestroy(b.ctx, g.g)
+		delete(b.graphs, key)
+	}
+}
+
 // CapturesGraphs is true unless KILN_CUDA_GRAPHS=0 or the per-kernel
 // profile (which times launches one by one) is on.
 func (b *Backend) CapturesGraphs() bool { return b.useGraphs && b.prof == nil }
@@ -262,11 +271,7 @@ func (b *Backend) Graph(key string, record func()) {
 		b.fail(check("cuGraphLaunch", C.k_cuGraphLaunch(b.ctx, g.exec, b.stream)))
 		return
 	}
-	if g := b.graphs[key]; g != nil {
-		C.k_cuGraphExecDestroy(b.ctx, g.exec)
-		C.k_cuGraphDestroy(b.ctx, g.g)
-		delete(b.graphs, key)
-	}
+	b.dropGraph(key)
 	if err := check("cuStreamBeginCapture", C.k_cuStreamBeginCapture_v2(b.ctx, b.stream, captureRelaxed)); err != nil {
 		b.fail(err)
 		return
