@@ -10,6 +10,7 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"strings"
 	"sync"
@@ -85,7 +86,7 @@ type Backend struct {
 	// qgemvGrid the most blocks it launches; qmvMax the most tokens on
 	// qmv, and qmvGrid the most blocks (0: a block an output group); qSlab the most weight elements dequantized to bf16 at a time
 	// for cuBLASLt (see quant.go).
-	qgemvMax, qgemvGrid, qmvMax, qmvGrid, qSlab, qmvWarpsMax int
+	qgemvMax, qgemvGrid, qgemvWarps, qmvMax, qmvGrid, qSlab, qmvWarpsMax int
 	// fp8Min is the fewest tokens of a product with an FP8 weight that runs
 	// as a block-scaled FP8 GEMM (fp8.go); 0: never (before Hopper).
 	// fp8SkinnyMax is the most tokens of one on the FP8 skinny GEMM
@@ -208,7 +209,11 @@ func New(opts Options) (*Backend, error) {
 	b.pdl = major >= 9 && envInt("KILN_CUDA_PDL", 1, 0, 1) == 1
 	b.skinnyMax = envInt("KILN_CUDA_SKINNY_MAX", skinnyMaxTokens, 0, skinnyMaxTokens)
 	b.qgemvMax = envInt("KILN_CUDA_QGEMV_MAX", qgemvMaxTokens, 0, qgemvTokens)
-	b.qgemvGrid = envInt("KILN_CUDA_QGEMV_GRID", qgemvBlocksSM*b.sms, 1, 1<<20)
+	if b.qgemvWarps = envInt("KILN_CUDA_QGEMV_WARPS", qgemvWarps, 8, qgemvWarpsSM); qgemvWarpsSM%b.qgemvWarps != 0 || b.qgemvWarps%4 != 0 {
+		slog.Warn("cuda: ignoring KILN_CUDA_QGEMV_WARPS: not 8, 12 or 24", "value", b.qgemvWarps)
+		b.qgemvWarps = qgemvWarps
+	}
+	b.qgemvGrid = envInt("KILN_CUDA_QGEMV_GRID", qgemvWarpsSM/b.qgemvWarps*b.sms, 1, 1<<20)
 	b.qmvMax = envInt("KILN_CUDA_QMV_MAX", qmvMaxTokens, 0, qmvMaxTokens)
 	b.qmvGrid = envInt("KILN_CUDA_QMV_GRID", qmvBlocksSM*b.sms, 0, 1<<20)
 	b.qSlab = qSlabElems

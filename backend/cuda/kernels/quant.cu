@@ -730,8 +730,11 @@ __device__ __forceinline__ void qmv(void *out, int odt, const u16 *x, int T, int
 #ifndef QGEMV_PF
 #define QGEMV_PF -1
 #endif
-#ifndef QGEMV_MINB
-#define QGEMV_MINB 3
+// QGEMV_MAXW: the most warps a qgemv block has (the host picks 8, 12 or
+// 24, qgemvWarps in quant.go); the launch bounds give each thread 80
+// registers, for three blocks of eight a multiprocessor as for one of 24.
+#ifndef QGEMV_MAXW
+#define QGEMV_MAXW 24
 #endif
 
 struct XQ {
@@ -834,7 +837,7 @@ __device__ __forceinline__ void qgemv(void *out, int odt, const void *x, int xdt
 	constexpr int U = QT == QT_Q5_K || QT == QT_Q6_K ? QGEMV_U56 : QT == QT_Q8_0 ? QGEMV_U8 : QGEMV_U;
 	constexpr int PF = QGEMV_PF >= 0 ? QGEMV_PF : QT == QT_Q8_0 ? 1 : 0;
 	extern __shared__ uint4 xq[];
-	__shared__ float up[2][4][NT], nss[8][NT], rs[NT];
+	__shared__ float up[2][QGEMV_MAXW / 2][NT], nss[QGEMV_MAXW][NT], rs[NT];
 	pdl_trigger();
 	int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, W = blockDim.x >> 5;
 	// A block takes OB outputs a round, a warp each (with SWIGLU a pair of
@@ -1164,11 +1167,11 @@ __device__ __forceinline__ void qembed(float *out, const u8 *w, long rb, const i
 	}
 // qgemv kernels (the integer types): qgemv1_ and qgemv2_ by their tokens.
 #define QGEMV(NAME, QT, NT) \
-	extern "C" __global__ void __launch_bounds__(256, QGEMV_MINB) qgemv##NT##_##NAME(void *out, int odt, const void *x, int xdt, \
+	extern "C" __global__ void __launch_bounds__(32 * QGEMV_MAXW, 1) qgemv##NT##_##NAME(void *out, int odt, const void *x, int xdt, \
 			const u8 *w, long rb, int O, int I, QNorm nrm, int acc) { \
 		qgemv<QT, NT, false>(out, odt, x, xdt, w, rb, O, I, nrm, acc); \
 	} \
-	extern "C" __global__ void __launch_bounds__(256, QGEMV_MINB) qgemv##NT##_swiglu_##NAME(void *out, int odt, const void *x, int xdt, \
+	extern "C" __global__ void __launch_bounds__(32 * QGEMV_MAXW, 1) qgemv##NT##_swiglu_##NAME(void *out, int odt, const void *x, int xdt, \
 			const u8 *w, long rb, int O, int I, QNorm nrm) { \
 		qgemv<QT, NT, true>(out, odt, x, xdt, w, rb, O, I, nrm, 0); \
 	}
