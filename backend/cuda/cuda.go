@@ -82,8 +82,9 @@ type Backend struct {
 	// kernel before them finishes (sm_90 on; KILN_CUDA_PDL=0 turns it off).
 	pdl  bool
 	prof *profiler
-	// qgemvMax is the most tokens of a quantized product on qgemv, and
-	// qgemvGrid the most blocks it launches; qmvMax the most tokens on
+	// qgemvMax is the most tokens of a quantized product on qgemv,
+	// qgemvGrid the most blocks it launches (0: a wave) and qgemvWarps
+	// its blocks' warps (0: qgemvBlock's choice); qmvMax the most tokens on
 	// qmv, and qmvGrid the most blocks (0: a block an output group); qSlab the most weight elements dequantized to bf16 at a time
 	// for cuBLASLt (see quant.go).
 	qgemvMax, qgemvGrid, qgemvWarps, qmvMax, qmvGrid, qSlab, qmvWarpsMax int
@@ -209,11 +210,11 @@ func New(opts Options) (*Backend, error) {
 	b.pdl = major >= 9 && envInt("KILN_CUDA_PDL", 1, 0, 1) == 1
 	b.skinnyMax = envInt("KILN_CUDA_SKINNY_MAX", skinnyMaxTokens, 0, skinnyMaxTokens)
 	b.qgemvMax = envInt("KILN_CUDA_QGEMV_MAX", qgemvMaxTokens, 0, qgemvTokens)
-	if b.qgemvWarps = envInt("KILN_CUDA_QGEMV_WARPS", qgemvWarps, 8, qgemvWarpsSM); qgemvWarpsSM%b.qgemvWarps != 0 || b.qgemvWarps%4 != 0 {
+	if b.qgemvWarps = envInt("KILN_CUDA_QGEMV_WARPS", 0, 0, qgemvWarpsSM); b.qgemvWarps != 0 && b.qgemvWarps != 8 && b.qgemvWarps != 12 && b.qgemvWarps != qgemvWarpsSM {
 		slog.Warn("cuda: ignoring KILN_CUDA_QGEMV_WARPS: not 8, 12 or 24", "value", b.qgemvWarps)
-		b.qgemvWarps = qgemvWarps
+		b.qgemvWarps = 0
 	}
-	b.qgemvGrid = envInt("KILN_CUDA_QGEMV_GRID", qgemvWarpsSM/b.qgemvWarps*b.sms, 1, 1<<20)
+	b.qgemvGrid = envInt("KILN_CUDA_QGEMV_GRID", 0, 0, 1<<20)
 	b.qmvMax = envInt("KILN_CUDA_QMV_MAX", qmvMaxTokens, 0, qmvMaxTokens)
 	b.qmvGrid = envInt("KILN_CUDA_QMV_GRID", qmvBlocksSM*b.sms, 0, 1<<20)
 	b.qSlab = qSlabElems

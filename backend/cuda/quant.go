@@ -46,17 +46,27 @@ const (
 
 // qgemvWarpsSM is the qgemv warps a multiprocessor runs at once (80
 // registers each, QGEMV_MAXW); a launch has at most that many a
-// multiprocessor, in blocks of b.qgemvWarps warps that take rounds of
-// outputs (KILN_CUDA_QGEMV_GRID overrides the blocks).
+// multiprocessor, in blocks that take rounds of outputs
+// (KILN_CUDA_QGEMV_GRID overrides the blocks).
 const qgemvWarpsSM = 24
 
-// qgemvWarps is a qgemv block's warps by default (KILN_CUDA_QGEMV_WARPS:
-// 8, 12 or 24): one block a multiprocessor. Every block reads the whole
-// activation vector and quantizes it before its first dot product, all
-// blocks at once from the same lines of L2; a third as many blocks as
-// with eight warps gave Qwen3-8B Q8_0 +3% at batch 1 and +5% at 2, Q4_K
-// +2% and +4% (H200; NOTES.md).
-const qgemvWarps = 24
+// qgemvBlock is the warps of a qgemv block over rows weight rows
+// (KILN_CUDA_QGEMV_WARPS: 8, 12 or 24 for every product). Every block
+// reads the whole activation vector and quantizes it before its first dot
+// product, all blocks at once from the same lines of L2: one block of 24
+// warps a multiprocessor instead of three of eight gave Qwen3-8B Q8_0 +3%
+// at batch 1 and +5% at 2, Q4_K +2% and +4% (H200; NOTES.md). A product
+// of fewer rows than 24 a multiprocessor keeps blocks of eight, so that
+// its rows spread over every multiprocessor (not measured with 24).
+func (b *Backend) qgemvBlock(rows int) int {
+	if b.qgemvWarps > 0 {
+		return b.qgemvWarps
+	}
+	if rows >= qgemvWarpsSM*b.sms {
+		return qgemvWarpsSM
+	}
+	return 8
+}
 
 // qmvBlocksSM is the qmv blocks a launch has a multiprocessor at most
 // (KILN_CUDA_QMV_GRID overrides the total; 0: a block an output group):
@@ -469,18 +479,26 @@ func (b *Backend) qgemv(swiglu bool, out devptr, odt backend.DType, xt, w *tenso
 		smem += qgemvNormSmem(I)
 	}
 	a := qgemvSwigluArgs{out: out, odt: int32(odt), x: xt.ptr, xdt: int32(xt.dt), w: w.ptr, rb: int64(w.rb()), O: int32(O), I: int32(I), nrm: nrm}
-	// Blocks of W warps take rounds of W outputs, or W / 2 with swiglu (a
-	// warp a gate or up row).
-	W := b.qgemvWarps
+	// Blocks of W warps take rounds of W rows: W outputs, or W / 2 with
+	// swiglu (a warp a gate or up row).
+	rows := O
+	if swiglu {
+		rows = 2 * O
+	}
+	W := b.qgemvBlock(rows)
+	grid := min((rows+W-1)/W, qgemvWarpsSM/W*b.sms)
+	if b.qgemvGrid > 0 {
+		grid = min(grid, b.qgemvGrid)
+	}
 	if swiglu {
 		k := qk.gvSwiglu[n-1]
 		b.allowSmem(k.name, qgemvSmemMax)
-		k.runOverlapped(b, g1(min((2*O+W-1)/W, b.qgemvGrid)), 32*W, smem, a)
+		k.runOverlapped(b, g1(grid), 32*W, smem, a)
 		return
 	}
 	k := qk.gv[n-1]
 	b.allowSmem(k.name, qgemvSmemMax)
-	k.runOverlapped(b, g1(min((O+W-1)/W, b.qgemvGrid)), 32*W, smem, qgemvArgs{a, boolInt(accumulate)})
+	k.runOverlapped(b, g1(grid), 32*W, smem, qgemvArgs{a, boolInt(accumulate)})
 }
 
 // qx returns x as bf16 at a 16-byte aligned address: x itself, or a

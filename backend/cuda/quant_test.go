@@ -764,7 +764,8 @@ func medianRelL2(got, want [][]float32) float64 {
 
 // decodeModes are the paths a product of few tokens is checked on: the
 // defaults (qgemv up to two tokens, qmv up to qmvMaxTokens), qgemv with
-// three blocks (each taking several rounds of outputs), qmv alone (three
+// three blocks of 24 warps (each taking several rounds of outputs; the
+// defaults give these small products blocks of eight), qmv alone (three
 // blocks a row, rounds of output groups too), and the weights dequantized
 // for cuBLASLt.
 var decodeModes = []string{"default", "rounds", "qmv", "dequantized"}
@@ -773,13 +774,13 @@ var decodeModes = []string{"default", "rounds", "qmv", "dequantized"}
 // true, or reports false where the mode is not one for n (each covers what
 // the default does not, at a few tokens).
 func (p *pair) withDecode(mode string, n int, f func()) bool {
-	gv, qmv, grid, qgrid := p.g.qgemvMax, p.g.qmvMax, p.g.qgemvGrid, p.g.qmvGrid
+	gv, qmv, grid, qgrid, warps := p.g.qgemvMax, p.g.qmvMax, p.g.qgemvGrid, p.g.qmvGrid, p.g.qgemvWarps
 	switch mode {
 	case "rounds":
 		if n > qgemvTokens {
 			return false
 		}
-		grid = 3
+		grid, warps = 3, qgemvWarpsSM
 	case "qmv":
 		if n > qgemvTokens {
 			return false
@@ -791,8 +792,8 @@ func (p *pair) withDecode(mode string, n int, f func()) bool {
 		}
 		gv, qmv = 0, 0
 	}
-	defer func(g, q int) { p.g.qgemvGrid, p.g.qmvGrid = g, q }(p.g.qgemvGrid, p.g.qmvGrid)
-	p.g.qgemvGrid, p.g.qmvGrid = grid, qgrid
+	defer func(g, q, w int) { p.g.qgemvGrid, p.g.qmvGrid, p.g.qgemvWarps = g, q, w }(p.g.qgemvGrid, p.g.qmvGrid, p.g.qgemvWarps)
+	p.g.qgemvGrid, p.g.qmvGrid, p.g.qgemvWarps = grid, qgrid, warps
 	p.withQ(gv, qmv, qSlabElems, f)
 	return true
 }
