@@ -45,7 +45,7 @@ const (
 )
 
 // qgemvWarpsSM is the qgemv warps a multiprocessor runs at once (80
-// registers each, QGEMV_MAXW); a launch has at most that many a
+// registers each; QGEMV_MAXW in the kernels); a launch has at most that many a
 // multiprocessor, in blocks that take rounds of outputs
 // (KILN_CUDA_QGEMV_GRID overrides the blocks).
 const qgemvWarpsSM = 24

@@ -37,6 +37,9 @@
 // The FP8 decode products on wgmma (f8wg.cu): F8WG_STAGES stages of 128 columns.
 #define F8WG_STAGES 6
 
+// The warps a multiprocessor runs of qgemv (quant.cu), the most a block has.
+#define QGEMV_MAXW 24
+
 // The rows a block of moe_count and moe_scatter takes (moe.cu), a thread each.
 #define MOE_GROUP_ROWS 1024
 

@@ -730,12 +730,10 @@ __device__ __forceinline__ void qmv(void *out, int odt, const u16 *x, int T, int
 #ifndef QGEMV_PF
 #define QGEMV_PF -1
 #endif
-// QGEMV_MAXW: the most warps a qgemv block has (the host picks 8, 12 or
-// 24, qgemvWarps in quant.go); the launch bounds give each thread 80
-// registers, for three blocks of eight a multiprocessor as for one of 24.
-#ifndef QGEMV_MAXW
-#define QGEMV_MAXW 24
-#endif
+// QGEMV_MAXW (defines.cuh): the most warps a qgemv block has (the host
+// picks 8, 12 or 24: qgemvBlock in quant.go); the launch bounds give each
+// thread 80 registers, for three blocks of eight a multiprocessor as for
+// one of 24.
 
 struct XQ {
 	float d;
