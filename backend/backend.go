@@ -109,6 +109,28 @@ type Batch struct {
 	// LogitRows lists, in increasing order, the token rows (indices into
 	// Tokens) whose logits the step must produce.
 	LogitRows []int32
+	// Fed, when not nil, has one entry per token: -1 keeps Tokens[t], r >= 0
+	// makes token t the one the last SampleStart drew for its row r. The
+	// token is taken on the device, so a decode step can be issued before
+	// the last one's tokens reach the host.
+	Fed []int32
+}
+
+// CheckFed reports a Fed that does not fit the batch or the last sampling's
+// rows (a backend's Begin panics on it, as on other inconsistent batches).
+func (bt *Batch) CheckFed(rows int) error {
+	if bt.Fed == nil {
+		return nil
+	}
+	if len(bt.Fed) != len(bt.Tokens) {
+		return fmt.Errorf("%d fed entries for %d tokens", len(bt.Fed), len(bt.Tokens))
+	}
+	for t, r := range bt.Fed {
+		if r < -1 || int(r) >= rows {
+			return fmt.Errorf("token %d fed from row %d of a sampling of %d rows", t, r, rows)
+		}
+	}
+	return nil
 }
 
 // SeqInfo is one sequence's part of a Batch.
@@ -540,6 +562,10 @@ type Backend interface {
 	// R) and returns them to the host; only the tokens (and requested
 	// log-probabilities) cross from the device.
 	Sample(logits Tensor, params []SampleParams) ([]Sampled, error)
+	// SampleStart issues Sample and returns the wait for its tokens: until
+	// then the host may issue the next step, whose Batch.Fed names them. A
+	// second SampleStart may be issued before the first's wait, not a third.
+	SampleStart(logits Tensor, params []SampleParams) (wait func() ([]Sampled, error), err error)
 }
 
 // Collective is implemented by a backend that is one rank of a group

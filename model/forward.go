@@ -198,9 +198,25 @@ func (m *Model) forward(seqs []Seq) (logits backend.Tensor, err error) {
 		decode = decode && len(seqs[i].Tokens) == 1 && seqs[i].Logits != NoLogits
 	}
 	bt := &m.batch
-	bt.Tokens, bt.Seqs, bt.LogitRows = bt.Tokens[:0], bt.Seqs[:0], bt.LogitRows[:0]
+	bt.Tokens, bt.Seqs, bt.LogitRows, bt.Fed = bt.Tokens[:0], bt.Seqs[:0], bt.LogitRows[:0], nil
+	for i := range seqs {
+		if seqs[i].Fed {
+			if m.fed == nil {
+				m.fed = make([]int32, 0, len(seqs)) // bt.Fed must not be nil
+			}
+			bt.Fed = m.fed[:0]
+		}
+	}
 	for _, s := range seqs {
 		start := int32(len(bt.Tokens))
+		if bt.Fed != nil {
+			for range s.Tokens {
+				bt.Fed = append(bt.Fed, -1)
+			}
+			if s.Fed {
+				bt.Fed[start] = int32(s.FedRow)
+			}
+		}
 		bt.Tokens = append(bt.Tokens, s.Tokens...)
 		bt.Seqs = append(bt.Seqs, backend.SeqInfo{Pos: s.Pos, N: len(s.Tokens), Blocks: s.Blocks, Slot: s.Slot, Captures: s.Captures})
 		switch s.Logits {
@@ -225,6 +241,9 @@ func (m *Model) forward(seqs []Seq) (logits backend.Tensor, err error) {
 		for len(bt.Seqs) < n {
 			bt.LogitRows = append(bt.LogitRows, int32(len(bt.Tokens)))
 			bt.Tokens = append(bt.Tokens, 0)
+			if bt.Fed != nil {
+				bt.Fed = append(bt.Fed, -1)
+			}
 			bt.Seqs = append(bt.Seqs, pad)
 		}
 		ws = m.decode[n]
@@ -244,6 +263,9 @@ func (m *Model) forward(seqs []Seq) (logits backend.Tensor, err error) {
 	if m.cfg.Embedding == nil {
 		ws.logits = m.b.Rows(ws.buffer("logits", backend.F32, max(ws.R, 1), m.cfg.VocabSize), 0, ws.R)
 		out = ws.logits
+	}
+	if bt.Fed != nil {
+		m.fed = bt.Fed
 	}
 	m.b.Begin(bt)
 	if decode && ws.warm {
@@ -291,6 +313,12 @@ func (m *Model) check(i int, s *Seq) error {
 		if c.Slot < 0 || c.Slot >= m.cache.Slots || c.Slot == s.Slot {
 			return fmt.Errorf("model: sequence %d: capture slot %d outside the cache (%d slots) or its own", i, c.Slot, m.cache.Slots)
 		}
+	}
+	if s.Fed && (len(s.Tokens) != 1 || s.FedRow < 0 || s.FedRow >= m.sampledRows) {
+		return fmt.Errorf("model: sequence %d: fed from row %d of a sampling of %d rows, with %d new tokens", i, s.FedRow, m.sampledRows, len(s.Tokens))
+	}
+	if s.Fed && !m.Feeds() {
+		return fmt.Errorf("model: sequence %d: fed on a model split across devices", i)
 	}
 	if s.Logits > AllLogits {
 		return fmt.Errorf("model: sequence %d: unknown Logits %d", i, s.Logits)

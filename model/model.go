@@ -90,6 +90,10 @@ type Model struct {
 	prefill *workspace
 	decode  map[int]*workspace // by batch-size bucket
 	batch   backend.Batch
+	// fed is batch.Fed's buffer; sampledRows the rows of the last
+	// sampling, which a step's Seq.Fed may name.
+	fed         []int32
+	sampledRows int
 	// tp is the backend's group when the model is one rank's share of a
 	// split model (Options.Ranks); nil otherwise.
 	tp backend.Collective
@@ -507,8 +511,23 @@ func (m *Model) RestoreSlot(slot int, src []byte) {
 
 // Sample draws one token from each row of logits returned by Forward.
 func (m *Model) Sample(logits backend.Tensor, p []backend.SampleParams) ([]backend.Sampled, error) {
+	m.sampledRows = len(p)
 	return m.b.Sample(logits, p)
 }
+
+// SampleStart is Sample issued: wait gives its tokens. Until then a decode
+// step of the sequences may be issued whose Seq.Fed names them (see
+// Feeds): the next step runs on the device while the host reads these
+// tokens. At most two samplings may wait at once.
+func (m *Model) SampleStart(logits backend.Tensor, p []backend.SampleParams) (wait func() ([]backend.Sampled, error), err error) {
+	m.sampledRows = len(p)
+	return m.b.SampleStart(logits, p)
+}
+
+// Feeds reports whether a step may take tokens from the last sampling
+// (Seq.Fed): not on a model split across devices, where every rank needs
+// the token and only the first samples.
+func (m *Model) Feeds() bool { return len(m.ranks) == 1 }
 
 // Close frees the model's caches and weights and unmaps its files.
 func (m *Model) Close() {

@@ -13,6 +13,11 @@ type Seq struct {
 	// sequence's recurrent state after some of its new tokens in spare
 	// slots: see backend.Capture.
 	Captures []backend.Capture
+	// Fed: the sequence's one new token (Tokens holds a placeholder) is
+	// the one the model's last SampleStart drew for its row FedRow, taken
+	// on the device (see Model.Feeds).
+	Fed    bool
+	FedRow int
 }
 
 // Logits selects the positions of a Seq whose logits a step returns.

@@ -57,6 +57,8 @@ type Backend struct {
 	rank  int
 	// reduced holds an AllReduce's sums until every rank has read its x.
 	reduced []float32
+	// sampled is the last sampling's tokens, for Batch.Fed.
+	sampled []int32
 }
 
 var (
@@ -336,7 +338,15 @@ type step struct {
 // batch (token counts that do not add up, logit rows out of order).
 func (b *Backend) Begin(bt *backend.Batch) {
 	s := &b.step
+	if err := bt.CheckFed(len(b.sampled)); err != nil {
+		panic("cpu: begin: " + err.Error())
+	}
 	s.tokens = append(s.tokens[:0], bt.Tokens...)
+	for t, r := range bt.Fed {
+		if r >= 0 {
+			s.tokens[t] = b.sampled[r]
+		}
+	}
 	s.seqs = s.seqs[:0]
 	s.seqStart = s.seqStart[:0]
 	s.tokSeq = s.tokSeq[:0]

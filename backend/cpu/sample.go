@@ -29,7 +29,20 @@ func (b *Backend) Sample(logits backend.Tensor, params []backend.SampleParams) (
 			res[r] = SampleRow(l[r*V:(r+1)*V], &params[r])
 		}
 	})
+	b.sampled = b.sampled[:0]
+	for _, s := range res {
+		b.sampled = append(b.sampled, s.Token)
+	}
 	return res, nil
+}
+
+// SampleStart is Sample, done before it returns.
+func (b *Backend) SampleStart(logits backend.Tensor, params []backend.SampleParams) (func() ([]backend.Sampled, error), error) {
+	res, err := b.Sample(logits, params)
+	if err != nil {
+		return nil, err
+	}
+	return func() ([]backend.Sampled, error) { return res, nil }, nil
 }
 
 func checkSampleParams(p *backend.SampleParams, V int) error {

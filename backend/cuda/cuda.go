@@ -118,6 +118,15 @@ type Backend struct {
 
 	pinned     unsafe.Pointer // host staging for reads and restores
 	pinnedSize int
+	// samplings are the page-locked buffers samplings' arguments go up
+	// from and their results come back to, two so that a step can be
+	// issued between a SampleStart and its wait; next is the one to use.
+	// sampled and sampledRows are the last one's tokens on the device
+	// (Batch.Fed).
+	samplings   [2]sampling
+	nextSample  int
+	sampled     devptr
+	sampledRows int
 	// hostBufs are the page-locked buffers HostBuffer gave out.
 	hostBufs []hostBuf
 	// halfDone marks, for each half of the staging buffer, the end of the
@@ -182,6 +191,11 @@ func New(opts Options) (*Backend, error) {
 	}
 	for i := range b.halfDone {
 		if err := check("cuEventCreate", C.k_cuEventCreate(b.ctx, &b.halfDone[i], 2)); err != nil { // 2: disable timing
+			return nil, err
+		}
+	}
+	for i := range b.samplings {
+		if err := check("cuEventCreate", C.k_cuEventCreate(b.ctx, &b.samplings[i].done, 2)); err != nil {
 			return nil, err
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/kiln-llm/kiln/backend"
+	"github.com/kiln-llm/kiln/internal/testmodel"
 	"github.com/kiln-llm/kiln/model"
 	"github.com/kiln-llm/kiln/model/reference"
 )
@@ -163,6 +164,45 @@ func TestFixturesEndToEnd(t *testing.T) {
 					ctok, margin = argmaxMargin(crows[0])
 					tie = rg.nearTie(0)
 					pos++
+				}
+			}
+		})
+	}
+}
+
+// TestFed: decode steps on the GPU whose tokens feed_tokens takes from the
+// last sampling (each step's graph issued before the last one's tokens are
+// read, or beside a token from the host) give the tokens that steps given
+// them by the host give, bit for bit: three sequences in a bucket of four,
+// their rows fed in reverse order.
+func TestFed(t *testing.T) {
+	p := newPair(t, 8)
+	for _, name := range []string{"qwen3", "qwen3next"} {
+		t.Run(name, func(t *testing.T) {
+			dir := filepath.Join("..", "..", "testdata", "fixtures", name)
+			ref, err := reference.Read(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var prompts [][]int32
+			for _, pr := range ref.Prompts {
+				prompts = append(prompts, pr.IDs)
+			}
+			decode := func(mode testmodel.FedMode) [][]int32 {
+				m, err := model.Load(dir, p.g, model.Options{KVDType: backend.BF16})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer m.Close()
+				return testmodel.FedDecode(t, m, prompts, 24, mode)
+			}
+			want := decode(testmodel.FromHost)
+			for _, mode := range []testmodel.FedMode{testmodel.FedAhead, testmodel.FedMixed} {
+				got := decode(mode)
+				for i := range want {
+					if !slices.Equal(got[i], want[i]) {
+						t.Errorf("%s: sequence %d: %v, from the host %v", mode, i, got[i], want[i])
+					}
 				}
 			}
 		})

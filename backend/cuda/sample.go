@@ -8,6 +8,7 @@ package cuda
 import "C"
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	mathbits "math/bits"
@@ -39,6 +40,26 @@ type sampleRowsArgs struct {
 // Sample draws one token per row of logits on the device; only the tokens and
 // the requested log-probabilities are copied back.
 func (b *Backend) Sample(logits backend.Tensor, params []backend.SampleParams) ([]backend.Sampled, error) {
+	wait, err := b.SampleStart(logits, params)
+	if err != nil {
+		return nil, err
+	}
+	return wait()
+}
+
+// sampling is one of the host buffers of SampleStart: arguments at the
+// front, results behind them; done follows their download, and gen counts
+// the samplings that used it.
+type sampling struct {
+	host unsafe.Pointer
+	size int
+	done C.CUevent
+	gen  int
+}
+
+// SampleStart queues Sample's upload, kernel and download; its wait
+// waits for the download alone.
+func (b *Backend) SampleStart(logits backend.Tensor, params []backend.SampleParams) (func() ([]backend.Sampled, error), error) {
 	lt := asT(logits)
 	R, V := lt.rows(), lt.cols()
 	checkF32("sample", lt)
@@ -49,7 +70,8 @@ func (b *Backend) Sample(logits backend.Tensor, params []backend.SampleParams) (
 		panic("cuda: Sample inside Graph")
 	}
 	if R == 0 {
-		return nil, b.Sync()
+		b.sampledRows = 0
+		return func() ([]backend.Sampled, error) { return nil, b.Sync() }, nil
 	}
 	hargs := make([]sampleArgs, R)
 	var cnt []int32
@@ -101,10 +123,28 @@ func (b *Backend) Sample(logits backend.Tensor, params []backend.SampleParams) (
 	dIn := b.scratchBuf("samplein", in)
 	dOut := b.scratchBuf("sampleout", 4*outN)
 	work := b.scratchBuf("samplework", 4*R*V)
-	// Arguments go up from the front of the staging buffer, results come
-	// back behind them: one synchronisation per call.
+	// Arguments go up from the front of the host buffer, results come
+	// back behind them: one synchronisation per call. The buffer's last
+	// sampling may still be on its way, if its wait was not called.
 	inPad := (in + 15) &^ 15
-	host := b.staging(inPad + 4*outN)
+	sm := &b.samplings[b.nextSample]
+	b.nextSample ^= 1
+	if err := check("cuEventSynchronize", C.k_cuEventSynchronize(b.ctx, sm.done)); err != nil {
+		return nil, err
+	}
+	if sm.size < inPad+4*outN {
+		if sm.host != nil {
+			C.k_cuMemFreeHost(b.ctx, sm.host)
+			sm.host, sm.size = nil, 0
+		}
+		sz := max(inPad+4*outN, 64<<10)
+		if err := check("cuMemAllocHost", C.k_cuMemAllocHost_v2(b.ctx, &sm.host, C.size_t(sz))); err != nil {
+			return nil, err
+		}
+		sm.size = sz
+	}
+	sm.gen++
+	gen, host := sm.gen, sm.host
 	hb := unsafe.Slice((*byte)(host), in)
 	copy(hb, unsafe.Slice((*byte)(unsafe.Pointer(&hargs[0])), argBytes))
 	if len(mask) > 0 {
@@ -123,13 +163,27 @@ func (b *Backend) Sample(logits backend.Tensor, params []backend.SampleParams) (
 	sampleRowsKernel.run(b, g1(R), 1024, 0, sampleRowsArgs{
 		logits: lt.ptr, V: int32(V), args: dIn, cnt: dIn + devptr(cntAt), bias: dIn + devptr(biasAt), mask: dIn + devptr(maskAt),
 		work: work, outTok: outTok, outLp: outLp, topTok: topTok, topLp: topLp, maxTop: int32(mt)})
+	b.sampled, b.sampledRows = outTok, R
 	resP := unsafe.Add(host, inPad)
 	b.fail(check("cuMemcpyDtoHAsync", C.k_cuMemcpyDtoHAsync_v2(b.ctx, resP, dOut, C.size_t(4*outN), b.stream)))
-	if err := b.Sync(); err != nil {
-		return nil, err
-	}
-	res := unsafe.Slice((*int32)(resP), outN)
-	resF := unsafe.Slice((*float32)(resP), outN)
+	b.fail(check("cuEventRecord", C.k_cuEventRecord(b.ctx, sm.done, b.stream)))
+	return func() ([]backend.Sampled, error) {
+		if sm.gen != gen {
+			return nil, errors.New("cuda: sample: a third sampling was started before this one's wait")
+		}
+		b.fail(check("cuEventSynchronize", C.k_cuEventSynchronize(b.ctx, sm.done)))
+		if b.err != nil {
+			return nil, b.err
+		}
+		return sampledRows(unsafe.Slice((*int32)(resP), outN), params, hargs, mt), nil
+	}, nil
+}
+
+// sampledRows reads sample_rows' results res: R tokens, R log-probabilities,
+// then each row's mt top tokens and their log-probabilities.
+func sampledRows(res []int32, params []backend.SampleParams, hargs []sampleArgs, mt int) []backend.Sampled {
+	R := len(params)
+	resF := unsafe.Slice((*float32)(unsafe.Pointer(&res[0])), len(res))
 	out := make([]backend.Sampled, R)
 	for i, p := range params {
 		out[i].Token = res[i]
@@ -140,7 +194,7 @@ func (b *Backend) Sample(logits backend.Tensor, params []backend.SampleParams) (
 			out[i].Top = append(out[i].Top, backend.TokenLogprob{Token: res[2*R+i*mt+n], Logprob: resF[2*R+R*mt+i*mt+n]})
 		}
 	}
-	return out, nil
+	return out
 }
 
 // maskAllows checks a token mask's length against the vocabulary and

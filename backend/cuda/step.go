@@ -39,6 +39,7 @@ const (
 	mCapN     // [C] the capture's offset
 	mCapStart // [C] the sequence's first token in the step
 	mCapSlot  // [C] the slot the capture writes
+	mFed      // [T] Batch.Fed, when the step has it
 	mCount
 )
 
@@ -156,6 +157,10 @@ func (b *Backend) Begin(bt *backend.Batch) {
 	}
 	m.host[mRows] = append(m.host[mRows], bt.LogitRows...)
 	m.T, m.S, m.R = start, len(bt.Seqs), len(bt.LogitRows)
+	if err := bt.CheckFed(b.sampledRows); err != nil {
+		panic("cuda: begin: " + err.Error())
+	}
+	m.host[mFed] = append(m.host[mFed], bt.Fed...)
 
 	// The staging buffer may still feed the previous step's upload.
 	b.fail(check("cuEventSynchronize", C.k_cuEventSynchronize(b.ctx, m.copied)))
@@ -181,6 +186,17 @@ func (b *Backend) Begin(bt *backend.Batch) {
 	}
 	b.fail(check("cuMemcpyHtoDAsync", C.k_cuMemcpyHtoDAsync_v2(b.ctx, m.buf, m.staging, C.size_t(4*end), b.stream)))
 	b.fail(check("cuEventRecord", C.k_cuEventRecord(b.ctx, m.copied, b.stream)))
+	if bt.Fed != nil {
+		feedTokensKernel.run(b, g1((m.T+255)/256), 256, 0, feedTokensArgs{tokens: m.dev[mTokens], fed: m.dev[mFed], T: int32(m.T), sampled: b.sampled})
+	}
+}
+
+var feedTokensKernel = newKernel[feedTokensArgs]("feed_tokens")
+
+type feedTokensArgs struct {
+	tokens, fed devptr
+	T           int32
+	sampled     devptr
 }
 
 // captures sets the delta rule's rounds and the captures of bt, whose

@@ -13,10 +13,12 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"testing/fstest"
 
+	"github.com/kiln-llm/kiln/backend"
 	"github.com/kiln-llm/kiln/backend/cpu"
 	"github.com/kiln-llm/kiln/chat"
 	"github.com/kiln-llm/kiln/model"
@@ -194,4 +196,90 @@ func Allocated(f func()) uint64 {
 	f()
 	runtime.ReadMemStats(&after)
 	return after.TotalAlloc - before.TotalAlloc
+}
+
+// FedMode is how FedDecode's steps get their tokens.
+type FedMode string
+
+const (
+	FromHost FedMode = "from the host"
+	FedAhead FedMode = "ahead" // each step issued before the last one's tokens are read
+	FedMixed FedMode = "mixed" // fed rows beside sequence 2, whose token comes from the host
+)
+
+// FedDecode gives m a cache and decodes steps greedy tokens after each of
+// three prompts (of 320 tokens at most, with their steps): every step
+// takes the sequences in the reverse order of the last, so fed rows are
+// not in the sampled rows' order. It returns each sequence's tokens; they
+// must not depend on mode (model.Seq.Fed).
+func FedDecode(t testing.TB, m *model.Model, prompts [][]int32, steps int, mode FedMode) [][]int32 {
+	t.Helper()
+	const blockSize = 16
+	if err := m.AllocCache(model.CacheSpec{Blocks: 63, BlockSize: blockSize, Slots: 3}); err != nil {
+		t.Fatal(err)
+	}
+	seqs := make([]model.Seq, 3)
+	for i := range seqs {
+		ids := prompts[i%len(prompts)]
+		var blocks []int32
+		for b := 0; b*blockSize < len(ids)+steps; b++ {
+			blocks = append(blocks, int32(i*21+b))
+		}
+		seqs[i] = model.Seq{Tokens: ids, Blocks: blocks, Slot: i, Logits: model.LastLogits}
+	}
+	out := make([][]int32, len(seqs))
+	record := func(slots []int, got []backend.Sampled) {
+		for i, s := range slots {
+			out[s] = append(out[s], got[i].Token)
+		}
+	}
+	var lag func() ([]backend.Sampled, error) // the last step's sampling (ahead)
+	var lagSlots []int
+	for range steps {
+		logits, err := m.Forward(seqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wait, err := m.SampleStart(logits, make([]backend.SampleParams, len(seqs)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var slots []int
+		for i := range seqs {
+			slots = append(slots, seqs[i].Slot)
+			seqs[i].Pos += len(seqs[i].Tokens)
+		}
+		var got []backend.Sampled
+		if mode == FedAhead {
+			if lag != nil {
+				g, err := lag()
+				if err != nil {
+					t.Fatal(err)
+				}
+				record(lagSlots, g)
+			}
+			lag, lagSlots = wait, slots
+		} else if got, err = wait(); err != nil {
+			t.Fatal(err)
+		} else {
+			record(slots, got)
+		}
+		slices.Reverse(seqs)
+		for i := range seqs {
+			row := len(seqs) - 1 - i // seqs[i]'s row in the sampling
+			seqs[i].Fed, seqs[i].FedRow = mode == FedAhead || mode == FedMixed && seqs[i].Slot != 2, row
+			seqs[i].Tokens = []int32{0}
+			if !seqs[i].Fed {
+				seqs[i].Tokens[0] = got[row].Token
+			}
+		}
+	}
+	if lag != nil {
+		g, err := lag()
+		if err != nil {
+			t.Fatal(err)
+		}
+		record(lagSlots, g)
+	}
+	return out
 }

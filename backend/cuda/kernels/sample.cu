@@ -202,3 +202,13 @@ extern "C" __global__ void __launch_bounds__(1024) sample_rows(const float *logi
 		}
 	}
 }
+
+// feed_tokens takes a step's tokens that the last sampling drew (fed[t] is
+// its row, -1 for a token the host gave) from that sampling's results on
+// the device, so that a decode step can be issued before they reach the
+// host.
+extern "C" __global__ void feed_tokens(int *tokens, const int *fed, int T, const int *sampled) {
+	int t = blockIdx.x * blockDim.x + threadIdx.x;
+	if (t < T && fed[t] >= 0)
+		tokens[t] = sampled[fed[t]];
+}
