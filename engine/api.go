@@ -241,6 +241,11 @@ type Stats struct {
 	StepTime                  time.Duration
 	DecodeSteps, DecodeTokens int64
 	DecodeStepTime            time.Duration
+	// AheadSteps are the decode passes issued before the last one's tokens
+	// reached the host, their tokens taken on the device (a dense model on
+	// a GPU; see the scheduler's ahead); those of sequences that ended
+	// meanwhile were computed for nothing.
+	AheadSteps int64
 	// HostTime is the time between consecutive passes while sequences
 	// were running (admission, planning, and on a synchronous backend
 	// emitting tokens): the device waits for it.

@@ -116,6 +116,7 @@ type Options struct {
 
 	checkAccounting bool          // tests: verify block accounting after every step
 	overlap         bool          // tests: hold tokens over the next pass on any backend
+	noAhead         bool          // tests: no decode pass issued before the last one's tokens reach the host
 	beyondCache     bool          // tests: a context beyond the KV cache, so that a lone sequence can outgrow it
 	spillAfter      time.Duration // tests: the idle time before spilling to the state cache (0: spillAfter)
 	beforeRead      func()        // tests: runs before each read of the state cache, on the reading goroutine

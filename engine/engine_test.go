@@ -390,6 +390,12 @@ func testSampling(t *testing.T, overlap bool) {
 	if !differ {
 		t.Error("other seeds gave the same tokens")
 	}
+	// With tokens emitted while the next pass runs, decode passes are
+	// issued ahead of their tokens (a dense model), and the seeds' tokens
+	// above are those passes'.
+	if ahead := e.Stats().AheadSteps; overlap != (ahead > 0) {
+		t.Errorf("overlap %v: %d decode passes issued ahead", overlap, ahead)
+	}
 
 	// Stop token: the greedy answer's third token stops it.
 	greedy := generate(t, e, &Request{Prompt: prompt, Sampling: Sampling{MaxTokens: 12, IgnoreEOS: true}})

@@ -125,11 +125,14 @@ type scheduler struct {
 	// token is accepted, and it is emitted at once).
 	overlap bool
 	held    []heldToken
+	// feeds: decode passes may be issued ahead (see ahead).
+	feeds bool
 
 	preemptions, completed, hitTokens int64
 	recomputed, generated             int64
 
 	steps, stepTokens, decodeSteps, decodeTokens int64
+	aheadSteps                                   int64
 	stepTime, decodeTime, hostTime               time.Duration
 	lastStep                                     time.Time // end of the last pass; zero after the loop idled
 	idleSince                                    time.Time // when the loop last found nothing to do; zero while busy
@@ -144,6 +147,7 @@ type heldToken struct {
 func newScheduler(e *Engine) *scheduler {
 	s := &scheduler{e: e, m: e.m, hybrid: e.m.Hybrid(), alloc: kvcache.NewAllocator(e.opts.KVBlocks), store: e.store}
 	s.overlap = e.m.Backend().Asynchronous() || e.opts.overlap
+	s.feeds = s.overlap && !s.hybrid && e.cfg.Embedding == nil && e.m.Feeds() && !e.opts.noAhead
 	s.prefillRate = cmp.Or(e.opts.prefillRate, e.warmRate)
 	if s.store != nil {
 		var err error
@@ -597,8 +601,109 @@ func (s *scheduler) step() {
 			rows = append(rows, q)
 		}
 	}
-	start := time.Now()
-	sampled, embeddings, err := s.forward(seqs, rows)
+	ps := s.issue(plan, seqs, rows)
+	for n := 0; ps != nil; n++ {
+		var next *pass
+		if n < aheadPasses {
+			next = s.ahead(ps)
+		}
+		s.receive(ps, next != nil)
+		ps = next
+	}
+}
+
+// pass is a forward pass issued: its plan, the sequences whose rows it
+// samples, and the wait for those tokens (or an embedding model's rows).
+type pass struct {
+	plan       []planned
+	rows       []*seq
+	start      time.Time
+	wait       func() ([]backend.Sampled, error)
+	embeddings [][]float32
+	err        error
+}
+
+// aheadPasses bounds a run of passes issued ahead (see ahead), after
+// which the loop looks at its queues again: a cancelled or new request
+// waits at most that long.
+const aheadPasses = 32
+
+// issue runs the model on seqs and starts sampling a token for each
+// sequence of rows.
+func (s *scheduler) issue(plan []planned, seqs []model.Seq, rows []*seq) *pass {
+	ps := &pass{plan: plan, rows: rows, start: time.Now()}
+	ps.wait, ps.embeddings, ps.err = s.forward(seqs, rows)
+	return ps
+}
+
+// ahead issues the decode pass that follows ps before ps's tokens reach
+// the host: each sequence's new token is fed on the device from ps's
+// sampling (model.Seq.Fed), so the device goes from one pass to the next
+// without waiting for the host between them. It does so only where that
+// pass is certain to be the next one unless a sequence ends: ps decoded
+// one token of every sequence it ran, none of them with a token mask or
+// penalties (which need the token first), none near its length limit, and
+// no request waits to join. A dense model only: a hybrid sequence that
+// ends would have its state advanced past its end, and its last state is
+// what the next turn of its conversation resumes from. The tokens of a
+// sequence that ends are computed for nothing and dropped.
+func (s *scheduler) ahead(ps *pass) *pass {
+	if !s.feeds || ps.err != nil || ps.wait == nil || len(ps.rows) != len(ps.plan) || len(s.waiting) > 0 || s.arrived() {
+		return nil
+	}
+	for i, p := range ps.plan {
+		q := p.q
+		pr := &q.params
+		if p.n != 1 || ps.rows[i] != q || q.done || q.ctx.Err() != nil || q.mask != nil || len(q.tokens)+1 >= q.maxLen ||
+			pr.PresencePenalty != 0 || pr.FrequencyPenalty != 0 || (pr.RepetitionPenalty != 0 && pr.RepetitionPenalty != 1) {
+			return nil
+		}
+	}
+	bs := s.e.opts.BlockSize
+	seqs := make([]model.Seq, len(ps.plan))
+	for i, p := range ps.plan {
+		q := p.q
+		copies, err := q.table.Reserve(s.alloc, q.pos+1, 1)
+		if err != nil {
+			return nil // the blocks of the sequences before q stay theirs: their next token needs them
+		}
+		for _, c := range copies {
+			s.m.CopyBlock(int(c.Dst), int(c.Src))
+		}
+		nb := (q.pos + 2 + bs - 1) / bs
+		seqs[i] = model.Seq{Tokens: []int32{0}, Pos: q.pos + 1, Blocks: q.table.Blocks()[:nb], Slot: q.slot, Logits: model.LastLogits, Fed: true, FedRow: i}
+	}
+	next := s.issue(ps.plan, seqs, ps.rows)
+	if next.err != nil {
+		// Issued again after ps's tokens, the pass fails or succeeds on
+		// its own: its sequences do not end for this one.
+		s.e.log.Warn("a decode pass issued ahead failed; it runs again after the last one's tokens", "err", next.err)
+		return nil
+	}
+	s.aheadSteps++
+	return next
+}
+
+// arrived reports whether requests were submitted since the last intake.
+func (s *scheduler) arrived() bool {
+	s.e.mu.Lock()
+	defer s.e.mu.Unlock()
+	return len(s.e.incoming) > 0
+}
+
+// receive waits for a pass's tokens and gives them to their sequences;
+// with the next pass already running (running), each is emitted at once.
+func (s *scheduler) receive(ps *pass, running bool) {
+	plan, rows, embeddings, err := ps.plan, ps.rows, ps.embeddings, ps.err
+	var sampled []backend.Sampled
+	if err == nil && ps.wait != nil {
+		sampled, err = ps.wait()
+	}
+	// A pass issued ahead counts from the end of the one before it.
+	start := ps.start
+	if start.Before(s.lastStep) {
+		start = s.lastStep
+	}
 	s.account(plan, start)
 	if err != nil {
 		s.e.log.Error("forward step failed", "err", err)
@@ -643,7 +748,7 @@ func (s *scheduler) step() {
 			continue
 		}
 		s.generated++
-		if ends := q.accept(sampled[i].Token); ends || !s.overlap || s.hybrid && q.stop.any() {
+		if ends := q.accept(sampled[i].Token); ends || running || !s.overlap || s.hybrid && q.stop.any() {
 			// Emitted now: an ending sequence's slot and blocks are free for
 			// the next pass, and its client hears of it at once.
 			s.emit(q, sampled[i])
@@ -726,8 +831,9 @@ func (s *scheduler) outgrown(q *seq, err error) {
 	s.complete(q, FinishLength, Event{})
 }
 
-// forward runs the model and samples a token for each sequence of rows.
-func (s *scheduler) forward(seqs []model.Seq, rows []*seq) ([]backend.Sampled, [][]float32, error) {
+// forward runs the model and starts sampling a token for each sequence of
+// rows (wait gives them), or reads an embedding model's rows.
+func (s *scheduler) forward(seqs []model.Seq, rows []*seq) (wait func() ([]backend.Sampled, error), emb [][]float32, err error) {
 	logits, err := s.m.Forward(seqs)
 	s.flush() // while the device runs this pass
 	if err != nil {
@@ -757,8 +863,8 @@ func (s *scheduler) forward(seqs []model.Seq, rows []*seq) ([]backend.Sampled, [
 		params[i] = p
 	}
 	s.masks(rows, params)
-	sampled, err := s.m.Sample(logits, params)
-	return sampled, nil, err
+	wait, err = s.m.SampleStart(logits, params)
+	return wait, nil, err
 }
 
 // embeddings reads an embedding model's output rows (final normed hidden
@@ -1101,6 +1207,7 @@ func (s *scheduler) publish() {
 	st.GeneratedTokens = s.generated
 	st.Steps, st.StepTokens, st.StepTime = s.steps, s.stepTokens, s.stepTime
 	st.DecodeSteps, st.DecodeTokens, st.DecodeStepTime = s.decodeSteps, s.decodeTokens, s.decodeTime
+	st.AheadSteps = s.aheadSteps
 	st.HostTime = s.hostTime
 	if s.snaps != nil {
 		st.StateSnapshots, st.StateOnDevice, st.StateBytes = s.snaps.Len(), s.snaps.DeviceSlots(), s.snaps.Bytes()
