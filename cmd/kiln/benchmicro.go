@@ -68,6 +68,7 @@ func benchMicro(args []string) error {
 	prefills := fs.String("prefill", "512,4096,16384", "prefill prompt lengths")
 	mixed := fs.String("mixed", "", "mixed passes, as serving runs them: BxP[xN] is B sequences decoding at the first --contexts value beside N (default 1) prompts of P tokens (e.g. 15x512,12x512x4)")
 	steps := fs.Int("steps", 32, "timed decode steps per configuration")
+	ahead := fs.Bool("ahead", true, "decode: issue each step before the last one's tokens reach the host, as the engine does (dense models, GPU); false waits for them")
 	asJSON := fs.Bool("json", false, "print the results as JSON")
 	cpuProfile := fs.String("cpuprofile", "", "write a Go CPU profile of the measured runs (after loading) to this file, for 'go tool pprof'")
 	if err := parseFlags(fs, args); err != nil {
@@ -195,7 +196,7 @@ func benchMicro(args []string) error {
 		dcs = append(dcs, dcfg{1, C})
 	}
 	for _, d := range dcs {
-		r, err := benchDecode(m, d.B, d.C, *steps, blockSize, warmed)
+		r, err := benchDecode(m, d.B, d.C, *steps, blockSize, *ahead, warmed)
 		if err != nil {
 			return fmt.Errorf("decode batch %d context %d: %w", d.B, d.C, err)
 		}
@@ -417,25 +418,76 @@ func benchPass(m *model.Model, seqs []model.Seq, params []backend.SampleParams, 
 // benchDecode times steps greedy decode steps of B sequences that each
 // have C tokens cached (the cache's contents are whatever earlier runs left
 // there: decode reads the same bytes whatever they hold); warmed is called
-// after the warm-up steps.
-func benchDecode(m *model.Model, B, C, steps, bs int, warmed func()) (benchResult, error) {
+// after the warm-up steps. With ahead, on a model and backend where the
+// engine does so (see its scheduler's ahead: a dense model on an
+// asynchronous backend), each step is issued before the last one's tokens
+// reach the host, its tokens fed from that sampling on the device.
+func benchDecode(m *model.Model, B, C, steps, bs int, ahead bool, warmed func()) (benchResult, error) {
 	cfg := m.Config()
 	const warm = 4
+	ahead = ahead && m.Feeds() && !m.Hybrid() && m.Backend().Asynchronous()
 	nb := blocksFor(C+steps+warm, bs)
 	seqs := make([]model.Seq, B)
 	for i := range seqs {
 		seqs[i] = model.Seq{Tokens: []int32{int32(i % cfg.VocabSize)}, Pos: C, Blocks: blockRange(i*nb, nb), Slot: i, Logits: model.LastLogits}
 	}
 	params := make([]backend.SampleParams, B)
+	var pending func() ([]backend.Sampled, error)
+	// drain waits for the last step's tokens, which the next step then
+	// takes from the host.
+	drain := func() error {
+		if pending == nil {
+			return nil
+		}
+		out, err := pending()
+		pending = nil
+		for i := range seqs {
+			seqs[i].Fed = false
+			if err == nil {
+				seqs[i].Tokens[0] = out[i].Token
+			}
+		}
+		return err
+	}
 	var start time.Time
 	for s := 0; s < warm+steps; s++ {
 		if s == warm {
+			if err := drain(); err != nil {
+				return benchResult{}, err
+			}
 			warmed()
 			start = time.Now()
 		}
-		if err := benchPass(m, seqs, params, 0); err != nil {
+		logits, err := m.Forward(seqs)
+		if err != nil {
 			return benchResult{}, err
 		}
+		wait, err := m.SampleStart(logits, params)
+		if err != nil {
+			return benchResult{}, err
+		}
+		for i := range seqs {
+			seqs[i].Pos++
+		}
+		if !ahead {
+			pending = wait
+			if err := drain(); err != nil {
+				return benchResult{}, err
+			}
+			continue
+		}
+		if pending != nil {
+			if _, err := pending(); err != nil {
+				return benchResult{}, err
+			}
+		}
+		pending = wait
+		for i := range seqs {
+			seqs[i].Fed, seqs[i].FedRow = true, i
+		}
+	}
+	if err := drain(); err != nil {
+		return benchResult{}, err
 	}
 	t := time.Since(start).Seconds()
 	return benchResult{Kind: "decode", Batch: B, Context: C, TokS: float64(B*steps) / t, Seconds: t, Steps: steps}, nil
