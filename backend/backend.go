@@ -341,6 +341,11 @@ type SampleParams struct {
 	Logprob     bool
 }
 
+// Penalized reports whether a penalty applies, so that Counts matter.
+func (p *SampleParams) Penalized() bool {
+	return p.PresencePenalty != 0 || p.FrequencyPenalty != 0 || (p.RepetitionPenalty != 0 && p.RepetitionPenalty != 1)
+}
+
 // MaskWords is the length of a token mask over a vocabulary of V tokens:
 // token t is bit t%64 of word t/64.
 func MaskWords(V int) int { return (V + 63) / 64 }

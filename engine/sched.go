@@ -653,9 +653,7 @@ func (s *scheduler) ahead(ps *pass) *pass {
 	}
 	for i, p := range ps.plan {
 		q := p.q
-		pr := &q.params
-		if p.n != 1 || ps.rows[i] != q || q.done || q.ctx.Err() != nil || q.mask != nil || len(q.tokens)+1 >= q.maxLen ||
-			pr.PresencePenalty != 0 || pr.FrequencyPenalty != 0 || (pr.RepetitionPenalty != 0 && pr.RepetitionPenalty != 1) {
+		if p.n != 1 || ps.rows[i] != q || q.done || q.ctx.Err() != nil || q.mask != nil || len(q.tokens)+1 >= q.maxLen || q.params.Penalized() {
 			return nil
 		}
 	}
@@ -852,6 +850,10 @@ func (s *scheduler) forward(seqs []model.Seq, rows []*seq) (wait func() ([]backe
 		// One draw per sampled token, whatever else is in the batch: the
 		// same seed gives the same tokens.
 		p.Uniform = q.rng.Float32()
+		if !p.Penalized() {
+			params[i] = p
+			continue // the counts would change nothing, and cost the sampler a copy of the row
+		}
 		for t, c := range q.counts {
 			p.Counts = append(p.Counts, backend.TokenCount{Token: t, Count: c, Prompt: q.inPrompt[t]})
 		}
