@@ -127,6 +127,9 @@ type Backend struct {
 	nextSample  int
 	sampled     devptr
 	sampledRows int
+	// argmax: greedy rows that ask for nothing else go to argmax_rows
+	// (KILN_CUDA_ARGMAX=0: to sample_rows, as all rows did before).
+	argmax bool
 	// hostBufs are the page-locked buffers HostBuffer gave out.
 	hostBufs []hostBuf
 	// halfDone marks, for each half of the staging buffer, the end of the
@@ -235,6 +238,7 @@ func New(opts Options) (*Backend, error) {
 	b.qmvWarpsMax = envInt("KILN_CUDA_QMV_WARPS", 8, 1, 8)
 	b.routerGemm = envInt("KILN_CUDA_ROUTER_GEMM", moeRouterGemm, 0, 1<<30)
 	b.useGraphs = os.Getenv("KILN_CUDA_GRAPHS") != "0"
+	b.argmax = os.Getenv("KILN_CUDA_ARGMAX") != "0"
 	if major == 9 { // cuBLASLt's FP8 block scaling is Hopper's
 		b.fp8Min = envInt("KILN_CUDA_FP8_GEMM_MIN", fp8GemmMinTokens, 0, 1<<20)
 		if b.fp8Min > 0 {

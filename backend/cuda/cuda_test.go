@@ -756,19 +756,27 @@ func TestSample(t *testing.T) {
 // scan (a vocabulary that is a multiple of four) and the scalar one.
 func TestArgmaxTies(t *testing.T) {
 	p := newPair(t, 11)
-	for _, V := range []int{151936, 1001} {
-		rows := make([]float32, 4*V)                   // row 0: all tied
-		rows[V+6], rows[V+5] = 1, 1                    // one group of four
-		rows[2*V+min(4097, V-100)], rows[2*V+9] = 2, 2 // two threads
-		rows[3*V+V-1] = 3                              // the last element
-		_, gl := p.load(backend.F32, rows, 4, V)
-		got, err := p.g.Sample(gl, make([]backend.SampleParams, 4))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i, want := range []int32{0, 5, 9, int32(V - 1)} {
-			if got[i].Token != want {
-				t.Errorf("V %d row %d: token %d, want %d", V, i, got[i].Token, want)
+	defer func(on bool) { p.g.argmax = on }(p.g.argmax)
+	// Greedy rows that ask for nothing else go to argmax_rows (many blocks a
+	// row), the others to sample_rows (one): both take the first index of
+	// the largest value, across threads and argmax_rows' chunks.
+	for _, argmax := range []bool{true, false} {
+		p.g.argmax = argmax
+		for _, V := range []int{151936, 1001, 2*argmaxChunk + 1} {
+			rows := make([]float32, 5*V)                   // row 0: all tied
+			rows[V+6], rows[V+5] = 1, 1                    // one group of four
+			rows[2*V+min(4097, V-100)], rows[2*V+9] = 2, 2 // two threads
+			rows[3*V+V-1] = 3                              // the last element
+			rows[4*V+V/2], rows[4*V+V-2] = -1, 4           // two chunks (V > argmaxChunk)
+			_, gl := p.load(backend.F32, rows, 5, V)
+			got, err := p.g.Sample(gl, make([]backend.SampleParams, 5))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, want := range []int32{0, 5, 9, int32(V - 1), int32(V - 2)} {
+				if got[i].Token != want {
+					t.Errorf("argmax_rows %v, V %d row %d: token %d, want %d", argmax, V, i, got[i].Token, want)
+				}
 			}
 		}
 	}

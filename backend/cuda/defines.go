@@ -36,6 +36,7 @@ var kernelDefines = []struct {
 	{"", "MW_STAGES", moeWGStages},
 	{"The FP8 decode products on wgmma (f8wg.cu): F8WG_STAGES stages of 128 columns.", "F8WG_STAGES", f8wgStages},
 	{"The warps a multiprocessor runs of qgemv (quant.cu), the most a block has.", "QGEMV_MAXW", qgemvWarpsSM},
+	{"The logits a block of argmax_rows reads (sample.cu).", "ARGMAX_CHUNK", argmaxChunk},
 	{"The rows a block of moe_count and moe_scatter takes (moe.cu), a thread each.", "MOE_GROUP_ROWS", moeGroupBlockRows},
 	{"The tokens of a chunk of the chunked DeltaNet kernels (deltanet_chunk.cu).", "DN_C", dnChunkLen},
 	{"The DeltaNet convs (deltanet.cu): up to DN_CONV_MAXK taps; dn_conv's threads take\n// runs of DN_CONV_RUN tokens.", "DN_CONV_MAXK", dnConvMaxK},

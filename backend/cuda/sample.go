@@ -26,7 +26,21 @@ type sampleArgs struct {
 	wantLp, maskOff                          int32
 }
 
-var sampleRowsKernel = newKernel[sampleRowsArgs]("sample_rows")
+var (
+	sampleRowsKernel = newKernel[sampleRowsArgs]("sample_rows")
+	argmaxRowsKernel = newKernel[argmaxRowsArgs]("argmax_rows")
+)
+
+// argmaxChunk is the logits a block of argmax_rows reads: 75 blocks for a
+// row of 151,936.
+const argmaxChunk = 2048
+
+type argmaxRowsArgs struct {
+	logits          devptr
+	V               int32
+	partV, partI    devptr
+	arrived, outTok devptr
+}
 
 type sampleRowsArgs struct {
 	logits                devptr
@@ -156,13 +170,20 @@ func (b *Backend) SampleStart(logits backend.Tensor, params []backend.SamplePara
 	if len(bias) > 0 {
 		copy(hb[biasAt:], unsafe.Slice((*byte)(unsafe.Pointer(&bias[0])), 4*len(bias)))
 	}
-	b.fail(check("cuMemcpyHtoDAsync", C.k_cuMemcpyHtoDAsync_v2(b.ctx, dIn, host, C.size_t(in), b.stream)))
 	mt := max(maxTop, 1)
 	outTok, outLp := dOut, dOut+devptr(4*R)
 	topTok, topLp := dOut+devptr(8*R), dOut+devptr(8*R+4*R*mt)
-	sampleRowsKernel.run(b, g1(R), 1024, 0, sampleRowsArgs{
-		logits: lt.ptr, V: int32(V), args: dIn, cnt: dIn + devptr(cntAt), bias: dIn + devptr(biasAt), mask: dIn + devptr(maskAt),
-		work: work, outTok: outTok, outLp: outLp, topTok: topTok, topLp: topLp, maxTop: int32(mt)})
+	if argmaxOnly(hargs) && b.argmax {
+		nc := (V + argmaxChunk - 1) / argmaxChunk
+		part := b.scratchBuf("argmaxpart", 8*R*nc)
+		argmaxRowsKernel.run(b, [3]int{nc, R, 1}, 256, 0, argmaxRowsArgs{logits: lt.ptr, V: int32(V), partV: part, partI: part + devptr(4*R*nc),
+			arrived: b.zeroedScratch("argmaxarrived", 4*R), outTok: outTok})
+	} else {
+		b.fail(check("cuMemcpyHtoDAsync", C.k_cuMemcpyHtoDAsync_v2(b.ctx, dIn, host, C.size_t(in), b.stream)))
+		sampleRowsKernel.run(b, g1(R), 1024, 0, sampleRowsArgs{
+			logits: lt.ptr, V: int32(V), args: dIn, cnt: dIn + devptr(cntAt), bias: dIn + devptr(biasAt), mask: dIn + devptr(maskAt),
+			work: work, outTok: outTok, outLp: outLp, topTok: topTok, topLp: topLp, maxTop: int32(mt)})
+	}
 	b.sampled, b.sampledRows = outTok, R
 	resP := unsafe.Add(host, inPad)
 	b.fail(check("cuMemcpyDtoHAsync", C.k_cuMemcpyDtoHAsync_v2(b.ctx, resP, dOut, C.size_t(4*outN), b.stream)))
@@ -177,6 +198,17 @@ func (b *Backend) SampleStart(logits backend.Tensor, params []backend.SamplePara
 		}
 		return sampledRows(unsafe.Slice((*int32)(resP), outN), params, hargs, mt), nil
 	}, nil
+}
+
+// argmaxOnly reports whether every row asks only for its largest logit,
+// which argmax_rows finds over many blocks.
+func argmaxOnly(args []sampleArgs) bool {
+	for _, a := range args {
+		if a.temperature > 0 || a.cntN > 0 || a.biasN > 0 || a.maskOff >= 0 || a.wantLp != 0 || a.nTop > 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // sampledRows reads sample_rows' results res: R tokens, R log-probabilities,

@@ -40,6 +40,9 @@
 // The warps a multiprocessor runs of qgemv (quant.cu), the most a block has.
 #define QGEMV_MAXW 24
 
+// The logits a block of argmax_rows reads (sample.cu).
+#define ARGMAX_CHUNK 2048
+
 // The rows a block of moe_count and moe_scatter takes (moe.cu), a thread each.
 #define MOE_GROUP_ROWS 1024
 

@@ -212,3 +212,53 @@ extern "C" __global__ void feed_tokens(int *tokens, const int *fed, int T, const
 	if (t < T && fed[t] >= 0)
 		tokens[t] = sampled[fed[t]];
 }
+
+// argmax_rows is sample_rows for rows that ask only for the largest logit
+// (greedy, no penalties, bias, mask or log-probabilities): one block of
+// sample_rows reads a row of 151,936 logits at a multiprocessor's share of
+// the bandwidth (14.5 us on an H200), so here ARGMAX_CHUNK logits a block,
+// and the last of a row's blocks to finish merges their partials in order.
+// The same token as sample_rows: the first index of the largest value.
+extern "C" __global__ void __launch_bounds__(256) argmax_rows(const float *logits, int V, float *partV, int *partI,
+		unsigned *arrived, int *outTok) {
+	__shared__ float bestv[8];
+	__shared__ int besti[8];
+	__shared__ bool last;
+	int r = blockIdx.y, c = blockIdx.x, nc = gridDim.x;
+	const float *z = logits + (long)r * V;
+	int lo = c * ARGMAX_CHUNK, hi = min(V, lo + ARGMAX_CHUNK);
+	float bv = -INF;
+	int bi = V;
+	for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+		float v = z[i];
+		if (v > bv || bi == V) { bv = v; bi = i; }
+	}
+	for (int o = 16; o > 0; o >>= 1) {
+		float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+		int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+		if (ov > bv || (ov == bv && oi < bi) || (bi == V && oi < V)) { bv = ov; bi = oi; }
+	}
+	if ((threadIdx.x & 31) == 0) { bestv[threadIdx.x >> 5] = bv; besti[threadIdx.x >> 5] = bi; }
+	__syncthreads();
+	if (threadIdx.x == 0) {
+		for (int w = 1; w < (int)(blockDim.x >> 5); w++)
+			if (bestv[w] > bv || (bestv[w] == bv && besti[w] < bi) || (bi == V && besti[w] < V)) { bv = bestv[w]; bi = besti[w]; }
+		partV[r * nc + c] = bv;
+		partI[r * nc + c] = bi;
+		__threadfence();
+		last = atomicAdd(&arrived[r], 1u) == (unsigned)nc - 1;
+	}
+	__syncthreads();
+	if (!last || threadIdx.x != 0)
+		return;
+	__threadfence();
+	bv = __ldcg(&partV[r * nc]);
+	bi = __ldcg(&partI[r * nc]);
+	for (int k = 1; k < nc; k++) {
+		float ov = __ldcg(&partV[r * nc + k]);
+		int oi = __ldcg(&partI[r * nc + k]);
+		if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+	}
+	outTok[r] = bi;
+	arrived[r] = 0;
+}
