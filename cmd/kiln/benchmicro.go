@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"os"
 	"runtime"
 	"runtime/pprof"
@@ -68,6 +69,9 @@ func benchMicro(args []string) error {
 	prefills := fs.String("prefill", "512,4096,16384", "prefill prompt lengths")
 	mixed := fs.String("mixed", "", "mixed passes, as serving runs them: BxP[xN] is B sequences decoding at the first --contexts value beside N (default 1) prompts of P tokens (e.g. 15x512,12x512x4)")
 	steps := fs.Int("steps", 32, "timed decode steps per configuration")
+	temperature := fs.Float64("temperature", 0, "decode: sampling temperature (0: greedy), as a request's")
+	topP := fs.Float64("top-p", 1, "decode: top-p, with --temperature")
+	topK := fs.Int("top-k", 0, "decode: top-k, with --temperature (0: none)")
 	ahead := fs.Bool("ahead", true, "decode: issue each step before the last one's tokens reach the host, as the engine does (dense models, GPU); false waits for them")
 	asJSON := fs.Bool("json", false, "print the results as JSON")
 	cpuProfile := fs.String("cpuprofile", "", "write a Go CPU profile of the measured runs (after loading) to this file, for 'go tool pprof'")
@@ -83,6 +87,10 @@ func benchMicro(args []string) error {
 	}
 	if *steps < 1 {
 		return fmt.Errorf("--steps must be positive")
+	}
+	sp := backend.SampleParams{Temperature: float32(*temperature), TopP: float32(*topP), TopK: *topK}
+	if !(*temperature >= 0) || !(*topP > 0 && *topP <= 1) || *topK < 0 {
+		return fmt.Errorf("--temperature %v, --top-p %v, --top-k %d: want a temperature >= 0, a top-p in (0, 1] and a top-k >= 0", *temperature, *topP, *topK)
 	}
 	// The floors divide by these: 0 for --bandwidth and --peak is their default.
 	for _, r := range []struct {
@@ -196,7 +204,7 @@ func benchMicro(args []string) error {
 		dcs = append(dcs, dcfg{1, C})
 	}
 	for _, d := range dcs {
-		r, err := benchDecode(m, d.B, d.C, *steps, blockSize, *ahead, warmed)
+		r, err := benchDecode(m, d.B, d.C, *steps, blockSize, *ahead, sp, warmed)
 		if err != nil {
 			return fmt.Errorf("decode batch %d context %d: %w", d.B, d.C, err)
 		}
@@ -418,11 +426,12 @@ func benchPass(m *model.Model, seqs []model.Seq, params []backend.SampleParams, 
 // benchDecode times steps greedy decode steps of B sequences that each
 // have C tokens cached (the cache's contents are whatever earlier runs left
 // there: decode reads the same bytes whatever they hold); warmed is called
-// after the warm-up steps. With ahead, on a model and backend where the
+// after the warm-up steps; each sequence samples as sp says (a new draw
+// each step). With ahead, on a model and backend where the
 // engine does so (see its scheduler's ahead: a dense model on an
 // asynchronous backend), each step is issued before the last one's tokens
 // reach the host, its tokens fed from that sampling on the device.
-func benchDecode(m *model.Model, B, C, steps, bs int, ahead bool, warmed func()) (benchResult, error) {
+func benchDecode(m *model.Model, B, C, steps, bs int, ahead bool, sp backend.SampleParams, warmed func()) (benchResult, error) {
 	cfg := m.Config()
 	const warm = 4
 	ahead = ahead && m.Feeds() && !m.Hybrid() && m.Backend().Asynchronous()
@@ -432,6 +441,7 @@ func benchDecode(m *model.Model, B, C, steps, bs int, ahead bool, warmed func())
 		seqs[i] = model.Seq{Tokens: []int32{int32(i % cfg.VocabSize)}, Pos: C, Blocks: blockRange(i*nb, nb), Slot: i, Logits: model.LastLogits}
 	}
 	params := make([]backend.SampleParams, B)
+	rng := rand.New(rand.NewPCG(1, 2))
 	var pending func() ([]backend.Sampled, error)
 	// drain waits for the last step's tokens, which the next step then
 	// takes from the host.
@@ -461,6 +471,10 @@ func benchDecode(m *model.Model, B, C, steps, bs int, ahead bool, warmed func())
 		logits, err := m.Forward(seqs)
 		if err != nil {
 			return benchResult{}, err
+		}
+		for i := range params {
+			params[i] = sp
+			params[i].Uniform = rng.Float32()
 		}
 		wait, err := m.SampleStart(logits, params)
 		if err != nil {
