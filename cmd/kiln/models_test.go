@@ -79,7 +79,7 @@ func TestModelsCLI(t *testing.T) {
 	if err != nil || strings.TrimSpace(out) == "" {
 		t.Errorf("run: %v\n%q\n%s", err, out, errOut)
 	}
-	out, errOut, err = kiln("run", "--pull", "--model", "kiln-test/qwen3-w256-GGUF:Q5_K_M", "--no-daemon", "--max-tokens", "4", "hi")
+	out, errOut, err = kiln("run", "--pull", "--model", "kiln-test/qwen3-w256-GGUF:Q5_K_M", "--no-daemon", "--max-tokens", "4", "--temperature", "0", "hi")
 	if err != nil || !strings.Contains(errOut, "pulled kiln-test/qwen3-w256-GGUF:Q5_K_M") || strings.TrimSpace(out) == "" {
 		t.Errorf("run --pull: %v\n%q\n%s", err, out, errOut)
 	}
