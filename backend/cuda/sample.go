@@ -196,7 +196,7 @@ func (b *Backend) SampleStart(logits backend.Tensor, params []backend.SamplePara
 		if b.err != nil {
 			return nil, b.err
 		}
-		return sampledRows(unsafe.Slice((*int32)(resP), outN), params, hargs, mt), nil
+		return readSampled(unsafe.Slice((*int32)(resP), outN), params, hargs, mt), nil
 	}, nil
 }
 
@@ -211,9 +211,9 @@ func argmaxOnly(args []sampleArgs) bool {
 	return true
 }
 
-// sampledRows reads sample_rows' results res: R tokens, R log-probabilities,
+// readSampled reads the samplers' results res: R tokens, R log-probabilities,
 // then each row's mt top tokens and their log-probabilities.
-func sampledRows(res []int32, params []backend.SampleParams, hargs []sampleArgs, mt int) []backend.Sampled {
+func readSampled(res []int32, params []backend.SampleParams, hargs []sampleArgs, mt int) []backend.Sampled {
 	R := len(params)
 	resF := unsafe.Slice((*float32)(unsafe.Pointer(&res[0])), len(res))
 	out := make([]backend.Sampled, R)
