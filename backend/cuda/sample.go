@@ -103,10 +103,13 @@ func (b *Backend) SampleStart(logits backend.Tensor, params []backend.SamplePara
 		a.temperature, a.topP, a.minP, a.uniform = p.Temperature, p.TopP, p.MinP, p.Uniform
 		a.presence, a.frequency, a.repetition = p.PresencePenalty, p.FrequencyPenalty, p.RepetitionPenalty
 		a.topK = int32(min(p.TopK, V)) // a top_k over the vocabulary limits nothing; int32 would wrap
-		a.cntOff, a.cntN = int32(len(cnt)/2), int32(len(p.Counts))
-		for _, c := range p.Counts {
-			// The count and the prompt flag share an int: 2*count + prompt.
-			cnt = append(cnt, c.Token, 2*max(c.Count, 0)+int32(boolInt(c.Prompt)))
+		a.cntOff = int32(len(cnt) / 2)
+		if p.Penalized() { // else the counts change nothing, and would cost sample_rows a copy of the row
+			a.cntN = int32(len(p.Counts))
+			for _, c := range p.Counts {
+				// The count and the prompt flag share an int: 2*count + prompt.
+				cnt = append(cnt, c.Token, 2*max(c.Count, 0)+int32(boolInt(c.Prompt)))
+			}
 		}
 		a.biasOff, a.biasN = int32(len(bias)/2), int32(len(p.Bias))
 		for _, x := range p.Bias {
