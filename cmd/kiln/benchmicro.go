@@ -69,9 +69,8 @@ func benchMicro(args []string) error {
 	prefills := fs.String("prefill", "512,4096,16384", "prefill prompt lengths")
 	mixed := fs.String("mixed", "", "mixed passes, as serving runs them: BxP[xN] is B sequences decoding at the first --contexts value beside N (default 1) prompts of P tokens (e.g. 15x512,12x512x4)")
 	steps := fs.Int("steps", 32, "timed decode steps per configuration")
-	temperature := fs.Float64("temperature", 0, "decode: sampling temperature (0: greedy), as a request's")
-	topP := fs.Float64("top-p", 1, "decode: top-p, with --temperature")
-	topK := fs.Int("top-k", 0, "decode: top-k, with --temperature (0: none)")
+	var sampling benchSampling
+	sampling.register(fs, "decode steps")
 	ahead := fs.Bool("ahead", true, "decode: issue each step before the last one's tokens reach the host, as the engine does (dense models, GPU); false waits for them")
 	asJSON := fs.Bool("json", false, "print the results as JSON")
 	cpuProfile := fs.String("cpuprofile", "", "write a Go CPU profile of the measured runs (after loading) to this file, for 'go tool pprof'")
@@ -88,10 +87,10 @@ func benchMicro(args []string) error {
 	if *steps < 1 {
 		return fmt.Errorf("--steps must be positive")
 	}
-	sp := backend.SampleParams{Temperature: float32(*temperature), TopP: float32(*topP), TopK: *topK}
-	if !(*temperature >= 0) || !(*topP > 0 && *topP <= 1) || *topK < 0 {
-		return fmt.Errorf("--temperature %v, --top-p %v, --top-k %d: want a temperature >= 0, a top-p in (0, 1] and a top-k >= 0", *temperature, *topP, *topK)
+	if err := sampling.check(); err != nil {
+		return err
 	}
+	sp := backend.SampleParams{Temperature: float32(sampling.temperature), TopP: float32(sampling.topP), TopK: sampling.topK}
 	// The floors divide by these: 0 for --bandwidth and --peak is their default.
 	for _, r := range []struct {
 		flag string
@@ -403,6 +402,42 @@ func benchPrefill(m *model.Model, P, bs int, warmed func()) (benchResult, error)
 	sort.Float64s(times)
 	t := times[len(times)/2]
 	return benchResult{Kind: "prefill", Batch: 1, Context: P, TokS: float64(P) / t, Seconds: t, Steps: 1}, nil
+}
+
+// benchSampling is how a bench's decode steps, or its requests, sample:
+// greedy unless told, as vLLM's serving benchmark sends its requests.
+type benchSampling struct {
+	temperature, topP float64
+	topK              int
+}
+
+func (b *benchSampling) register(fs *flag.FlagSet, what string) {
+	fs.Float64Var(&b.temperature, "temperature", 0, what+": sampling temperature (0: greedy)")
+	fs.Float64Var(&b.topP, "top-p", 1, what+": top-p, with --temperature")
+	fs.IntVar(&b.topK, "top-k", 0, what+": top-k, with --temperature (0: none)")
+}
+
+func (b *benchSampling) check() error {
+	if !(b.temperature >= 0) || !(b.topP > 0 && b.topP <= 1) || b.topK < 0 {
+		return fmt.Errorf("--temperature %v, --top-p %v, --top-k %d: want a temperature >= 0, a top-p in (0, 1] and a top-k >= 0", b.temperature, b.topP, b.topK)
+	}
+	return nil
+}
+
+func (b benchSampling) String() string {
+	return fmt.Sprintf("temperature %v, top-p %v, top-k %d", b.temperature, b.topP, b.topK)
+}
+
+// request returns the fields of an OpenAI request that sample as b says.
+func (b *benchSampling) request() map[string]any {
+	r := map[string]any{"temperature": b.temperature}
+	if b.topP < 1 {
+		r["top_p"] = b.topP
+	}
+	if b.topK > 0 {
+		r["top_k"] = b.topK
+	}
+	return r
 }
 
 // benchPass runs one forward pass and samples a token for each sequence, as

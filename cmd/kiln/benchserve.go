@@ -41,6 +41,7 @@ type benchConfig struct {
 	inputLen       int
 	outputLen      int
 	ignoreEOS      bool
+	sampling       benchSampling
 	rangeRatio     float64
 	turns          int
 	historyLen     int
@@ -68,6 +69,7 @@ func parseBenchFlags(args []string) (*benchConfig, error) {
 	fs.IntVar(&c.numPrompts, "num-prompts", 100, "requests (random) or conversations (multiturn)")
 	fs.IntVar(&c.inputLen, "input-len", 256, "prompt tokens per request (random) or new user tokens per turn, approximately (multiturn)")
 	fs.IntVar(&c.outputLen, "output-len", 64, "most tokens generated per request")
+	c.sampling.register(fs, "requests")
 	fs.BoolVar(&c.ignoreEOS, "ignore-eos", true, "keep generating past end-of-sequence so that every answer has --output-len tokens (vLLM's ignore_eos)")
 	fs.Float64Var(&c.rangeRatio, "range-ratio", 0, "lengths are drawn uniformly from [len*(1-r), len*(1+r)]")
 	fs.IntVar(&c.turns, "turns", 4, "turns per conversation (multiturn)")
@@ -114,6 +116,9 @@ func parseBenchFlags(args []string) (*benchConfig, error) {
 			}
 			c.goodput[k] = ms
 		}
+	}
+	if err := c.sampling.check(); err != nil {
+		return nil, err
 	}
 	switch {
 	case c.dataset != "random" && c.dataset != "multiturn":
@@ -481,8 +486,9 @@ func (cl *benchClient) run() (*benchResults, error) {
 				defer func() { <-sem }()
 			}
 			if c.dataset == "random" {
-				r, _ := cl.stream(context.Background(), "/v1/completions", map[string]any{
-					"prompt": j.promptIDs, "max_tokens": j.outLens[0], "ignore_eos": c.ignoreEOS, "temperature": 0})
+				body := c.sampling.request()
+				body["prompt"], body["max_tokens"], body["ignore_eos"] = j.promptIDs, j.outLens[0], c.ignoreEOS
+				r, _ := cl.stream(context.Background(), "/v1/completions", body)
 				record(r)
 				return
 			}
@@ -500,9 +506,10 @@ func (cl *benchClient) run() (*benchResults, error) {
 					words[k] = benchWords[wrng.IntN(len(benchWords))]
 				}
 				history = append(history, map[string]string{"role": "user", "content": strings.Join(words, " ")})
-				r, answer := cl.stream(context.Background(), "/v1/chat/completions", map[string]any{
-					"messages": history, "max_tokens": j.outLens[t], "ignore_eos": c.ignoreEOS, "temperature": 0,
-					"chat_template_kwargs": map[string]bool{"enable_thinking": false}})
+				body := c.sampling.request()
+				body["messages"], body["max_tokens"], body["ignore_eos"] = history, j.outLens[t], c.ignoreEOS
+				body["chat_template_kwargs"] = map[string]bool{"enable_thinking": false}
+				r, answer := cl.stream(context.Background(), "/v1/chat/completions", body)
 				r.turn = t
 				record(r)
 				if !r.ok {
@@ -725,6 +732,9 @@ func (b *benchResults) print(w io.Writer, c *benchConfig) {
 		line("Maximum request concurrency", c.maxConcurrency)
 	}
 	line("Request rate configured (RPS)", rateString(c.requestRate))
+	if c.sampling.temperature > 0 {
+		line("Sampling", c.sampling)
+	}
 	line("Benchmark duration (s)", b.duration.Seconds())
 	line("Total input tokens", m.inputTokens)
 	line("Total cached input tokens", m.cachedTokens)
@@ -775,6 +785,7 @@ func (b *benchResults) jsonReport(c *benchConfig) map[string]any {
 		"dataset": c.dataset, "num_prompts": c.numPrompts, "input_len": c.inputLen, "output_len": c.outputLen,
 		"range_ratio": c.rangeRatio, "turns": c.turns, "request_rate": rateString(c.requestRate),
 		"burstiness": c.burstiness, "max_concurrency": c.maxConcurrency, "goodput_slos_ms": c.goodput,
+		"sampling": c.sampling.request(),
 		"duration": b.duration.Seconds(), "completed": m.completed, "failed": m.failed,
 		"total_input_tokens": m.inputTokens, "total_cached_tokens": m.cachedTokens, "total_output_tokens": m.outputTokens,
 		"request_throughput": m.requestThroughput, "request_goodput": m.goodput,

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 )
@@ -143,6 +144,44 @@ func TestBenchServeRandomExactLengths(t *testing.T) {
 	if num("decode_only_passes") < 2*19 || num("passes_with_prefill") < 1 || num("mean_decode_only_batch") < 1 ||
 		num("mean_decode_only_batch") > 4 || num("time_in_passes_pct") <= 0 || num("time_in_passes_pct") > 100 {
 		t.Errorf("engine steps %v", steps)
+	}
+}
+
+// Requests sample as --temperature, --top-p and --top-k say, and the
+// report says so; values out of range are refused before the run.
+func TestBenchServeSampling(t *testing.T) {
+	rep := runBench(t, "--num-prompts", "4", "--input-len", "16", "--output-len", "8", "--temperature", "0.8", "--top-p", "0.9", "--top-k", "20")
+	if rep["completed"].(float64) != 4 || rep["total_output_tokens"].(float64) != 4*8 {
+		t.Fatalf("completed %v, output %v: %v", rep["completed"], rep["total_output_tokens"], rep["errors"])
+	}
+	if s, _ := rep["sampling"].(map[string]any); s["temperature"] != 0.8 || s["top_p"] != 0.9 || s["top_k"] != 20.0 {
+		t.Errorf("reported sampling %v", rep["sampling"])
+	}
+	var mu sync.Mutex
+	var last map[string]any // the workload's request
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body map[string]any
+		json.NewDecoder(r.Body).Decode(&body)
+		if _, ids := body["prompt"].([]any); ids { // not the warm-up's text prompt
+			mu.Lock()
+			last = body
+			mu.Unlock()
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: {\"choices\":[{\"text\":\"hi\"}]}\n\ndata: [DONE]\n\n")
+	}))
+	defer srv.Close()
+	runBench(t, "--base-url", srv.URL, "--served-model-name", "m", "--vocab-size", "100", "--num-prompts", "1", "--temperature", "0.7", "--top-k", "5")
+	mu.Lock()
+	got := last
+	mu.Unlock()
+	if got["temperature"] != 0.7 || got["top_k"] != 5.0 || got["top_p"] != nil {
+		t.Errorf("request sent %v", got)
+	}
+	for _, bad := range [][]string{{"--temperature", "-1"}, {"--top-p", "0"}, {"--top-p", "1.5"}, {"--top-k", "-2"}} {
+		if err := benchServe(append([]string{"--num-prompts", "1"}, bad...)); err == nil || !strings.Contains(err.Error(), "want a temperature") {
+			t.Errorf("%v: %v", bad, err)
+		}
 	}
 }
 
