@@ -1,7 +1,6 @@
 package cpu
 
 import (
-	"cmp"
 	"fmt"
 	"math"
 	mathbits "math/bits"
@@ -191,97 +190,125 @@ func logSumExp(l []float32) float64 {
 }
 
 // draw samples from the penalised logits l with temperature and filters.
-// Only as long a prefix of the sorted candidates as the filters and the
-// draw need is sorted: usually a few dozen tokens of the vocabulary.
+// The filters keep a prefix of the candidates in decreasing order (top-k
+// the first k, top-p the shortest whose mass reaches p of the total, min-p
+// those at least min-p times the largest), and the token is the first of
+// that prefix whose cumulative mass passes Uniform of the prefix's. Each
+// is found by selecting on mass (massSelect), in time linear in the
+// vocabulary, without sorting it: a flat row whose top-p prefix holds most
+// of the vocabulary costs no more than a peaked one.
 func draw(l []float32, p *backend.SampleParams) int32 {
 	inv := 1 / p.Temperature
-	type cand struct {
-		tok   int32
-		logit float32
-	}
 	// Masked tokens cannot be drawn: they are left out from the start.
 	cands := make([]cand, 0, len(l))
 	for i, v := range l {
 		if backend.Allowed(p.Mask, int32(i)) {
-			cands = append(cands, cand{int32(i), v * inv})
+			cands = append(cands, cand{tok: int32(i), logit: v * inv})
 		}
 	}
-	byValue := func(a, b cand) int {
-		if c := cmp.Compare(b.logit, a.logit); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.tok, b.tok)
-	}
-	less := func(a, b cand) bool { return byValue(a, b) < 0 }
 	if k := p.TopK; k > 0 && k < len(cands) {
-		partialSelect(cands, k, less)
+		partialSelect(cands, k, cand.before)
 		cands = cands[:k]
 	}
-	// Probabilities relative to the largest; their total needs no order.
+	// Probabilities relative to the largest (1 for it).
 	m := cands[0].logit
 	for _, c := range cands {
 		m = max(m, c.logit)
 	}
 	var total float64
-	for _, c := range cands {
-		total += math.Exp(float64(c.logit - m))
+	for i := range cands {
+		cands[i].prob = math.Exp(float64(cands[i].logit - m))
+		total += cands[i].prob
 	}
-	topP, minP := p.TopP > 0 && p.TopP < 1, p.MinP > 0
-	var probs []float64 // of the sorted prefix cands[:len(probs)]
-	var cum float64     // of probs, for top-p
-	n := -1             // how many candidates the filters keep, once known
-	for size := min(64, len(cands)); ; size = min(2*size, len(cands)) {
-		sorted := len(probs)
-		if size < len(cands) {
-			partialSelect(cands[sorted:], size-sorted, less)
-		}
-		slices.SortFunc(cands[sorted:size], byValue)
-		for i := sorted; i < size; i++ {
-			probs = append(probs, math.Exp(float64(cands[i].logit-m)))
-			if n >= 0 {
-				continue
-			}
-			if minP && i > 0 && probs[i] < float64(p.MinP)*probs[0] {
-				n = i
-				continue
-			}
-			cum += probs[i]
-			if topP && cum/total >= float64(p.TopP) {
-				n = i + 1
+	n := len(cands)
+	if p.MinP > 0 {
+		keep := 0
+		for _, c := range cands {
+			if c.prob >= float64(p.MinP) {
+				keep++
 			}
 		}
-		if n < 0 && size == len(cands) {
-			n = size
+		n = max(keep, 1)
+	}
+	if p.TopP > 0 && p.TopP < 1 {
+		if j := massSelect(cands, func(cum float64) bool { return cum/total >= float64(p.TopP) }); j >= 0 && j+1 < n {
+			n = j + 1 // cands[:n] is the prefix already
+		} else if n < len(cands) {
+			partialSelect(cands, n, cand.before)
 		}
-		if n >= 0 {
-			var kept float64
-			for _, v := range probs[:n] {
-				kept += v
-			}
-			if i, ok := inverseCDF(probs[:n], float64(p.Uniform)*kept); ok {
-				return cands[i].tok
-			}
-			return cands[n-1].tok // rounding left r at the very end
-		}
-		if !topP && !minP {
-			// Everything is kept: the draw resolves once the prefix's mass passes it.
-			if i, ok := inverseCDF(probs, float64(p.Uniform)*total); ok {
-				return cands[i].tok
-			}
+	} else if n < len(cands) {
+		partialSelect(cands, n, cand.before)
+	}
+	kept := cands[:n]
+	var mass float64
+	for _, c := range kept {
+		mass += c.prob
+	}
+	r := float64(p.Uniform) * mass
+	if j := massSelect(kept, func(cum float64) bool { return cum > r }); j >= 0 {
+		return kept[j].tok
+	}
+	// Rounding left r at the very end: the prefix's last token.
+	last := kept[0]
+	for _, c := range kept[1:] {
+		if last.before(c) {
+			last = c
 		}
 	}
+	return last.tok
 }
 
-// inverseCDF returns the first index whose cumulative probability exceeds r.
-func inverseCDF(probs []float64, r float64) (int, bool) {
-	var cum float64
-	for i, v := range probs {
-		cum += v
-		if cum > r {
-			return i, true
+// cand is a token drawn among, its logit over the temperature and its
+// probability relative to the largest.
+type cand struct {
+	tok   int32
+	logit float32
+	prob  float64
+}
+
+// before orders candidates by decreasing logit, then increasing token.
+func (a cand) before(b cand) bool {
+	return a.logit > b.logit || a.logit == b.logit && a.tok < b.tok
+}
+
+// massSelect finds the first candidate, in decreasing order, at which the
+// mass of it and those before it is past: it reorders c so that those
+// before it come first (in no particular order) and returns its index,
+// or -1 when past never holds (past must hold from some mass on). Like
+// quickselect, it partitions around pivots, keeping the side the
+// crossing is on, in linear time.
+func massSelect(c []cand, past func(cum float64) bool) int {
+	lo, hi := 0, len(c)
+	var acc float64 // the mass of c[:lo], all before the crossing
+	for hi-lo > 32 {
+		s := partition(c, lo, hi, cand.before)
+		var mass float64
+		for _, x := range c[lo:s] {
+			mass += x.prob
+		}
+		switch {
+		case past(acc + mass):
+			hi = s
+		case past(acc + mass + c[s].prob):
+			return s
+		default:
+			acc += mass + c[s].prob
+			lo = s + 1
 		}
 	}
-	return 0, false
+	slices.SortFunc(c[lo:hi], func(a, b cand) int {
+		if a.before(b) {
+			return -1
+		}
+		return 1
+	})
+	for j := lo; j < hi; j++ {
+		acc += c[j].prob
+		if past(acc) {
+			return j
+		}
+	}
+	return -1
 }
 
 // partialSelect reorders s so that its first k elements are the k least
@@ -289,26 +316,7 @@ func inverseCDF(probs []float64, r float64) (int, bool) {
 func partialSelect[E any](s []E, k int, less func(a, b E) bool) {
 	lo, hi := 0, len(s)
 	for hi-lo > 1 {
-		// Median of three as pivot, moved to hi-1.
-		mid := lo + (hi-lo)/2
-		if less(s[mid], s[lo]) {
-			s[mid], s[lo] = s[lo], s[mid]
-		}
-		if less(s[hi-1], s[lo]) {
-			s[hi-1], s[lo] = s[lo], s[hi-1]
-		}
-		if less(s[mid], s[hi-1]) {
-			s[mid], s[hi-1] = s[hi-1], s[mid]
-		}
-		pivot := s[hi-1]
-		st := lo
-		for i := lo; i < hi-1; i++ {
-			if less(s[i], pivot) {
-				s[i], s[st] = s[st], s[i]
-				st++
-			}
-		}
-		s[st], s[hi-1] = s[hi-1], s[st]
+		st := partition(s, lo, hi, less)
 		switch {
 		case st == k || st == k-1:
 			return
@@ -318,4 +326,30 @@ func partialSelect[E any](s []E, k int, less func(a, b E) bool) {
 			hi = st
 		}
 	}
+}
+
+// partition reorders s[lo:hi] (at least two elements) around a pivot, the
+// median of its first, middle and last: those less than it first, then
+// it, then the rest; it returns the pivot's index.
+func partition[E any](s []E, lo, hi int, less func(a, b E) bool) int {
+	mid := lo + (hi-lo)/2
+	if less(s[mid], s[lo]) {
+		s[mid], s[lo] = s[lo], s[mid]
+	}
+	if less(s[hi-1], s[lo]) {
+		s[hi-1], s[lo] = s[lo], s[hi-1]
+	}
+	if less(s[mid], s[hi-1]) {
+		s[mid], s[hi-1] = s[hi-1], s[mid]
+	}
+	pivot := s[hi-1]
+	st := lo
+	for i := lo; i < hi-1; i++ {
+		if less(s[i], pivot) {
+			s[i], s[st] = s[st], s[i]
+			st++
+		}
+	}
+	s[st], s[hi-1] = s[hi-1], s[st]
+	return st
 }

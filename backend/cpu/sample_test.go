@@ -145,6 +145,57 @@ func refDist(logits []float32, p *backend.SampleParams) []float64 {
 	return out
 }
 
+// TestSampleDrawLarge: on rows of 20,000 logits whose kept prefix runs to
+// thousands of tokens (flat rows, rows of ties), each draw is the token
+// the rules give for its Uniform, walked in sorted order (refDist); only a
+// draw on a rounding boundary of the two sums may differ.
+func TestSampleDrawLarge(t *testing.T) {
+	r := newRand(41)
+	const V = 20000
+	flat := toF32(randVec(r, V, 2))
+	ties := toF32(randVec(r, V, 3))
+	for i := range ties {
+		ties[i] = float32(math.Round(float64(ties[i])*2) / 2)
+	}
+	for _, row := range []struct {
+		name string
+		l    []float32
+	}{{"flat", flat}, {"ties", ties}} {
+		for i, p := range []backend.SampleParams{
+			{Temperature: 1},
+			{Temperature: 0.8, TopP: 0.95},
+			{Temperature: 1.2, MinP: 0.001},
+			{Temperature: 1, TopK: 3000, TopP: 0.9},
+			{Temperature: 0.9, TopP: 0.99, MinP: 0.0005, Mask: everyThird(V)},
+		} {
+			want := refDist(row.l, &p)
+			rank := make([]int, V)
+			for k := range rank {
+				rank[k] = k
+			}
+			sort.SliceStable(rank, func(a, b int) bool { return row.l[rank[a]] > row.l[rank[b]] })
+			differ := 0
+			for k := range 200 {
+				p.Uniform = (float32(k) + 0.5) / 200
+				var cum float64
+				ref := int32(-1)
+				for _, tok := range rank {
+					if cum += want[tok]; want[tok] > 0 && cum > float64(p.Uniform) {
+						ref = int32(tok)
+						break
+					}
+				}
+				if got := SampleRow(row.l, &p).Token; got != ref {
+					differ++
+				}
+			}
+			if differ > 2 {
+				t.Errorf("%s, params %d: %d of 200 draws differ from the sorted walk", row.name, i, differ)
+			}
+		}
+	}
+}
+
 // TestSampleDistribution draws with Uniform on a fine grid: each token must
 // be drawn as often as its probability under the rules says.
 func TestSampleDistribution(t *testing.T) {
