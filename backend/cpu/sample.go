@@ -297,10 +297,13 @@ func massSelect(c []cand, past func(cum float64) bool) int {
 		}
 	}
 	slices.SortFunc(c[lo:hi], func(a, b cand) int {
-		if a.before(b) {
+		switch {
+		case a.before(b):
 			return -1
+		case b.before(a):
+			return 1
 		}
-		return 1
+		return 0 // a token against itself
 	})
 	for j := lo; j < hi; j++ {
 		acc += c[j].prob
