@@ -536,6 +536,7 @@ type benchResults struct {
 // engineSteps is what a kiln server's forward passes did during the run.
 type engineSteps struct {
 	steps, tokens, decodeSteps, decodeTokens int64
+	aheadSteps                               int64
 	time, decodeTime, hostTime               time.Duration
 }
 
@@ -544,6 +545,7 @@ func stepsBetween(a, b engine.Stats) *engineSteps {
 		steps: b.Steps - a.Steps, tokens: b.StepTokens - a.StepTokens, time: b.StepTime - a.StepTime,
 		decodeSteps: b.DecodeSteps - a.DecodeSteps, decodeTokens: b.DecodeTokens - a.DecodeTokens,
 		decodeTime: b.DecodeStepTime - a.DecodeStepTime, hostTime: b.HostTime - a.HostTime,
+		aheadSteps: b.AheadSteps - a.AheadSteps,
 	}
 }
 
@@ -568,6 +570,7 @@ func (e *engineSteps) summary(duration time.Duration) []stepFigure {
 		{"decode_only_passes", "Decode-only passes", e.decodeSteps},
 		{"mean_decode_only_pass_ms", "Mean decode-only pass (ms)", div(ms(e.decodeTime), float64(e.decodeSteps))},
 		{"mean_decode_only_batch", "Mean decode-only batch", div(float64(e.decodeTokens), float64(e.decodeSteps))},
+		{"decode_passes_ahead", "Decode passes issued ahead", e.aheadSteps},
 		{"passes_with_prefill", "Passes with prefill", mixed},
 		{"mean_pass_with_prefill_ms", "Mean pass with prefill (ms)", div(ms(e.time-e.decodeTime), float64(mixed))},
 		{"mean_tokens_per_pass_with_prefill", "Mean tokens, pass with prefill", div(float64(mixedTokens), float64(mixed))},
