@@ -40,15 +40,19 @@ type benchResult struct {
 }
 
 type benchReport struct {
-	Model     string        `json:"model"`
-	Backend   string        `json:"backend"`
-	GPUs      int           `json:"gpus"` // the ranks of a model split across GPUs; 1: one device
-	Layers    int           `json:"layers"`
-	Bandwidth float64       `json:"bandwidth_bytes_s"`
-	Peak      float64       `json:"peak_flop_s"`
-	PeakFP8   float64       `json:"peak_fp8_flop_s,omitempty"` // the linear layers' rate, when they run on FP8 tensor cores
-	Date      string        `json:"date"`
-	Results   []benchResult `json:"results"`
+	Model     string  `json:"model"`
+	Backend   string  `json:"backend"`
+	GPUs      int     `json:"gpus"` // the ranks of a model split across GPUs; 1: one device
+	Layers    int     `json:"layers"`
+	Bandwidth float64 `json:"bandwidth_bytes_s"`
+	Peak      float64 `json:"peak_flop_s"`
+	PeakFP8   float64 `json:"peak_fp8_flop_s,omitempty"` // the linear layers' rate, when they run on FP8 tensor cores
+	Date      string  `json:"date"`
+	// How the decode steps sampled, and whether each was issued before
+	// the last one's tokens reached the host (see benchDecode).
+	DecodeSampling map[string]any `json:"decode_sampling"`
+	DecodeAhead    bool           `json:"decode_ahead"`
+	Results        []benchResult  `json:"results"`
 }
 
 func benchMicro(args []string) error {
@@ -176,8 +180,11 @@ func benchMicro(args []string) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
+	// Decode steps go ahead of their tokens where the engine's would: a
+	// dense model on an asynchronous backend (see its scheduler's ahead).
+	decodeAhead := *ahead && m.Feeds() && !m.Hybrid() && b.Asynchronous()
 	rep := benchReport{Model: cfg.Name, Backend: b.Name(), GPUs: m.Ranks(), Layers: cfg.Layers, Bandwidth: *bw, Peak: *peak, PeakFP8: fp8Peak,
-		Date: time.Now().UTC().Format(time.RFC3339)}
+		Date: time.Now().UTC().Format(time.RFC3339), DecodeSampling: sampling.request(), DecodeAhead: decodeAhead}
 	// A configuration's kernel profile leaves out its warm-up, whose
 	// first calls carry lazy loads (cuBLASLt's kernels: milliseconds).
 	warmed := func() { profileReport(b) }
@@ -203,7 +210,7 @@ func benchMicro(args []string) error {
 		dcs = append(dcs, dcfg{1, C})
 	}
 	for _, d := range dcs {
-		r, err := benchDecode(m, d.B, d.C, *steps, blockSize, *ahead, sp, warmed)
+		r, err := benchDecode(m, d.B, d.C, *steps, blockSize, decodeAhead, sp, warmed)
 		if err != nil {
 			return fmt.Errorf("decode batch %d context %d: %w", d.B, d.C, err)
 		}
@@ -245,6 +252,13 @@ func benchMicro(args []string) error {
 		rep.Model, on, rep.Layers, rep.Date, *bw, *peak)
 	if fp8Peak > 0 {
 		fmt.Printf(" (the linear layers' at FP8's %.3g)", fp8Peak)
+	}
+	fmt.Printf("\ndecode: %s", sampling)
+	if sampling.temperature == 0 {
+		fmt.Print(" (greedy)")
+	}
+	if decodeAhead {
+		fmt.Print("; each step issued before the last one's tokens reach the host")
 	}
 	fmt.Println()
 	fmt.Printf("%-8s %6s %8s %12s %12s %7s\n", "", "batch", "context", "tok/s", "floor tok/s", "ratio")
@@ -458,18 +472,15 @@ func benchPass(m *model.Model, seqs []model.Seq, params []backend.SampleParams, 
 	return nil
 }
 
-// benchDecode times steps greedy decode steps of B sequences that each
-// have C tokens cached (the cache's contents are whatever earlier runs left
+// benchDecode times steps decode steps of B sequences that each have C
+// tokens cached (the cache's contents are whatever earlier runs left
 // there: decode reads the same bytes whatever they hold); warmed is called
-// after the warm-up steps; each sequence samples as sp says (a new draw
-// each step). With ahead, on a model and backend where the
-// engine does so (see its scheduler's ahead: a dense model on an
-// asynchronous backend), each step is issued before the last one's tokens
+// after the warm-up steps. Each sequence samples as sp says, a new draw
+// each step. With ahead, each step is issued before the last one's tokens
 // reach the host, its tokens fed from that sampling on the device.
 func benchDecode(m *model.Model, B, C, steps, bs int, ahead bool, sp backend.SampleParams, warmed func()) (benchResult, error) {
 	cfg := m.Config()
 	const warm = 4
-	ahead = ahead && m.Feeds() && !m.Hybrid() && m.Backend().Asynchronous()
 	nb := blocksFor(C+steps+warm, bs)
 	seqs := make([]model.Seq, B)
 	for i := range seqs {

@@ -14,12 +14,14 @@ func TestBenchMicro(t *testing.T) {
 	bin := kilnBinary(t)
 	for _, name := range []string{"tiny-qwen3", "tiny-qwen3next"} {
 		out, err := exec.Command(bin, "bench", "--synthetic", name, "--backend", "cpu", "--batches", "1,3",
-			"--contexts", "64", "--prefill", "32", "--mixed", "2x16x2", "--steps", "2", "--json").Output()
+			"--contexts", "64", "--prefill", "32", "--mixed", "2x16x2", "--steps", "2", "--temperature", "0.8", "--top-k", "5", "--json").Output()
 		if err != nil {
 			t.Fatalf("%s: %v\n%s", name, err, out)
 		}
 		var rep struct {
-			Results []struct {
+			Sampling map[string]any `json:"decode_sampling"`
+			Ahead    bool           `json:"decode_ahead"`
+			Results  []struct {
 				Kind  string  `json:"kind"`
 				Batch int     `json:"batch"`
 				TokS  float64 `json:"tok_s"`
@@ -28,6 +30,10 @@ func TestBenchMicro(t *testing.T) {
 		}
 		if err := json.Unmarshal(out, &rep); err != nil {
 			t.Fatalf("%s: %v\n%s", name, err, out)
+		}
+		// Decode samples as asked; the CPU backend issues no step ahead.
+		if rep.Sampling["temperature"] != 0.8 || rep.Sampling["top_k"] != 5.0 || rep.Ahead {
+			t.Errorf("%s: decode sampling %v, ahead %v", name, rep.Sampling, rep.Ahead)
 		}
 		if len(rep.Results) != 4 || rep.Results[3].Kind != "mixed" || rep.Results[3].Batch != 2 {
 			t.Fatalf("%s: %+v, want prefill, decode at batch 1 and 3, mixed with 2 decoding", name, rep.Results)
