@@ -696,6 +696,17 @@ func TestSample(t *testing.T) {
 		{Temperature: 0.9, Uniform: 0.42, Mask: backend.NewMask(V, func(t int32) bool { return t == 17 || t == 4000 || t == 151935 }), Logprob: true},
 		{Temperature: 0.8, TopK: 50, TopP: 0.9, MinP: 0.01, Uniform: 0.7, Logprob: true, TopLogprobs: 4, Mask: backend.NewMask(V, func(t int32) bool { return t%3 == 0 }),
 			Bias: []backend.TokenBias{{Token: 7, Bias: 50}}, Counts: []backend.TokenCount{{Token: 9, Count: 3}}, FrequencyPenalty: 1},
+		// Around the candidates' room (SAMPLE_CAP, 2048): a large top-k
+		// within it, one past it; top-p alone within the candidates and
+		// past them; temperature alone drawn past them (where the tokens
+		// still weigh enough that float32 sums over the row place the draw
+		// as float64 ones do); many top tokens.
+		{Temperature: 1, TopK: 1000, TopP: 0.5, Uniform: 0.93, Logprob: true, TopLogprobs: 20},
+		{Temperature: 1, TopK: 3000, Uniform: 0.25},
+		{Temperature: 0.3, TopP: 0.7, Uniform: 0.66, TopLogprobs: 8},
+		{Temperature: 1.5, TopP: 0.99, Uniform: 0.5},
+		{Temperature: 1.5, Uniform: 0.7},
+		{TopLogprobs: 30},
 	}
 	R := len(params)
 	logits := p.randn(R*V, 3)
@@ -725,30 +736,35 @@ func TestSample(t *testing.T) {
 			}
 		}
 	}
-	// A sweep of draws: the token must follow Uniform exactly as on the CPU.
-	sweep := make([]backend.SampleParams, 64)
-	for i := range sweep {
-		sweep[i] = backend.SampleParams{Temperature: 0.8, TopP: 0.95, TopK: 100, Uniform: float32(i) / 64}
-	}
+	// Sweeps of draws: the token must follow Uniform exactly as on the CPU,
+	// drawn among the candidates after top-k and top-p, after top-p alone,
+	// and with temperature alone, where the largest draws land past them.
 	row := p.randn(V, 2)
 	rows := make([]float32, 0, 64*V)
 	for range 64 {
 		rows = append(rows, row...)
 	}
 	cl, gl = p.load(backend.F32, rows, 64, V)
-	want, _ = p.c.Sample(cl, sweep)
-	got, err = p.g.Sample(gl, sweep)
-	if err != nil {
-		t.Fatal(err)
-	}
-	diff := 0
-	for i := range sweep {
-		if want[i].Token != got[i].Token {
-			diff++
+	for _, sp := range []backend.SampleParams{{Temperature: 0.8, TopP: 0.95, TopK: 100}, {Temperature: 0.5, TopP: 0.9}, {Temperature: 0.6}} {
+		sweep := make([]backend.SampleParams, 64)
+		for i := range sweep {
+			sweep[i] = sp
+			sweep[i].Uniform = float32(i) / 64
 		}
-	}
-	if diff > 1 { // one draw may sit on a float rounding boundary
-		t.Errorf("%d of 64 draws differ from the CPU sampler", diff)
+		want, _ = p.c.Sample(cl, sweep)
+		got, err = p.g.Sample(gl, sweep)
+		if err != nil {
+			t.Fatal(err)
+		}
+		diff := 0
+		for i := range sweep {
+			if want[i].Token != got[i].Token {
+				diff++
+			}
+		}
+		if diff > 1 { // one draw may sit on a float rounding boundary
+			t.Errorf("%+v: %d of 64 draws differ from the CPU sampler", sp, diff)
+		}
 	}
 }
 

@@ -9,14 +9,117 @@ struct SampleArgs {
 	int maskOff;  // word offset of the row's token mask (bit set: allowed), -1: none
 };
 
+// SAMPLE_FAST (default on) draws a row's token among candidates held in
+// shared memory when the filters keep only tokens among them: the row's
+// SAMPLE_CAP largest logits at most, those of the top bins of a histogram of
+// the keys' top SAMPLE_BITS bits, gathered in a second pass and sorted.
+// Other rows walk the whole row (select_desc). -DSAMPLE_FAST=0 sends every
+// row there, for an A/B run.
+#ifndef SAMPLE_FAST
+#define SAMPLE_FAST 1
+#endif
+#define SAMPLE_CAP 2048  // two a thread of the block's 1024
+#define SAMPLE_BITS 12
+#define SAMPLE_BINS (1 << SAMPLE_BITS)
+
+// ordered maps a float to an unsigned int of the same order.
+__device__ __forceinline__ unsigned ordered(float v) {
+	unsigned u = __float_as_uint(v);
+	return u ^ ((u >> 31) ? 0xffffffffu : 0x80000000u);
+}
+
 // key orders (value desc, index asc) as a descending unsigned 64-bit key.
 __device__ __forceinline__ unsigned long long sort_key(float v, int i) {
-	unsigned u = __float_as_uint(v);
-	u ^= (u >> 31) ? 0xffffffffu : 0x80000000u;
-	return ((unsigned long long)u << 32) | (0xffffffffu - (unsigned)i);
+	return ((unsigned long long)ordered(v) << 32) | (0xffffffffu - (unsigned)i);
 }
 
 __device__ __forceinline__ int key_index(unsigned long long k) { return (int)(0xffffffffu - (unsigned)(k & 0xffffffffu)); }
+
+__device__ __forceinline__ float key_value(unsigned long long k) {
+	unsigned u = (unsigned)(k >> 32);
+	return __uint_as_float(u ^ ((u >> 31) ? 0x80000000u : 0xffffffffu));
+}
+
+__device__ __forceinline__ int key_bin(float v) { return (int)(ordered(v) >> (32 - SAMPLE_BITS)); }
+
+// load4 reads the row's logits 4j to 4j+3, -INF past its end: one 16-byte
+// load where the row allows it (vec).
+__device__ __forceinline__ void load4(const float *z, int V, int j, bool vec, float *e) {
+	if (j >= (V + 3) >> 2) {
+		e[0] = e[1] = e[2] = e[3] = -INF;
+	} else if (vec) {
+		float4 q = ((const float4 *)z)[j];
+		e[0] = q.x; e[1] = q.y; e[2] = q.z; e[3] = q.w;
+	} else {
+#pragma unroll
+		for (int c = 0; c < 4; c++) e[c] = 4 * j + c < V ? z[4 * j + c] : -INF;
+	}
+}
+
+// for_row calls f(j, e) for the groups of four logits j of a row, e[c]
+// being logit 4j + c (-INF past the row's end), each thread's in
+// increasing order. Every thread takes the same number of calls, so f may
+// use warp collectives. (Loading four groups ahead of their use changed
+// nothing on an H200.)
+template <typename F>
+__device__ __forceinline__ void for_row(const float *z, int V, F f) {
+	bool vec = (V & 3) == 0 && ((unsigned long)z & 15) == 0;
+	int G = (V + 3) >> 2;
+	for (int j0 = 0; j0 < G; j0 += blockDim.x) {
+		float e[4];
+		load4(z, V, j0 + threadIdx.x, vec, e);
+		f(j0 + threadIdx.x, e);
+	}
+}
+
+// warp_scan returns the sum of x over the warp's lanes up to this one.
+template <typename T>
+__device__ __forceinline__ T warp_scan(T x) {
+	int lane = threadIdx.x & 31;
+#pragma unroll
+	for (int o = 1; o < 32; o <<= 1) {
+		T y = __shfl_up_sync(0xffffffffu, x, o);
+		if (lane >= o) x += y;
+	}
+	return x;
+}
+
+// block_scan returns the sum of v over the block's threads before this one;
+// red[32] holds the block's total after it (red: 33 values).
+template <typename T>
+__device__ T block_scan(T v, T *red) {
+	int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+	T x = warp_scan(v);
+	T ex = __shfl_up_sync(0xffffffffu, x, 1);
+	if (lane == 0) ex = T(0);
+	__syncthreads();  // red may still be read after the last call
+	if (lane == 31) red[w] = x;
+	__syncthreads();
+	if (w == 0) {
+		T s = warp_scan(lane < nw ? red[lane] : T(0));
+		T e = __shfl_up_sync(0xffffffffu, s, 1);
+		if (lane < nw) red[lane] = lane == 0 ? T(0) : e;
+		if (lane == 31) red[32] = s;
+	}
+	__syncthreads();
+	return red[w] + ex;
+}
+
+// first_where returns the least j < n for which pred(j) holds, n if none.
+template <typename P>
+__device__ int first_where(int n, P pred, int *s) {
+	if (threadIdx.x == 0) *s = n;
+	__syncthreads();
+	for (int j = threadIdx.x; j < n; j += blockDim.x)
+		if (pred(j)) {
+			atomicMin(s, j);
+			break;
+		}
+	__syncthreads();
+	int r = *s;
+	__syncthreads();
+	return r;
+}
 
 // select_desc walks the elements with key >= floor in descending key order,
 // weighing element i by wt(i), and returns the key of the element at which
@@ -59,18 +162,29 @@ __device__ unsigned long long select_desc(const float *z, int V, unsigned long l
 	return prefix;
 }
 
-extern "C" __global__ void __launch_bounds__(1024) sample_rows(const float *logits, int V, const SampleArgs *args,
+extern "C" __global__ void __launch_bounds__(1024, 1) sample_rows(const float *logits, int V, const SampleArgs *args,
 		const int *cnt, const float *bias, const unsigned long long *mask, float *work, int *outTok, float *outLp, int *topTok, float *topLp, int maxTop) {
-	__shared__ float red[32];
-	__shared__ float hist[256];
+	__shared__ float red[33];
+	__shared__ int ired[33];
+	// The histogram, then the candidates' cumulative probabilities, or
+	// select_desc's histogram.
+	__shared__ int hist[SAMPLE_BINS];
+	__shared__ unsigned long long ckeys[SAMPLE_CAP];
 	__shared__ unsigned long long skey;
 	__shared__ float srem;
-	__shared__ int sidx;
+	__shared__ int sidx, sbin, sn, sfirst;
+	__shared__ unsigned nc;
 	__shared__ float bestv[32];
 	__shared__ int besti[32];
 	int r = blockIdx.x;
 	SampleArgs a = args[r];
 	const float *lg = logits + (long)r * V;
+	int topK = a.topK > 0 && a.topK < V ? a.topK : 0;
+	// Candidates: the largest `need` logits (0: as many as fit).
+	int need = a.temperature > 0.f ? (topK > 0 ? max(topK, a.nTop) : 0) : a.nTop;
+	bool cands = SAMPLE_FAST && (a.temperature > 0.f || a.nTop > 0) && need <= SAMPLE_CAP;
+	if (cands)
+		for (int b = threadIdx.x; b < SAMPLE_BINS; b += blockDim.x) hist[b] = 0;
 	// Penalties, bias and mask work on a copy; without them the logits are
 	// read in place.
 	bool pen = a.cntN > 0 || a.biasN > 0 || a.maskOff >= 0;
@@ -101,30 +215,21 @@ extern "C" __global__ void __launch_bounds__(1024) sample_rows(const float *logi
 			const unsigned long long *m = mask + a.maskOff;
 			for (int i = threadIdx.x; i < V; i += blockDim.x)
 				if (!((m[i >> 6] >> (i & 63)) & 1ull)) zw[i] = -INF;
-			__syncthreads();
 		}
 		z = zw;
 	}
-	// The largest logit and its first index, in one pass: four at a time
-	// where rows are 16-byte aligned (a vocabulary that is a multiple of
-	// four), which quarters each thread's chain of dependent loads.
+	__syncthreads();
+	// The largest logit and its first index, and the histogram of the
+	// finite ones' bins, in one pass.
 	float bv = -INF;
 	int bi = V;
-	int i0 = 0;
-	if ((V & 3) == 0 && ((unsigned long)z & 15) == 0) {
-		const float4 *z4 = (const float4 *)z;
-		for (int j = threadIdx.x; j < (V >> 2); j += blockDim.x) {
-			float4 v = z4[j];
-			int i = 4 * j;
-			if (v.x > bv || bi == V) { bv = v.x; bi = i; }
-			if (v.y > bv) { bv = v.y; bi = i + 1; }
-			if (v.z > bv) { bv = v.z; bi = i + 2; }
-			if (v.w > bv) { bv = v.w; bi = i + 3; }
+	for_row(z, V, [&](int j, const float *e) {
+#pragma unroll
+		for (int c = 0; c < 4; c++) {
+			if (4 * j + c < V && (e[c] > bv || bi == V)) { bv = e[c]; bi = 4 * j + c; }
+			if (cands && e[c] > -INF) atomicAdd(&hist[key_bin(e[c])], 1);
 		}
-		i0 = V;
-	}
-	for (int i = i0 + threadIdx.x; i < V; i += blockDim.x)
-		if (z[i] > bv || bi == V) { bv = z[i]; bi = i; }
+	});
 	for (int o = 16; o > 0; o >>= 1) {
 		float ov = __shfl_xor_sync(0xffffffffu, bv, o);
 		int oi = __shfl_xor_sync(0xffffffffu, bi, o);
@@ -137,35 +242,138 @@ extern "C" __global__ void __launch_bounds__(1024) sample_rows(const float *logi
 			if (bestv[w] > bv || (bestv[w] == bv && besti[w] < bi)) { bv = bestv[w]; bi = besti[w]; }
 		sidx = bi;
 		bestv[0] = bv;
+		sbin = -1;
+		nc = 0;
 	}
 	__syncthreads();
 	float mx = bestv[0];
 	int tok = sidx;
-	// log Z of the penalised distribution, when anything needs it.
-	float logZ = 0.f;
-	if (a.temperature > 0.f || a.wantLp || a.nTop > 0) {
-		float se = 0.f;
-		for (int i = threadIdx.x; i < V; i += blockDim.x) se += __expf(z[i] - mx);
-		logZ = mx + __logf(block_sum(se, red));
+	// The candidates' bins, from the top: those that hold the need largest
+	// (or as many as SAMPLE_CAP allows when need is 0).
+	if (cands) {
+		const int per = SAMPLE_BINS / 1024;  // bins a thread, descending
+		int hi = SAMPLE_BINS - 1 - per * (int)threadIdx.x, c = 0;
+		for (int q = 0; q < per; q++) c += hist[hi - q];
+		int cum = block_scan(c, ired), finite = ired[32];
+		int want = min(need, finite);
+		for (int q = 0; q < per; q++) {
+			int b = hi - q, h = hist[b];
+			cum += h;  // the finite logits in bins >= b
+			bool at = need > 0 ? cum >= want && cum - h < want : cum <= SAMPLE_CAP && (b == 0 || cum + hist[b - 1] > SAMPLE_CAP);
+			if (at && finite > 0) { sbin = b; sn = cum; }
+		}
+		__syncthreads();
+		cands = sbin >= 0 && sn > 0 && sn <= SAMPLE_CAP;
+	}
+	// Sums over the row, and the candidates gathered, in the second pass.
+	bool wantZ = a.wantLp || a.nTop > 0, wantT = cands && a.temperature > 0.f && topK == 0;
+	float it = a.temperature > 0.f ? 1.f / a.temperature : 0.f;
+	float logZ = 0.f, sT = 0.f;
+	if (wantZ || wantT || cands) {
+		float se = 0.f, st = 0.f;
+		int lo = cands ? sbin : SAMPLE_BINS;
+		for_row(z, V, [&](int j, const float *e) {
+			int n = 0;
+#pragma unroll
+			for (int c = 0; c < 4; c++) {
+				if (wantZ) se += __expf(e[c] - mx);
+				if (wantT) st += __expf((e[c] - mx) * it);
+				n += e[c] > -INF && key_bin(e[c]) >= lo;
+			}
+			if (!__any_sync(0xffffffffu, n > 0)) return;
+			int x = warp_scan(n);
+			unsigned base = 0;
+			if ((threadIdx.x & 31) == 31) base = atomicAdd(&nc, (unsigned)x);
+			int slot = (int)__shfl_sync(0xffffffffu, base, 31) + x - n;
+#pragma unroll
+			for (int c = 0; c < 4; c++)
+				if (e[c] > -INF && key_bin(e[c]) >= lo && slot < SAMPLE_CAP) ckeys[slot++] = sort_key(e[c], 4 * j + c);
+		});
+		if (wantZ) logZ = mx + __logf(block_sum(se, red));
+		if (wantT) sT = block_sum(st, red);
+		__syncthreads();
+	}
+	int n = cands ? sn : 0;
+	if (cands) {
+		// Bitonic sort, descending, padded to a power of two with keys below
+		// any logit's.
+		int N2 = 2;
+		while (N2 < n) N2 <<= 1;
+		for (int j = n + threadIdx.x; j < N2; j += blockDim.x) ckeys[j] = 0;
+		__syncthreads();
+		for (int k = 2; k <= N2; k <<= 1)
+			for (int j = k >> 1; j > 0; j >>= 1) {
+				int t = threadIdx.x;
+				if (t < N2 / 2) {
+					int i = ((t & ~(j - 1)) << 1) | (t & (j - 1));
+					unsigned long long x = ckeys[i], y = ckeys[i + j];
+					if ((i & k) == 0 ? x < y : x > y) { ckeys[i] = y; ckeys[i + j] = x; }
+				}
+				__syncthreads();
+			}
 	}
 
-	if (a.temperature > 0.f) {
-		float it = 1.f / a.temperature;
+	bool drawn = false;
+	if (a.temperature > 0.f && cands) {
+		// Cumulative probabilities of the first nk candidates; full: the
+		// candidates hold every token the filters could keep.
+		int nk = topK > 0 ? min(topK, n) : n;
+		bool full = topK > 0 || sbin == 0;
+		float *cum = (float *)hist;
+		int t2 = 2 * threadIdx.x;
+		float p0 = t2 < nk ? __expf((key_value(ckeys[t2]) - mx) * it) : 0.f;
+		float p1 = t2 + 1 < nk ? __expf((key_value(ckeys[t2 + 1]) - mx) * it) : 0.f;
+		float ex = block_scan(p0 + p1, red), total = full ? red[32] : sT;
+		cum[t2] = ex + p0;
+		cum[t2 + 1] = ex + p0 + p1;
+		__syncthreads();
+		int keep = nk;
+		bool known = full;  // the kept tokens are the first keep candidates
+		if (a.minP > 0.f) {
+			// p_i >= minP * p_max  <=>  z_i >= mx + T * log(minP)
+			float zmin = mx + a.temperature * __logf(a.minP);
+			int m = first_where(nk, [&](int j) { return key_value(ckeys[j]) < zmin; }, &sfirst);
+			keep = max(m, 1);
+			known = known || m < nk || key_bin(zmin) >= sbin;
+		}
+		if (a.topP > 0.f && a.topP < 1.f) {
+			// The shortest prefix of at least topP of the mass.
+			float target = a.topP * total;
+			int m = first_where(nk, [&](int j) { return cum[j] >= target; }, &sfirst);
+			if (m < nk) {
+				keep = min(keep, m + 1);
+				known = true;
+			}
+		}
+		// Temperature alone, past the candidates: the draw may still land
+		// among them.
+		bool alone = !known && a.minP <= 0.f && !(a.topP > 0.f && a.topP < 1.f);
+		if (known || alone) {
+			float mass = known ? cum[keep - 1] : sT, target = a.uniform * mass;
+			int j = first_where(keep, [&](int j) { return cum[j] > target; }, &sfirst);
+			if (j < keep || known) {
+				tok = key_index(ckeys[min(j, keep - 1)]);  // rounding left the target past the end: the last kept
+				drawn = true;
+			}
+		}
+		__syncthreads();
+	}
+	if (a.temperature > 0.f && !drawn) {
+		float *h = (float *)hist;
 		// Candidates are the keys >= floor; each filter raises floor (top-p's
 		// mass is renormalised over the top-k candidates, before min-p).
 		unsigned long long floor = 0;
-		if (a.topK > 0 && a.topK < V)
-			floor = select_desc(z, V, floor, (float)(a.topK - 1) + 0.5f, [](int) { return 1.f; }, hist, &skey, &srem);
+		if (topK > 0)
+			floor = select_desc(z, V, floor, (float)(topK - 1) + 0.5f, [](int) { return 1.f; }, h, &skey, &srem);
 		auto prob = [&](int i) { return __expf((z[i] - mx) * it); };
 		if (a.topP > 0.f && a.topP < 1.f) {
 			float s = 0.f;
 			for (int i = threadIdx.x; i < V; i += blockDim.x)
 				if (sort_key(z[i], i) >= floor) s += prob(i);
 			s = block_sum(s, red);
-			floor = select_desc(z, V, floor, a.topP * s, prob, hist, &skey, &srem);
+			floor = select_desc(z, V, floor, a.topP * s, prob, h, &skey, &srem);
 		}
 		if (a.minP > 0.f) {
-			// p_i >= minP * p_max  <=>  z_i >= mx + T * log(minP)
 			float zmin = mx + a.temperature * __logf(a.minP);
 			unsigned long long mk = sort_key(zmin, 0x7fffffff);
 			if (mk > floor) floor = mk;
@@ -174,15 +382,24 @@ extern "C" __global__ void __launch_bounds__(1024) sample_rows(const float *logi
 		for (int i = threadIdx.x; i < V; i += blockDim.x)
 			if (sort_key(z[i], i) >= floor) s += prob(i);
 		s = block_sum(s, red);
-		tok = key_index(select_desc(z, V, floor, a.uniform * s, prob, hist, &skey, &srem));
+		tok = key_index(select_desc(z, V, floor, a.uniform * s, prob, h, &skey, &srem));
 	}
 	if (threadIdx.x == 0) {
 		outTok[r] = tok;
 		outLp[r] = z[tok] - logZ;
 	}
-	// Top log-probabilities: repeated arg-max below the previous key.
+	// Top log-probabilities: the first candidates, or repeated arg-max
+	// below the previous key.
+	int nTop = min(a.nTop, maxTop);
+	if (cands && nTop <= n) {
+		for (int j = threadIdx.x; j < nTop; j += blockDim.x) {
+			topTok[r * maxTop + j] = key_index(ckeys[j]);
+			topLp[r * maxTop + j] = key_value(ckeys[j]) - logZ;
+		}
+		return;
+	}
 	unsigned long long below = ~0ull;
-	for (int n = 0; n < a.nTop && n < maxTop; n++) {
+	for (int j = 0; j < nTop; j++) {
 		unsigned long long best = 0;
 		for (int i = threadIdx.x; i < V; i += blockDim.x) {
 			unsigned long long k = sort_key(z[i], i);
@@ -197,8 +414,8 @@ extern "C" __global__ void __launch_bounds__(1024) sample_rows(const float *logi
 		__syncthreads();
 		if (threadIdx.x == 0) {
 			int i = key_index(below);
-			topTok[r * maxTop + n] = i;
-			topLp[r * maxTop + n] = z[i] - logZ;
+			topTok[r * maxTop + j] = i;
+			topLp[r * maxTop + j] = z[i] - logZ;
 		}
 	}
 }
