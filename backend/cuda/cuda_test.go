@@ -778,12 +778,12 @@ func TestArgmaxTies(t *testing.T) {
 	// the largest value, across threads and argmax_rows' chunks.
 	for _, argmax := range []bool{true, false} {
 		p.g.argmax = argmax
-		for _, V := range []int{151936, 1001, 2*argmaxChunk + 1} {
+		for _, V := range []int{151936, 1001, 2*rowChunk + 1} {
 			rows := make([]float32, 5*V)                   // row 0: all tied
 			rows[V+6], rows[V+5] = 1, 1                    // one group of four
 			rows[2*V+min(4097, V-100)], rows[2*V+9] = 2, 2 // two threads
 			rows[3*V+V-1] = 3                              // the last element
-			rows[4*V+V/2], rows[4*V+V-2] = -1, 4           // two chunks (V > argmaxChunk)
+			rows[4*V+V/2], rows[4*V+V-2] = -1, 4           // two chunks (V > rowChunk)
 			_, gl := p.load(backend.F32, rows, 5, V)
 			got, err := p.g.Sample(gl, make([]backend.SampleParams, 5))
 			if err != nil {

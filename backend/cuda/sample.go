@@ -27,13 +27,24 @@ type sampleArgs struct {
 }
 
 var (
-	sampleRowsKernel = newKernel[sampleRowsArgs]("sample_rows")
-	argmaxRowsKernel = newKernel[argmaxRowsArgs]("argmax_rows")
+	sampleScanKernel   = newKernel[sampleScanArgs]("sample_scan")
+	sampleGatherKernel = newKernel[sampleGatherArgs]("sample_gather")
+	sampleRowsKernel   = newKernel[sampleRowsArgs]("sample_rows")
+	argmaxRowsKernel   = newKernel[argmaxRowsArgs]("argmax_rows")
 )
 
-// argmaxChunk is the logits a block of argmax_rows reads: 75 blocks for a
-// row of 151,936.
-const argmaxChunk = 2048
+const (
+	// rowChunk is the logits a block of argmax_rows, sample_scan and
+	// sample_gather reads: 75 blocks for a row of 151,936.
+	rowChunk = 2048
+	// sampleBits: sample_scan counts the keys' top bits in a histogram of
+	// 1 << sampleBits bins, whose top bins give up to sampleCap candidates
+	// a row (two for each of sample_rows' 1024 threads).
+	sampleBits = 12
+	sampleCap  = 2048
+	// samplePlanBytes is the size of struct SamplePlan.
+	samplePlanBytes = 32
+)
 
 type argmaxRowsArgs struct {
 	logits          devptr
@@ -42,13 +53,28 @@ type argmaxRowsArgs struct {
 	arrived, outTok devptr
 }
 
-type sampleRowsArgs struct {
+type sampleScanArgs struct {
 	logits                devptr
 	V                     int32
 	args, cnt, bias, mask devptr
-	work, outTok, outLp   devptr
-	topTok, topLp         devptr
-	maxTop                int32
+	work, hist, part      devptr
+	arrived, plan         devptr
+}
+
+type sampleGatherArgs struct {
+	logits     devptr
+	V          int32
+	args, work devptr
+	plan, keys devptr
+}
+
+type sampleRowsArgs struct {
+	logits                 devptr
+	V                      int32
+	args, work, plan, keys devptr
+	outTok, outLp          devptr
+	topTok, topLp          devptr
+	maxTop                 int32
 }
 
 // Sample draws one token per row of logits on the device; only the tokens and
@@ -139,7 +165,6 @@ func (b *Backend) SampleStart(logits backend.Tensor, params []backend.SamplePara
 	outN := 2*R + 2*R*max(maxTop, 1)
 	dIn := b.scratchBuf("samplein", in)
 	dOut := b.scratchBuf("sampleout", 4*outN)
-	work := b.scratchBuf("samplework", 4*R*V)
 	// Arguments go up from the front of the host buffer, results come
 	// back behind them: one synchronisation per call. The buffer's last
 	// sampling may still be on its way, if its wait was not called.
@@ -176,16 +201,22 @@ func (b *Backend) SampleStart(logits backend.Tensor, params []backend.SamplePara
 	mt := max(maxTop, 1)
 	outTok, outLp := dOut, dOut+devptr(4*R)
 	topTok, topLp := dOut+devptr(8*R), dOut+devptr(8*R+4*R*mt)
+	nc := (V + rowChunk - 1) / rowChunk
 	if argmaxOnly(hargs) && b.argmax {
-		nc := (V + argmaxChunk - 1) / argmaxChunk
 		part := b.scratchBuf("argmaxpart", 8*R*nc)
 		argmaxRowsKernel.run(b, [3]int{nc, R, 1}, 256, 0, argmaxRowsArgs{logits: lt.ptr, V: int32(V), partV: part, partI: part + devptr(4*R*nc),
 			arrived: b.zeroedScratch("argmaxarrived", 4*R), outTok: outTok})
 	} else {
 		b.fail(check("cuMemcpyHtoDAsync", C.k_cuMemcpyHtoDAsync_v2(b.ctx, dIn, host, C.size_t(in), b.stream)))
-		sampleRowsKernel.run(b, g1(R), 1024, 0, sampleRowsArgs{
-			logits: lt.ptr, V: int32(V), args: dIn, cnt: dIn + devptr(cntAt), bias: dIn + devptr(biasAt), mask: dIn + devptr(maskAt),
-			work: work, outTok: outTok, outLp: outLp, topTok: topTok, topLp: topLp, maxTop: int32(mt)})
+		work := b.scratchBuf("samplework", 4*R*V)
+		plan := b.scratchBuf("sampleplan", samplePlanBytes*R)
+		keys := b.scratchBuf("samplekeys", 8*sampleCap*R)
+		sampleScanKernel.run(b, [3]int{nc, R, 1}, 256, 0, sampleScanArgs{logits: lt.ptr, V: int32(V), args: dIn, cnt: dIn + devptr(cntAt),
+			bias: dIn + devptr(biasAt), mask: dIn + devptr(maskAt), work: work, hist: b.zeroedScratch("samplehist", 4*R<<sampleBits),
+			part: b.scratchBuf("samplepart", 16*R*nc), arrived: b.zeroedScratch("samplearrived", 4*R), plan: plan})
+		sampleGatherKernel.run(b, [3]int{nc, R, 1}, 256, 0, sampleGatherArgs{logits: lt.ptr, V: int32(V), args: dIn, work: work, plan: plan, keys: keys})
+		sampleRowsKernel.run(b, g1(R), 1024, 0, sampleRowsArgs{logits: lt.ptr, V: int32(V), args: dIn, work: work, plan: plan, keys: keys,
+			outTok: outTok, outLp: outLp, topTok: topTok, topLp: topLp, maxTop: int32(mt)})
 	}
 	b.sampled, b.sampledRows = outTok, R
 	resP := unsafe.Add(host, inPad)

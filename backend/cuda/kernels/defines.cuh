@@ -40,8 +40,13 @@
 // The warps a multiprocessor runs of qgemv (quant.cu), the most a block has.
 #define QGEMV_MAXW 24
 
-// The logits a block of argmax_rows reads (sample.cu).
-#define ARGMAX_CHUNK 2048
+// The sampler (sample.cu): ROW_CHUNK logits a block of argmax_rows, sample_scan and
+// sample_gather; a histogram of the keys' top SAMPLE_BITS bits; up to SAMPLE_CAP
+// candidates a row; a row's plan of SAMPLE_PLAN_BYTES.
+#define ROW_CHUNK 2048
+#define SAMPLE_BITS 12
+#define SAMPLE_CAP 2048
+#define SAMPLE_PLAN_BYTES 32
 
 // The rows a block of moe_count and moe_scatter takes (moe.cu), a thread each.
 #define MOE_GROUP_ROWS 1024

@@ -1,6 +1,10 @@
-// On-device sampling: one block of 1024 threads per row of logits. Only the
-// drawn token, its log-probability and the requested top log-probabilities
-// leave the device.
+// On-device sampling. A row that asks only for its largest logit goes to
+// argmax_rows; the others take three kernels: sample_scan over many blocks
+// a row (penalties, the largest logit, the sums, a histogram of the keys),
+// whose last block to finish plans the row; sample_gather over as many (the
+// candidates, below); sample_rows, a block a row (the filters, the draw,
+// log-probabilities). Only the drawn token, its log-probability and the
+// requested top log-probabilities leave the device.
 
 struct SampleArgs {
 	float temperature, topP, minP, uniform;
@@ -9,17 +13,27 @@ struct SampleArgs {
 	int maskOff;  // word offset of the row's token mask (bit set: allowed), -1: none
 };
 
-// SAMPLE_FAST (default on) draws a row's token among candidates held in
-// shared memory when the filters keep only tokens among them: the row's
-// SAMPLE_CAP largest logits at most, those of the top bins of a histogram of
-// the keys' top SAMPLE_BITS bits, gathered in a second pass and sorted.
-// Other rows walk the whole row (select_desc). -DSAMPLE_FAST=0 sends every
-// row there, for an A/B run.
+// A row's plan, which sample_scan's last block writes: the largest logit
+// and its first index, log Z (of the penalised logits), the sum of
+// exp((z - mx) / T) over the row, and the candidates: the keys in bins >=
+// sbin, sn of them (sbin < 0: none), gathered counting in gathered.
+struct SamplePlan {
+	float mx, logZ, sT;
+	int tok, sbin, sn;
+	unsigned gathered;
+	int pad;
+};
+static_assert(sizeof(SamplePlan) == SAMPLE_PLAN_BYTES, "SamplePlan's size is the Go side's");
+
+// SAMPLE_FAST (default on) draws a row's token among candidates when the
+// filters keep only tokens among them: the row's SAMPLE_CAP largest logits
+// at most, those of the top bins of a histogram of the keys' top
+// SAMPLE_BITS bits, gathered and sorted in shared memory. Other rows walk
+// the whole row (select_desc). -DSAMPLE_FAST=0 sends every row there, for an
+// A/B run.
 #ifndef SAMPLE_FAST
 #define SAMPLE_FAST 1
 #endif
-#define SAMPLE_CAP 2048  // two a thread of the block's 1024
-#define SAMPLE_BITS 12
 #define SAMPLE_BINS (1 << SAMPLE_BITS)
 
 // ordered maps a float to an unsigned int of the same order.
@@ -41,36 +55,6 @@ __device__ __forceinline__ float key_value(unsigned long long k) {
 }
 
 __device__ __forceinline__ int key_bin(float v) { return (int)(ordered(v) >> (32 - SAMPLE_BITS)); }
-
-// load4 reads the row's logits 4j to 4j+3, -INF past its end: one 16-byte
-// load where the row allows it (vec).
-__device__ __forceinline__ void load4(const float *z, int V, int j, bool vec, float *e) {
-	if (j >= (V + 3) >> 2) {
-		e[0] = e[1] = e[2] = e[3] = -INF;
-	} else if (vec) {
-		float4 q = ((const float4 *)z)[j];
-		e[0] = q.x; e[1] = q.y; e[2] = q.z; e[3] = q.w;
-	} else {
-#pragma unroll
-		for (int c = 0; c < 4; c++) e[c] = 4 * j + c < V ? z[4 * j + c] : -INF;
-	}
-}
-
-// for_row calls f(j, e) for the groups of four logits j of a row, e[c]
-// being logit 4j + c (-INF past the row's end), each thread's in
-// increasing order. Every thread takes the same number of calls, so f may
-// use warp collectives. (Loading four groups ahead of their use changed
-// nothing on an H200.)
-template <typename F>
-__device__ __forceinline__ void for_row(const float *z, int V, F f) {
-	bool vec = (V & 3) == 0 && ((unsigned long)z & 15) == 0;
-	int G = (V + 3) >> 2;
-	for (int j0 = 0; j0 < G; j0 += blockDim.x) {
-		float e[4];
-		load4(z, V, j0 + threadIdx.x, vec, e);
-		f(j0 + threadIdx.x, e);
-	}
-}
 
 // warp_scan returns the sum of x over the warp's lanes up to this one.
 template <typename T>
@@ -162,74 +146,71 @@ __device__ unsigned long long select_desc(const float *z, int V, unsigned long l
 	return prefix;
 }
 
-extern "C" __global__ void __launch_bounds__(1024, 1) sample_rows(const float *logits, int V, const SampleArgs *args,
-		const int *cnt, const float *bias, const unsigned long long *mask, float *work, int *outTok, float *outLp, int *topTok, float *topLp, int maxTop) {
+__device__ __forceinline__ bool penalised(const SampleArgs &a) { return a.cntN > 0 || a.biasN > 0 || a.maskOff >= 0; }
+
+// sample_scan reads ROW_CHUNK logits of a row a block: with penalties,
+// bias or a mask it applies them and writes its chunk to work (the
+// penalised row the next kernels read); it finds the chunk's largest
+// logit, its sums of exp relative to it, and counts its finite logits'
+// bins into the row's histogram. The last of a row's blocks to finish
+// merges the chunks in order into the row's plan and leaves the histogram
+// and its arrival count zero for the next sampling.
+extern "C" __global__ void __launch_bounds__(256) sample_scan(const float *logits, int V, const SampleArgs *args, const int *cnt,
+		const float *bias, const unsigned long long *mask, float *work, int *hist, float4 *part, unsigned *arrived, SamplePlan *plan) {
+	__shared__ float zs[ROW_CHUNK];
+	__shared__ int sh[SAMPLE_BINS];
 	__shared__ float red[33];
 	__shared__ int ired[33];
-	// The histogram, then the candidates' cumulative probabilities, or
-	// select_desc's histogram.
-	__shared__ int hist[SAMPLE_BINS];
-	__shared__ unsigned long long ckeys[SAMPLE_CAP];
-	__shared__ unsigned long long skey;
-	__shared__ float srem;
-	__shared__ int sidx, sbin, sn, sfirst;
-	__shared__ unsigned nc;
-	__shared__ float bestv[32];
-	__shared__ int besti[32];
-	int r = blockIdx.x;
+	__shared__ float bestv[8];
+	__shared__ int besti[8];
+	__shared__ bool last;
+	__shared__ int sbin, sn;
+	int r = blockIdx.y, c = blockIdx.x, nc = gridDim.x;
 	SampleArgs a = args[r];
-	const float *lg = logits + (long)r * V;
+	int lo = c * ROW_CHUNK, n = min(V - lo, ROW_CHUNK);
 	int topK = a.topK > 0 && a.topK < V ? a.topK : 0;
 	// Candidates: the largest `need` logits (0: as many as fit).
 	int need = a.temperature > 0.f ? (topK > 0 ? max(topK, a.nTop) : 0) : a.nTop;
 	bool cands = SAMPLE_FAST && (a.temperature > 0.f || a.nTop > 0) && need <= SAMPLE_CAP;
 	if (cands)
-		for (int b = threadIdx.x; b < SAMPLE_BINS; b += blockDim.x) hist[b] = 0;
-	// Penalties, bias and mask work on a copy; without them the logits are
-	// read in place.
-	bool pen = a.cntN > 0 || a.biasN > 0 || a.maskOff >= 0;
-	const float *z = lg;
-	if (pen) {
-		float *zw = work + (long)r * V;
-		for (int i = threadIdx.x; i < V; i += blockDim.x) zw[i] = lg[i];
-		__syncthreads();
-		// Penalties (OpenAI / vLLM convention), then the bias.
+		for (int b = threadIdx.x; b < SAMPLE_BINS; b += blockDim.x) sh[b] = 0;
+	const float *lg = logits + (long)r * V + lo;
+	for (int i = threadIdx.x; i < n; i += blockDim.x) zs[i] = lg[i];
+	__syncthreads();
+	if (penalised(a)) {
+		// Penalties (OpenAI / vLLM convention), then the bias, then the mask
+		// (masked tokens weigh nothing in any sum and lose every comparison;
+		// the host lists at most as many top tokens as the mask allows).
 		for (int e = threadIdx.x; e < a.cntN; e += blockDim.x) {
 			// 2 * (count among the generated tokens) + (1 if in the prompt).
-			int tok = cnt[2 * (a.cntOff + e)], cp = cnt[2 * (a.cntOff + e) + 1], c = cp >> 1;
-			if (tok < 0 || tok >= V || cp <= 0) continue;
-			float v = zw[tok];
+			int tok = cnt[2 * (a.cntOff + e)] - lo, cp = cnt[2 * (a.cntOff + e) + 1], k = cp >> 1;
+			if (tok < 0 || tok >= n || cp <= 0) continue;
+			float v = zs[tok];
 			if (a.repetition > 0.f && a.repetition != 1.f) v = v > 0.f ? v / a.repetition : v * a.repetition;
-			if (c > 0) v -= a.frequency * c + a.presence;
-			zw[tok] = v;
+			if (k > 0) v -= a.frequency * k + a.presence;
+			zs[tok] = v;
 		}
 		__syncthreads();
 		for (int e = threadIdx.x; e < a.biasN; e += blockDim.x) {
-			int tok = __float_as_int(bias[2 * (a.biasOff + e)]);
-			if (tok >= 0 && tok < V) zw[tok] += bias[2 * (a.biasOff + e) + 1];
+			int tok = __float_as_int(bias[2 * (a.biasOff + e)]) - lo;
+			if (tok >= 0 && tok < n) zs[tok] += bias[2 * (a.biasOff + e) + 1];
 		}
 		__syncthreads();
-		// Masked tokens weigh nothing in any sum and lose every comparison
-		// (the host lists at most as many top tokens as the mask allows).
-		if (a.maskOff >= 0) {
-			const unsigned long long *m = mask + a.maskOff;
-			for (int i = threadIdx.x; i < V; i += blockDim.x)
-				if (!((m[i >> 6] >> (i & 63)) & 1ull)) zw[i] = -INF;
+		float *zw = work + (long)r * V + lo;
+		const unsigned long long *m = mask + a.maskOff;
+		for (int i = threadIdx.x; i < n; i += blockDim.x) {
+			if (a.maskOff >= 0 && !((m[(lo + i) >> 6] >> ((lo + i) & 63)) & 1ull)) zs[i] = -INF;
+			zw[i] = zs[i];
 		}
-		z = zw;
+		__syncthreads();
 	}
-	__syncthreads();
-	// The largest logit and its first index, and the histogram of the
-	// finite ones' bins, in one pass.
 	float bv = -INF;
 	int bi = V;
-	for_row(z, V, [&](int j, const float *e) {
-#pragma unroll
-		for (int c = 0; c < 4; c++) {
-			if (4 * j + c < V && (e[c] > bv || bi == V)) { bv = e[c]; bi = 4 * j + c; }
-			if (cands && e[c] > -INF) atomicAdd(&hist[key_bin(e[c])], 1);
-		}
-	});
+	for (int i = threadIdx.x; i < n; i += blockDim.x) {
+		float v = zs[i];
+		if (v > bv || bi == V) { bv = v; bi = lo + i; }
+		if (cands && v > -INF) atomicAdd(&sh[key_bin(v)], 1);
+	}
 	for (int o = 16; o > 0; o >>= 1) {
 		float ov = __shfl_xor_sync(0xffffffffu, bv, o);
 		int oi = __shfl_xor_sync(0xffffffffu, bi, o);
@@ -237,69 +218,140 @@ extern "C" __global__ void __launch_bounds__(1024, 1) sample_rows(const float *l
 	}
 	if ((threadIdx.x & 31) == 0) { bestv[threadIdx.x >> 5] = bv; besti[threadIdx.x >> 5] = bi; }
 	__syncthreads();
+	bv = bestv[0], bi = besti[0];
+	for (int w = 1; w < (int)(blockDim.x >> 5); w++)
+		if (bestv[w] > bv || (bestv[w] == bv && besti[w] < bi)) { bv = bestv[w]; bi = besti[w]; }
+	float it = a.temperature > 0.f ? 1.f / a.temperature : 0.f, se = 0.f, st = 0.f;
+	if (bv > -INF)
+		for (int i = threadIdx.x; i < n; i += blockDim.x) {
+			se += __expf(zs[i] - bv);
+			if (it > 0.f) st += __expf((zs[i] - bv) * it);
+		}
+	se = block_sum(se, red);
+	st = block_sum(st, red);
+	if (cands)
+		for (int b = threadIdx.x; b < SAMPLE_BINS; b += blockDim.x)
+			if (sh[b]) atomicAdd(&hist[(long)r * SAMPLE_BINS + b], sh[b]);
+	__threadfence();  // every thread's adds reach the device before the block arrives
+	__syncthreads();
 	if (threadIdx.x == 0) {
-		for (int w = 1; w < (int)(blockDim.x >> 5); w++)
-			if (bestv[w] > bv || (bestv[w] == bv && besti[w] < bi)) { bv = bestv[w]; bi = besti[w]; }
-		sidx = bi;
-		bestv[0] = bv;
-		sbin = -1;
-		nc = 0;
+		part[r * nc + c] = make_float4(bv, __int_as_float(bi), se, st);
+		__threadfence();
+		last = atomicAdd(&arrived[r], 1u) == (unsigned)nc - 1;
 	}
 	__syncthreads();
+	if (!last)
+		return;
+	__threadfence();
+	// The row: the chunks' largest in order (the first index among equals),
+	// then their sums rescaled to it.
+	bv = -INF, bi = V;
+	for (int k = threadIdx.x; k < nc; k += blockDim.x) {
+		float4 q = __ldcg(&part[r * nc + k]);
+		int qi = __float_as_int(q.y);
+		if (q.x > bv || (q.x == bv && qi < bi) || bi == V) { bv = q.x; bi = qi; }
+	}
+	for (int o = 16; o > 0; o >>= 1) {
+		float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+		int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+		if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+	}
+	__syncthreads();
+	if ((threadIdx.x & 31) == 0) { bestv[threadIdx.x >> 5] = bv; besti[threadIdx.x >> 5] = bi; }
+	__syncthreads();
 	float mx = bestv[0];
-	int tok = sidx;
+	int tok = besti[0];
+	for (int w = 1; w < (int)(blockDim.x >> 5); w++)
+		if (bestv[w] > mx || (bestv[w] == mx && besti[w] < tok)) { mx = bestv[w]; tok = besti[w]; }
+	se = 0.f, st = 0.f;
+	for (int k = threadIdx.x; k < nc; k += blockDim.x) {
+		float4 q = __ldcg(&part[r * nc + k]);
+		if (q.x > -INF) {
+			se += q.z * __expf(q.x - mx);
+			st += q.w * __expf((q.x - mx) * it);
+		}
+	}
+	se = block_sum(se, red);
+	st = block_sum(st, red);
 	// The candidates' bins, from the top: those that hold the need largest
 	// (or as many as SAMPLE_CAP allows when need is 0).
+	if (threadIdx.x == 0) sbin = -1;
 	if (cands) {
-		const int per = SAMPLE_BINS / 1024;  // bins a thread, descending
-		int hi = SAMPLE_BINS - 1 - per * (int)threadIdx.x, c = 0;
-		for (int q = 0; q < per; q++) c += hist[hi - q];
-		int cum = block_scan(c, ired), finite = ired[32];
+		int *h = hist + (long)r * SAMPLE_BINS;
+		const int per = SAMPLE_BINS / 256;  // bins a thread, descending
+		int top = SAMPLE_BINS - 1 - per * (int)threadIdx.x, k = 0;
+		for (int q = 0; q < per; q++) k += __ldcg(&h[top - q]);
+		int cum = block_scan(k, ired), finite = ired[32];
 		int want = min(need, finite);
 		for (int q = 0; q < per; q++) {
-			int b = hi - q, h = hist[b];
-			cum += h;  // the finite logits in bins >= b
-			bool at = need > 0 ? cum >= want && cum - h < want : cum <= SAMPLE_CAP && (b == 0 || cum + hist[b - 1] > SAMPLE_CAP);
+			int b = top - q, hb = __ldcg(&h[b]);
+			cum += hb;  // the finite logits in bins >= b
+			bool at = need > 0 ? cum >= want && cum - hb < want : cum <= SAMPLE_CAP && (b == 0 || cum + __ldcg(&h[b - 1]) > SAMPLE_CAP);
 			if (at && finite > 0) { sbin = b; sn = cum; }
 		}
 		__syncthreads();
-		cands = sbin >= 0 && sn > 0 && sn <= SAMPLE_CAP;
+		for (int b = threadIdx.x; b < SAMPLE_BINS; b += blockDim.x) h[b] = 0;
 	}
-	// Sums over the row, and the candidates gathered, in the second pass.
-	bool wantZ = a.wantLp || a.nTop > 0, wantT = cands && a.temperature > 0.f && topK == 0;
-	float it = a.temperature > 0.f ? 1.f / a.temperature : 0.f;
-	float logZ = 0.f, sT = 0.f;
-	if (wantZ || wantT || cands) {
-		float se = 0.f, st = 0.f;
-		int lo = cands ? sbin : SAMPLE_BINS;
-		for_row(z, V, [&](int j, const float *e) {
-			int n = 0;
-#pragma unroll
-			for (int c = 0; c < 4; c++) {
-				if (wantZ) se += __expf(e[c] - mx);
-				if (wantT) st += __expf((e[c] - mx) * it);
-				n += e[c] > -INF && key_bin(e[c]) >= lo;
-			}
-			if (!__any_sync(0xffffffffu, n > 0)) return;
-			int x = warp_scan(n);
-			unsigned base = 0;
-			if ((threadIdx.x & 31) == 31) base = atomicAdd(&nc, (unsigned)x);
-			int slot = (int)__shfl_sync(0xffffffffu, base, 31) + x - n;
-#pragma unroll
-			for (int c = 0; c < 4; c++)
-				if (e[c] > -INF && key_bin(e[c]) >= lo && slot < SAMPLE_CAP) ckeys[slot++] = sort_key(e[c], 4 * j + c);
-		});
-		if (wantZ) logZ = mx + __logf(block_sum(se, red));
-		if (wantT) sT = block_sum(st, red);
-		__syncthreads();
+	__syncthreads();
+	if (threadIdx.x == 0) {
+		bool ok = sbin >= 0 && sn > 0 && sn <= SAMPLE_CAP;
+		plan[r] = SamplePlan{mx, mx + __logf(se), st, tok, ok ? sbin : -1, ok ? sn : 0, 0u, 0};
+		arrived[r] = 0;
 	}
-	int n = cands ? sn : 0;
+}
+
+// sample_gather writes the keys of a chunk's candidates (finite, in bins >=
+// the plan's sbin) to the row's candidates, in no order.
+extern "C" __global__ void __launch_bounds__(256) sample_gather(const float *logits, int V, const SampleArgs *args, const float *work,
+		SamplePlan *plan, unsigned long long *keys) {
+	int r = blockIdx.y, lo = blockIdx.x * ROW_CHUNK, n = min(V - lo, ROW_CHUNK);
+	int sbin = plan[r].sbin;
+	if (sbin < 0)
+		return;
+	const float *z = (penalised(args[r]) ? work : logits) + (long)r * V;
+	unsigned long long *out = keys + (long)r * SAMPLE_CAP;
+	for (int i0 = 0; i0 < n; i0 += blockDim.x) {  // whole warps: the ballot takes every lane
+		int i = i0 + threadIdx.x;
+		float v = i < n ? z[lo + i] : -INF;
+		bool is = v > -INF && key_bin(v) >= sbin;
+		unsigned bal = __ballot_sync(0xffffffffu, is);
+		if (!bal)
+			continue;
+		int lane = threadIdx.x & 31, lead = __ffs(bal) - 1;
+		unsigned base = 0;
+		if (lane == lead) base = atomicAdd(&plan[r].gathered, (unsigned)__popc(bal));
+		base = __shfl_sync(0xffffffffu, base, lead);
+		unsigned slot = base + __popc(bal & ((1u << lane) - 1));
+		if (is && slot < SAMPLE_CAP) out[slot] = sort_key(v, lo + i);
+	}
+}
+
+// sample_rows draws a row's token: among its candidates, sorted here, or
+// over the whole row with radix selects; and lists its top
+// log-probabilities.
+extern "C" __global__ void __launch_bounds__(1024, 1) sample_rows(const float *logits, int V, const SampleArgs *args, const float *work,
+		const SamplePlan *plan, const unsigned long long *keys, int *outTok, float *outLp, int *topTok, float *topLp, int maxTop) {
+	__shared__ float red[33];
+	__shared__ unsigned long long ckeys[SAMPLE_CAP];
+	// The candidates' cumulative probabilities, or select_desc's histogram.
+	__shared__ float cum[SAMPLE_CAP];
+	__shared__ unsigned long long skey;
+	__shared__ float srem;
+	__shared__ int sfirst;
+	int r = blockIdx.x;
+	SampleArgs a = args[r];
+	SamplePlan pl = plan[r];
+	const float *z = (penalised(a) ? work : logits) + (long)r * V;
+	int topK = a.topK > 0 && a.topK < V ? a.topK : 0;
+	float mx = pl.mx, logZ = pl.logZ, it = a.temperature > 0.f ? 1.f / a.temperature : 0.f;
+	int tok = pl.tok, sbin = pl.sbin, n = pl.sn;
+	bool cands = sbin >= 0;
 	if (cands) {
 		// Bitonic sort, descending, padded to a power of two with keys below
 		// any logit's.
 		int N2 = 2;
 		while (N2 < n) N2 <<= 1;
-		for (int j = n + threadIdx.x; j < N2; j += blockDim.x) ckeys[j] = 0;
+		for (int j = threadIdx.x; j < N2; j += blockDim.x) ckeys[j] = j < n ? keys[(long)r * SAMPLE_CAP + j] : 0ull;
 		__syncthreads();
 		for (int k = 2; k <= N2; k <<= 1)
 			for (int j = k >> 1; j > 0; j >>= 1) {
@@ -319,11 +371,10 @@ extern "C" __global__ void __launch_bounds__(1024, 1) sample_rows(const float *l
 		// candidates hold every token the filters could keep.
 		int nk = topK > 0 ? min(topK, n) : n;
 		bool full = topK > 0 || sbin == 0;
-		float *cum = (float *)hist;
 		int t2 = 2 * threadIdx.x;
 		float p0 = t2 < nk ? __expf((key_value(ckeys[t2]) - mx) * it) : 0.f;
 		float p1 = t2 + 1 < nk ? __expf((key_value(ckeys[t2 + 1]) - mx) * it) : 0.f;
-		float ex = block_scan(p0 + p1, red), total = full ? red[32] : sT;
+		float ex = block_scan(p0 + p1, red), total = full ? red[32] : pl.sT;
 		cum[t2] = ex + p0;
 		cum[t2 + 1] = ex + p0 + p1;
 		__syncthreads();
@@ -349,7 +400,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1) sample_rows(const float *l
 		// among them.
 		bool alone = !known && a.minP <= 0.f && !(a.topP > 0.f && a.topP < 1.f);
 		if (known || alone) {
-			float mass = known ? cum[keep - 1] : sT, target = a.uniform * mass;
+			float mass = known ? cum[keep - 1] : pl.sT, target = a.uniform * mass;
 			int j = first_where(keep, [&](int j) { return cum[j] > target; }, &sfirst);
 			if (j < keep || known) {
 				tok = key_index(ckeys[min(j, keep - 1)]);  // rounding left the target past the end: the last kept
@@ -359,7 +410,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1) sample_rows(const float *l
 		__syncthreads();
 	}
 	if (a.temperature > 0.f && !drawn) {
-		float *h = (float *)hist;
+		float *h = cum;
 		// Candidates are the keys >= floor; each filter raises floor (top-p's
 		// mass is renormalised over the top-k candidates, before min-p).
 		unsigned long long floor = 0;
@@ -433,7 +484,7 @@ extern "C" __global__ void feed_tokens(int *tokens, const int *fed, int T, const
 // argmax_rows is sample_rows for rows that ask only for the largest logit
 // (greedy, no penalties, bias, mask or log-probabilities): one block of
 // sample_rows reads a row of 151,936 logits at a multiprocessor's share of
-// the bandwidth (14.5 us on an H200), so here ARGMAX_CHUNK logits a block,
+// the bandwidth (14.5 us on an H200), so here ROW_CHUNK logits a block,
 // and the last of a row's blocks to finish merges their partials in order.
 // The same token as sample_rows: the first index of the largest value.
 extern "C" __global__ void __launch_bounds__(256) argmax_rows(const float *logits, int V, float *partV, int *partI,
@@ -443,7 +494,7 @@ extern "C" __global__ void __launch_bounds__(256) argmax_rows(const float *logit
 	__shared__ bool last;
 	int r = blockIdx.y, c = blockIdx.x, nc = gridDim.x;
 	const float *z = logits + (long)r * V;
-	int lo = c * ARGMAX_CHUNK, hi = min(V, lo + ARGMAX_CHUNK);
+	int lo = c * ROW_CHUNK, hi = min(V, lo + ROW_CHUNK);
 	float bv = -INF;
 	int bi = V;
 	for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
