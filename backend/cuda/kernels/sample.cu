@@ -105,35 +105,47 @@ __device__ int first_where(int n, P pred, int *s) {
 	return r;
 }
 
+#define SEL_HISTS 16  // select_desc's histograms: a pair of warps each
+
 // select_desc walks the elements with key >= floor in descending key order,
 // weighing element i by wt(i), and returns the key of the element at which
 // the running sum first exceeds target (radix select, 8 bits per pass).
+// Each pair of warps adds to its own histogram (hist: SEL_HISTS of 256),
+// summed into tot: in the first passes most keys share a bin, where one
+// histogram for the block serialized all 32 warps' adds.
 template <typename Wt>
 __device__ unsigned long long select_desc(const float *z, int V, unsigned long long floor, float target, Wt wt,
-		float *hist, unsigned long long *shared_key, float *shared_rem) {
+		float *hist, float *tot, unsigned long long *shared_key, float *shared_rem) {
 	unsigned long long prefix = 0, mask = 0;
+	float *mine = hist + 256 * ((threadIdx.x >> 6) % SEL_HISTS);
 	if (threadIdx.x == 0) *shared_rem = target;
 	for (int shift = 56; shift >= 0; shift -= 8) {
-		for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0.f;
+		for (int b = threadIdx.x; b < 256 * SEL_HISTS; b += blockDim.x) hist[b] = 0.f;
 		__syncthreads();
 		for (int i = threadIdx.x; i < V; i += blockDim.x) {
 			unsigned long long k = sort_key(z[i], i);
-			if (k >= floor && (k & mask) == prefix) atomicAdd(&hist[(k >> shift) & 255], wt(i));
+			if (k >= floor && (k & mask) == prefix) atomicAdd(&mine[(k >> shift) & 255], wt(i));
+		}
+		__syncthreads();
+		for (int b = threadIdx.x; b < 256; b += blockDim.x) {
+			float t = 0.f;
+			for (int h = 0; h < SEL_HISTS; h++) t += hist[256 * h + b];
+			tot[b] = t;
 		}
 		__syncthreads();
 		if (threadIdx.x == 0) {
 			float rem = *shared_rem, run = 0.f;
 			int chosen = -1, last = -1;
 			for (int b = 255; b >= 0; b--) {
-				if (hist[b] <= 0.f) continue;
+				if (tot[b] <= 0.f) continue;
 				last = b;
-				if (run + hist[b] > rem) { chosen = b; break; }
-				run += hist[b];
+				if (run + tot[b] > rem) { chosen = b; break; }
+				run += tot[b];
 			}
 			if (chosen < 0) {  // rounding left the target past the end: take the last element
 				chosen = last < 0 ? 0 : last;
-				run -= last < 0 ? 0.f : hist[last];
-				rem = run + (last < 0 ? 0.f : hist[last]) * 0.5f;
+				run -= last < 0 ? 0.f : tot[last];
+				rem = run + (last < 0 ? 0.f : tot[last]) * 0.5f;
 			}
 			*shared_rem = rem - run;
 			*shared_key = prefix | ((unsigned long long)chosen << shift);
@@ -333,8 +345,9 @@ extern "C" __global__ void __launch_bounds__(1024, 1) sample_rows(const float *l
 		const SamplePlan *plan, const unsigned long long *keys, int *outTok, float *outLp, int *topTok, float *topLp, int maxTop) {
 	__shared__ float red[33];
 	__shared__ unsigned long long ckeys[SAMPLE_CAP];
-	// The candidates' cumulative probabilities, or select_desc's histogram.
+	// The candidates' cumulative probabilities, or select_desc's sums by bin.
 	__shared__ float cum[SAMPLE_CAP];
+	__shared__ float whist[SEL_HISTS * 256];
 	__shared__ unsigned long long skey;
 	__shared__ float srem;
 	__shared__ int sfirst;
@@ -410,19 +423,18 @@ extern "C" __global__ void __launch_bounds__(1024, 1) sample_rows(const float *l
 		__syncthreads();
 	}
 	if (a.temperature > 0.f && !drawn) {
-		float *h = cum;
 		// Candidates are the keys >= floor; each filter raises floor (top-p's
 		// mass is renormalised over the top-k candidates, before min-p).
 		unsigned long long floor = 0;
 		if (topK > 0)
-			floor = select_desc(z, V, floor, (float)(topK - 1) + 0.5f, [](int) { return 1.f; }, h, &skey, &srem);
+			floor = select_desc(z, V, floor, (float)(topK - 1) + 0.5f, [](int) { return 1.f; }, whist, cum, &skey, &srem);
 		auto prob = [&](int i) { return __expf((z[i] - mx) * it); };
 		if (a.topP > 0.f && a.topP < 1.f) {
 			float s = 0.f;
 			for (int i = threadIdx.x; i < V; i += blockDim.x)
 				if (sort_key(z[i], i) >= floor) s += prob(i);
 			s = block_sum(s, red);
-			floor = select_desc(z, V, floor, a.topP * s, prob, h, &skey, &srem);
+			floor = select_desc(z, V, floor, a.topP * s, prob, whist, cum, &skey, &srem);
 		}
 		if (a.minP > 0.f) {
 			float zmin = mx + a.temperature * __logf(a.minP);
@@ -433,7 +445,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1) sample_rows(const float *l
 		for (int i = threadIdx.x; i < V; i += blockDim.x)
 			if (sort_key(z[i], i) >= floor) s += prob(i);
 		s = block_sum(s, red);
-		tok = key_index(select_desc(z, V, floor, a.uniform * s, prob, h, &skey, &srem));
+		tok = key_index(select_desc(z, V, floor, a.uniform * s, prob, whist, cum, &skey, &srem));
 	}
 	if (threadIdx.x == 0) {
 		outTok[r] = tok;
