@@ -128,7 +128,7 @@ type Backend struct {
 	sampled     devptr
 	sampledRows int
 	// argmax: greedy rows that ask for nothing else go to argmax_rows
-	// (KILN_CUDA_ARGMAX=0: to sample_rows, as all rows did before).
+	// (KILN_CUDA_ARGMAX=0: through the sampler's three kernels, as others).
 	argmax bool
 	// hostBufs are the page-locked buffers HostBuffer gave out.
 	hostBufs []hostBuf

@@ -768,14 +768,15 @@ func TestSample(t *testing.T) {
 	}
 }
 
-// Greedy sampling takes the first of tied maxima, in the four-at-a-time
-// scan (a vocabulary that is a multiple of four) and the scalar one.
+// Greedy sampling takes the first of tied maxima, within a block and
+// across a row's chunks, in both greedy paths.
 func TestArgmaxTies(t *testing.T) {
 	p := newPair(t, 11)
 	defer func(on bool) { p.g.argmax = on }(p.g.argmax)
-	// Greedy rows that ask for nothing else go to argmax_rows (many blocks a
-	// row), the others to sample_rows (one): both take the first index of
-	// the largest value, across threads and argmax_rows' chunks.
+	// Greedy rows that ask for nothing else go to argmax_rows, the others
+	// (here KILN_CUDA_ARGMAX=0's way) to sample_scan, whose merge takes
+	// the largest logit: both take the first index of the largest value,
+	// across threads and chunks.
 	for _, argmax := range []bool{true, false} {
 		p.g.argmax = argmax
 		for _, V := range []int{151936, 1001, 2*rowChunk + 1} {

@@ -493,12 +493,11 @@ extern "C" __global__ void feed_tokens(int *tokens, const int *fed, int T, const
 		tokens[t] = sampled[fed[t]];
 }
 
-// argmax_rows is sample_rows for rows that ask only for the largest logit
-// (greedy, no penalties, bias, mask or log-probabilities): one block of
-// sample_rows reads a row of 151,936 logits at a multiprocessor's share of
-// the bandwidth (14.5 us on an H200), so here ROW_CHUNK logits a block,
-// and the last of a row's blocks to finish merges their partials in order.
-// The same token as sample_rows: the first index of the largest value.
+// argmax_rows is the sampler for rows that ask only for the largest logit
+// (greedy, no penalties, bias, mask or log-probabilities): sample_scan's
+// merge alone, ROW_CHUNK logits a block, the last of a row's blocks to
+// finish merging their partials in order. The same token as the sampler's:
+// the first index of the largest value.
 extern "C" __global__ void __launch_bounds__(256) argmax_rows(const float *logits, int V, float *partV, int *partI,
 		unsigned *arrived, int *outTok) {
 	__shared__ float bestv[8];
