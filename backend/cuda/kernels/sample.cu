@@ -111,22 +111,52 @@ __device__ int first_where(int n, P pred, int *s) {
 // weighing element i by wt(i), and returns the key of the element at which
 // the running sum first exceeds target (radix select, 8 bits per pass).
 // Each pair of warps adds to its own histogram (hist: SEL_HISTS of 256),
-// summed into tot: in the first passes most keys share a bin, where one
-// histogram for the block serialized all 32 warps' adds.
+// summed into tot, and a warp whose elements fall in one or two bins adds
+// their sums: in the first passes most keys share a bin, where one
+// histogram for the block, a lane's add each, serialized the adds. Once a
+// pass over the index's bits finds the value's element alone (no tie), it
+// is the answer.
 template <typename Wt>
 __device__ unsigned long long select_desc(const float *z, int V, unsigned long long floor, float target, Wt wt,
-		float *hist, float *tot, unsigned long long *shared_key, float *shared_rem) {
+		float *hist, float *tot, unsigned long long *shared_key, float *shared_rem, int *shared_n) {
 	unsigned long long prefix = 0, mask = 0;
 	float *mine = hist + 256 * ((threadIdx.x >> 6) % SEL_HISTS);
+	int lane = threadIdx.x & 31;
 	if (threadIdx.x == 0) *shared_rem = target;
 	for (int shift = 56; shift >= 0; shift -= 8) {
 		for (int b = threadIdx.x; b < 256 * SEL_HISTS; b += blockDim.x) hist[b] = 0.f;
+		if (threadIdx.x == 0) *shared_n = 0;
 		__syncthreads();
-		for (int i = threadIdx.x; i < V; i += blockDim.x) {
-			unsigned long long k = sort_key(z[i], i);
-			if (k >= floor && (k & mask) == prefix) atomicAdd(&mine[(k >> shift) & 255], wt(i));
+		for (int i0 = 0; i0 < V; i0 += blockDim.x) {  // whole warps: the ballots take every lane
+			int i = i0 + threadIdx.x;
+			unsigned long long k = i < V ? sort_key(z[i], i) : 0ull;
+			bool in = i < V && k >= floor && (k & mask) == prefix;
+			if (!__any_sync(0xffffffffu, in)) continue;
+			int bin = in ? (int)((k >> shift) & 255) : -1;
+			float w = in ? wt(i) : 0.f;
+			if (shift < 32 && in) {  // the value's elements: one unless tied
+				atomicAdd(shared_n, 1);
+				*shared_key = k;
+			}
+			unsigned same = __match_any_sync(0xffffffffu, bin);
+			unsigned leads = __ballot_sync(0xffffffffu, in && __ffs(same) - 1 == lane);
+			if (__popc(leads) > 2) {
+				if (in) atomicAdd(&mine[bin], w);
+				continue;
+			}
+			while (leads) {
+				int l = __ffs(leads) - 1, b = __shfl_sync(0xffffffffu, bin, l);
+				leads &= leads - 1;
+				float t = warp_sum(bin == b ? w : 0.f);
+				if (lane == l) atomicAdd(&mine[b], t);
+			}
 		}
 		__syncthreads();
+		if (shift < 32 && *shared_n == 1) {
+			unsigned long long k = *shared_key;
+			__syncthreads();
+			return k;
+		}
 		for (int b = threadIdx.x; b < 256; b += blockDim.x) {
 			float t = 0.f;
 			for (int h = 0; h < SEL_HISTS; h++) t += hist[256 * h + b];
@@ -427,14 +457,14 @@ extern "C" __global__ void __launch_bounds__(1024, 1) sample_rows(const float *l
 		// mass is renormalised over the top-k candidates, before min-p).
 		unsigned long long floor = 0;
 		if (topK > 0)
-			floor = select_desc(z, V, floor, (float)(topK - 1) + 0.5f, [](int) { return 1.f; }, whist, cum, &skey, &srem);
+			floor = select_desc(z, V, floor, (float)(topK - 1) + 0.5f, [](int) { return 1.f; }, whist, cum, &skey, &srem, &sfirst);
 		auto prob = [&](int i) { return __expf((z[i] - mx) * it); };
 		if (a.topP > 0.f && a.topP < 1.f) {
 			float s = 0.f;
 			for (int i = threadIdx.x; i < V; i += blockDim.x)
 				if (sort_key(z[i], i) >= floor) s += prob(i);
 			s = block_sum(s, red);
-			floor = select_desc(z, V, floor, a.topP * s, prob, whist, cum, &skey, &srem);
+			floor = select_desc(z, V, floor, a.topP * s, prob, whist, cum, &skey, &srem, &sfirst);
 		}
 		if (a.minP > 0.f) {
 			float zmin = mx + a.temperature * __logf(a.minP);
@@ -445,7 +475,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1) sample_rows(const float *l
 		for (int i = threadIdx.x; i < V; i += blockDim.x)
 			if (sort_key(z[i], i) >= floor) s += prob(i);
 		s = block_sum(s, red);
-		tok = key_index(select_desc(z, V, floor, a.uniform * s, prob, whist, cum, &skey, &srem));
+		tok = key_index(select_desc(z, V, floor, a.uniform * s, prob, whist, cum, &skey, &srem, &sfirst));
 	}
 	if (threadIdx.x == 0) {
 		outTok[r] = tok;
