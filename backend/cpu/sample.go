@@ -5,6 +5,7 @@ import (
 	"math"
 	mathbits "math/bits"
 	"slices"
+	"sort"
 
 	"github.com/kiln-llm/kiln/backend"
 )
@@ -116,8 +117,12 @@ func SampleRow(logits []float32, p *backend.SampleParams) backend.Sampled {
 	return res
 }
 
-// penalise returns a copy of logits with penalties, bias and mask applied.
+// penalise returns a copy of logits with penalties, bias and mask applied,
+// or logits itself when there are none.
 func penalise(logits []float32, p *backend.SampleParams) []float32 {
+	if len(p.Counts) == 0 && len(p.Bias) == 0 && p.Mask == nil {
+		return logits
+	}
 	l := slices.Clone(logits)
 	rp := p.RepetitionPenalty
 	for _, c := range p.Counts {
@@ -200,15 +205,20 @@ func logSumExp(l []float32) float64 {
 func draw(l []float32, p *backend.SampleParams) int32 {
 	inv := 1 / p.Temperature
 	// Masked tokens cannot be drawn: they are left out from the start.
-	cands := make([]cand, 0, len(l))
-	for i, v := range l {
-		if backend.Allowed(p.Mask, int32(i)) {
-			cands = append(cands, cand{tok: int32(i), logit: v * inv})
+	var cands []cand
+	if k := p.TopK; k > 0 && k <= topKDirect {
+		cands = topCands(l, p.Mask, inv, k)
+	} else {
+		cands = make([]cand, 0, len(l))
+		for i, v := range l {
+			if backend.Allowed(p.Mask, int32(i)) {
+				cands = append(cands, cand{tok: int32(i), logit: v * inv})
+			}
 		}
-	}
-	if k := p.TopK; k > 0 && k < len(cands) {
-		partialSelect(cands, k, cand.before)
-		cands = cands[:k]
+		if k > 0 && k < len(cands) {
+			partialSelect(cands, k, cand.before)
+			cands = cands[:k]
+		}
 	}
 	// Probabilities relative to the largest (1 for it).
 	m := cands[0].logit
@@ -256,6 +266,31 @@ func draw(l []float32, p *backend.SampleParams) int32 {
 		}
 	}
 	return last.tok
+}
+
+// topKDirect is the largest top-k that topCands takes in one pass over the
+// row; a larger one selects among every allowed token.
+const topKDirect = 256
+
+// topCands returns the first k of the allowed tokens of l in candidate
+// order (fewer when fewer are allowed), sorted: one pass over the row,
+// keeping the best k so far, which most tokens do not enter (top-k 20 or
+// 40, as chat requests ask, costs a comparison a token).
+func topCands(l []float32, mask []uint64, inv float32, k int) []cand {
+	top := make([]cand, 0, k)
+	for i, v := range l {
+		c := cand{tok: int32(i), logit: v * inv}
+		if len(top) == k && !c.before(top[k-1]) || !backend.Allowed(mask, int32(i)) {
+			continue
+		}
+		j := sort.Search(len(top), func(j int) bool { return c.before(top[j]) })
+		if len(top) < k {
+			top = append(top, cand{})
+		}
+		copy(top[j+1:], top[j:])
+		top[j] = c
+	}
+	return top
 }
 
 // cand is a token drawn among, its logit over the temperature and its

@@ -146,7 +146,7 @@ func refDist(logits []float32, p *backend.SampleParams) []float64 {
 }
 
 // TestSampleDrawLarge: on rows of 20,000 logits whose kept prefix runs to
-// thousands of tokens (flat rows, rows of ties), each draw is the token
+// thousands of tokens (flat rows, rows of ties), and after top-k, each draw is the token
 // the rules give for its Uniform, walked in sorted order (refDist); only a
 // draw on a rounding boundary of the two sums may differ.
 func TestSampleDrawLarge(t *testing.T) {
@@ -167,6 +167,12 @@ func TestSampleDrawLarge(t *testing.T) {
 			{Temperature: 1.2, MinP: 0.001},
 			{Temperature: 1, TopK: 3000, TopP: 0.9},
 			{Temperature: 0.9, TopP: 0.99, MinP: 0.0005, Mask: everyThird(V)},
+			// Top-k in one pass over the row (topCands): ties at the k-th
+			// place, a mask, fewer tokens allowed than k.
+			{Temperature: 0.7, TopK: 20},
+			{Temperature: 0.8, TopK: 40, MinP: 0.05},
+			{Temperature: 1, TopK: topKDirect, TopP: 0.9, Mask: everyThird(V)},
+			{Temperature: 1, TopK: 20, Mask: backend.NewMask(V, func(t int32) bool { return t%2000 == 5 })},
 		} {
 			want := refDist(row.l, &p)
 			rank := make([]int, V)
