@@ -229,25 +229,31 @@ func (b *Backend) expert(out, xs []float32, H int, tokens []int32, wts []float32
 // NaN counts as smallest.
 func topK(p []float32, idx []int) {
 	k := len(idx)
-	n := 0
-	for i, v := range p {
-		if math.IsNaN(float64(v)) {
-			v = float32(math.Inf(-1))
-		}
-		// Insertion into the sorted prefix: strictly greater moves ahead, so ties keep index order.
-		if n == k && !(v > val(p, idx[k-1])) {
-			continue
-		}
-		j := min(n, k-1)
-		for j > 0 && v > val(p, idx[j-1]) {
-			idx[j] = idx[j-1]
-			j--
-		}
-		idx[j] = i
-		if n < k {
-			n++
+	greater := func(a, b int) bool { return val(p, a) > val(p, b) } // strictly: ties keep index order
+	best := idx[:0]
+	for i := range p {
+		if len(best) < k || greater(i, best[k-1]) {
+			best = insertBest(best, k, i, greater)
 		}
 	}
+}
+
+// insertBest puts x into best, sorted by before and at most k long, where
+// it belongs, dropping best's last when full (x must then come before it):
+// a step of a top-k in one pass, in which most values do not enter.
+func insertBest[E any](best []E, k int, x E, before func(a, b E) bool) []E {
+	j := len(best)
+	if j < k {
+		best = append(best, x)
+	} else {
+		j = k - 1
+	}
+	for j > 0 && before(x, best[j-1]) {
+		best[j] = best[j-1]
+		j--
+	}
+	best[j] = x
+	return best
 }
 
 func val(p []float32, i int) float32 {

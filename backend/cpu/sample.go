@@ -5,7 +5,6 @@ import (
 	"math"
 	mathbits "math/bits"
 	"slices"
-	"sort"
 
 	"github.com/kiln-llm/kiln/backend"
 )
@@ -280,15 +279,9 @@ func topCands(l []float32, mask []uint64, inv float32, k int) []cand {
 	top := make([]cand, 0, k)
 	for i, v := range l {
 		c := cand{tok: int32(i), logit: v * inv}
-		if len(top) == k && !c.before(top[k-1]) || !backend.Allowed(mask, int32(i)) {
-			continue
+		if (len(top) < k || c.before(top[k-1])) && backend.Allowed(mask, int32(i)) {
+			top = insertBest(top, k, c, cand.before)
 		}
-		j := sort.Search(len(top), func(j int) bool { return c.before(top[j]) })
-		if len(top) < k {
-			top = append(top, cand{})
-		}
-		copy(top[j+1:], top[j:])
-		top[j] = c
 	}
 	return top
 }
