@@ -3,6 +3,7 @@ package cpu
 import (
 	"fmt"
 	"math"
+	"sort"
 
 	"github.com/kiln-llm/kiln/backend"
 )
@@ -242,16 +243,11 @@ func topK(p []float32, idx []int) {
 // it belongs, dropping best's last when full (x must then come before it):
 // a step of a top-k in one pass, in which most values do not enter.
 func insertBest[E any](best []E, k int, x E, before func(a, b E) bool) []E {
-	j := len(best)
-	if j < k {
+	j := sort.Search(len(best), func(j int) bool { return before(x, best[j]) })
+	if len(best) < k {
 		best = append(best, x)
-	} else {
-		j = k - 1
 	}
-	for j > 0 && before(x, best[j-1]) {
-		best[j] = best[j-1]
-		j--
-	}
+	copy(best[j+1:], best[j:])
 	best[j] = x
 	return best
 }

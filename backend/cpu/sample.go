@@ -203,6 +203,11 @@ func logSumExp(l []float32) float64 {
 // of the vocabulary costs no more than a peaked one.
 func draw(l []float32, p *backend.SampleParams) int32 {
 	inv := 1 / p.Temperature
+	if p.TopK <= 0 {
+		if tok, ok := drawTop(l, p, inv); ok {
+			return tok
+		}
+	}
 	// Masked tokens cannot be drawn: they are left out from the start.
 	var cands []cand
 	if k := p.TopK; k > 0 && k <= topKDirect {
@@ -284,6 +289,86 @@ func topCands(l []float32, mask []uint64, inv float32, k int) []cand {
 		}
 	}
 	return top
+}
+
+// drawTop is draw without top-k, among the row's topKDirect largest
+// tokens: it reports false when what the filters keep, or the draw, lies
+// past them. A row of a trained model usually holds most of its mass
+// there, so that temperature alone, top-p or min-p cost two passes over
+// the row (the largest tokens, the total mass) instead of a selection
+// among all of its tokens; on a flat row the second pass stops as soon as
+// its running total shows that they do not.
+func drawTop(l []float32, p *backend.SampleParams, inv float32) (int32, bool) {
+	top := topCands(l, p.Mask, inv, topKDirect)
+	m := top[0].logit
+	if math.IsInf(float64(m), -1) {
+		return 0, false // no token weighs anything: draw's rules decide
+	}
+	prob := func(c cand) float64 { return math.Exp(float64(c.logit - m)) }
+	cum := make([]float64, len(top))
+	var c float64
+	for j, x := range top {
+		c += prob(x)
+		cum[j] = c
+	}
+	// n: the kept tokens are top[:n] when known; top holds every allowed
+	// token when it holds fewer than it could.
+	n, known := len(top), len(top) < topKDirect
+	if p.MinP > 0 {
+		keep := 0
+		for keep < len(top) && prob(top[keep]) >= float64(p.MinP) {
+			keep++
+		}
+		if keep < len(top) || known {
+			n, known = max(keep, 1), true
+		}
+	}
+	topP := p.TopP > 0 && p.TopP < 1
+	// The total mass past which the answer is certainly not among top.
+	bound := math.Inf(1)
+	switch {
+	case known:
+	case topP:
+		bound = cum[len(top)-1] / float64(p.TopP)
+	case p.MinP > 0:
+		return 0, false
+	default:
+		bound = cum[len(top)-1] / float64(p.Uniform)
+	}
+	var total float64
+	for i0 := 0; i0 < len(l); i0 += 4096 {
+		for i, v := range l[i0:min(i0+4096, len(l))] {
+			if backend.Allowed(p.Mask, int32(i0+i)) {
+				total += math.Exp(float64(v*inv - m))
+			}
+		}
+		if total >= bound {
+			return 0, false
+		}
+	}
+	if topP {
+		j := 0
+		for j < len(top) && cum[j]/total < float64(p.TopP) {
+			j++
+		}
+		if j < len(top) {
+			n, known = min(n, j+1), true
+		}
+	}
+	mass := total // temperature alone: the whole row's
+	if known {
+		mass = cum[n-1]
+	} else if topP || p.MinP > 0 {
+		return 0, false
+	}
+	r := float64(p.Uniform) * mass
+	for j := range n {
+		if cum[j] > r {
+			return top[j].tok, true
+		}
+	}
+	// Rounding left r at the very end of a known prefix: its last token.
+	return top[n-1].tok, known
 }
 
 // cand is a token drawn among, its logit over the temperature and its

@@ -146,7 +146,8 @@ func refDist(logits []float32, p *backend.SampleParams) []float64 {
 }
 
 // TestSampleDrawLarge: on rows of 20,000 logits whose kept prefix runs to
-// thousands of tokens (flat rows, rows of ties), and after top-k, each draw is the token
+// thousands of tokens (flat rows, rows of ties) or to a few (peaked), and
+// after top-k, each draw is the token
 // the rules give for its Uniform, walked in sorted order (refDist); only a
 // draw on a rounding boundary of the two sums may differ.
 func TestSampleDrawLarge(t *testing.T) {
@@ -157,16 +158,24 @@ func TestSampleDrawLarge(t *testing.T) {
 	for i := range ties {
 		ties[i] = float32(math.Round(float64(ties[i])*2) / 2)
 	}
+	// Peaked: 64 tokens 0.1 apart from 20 down over a flat row hold nearly
+	// all the mass, where draw takes top-p, min-p and temperature alone
+	// among the largest few hundred (drawTop).
+	peaked := toF32(randVec(r, V, 1))
+	for j := range 64 {
+		peaked[(j*7919)%V] = 20 - 0.1*float32(j)
+	}
 	for _, row := range []struct {
 		name string
 		l    []float32
-	}{{"flat", flat}, {"ties", ties}} {
+	}{{"flat", flat}, {"ties", ties}, {"peaked", peaked}} {
 		for i, p := range []backend.SampleParams{
 			{Temperature: 1},
 			{Temperature: 0.8, TopP: 0.95},
 			{Temperature: 1.2, MinP: 0.001},
 			{Temperature: 1, TopK: 3000, TopP: 0.9},
 			{Temperature: 0.9, TopP: 0.99, MinP: 0.0005, Mask: everyThird(V)},
+			{Temperature: 1.5, TopP: 0.5, MinP: 0.01},
 			// Top-k in one pass over the row (topCands): ties at the k-th
 			// place, a mask, fewer tokens allowed than k.
 			{Temperature: 0.7, TopK: 20},
