@@ -197,8 +197,10 @@ func logSumExp(l []float32) float64 {
 // The filters keep a prefix of the candidates in decreasing order (top-k
 // the first k, top-p the shortest whose mass reaches p of the total, min-p
 // those at least min-p times the largest), and the token is the first of
-// that prefix whose cumulative mass passes Uniform of the prefix's. Each
-// is found by selecting on mass (massSelect), in time linear in the
+// that prefix whose cumulative mass passes Uniform of the prefix's. A
+// top-k up to topKDirect is taken in one pass (topCands); without top-k
+// the 256 largest tokens are tried first (drawTop). Otherwise each is
+// found by selecting on mass (massSelect), in time linear in the
 // vocabulary, without sorting it: a flat row whose top-p prefix holds most
 // of the vocabulary costs no more than a peaked one.
 func draw(l []float32, p *backend.SampleParams) int32 {
