@@ -126,37 +126,40 @@ func benchMatMul(b *testing.B, dt backend.DType, o, k, n int) {
 
 // BenchmarkAttention is one attention layer of Qwen3-0.6B's shape (16 heads,
 // 8 kv heads, head dim 128): a 512-token prefill chunk and a single decoded
-// token after 8K tokens of context, and a follow-up turn's 100 tokens after
-// 850.
+// token after 8K tokens of context, a follow-up turn's 100 tokens after
+// 850, and a decoded token after 160 (the CPU decode bar's context); each
+// with a bf16 and an f32 (the CPU's default) cache.
 func BenchmarkAttention(b *testing.B) {
-	for _, c := range []struct{ ctx, n int }{{8192, 512}, {8192, 1}, {850, 100}} {
-		ctx, n := c.ctx, c.n
-		b.Run(fmt.Sprintf("ctx%d/new=%d", ctx, n), func(b *testing.B) {
-			be := New(Options{})
-			spec := attnSpec(16, 8, 128, 128, false, false)
-			const bs = 16
-			kv, err := be.NewKVCache(backend.KVSpec{Layers: 1, Blocks: (ctx + n + bs - 1) / bs, BlockSize: bs, KVHeads: 8, HeadDim: 128, DType: backend.BF16})
-			if err != nil {
-				b.Fatal(err)
-			}
-			blocks := make([]int32, (ctx+n+bs-1)/bs)
-			for i := range blocks {
-				blocks[i] = int32(i)
-			}
-			r := newRand(3)
-			ones := make([]float64, 128)
-			for i := range ones {
-				ones[i] = 1
-			}
-			w := backend.AttnWeights{QNorm: tensorF32(be, ones, 128), KNorm: tensorF32(be, ones, 128)}
-			qkv := tensorF32(be, randVec(r, n*spec.QKVWidth(), 1), n, spec.QKVWidth())
-			out := be.Alloc(backend.F32, n, 16*128)
-			be.Begin(&backend.Batch{Tokens: make([]int32, n), Seqs: []backend.SeqInfo{{Pos: ctx, N: n, Blocks: blocks}}})
-			b.ResetTimer()
-			for range b.N {
-				be.Attention(out, qkv, w, &spec, kv, 0)
-			}
-		})
+	for _, c := range []struct{ ctx, n int }{{8192, 512}, {8192, 1}, {850, 100}, {160, 1}} {
+		for _, kvdt := range []backend.DType{backend.BF16, backend.F32} {
+			ctx, n := c.ctx, c.n
+			b.Run(fmt.Sprintf("ctx%d/new=%d/%v", ctx, n, kvdt), func(b *testing.B) {
+				be := New(Options{})
+				spec := attnSpec(16, 8, 128, 128, false, false)
+				const bs = 16
+				kv, err := be.NewKVCache(backend.KVSpec{Layers: 1, Blocks: (ctx + n + bs - 1) / bs, BlockSize: bs, KVHeads: 8, HeadDim: 128, DType: kvdt})
+				if err != nil {
+					b.Fatal(err)
+				}
+				blocks := make([]int32, (ctx+n+bs-1)/bs)
+				for i := range blocks {
+					blocks[i] = int32(i)
+				}
+				r := newRand(3)
+				ones := make([]float64, 128)
+				for i := range ones {
+					ones[i] = 1
+				}
+				w := backend.AttnWeights{QNorm: tensorF32(be, ones, 128), KNorm: tensorF32(be, ones, 128)}
+				qkv := tensorF32(be, randVec(r, n*spec.QKVWidth(), 1), n, spec.QKVWidth())
+				out := be.Alloc(backend.F32, n, 16*128)
+				be.Begin(&backend.Batch{Tokens: make([]int32, n), Seqs: []backend.SeqInfo{{Pos: ctx, N: n, Blocks: blocks}}})
+				b.ResetTimer()
+				for range b.N {
+					be.Attention(out, qkv, w, &spec, kv, 0)
+				}
+			})
+		}
 	}
 }
 

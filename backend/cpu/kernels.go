@@ -16,6 +16,10 @@ var (
 	scaleAxpy = scaleAxpyGo
 	expShift  = expShiftGo
 
+	sumSquares = sumSquaresGo
+	scaleMul   = scaleMulGo
+	siluMulRow = siluMulGo
+
 	dotRowsF32   = dotRowsGo[float32]
 	dotRowsBF16  = dotRowsGo[uint16]
 	axpyRowsF32  = axpyRowsGo[float32]
@@ -137,6 +141,31 @@ func expShiftGo(x []float32, m float32) float32 {
 		sum += x[i]
 	}
 	return sum
+}
+
+// sumSquaresGo returns the sum of x[i]^2 in float64.
+func sumSquaresGo(x []float32) float64 {
+	var ss float64
+	for _, v := range x {
+		ss += float64(v) * float64(v)
+	}
+	return ss
+}
+
+// scaleMulGo sets dst[i] = x[i] * s * w[i] (len(dst), len(w) >= len(x)).
+func scaleMulGo(dst, x, w []float32, s float32) {
+	dst, w = dst[:len(x)], w[:len(x)]
+	for i, v := range x {
+		dst[i] = v * s * w[i]
+	}
+}
+
+// siluMulGo sets out[i] = silu(g[i]) * u[i] (len(g), len(u) >= len(out)).
+func siluMulGo(out, g, u []float32) {
+	g, u = g[:len(out)], u[:len(out)]
+	for i := range out {
+		out[i] = silu(g[i]) * u[i]
+	}
 }
 
 // axpyBF16Go adds a*x to y for bf16 x (len(x) >= len(y)).

@@ -32,6 +32,15 @@ func axpybf16AVX(y *float32, x *uint16, a float32, n int)
 func expShiftAVX(x *float32, n int, m float32) float32
 
 //go:noescape
+func sumSquaresAVX(x *float32, n int) float64
+
+//go:noescape
+func scaleMulAVX(dst, x, w *float32, s float32, n int)
+
+//go:noescape
+func siluMulAVX(out, gate, up *float32, n int)
+
+//go:noescape
 func scaleAxpyAVX(y, x *float32, b, a float32, n int)
 
 //go:noescape
@@ -189,6 +198,35 @@ func scaleAxpyF32AVX(y []float32, b, a float32, x []float32) {
 	}
 }
 
+func sumSquaresF32AVX(x []float32) float64 {
+	n16 := len(x) &^ 15
+	var ss float64
+	if n16 > 0 {
+		ss = sumSquaresAVX(unsafe.SliceData(x), n16)
+	}
+	return ss + sumSquaresGo(x[n16:])
+}
+
+func scaleMulF32AVX(dst, x, w []float32, s float32) {
+	n := len(x)
+	dst, w = dst[:n], w[:n]
+	n8 := n &^ 7
+	if n8 > 0 {
+		scaleMulAVX(unsafe.SliceData(dst), unsafe.SliceData(x), unsafe.SliceData(w), s, n8)
+	}
+	scaleMulGo(dst[n8:], x[n8:], w[n8:], s)
+}
+
+func siluMulF32AVX(out, g, u []float32) {
+	n := len(out)
+	g, u = g[:n], u[:n]
+	n8 := n &^ 7
+	if n8 > 0 {
+		siluMulAVX(unsafe.SliceData(out), unsafe.SliceData(g), unsafe.SliceData(u), n8)
+	}
+	siluMulGo(out[n8:], g[n8:], u[n8:])
+}
+
 func expShiftF32AVX(x []float32, m float32) float32 {
 	n8 := len(x) &^ 7
 	var sum float32
@@ -229,6 +267,7 @@ func asmKernels() (func(), bool) {
 		dotRowsF32, dotRowsBF16 = dotRowsAsm[float32], dotRowsAsm[uint16]
 		axpyRowsF32, axpyRowsBF16 = axpyRowsAsm[float32], axpyRowsAsm[uint16]
 		scaleAxpy, expShift = scaleAxpyF32AVX, expShiftF32AVX
+		sumSquares, scaleMul, siluMulRow = sumSquaresF32AVX, scaleMulF32AVX, siluMulF32AVX
 		quantizeRow, intDotKernels = quantizeRowAsm, true
 		dotQ8_0, dotQ8_0x4 = quantKernel(dotQ8_0AVX, backend.Q8_0), quantKernel4(dotQ8_0x4AVX, backend.Q8_0)
 		dotQ4K, dotQ4Kx4 = quantKernel(dotQ4KAVX, backend.Q4_K), quantKernel4(dotQ4Kx4AVX, backend.Q4_K)

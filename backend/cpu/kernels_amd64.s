@@ -299,8 +299,18 @@ abdone:
 	VZEROUPPER
 	RET
 
+// HSUM4 reduces the 8 lanes of each of ymm registers A, B, C and D (the sums
+// of four rows) to the four lanes of A's xmm X, in that order, using T.
+#define HSUM4(A, B, C, D, X, T) \
+	VHADDPS      B, A, A;  \
+	VHADDPS      D, C, C;  \
+	VHADDPS      C, A, A;  \
+	VEXTRACTF128 $1, A, T; \
+	VADDPS       T, X, X
+
 // func dotRowsF32AVX(q *float32, k *float32, stride uintptr, rows int, hd int, out *float32)
 // out[r] = q . k[r*stride/4 : +hd] for r < rows; hd is a multiple of 16.
+// Four rows at a time share each load of q and one reduction.
 TEXT ·dotRowsF32AVX(SB), NOSPLIT, $0-48
 	MOVQ q+0(FP), SI
 	MOVQ k+8(FP), DI
@@ -308,6 +318,50 @@ TEXT ·dotRowsF32AVX(SB), NOSPLIT, $0-48
 	MOVQ rows+24(FP), R8
 	MOVQ hd+32(FP), CX
 	MOVQ out+40(FP), R9
+
+frow4:
+	CMPQ   R8, $4
+	JLT    frow
+	LEAQ   (DI)(DX*1), R10
+	LEAQ   (R10)(DX*1), R11
+	LEAQ   (R11)(DX*1), R12
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	XORQ   AX, AX
+
+finner4:
+	CMPQ        AX, CX
+	JGE         fsum4
+	VMOVUPS     (SI)(AX*4), Y8
+	VMOVUPS     32(SI)(AX*4), Y9
+	VFMADD231PS (DI)(AX*4), Y8, Y0
+	VFMADD231PS 32(DI)(AX*4), Y9, Y1
+	VFMADD231PS (R10)(AX*4), Y8, Y2
+	VFMADD231PS 32(R10)(AX*4), Y9, Y3
+	VFMADD231PS (R11)(AX*4), Y8, Y4
+	VFMADD231PS 32(R11)(AX*4), Y9, Y5
+	VFMADD231PS (R12)(AX*4), Y8, Y6
+	VFMADD231PS 32(R12)(AX*4), Y9, Y7
+	ADDQ        $16, AX
+	JMP         finner4
+
+fsum4:
+	VADDPS  Y1, Y0, Y0
+	VADDPS  Y3, Y2, Y2
+	VADDPS  Y5, Y4, Y4
+	VADDPS  Y7, Y6, Y6
+	HSUM4(Y0, Y2, Y4, Y6, X0, X1)
+	VMOVUPS X0, (R9)
+	ADDQ    $16, R9
+	LEAQ    (R12)(DX*1), DI
+	SUBQ    $4, R8
+	JMP     frow4
 
 frow:
 	TESTQ R8, R8
@@ -348,6 +402,58 @@ TEXT ·dotRowsBF16AVX(SB), NOSPLIT, $0-48
 	MOVQ rows+24(FP), R8
 	MOVQ hd+32(FP), CX
 	MOVQ out+40(FP), R9
+
+hrow4:
+	CMPQ   R8, $4
+	JLT    hrow
+	LEAQ   (DI)(DX*1), R10
+	LEAQ   (R10)(DX*1), R11
+	LEAQ   (R11)(DX*1), R12
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	XORQ   AX, AX
+
+hinner4:
+	CMPQ        AX, CX
+	JGE         hsum4
+	VMOVUPS     (SI)(AX*4), Y8
+	VMOVUPS     32(SI)(AX*4), Y9
+	BF16((DI)(AX*2), Y10)
+	BF16(16(DI)(AX*2), Y11)
+	BF16((R10)(AX*2), Y12)
+	BF16(16(R10)(AX*2), Y13)
+	VFMADD231PS Y10, Y8, Y0
+	VFMADD231PS Y11, Y9, Y1
+	VFMADD231PS Y12, Y8, Y2
+	VFMADD231PS Y13, Y9, Y3
+	BF16((R11)(AX*2), Y10)
+	BF16(16(R11)(AX*2), Y11)
+	BF16((R12)(AX*2), Y12)
+	BF16(16(R12)(AX*2), Y13)
+	VFMADD231PS Y10, Y8, Y4
+	VFMADD231PS Y11, Y9, Y5
+	VFMADD231PS Y12, Y8, Y6
+	VFMADD231PS Y13, Y9, Y7
+	ADDQ        $16, AX
+	JMP         hinner4
+
+hsum4:
+	VADDPS  Y1, Y0, Y0
+	VADDPS  Y3, Y2, Y2
+	VADDPS  Y5, Y4, Y4
+	VADDPS  Y7, Y6, Y6
+	HSUM4(Y0, Y2, Y4, Y6, X0, X1)
+	VMOVUPS X0, (R9)
+	ADDQ    $16, R9
+	LEAQ    (R12)(DX*1), DI
+	SUBQ    $4, R8
+	JMP     hrow4
 
 hrow:
 	TESTQ R8, R8
@@ -632,5 +738,135 @@ eloop:
 edone:
 	HSUM(Y9, X9, X0)
 	VMOVSS X9, ret+24(FP)
+	VZEROUPPER
+	RET
+
+// func sumSquaresAVX(x *float32, n int) float64
+// Returns sum x[i]^2 in float64 (the squares are exact there); n is a
+// multiple of 16.
+TEXT ·sumSquaresAVX(SB), NOSPLIT, $0-24
+	MOVQ   x+0(FP), SI
+	MOVQ   n+8(FP), CX
+	VXORPD Y0, Y0, Y0
+	VXORPD Y1, Y1, Y1
+	VXORPD Y2, Y2, Y2
+	VXORPD Y3, Y3, Y3
+	XORQ   AX, AX
+
+sqloop:
+	CMPQ        AX, CX
+	JGE         sqdone
+	VCVTPS2PD   (SI)(AX*4), Y4
+	VCVTPS2PD   16(SI)(AX*4), Y5
+	VCVTPS2PD   32(SI)(AX*4), Y6
+	VCVTPS2PD   48(SI)(AX*4), Y7
+	VFMADD231PD Y4, Y4, Y0
+	VFMADD231PD Y5, Y5, Y1
+	VFMADD231PD Y6, Y6, Y2
+	VFMADD231PD Y7, Y7, Y3
+	ADDQ        $16, AX
+	JMP         sqloop
+
+sqdone:
+	VADDPD       Y1, Y0, Y0
+	VADDPD       Y3, Y2, Y2
+	VADDPD       Y2, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VADDPD       X1, X0, X0
+	VHADDPD      X0, X0, X0
+	VMOVSD       X0, ret+16(FP)
+	VZEROUPPER
+	RET
+
+// func scaleMulAVX(dst, x, w *float32, s float32, n int)
+// dst[i] = x[i] * s * w[i], rounded after each product as the Go loop is;
+// n is a multiple of 8.
+TEXT ·scaleMulAVX(SB), NOSPLIT, $0-40
+	MOVQ         dst+0(FP), DI
+	MOVQ         x+8(FP), SI
+	MOVQ         w+16(FP), DX
+	VBROADCASTSS s+24(FP), Y15
+	MOVQ         n+32(FP), CX
+	XORQ         AX, AX
+
+smloop:
+	CMPQ    AX, CX
+	JGE     smdone
+	VMOVUPS (SI)(AX*4), Y0
+	VMULPS  Y15, Y0, Y0
+	VMULPS  (DX)(AX*4), Y0, Y0
+	VMOVUPS Y0, (DI)(AX*4)
+	ADDQ    $8, AX
+	JMP     smloop
+
+smdone:
+	VZEROUPPER
+	RET
+
+// CONST broadcasts the float32 with bits V into ymm register R.
+#define CONST(V, R) \
+	MOVL         V, AX; \
+	VMOVD        AX, X0; \
+	VBROADCASTSS X0, R
+
+// func siluMulAVX(out, gate, up *float32, n int)
+// out[i] = silu(gate[i]) * up[i], silu(x) = x / (1 + exp(-x)) with exp as
+// expShiftAVX computes it (its argument clamped to [-87.3, 88]); n is a
+// multiple of 8.
+TEXT ·siluMulAVX(SB), NOSPLIT, $0-32
+	CONST($0xc2ae999a, Y15) // -87.3
+	CONST($0x42b00000, Y14) // 88
+	CONST($0x3fb8aa3b, Y13) // log2(e)
+	CONST($0x3f318000, Y12) // 0.693359375
+	CONST($0x395e8083, Y11) // 2.12194440e-4
+	CONST($0x3f800000, Y10) // 1
+	CONST($0x39506967, Y9)  // 1.9875691500e-4
+	CONST($0x3ab743ce, Y8)  // 1.3981999507e-3
+	CONST($0x3c088908, Y7)  // 8.3334519073e-3
+	CONST($0x3d2aa9c1, Y6)  // 4.1665795894e-2
+	CONST($0x3e2aaaaa, Y5)  // 1.6666665459e-1
+	MOVQ out+0(FP), DI
+	MOVQ gate+8(FP), SI
+	MOVQ up+16(FP), DX
+	MOVQ n+24(FP), CX
+	XORQ AX, AX
+
+siloop:
+	CMPQ         AX, CX
+	JGE          sidone
+	VMOVUPS      (SI)(AX*4), Y4      // g
+	VXORPS       Y0, Y0, Y0
+	VSUBPS       Y4, Y0, Y0          // v = -g
+	VMAXPS       Y15, Y0, Y0
+	VMINPS       Y14, Y0, Y0
+	VMULPS       Y13, Y0, Y1
+	VROUNDPS     $0, Y1, Y1          // n = round(v / ln2)
+	VFNMADD231PS Y12, Y1, Y0         // r = v - n*C1
+	VFMADD231PS  Y11, Y1, Y0         // r += n*C2
+	VMOVAPS      Y9, Y2
+	VFMADD213PS  Y8, Y0, Y2          // p = p*r + c
+	VFMADD213PS  Y7, Y0, Y2
+	VFMADD213PS  Y6, Y0, Y2
+	VFMADD213PS  Y5, Y0, Y2
+	MOVL         $0x3f000000, BX     // 5.0000001201e-1
+	VMOVD        BX, X3
+	VBROADCASTSS X3, Y3
+	VFMADD213PS  Y3, Y0, Y2
+	VMULPS       Y0, Y0, Y3          // r*r
+	VADDPS       Y10, Y0, Y0         // r + 1
+	VFMADD231PS  Y3, Y2, Y0          // e = p*r*r + r + 1
+	VCVTPS2DQ    Y1, Y1
+	VPSLLD       $23, Y1, Y1
+	VPADDD       Y10, Y1, Y1         // 2^n: n added to the exponent of 1.0
+	VMULPS       Y1, Y0, Y0          // exp(-g)
+	VADDPS       Y10, Y0, Y0
+	VDIVPS       Y0, Y10, Y0         // sigmoid(g) = 1 / (1 + exp(-g))
+	VMULPS       Y4, Y0, Y0          // silu(g)
+	VMULPS       (DX)(AX*4), Y0, Y0
+	VMOVUPS      Y0, (DI)(AX*4)
+	ADDQ         $8, AX
+	JMP          siloop
+
+sidone:
 	VZEROUPPER
 	RET

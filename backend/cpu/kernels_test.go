@@ -14,6 +14,7 @@ func kernelSets() map[string]func() {
 		dotF32, dotBF16, dot4xBF16, axpy, axpyBF16, gemm6x16 = dotF32Go, dotBF16Go, dot4xBF16Go, axpyGo, axpyBF16Go, gemm6x16Go
 		dotRowsF32, dotRowsBF16, axpyRowsF32, axpyRowsBF16 = dotRowsGo[float32], dotRowsGo[uint16], axpyRowsGo[float32], axpyRowsGo[uint16]
 		scaleAxpy, expShift = scaleAxpyGo, expShiftGo
+		sumSquares, scaleMul, siluMulRow = sumSquaresGo, scaleMulGo, siluMulGo
 		quantizeRow, dotQ8_0, dotQ4K, dotQ6K, dotFP8 = quantizeRowGo, dotQ8_0Go, dotQ4KGo, dotQ6KGo, dotFP8Go
 		dotQ8_0x4, dotQ4Kx4, dotQ6Kx4, dotFP8x4 = dotQx4Go(dotQ8_0Go), dotQx4Go(dotQ4KGo), dotQx4Go(dotQ6KGo), dotFP8x4Go
 		dotQ5K, dotQ5Kx4, dotMXFP4, dotMXFP4x4 = dotQ5KGo, dotQx4Go(dotQ5KGo), dotMXFP4Go, dotQx4Go(dotMXFP4Go)
@@ -89,6 +90,32 @@ func TestKernels(t *testing.T) {
 			compare(t, fmt.Sprintf("%s expShift n=%d", name, n), ex, wantExp, 1e-6)
 			compare(t, fmt.Sprintf("%s expShift sum n=%d", name, n), []float32{gotSum}, []float64{wantSum}, 1e-6)
 
+			sq := toF32(randVec(r, n, 3))
+			var wantSq float64
+			for _, v := range sq {
+				wantSq += float64(v) * float64(v)
+			}
+			compare(t, fmt.Sprintf("%s sumSquares n=%d", name, n), []float32{float32(sumSquares(sq))}, []float64{wantSq}, 1e-6)
+			w := toF32(randVec(r, n, 1))
+			got := make([]float32, n)
+			scaleMul(got, sq, w, 0.3)
+			for i := range got {
+				if want := sq[i] * 0.3 * w[i]; got[i] != want {
+					t.Fatalf("%s scaleMul n=%d: [%d] = %g, want %g", name, n, i, got[i], want)
+				}
+			}
+			g, u := toF32(randVec(r, n, 6)), toF32(randVec(r, n, 1))
+			if n > 2 {
+				g[0], g[1], g[2] = -100, 100, 0 // exp(-g) past float32's range, and past the clamp
+			}
+			wantSilu := make([]float64, n)
+			for i := range n {
+				x := float64(g[i])
+				wantSilu[i] = x / (1 + math.Exp(-x)) * float64(u[i])
+			}
+			siluMulRow(got, g, u)
+			compare(t, fmt.Sprintf("%s siluMulRow n=%d", name, n), got, wantSilu, 1e-6)
+
 			a, b := randVec(r, 6*(n+3), 1), randVec(r, 16*n, 1)
 			var c [96]float32
 			gemm6x16(toF32(a), n+3, toF32(b), n, &c)
@@ -103,7 +130,7 @@ func TestKernels(t *testing.T) {
 			compare(t, fmt.Sprintf("%s gemm6x16 k=%d", name, n), c[:], wantC, tol)
 		}
 		for _, hd := range []int{8, 16, 32, 64, 128} {
-			for _, rows := range []int{1, 2, 5} {
+			for _, rows := range []int{1, 2, 4, 5, 9, 16} {
 				const stride = 300
 				q, kv := randVec(r, hd, 1), randVec(r, (rows-1)*stride+hd, 1)
 				kb := make([]uint16, len(kv))
@@ -148,7 +175,9 @@ func saveKernels() func() {
 	m, n, o, p, q := quantizeRow, dotQ8_0, dotQ4K, dotQ6K, dotFP8
 	r, u, v, x, y := dotQ8_0x4, dotQ4Kx4, dotQ6Kx4, dotFP8x4, intDotKernels
 	z1, z2, z3, z4 := dotQ5K, dotQ5Kx4, dotMXFP4, dotMXFP4x4
+	z5, z6, z7 := sumSquares, scaleMul, siluMulRow
 	return func() {
+		sumSquares, scaleMul, siluMulRow = z5, z6, z7
 		dotF32, dotBF16, dot4xBF16, axpy, axpyBF16, gemm6x16 = a, b, c, d, e, f
 		dotRowsF32, dotRowsBF16, axpyRowsF32, axpyRowsBF16, scaleAxpy, expShift = g, h, i, j, k, l
 		quantizeRow, dotQ8_0, dotQ4K, dotQ6K, dotFP8 = m, n, o, p, q

@@ -38,11 +38,7 @@ func (b *Backend) embed(out, table backend.Tensor, first int, share bool) {
 
 // rmsScale returns 1/sqrt(mean(x^2) + eps), summing in float64.
 func rmsScale(x []float32, eps float32) float32 {
-	var ss float64
-	for _, v := range x {
-		ss += float64(v) * float64(v)
-	}
-	return float32(1 / math.Sqrt(ss/float64(len(x))+float64(eps)))
+	return float32(1 / math.Sqrt(sumSquares(x)/float64(len(x))+float64(eps)))
 }
 
 // normWeights returns w as float32, with 1 added when unitOffset.
@@ -63,10 +59,7 @@ func normWeights(w backend.Tensor, n int, unitOffset bool) []float32 {
 
 // rmsNormRow writes dst = x * rsqrt(mean(x^2)+eps) * w; dst may alias x.
 func rmsNormRow(dst, x, w []float32, eps float32) {
-	s := rmsScale(x, eps)
-	for i, v := range x {
-		dst[i] = v * s * w[i]
-	}
+	scaleMul(dst, x, w, rmsScale(x, eps))
 }
 
 // RMSNorm normalises each row of x; out may alias x.
@@ -159,10 +152,7 @@ func (b *Backend) swiglu(out, xs []float32, n int, gateUp, down weights, accumul
 func siluMul(p *pool, out, gu []float32, n, in int) {
 	p.For(n, max(1, 8192/max(in, 1)), func(lo, hi int) {
 		for r := lo; r < hi; r++ {
-			g, u, o := gu[2*r*in:(2*r+1)*in], gu[(2*r+1)*in:(2*r+2)*in], out[r*in:(r+1)*in]
-			for i := range o {
-				o[i] = silu(g[i]) * u[i]
-			}
+			siluMulRow(out[r*in:(r+1)*in], gu[2*r*in:(2*r+1)*in], gu[(2*r+1)*in:(2*r+2)*in])
 		}
 	})
 }
