@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"sync"
 
 	"github.com/kiln-llm/kiln/backend"
 )
@@ -175,6 +176,35 @@ func ropeTables(r *backend.Rope, pos int, cos, sin []float32) {
 	}
 }
 
+// ropeKey identifies a RoPE's tables: the layers of a model share their
+// frequencies.
+type ropeKey struct {
+	freq   *float32
+	half   int
+	factor float32
+}
+
+// stepRope returns the step's tables for r, each token's cos and sin
+// ([T, half] each), made by the first layer of the step that asks for them
+// (every layer of a decode step rotates the same positions).
+func (b *Backend) stepRope(r *backend.Rope) (cos, sin []float32) {
+	st := &b.step
+	half := len(r.InvFreq)
+	key := ropeKey{half: half, factor: r.AttnFactor}
+	if half > 0 {
+		key.freq = &r.InvFreq[0]
+	}
+	T := len(st.tokPos)
+	if !st.ropeMade || st.rope != key {
+		st.ropeCos, st.ropeSin = grow(&st.ropeCos, T*half), grow(&st.ropeSin, T*half)
+		for t, pos := range st.tokPos {
+			ropeTables(r, int(pos), st.ropeCos[t*half:(t+1)*half], st.ropeSin[t*half:(t+1)*half])
+		}
+		st.rope, st.ropeMade = key, true
+	}
+	return st.ropeCos[:T*half], st.ropeSin[:T*half]
+}
+
 // cacheOf returns kvc as this backend's cache after checking layer and
 // the step's block tables against it.
 func (b *Backend) cacheOf(what string, kvc backend.KVCache, layer int) *kvCache {
@@ -199,14 +229,15 @@ func (b *Backend) cacheOf(what string, kvc backend.KVCache, layer int) *kvCache 
 	return c
 }
 
-// call returns what the parts of an attention over layer share, for H
-// query heads q [T, H, hd] and the output o.
-func (c *kvCache) call(layer, H int, scale float32, q, o []float32) *attnCall {
+// call sets a to what the parts of an attention over layer share, for H
+// query heads q [T, H, hd] and the output o, and returns it.
+func (c *kvCache) call(a *attnCall, layer, H int, scale float32, q, o []float32) *attnCall {
 	KH := c.spec.KVHeads
 	if H <= 0 || H%KH != 0 {
 		panic(fmt.Sprintf("cpu: attention: %d query heads for %d kv heads", H, KH))
 	}
-	return &attnCall{H: H, KH: KH, G: H / KH, hd: c.spec.HeadDim, bs: c.spec.BlockSize, scale: scale, q: q, o: o, kp: c.k[layer], vp: c.v[layer]}
+	*a = attnCall{H: H, KH: KH, G: H / KH, hd: c.spec.HeadDim, bs: c.spec.BlockSize, scale: scale, q: q, o: o, kp: c.k[layer], vp: c.v[layer]}
+	return a
 }
 
 // RoPE rotates each head of x by its token's position; see
@@ -219,12 +250,11 @@ func (b *Backend) RoPE(x backend.Tensor, headDim int, r *backend.Rope) {
 		panic(fmt.Sprintf("cpu: rope of %v: %d tokens, head dim %d, %d frequencies", xt, b.numTokens(), headDim, half))
 	}
 	xs := xt.out32()
+	cos, sin := b.stepRope(r)
 	b.pool.For(T, 1, func(lo, hi int) {
-		cos, sin := make([]float32, half), make([]float32, half)
 		for t := lo; t < hi; t++ {
-			ropeTables(r, int(b.step.tokPos[t]), cos, sin)
 			for h := t * W; h < (t+1)*W; h += headDim {
-				ropeRow(xs[h:h+headDim], cos, sin)
+				ropeRow(xs[h:h+headDim], cos[t*half:(t+1)*half], sin[t*half:(t+1)*half])
 			}
 		}
 	})
@@ -270,7 +300,7 @@ func (b *Backend) Attend(out, q backend.Tensor, kvc backend.KVCache, layer int, 
 		panic(fmt.Sprintf("cpu: attend: q %v for %d tokens of heads of %d", qt, b.numTokens(), hd))
 	}
 	checkShape("attend out", ot, T, W)
-	b.attend(c.call(layer, W/hd, scale, qt.f32(), ot.out32()))
+	b.attend(c.call(&b.attn, layer, W/hd, scale, qt.f32(), ot.out32()))
 }
 
 // attend computes every token of the step: long prefills through the
@@ -331,7 +361,6 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 	}
 	qn := normWeights(w.QNorm, hd, spec.UnitOffsetNorm)
 	kn := normWeights(w.KNorm, hd, spec.UnitOffsetNorm)
-	st := &b.step
 	x := qt.f32()
 	o := ot.out32()
 	qStride := hd
@@ -340,13 +369,12 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 	}
 	kOff, vOff := H*qStride, H*qStride+KH*hd
 	// Queries (normed, rotated) go to a scratch buffer; keys and values into the cache.
-	q := make([]float32, T*H*hd)
-	k := make([]float32, T*KH*hd)
+	q, k := grow(&b.attnQ, T*H*hd), grow(&b.attnK, T*KH*hd)
+	half := rd / 2
+	cosT, sinT := b.stepRope(&spec.Rope)
 	b.pool.For(T, 1, func(lo, hi int) {
-		half := rd / 2
-		cos, sin := make([]float32, half), make([]float32, half)
 		for t := lo; t < hi; t++ {
-			ropeTables(&spec.Rope, int(st.tokPos[t]), cos, sin)
+			cos, sin := cosT[t*half:(t+1)*half], sinT[t*half:(t+1)*half]
 			row := x[t*width : (t+1)*width]
 			for h := range H {
 				qh := q[(t*H+h)*hd : (t*H+h+1)*hd]
@@ -361,7 +389,7 @@ func (b *Backend) Attention(out, qkv backend.Tensor, w backend.AttnWeights, spec
 		}
 	})
 	b.storeKV(c, layer, k, KH*hd, x[vOff:], width)
-	b.attend(c.call(layer, H, spec.Scale, q, o))
+	b.attend(c.call(&b.attn, layer, H, spec.Scale, q, o))
 	if spec.Gated {
 		b.pool.For(T, 1, func(lo, hi int) {
 			for t := lo; t < hi; t++ {
@@ -387,6 +415,21 @@ func (a *attnCall) slot(s *backend.SeqInfo, pos, kh int) int {
 	return ((int(s.Blocks[pos/a.bs])*a.bs+pos%a.bs)*a.KH + kh) * a.hd
 }
 
+// attnPart is positions [j0, j1) of token t's attention (attendDirect).
+type attnPart struct{ t, j0, j1 int }
+
+// directScratch is attendDirect's, kept for the next call: a decode step
+// allocating afresh every layer has the garbage collector return pages to
+// the system and fault them back in.
+type directScratch struct {
+	parts      []attnPart
+	first      []int
+	stats, acc []float32
+}
+
+// scoresPool holds attendDirect tasks' score rows.
+var scoresPool = sync.Pool{New: func() any { return new([]float32) }}
+
 // decodeSpan is the number of positions one task of attendDirect covers
 // (rounded to whole cache blocks); a variable for tests.
 var decodeSpan = 256
@@ -401,21 +444,22 @@ func (b *Backend) attendDirect(a *attnCall, tokens []int32) {
 	st := &b.step
 	H, hd := a.H, a.hd
 	span := max(1, decodeSpan/a.bs) * a.bs
-	type part struct{ t, j0, j1 int }
-	var parts []part
-	first := make([]int, len(tokens)+1) // parts of tokens[i]: first[i]..first[i+1]
-	for i, t := range tokens {
-		first[i] = len(parts)
+	ws := &b.direct
+	parts := ws.parts[:0]
+	first := ws.first[:0] // parts of tokens[i]: first[i]..first[i+1]
+	for _, t := range tokens {
+		first = append(first, len(parts))
 		n := int(st.tokPos[t]) + 1
 		for j0 := 0; j0 < n; j0 += span {
-			parts = append(parts, part{int(t), j0, min(j0+span, n)})
+			parts = append(parts, attnPart{int(t), j0, min(j0+span, n)})
 		}
 	}
-	first[len(tokens)] = len(parts)
+	first = append(first, len(parts))
+	ws.parts, ws.first = parts, first
 	// Per part and head: the max score, the sum of exp(score - max), and
 	// the values weighted by exp(score - max).
-	stats := make([]float32, len(parts)*H*2)
-	acc := make([]float32, len(parts)*H*hd)
+	stats := grow(&ws.stats, len(parts)*H*2)
+	acc := grow(&ws.acc, len(parts)*H*hd)
 	// Too few parts to keep every thread busy (a short decode) are split
 	// further by kv heads, which write disjoint heads of the part's stats.
 	groups := 1
@@ -424,7 +468,9 @@ func (b *Backend) attendDirect(a *attnCall, tokens []int32) {
 	}
 	per := (a.KH + groups - 1) / groups
 	b.pool.For(len(parts)*groups, 1, func(lo, hi int) {
-		scores := make([]float32, H*span)
+		buf := scoresPool.Get().(*[]float32)
+		defer scoresPool.Put(buf)
+		scores := grow(buf, H*span)
 		for i := lo; i < hi; i++ {
 			p, kh0 := parts[i/groups], i%groups*per
 			if kh0 >= a.KH {

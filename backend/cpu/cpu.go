@@ -44,9 +44,12 @@ type Options struct {
 type Backend struct {
 	pool *pool
 	step step
-	// kpack and vpack are Attention's packed keys and values, kept to be
-	// reused by the next call.
-	kpack, vpack []float32
+	// kpack and vpack are Attention's packed keys and values, attnQ and
+	// attnK its normed and rotated queries and keys, kept to be reused by
+	// the next call; attn and direct what its parts share.
+	kpack, vpack, attnQ, attnK []float32
+	attn                       attnCall
+	direct                     directScratch
 	// mlpBuf holds the products and activations of a SwiGLU block;
 	// expertBuf an expert's gathered rows, then its outputs; normBuf the
 	// normalised rows of a NormedProducts product.
@@ -332,6 +335,10 @@ type step struct {
 	// tokSeq and tokPos give each token's sequence and absolute position.
 	tokSeq []int32
 	tokPos []int32
+	// ropeCos and ropeSin are stepRope's tables for rope, when ropeMade.
+	rope             ropeKey
+	ropeMade         bool
+	ropeCos, ropeSin []float32
 }
 
 // Begin copies the metadata of a forward step; it panics on an inconsistent
@@ -351,6 +358,7 @@ func (b *Backend) Begin(bt *backend.Batch) {
 	s.seqStart = s.seqStart[:0]
 	s.tokSeq = s.tokSeq[:0]
 	s.tokPos = s.tokPos[:0]
+	s.ropeMade = false
 	start := 0
 	for i, q := range bt.Seqs {
 		if q.N < 0 || q.Pos < 0 {
