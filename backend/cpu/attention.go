@@ -136,6 +136,26 @@ func (p kvPool) dotRows(q []float32, off, stride int, out []float32) {
 	}
 }
 
+// dot2Rows sets out0[r] = scale * q0 . row(off + r*stride) and out1[r] =
+// scale * q1 . row(off + r*stride) for r < len(out0), q0 and q1 q's halves.
+func (p kvPool) dot2Rows(q []float32, off, stride int, scale float32, out0, out1 []float32) {
+	if p.f32 != nil {
+		dot2RowsF32(q, p.f32[off:], stride, scale, out0, out1)
+	} else {
+		dot2RowsBF16(q, p.b16[off:], stride, scale, out0, out1)
+	}
+}
+
+// axpy2Rows adds sum_r w0[r] * row(off + r*stride) to acc's first half
+// and sum_r w1[r] * row(off + r*stride) to its second, r < len(w0).
+func (p kvPool) axpy2Rows(acc, w0, w1 []float32, off, stride int) {
+	if p.f32 != nil {
+		axpy2RowsF32(acc, w0, w1, p.f32[off:], stride)
+	} else {
+		axpy2RowsBF16(acc, w0, w1, p.b16[off:], stride)
+	}
+}
+
 // axpyRows adds sum_r w[r] * row(off + r*stride) to acc.
 func (p kvPool) axpyRows(acc, w []float32, off, stride int) {
 	if p.f32 != nil {
@@ -512,22 +532,31 @@ func (a *attnCall) attendSpan(s *backend.SeqInfo, t, j0, j1, kh0, kh1 int, score
 	G, H, KH, hd, bs := a.G, a.H, a.KH, a.hd, a.bs
 	n := j1 - j0
 	stride := KH * hd
+	// Query heads go in pairs, which read each key and value once (G is
+	// even in every Qwen model); an odd one out goes alone.
 	for b0 := j0; b0 < j1; b0 += bs { // j0 is block-aligned
 		rows := min(bs, j1-b0)
 		for kh := kh0; kh < kh1; kh++ {
 			off := a.slot(s, b0, kh)
-			for g := range G {
+			for g := 0; g < G; g += 2 {
 				h := kh*G + g
-				a.kp.dotRows(a.q[(t*H+h)*hd:(t*H+h+1)*hd], off, stride, scores[h*n+b0-j0:h*n+b0-j0+rows])
+				sc := scores[h*n+b0-j0 : h*n+b0-j0+rows]
+				if g+1 < G {
+					a.kp.dot2Rows(a.q[(t*H+h)*hd:(t*H+h+2)*hd], off, stride, a.scale, sc, scores[(h+1)*n+b0-j0:])
+					continue
+				}
+				a.kp.dotRows(a.q[(t*H+h)*hd:(t*H+h+1)*hd], off, stride, sc)
+				for j := range sc {
+					sc[j] *= a.scale
+				}
 			}
 		}
 	}
 	for h := kh0 * G; h < kh1*G; h++ {
 		row := scores[h*n : (h+1)*n]
 		m := float32(math.Inf(-1))
-		for j := range row {
-			row[j] *= a.scale
-			m = max(m, row[j])
+		for _, v := range row {
+			m = max(m, v)
 		}
 		stats[2*h], stats[2*h+1] = m, expShift(row, m)
 	}
@@ -536,9 +565,14 @@ func (a *attnCall) attendSpan(s *backend.SeqInfo, t, j0, j1, kh0, kh1 int, score
 		rows := min(bs, j1-b0)
 		for kh := kh0; kh < kh1; kh++ {
 			off := a.slot(s, b0, kh)
-			for g := range G {
+			for g := 0; g < G; g += 2 {
 				h := kh*G + g
-				a.vp.axpyRows(acc[h*hd:(h+1)*hd], scores[h*n+b0-j0:h*n+b0-j0+rows], off, stride)
+				p := scores[h*n+b0-j0 : h*n+b0-j0+rows]
+				if g+1 < G {
+					a.vp.axpy2Rows(acc[h*hd:(h+2)*hd], p, scores[(h+1)*n+b0-j0:], off, stride)
+					continue
+				}
+				a.vp.axpyRows(acc[h*hd:(h+1)*hd], p, off, stride)
 			}
 		}
 	}

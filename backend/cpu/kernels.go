@@ -25,6 +25,12 @@ var (
 	axpyRowsF32  = axpyRowsGo[float32]
 	axpyRowsBF16 = axpyRowsGo[uint16]
 
+	// Two query heads of a kv head at once (attention).
+	dot2RowsF32   = dot2RowsGo[float32]
+	dot2RowsBF16  = dot2RowsGo[uint16]
+	axpy2RowsF32  = axpy2RowsGo[float32]
+	axpy2RowsBF16 = axpy2RowsGo[uint16]
+
 	// Quantized weights (quant.go).
 	quantizeRow = quantizeRowGo
 	dotQ8_0     = dotQ8_0Go
@@ -66,6 +72,27 @@ func axpyRowsGo[E float32 | uint16](acc, p []float32, v []E, stride int) {
 			axpyBF16(acc, pr, row)
 		}
 	}
+}
+
+// dot2RowsGo sets, for r < len(out0), out0[r] = scale * q0 . k_r and
+// out1[r] = scale * q1 . k_r, where q0 and q1 are the halves of q and k_r
+// = k[r*stride:]: two query heads against one kv head's keys.
+func dot2RowsGo[E float32 | uint16](q []float32, k []E, stride int, scale float32, out0, out1 []float32) {
+	hd := len(q) / 2
+	dotRowsGo(q[:hd], k, stride, out0)
+	dotRowsGo(q[hd:], k, stride, out1[:len(out0)])
+	for r := range out0 {
+		out0[r] *= scale
+		out1[r] *= scale
+	}
+}
+
+// axpy2RowsGo adds sum_r p0[r] * v_r to acc's first half and sum_r p1[r]
+// * v_r to its second, v_r = v[r*stride:]: two query heads' weighted values.
+func axpy2RowsGo[E float32 | uint16](acc, p0, p1 []float32, v []E, stride int) {
+	hd := len(acc) / 2
+	axpyRowsGo(acc[:hd], p0, v, stride)
+	axpyRowsGo(acc[hd:], p1[:len(p0)], v, stride)
 }
 
 // dotF32Go returns x . w (len(w) >= len(x)).

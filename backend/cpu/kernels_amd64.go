@@ -2,6 +2,7 @@ package cpu
 
 import (
 	"fmt"
+	"runtime"
 	"unsafe"
 
 	"github.com/kiln-llm/kiln/backend"
@@ -48,6 +49,18 @@ func dotRowsF32AVX(q *float32, k *float32, stride uintptr, rows int, hd int, out
 
 //go:noescape
 func dotRowsBF16AVX(q *float32, k *uint16, stride uintptr, rows int, hd int, out *float32)
+
+//go:noescape
+func dot2RowsF32AVX(q *float32, k *float32, stride uintptr, rows int, hd int, scale float32, out *float32, ostride uintptr)
+
+//go:noescape
+func dot2RowsBF16AVX(q *float32, k *uint16, stride uintptr, rows int, hd int, scale float32, out *float32, ostride uintptr)
+
+//go:noescape
+func axpy2RowsF32AVX(acc *float32, p *float32, pstride uintptr, v *float32, stride uintptr, rows int, hd int)
+
+//go:noescape
+func axpy2RowsBF16AVX(acc *float32, p *float32, pstride uintptr, v *uint16, stride uintptr, rows int, hd int)
 
 //go:noescape
 func axpyRowsF32AVX(acc *float32, p *float32, v *float32, stride uintptr, rows int, hd int)
@@ -266,6 +279,8 @@ func asmKernels() (func(), bool) {
 		axpy, axpyBF16, gemm6x16 = axpyF32AVX, axpyBF16AVX, gemm6x16Asm
 		dotRowsF32, dotRowsBF16 = dotRowsAsm[float32], dotRowsAsm[uint16]
 		axpyRowsF32, axpyRowsBF16 = axpyRowsAsm[float32], axpyRowsAsm[uint16]
+		dot2RowsF32, dot2RowsBF16 = dot2RowsAsm[float32], dot2RowsAsm[uint16]
+		axpy2RowsF32, axpy2RowsBF16 = axpy2RowsAsm[float32], axpy2RowsAsm[uint16]
 		scaleAxpy, expShift = scaleAxpyF32AVX, expShiftF32AVX
 		sumSquares, scaleMul, siluMulRow = sumSquaresF32AVX, scaleMulF32AVX, siluMulF32AVX
 		quantizeRow, intDotKernels = quantizeRowAsm, true
@@ -310,6 +325,48 @@ func axpyRowsAsm[E float32 | uint16](acc, p []float32, v []E, stride int) {
 	case []uint16:
 		axpyRowsBF16AVX(unsafe.SliceData(acc), unsafe.SliceData(p), unsafe.SliceData(v), uintptr(stride)*es, rows, hd)
 	}
+}
+
+// dot2RowsAsm and axpy2RowsAsm take out1 and p1 at any distance from
+// out0 and p0 (the score rows of consecutive heads).
+func dot2RowsAsm[E float32 | uint16](q []float32, k []E, stride int, scale float32, out0, out1 []float32) {
+	hd, rows := len(q)/2, len(out0)
+	if hd%8 != 0 || rows == 0 {
+		dot2RowsGo(q, k, stride, scale, out0, out1)
+		return
+	}
+	_ = k[(rows-1)*stride+hd-1]
+	_ = out1[rows-1]
+	var z E
+	es := unsafe.Sizeof(z)
+	ostride := uintptr(unsafe.Pointer(unsafe.SliceData(out1))) - uintptr(unsafe.Pointer(unsafe.SliceData(out0)))
+	switch k := any(k).(type) {
+	case []float32:
+		dot2RowsF32AVX(unsafe.SliceData(q), unsafe.SliceData(k), uintptr(stride)*es, rows, hd, scale, unsafe.SliceData(out0), ostride)
+	case []uint16:
+		dot2RowsBF16AVX(unsafe.SliceData(q), unsafe.SliceData(k), uintptr(stride)*es, rows, hd, scale, unsafe.SliceData(out0), ostride)
+	}
+	runtime.KeepAlive(out1) // written through out0's pointer
+}
+
+func axpy2RowsAsm[E float32 | uint16](acc, p0, p1 []float32, v []E, stride int) {
+	hd, rows := len(acc)/2, len(p0)
+	if hd%32 != 0 || rows == 0 {
+		axpy2RowsGo(acc, p0, p1, v, stride)
+		return
+	}
+	_ = v[(rows-1)*stride+hd-1]
+	_ = p1[rows-1]
+	var z E
+	es := unsafe.Sizeof(z)
+	pstride := uintptr(unsafe.Pointer(unsafe.SliceData(p1))) - uintptr(unsafe.Pointer(unsafe.SliceData(p0)))
+	switch v := any(v).(type) {
+	case []float32:
+		axpy2RowsF32AVX(unsafe.SliceData(acc), unsafe.SliceData(p0), pstride, unsafe.SliceData(v), uintptr(stride)*es, rows, hd)
+	case []uint16:
+		axpy2RowsBF16AVX(unsafe.SliceData(acc), unsafe.SliceData(p0), pstride, unsafe.SliceData(v), uintptr(stride)*es, rows, hd)
+	}
+	runtime.KeepAlive(p1) // read through p0's pointer
 }
 
 // The quantized kernels' wrappers check that the weight rows (whole blocks

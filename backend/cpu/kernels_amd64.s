@@ -870,3 +870,320 @@ siloop:
 sidone:
 	VZEROUPPER
 	RET
+
+// func dot2RowsF32AVX(q *float32, k *float32, stride uintptr, rows int, hd int, scale float32, out *float32, ostride uintptr)
+// The scaled dots of two query heads (q[0:hd] and q[hd:2hd]) with rows
+// of keys: out[r] = scale * q[0:hd] . k_r and out[ostride/4 + r] = scale
+// * q[hd:2hd] . k_r, k_r = k[r*stride/4 : +hd]; hd is a multiple of 8.
+// Each key is loaded for both heads at once, four rows a reduction.
+TEXT ·dot2RowsF32AVX(SB), NOSPLIT, $0-64
+	MOVQ         q+0(FP), SI
+	MOVQ         k+8(FP), DI
+	MOVQ         stride+16(FP), DX
+	MOVQ         rows+24(FP), R8
+	MOVQ         hd+32(FP), CX
+	VBROADCASTSS scale+40(FP), Y15
+	MOVQ         out+48(FP), R9
+	MOVQ         ostride+56(FP), BX
+	LEAQ         (SI)(CX*4), R13
+
+e4row:
+	CMPQ   R8, $4
+	JLT    e1row
+	LEAQ   (DI)(DX*1), R10
+	LEAQ   (R10)(DX*1), R11
+	LEAQ   (R11)(DX*1), R12
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	XORQ   AX, AX
+
+e4inner:
+	CMPQ        AX, CX
+	JGE         e4sum
+	VMOVUPS     (SI)(AX*4), Y8
+	VMOVUPS     (R13)(AX*4), Y9
+	VFMADD231PS (DI)(AX*4), Y8, Y0
+	VFMADD231PS (DI)(AX*4), Y9, Y1
+	VFMADD231PS (R10)(AX*4), Y8, Y2
+	VFMADD231PS (R10)(AX*4), Y9, Y3
+	VFMADD231PS (R11)(AX*4), Y8, Y4
+	VFMADD231PS (R11)(AX*4), Y9, Y5
+	VFMADD231PS (R12)(AX*4), Y8, Y6
+	VFMADD231PS (R12)(AX*4), Y9, Y7
+	ADDQ        $8, AX
+	JMP         e4inner
+
+e4sum:
+	HSUM4(Y0, Y2, Y4, Y6, X0, X8)
+	HSUM4(Y1, Y3, Y5, Y7, X1, X8)
+	VMULPS  X15, X0, X0
+	VMULPS  X15, X1, X1
+	VMOVUPS X0, (R9)
+	VMOVUPS X1, (R9)(BX*1)
+	ADDQ    $16, R9
+	LEAQ    (R12)(DX*1), DI
+	SUBQ    $4, R8
+	JMP     e4row
+
+e1row:
+	TESTQ  R8, R8
+	JZ     edone2
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	XORQ   AX, AX
+
+e1inner:
+	CMPQ        AX, CX
+	JGE         e1sum
+	VMOVUPS     (DI)(AX*4), Y2
+	VFMADD231PS (SI)(AX*4), Y2, Y0
+	VFMADD231PS (R13)(AX*4), Y2, Y1
+	ADDQ        $8, AX
+	JMP         e1inner
+
+e1sum:
+	HSUM(Y0, X0, X2)
+	HSUM(Y1, X1, X2)
+	VMULSS X15, X0, X0
+	VMULSS X15, X1, X1
+	VMOVSS X0, (R9)
+	VMOVSS X1, (R9)(BX*1)
+	ADDQ   $4, R9
+	ADDQ   DX, DI
+	DECQ   R8
+	JMP    e1row
+
+edone2:
+	VZEROUPPER
+	RET
+
+// func dot2RowsBF16AVX(q *float32, k *uint16, stride uintptr, rows int, hd int, scale float32, out *float32, ostride uintptr)
+// As dot2RowsF32AVX for bf16 keys.
+TEXT ·dot2RowsBF16AVX(SB), NOSPLIT, $0-64
+	MOVQ         q+0(FP), SI
+	MOVQ         k+8(FP), DI
+	MOVQ         stride+16(FP), DX
+	MOVQ         rows+24(FP), R8
+	MOVQ         hd+32(FP), CX
+	VBROADCASTSS scale+40(FP), Y15
+	MOVQ         out+48(FP), R9
+	MOVQ         ostride+56(FP), BX
+	LEAQ         (SI)(CX*4), R13
+
+g4row:
+	CMPQ   R8, $4
+	JLT    g1row
+	LEAQ   (DI)(DX*1), R10
+	LEAQ   (R10)(DX*1), R11
+	LEAQ   (R11)(DX*1), R12
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	XORQ   AX, AX
+
+g4inner:
+	CMPQ        AX, CX
+	JGE         g4sum
+	VMOVUPS     (SI)(AX*4), Y8
+	VMOVUPS     (R13)(AX*4), Y9
+	BF16((DI)(AX*2), Y10)
+	BF16((R10)(AX*2), Y11)
+	BF16((R11)(AX*2), Y12)
+	BF16((R12)(AX*2), Y13)
+	VFMADD231PS Y10, Y8, Y0
+	VFMADD231PS Y10, Y9, Y1
+	VFMADD231PS Y11, Y8, Y2
+	VFMADD231PS Y11, Y9, Y3
+	VFMADD231PS Y12, Y8, Y4
+	VFMADD231PS Y12, Y9, Y5
+	VFMADD231PS Y13, Y8, Y6
+	VFMADD231PS Y13, Y9, Y7
+	ADDQ        $8, AX
+	JMP         g4inner
+
+g4sum:
+	HSUM4(Y0, Y2, Y4, Y6, X0, X8)
+	HSUM4(Y1, Y3, Y5, Y7, X1, X8)
+	VMULPS  X15, X0, X0
+	VMULPS  X15, X1, X1
+	VMOVUPS X0, (R9)
+	VMOVUPS X1, (R9)(BX*1)
+	ADDQ    $16, R9
+	LEAQ    (R12)(DX*1), DI
+	SUBQ    $4, R8
+	JMP     g4row
+
+g1row:
+	TESTQ  R8, R8
+	JZ     gdone2
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	XORQ   AX, AX
+
+g1inner:
+	CMPQ        AX, CX
+	JGE         g1sum
+	BF16((DI)(AX*2), Y2)
+	VFMADD231PS (SI)(AX*4), Y2, Y0
+	VFMADD231PS (R13)(AX*4), Y2, Y1
+	ADDQ        $8, AX
+	JMP         g1inner
+
+g1sum:
+	HSUM(Y0, X0, X2)
+	HSUM(Y1, X1, X2)
+	VMULSS X15, X0, X0
+	VMULSS X15, X1, X1
+	VMOVSS X0, (R9)
+	VMOVSS X1, (R9)(BX*1)
+	ADDQ   $4, R9
+	ADDQ   DX, DI
+	DECQ   R8
+	JMP    g1row
+
+gdone2:
+	VZEROUPPER
+	RET
+
+// func axpy2RowsF32AVX(acc *float32, p *float32, pstride uintptr, v *float32, stride uintptr, rows int, hd int)
+// The weighted values of two query heads: acc[d] += sum_r p[r] * v_r[d]
+// and acc[hd+d] += sum_r p[pstride/4 + r] * v_r[d] for d < hd (a multiple
+// of 32), v_r = v[r*stride/4:]. Each value is loaded for both heads at once.
+TEXT ·axpy2RowsF32AVX(SB), NOSPLIT, $0-56
+	MOVQ acc+0(FP), R9
+	MOVQ p+8(FP), SI
+	MOVQ pstride+16(FP), R13
+	ADDQ SI, R13
+	MOVQ v+24(FP), DI
+	MOVQ stride+32(FP), DX
+	MOVQ rows+40(FP), R8
+	MOVQ hd+48(FP), CX
+	LEAQ (R9)(CX*4), R14
+	XORQ AX, AX
+
+c2chunk:
+	CMPQ    AX, CX
+	JGE     c2done
+	VMOVUPS (R9)(AX*4), Y0
+	VMOVUPS 32(R9)(AX*4), Y1
+	VMOVUPS 64(R9)(AX*4), Y2
+	VMOVUPS 96(R9)(AX*4), Y3
+	VMOVUPS (R14)(AX*4), Y4
+	VMOVUPS 32(R14)(AX*4), Y5
+	VMOVUPS 64(R14)(AX*4), Y6
+	VMOVUPS 96(R14)(AX*4), Y7
+	MOVQ    DI, R10
+	XORQ    BX, BX
+
+c2row:
+	CMPQ         BX, R8
+	JGE          c2store
+	VBROADCASTSS (SI)(BX*4), Y8
+	VBROADCASTSS (R13)(BX*4), Y9
+	VMOVUPS      (R10)(AX*4), Y10
+	VMOVUPS      32(R10)(AX*4), Y11
+	VMOVUPS      64(R10)(AX*4), Y12
+	VMOVUPS      96(R10)(AX*4), Y13
+	VFMADD231PS  Y10, Y8, Y0
+	VFMADD231PS  Y11, Y8, Y1
+	VFMADD231PS  Y12, Y8, Y2
+	VFMADD231PS  Y13, Y8, Y3
+	VFMADD231PS  Y10, Y9, Y4
+	VFMADD231PS  Y11, Y9, Y5
+	VFMADD231PS  Y12, Y9, Y6
+	VFMADD231PS  Y13, Y9, Y7
+	ADDQ         DX, R10
+	INCQ         BX
+	JMP          c2row
+
+c2store:
+	VMOVUPS Y0, (R9)(AX*4)
+	VMOVUPS Y1, 32(R9)(AX*4)
+	VMOVUPS Y2, 64(R9)(AX*4)
+	VMOVUPS Y3, 96(R9)(AX*4)
+	VMOVUPS Y4, (R14)(AX*4)
+	VMOVUPS Y5, 32(R14)(AX*4)
+	VMOVUPS Y6, 64(R14)(AX*4)
+	VMOVUPS Y7, 96(R14)(AX*4)
+	ADDQ    $32, AX
+	JMP     c2chunk
+
+c2done:
+	VZEROUPPER
+	RET
+
+// func axpy2RowsBF16AVX(acc *float32, p *float32, pstride uintptr, v *uint16, stride uintptr, rows int, hd int)
+// As axpy2RowsF32AVX for bf16 values.
+TEXT ·axpy2RowsBF16AVX(SB), NOSPLIT, $0-56
+	MOVQ acc+0(FP), R9
+	MOVQ p+8(FP), SI
+	MOVQ pstride+16(FP), R13
+	ADDQ SI, R13
+	MOVQ v+24(FP), DI
+	MOVQ stride+32(FP), DX
+	MOVQ rows+40(FP), R8
+	MOVQ hd+48(FP), CX
+	LEAQ (R9)(CX*4), R14
+	XORQ AX, AX
+
+d2chunk:
+	CMPQ    AX, CX
+	JGE     d2done
+	VMOVUPS (R9)(AX*4), Y0
+	VMOVUPS 32(R9)(AX*4), Y1
+	VMOVUPS 64(R9)(AX*4), Y2
+	VMOVUPS 96(R9)(AX*4), Y3
+	VMOVUPS (R14)(AX*4), Y4
+	VMOVUPS 32(R14)(AX*4), Y5
+	VMOVUPS 64(R14)(AX*4), Y6
+	VMOVUPS 96(R14)(AX*4), Y7
+	MOVQ    DI, R10
+	XORQ    BX, BX
+
+d2row:
+	CMPQ         BX, R8
+	JGE          d2store
+	VBROADCASTSS (SI)(BX*4), Y8
+	VBROADCASTSS (R13)(BX*4), Y9
+	BF16((R10)(AX*2), Y10)
+	BF16(16(R10)(AX*2), Y11)
+	BF16(32(R10)(AX*2), Y12)
+	BF16(48(R10)(AX*2), Y13)
+	VFMADD231PS  Y10, Y8, Y0
+	VFMADD231PS  Y11, Y8, Y1
+	VFMADD231PS  Y12, Y8, Y2
+	VFMADD231PS  Y13, Y8, Y3
+	VFMADD231PS  Y10, Y9, Y4
+	VFMADD231PS  Y11, Y9, Y5
+	VFMADD231PS  Y12, Y9, Y6
+	VFMADD231PS  Y13, Y9, Y7
+	ADDQ         DX, R10
+	INCQ         BX
+	JMP          d2row
+
+d2store:
+	VMOVUPS Y0, (R9)(AX*4)
+	VMOVUPS Y1, 32(R9)(AX*4)
+	VMOVUPS Y2, 64(R9)(AX*4)
+	VMOVUPS Y3, 96(R9)(AX*4)
+	VMOVUPS Y4, (R14)(AX*4)
+	VMOVUPS Y5, 32(R14)(AX*4)
+	VMOVUPS Y6, 64(R14)(AX*4)
+	VMOVUPS Y7, 96(R14)(AX*4)
+	ADDQ    $32, AX
+	JMP     d2chunk
+
+d2done:
+	VZEROUPPER
+	RET

@@ -15,6 +15,7 @@ func kernelSets() map[string]func() {
 		dotRowsF32, dotRowsBF16, axpyRowsF32, axpyRowsBF16 = dotRowsGo[float32], dotRowsGo[uint16], axpyRowsGo[float32], axpyRowsGo[uint16]
 		scaleAxpy, expShift = scaleAxpyGo, expShiftGo
 		sumSquares, scaleMul, siluMulRow = sumSquaresGo, scaleMulGo, siluMulGo
+		dot2RowsF32, dot2RowsBF16, axpy2RowsF32, axpy2RowsBF16 = dot2RowsGo[float32], dot2RowsGo[uint16], axpy2RowsGo[float32], axpy2RowsGo[uint16]
 		quantizeRow, dotQ8_0, dotQ4K, dotQ6K, dotFP8 = quantizeRowGo, dotQ8_0Go, dotQ4KGo, dotQ6KGo, dotFP8Go
 		dotQ8_0x4, dotQ4Kx4, dotQ6Kx4, dotFP8x4 = dotQx4Go(dotQ8_0Go), dotQx4Go(dotQ4KGo), dotQx4Go(dotQ6KGo), dotFP8x4Go
 		dotQ5K, dotQ5Kx4, dotMXFP4, dotMXFP4x4 = dotQ5KGo, dotQx4Go(dotQ5KGo), dotMXFP4Go, dotQx4Go(dotMXFP4Go)
@@ -158,6 +159,36 @@ func TestKernels(t *testing.T) {
 				acc = make([]float32, hd)
 				axpyRowsBF16(acc, toF32(p), kb, stride)
 				compare(t, what+" axpyRowsBF16", acc, wantAxpy, 1e-5)
+
+				// Two heads: q2 and p2 hold a second head after the
+				// first, whose scores sit 37 floats after its own.
+				q2, p2 := randVec(r, 2*hd, 1), randVec(r, rows+37, 1)
+				want2Dot, want2Axpy := make([]float64, 2*rows), make([]float64, 2*hd)
+				for h := range 2 {
+					for row := range rows {
+						for d := range hd {
+							want2Dot[h*rows+row] += 0.125 * float64(float32(q2[h*hd+d])) * kv[row*stride+d]
+							want2Axpy[h*hd+d] += float64(float32(p2[h*37+row])) * kv[row*stride+d]
+						}
+					}
+				}
+				scores := make([]float32, 37+rows)
+				for _, k := range []struct {
+					name string
+					dot  func(q []float32, scores []float32)
+					axpy func(acc, p []float32)
+				}{
+					{"F32", func(q, s []float32) { dot2RowsF32(q, toF32(kv), stride, 0.125, s[:rows], s[37:]) },
+						func(acc, p []float32) { axpy2RowsF32(acc, p[:rows], p[37:], toF32(kv), stride) }},
+					{"BF16", func(q, s []float32) { dot2RowsBF16(q, kb, stride, 0.125, s[:rows], s[37:]) },
+						func(acc, p []float32) { axpy2RowsBF16(acc, p[:rows], p[37:], kb, stride) }},
+				} {
+					k.dot(toF32(q2), scores)
+					compare(t, what+" dot2Rows"+k.name, append(scores[:rows:rows], scores[37:37+rows]...), want2Dot, 1e-5)
+					acc := make([]float32, 2*hd)
+					k.axpy(acc, toF32(p2))
+					compare(t, what+" axpy2Rows"+k.name, acc, want2Axpy, 1e-5)
+				}
 			}
 		}
 		t.Run(name+"/MatMul", TestMatMul)
@@ -176,8 +207,10 @@ func saveKernels() func() {
 	r, u, v, x, y := dotQ8_0x4, dotQ4Kx4, dotQ6Kx4, dotFP8x4, intDotKernels
 	z1, z2, z3, z4 := dotQ5K, dotQ5Kx4, dotMXFP4, dotMXFP4x4
 	z5, z6, z7 := sumSquares, scaleMul, siluMulRow
+	z8, z9, z10, z11 := dot2RowsF32, dot2RowsBF16, axpy2RowsF32, axpy2RowsBF16
 	return func() {
 		sumSquares, scaleMul, siluMulRow = z5, z6, z7
+		dot2RowsF32, dot2RowsBF16, axpy2RowsF32, axpy2RowsBF16 = z8, z9, z10, z11
 		dotF32, dotBF16, dot4xBF16, axpy, axpyBF16, gemm6x16 = a, b, c, d, e, f
 		dotRowsF32, dotRowsBF16, axpyRowsF32, axpyRowsBF16, scaleAxpy, expShift = g, h, i, j, k, l
 		quantizeRow, dotQ8_0, dotQ4K, dotQ6K, dotFP8 = m, n, o, p, q
