@@ -131,8 +131,11 @@ func TestEmbed(t *testing.T) {
 	}
 	want := slices.Clone(byText.Vectors[0][:8])
 	engine.Normalize(want)
+	// The text is cached by now: its last token alone runs, through the
+	// decode attention rather than the prompt's, whose sums round
+	// differently (the engine's TestEmbed allows the cache 1e-5 too).
 	for i := range want {
-		if math.Abs(float64(short.Vectors[0][i]-want[i])) > 1e-6 {
+		if math.Abs(float64(short.Vectors[0][i]-want[i])) > 1e-5 {
 			t.Fatalf("8 dimensions: %v, want %v", short.Vectors[0], want)
 		}
 	}
