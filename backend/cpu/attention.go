@@ -554,10 +554,7 @@ func (a *attnCall) attendSpan(s *backend.SeqInfo, t, j0, j1, kh0, kh1 int, score
 	}
 	for h := kh0 * G; h < kh1*G; h++ {
 		row := scores[h*n : (h+1)*n]
-		m := float32(math.Inf(-1))
-		for _, v := range row {
-			m = max(m, v)
-		}
+		m := maxF32(row)
 		stats[2*h], stats[2*h+1] = m, expShift(row, m)
 	}
 	clear(acc[kh0*G*hd : kh1*G*hd])

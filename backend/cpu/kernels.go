@@ -1,6 +1,10 @@
 package cpu
 
-import "github.com/kiln-llm/kiln/backend"
+import (
+	"math"
+
+	"github.com/kiln-llm/kiln/backend"
+)
 
 // The inner loops of the backend, in portable Go. On amd64 with AVX2 and
 // FMA, kernels_amd64.go replaces them with assembly at init; the test
@@ -19,6 +23,7 @@ var (
 	sumSquares = sumSquaresGo
 	scaleMul   = scaleMulGo
 	siluMulRow = siluMulGo
+	maxF32     = maxF32Go
 
 	dotRowsF32   = dotRowsGo[float32]
 	dotRowsBF16  = dotRowsGo[uint16]
@@ -168,6 +173,18 @@ func expShiftGo(x []float32, m float32) float32 {
 		sum += x[i]
 	}
 	return sum
+}
+
+// maxF32Go returns the largest of x (-Inf for none). What it returns for a
+// NaN in x is left open (a score row's NaN makes its softmax NaN anyway).
+func maxF32Go(x []float32) float32 {
+	m := float32(math.Inf(-1))
+	for _, v := range x {
+		if v > m {
+			m = v
+		}
+	}
+	return m
 }
 
 // sumSquaresGo returns the sum of x[i]^2 in float64.

@@ -33,6 +33,9 @@ func axpybf16AVX(y *float32, x *uint16, a float32, n int)
 func expShiftAVX(x *float32, n int, m float32) float32
 
 //go:noescape
+func maxAVX(x *float32, n int) float32
+
+//go:noescape
 func sumSquaresAVX(x *float32, n int) float64
 
 //go:noescape
@@ -211,6 +214,18 @@ func scaleAxpyF32AVX(y []float32, b, a float32, x []float32) {
 	}
 }
 
+func maxF32AVX(x []float32) float32 {
+	n32 := len(x) &^ 31
+	if n32 == 0 {
+		return maxF32Go(x)
+	}
+	m := maxAVX(unsafe.SliceData(x), n32)
+	if v := maxF32Go(x[n32:]); v > m {
+		m = v
+	}
+	return m
+}
+
 func sumSquaresF32AVX(x []float32) float64 {
 	n16 := len(x) &^ 15
 	var ss float64
@@ -282,7 +297,7 @@ func asmKernels() (func(), bool) {
 		dot2RowsF32, dot2RowsBF16 = dot2RowsAsm[float32], dot2RowsAsm[uint16]
 		axpy2RowsF32, axpy2RowsBF16 = axpy2RowsAsm[float32], axpy2RowsAsm[uint16]
 		scaleAxpy, expShift = scaleAxpyF32AVX, expShiftF32AVX
-		sumSquares, scaleMul, siluMulRow = sumSquaresF32AVX, scaleMulF32AVX, siluMulF32AVX
+		sumSquares, scaleMul, siluMulRow, maxF32 = sumSquaresF32AVX, scaleMulF32AVX, siluMulF32AVX, maxF32AVX
 		quantizeRow, intDotKernels = quantizeRowAsm, true
 		dotQ8_0, dotQ8_0x4 = quantKernel(dotQ8_0AVX, backend.Q8_0), quantKernel4(dotQ8_0x4AVX, backend.Q8_0)
 		dotQ4K, dotQ4Kx4 = quantKernel(dotQ4KAVX, backend.Q4_K), quantKernel4(dotQ4Kx4AVX, backend.Q4_K)

@@ -1187,3 +1187,38 @@ d2store:
 d2done:
 	VZEROUPPER
 	RET
+
+// func maxAVX(x *float32, n int) float32
+// Returns the largest of x[0:n] (n a positive multiple of 32); see maxF32Go.
+TEXT ·maxAVX(SB), NOSPLIT, $0-20
+	MOVQ    x+0(FP), SI
+	MOVQ    n+8(FP), CX
+	VMOVUPS (SI), Y0
+	VMOVAPS Y0, Y1
+	VMOVAPS Y0, Y2
+	VMOVAPS Y0, Y3
+	XORQ    AX, AX
+
+mxloop:
+	CMPQ   AX, CX
+	JGE    mxdone
+	VMAXPS (SI)(AX*4), Y0, Y0
+	VMAXPS 32(SI)(AX*4), Y1, Y1
+	VMAXPS 64(SI)(AX*4), Y2, Y2
+	VMAXPS 96(SI)(AX*4), Y3, Y3
+	ADDQ   $32, AX
+	JMP    mxloop
+
+mxdone:
+	VMAXPS       Y1, Y0, Y0
+	VMAXPS       Y3, Y2, Y2
+	VMAXPS       Y2, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VMAXPS       X1, X0, X0
+	VPERMILPS    $0x4e, X0, X1
+	VMAXPS       X1, X0, X0
+	VPERMILPS    $0xb1, X0, X1
+	VMAXPS       X1, X0, X0
+	VMOVSS       X0, ret+16(FP)
+	VZEROUPPER
+	RET

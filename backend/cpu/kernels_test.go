@@ -14,7 +14,7 @@ func kernelSets() map[string]func() {
 		dotF32, dotBF16, dot4xBF16, axpy, axpyBF16, gemm6x16 = dotF32Go, dotBF16Go, dot4xBF16Go, axpyGo, axpyBF16Go, gemm6x16Go
 		dotRowsF32, dotRowsBF16, axpyRowsF32, axpyRowsBF16 = dotRowsGo[float32], dotRowsGo[uint16], axpyRowsGo[float32], axpyRowsGo[uint16]
 		scaleAxpy, expShift = scaleAxpyGo, expShiftGo
-		sumSquares, scaleMul, siluMulRow = sumSquaresGo, scaleMulGo, siluMulGo
+		sumSquares, scaleMul, siluMulRow, maxF32 = sumSquaresGo, scaleMulGo, siluMulGo, maxF32Go
 		dot2RowsF32, dot2RowsBF16, axpy2RowsF32, axpy2RowsBF16 = dot2RowsGo[float32], dot2RowsGo[uint16], axpy2RowsGo[float32], axpy2RowsGo[uint16]
 		quantizeRow, dotQ8_0, dotQ4K, dotQ6K, dotFP8 = quantizeRowGo, dotQ8_0Go, dotQ4KGo, dotQ6KGo, dotFP8Go
 		dotQ8_0x4, dotQ4Kx4, dotQ6Kx4, dotFP8x4 = dotQx4Go(dotQ8_0Go), dotQx4Go(dotQ4KGo), dotQx4Go(dotQ6KGo), dotFP8x4Go
@@ -91,6 +91,14 @@ func TestKernels(t *testing.T) {
 			compare(t, fmt.Sprintf("%s expShift n=%d", name, n), ex, wantExp, 1e-6)
 			compare(t, fmt.Sprintf("%s expShift sum n=%d", name, n), []float32{gotSum}, []float64{wantSum}, 1e-6)
 
+			mx := toF32(randVec(r, n, 3))
+			wantMax := math.Inf(-1)
+			for _, v := range mx {
+				wantMax = max(wantMax, float64(v))
+			}
+			if got := maxF32(mx); float64(got) != wantMax {
+				t.Fatalf("%s maxF32 n=%d: %v, want %v", name, n, got, wantMax)
+			}
 			sq := toF32(randVec(r, n, 3))
 			var wantSq float64
 			for _, v := range sq {
@@ -206,10 +214,10 @@ func saveKernels() func() {
 	m, n, o, p, q := quantizeRow, dotQ8_0, dotQ4K, dotQ6K, dotFP8
 	r, u, v, x, y := dotQ8_0x4, dotQ4Kx4, dotQ6Kx4, dotFP8x4, intDotKernels
 	z1, z2, z3, z4 := dotQ5K, dotQ5Kx4, dotMXFP4, dotMXFP4x4
-	z5, z6, z7 := sumSquares, scaleMul, siluMulRow
+	z5, z6, z7, z12 := sumSquares, scaleMul, siluMulRow, maxF32
 	z8, z9, z10, z11 := dot2RowsF32, dot2RowsBF16, axpy2RowsF32, axpy2RowsBF16
 	return func() {
-		sumSquares, scaleMul, siluMulRow = z5, z6, z7
+		sumSquares, scaleMul, siluMulRow, maxF32 = z5, z6, z7, z12
 		dot2RowsF32, dot2RowsBF16, axpy2RowsF32, axpy2RowsBF16 = z8, z9, z10, z11
 		dotF32, dotBF16, dot4xBF16, axpy, axpyBF16, gemm6x16 = a, b, c, d, e, f
 		dotRowsF32, dotRowsBF16, axpyRowsF32, axpyRowsBF16, scaleAxpy, expShift = g, h, i, j, k, l
