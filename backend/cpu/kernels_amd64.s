@@ -1,5 +1,349 @@
 #include "textflag.h"
 
+// HSUM reduces the 8 lanes of ymm register Y to lane 0 of its xmm X, using T.
+#define HSUM(Y, X, T) \
+	VEXTRACTF128 $1, Y, T; \
+	VADDPS       T, X, X;  \
+	VHADDPS      X, X, X;  \
+	VHADDPS      X, X, X
+
+// BF16 loads 8 bf16 values at addr as float32 into ymm register R.
+#define BF16(addr, R) \
+	VPMOVZXWD addr, R; \
+	VPSLLD    $16, R, R
+
+// HSUM4 reduces the 8 lanes of each of ymm registers A, B, C and D (the sums
+// of four rows) to the four lanes of A's xmm X, in that order, using T.
+#define HSUM4(A, B, C, D, X, T) \
+	VHADDPS      B, A, A;  \
+	VHADDPS      D, C, C;  \
+	VHADDPS      C, A, A;  \
+	VEXTRACTF128 $1, A, T; \
+	VADDPS       T, X, X
+
+// The attention kernels below read rows of keys or values through LD, which
+// loads 8 of them, elements 8p.. of the row at base plus the element index
+// AX, as float32 into ymm register R: LDF32 for an f32 cache, LDBF16 for a
+// bf16 one. Each is a macro instantiated for both.
+#define LDF32(p, base, R) VMOVUPS p*32(base)(AX*4), R
+#define LDBF16(p, base, R) BF16(p*16(base)(AX*2), R)
+
+// DOTROWS sets out[r] = q . k_r for r < rows, k_r the row at k + r*stride
+// bytes; hd is a multiple of 16. Four rows at a time share each load of q
+// and one reduction.
+#define DOTROWS(LD) \
+	MOVQ q+0(FP), SI; \
+	MOVQ k+8(FP), DI; \
+	MOVQ stride+16(FP), DX; \
+	MOVQ rows+24(FP), R8; \
+	MOVQ hd+32(FP), CX; \
+	MOVQ out+40(FP), R9; \
+row4: \
+	CMPQ R8, $4; \
+	JLT row1; \
+	LEAQ (DI)(DX*1), R10; \
+	LEAQ (R10)(DX*1), R11; \
+	LEAQ (R11)(DX*1), R12; \
+	VXORPS Y0, Y0, Y0; \
+	VXORPS Y1, Y1, Y1; \
+	VXORPS Y2, Y2, Y2; \
+	VXORPS Y3, Y3, Y3; \
+	VXORPS Y4, Y4, Y4; \
+	VXORPS Y5, Y5, Y5; \
+	VXORPS Y6, Y6, Y6; \
+	VXORPS Y7, Y7, Y7; \
+	XORQ AX, AX; \
+inner4: \
+	CMPQ AX, CX; \
+	JGE sum4; \
+	VMOVUPS (SI)(AX*4), Y8; \
+	VMOVUPS 32(SI)(AX*4), Y9; \
+	LD(0, DI, Y10); \
+	LD(1, DI, Y11); \
+	LD(0, R10, Y12); \
+	LD(1, R10, Y13); \
+	VFMADD231PS Y10, Y8, Y0; \
+	VFMADD231PS Y11, Y9, Y1; \
+	VFMADD231PS Y12, Y8, Y2; \
+	VFMADD231PS Y13, Y9, Y3; \
+	LD(0, R11, Y10); \
+	LD(1, R11, Y11); \
+	LD(0, R12, Y12); \
+	LD(1, R12, Y13); \
+	VFMADD231PS Y10, Y8, Y4; \
+	VFMADD231PS Y11, Y9, Y5; \
+	VFMADD231PS Y12, Y8, Y6; \
+	VFMADD231PS Y13, Y9, Y7; \
+	ADDQ $16, AX; \
+	JMP inner4; \
+sum4: \
+	VADDPS Y1, Y0, Y0; \
+	VADDPS Y3, Y2, Y2; \
+	VADDPS Y5, Y4, Y4; \
+	VADDPS Y7, Y6, Y6; \
+	HSUM4(Y0, Y2, Y4, Y6, X0, X1); \
+	VMOVUPS X0, (R9); \
+	ADDQ $16, R9; \
+	LEAQ (R12)(DX*1), DI; \
+	SUBQ $4, R8; \
+	JMP row4; \
+row1: \
+	TESTQ R8, R8; \
+	JZ done; \
+	VXORPS Y0, Y0, Y0; \
+	VXORPS Y1, Y1, Y1; \
+	XORQ AX, AX; \
+inner1: \
+	CMPQ AX, CX; \
+	JGE sum1; \
+	LD(0, DI, Y4); \
+	LD(1, DI, Y5); \
+	VFMADD231PS (SI)(AX*4), Y4, Y0; \
+	VFMADD231PS 32(SI)(AX*4), Y5, Y1; \
+	ADDQ $16, AX; \
+	JMP inner1; \
+sum1: \
+	VADDPS Y1, Y0, Y0; \
+	HSUM(Y0, X0, X2); \
+	VMOVSS X0, (R9); \
+	ADDQ $4, R9; \
+	ADDQ DX, DI; \
+	DECQ R8; \
+	JMP row1; \
+done: \
+	VZEROUPPER; \
+	RET
+
+// AXPYROWS adds sum_r p[r] * v_r to acc[0:hd] (hd a multiple of 32), v_r
+// the row at v + r*stride bytes: 32 dims at a time, two rows per step into
+// separate accumulators so that the FMAs do not wait on each other.
+#define AXPYROWS(LD) \
+	MOVQ acc+0(FP), R9; \
+	MOVQ p+8(FP), SI; \
+	MOVQ v+16(FP), DI; \
+	MOVQ stride+24(FP), DX; \
+	MOVQ rows+32(FP), R8; \
+	MOVQ hd+40(FP), CX; \
+	MOVQ R8, R11; \
+	ANDQ $-2, R11; \
+	XORQ AX, AX; \
+chunk: \
+	CMPQ AX, CX; \
+	JGE done; \
+	VMOVUPS (R9)(AX*4), Y0; \
+	VMOVUPS 32(R9)(AX*4), Y1; \
+	VMOVUPS 64(R9)(AX*4), Y2; \
+	VMOVUPS 96(R9)(AX*4), Y3; \
+	VXORPS Y4, Y4, Y4; \
+	VXORPS Y5, Y5, Y5; \
+	VXORPS Y6, Y6, Y6; \
+	VXORPS Y7, Y7, Y7; \
+	MOVQ DI, R10; \
+	XORQ BX, BX; \
+pair: \
+	CMPQ BX, R11; \
+	JGE single; \
+	VBROADCASTSS (SI)(BX*4), Y8; \
+	VBROADCASTSS 4(SI)(BX*4), Y9; \
+	LEAQ (R10)(DX*1), R12; \
+	LD(0, R10, Y10); \
+	VFMADD231PS Y10, Y8, Y0; \
+	LD(1, R10, Y11); \
+	VFMADD231PS Y11, Y8, Y1; \
+	LD(2, R10, Y10); \
+	VFMADD231PS Y10, Y8, Y2; \
+	LD(3, R10, Y11); \
+	VFMADD231PS Y11, Y8, Y3; \
+	LD(0, R12, Y12); \
+	VFMADD231PS Y12, Y9, Y4; \
+	LD(1, R12, Y13); \
+	VFMADD231PS Y13, Y9, Y5; \
+	LD(2, R12, Y12); \
+	VFMADD231PS Y12, Y9, Y6; \
+	LD(3, R12, Y13); \
+	VFMADD231PS Y13, Y9, Y7; \
+	LEAQ (R12)(DX*1), R10; \
+	ADDQ $2, BX; \
+	JMP pair; \
+single: \
+	CMPQ BX, R8; \
+	JGE store; \
+	VBROADCASTSS (SI)(BX*4), Y8; \
+	LD(0, R10, Y10); \
+	VFMADD231PS Y10, Y8, Y0; \
+	LD(1, R10, Y11); \
+	VFMADD231PS Y11, Y8, Y1; \
+	LD(2, R10, Y10); \
+	VFMADD231PS Y10, Y8, Y2; \
+	LD(3, R10, Y11); \
+	VFMADD231PS Y11, Y8, Y3; \
+store: \
+	VADDPS Y4, Y0, Y0; \
+	VADDPS Y5, Y1, Y1; \
+	VADDPS Y6, Y2, Y2; \
+	VADDPS Y7, Y3, Y3; \
+	VMOVUPS Y0, (R9)(AX*4); \
+	VMOVUPS Y1, 32(R9)(AX*4); \
+	VMOVUPS Y2, 64(R9)(AX*4); \
+	VMOVUPS Y3, 96(R9)(AX*4); \
+	ADDQ $32, AX; \
+	JMP chunk; \
+done: \
+	VZEROUPPER; \
+	RET
+
+// DOT2ROWS computes the scaled dots of two query heads (q[0:hd] and
+// q[hd:2hd]) with rows of keys: out[r] = scale * q[0:hd] . k_r and
+// out[ostride/4 + r] = scale * q[hd:2hd] . k_r, k_r the row at k +
+// r*stride bytes; hd is a multiple of 8. Each key is loaded once for both
+// heads, four rows a reduction.
+#define DOT2ROWS(LD) \
+	MOVQ q+0(FP), SI; \
+	MOVQ k+8(FP), DI; \
+	MOVQ stride+16(FP), DX; \
+	MOVQ rows+24(FP), R8; \
+	MOVQ hd+32(FP), CX; \
+	VBROADCASTSS scale+40(FP), Y15; \
+	MOVQ out+48(FP), R9; \
+	MOVQ ostride+56(FP), BX; \
+	LEAQ (SI)(CX*4), R13; \
+row4: \
+	CMPQ R8, $4; \
+	JLT row1; \
+	LEAQ (DI)(DX*1), R10; \
+	LEAQ (R10)(DX*1), R11; \
+	LEAQ (R11)(DX*1), R12; \
+	VXORPS Y0, Y0, Y0; \
+	VXORPS Y1, Y1, Y1; \
+	VXORPS Y2, Y2, Y2; \
+	VXORPS Y3, Y3, Y3; \
+	VXORPS Y4, Y4, Y4; \
+	VXORPS Y5, Y5, Y5; \
+	VXORPS Y6, Y6, Y6; \
+	VXORPS Y7, Y7, Y7; \
+	XORQ AX, AX; \
+inner4: \
+	CMPQ AX, CX; \
+	JGE sum4; \
+	VMOVUPS (SI)(AX*4), Y8; \
+	VMOVUPS (R13)(AX*4), Y9; \
+	LD(0, DI, Y10); \
+	LD(0, R10, Y11); \
+	LD(0, R11, Y12); \
+	LD(0, R12, Y13); \
+	VFMADD231PS Y10, Y8, Y0; \
+	VFMADD231PS Y10, Y9, Y1; \
+	VFMADD231PS Y11, Y8, Y2; \
+	VFMADD231PS Y11, Y9, Y3; \
+	VFMADD231PS Y12, Y8, Y4; \
+	VFMADD231PS Y12, Y9, Y5; \
+	VFMADD231PS Y13, Y8, Y6; \
+	VFMADD231PS Y13, Y9, Y7; \
+	ADDQ $8, AX; \
+	JMP inner4; \
+sum4: \
+	HSUM4(Y0, Y2, Y4, Y6, X0, X8); \
+	HSUM4(Y1, Y3, Y5, Y7, X1, X8); \
+	VMULPS X15, X0, X0; \
+	VMULPS X15, X1, X1; \
+	VMOVUPS X0, (R9); \
+	VMOVUPS X1, (R9)(BX*1); \
+	ADDQ $16, R9; \
+	LEAQ (R12)(DX*1), DI; \
+	SUBQ $4, R8; \
+	JMP row4; \
+row1: \
+	TESTQ R8, R8; \
+	JZ done; \
+	VXORPS Y0, Y0, Y0; \
+	VXORPS Y1, Y1, Y1; \
+	XORQ AX, AX; \
+inner1: \
+	CMPQ AX, CX; \
+	JGE sum1; \
+	LD(0, DI, Y2); \
+	VFMADD231PS (SI)(AX*4), Y2, Y0; \
+	VFMADD231PS (R13)(AX*4), Y2, Y1; \
+	ADDQ $8, AX; \
+	JMP inner1; \
+sum1: \
+	HSUM(Y0, X0, X2); \
+	HSUM(Y1, X1, X2); \
+	VMULSS X15, X0, X0; \
+	VMULSS X15, X1, X1; \
+	VMOVSS X0, (R9); \
+	VMOVSS X1, (R9)(BX*1); \
+	ADDQ $4, R9; \
+	ADDQ DX, DI; \
+	DECQ R8; \
+	JMP row1; \
+done: \
+	VZEROUPPER; \
+	RET
+
+// AXPY2ROWS adds the weighted values of two query heads: acc[d] += sum_r
+// p[r] * v_r[d] and acc[hd+d] += sum_r p[pstride/4 + r] * v_r[d] for d <
+// hd (a multiple of 32), v_r the row at v + r*stride bytes. Each value is
+// loaded once for both heads.
+#define AXPY2ROWS(LD) \
+	MOVQ acc+0(FP), R9; \
+	MOVQ p+8(FP), SI; \
+	MOVQ pstride+16(FP), R13; \
+	ADDQ SI, R13; \
+	MOVQ v+24(FP), DI; \
+	MOVQ stride+32(FP), DX; \
+	MOVQ rows+40(FP), R8; \
+	MOVQ hd+48(FP), CX; \
+	LEAQ (R9)(CX*4), R14; \
+	XORQ AX, AX; \
+chunk: \
+	CMPQ AX, CX; \
+	JGE done; \
+	VMOVUPS (R9)(AX*4), Y0; \
+	VMOVUPS 32(R9)(AX*4), Y1; \
+	VMOVUPS 64(R9)(AX*4), Y2; \
+	VMOVUPS 96(R9)(AX*4), Y3; \
+	VMOVUPS (R14)(AX*4), Y4; \
+	VMOVUPS 32(R14)(AX*4), Y5; \
+	VMOVUPS 64(R14)(AX*4), Y6; \
+	VMOVUPS 96(R14)(AX*4), Y7; \
+	MOVQ DI, R10; \
+	XORQ BX, BX; \
+row: \
+	CMPQ BX, R8; \
+	JGE store; \
+	VBROADCASTSS (SI)(BX*4), Y8; \
+	VBROADCASTSS (R13)(BX*4), Y9; \
+	LD(0, R10, Y10); \
+	LD(1, R10, Y11); \
+	LD(2, R10, Y12); \
+	LD(3, R10, Y13); \
+	VFMADD231PS Y10, Y8, Y0; \
+	VFMADD231PS Y11, Y8, Y1; \
+	VFMADD231PS Y12, Y8, Y2; \
+	VFMADD231PS Y13, Y8, Y3; \
+	VFMADD231PS Y10, Y9, Y4; \
+	VFMADD231PS Y11, Y9, Y5; \
+	VFMADD231PS Y12, Y9, Y6; \
+	VFMADD231PS Y13, Y9, Y7; \
+	ADDQ DX, R10; \
+	INCQ BX; \
+	JMP row; \
+store: \
+	VMOVUPS Y0, (R9)(AX*4); \
+	VMOVUPS Y1, 32(R9)(AX*4); \
+	VMOVUPS Y2, 64(R9)(AX*4); \
+	VMOVUPS Y3, 96(R9)(AX*4); \
+	VMOVUPS Y4, (R14)(AX*4); \
+	VMOVUPS Y5, 32(R14)(AX*4); \
+	VMOVUPS Y6, 64(R14)(AX*4); \
+	VMOVUPS Y7, 96(R14)(AX*4); \
+	ADDQ $32, AX; \
+	JMP chunk; \
+done: \
+	VZEROUPPER; \
+	RET
+
 // func cpuid(eaxArg, ecxArg uint32) (eax, ebx, ecx, edx uint32)
 TEXT ·cpuid(SB), NOSPLIT, $0-24
 	MOVL eaxArg+0(FP), AX
@@ -18,18 +362,6 @@ TEXT ·xgetbv0(SB), NOSPLIT, $0-8
 	MOVL AX, eax+0(FP)
 	MOVL DX, edx+4(FP)
 	RET
-
-// HSUM reduces the 8 lanes of ymm register Y to lane 0 of its xmm X, using T.
-#define HSUM(Y, X, T) \
-	VEXTRACTF128 $1, Y, T; \
-	VADDPS       T, X, X;  \
-	VHADDPS      X, X, X;  \
-	VHADDPS      X, X, X
-
-// BF16 loads 8 bf16 values at addr as float32 into ymm register R.
-#define BF16(addr, R) \
-	VPMOVZXWD addr, R; \
-	VPSLLD    $16, R, R
 
 // func dot4xbf16AVX(w *uint16, x *float32, stride uintptr, n int, out *[4]float32)
 // out[j] = sum_{i<n} w[i] * x[j*stride/4 + i] for j < 4: one bf16 weight
@@ -299,347 +631,21 @@ abdone:
 	VZEROUPPER
 	RET
 
-// HSUM4 reduces the 8 lanes of each of ymm registers A, B, C and D (the sums
-// of four rows) to the four lanes of A's xmm X, in that order, using T.
-#define HSUM4(A, B, C, D, X, T) \
-	VHADDPS      B, A, A;  \
-	VHADDPS      D, C, C;  \
-	VHADDPS      C, A, A;  \
-	VEXTRACTF128 $1, A, T; \
-	VADDPS       T, X, X
-
 // func dotRowsF32AVX(q *float32, k *float32, stride uintptr, rows int, hd int, out *float32)
-// out[r] = q . k[r*stride/4 : +hd] for r < rows; hd is a multiple of 16.
-// Four rows at a time share each load of q and one reduction.
 TEXT ·dotRowsF32AVX(SB), NOSPLIT, $0-48
-	MOVQ q+0(FP), SI
-	MOVQ k+8(FP), DI
-	MOVQ stride+16(FP), DX
-	MOVQ rows+24(FP), R8
-	MOVQ hd+32(FP), CX
-	MOVQ out+40(FP), R9
-
-frow4:
-	CMPQ   R8, $4
-	JLT    frow
-	LEAQ   (DI)(DX*1), R10
-	LEAQ   (R10)(DX*1), R11
-	LEAQ   (R11)(DX*1), R12
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS Y4, Y4, Y4
-	VXORPS Y5, Y5, Y5
-	VXORPS Y6, Y6, Y6
-	VXORPS Y7, Y7, Y7
-	XORQ   AX, AX
-
-finner4:
-	CMPQ        AX, CX
-	JGE         fsum4
-	VMOVUPS     (SI)(AX*4), Y8
-	VMOVUPS     32(SI)(AX*4), Y9
-	VFMADD231PS (DI)(AX*4), Y8, Y0
-	VFMADD231PS 32(DI)(AX*4), Y9, Y1
-	VFMADD231PS (R10)(AX*4), Y8, Y2
-	VFMADD231PS 32(R10)(AX*4), Y9, Y3
-	VFMADD231PS (R11)(AX*4), Y8, Y4
-	VFMADD231PS 32(R11)(AX*4), Y9, Y5
-	VFMADD231PS (R12)(AX*4), Y8, Y6
-	VFMADD231PS 32(R12)(AX*4), Y9, Y7
-	ADDQ        $16, AX
-	JMP         finner4
-
-fsum4:
-	VADDPS  Y1, Y0, Y0
-	VADDPS  Y3, Y2, Y2
-	VADDPS  Y5, Y4, Y4
-	VADDPS  Y7, Y6, Y6
-	HSUM4(Y0, Y2, Y4, Y6, X0, X1)
-	VMOVUPS X0, (R9)
-	ADDQ    $16, R9
-	LEAQ    (R12)(DX*1), DI
-	SUBQ    $4, R8
-	JMP     frow4
-
-frow:
-	TESTQ R8, R8
-	JZ    fdone
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	XORQ  AX, AX
-
-finner:
-	CMPQ        AX, CX
-	JGE         fsum
-	VMOVUPS     (SI)(AX*4), Y2
-	VMOVUPS     32(SI)(AX*4), Y3
-	VFMADD231PS (DI)(AX*4), Y2, Y0
-	VFMADD231PS 32(DI)(AX*4), Y3, Y1
-	ADDQ        $16, AX
-	JMP         finner
-
-fsum:
-	VADDPS Y1, Y0, Y0
-	HSUM(Y0, X0, X2)
-	VMOVSS X0, (R9)
-	ADDQ   $4, R9
-	ADDQ   DX, DI
-	DECQ   R8
-	JMP    frow
-
-fdone:
-	VZEROUPPER
-	RET
+	DOTROWS(LDF32)
 
 // func dotRowsBF16AVX(q *float32, k *uint16, stride uintptr, rows int, hd int, out *float32)
-// As dotRowsF32AVX for bf16 rows.
 TEXT ·dotRowsBF16AVX(SB), NOSPLIT, $0-48
-	MOVQ q+0(FP), SI
-	MOVQ k+8(FP), DI
-	MOVQ stride+16(FP), DX
-	MOVQ rows+24(FP), R8
-	MOVQ hd+32(FP), CX
-	MOVQ out+40(FP), R9
-
-hrow4:
-	CMPQ   R8, $4
-	JLT    hrow
-	LEAQ   (DI)(DX*1), R10
-	LEAQ   (R10)(DX*1), R11
-	LEAQ   (R11)(DX*1), R12
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS Y4, Y4, Y4
-	VXORPS Y5, Y5, Y5
-	VXORPS Y6, Y6, Y6
-	VXORPS Y7, Y7, Y7
-	XORQ   AX, AX
-
-hinner4:
-	CMPQ        AX, CX
-	JGE         hsum4
-	VMOVUPS     (SI)(AX*4), Y8
-	VMOVUPS     32(SI)(AX*4), Y9
-	BF16((DI)(AX*2), Y10)
-	BF16(16(DI)(AX*2), Y11)
-	BF16((R10)(AX*2), Y12)
-	BF16(16(R10)(AX*2), Y13)
-	VFMADD231PS Y10, Y8, Y0
-	VFMADD231PS Y11, Y9, Y1
-	VFMADD231PS Y12, Y8, Y2
-	VFMADD231PS Y13, Y9, Y3
-	BF16((R11)(AX*2), Y10)
-	BF16(16(R11)(AX*2), Y11)
-	BF16((R12)(AX*2), Y12)
-	BF16(16(R12)(AX*2), Y13)
-	VFMADD231PS Y10, Y8, Y4
-	VFMADD231PS Y11, Y9, Y5
-	VFMADD231PS Y12, Y8, Y6
-	VFMADD231PS Y13, Y9, Y7
-	ADDQ        $16, AX
-	JMP         hinner4
-
-hsum4:
-	VADDPS  Y1, Y0, Y0
-	VADDPS  Y3, Y2, Y2
-	VADDPS  Y5, Y4, Y4
-	VADDPS  Y7, Y6, Y6
-	HSUM4(Y0, Y2, Y4, Y6, X0, X1)
-	VMOVUPS X0, (R9)
-	ADDQ    $16, R9
-	LEAQ    (R12)(DX*1), DI
-	SUBQ    $4, R8
-	JMP     hrow4
-
-hrow:
-	TESTQ R8, R8
-	JZ    hdone
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	XORQ  AX, AX
-
-hinner:
-	CMPQ        AX, CX
-	JGE         hsum
-	VMOVUPS     (SI)(AX*4), Y2
-	VMOVUPS     32(SI)(AX*4), Y3
-	BF16((DI)(AX*2), Y4)
-	BF16(16(DI)(AX*2), Y5)
-	VFMADD231PS Y4, Y2, Y0
-	VFMADD231PS Y5, Y3, Y1
-	ADDQ        $16, AX
-	JMP         hinner
-
-hsum:
-	VADDPS Y1, Y0, Y0
-	HSUM(Y0, X0, X2)
-	VMOVSS X0, (R9)
-	ADDQ   $4, R9
-	ADDQ   DX, DI
-	DECQ   R8
-	JMP    hrow
-
-hdone:
-	VZEROUPPER
-	RET
+	DOTROWS(LDBF16)
 
 // func axpyRowsF32AVX(acc *float32, p *float32, v *float32, stride uintptr, rows int, hd int)
-// acc[d] += sum_r p[r] * v[r*stride/4 + d] for d < hd (a multiple of 32):
-// 32 dims at a time, two rows per step into separate accumulators so that
-// the FMAs do not wait on each other.
 TEXT ·axpyRowsF32AVX(SB), NOSPLIT, $0-48
-	MOVQ acc+0(FP), R9
-	MOVQ p+8(FP), SI
-	MOVQ v+16(FP), DI
-	MOVQ stride+24(FP), DX
-	MOVQ rows+32(FP), R8
-	MOVQ hd+40(FP), CX
-	MOVQ R8, R11
-	ANDQ $-2, R11
-	XORQ AX, AX
-
-achunk:
-	CMPQ    AX, CX
-	JGE     adone2
-	VMOVUPS (R9)(AX*4), Y0
-	VMOVUPS 32(R9)(AX*4), Y1
-	VMOVUPS 64(R9)(AX*4), Y2
-	VMOVUPS 96(R9)(AX*4), Y3
-	VXORPS  Y4, Y4, Y4
-	VXORPS  Y5, Y5, Y5
-	VXORPS  Y6, Y6, Y6
-	VXORPS  Y7, Y7, Y7
-	MOVQ    DI, R10
-	XORQ    BX, BX
-
-apair:
-	CMPQ         BX, R11
-	JGE          asingle
-	VBROADCASTSS (SI)(BX*4), Y8
-	VBROADCASTSS 4(SI)(BX*4), Y9
-	LEAQ         (R10)(DX*1), R12
-	VFMADD231PS  (R10)(AX*4), Y8, Y0
-	VFMADD231PS  32(R10)(AX*4), Y8, Y1
-	VFMADD231PS  64(R10)(AX*4), Y8, Y2
-	VFMADD231PS  96(R10)(AX*4), Y8, Y3
-	VFMADD231PS  (R12)(AX*4), Y9, Y4
-	VFMADD231PS  32(R12)(AX*4), Y9, Y5
-	VFMADD231PS  64(R12)(AX*4), Y9, Y6
-	VFMADD231PS  96(R12)(AX*4), Y9, Y7
-	LEAQ         (R12)(DX*1), R10
-	ADDQ         $2, BX
-	JMP          apair
-
-asingle:
-	CMPQ         BX, R8
-	JGE          astore
-	VBROADCASTSS (SI)(BX*4), Y8
-	VFMADD231PS  (R10)(AX*4), Y8, Y0
-	VFMADD231PS  32(R10)(AX*4), Y8, Y1
-	VFMADD231PS  64(R10)(AX*4), Y8, Y2
-	VFMADD231PS  96(R10)(AX*4), Y8, Y3
-
-astore:
-	VADDPS  Y4, Y0, Y0
-	VADDPS  Y5, Y1, Y1
-	VADDPS  Y6, Y2, Y2
-	VADDPS  Y7, Y3, Y3
-	VMOVUPS Y0, (R9)(AX*4)
-	VMOVUPS Y1, 32(R9)(AX*4)
-	VMOVUPS Y2, 64(R9)(AX*4)
-	VMOVUPS Y3, 96(R9)(AX*4)
-	ADDQ    $32, AX
-	JMP     achunk
-
-adone2:
-	VZEROUPPER
-	RET
+	AXPYROWS(LDF32)
 
 // func axpyRowsBF16AVX(acc *float32, p *float32, v *uint16, stride uintptr, rows int, hd int)
-// As axpyRowsF32AVX for bf16 rows.
 TEXT ·axpyRowsBF16AVX(SB), NOSPLIT, $0-48
-	MOVQ acc+0(FP), R9
-	MOVQ p+8(FP), SI
-	MOVQ v+16(FP), DI
-	MOVQ stride+24(FP), DX
-	MOVQ rows+32(FP), R8
-	MOVQ hd+40(FP), CX
-	MOVQ R8, R11
-	ANDQ $-2, R11
-	XORQ AX, AX
-
-bchunk:
-	CMPQ    AX, CX
-	JGE     bdone2
-	VMOVUPS (R9)(AX*4), Y0
-	VMOVUPS 32(R9)(AX*4), Y1
-	VMOVUPS 64(R9)(AX*4), Y2
-	VMOVUPS 96(R9)(AX*4), Y3
-	VXORPS  Y4, Y4, Y4
-	VXORPS  Y5, Y5, Y5
-	VXORPS  Y6, Y6, Y6
-	VXORPS  Y7, Y7, Y7
-	MOVQ    DI, R10
-	XORQ    BX, BX
-
-bpair:
-	CMPQ         BX, R11
-	JGE          bsingle
-	VBROADCASTSS (SI)(BX*4), Y8
-	VBROADCASTSS 4(SI)(BX*4), Y9
-	LEAQ         (R10)(DX*1), R12
-	BF16((R10)(AX*2), Y10)
-	VFMADD231PS  Y10, Y8, Y0
-	BF16(16(R10)(AX*2), Y11)
-	VFMADD231PS  Y11, Y8, Y1
-	BF16(32(R10)(AX*2), Y10)
-	VFMADD231PS  Y10, Y8, Y2
-	BF16(48(R10)(AX*2), Y11)
-	VFMADD231PS  Y11, Y8, Y3
-	BF16((R12)(AX*2), Y12)
-	VFMADD231PS  Y12, Y9, Y4
-	BF16(16(R12)(AX*2), Y13)
-	VFMADD231PS  Y13, Y9, Y5
-	BF16(32(R12)(AX*2), Y12)
-	VFMADD231PS  Y12, Y9, Y6
-	BF16(48(R12)(AX*2), Y13)
-	VFMADD231PS  Y13, Y9, Y7
-	LEAQ         (R12)(DX*1), R10
-	ADDQ         $2, BX
-	JMP          bpair
-
-bsingle:
-	CMPQ         BX, R8
-	JGE          bstore
-	VBROADCASTSS (SI)(BX*4), Y8
-	BF16((R10)(AX*2), Y10)
-	VFMADD231PS  Y10, Y8, Y0
-	BF16(16(R10)(AX*2), Y11)
-	VFMADD231PS  Y11, Y8, Y1
-	BF16(32(R10)(AX*2), Y10)
-	VFMADD231PS  Y10, Y8, Y2
-	BF16(48(R10)(AX*2), Y11)
-	VFMADD231PS  Y11, Y8, Y3
-
-bstore:
-	VADDPS  Y4, Y0, Y0
-	VADDPS  Y5, Y1, Y1
-	VADDPS  Y6, Y2, Y2
-	VADDPS  Y7, Y3, Y3
-	VMOVUPS Y0, (R9)(AX*4)
-	VMOVUPS Y1, 32(R9)(AX*4)
-	VMOVUPS Y2, 64(R9)(AX*4)
-	VMOVUPS Y3, 96(R9)(AX*4)
-	ADDQ    $32, AX
-	JMP     bchunk
-
-bdone2:
-	VZEROUPPER
-	RET
+	AXPYROWS(LDBF16)
 
 // func scaleAxpyAVX(y, x *float32, b, a float32, n int)
 // y[i] = b*y[i] + a*x[i] for i < n; n is a multiple of 8.
@@ -872,321 +878,20 @@ sidone:
 	RET
 
 // func dot2RowsF32AVX(q *float32, k *float32, stride uintptr, rows int, hd int, scale float32, out *float32, ostride uintptr)
-// The scaled dots of two query heads (q[0:hd] and q[hd:2hd]) with rows
-// of keys: out[r] = scale * q[0:hd] . k_r and out[ostride/4 + r] = scale
-// * q[hd:2hd] . k_r, k_r = k[r*stride/4 : +hd]; hd is a multiple of 8.
-// Each key is loaded for both heads at once, four rows a reduction.
 TEXT ·dot2RowsF32AVX(SB), NOSPLIT, $0-64
-	MOVQ         q+0(FP), SI
-	MOVQ         k+8(FP), DI
-	MOVQ         stride+16(FP), DX
-	MOVQ         rows+24(FP), R8
-	MOVQ         hd+32(FP), CX
-	VBROADCASTSS scale+40(FP), Y15
-	MOVQ         out+48(FP), R9
-	MOVQ         ostride+56(FP), BX
-	LEAQ         (SI)(CX*4), R13
-
-e4row:
-	CMPQ   R8, $4
-	JLT    e1row
-	LEAQ   (DI)(DX*1), R10
-	LEAQ   (R10)(DX*1), R11
-	LEAQ   (R11)(DX*1), R12
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS Y4, Y4, Y4
-	VXORPS Y5, Y5, Y5
-	VXORPS Y6, Y6, Y6
-	VXORPS Y7, Y7, Y7
-	XORQ   AX, AX
-
-e4inner:
-	CMPQ        AX, CX
-	JGE         e4sum
-	VMOVUPS     (SI)(AX*4), Y8
-	VMOVUPS     (R13)(AX*4), Y9
-	VFMADD231PS (DI)(AX*4), Y8, Y0
-	VFMADD231PS (DI)(AX*4), Y9, Y1
-	VFMADD231PS (R10)(AX*4), Y8, Y2
-	VFMADD231PS (R10)(AX*4), Y9, Y3
-	VFMADD231PS (R11)(AX*4), Y8, Y4
-	VFMADD231PS (R11)(AX*4), Y9, Y5
-	VFMADD231PS (R12)(AX*4), Y8, Y6
-	VFMADD231PS (R12)(AX*4), Y9, Y7
-	ADDQ        $8, AX
-	JMP         e4inner
-
-e4sum:
-	HSUM4(Y0, Y2, Y4, Y6, X0, X8)
-	HSUM4(Y1, Y3, Y5, Y7, X1, X8)
-	VMULPS  X15, X0, X0
-	VMULPS  X15, X1, X1
-	VMOVUPS X0, (R9)
-	VMOVUPS X1, (R9)(BX*1)
-	ADDQ    $16, R9
-	LEAQ    (R12)(DX*1), DI
-	SUBQ    $4, R8
-	JMP     e4row
-
-e1row:
-	TESTQ  R8, R8
-	JZ     edone2
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	XORQ   AX, AX
-
-e1inner:
-	CMPQ        AX, CX
-	JGE         e1sum
-	VMOVUPS     (DI)(AX*4), Y2
-	VFMADD231PS (SI)(AX*4), Y2, Y0
-	VFMADD231PS (R13)(AX*4), Y2, Y1
-	ADDQ        $8, AX
-	JMP         e1inner
-
-e1sum:
-	HSUM(Y0, X0, X2)
-	HSUM(Y1, X1, X2)
-	VMULSS X15, X0, X0
-	VMULSS X15, X1, X1
-	VMOVSS X0, (R9)
-	VMOVSS X1, (R9)(BX*1)
-	ADDQ   $4, R9
-	ADDQ   DX, DI
-	DECQ   R8
-	JMP    e1row
-
-edone2:
-	VZEROUPPER
-	RET
+	DOT2ROWS(LDF32)
 
 // func dot2RowsBF16AVX(q *float32, k *uint16, stride uintptr, rows int, hd int, scale float32, out *float32, ostride uintptr)
-// As dot2RowsF32AVX for bf16 keys.
 TEXT ·dot2RowsBF16AVX(SB), NOSPLIT, $0-64
-	MOVQ         q+0(FP), SI
-	MOVQ         k+8(FP), DI
-	MOVQ         stride+16(FP), DX
-	MOVQ         rows+24(FP), R8
-	MOVQ         hd+32(FP), CX
-	VBROADCASTSS scale+40(FP), Y15
-	MOVQ         out+48(FP), R9
-	MOVQ         ostride+56(FP), BX
-	LEAQ         (SI)(CX*4), R13
-
-g4row:
-	CMPQ   R8, $4
-	JLT    g1row
-	LEAQ   (DI)(DX*1), R10
-	LEAQ   (R10)(DX*1), R11
-	LEAQ   (R11)(DX*1), R12
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS Y4, Y4, Y4
-	VXORPS Y5, Y5, Y5
-	VXORPS Y6, Y6, Y6
-	VXORPS Y7, Y7, Y7
-	XORQ   AX, AX
-
-g4inner:
-	CMPQ        AX, CX
-	JGE         g4sum
-	VMOVUPS     (SI)(AX*4), Y8
-	VMOVUPS     (R13)(AX*4), Y9
-	BF16((DI)(AX*2), Y10)
-	BF16((R10)(AX*2), Y11)
-	BF16((R11)(AX*2), Y12)
-	BF16((R12)(AX*2), Y13)
-	VFMADD231PS Y10, Y8, Y0
-	VFMADD231PS Y10, Y9, Y1
-	VFMADD231PS Y11, Y8, Y2
-	VFMADD231PS Y11, Y9, Y3
-	VFMADD231PS Y12, Y8, Y4
-	VFMADD231PS Y12, Y9, Y5
-	VFMADD231PS Y13, Y8, Y6
-	VFMADD231PS Y13, Y9, Y7
-	ADDQ        $8, AX
-	JMP         g4inner
-
-g4sum:
-	HSUM4(Y0, Y2, Y4, Y6, X0, X8)
-	HSUM4(Y1, Y3, Y5, Y7, X1, X8)
-	VMULPS  X15, X0, X0
-	VMULPS  X15, X1, X1
-	VMOVUPS X0, (R9)
-	VMOVUPS X1, (R9)(BX*1)
-	ADDQ    $16, R9
-	LEAQ    (R12)(DX*1), DI
-	SUBQ    $4, R8
-	JMP     g4row
-
-g1row:
-	TESTQ  R8, R8
-	JZ     gdone2
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	XORQ   AX, AX
-
-g1inner:
-	CMPQ        AX, CX
-	JGE         g1sum
-	BF16((DI)(AX*2), Y2)
-	VFMADD231PS (SI)(AX*4), Y2, Y0
-	VFMADD231PS (R13)(AX*4), Y2, Y1
-	ADDQ        $8, AX
-	JMP         g1inner
-
-g1sum:
-	HSUM(Y0, X0, X2)
-	HSUM(Y1, X1, X2)
-	VMULSS X15, X0, X0
-	VMULSS X15, X1, X1
-	VMOVSS X0, (R9)
-	VMOVSS X1, (R9)(BX*1)
-	ADDQ   $4, R9
-	ADDQ   DX, DI
-	DECQ   R8
-	JMP    g1row
-
-gdone2:
-	VZEROUPPER
-	RET
+	DOT2ROWS(LDBF16)
 
 // func axpy2RowsF32AVX(acc *float32, p *float32, pstride uintptr, v *float32, stride uintptr, rows int, hd int)
-// The weighted values of two query heads: acc[d] += sum_r p[r] * v_r[d]
-// and acc[hd+d] += sum_r p[pstride/4 + r] * v_r[d] for d < hd (a multiple
-// of 32), v_r = v[r*stride/4:]. Each value is loaded for both heads at once.
 TEXT ·axpy2RowsF32AVX(SB), NOSPLIT, $0-56
-	MOVQ acc+0(FP), R9
-	MOVQ p+8(FP), SI
-	MOVQ pstride+16(FP), R13
-	ADDQ SI, R13
-	MOVQ v+24(FP), DI
-	MOVQ stride+32(FP), DX
-	MOVQ rows+40(FP), R8
-	MOVQ hd+48(FP), CX
-	LEAQ (R9)(CX*4), R14
-	XORQ AX, AX
-
-c2chunk:
-	CMPQ    AX, CX
-	JGE     c2done
-	VMOVUPS (R9)(AX*4), Y0
-	VMOVUPS 32(R9)(AX*4), Y1
-	VMOVUPS 64(R9)(AX*4), Y2
-	VMOVUPS 96(R9)(AX*4), Y3
-	VMOVUPS (R14)(AX*4), Y4
-	VMOVUPS 32(R14)(AX*4), Y5
-	VMOVUPS 64(R14)(AX*4), Y6
-	VMOVUPS 96(R14)(AX*4), Y7
-	MOVQ    DI, R10
-	XORQ    BX, BX
-
-c2row:
-	CMPQ         BX, R8
-	JGE          c2store
-	VBROADCASTSS (SI)(BX*4), Y8
-	VBROADCASTSS (R13)(BX*4), Y9
-	VMOVUPS      (R10)(AX*4), Y10
-	VMOVUPS      32(R10)(AX*4), Y11
-	VMOVUPS      64(R10)(AX*4), Y12
-	VMOVUPS      96(R10)(AX*4), Y13
-	VFMADD231PS  Y10, Y8, Y0
-	VFMADD231PS  Y11, Y8, Y1
-	VFMADD231PS  Y12, Y8, Y2
-	VFMADD231PS  Y13, Y8, Y3
-	VFMADD231PS  Y10, Y9, Y4
-	VFMADD231PS  Y11, Y9, Y5
-	VFMADD231PS  Y12, Y9, Y6
-	VFMADD231PS  Y13, Y9, Y7
-	ADDQ         DX, R10
-	INCQ         BX
-	JMP          c2row
-
-c2store:
-	VMOVUPS Y0, (R9)(AX*4)
-	VMOVUPS Y1, 32(R9)(AX*4)
-	VMOVUPS Y2, 64(R9)(AX*4)
-	VMOVUPS Y3, 96(R9)(AX*4)
-	VMOVUPS Y4, (R14)(AX*4)
-	VMOVUPS Y5, 32(R14)(AX*4)
-	VMOVUPS Y6, 64(R14)(AX*4)
-	VMOVUPS Y7, 96(R14)(AX*4)
-	ADDQ    $32, AX
-	JMP     c2chunk
-
-c2done:
-	VZEROUPPER
-	RET
+	AXPY2ROWS(LDF32)
 
 // func axpy2RowsBF16AVX(acc *float32, p *float32, pstride uintptr, v *uint16, stride uintptr, rows int, hd int)
-// As axpy2RowsF32AVX for bf16 values.
 TEXT ·axpy2RowsBF16AVX(SB), NOSPLIT, $0-56
-	MOVQ acc+0(FP), R9
-	MOVQ p+8(FP), SI
-	MOVQ pstride+16(FP), R13
-	ADDQ SI, R13
-	MOVQ v+24(FP), DI
-	MOVQ stride+32(FP), DX
-	MOVQ rows+40(FP), R8
-	MOVQ hd+48(FP), CX
-	LEAQ (R9)(CX*4), R14
-	XORQ AX, AX
-
-d2chunk:
-	CMPQ    AX, CX
-	JGE     d2done
-	VMOVUPS (R9)(AX*4), Y0
-	VMOVUPS 32(R9)(AX*4), Y1
-	VMOVUPS 64(R9)(AX*4), Y2
-	VMOVUPS 96(R9)(AX*4), Y3
-	VMOVUPS (R14)(AX*4), Y4
-	VMOVUPS 32(R14)(AX*4), Y5
-	VMOVUPS 64(R14)(AX*4), Y6
-	VMOVUPS 96(R14)(AX*4), Y7
-	MOVQ    DI, R10
-	XORQ    BX, BX
-
-d2row:
-	CMPQ         BX, R8
-	JGE          d2store
-	VBROADCASTSS (SI)(BX*4), Y8
-	VBROADCASTSS (R13)(BX*4), Y9
-	BF16((R10)(AX*2), Y10)
-	BF16(16(R10)(AX*2), Y11)
-	BF16(32(R10)(AX*2), Y12)
-	BF16(48(R10)(AX*2), Y13)
-	VFMADD231PS  Y10, Y8, Y0
-	VFMADD231PS  Y11, Y8, Y1
-	VFMADD231PS  Y12, Y8, Y2
-	VFMADD231PS  Y13, Y8, Y3
-	VFMADD231PS  Y10, Y9, Y4
-	VFMADD231PS  Y11, Y9, Y5
-	VFMADD231PS  Y12, Y9, Y6
-	VFMADD231PS  Y13, Y9, Y7
-	ADDQ         DX, R10
-	INCQ         BX
-	JMP          d2row
-
-d2store:
-	VMOVUPS Y0, (R9)(AX*4)
-	VMOVUPS Y1, 32(R9)(AX*4)
-	VMOVUPS Y2, 64(R9)(AX*4)
-	VMOVUPS Y3, 96(R9)(AX*4)
-	VMOVUPS Y4, (R14)(AX*4)
-	VMOVUPS Y5, 32(R14)(AX*4)
-	VMOVUPS Y6, 64(R14)(AX*4)
-	VMOVUPS Y7, 96(R14)(AX*4)
-	ADDQ    $32, AX
-	JMP     d2chunk
-
-d2done:
-	VZEROUPPER
-	RET
+	AXPY2ROWS(LDBF16)
 
 // func maxAVX(x *float32, n int) float32
 // Returns the largest of x[0:n] (n a positive multiple of 32); see maxF32Go.
