@@ -21,6 +21,33 @@
 	VEXTRACTF128 $1, A, T; \
 	VADDPS       T, X, X
 
+// ROWS4 points R10, R11 and R12 at the three rows after DI's (DX bytes
+// apart); ZERO8 zeroes Y0-Y7; LOAD4 and STORE4 move 32 floats at base
+// plus the element index AX to and from four ymm registers.
+#define ROWS4 \
+	LEAQ (DI)(DX*1), R10; \
+	LEAQ (R10)(DX*1), R11; \
+	LEAQ (R11)(DX*1), R12
+#define ZERO8 \
+	VXORPS Y0, Y0, Y0; \
+	VXORPS Y1, Y1, Y1; \
+	VXORPS Y2, Y2, Y2; \
+	VXORPS Y3, Y3, Y3; \
+	VXORPS Y4, Y4, Y4; \
+	VXORPS Y5, Y5, Y5; \
+	VXORPS Y6, Y6, Y6; \
+	VXORPS Y7, Y7, Y7
+#define LOAD4(base, A, B, C, D) \
+	VMOVUPS (base)(AX*4), A; \
+	VMOVUPS 32(base)(AX*4), B; \
+	VMOVUPS 64(base)(AX*4), C; \
+	VMOVUPS 96(base)(AX*4), D
+#define STORE4(base, A, B, C, D) \
+	VMOVUPS A, (base)(AX*4); \
+	VMOVUPS B, 32(base)(AX*4); \
+	VMOVUPS C, 64(base)(AX*4); \
+	VMOVUPS D, 96(base)(AX*4)
+
 // The attention kernels below read rows of keys or values through LD, which
 // loads 8 of them, elements 8p.. of the row at base plus the element index
 // AX, as float32 into ymm register R: LDF32 for an f32 cache, LDBF16 for a
@@ -41,17 +68,8 @@
 row4: \
 	CMPQ R8, $4; \
 	JLT row1; \
-	LEAQ (DI)(DX*1), R10; \
-	LEAQ (R10)(DX*1), R11; \
-	LEAQ (R11)(DX*1), R12; \
-	VXORPS Y0, Y0, Y0; \
-	VXORPS Y1, Y1, Y1; \
-	VXORPS Y2, Y2, Y2; \
-	VXORPS Y3, Y3, Y3; \
-	VXORPS Y4, Y4, Y4; \
-	VXORPS Y5, Y5, Y5; \
-	VXORPS Y6, Y6, Y6; \
-	VXORPS Y7, Y7, Y7; \
+	ROWS4; \
+	ZERO8; \
 	XORQ AX, AX; \
 inner4: \
 	CMPQ AX, CX; \
@@ -130,10 +148,7 @@ done: \
 chunk: \
 	CMPQ AX, CX; \
 	JGE done; \
-	VMOVUPS (R9)(AX*4), Y0; \
-	VMOVUPS 32(R9)(AX*4), Y1; \
-	VMOVUPS 64(R9)(AX*4), Y2; \
-	VMOVUPS 96(R9)(AX*4), Y3; \
+	LOAD4(R9, Y0, Y1, Y2, Y3); \
 	VXORPS Y4, Y4, Y4; \
 	VXORPS Y5, Y5, Y5; \
 	VXORPS Y6, Y6, Y6; \
@@ -182,10 +197,7 @@ store: \
 	VADDPS Y5, Y1, Y1; \
 	VADDPS Y6, Y2, Y2; \
 	VADDPS Y7, Y3, Y3; \
-	VMOVUPS Y0, (R9)(AX*4); \
-	VMOVUPS Y1, 32(R9)(AX*4); \
-	VMOVUPS Y2, 64(R9)(AX*4); \
-	VMOVUPS Y3, 96(R9)(AX*4); \
+	STORE4(R9, Y0, Y1, Y2, Y3); \
 	ADDQ $32, AX; \
 	JMP chunk; \
 done: \
@@ -210,17 +222,8 @@ done: \
 row4: \
 	CMPQ R8, $4; \
 	JLT row1; \
-	LEAQ (DI)(DX*1), R10; \
-	LEAQ (R10)(DX*1), R11; \
-	LEAQ (R11)(DX*1), R12; \
-	VXORPS Y0, Y0, Y0; \
-	VXORPS Y1, Y1, Y1; \
-	VXORPS Y2, Y2, Y2; \
-	VXORPS Y3, Y3, Y3; \
-	VXORPS Y4, Y4, Y4; \
-	VXORPS Y5, Y5, Y5; \
-	VXORPS Y6, Y6, Y6; \
-	VXORPS Y7, Y7, Y7; \
+	ROWS4; \
+	ZERO8; \
 	XORQ AX, AX; \
 inner4: \
 	CMPQ AX, CX; \
@@ -299,14 +302,8 @@ done: \
 chunk: \
 	CMPQ AX, CX; \
 	JGE done; \
-	VMOVUPS (R9)(AX*4), Y0; \
-	VMOVUPS 32(R9)(AX*4), Y1; \
-	VMOVUPS 64(R9)(AX*4), Y2; \
-	VMOVUPS 96(R9)(AX*4), Y3; \
-	VMOVUPS (R14)(AX*4), Y4; \
-	VMOVUPS 32(R14)(AX*4), Y5; \
-	VMOVUPS 64(R14)(AX*4), Y6; \
-	VMOVUPS 96(R14)(AX*4), Y7; \
+	LOAD4(R9, Y0, Y1, Y2, Y3); \
+	LOAD4(R14, Y4, Y5, Y6, Y7); \
 	MOVQ DI, R10; \
 	XORQ BX, BX; \
 row: \
@@ -330,14 +327,8 @@ row: \
 	INCQ BX; \
 	JMP row; \
 store: \
-	VMOVUPS Y0, (R9)(AX*4); \
-	VMOVUPS Y1, 32(R9)(AX*4); \
-	VMOVUPS Y2, 64(R9)(AX*4); \
-	VMOVUPS Y3, 96(R9)(AX*4); \
-	VMOVUPS Y4, (R14)(AX*4); \
-	VMOVUPS Y5, 32(R14)(AX*4); \
-	VMOVUPS Y6, 64(R14)(AX*4); \
-	VMOVUPS Y7, 96(R14)(AX*4); \
+	STORE4(R9, Y0, Y1, Y2, Y3); \
+	STORE4(R14, Y4, Y5, Y6, Y7); \
 	ADDQ $32, AX; \
 	JMP chunk; \
 done: \
