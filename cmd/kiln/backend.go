@@ -105,16 +105,16 @@ func quantizeType(flag string) (backend.DType, error) {
 }
 
 // kvFlagHelp is the help of every command's --kv flag.
-const kvFlagHelp = "KV cache dtype: bf16 or f32 (default: bf16 on a GPU, f32 on the CPU)"
+const kvFlagHelp = "KV cache dtype: bf16 or f32 (default bf16)"
 
-// kvDType resolves a --kv flag on backend b: "" is b's ActivationType, bf16
-// on a GPU (its attention kernels run on tensor cores from bf16 caches, at
-// half the memory) and f32 on the CPU.
-func kvDType(flag string, b backend.Backend) (backend.DType, error) {
+// kvDType resolves a --kv flag; "" is bf16 on every backend. A GPU's
+// attention kernels run on tensor cores from bf16 caches; on the CPU a bf16
+// cache holds twice the context in the same memory and decodes long
+// contexts faster (Qwen3-0.6B Q8_0 after 8192 tokens: 9.5 tok/s with f32,
+// 13.1 with bf16; after 128 the same), as llama.cpp's f16 cache does.
+func kvDType(flag string) (backend.DType, error) {
 	switch flag {
-	case "":
-		return b.ActivationType(), nil
-	case "bf16":
+	case "", "bf16":
 		return backend.BF16, nil
 	case "f32":
 		return backend.F32, nil
@@ -208,7 +208,7 @@ func openSplitModel(backendName string, devs []int, src modelSource) (*model.Mod
 // loadModel loads the model src names on b, rank of ranks of a split
 // model when ranks > 0 (model.Options).
 func loadModel(b backend.Backend, src modelSource, rank, ranks int, progress func(done, total int64)) (*model.Model, error) {
-	kv, err := kvDType(src.kv, b)
+	kv, err := kvDType(src.kv)
 	if err != nil {
 		return nil, err
 	}

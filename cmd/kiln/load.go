@@ -203,7 +203,7 @@ func (f *modelFlags) load() (*loaded, error) {
 			m.Close()
 			return nil, fmt.Errorf("the state cache's key of %s: %w", path, err)
 		}
-		kv, _ := kvDType(f.kv, b)
+		kv, _ := kvDType(f.kv)
 		sc.Model = fmt.Sprintf("weights %s|backend %s|quantize %q|kv %v", digest, b.Name(), f.quantize, kv)
 		if m.Ranks() > 1 {
 			// A split model's saved states hold each rank's part in
@@ -229,7 +229,7 @@ func (f *modelFlags) load() (*loaded, error) {
 	}
 	eo := eng.Options()
 	ctx, ctxLimit := eng.Context()
-	kv, _ := kvDType(f.kv, b) // as openModel resolved it
+	kv, _ := kvDType(f.kv) // as openModel resolved it
 	slog.Info("model loaded", "model", name, "backend", b.Name(), "gpus", m.Ranks(), "weights", humanBytes(m.WeightBytes()), "kv", kv,
 		"kv_memory", humanBytes(int64(eo.KVBlocks*eo.BlockSize)*m.KVBytesPerToken()), "kv_tokens", eo.KVBlocks*eo.BlockSize,
 		"state_per_sequence", humanBytes(int64(m.SlotBytes())),
