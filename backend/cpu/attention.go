@@ -672,11 +672,7 @@ func (b *Backend) attendBlocked(a *attnCall, s *backend.SeqInfo, t0 int) {
 					continue
 				}
 				vis := s.Pos + i0 + r/G + 1
-				m := float32(math.Inf(-1))
-				for _, v := range row[:vis] {
-					m = max(m, v)
-				}
-				inv[r] = 1 / expShift(row[:vis], m)
+				inv[r] = 1 / expShift(row[:vis], maxF32(row[:vis]))
 				clear(row[vis:])
 			}
 			for db := 0; db < hd/gemmCols; db++ {
@@ -698,11 +694,7 @@ func (b *Backend) attendBlocked(a *attnCall, s *backend.SeqInfo, t0 int) {
 
 // softmaxInPlace replaces x by softmax(x), in float32.
 func softmaxInPlace(x []float32) {
-	m := float32(math.Inf(-1))
-	for _, v := range x {
-		m = max(m, v)
-	}
-	inv := 1 / expShift(x, m)
+	inv := 1 / expShift(x, maxF32(x))
 	for i := range x {
 		x[i] *= inv
 	}
