@@ -305,6 +305,9 @@ func asmKernels() (func(), bool) {
 		dotQ6K, dotQ6Kx4 = quantKernel(dotQ6KAVX, backend.Q6_K), quantKernel4(dotQ6Kx4AVX, backend.Q6_K)
 		dotMXFP4, dotMXFP4x4 = quantKernel(dotMXFP4AVX, backend.MXFP4), quantKernel4(dotMXFP4x4AVX, backend.MXFP4)
 		dotFP8, dotFP8x4 = dotFP8Asm, dotFP8x4Asm
+		if hasVNNI512() {
+			dotQ8_0x4Pairs = dotQ8_0x4VNNIAsm
+		}
 	}, useAVX
 }
 
@@ -469,4 +472,39 @@ func dotFP8x4Asm(w []byte, rb int, x []float32, xstride int, out []float32) {
 		return
 	}
 	dotFP8x4AVX(unsafe.SliceData(w), rb, rows, unsafe.SliceData(x), 4*xstride, nb, unsafe.SliceData(out))
+}
+
+//go:noescape
+func dotQ8_0x4VNNI(w *byte, rows int, x *byte, xstride int, np int, out *float32)
+
+// hasVNNI512 reports whether the CPU and OS support AVX-512 (F, BW, VL) with
+// VNNI: dotQ8_0x4VNNI's instructions and registers.
+func hasVNNI512() bool {
+	if !useAVX {
+		return false
+	}
+	_, ebx7, ecx7, _ := cpuid(7, 0)
+	const f, bw, vl, vnni = 1 << 16, 1 << 30, 1 << 31, 1 << 11
+	if ebx7&(f|bw|vl) != f|bw|vl || ecx7&vnni == 0 {
+		return false
+	}
+	xcr0, _ := xgetbv0() // the OS saves the opmask and all 32 zmm registers
+	return xcr0&0xe6 == 0xe6
+}
+
+// dotQ8_0x4VNNIAsm is dotQ8_0x4's form for input rows in the pair layout
+// (quantizePairs): out[r*4+j] for the weight rows r in w (rb bytes each).
+func dotQ8_0x4VNNIAsm(w []byte, rb int, x []byte, xstride int, out []float32) {
+	rows, np := len(out)/4, rb/(2*34)
+	if rows == 0 {
+		return
+	}
+	if rb != np*2*34 || len(w) < rows*rb || xstride < np*q8PairBytes || len(x) < 3*xstride+np*q8PairBytes {
+		panic("cpu: Q8_0 pair kernel sizes")
+	}
+	if np == 0 {
+		clear(out)
+		return
+	}
+	dotQ8_0x4VNNI(unsafe.SliceData(w), rows, unsafe.SliceData(x), xstride, np, unsafe.SliceData(out))
 }

@@ -19,7 +19,7 @@ func kernelSets() map[string]func() {
 		quantizeRow, dotQ8_0, dotQ4K, dotQ6K, dotFP8 = quantizeRowGo, dotQ8_0Go, dotQ4KGo, dotQ6KGo, dotFP8Go
 		dotQ8_0x4, dotQ4Kx4, dotQ6Kx4, dotFP8x4 = dotQx4Go(dotQ8_0Go), dotQx4Go(dotQ4KGo), dotQx4Go(dotQ6KGo), dotFP8x4Go
 		dotQ5K, dotQ5Kx4, dotMXFP4, dotMXFP4x4 = dotQ5KGo, dotQx4Go(dotQ5KGo), dotMXFP4Go, dotQx4Go(dotMXFP4Go)
-		intDotKernels = false
+		intDotKernels, dotQ8_0x4Pairs = false, nil
 	}}
 	if asm, ok := asmKernels(); ok {
 		sets["asm"] = asm
@@ -216,7 +216,9 @@ func saveKernels() func() {
 	z1, z2, z3, z4 := dotQ5K, dotQ5Kx4, dotMXFP4, dotMXFP4x4
 	z5, z6, z7, z12 := sumSquares, scaleMul, siluMulRow, maxF32
 	z8, z9, z10, z11 := dot2RowsF32, dot2RowsBF16, axpy2RowsF32, axpy2RowsBF16
+	z13 := dotQ8_0x4Pairs
 	return func() {
+		dotQ8_0x4Pairs = z13
 		sumSquares, scaleMul, siluMulRow, maxF32 = z5, z6, z7, z12
 		dot2RowsF32, dot2RowsBF16, axpy2RowsF32, axpy2RowsBF16 = z8, z9, z10, z11
 		dotF32, dotBF16, dot4xBF16, axpy, axpyBF16, gemm6x16 = a, b, c, d, e, f

@@ -337,7 +337,11 @@ var intDotKernels = false
 func (p *pool) matmulQuant(out, x []float32, n int, w weights, accumulate bool) {
 	j := quantJob{out: out, x: x, n: n, w: w, accumulate: accumulate}
 	if blk, ok := intDot(w.dt); ok {
-		j.qx = quantizeRows(x, n, w.cols, blk)
+		if pairRows(w.dt, n, w.cols) {
+			j.qx = p.quantizePairs(x, n, w.cols)
+		} else {
+			j.qx = quantizeRows(x, n, w.cols, blk)
+		}
 		defer q8Pool.Put(j.qx)
 	}
 	p.For(w.rows, rowGrain(w.cols), j.rows)
@@ -404,6 +408,9 @@ func (j *quantJob) rows(lo, hi int) {
 		kern, kern4 = dotMXFP4, dotMXFP4x4
 	}
 	chunk := max(1, min(quantChunk, (16<<10)/max(rb, 1)))
+	if qx != nil && qx.pairs && chunk >= 4 {
+		chunk &^= 3 // the pair kernel takes weight rows four at a time
+	}
 	tile := max(4, (64<<10)/xstride&^3)
 	var res [4 * quantChunk]float32
 	// put stores (or adds) v[j*stride] for j < nr at out[t, r0+j].
@@ -425,6 +432,13 @@ func (j *quantJob) rows(lo, hi int) {
 			nr := min(chunk, hi-r0)
 			rows := w.buf[r0*rb : (r0+nr)*rb]
 			switch {
+			case qx != nil && qx.pairs: // three rows past the last to read
+				for t := t0; t < t1; t += 4 {
+					dotQ8_0x4Pairs(rows, rb, qx.buf[t*qx.stride:], qx.stride, res[:4*nr])
+					for j := range min(4, t1-t) {
+						put(t+j, r0, nr, res[j:], 4)
+					}
+				}
 			case qx != nil:
 				t := t0
 				for ; t+4 <= t1; t += 4 {

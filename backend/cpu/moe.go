@@ -134,13 +134,30 @@ func (b *Backend) expertsTogether(out, xs []float32, H, I int, byExpert [][]int3
 			r++
 		}
 	}
-	gblk, _ := intDot(guW.dt)
-	qx := quantizeRows(xe, R, H, gblk)
-	defer q8Pool.Put(qx)
-	// jobs makes a product a chosen expert: of its rows of q (quantized
-	// inputs, in byExpert's order) with its matrix of w (width rows a
-	// row of the outputs y).
-	jobs := func(q *q8Rows, y []float32, w weights, width int) []quantJob {
+	// jobs quantizes x (R rows of k) for w's products and makes a product a
+	// chosen expert: of its rows (in byExpert's order) with its matrix of w
+	// (width rows a row of the outputs y). An expert's rows take the layout
+	// that matmulQuant would give them (pairRows), so that the sums are
+	// the same; the rows are quantized to each layout some expert takes.
+	var quantized []*q8Rows
+	defer func() {
+		for _, q := range quantized {
+			q8Pool.Put(q)
+		}
+	}()
+	jobs := func(x []float32, k int, y []float32, w weights, width int) []quantJob {
+		var std, pairs *q8Rows
+		for _, toks := range byExpert {
+			switch n := len(toks); {
+			case n > 0 && pairRows(w.dt, n, k) && pairs == nil:
+				pairs = b.pool.quantizePairs(x, R, k)
+				quantized = append(quantized, pairs)
+			case n > 0 && !pairRows(w.dt, n, k) && std == nil:
+				blk, _ := intDot(w.dt)
+				std = quantizeRows(x, R, k, blk)
+				quantized = append(quantized, std)
+			}
+		}
 		var js []quantJob
 		r := 0
 		for ex, toks := range byExpert {
@@ -148,19 +165,20 @@ func (b *Backend) expertsTogether(out, xs []float32, H, I int, byExpert [][]int3
 			if n == 0 {
 				continue
 			}
+			q := std
+			if pairRows(w.dt, n, k) {
+				q = pairs
+			}
 			sub := *q
-			sub.buf = q.buf[r*q.stride : (r+n)*q.stride]
+			sub.buf = q.buf[r*q.stride:] // the pair kernel reads rows four at a time
 			js = append(js, quantJob{out: y[r*width : (r+n)*width], qx: &sub, n: n, w: w.sub(ex*width, width)})
 			r += n
 		}
 		return js
 	}
-	b.pool.quantJobs(jobs(qx, h, guW, 2*I))
+	b.pool.quantJobs(jobs(xe, H, h, guW, 2*I))
 	siluMul(b.pool, act, h, R, I)
-	dblk, _ := intDot(downW.dt)
-	qa := quantizeRows(act, R, I, dblk)
-	defer q8Pool.Put(qa)
-	b.pool.quantJobs(jobs(qa, xe, downW, H))
+	b.pool.quantJobs(jobs(act, I, xe, downW, H))
 	r = 0
 	for ex, toks := range byExpert {
 		for i, t := range toks {

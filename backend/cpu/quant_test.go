@@ -15,7 +15,7 @@ var quantTypes = []backend.DType{backend.Q8_0, backend.Q4_K, backend.Q5_K, backe
 // quantWidths are the row widths each type is tested at: whole blocks, and
 // for FP8 a partial last block too.
 var quantWidths = map[backend.DType][]int{
-	backend.Q8_0:  {32, 96, 3072},
+	backend.Q8_0:  {32, 96, 128, 3072},
 	backend.Q4_K:  {256, 512, 3072},
 	backend.Q5_K:  {256, 512},
 	backend.Q6_K:  {256, 512, 3072},
@@ -416,6 +416,18 @@ func TestQuantKernels(t *testing.T) {
 				}
 				got, want, got4 := make([]float32, rows), make([]float32, rows), make([]float32, 4*rows)
 				k.four(w, nb*bs, qx.buf, qx.stride, got4)
+				// Q8_0's AVX-512 VNNI kernel, on the same quants in the pair
+				// layout (an even number of blocks).
+				var gotp []float32
+				if k.dt == backend.Q8_0 && dotQ8_0x4Pairs != nil && nb%2 == 0 {
+					stride := nb / 2 * q8PairBytes
+					px := make([]byte, 4*stride)
+					for j := range 4 {
+						packPairs(px[j*stride:(j+1)*stride], qx.row(j))
+					}
+					gotp = make([]float32, 4*rows)
+					dotQ8_0x4Pairs(w, nb*bs, px, stride, gotp)
+				}
 				for j := range 4 {
 					k.one(w, nb*bs, qx.row(j), got)
 					k.g(w, nb*bs, qx.row(j), want)
@@ -429,6 +441,12 @@ func TestQuantKernels(t *testing.T) {
 						got[i] = got4[i*4+j]
 					}
 					compareTerms(t, what+" (x4)", got, want, terms)
+					if gotp != nil {
+						for i := range got {
+							got[i] = gotp[i*4+j]
+						}
+						compareTerms(t, what+" (pairs)", got, want, terms)
+					}
 				}
 				q8Pool.Put(qx)
 			}
