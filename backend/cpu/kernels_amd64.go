@@ -130,6 +130,10 @@ func hasAVX2FMA() bool {
 
 var useAVX = hasAVX2FMA()
 
+// useVNNI: the prompt kernels of Q8_0 and Q4_K take AVX-512 VNNI where the
+// CPU has it (tests turn it off to check the AVX2 kernels too).
+var useVNNI = hasVNNI512()
+
 // prefetchBytes is how far ahead of the weights they read the quantized
 // kernels prefetch (quant_amd64.s). On the Xeon dev machine one core
 // streamed Q4_K rows from memory at 8.5 GB/s without, 11.9 at 1 KB,
@@ -305,8 +309,9 @@ func asmKernels() (func(), bool) {
 		dotQ6K, dotQ6Kx4 = quantKernel(dotQ6KAVX, backend.Q6_K), quantKernel4(dotQ6Kx4AVX, backend.Q6_K)
 		dotMXFP4, dotMXFP4x4 = quantKernel(dotMXFP4AVX, backend.MXFP4), quantKernel4(dotMXFP4x4AVX, backend.MXFP4)
 		dotFP8, dotFP8x4 = dotFP8Asm, dotFP8x4Asm
-		if hasVNNI512() {
+		if useVNNI {
 			dotQ8_0x4Pairs = dotQ8_0x4VNNIAsm
+			dotQ4Kx4 = quantKernel4(dotQ4Kx4VNNI, backend.Q4_K)
 		}
 	}, useAVX
 }
@@ -476,6 +481,9 @@ func dotFP8x4Asm(w []byte, rb int, x []float32, xstride int, out []float32) {
 
 //go:noescape
 func dotQ8_0x4VNNI(w *byte, rows int, x *byte, xstride int, np int, out *float32)
+
+//go:noescape
+func dotQ4Kx4VNNI(w *byte, rows int, x *byte, xstride int, nb int, out *float32)
 
 // hasVNNI512 reports whether the CPU and OS support AVX-512 (F, BW, VL) with
 // VNNI: dotQ8_0x4VNNI's instructions and registers.
