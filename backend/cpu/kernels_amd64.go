@@ -130,7 +130,7 @@ func hasAVX2FMA() bool {
 
 var useAVX = hasAVX2FMA()
 
-// useVNNI: the prompt kernels of Q8_0 and Q4_K take AVX-512 VNNI where the
+// useVNNI: the prompt kernels of Q8_0, Q4_K and Q6_K take AVX-512 VNNI where the
 // CPU has it (tests turn it off to check the AVX2 kernels too).
 var useVNNI = hasVNNI512()
 
@@ -312,6 +312,7 @@ func asmKernels() (func(), bool) {
 		if useVNNI {
 			dotQ8_0x4Pairs = dotQ8_0x4VNNIAsm
 			dotQ4Kx4 = quantKernel4(dotQ4Kx4VNNI, backend.Q4_K)
+			dotQ6Kx4 = quantKernel4(dotQ6Kx4VNNI, backend.Q6_K)
 		}
 	}, useAVX
 }
@@ -484,6 +485,9 @@ func dotQ8_0x4VNNI(w *byte, rows int, x *byte, xstride int, np int, out *float32
 
 //go:noescape
 func dotQ4Kx4VNNI(w *byte, rows int, x *byte, xstride int, nb int, out *float32)
+
+//go:noescape
+func dotQ6Kx4VNNI(w *byte, rows int, x *byte, xstride int, nb int, out *float32)
 
 // hasVNNI512 reports whether the CPU and OS support AVX-512 (F, BW, VL) with
 // VNNI: dotQ8_0x4VNNI's instructions and registers.

@@ -1681,14 +1681,21 @@ vdone:
 	VPSRLW       $4, Y16, Y17; \
 	VINSERTI64X4 $1, Y17, Z16, Z16; \
 	VPANDD       Z13, Z16, Z16; \
-	VPMADDUBSW   xo(DI), Z16, Z11; \
-	VPDPWSSD     S, Z11, Z4; \
-	VPMADDUBSW   xo(DI)(R13*1), Z16, Z12; \
-	VPDPWSSD     S, Z12, Z5; \
-	VPMADDUBSW   xo(DI)(R13*2), Z16, Z11; \
-	VPDPWSSD     S, Z11, Z6; \
-	VPMADDUBSW   xo(R9), Z16, Z12; \
-	VPDPWSSD     S, Z12, Z7
+	VROWS4(Z16, xo, S)
+
+// VROWS4 adds to the four input rows' int32 sums Z4-Z7 the products of the
+// 64 unsigned quants in Q with their quants at xo, times the scales (words)
+// in S: VPMADDUBSW's int16 pairs, multiplied and added by VPDPWSSD (Z11,
+// Z12 scratch).
+#define VROWS4(Q, xo, S) \
+	VPMADDUBSW xo(DI), Q, Z11; \
+	VPDPWSSD   S, Z11, Z4; \
+	VPMADDUBSW xo(DI)(R13*1), Q, Z12; \
+	VPDPWSSD   S, Z12, Z5; \
+	VPMADDUBSW xo(DI)(R13*2), Q, Z11; \
+	VPDPWSSD   S, Z11, Z6; \
+	VPMADDUBSW xo(R9), Q, Z12; \
+	VPDPWSSD   S, Z12, Z7
 
 // K4VFIN adds one input row's block to acc: (d * isum - dmin * the mins
 // against its 16-sums) * d_x (x its block; M, MZ scratch).
@@ -1698,6 +1705,13 @@ vdone:
 	VCVTDQ2PS        MZ, MZ; \
 	VMULPS           Z14, isum, isum; \
 	VFNMADD231PS     Z15, MZ, isum; \
+	VFMADD231PS.BCST x, isum, acc
+
+// KVFIN adds one input row's int32 sums times d (Z14) * d_x to acc (x
+// its block).
+#define KVFIN(x, isum, acc) \
+	VCVTDQ2PS        isum, isum; \
+	VMULPS           Z14, isum, isum; \
 	VFMADD231PS.BCST x, isum, acc
 
 // func dotQ4Kx4VNNI(w *byte, rows int, x *byte, xstride int, nb int, out *float32)
@@ -1778,6 +1792,106 @@ k4vsum:
 	JMP  k4vrow
 
 k4vdone:
+	VZEROUPPER
+	RET
+
+// Q6VHALF unpacks half n of a Q6_K block (ql at qlo, qh at qho) into two
+// zmm of 64 six-bit quants, values 128n to 128n + 63 (low nibbles of the
+// half's 64 ql bytes, with qh's bit pairs 0 and 1) and the next 64 (high
+// nibbles, bit pairs 2 and 3), and dots each with the four input rows'
+// quants at xoA and xoB times their scales SA and SB (Z13 the 0x0f
+// masks, Z15 the 0x30 masks; Z8, Z9, Z24-Z26 scratch).
+#define Q6VHALF(qlo, qho, xoA, xoB, SA, SB) \
+	VMOVDQU64    qlo(SI), Z8; \
+	VMOVDQU64    qho(SI), Y9; \
+	VPSLLW       $4, Y9, Y24; \
+	VPSLLW       $2, Y9, Y25; \
+	VINSERTI64X4 $1, Y25, Z24, Z24; \
+	VPSRLW       $2, Y9, Y26; \
+	VINSERTI64X4 $1, Y26, Z9, Z25; \
+	VPANDD       Z15, Z24, Z24; \
+	VPANDD       Z15, Z25, Z25; \
+	VPANDD       Z13, Z8, Z16; \
+	VPORD        Z24, Z16, Z16; \
+	VPSRLW       $4, Z8, Z17; \
+	VPANDD       Z13, Z17, Z17; \
+	VPORD        Z25, Z17, Z17; \
+	VROWS4(Z16, xoA, SA); \
+	VROWS4(Z17, xoB, SB)
+
+// Q6VSTART starts one input row's int32 sums at -32 times the sum of each
+// scale (words in Y10) times its 16-sum (x the row's block; Z28 scratch).
+#define Q6VSTART(x, isum) \
+	VPMADDWD 260 x, Y10, Y28; \
+	VPSLLD   $5, Z28, Z28; \
+	VPXORD   isum, isum, isum; \
+	VPSUBD   Z28, isum, isum
+
+// func dotQ6Kx4VNNI(w *byte, rows int, x *byte, xstride int, nb int, out *float32)
+// dotQ6Kx4AVX in zmm registers on AVX-512 (BW, VNNI), as dotQ4Kx4VNNI:
+// 64 quants a zmm, their scales spread over the int16 pairs by VPERMW.
+TEXT ·dotQ6Kx4VNNI(SB), NOSPLIT, $0-48
+	ARGS4
+	MOVL         $0x0f0f0f0f, AX
+	VPBROADCASTD AX, Z13 // low nibbles
+	MOVL         $0x30303030, AX
+	VPBROADCASTD AX, Z15 // bits 4 and 5
+
+q6vrow:
+	TESTQ  R8, R8
+	JZ     q6vdone
+	MOVQ   x+16(FP), DI
+	MOVQ   nb+32(FP), CX
+	LEAQ   (DI)(R13*2), R9
+	ADDQ   R13, R9
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+
+q6vblock:
+	TESTQ CX, CX
+	JZ    q6vsum
+	PF4
+	VPMOVSXBW    192(SI), Y10 // the 16 scales as words
+	VMOVDQU64    q6kPerm<>+0(SB), Z11
+	VPERMW       Z10, Z11, Z20
+	VMOVDQU64    q6kPerm<>+64(SB), Z11
+	VPERMW       Z10, Z11, Z21
+	VMOVDQU64    q6kPerm<>+128(SB), Z11
+	VPERMW       Z10, Z11, Z22
+	VMOVDQU64    q6kPerm<>+192(SB), Z11
+	VPERMW       Z10, Z11, Z23
+	MOVWLZX      208(SI), AX
+	VMOVD        AX, X14
+	VCVTPH2PS    X14, X14
+	VBROADCASTSS X14, Z14 // d
+	Q6VSTART((DI), Z4)
+	Q6VSTART((DI)(R13*1), Z5)
+	Q6VSTART((DI)(R13*2), Z6)
+	Q6VSTART((R9), Z7)
+	Q6VHALF(0, 128, 4, 68, Z20, Z21)
+	Q6VHALF(64, 160, 132, 196, Z22, Z23)
+	KVFIN((DI), Z4, Z0)
+	KVFIN((DI)(R13*1), Z5, Z1)
+	KVFIN((DI)(R13*2), Z6, Z2)
+	KVFIN((R9), Z7, Z3)
+	ADDQ $210, SI
+	ADDQ $292, DI
+	ADDQ $292, R9
+	DECQ CX
+	JMP  q6vblock
+
+q6vsum:
+	HSUM16(Z0, Y0, X0, Y24, X24, 0(R12))
+	HSUM16(Z1, Y1, X1, Y24, X24, 4(R12))
+	HSUM16(Z2, Y2, X2, Y24, X24, 8(R12))
+	HSUM16(Z3, Y3, X3, Y24, X24, 12(R12))
+	ADDQ $16, R12
+	DECQ R8
+	JMP  q6vrow
+
+q6vdone:
 	VZEROUPPER
 	RET
 
@@ -1897,3 +2011,37 @@ DATA q4kPerm<>+264(SB)/8, $0x0003000300020002
 DATA q4kPerm<>+272(SB)/8, $0x0005000500040004
 DATA q4kPerm<>+280(SB)/8, $0x0007000700060006
 GLOBL q4kPerm<>(SB), RODATA|NOPTR, $288
+
+DATA q6kPerm<>+0(SB)/8, $0x0000000000000000
+DATA q6kPerm<>+8(SB)/8, $0x0000000000000000
+DATA q6kPerm<>+16(SB)/8, $0x0001000100010001
+DATA q6kPerm<>+24(SB)/8, $0x0001000100010001
+DATA q6kPerm<>+32(SB)/8, $0x0002000200020002
+DATA q6kPerm<>+40(SB)/8, $0x0002000200020002
+DATA q6kPerm<>+48(SB)/8, $0x0003000300030003
+DATA q6kPerm<>+56(SB)/8, $0x0003000300030003
+DATA q6kPerm<>+64(SB)/8, $0x0004000400040004
+DATA q6kPerm<>+72(SB)/8, $0x0004000400040004
+DATA q6kPerm<>+80(SB)/8, $0x0005000500050005
+DATA q6kPerm<>+88(SB)/8, $0x0005000500050005
+DATA q6kPerm<>+96(SB)/8, $0x0006000600060006
+DATA q6kPerm<>+104(SB)/8, $0x0006000600060006
+DATA q6kPerm<>+112(SB)/8, $0x0007000700070007
+DATA q6kPerm<>+120(SB)/8, $0x0007000700070007
+DATA q6kPerm<>+128(SB)/8, $0x0008000800080008
+DATA q6kPerm<>+136(SB)/8, $0x0008000800080008
+DATA q6kPerm<>+144(SB)/8, $0x0009000900090009
+DATA q6kPerm<>+152(SB)/8, $0x0009000900090009
+DATA q6kPerm<>+160(SB)/8, $0x000a000a000a000a
+DATA q6kPerm<>+168(SB)/8, $0x000a000a000a000a
+DATA q6kPerm<>+176(SB)/8, $0x000b000b000b000b
+DATA q6kPerm<>+184(SB)/8, $0x000b000b000b000b
+DATA q6kPerm<>+192(SB)/8, $0x000c000c000c000c
+DATA q6kPerm<>+200(SB)/8, $0x000c000c000c000c
+DATA q6kPerm<>+208(SB)/8, $0x000d000d000d000d
+DATA q6kPerm<>+216(SB)/8, $0x000d000d000d000d
+DATA q6kPerm<>+224(SB)/8, $0x000e000e000e000e
+DATA q6kPerm<>+232(SB)/8, $0x000e000e000e000e
+DATA q6kPerm<>+240(SB)/8, $0x000f000f000f000f
+DATA q6kPerm<>+248(SB)/8, $0x000f000f000f000f
+GLOBL q6kPerm<>(SB), RODATA|NOPTR, $256
