@@ -426,6 +426,25 @@ func (j *quantJob) rows(lo, hi int) {
 			}
 		}
 	}
+	// put4 is put of the four-row kernels' results for rows t to t+3 in
+	// one pass over res (row by row with a stride of four it was ~7% of a
+	// prompt's time).
+	put4 := func(t, r0, nr int) {
+		d0 := out[t*o+r0:][:nr]
+		d1, d2, d3 := out[(t+1)*o+r0:][:nr], out[(t+2)*o+r0:][:nr], out[(t+3)*o+r0:][:nr]
+		v := res[:4*nr]
+		for r := range d0 {
+			q := (*[4]float32)(v[4*r:])
+			if accumulate {
+				d0[r] += q[0]
+				d1[r] += q[1]
+				d2[r] += q[2]
+				d3[r] += q[3]
+			} else {
+				d0[r], d1[r], d2[r], d3[r] = q[0], q[1], q[2], q[3]
+			}
+		}
+	}
 	for t0 := 0; t0 < n; t0 += tile {
 		t1 := min(n, t0+tile)
 		for r0 := lo; r0 < hi; r0 += chunk {
@@ -435,7 +454,11 @@ func (j *quantJob) rows(lo, hi int) {
 			case qx != nil && qx.pairs: // three rows past the last to read
 				for t := t0; t < t1; t += 4 {
 					dotQ8_0x4Pairs(rows, rb, qx.buf[t*qx.stride:], qx.stride, res[:4*nr])
-					for j := range min(4, t1-t) {
+					if t+4 <= t1 {
+						put4(t, r0, nr)
+						continue
+					}
+					for j := range t1 - t {
 						put(t+j, r0, nr, res[j:], 4)
 					}
 				}
@@ -443,9 +466,7 @@ func (j *quantJob) rows(lo, hi int) {
 				t := t0
 				for ; t+4 <= t1; t += 4 {
 					kern4(rows, rb, qx.buf[t*qx.stride:], qx.stride, res[:4*nr])
-					for j := range 4 {
-						put(t+j, r0, nr, res[j:], 4)
-					}
+					put4(t, r0, nr)
 				}
 				for ; t < t1; t++ {
 					kern(rows, rb, qx.row(t), res[:nr])
