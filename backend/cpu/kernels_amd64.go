@@ -18,6 +18,9 @@ func dot4xbf16AVX(w *uint16, x *float32, stride uintptr, n int, out *[4]float32)
 func gemm6x16AVX(a *float32, lda int, b *float32, k int, c *[96]float32)
 
 //go:noescape
+func gemm6x16AVX512(a *float32, lda int, b *float32, k int, c *[96]float32)
+
+//go:noescape
 func dotAVX(x, y *float32, n int) float32
 
 //go:noescape
@@ -130,9 +133,10 @@ func hasAVX2FMA() bool {
 
 var useAVX = hasAVX2FMA()
 
-// useVNNI: the prompt kernels of Q8_0, Q4_K and Q6_K take AVX-512 VNNI where the
-// CPU has it (tests turn it off to check the AVX2 kernels too).
-var useVNNI = hasVNNI512()
+// useAVX512: the prompts' kernels (f32 panels, Q8_0, Q4_K and Q6_K) take
+// AVX-512 with VNNI where the CPU has it (tests turn it off to check the
+// AVX2 kernels too).
+var useAVX512 = hasVNNI512()
 
 // prefetchBytes is how far ahead of the weights they read the quantized
 // kernels prefetch (quant_amd64.s). On the Xeon dev machine one core
@@ -290,6 +294,16 @@ func gemm6x16Asm(a []float32, lda int, b []float32, k int, c *[96]float32) {
 	gemm6x16AVX(unsafe.SliceData(a), lda, unsafe.SliceData(b), k, c)
 }
 
+func gemm6x16Asm512(a []float32, lda int, b []float32, k int, c *[96]float32) {
+	if k == 0 {
+		*c = [96]float32{}
+		return
+	}
+	_ = a[5*lda+k-1]
+	_ = b[16*k-1]
+	gemm6x16AVX512(unsafe.SliceData(a), lda, unsafe.SliceData(b), k, c)
+}
+
 // asmKernels returns a function installing the assembly kernels, when the
 // CPU has them.
 func asmKernels() (func(), bool) {
@@ -309,7 +323,8 @@ func asmKernels() (func(), bool) {
 		dotQ6K, dotQ6Kx4 = quantKernel(dotQ6KAVX, backend.Q6_K), quantKernel4(dotQ6Kx4AVX, backend.Q6_K)
 		dotMXFP4, dotMXFP4x4 = quantKernel(dotMXFP4AVX, backend.MXFP4), quantKernel4(dotMXFP4x4AVX, backend.MXFP4)
 		dotFP8, dotFP8x4 = dotFP8Asm, dotFP8x4Asm
-		if useVNNI {
+		if useAVX512 {
+			gemm6x16 = gemm6x16Asm512
 			dotQ8_0x4Pairs = dotQ8_0x4VNNIAsm
 			dotQ4Kx4 = quantKernel4(dotQ4Kx4VNNI, backend.Q4_K)
 			dotQ6Kx4 = quantKernel4(dotQ6Kx4VNNI, backend.Q6_K)

@@ -490,6 +490,81 @@ gdone:
 	VZEROUPPER
 	RET
 
+// GSTEP512 adds b's row at off(DI) times a's elements at column AX + col
+// of the six rows to the accumulators c0-c5 (embedded broadcasts; Z12
+// scratch).
+#define GSTEP512(off, col, c0, c1, c2, c3, c4, c5) \
+	VMOVUPS          off(DI), Z12; \
+	VFMADD231PS.BCST col(SI)(AX*4), Z12, c0; \
+	VFMADD231PS.BCST col(R9)(AX*4), Z12, c1; \
+	VFMADD231PS.BCST col(R10)(AX*4), Z12, c2; \
+	VFMADD231PS.BCST col(R11)(AX*4), Z12, c3; \
+	VFMADD231PS.BCST col(R12)(AX*4), Z12, c4; \
+	VFMADD231PS.BCST col(R13)(AX*4), Z12, c5
+
+// func gemm6x16AVX512(a *float32, lda int, b *float32, k int, c *[96]float32)
+// gemm6x16AVX with a zmm a row of c: six multiply-adds a step of k where
+// the AVX2 kernel takes twelve; even and odd steps go to two sets of
+// accumulators, added at the end, so that the multiply-adds' latency
+// does not bound them.
+TEXT ·gemm6x16AVX512(SB), NOSPLIT, $0-40
+	MOVQ a+0(FP), SI
+	MOVQ lda+8(FP), R8
+	SHLQ $2, R8
+	MOVQ b+16(FP), DI
+	MOVQ k+24(FP), CX
+	MOVQ c+32(FP), DX
+	LEAQ (SI)(R8*1), R9
+	LEAQ (R9)(R8*1), R10
+	LEAQ (R10)(R8*1), R11
+	LEAQ (R11)(R8*1), R12
+	LEAQ (R12)(R8*1), R13
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+	VPXORD Z8, Z8, Z8
+	VPXORD Z9, Z9, Z9
+	VPXORD Z10, Z10, Z10
+	VPXORD Z11, Z11, Z11
+	XORQ AX, AX
+	MOVQ CX, BX
+	ANDQ $-2, BX
+
+g5pair:
+	CMPQ AX, BX
+	JGE  g5tail
+	GSTEP512(0, 0, Z0, Z1, Z2, Z3, Z4, Z5)
+	GSTEP512(64, 4, Z6, Z7, Z8, Z9, Z10, Z11)
+	ADDQ $128, DI
+	ADDQ $2, AX
+	JMP  g5pair
+
+g5tail:
+	CMPQ AX, CX
+	JGE  g5done
+	GSTEP512(0, 0, Z0, Z1, Z2, Z3, Z4, Z5)
+
+g5done:
+	VADDPS  Z6, Z0, Z0
+	VADDPS  Z7, Z1, Z1
+	VADDPS  Z8, Z2, Z2
+	VADDPS  Z9, Z3, Z3
+	VADDPS  Z10, Z4, Z4
+	VADDPS  Z11, Z5, Z5
+	VMOVUPS Z0, (DX)
+	VMOVUPS Z1, 64(DX)
+	VMOVUPS Z2, 128(DX)
+	VMOVUPS Z3, 192(DX)
+	VMOVUPS Z4, 256(DX)
+	VMOVUPS Z5, 320(DX)
+	VZEROUPPER
+	RET
+
 // func dotAVX(x, y *float32, n int) float32
 // sum_{i<n} x[i]*y[i]; n is a multiple of 8.
 TEXT ·dotAVX(SB), NOSPLIT, $0-28
