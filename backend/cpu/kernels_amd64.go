@@ -284,24 +284,17 @@ func axpyBF16AVX(y []float32, a float32, x []uint16) {
 	}
 }
 
-func gemm6x16Asm(a []float32, lda int, b []float32, k int, c *[96]float32) {
-	if k == 0 {
-		*c = [96]float32{}
-		return
+// gemm6x16Asm wraps a 6x16 assembly kernel with the bounds checks.
+func gemm6x16Asm(kern func(a *float32, lda int, b *float32, k int, c *[96]float32)) func(a []float32, lda int, b []float32, k int, c *[96]float32) {
+	return func(a []float32, lda int, b []float32, k int, c *[96]float32) {
+		if k == 0 {
+			*c = [96]float32{}
+			return
+		}
+		_ = a[5*lda+k-1]
+		_ = b[16*k-1]
+		kern(unsafe.SliceData(a), lda, unsafe.SliceData(b), k, c)
 	}
-	_ = a[5*lda+k-1]
-	_ = b[16*k-1]
-	gemm6x16AVX(unsafe.SliceData(a), lda, unsafe.SliceData(b), k, c)
-}
-
-func gemm6x16Asm512(a []float32, lda int, b []float32, k int, c *[96]float32) {
-	if k == 0 {
-		*c = [96]float32{}
-		return
-	}
-	_ = a[5*lda+k-1]
-	_ = b[16*k-1]
-	gemm6x16AVX512(unsafe.SliceData(a), lda, unsafe.SliceData(b), k, c)
 }
 
 // asmKernels returns a function installing the assembly kernels, when the
@@ -309,7 +302,7 @@ func gemm6x16Asm512(a []float32, lda int, b []float32, k int, c *[96]float32) {
 func asmKernels() (func(), bool) {
 	return func() {
 		dotF32, dotBF16, dot4xBF16 = dotF32AVX, dotBF16AVX, dot4xBF16AVX
-		axpy, axpyBF16, gemm6x16 = axpyF32AVX, axpyBF16AVX, gemm6x16Asm
+		axpy, axpyBF16, gemm6x16 = axpyF32AVX, axpyBF16AVX, gemm6x16Asm(gemm6x16AVX)
 		dotRowsF32, dotRowsBF16 = dotRowsAsm[float32], dotRowsAsm[uint16]
 		axpyRowsF32, axpyRowsBF16 = axpyRowsAsm[float32], axpyRowsAsm[uint16]
 		dot2RowsF32, dot2RowsBF16 = dot2RowsAsm[float32], dot2RowsAsm[uint16]
@@ -324,7 +317,7 @@ func asmKernels() (func(), bool) {
 		dotMXFP4, dotMXFP4x4 = quantKernel(dotMXFP4AVX, backend.MXFP4), quantKernel4(dotMXFP4x4AVX, backend.MXFP4)
 		dotFP8, dotFP8x4 = dotFP8Asm, dotFP8x4Asm
 		if useAVX512 {
-			gemm6x16 = gemm6x16Asm512
+			gemm6x16 = gemm6x16Asm(gemm6x16AVX512)
 			dotQ8_0x4Pairs = dotQ8_0x4VNNIAsm
 			dotQ4Kx4 = quantKernel4(dotQ4Kx4VNNI, backend.Q4_K)
 			dotQ6Kx4 = quantKernel4(dotQ6Kx4VNNI, backend.Q6_K)

@@ -1,4 +1,20 @@
 #include "textflag.h"
+#include "zmm_amd64.h"
+
+// GEMM6ARGS loads the 6x16 kernels' arguments: a's six rows at SI and
+// R9-R13 (lda in bytes in R8), b at DI, k in CX, c at DX.
+#define GEMM6ARGS \
+	MOVQ a+0(FP), SI; \
+	MOVQ lda+8(FP), R8; \
+	SHLQ $2, R8; \
+	MOVQ b+16(FP), DI; \
+	MOVQ k+24(FP), CX; \
+	MOVQ c+32(FP), DX; \
+	LEAQ (SI)(R8*1), R9; \
+	LEAQ (R9)(R8*1), R10; \
+	LEAQ (R10)(R8*1), R11; \
+	LEAQ (R11)(R8*1), R12; \
+	LEAQ (R12)(R8*1), R13
 
 // HSUM reduces the 8 lanes of ymm register Y to lane 0 of its xmm X, using T.
 #define HSUM(Y, X, T) \
@@ -422,17 +438,7 @@ xdone:
 // func gemm6x16AVX(a *float32, lda int, b *float32, k int, c *[96]float32)
 // c[i*16+j] = sum_{p<k} a[i*lda+p] * b[p*16+j] for i < 6, j < 16.
 TEXT ·gemm6x16AVX(SB), NOSPLIT, $0-40
-	MOVQ a+0(FP), SI
-	MOVQ lda+8(FP), R8
-	SHLQ $2, R8
-	MOVQ b+16(FP), DI
-	MOVQ k+24(FP), CX
-	MOVQ c+32(FP), DX
-	LEAQ (SI)(R8*1), R9
-	LEAQ (R9)(R8*1), R10
-	LEAQ (R10)(R8*1), R11
-	LEAQ (R11)(R8*1), R12
-	LEAQ (R12)(R8*1), R13
+	GEMM6ARGS
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -508,29 +514,10 @@ gdone:
 // accumulators, added at the end, so that the multiply-adds' latency
 // does not bound them.
 TEXT ·gemm6x16AVX512(SB), NOSPLIT, $0-40
-	MOVQ a+0(FP), SI
-	MOVQ lda+8(FP), R8
-	SHLQ $2, R8
-	MOVQ b+16(FP), DI
-	MOVQ k+24(FP), CX
-	MOVQ c+32(FP), DX
-	LEAQ (SI)(R8*1), R9
-	LEAQ (R9)(R8*1), R10
-	LEAQ (R10)(R8*1), R11
-	LEAQ (R11)(R8*1), R12
-	LEAQ (R12)(R8*1), R13
-	VPXORD Z0, Z0, Z0
-	VPXORD Z1, Z1, Z1
-	VPXORD Z2, Z2, Z2
-	VPXORD Z3, Z3, Z3
-	VPXORD Z4, Z4, Z4
-	VPXORD Z5, Z5, Z5
-	VPXORD Z6, Z6, Z6
-	VPXORD Z7, Z7, Z7
-	VPXORD Z8, Z8, Z8
-	VPXORD Z9, Z9, Z9
-	VPXORD Z10, Z10, Z10
-	VPXORD Z11, Z11, Z11
+	GEMM6ARGS
+	ZERO4(Z0, Z1, Z2, Z3)
+	ZERO4(Z4, Z5, Z6, Z7)
+	ZERO4(Z8, Z9, Z10, Z11)
 	XORQ AX, AX
 	MOVQ CX, BX
 	ANDQ $-2, BX

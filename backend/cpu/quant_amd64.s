@@ -1,4 +1,5 @@
 #include "textflag.h"
+#include "zmm_amd64.h"
 
 // Kernels for block-quantized weights (quant.go). Each sets out[r] for
 // r < rows to the dot product of weight row r (rows consecutive in w) with
@@ -28,6 +29,16 @@
 	MOVQ out+40(FP), R12; \
 	MOVQ w+0(FP), SI; \
 	MOVQ xstride+24(FP), R13
+
+// V4ROW starts a weight row of the AVX-512 K-quant kernels (after ARGS4):
+// the input rows at DI, DI + R13, DI + 2 R13 and R9, the blocks in CX,
+// the accumulators Z0-Z3 zeroed.
+#define V4ROW \
+	MOVQ x+16(FP), DI; \
+	MOVQ nb+32(FP), CX; \
+	LEAQ (DI)(R13*2), R9; \
+	ADDQ R13, R9; \
+	ZERO4(Z0, Z1, Z2, Z3)
 
 // HSUMQ reduces the 8 lanes of ymm register Y to lane 0 of its xmm X, using T.
 #define HSUMQ(Y, X, T) \
@@ -605,6 +616,11 @@ q5done:
 	KFIN4((DI)(R13*1), Y5, Y1); \
 	KFIN4((DI)(R13*2), Y6, Y2); \
 	KFIN4((R9), Y7, Y3); \
+	KNEXT4(bs)
+
+// KNEXT4 moves the four-row K-quant kernels to the next block (bs bytes
+// of weights, 292 of each input row).
+#define KNEXT4(bs) \
 	ADDQ $bs, SI; \
 	ADDQ $292, DI; \
 	ADDQ $292, R9; \
@@ -1535,6 +1551,15 @@ qdone:
 	VHADDPS       X, X, X; \
 	VMOVSS        X, addr
 
+// HSUM4 stores the sums of Z0-Z3 at 0-12(R12) and moves R12 past them
+// (Y24 scratch).
+#define HSUM4 \
+	HSUM16(Z0, Y0, X0, Y24, X24, 0(R12)); \
+	HSUM16(Z1, Y1, X1, Y24, X24, 4(R12)); \
+	HSUM16(Z2, Y2, X2, Y24, X24, 8(R12)); \
+	HSUM16(Z3, Y3, X3, Y24, X24, 12(R12)); \
+	ADDQ $16, R12
+
 // func dotQ8_0x4VNNI(w *byte, rows int, x *byte, xstride int, np int, out *float32)
 // out[r*4+j] for weight rows r < rows (Q8_0, np pairs of blocks each, rows
 // consecutive) and input rows j < 4 (pair layout, xstride bytes apart).
@@ -1559,22 +1584,10 @@ vquad:
 	MOVQ x+16(FP), DI
 	LEAQ (DI)(R13*2), DX
 	ADDQ R13, DX // input row 3
-	VPXORD Z0, Z0, Z0
-	VPXORD Z1, Z1, Z1
-	VPXORD Z2, Z2, Z2
-	VPXORD Z3, Z3, Z3
-	VPXORD Z4, Z4, Z4
-	VPXORD Z5, Z5, Z5
-	VPXORD Z6, Z6, Z6
-	VPXORD Z7, Z7, Z7
-	VPXORD Z8, Z8, Z8
-	VPXORD Z9, Z9, Z9
-	VPXORD Z10, Z10, Z10
-	VPXORD Z11, Z11, Z11
-	VPXORD Z12, Z12, Z12
-	VPXORD Z13, Z13, Z13
-	VPXORD Z14, Z14, Z14
-	VPXORD Z15, Z15, Z15
+	ZERO4(Z0, Z1, Z2, Z3)
+	ZERO4(Z4, Z5, Z6, Z7)
+	ZERO4(Z8, Z9, Z10, Z11)
+	ZERO4(Z12, Z13, Z14, Z15)
 	MOVQ R10, CX
 
 vquadpair:
@@ -1638,10 +1651,7 @@ vsingle:
 	MOVQ  x+16(FP), DI
 	LEAQ  (DI)(R13*2), DX
 	ADDQ  R13, DX
-	VPXORD Z0, Z0, Z0
-	VPXORD Z1, Z1, Z1
-	VPXORD Z2, Z2, Z2
-	VPXORD Z3, Z3, Z3
+	ZERO4(Z0, Z1, Z2, Z3)
 	MOVQ  R10, CX
 
 vsinglepair:
@@ -1660,11 +1670,7 @@ vsinglepair:
 	DECQ CX
 	JNZ  vsinglepair
 
-	HSUM16(Z0, Y0, X0, Y24, X24, 0(R12))
-	HSUM16(Z1, Y1, X1, Y24, X24, 4(R12))
-	HSUM16(Z2, Y2, X2, Y24, X24, 8(R12))
-	HSUM16(Z3, Y3, X3, Y24, X24, 12(R12))
-	ADDQ $16, R12
+	HSUM4
 	ADDQ R9, BX
 	DECQ R8
 	JMP  vsingle
@@ -1730,14 +1736,7 @@ TEXT ·dotQ4Kx4VNNI(SB), NOSPLIT, $0-48
 k4vrow:
 	TESTQ  R8, R8
 	JZ     k4vdone
-	MOVQ   x+16(FP), DI
-	MOVQ   nb+32(FP), CX
-	LEAQ   (DI)(R13*2), R9
-	ADDQ   R13, R9
-	VPXORD Z0, Z0, Z0
-	VPXORD Z1, Z1, Z1
-	VPXORD Z2, Z2, Z2
-	VPXORD Z3, Z3, Z3
+	V4ROW
 
 k4vblock:
 	TESTQ CX, CX
@@ -1776,18 +1775,11 @@ k4vblock:
 	K4VFIN((DI)(R13*1), Z5, Y29, Z29, Z1)
 	K4VFIN((DI)(R13*2), Z6, Y30, Z30, Z2)
 	K4VFIN((R9), Z7, Y31, Z31, Z3)
-	ADDQ $144, SI
-	ADDQ $292, DI
-	ADDQ $292, R9
-	DECQ CX
-	JMP  k4vblock
+	KNEXT4(144)
+	JMP k4vblock
 
 k4vsum:
-	HSUM16(Z0, Y0, X0, Y24, X24, 0(R12))
-	HSUM16(Z1, Y1, X1, Y24, X24, 4(R12))
-	HSUM16(Z2, Y2, X2, Y24, X24, 8(R12))
-	HSUM16(Z3, Y3, X3, Y24, X24, 12(R12))
-	ADDQ $16, R12
+	HSUM4
 	DECQ R8
 	JMP  k4vrow
 
@@ -1840,14 +1832,7 @@ TEXT ·dotQ6Kx4VNNI(SB), NOSPLIT, $0-48
 q6vrow:
 	TESTQ  R8, R8
 	JZ     q6vdone
-	MOVQ   x+16(FP), DI
-	MOVQ   nb+32(FP), CX
-	LEAQ   (DI)(R13*2), R9
-	ADDQ   R13, R9
-	VPXORD Z0, Z0, Z0
-	VPXORD Z1, Z1, Z1
-	VPXORD Z2, Z2, Z2
-	VPXORD Z3, Z3, Z3
+	V4ROW
 
 q6vblock:
 	TESTQ CX, CX
@@ -1876,18 +1861,11 @@ q6vblock:
 	KVFIN((DI)(R13*1), Z5, Z1)
 	KVFIN((DI)(R13*2), Z6, Z2)
 	KVFIN((R9), Z7, Z3)
-	ADDQ $210, SI
-	ADDQ $292, DI
-	ADDQ $292, R9
-	DECQ CX
-	JMP  q6vblock
+	KNEXT4(210)
+	JMP q6vblock
 
 q6vsum:
-	HSUM16(Z0, Y0, X0, Y24, X24, 0(R12))
-	HSUM16(Z1, Y1, X1, Y24, X24, 4(R12))
-	HSUM16(Z2, Y2, X2, Y24, X24, 8(R12))
-	HSUM16(Z3, Y3, X3, Y24, X24, 12(R12))
-	ADDQ $16, R12
+	HSUM4
 	DECQ R8
 	JMP  q6vrow
 
@@ -1974,6 +1952,9 @@ DATA quantPerm<>+24(SB)/4, $3
 DATA quantPerm<>+28(SB)/4, $7
 GLOBL quantPerm<>(SB), RODATA|NOPTR, $32
 
+// q4kPerm: VPERMW indices spreading a Q4_K block's eight scales (words)
+// over the int16 pairs of each group's two sub-blocks, 64 bytes a group;
+// at 256, each of the eight mins twice (against the input's 16-sums).
 DATA q4kPerm<>+0(SB)/8, $0x0000000000000000
 DATA q4kPerm<>+8(SB)/8, $0x0000000000000000
 DATA q4kPerm<>+16(SB)/8, $0x0000000000000000
@@ -2012,6 +1993,8 @@ DATA q4kPerm<>+272(SB)/8, $0x0005000500040004
 DATA q4kPerm<>+280(SB)/8, $0x0007000700060006
 GLOBL q4kPerm<>(SB), RODATA|NOPTR, $288
 
+// q6kPerm: VPERMW indices spreading a Q6_K block's sixteen scales (words)
+// over the int16 pairs of each 64 quants, eight pairs a scale.
 DATA q6kPerm<>+0(SB)/8, $0x0000000000000000
 DATA q6kPerm<>+8(SB)/8, $0x0000000000000000
 DATA q6kPerm<>+16(SB)/8, $0x0001000100010001
