@@ -133,7 +133,7 @@ func hasAVX2FMA() bool {
 
 var useAVX = hasAVX2FMA()
 
-// useAVX512: the prompts' kernels (f32 panels, Q8_0, Q4_K and Q6_K) take
+// useAVX512: the prompts' kernels (f32 panels, Q8_0, Q4_K, Q5_K and Q6_K) take
 // AVX-512 with VNNI where the CPU has it (tests turn it off to check the
 // AVX2 kernels too).
 var useAVX512 = hasVNNI512()
@@ -320,6 +320,7 @@ func asmKernels() (func(), bool) {
 			gemm6x16 = gemm6x16Asm(gemm6x16AVX512)
 			dotQ8_0x4Pairs = dotQ8_0x4VNNIAsm
 			dotQ4Kx4 = quantKernel4(dotQ4Kx4VNNI, backend.Q4_K)
+			dotQ5Kx4 = quantKernel4(dotQ5Kx4VNNI, backend.Q5_K)
 			dotQ6Kx4 = quantKernel4(dotQ6Kx4VNNI, backend.Q6_K)
 		}
 	}, useAVX
@@ -493,6 +494,9 @@ func dotQ8_0x4VNNI(w *byte, rows int, x *byte, xstride int, np int, out *float32
 
 //go:noescape
 func dotQ4Kx4VNNI(w *byte, rows int, x *byte, xstride int, nb int, out *float32)
+
+//go:noescape
+func dotQ5Kx4VNNI(w *byte, rows int, x *byte, xstride int, nb int, out *float32)
 
 //go:noescape
 func dotQ6Kx4VNNI(w *byte, rows int, x *byte, xstride int, nb int, out *float32)

@@ -1713,6 +1713,57 @@ vdone:
 	VFNMADD231PS     Z15, MZ, isum; \
 	VFMADD231PS.BCST x, isum, acc
 
+// KVHEAD starts a block of the AVX-512 Q4_K and Q5_K kernels: the scales
+// spread by sub-block pair into Z24-Z27 (words), each min twice in Y9, d
+// and dmin broadcast in Z14 and Z15, the int32 sums Z4-Z7 zeroed (X8, Z10
+// scratch).
+#define KVHEAD \
+	KSCALES(AX, BX, DX, R10, R11); \
+	VMOVQ        AX, X8; \
+	VPMOVZXBW    X8, X8; \
+	VMOVQ        BX, X9; \
+	VPMOVZXBW    X9, X9; \
+	VMOVDQU64    q4kPerm<>+256(SB), Y10; \
+	VPERMW       Y9, Y10, Y9; \
+	VMOVDQU64    q4kPerm<>+0(SB), Z10; \
+	VPERMW       Z8, Z10, Z24; \
+	VMOVDQU64    q4kPerm<>+64(SB), Z10; \
+	VPERMW       Z8, Z10, Z25; \
+	VMOVDQU64    q4kPerm<>+128(SB), Z10; \
+	VPERMW       Z8, Z10, Z26; \
+	VMOVDQU64    q4kPerm<>+192(SB), Z10; \
+	VPERMW       Z8, Z10, Z27; \
+	MOVL         (SI), AX; \
+	VMOVD        AX, X14; \
+	VCVTPH2PS    X14, X14; \
+	VMOVSHDUP    X14, X15; \
+	VBROADCASTSS X15, Z15; \
+	VBROADCASTSS X14, Z14; \
+	ZERO4(Z4, Z5, Z6, Z7)
+
+// KVTAIL ends a block of bs bytes of the AVX-512 Q4_K and Q5_K kernels.
+#define KVTAIL(bs) \
+	K4VFIN((DI), Z4, Y28, Z28, Z0); \
+	K4VFIN((DI)(R13*1), Z5, Y29, Z29, Z1); \
+	K4VFIN((DI)(R13*2), Z6, Y30, Z30, Z2); \
+	K4VFIN((R9), Z7, Y31, Z31, Z3); \
+	KNEXT4(bs)
+
+// K5VGROUP is K4VGROUP for Q5_K: the fifth bits of the group's two
+// sub-blocks, bits of the qh bytes in Y18 moved to bit 4 by the word
+// shifts opl $nl (low nibbles) and oph $nh (high), picked by the 0x10
+// bytes in Z20 and ORed in (Z17, Z19 scratch).
+#define K5VGROUP(qo, opl, nl, oph, nh, xo, S) \
+	VMOVDQU64    qo(SI), Y16; \
+	VPSRLW       $4, Y16, Y17; \
+	VINSERTI64X4 $1, Y17, Z16, Z16; \
+	VPANDD       Z13, Z16, Z16; \
+	opl          $nl, Y18, Y17; \
+	oph          $nh, Y18, Y19; \
+	VINSERTI64X4 $1, Y19, Z17, Z17; \
+	VPTERNLOGD   $0xf8, Z20, Z17, Z16; \
+	VROWS4(Z16, xo, S)
+
 // KVFIN adds one input row's int32 sums times d (Z14) * d_x to acc (x
 // its block).
 #define KVFIN(x, isum, acc) \
@@ -1742,40 +1793,12 @@ k4vblock:
 	TESTQ CX, CX
 	JZ    k4vsum
 	PF3
-	KSCALES(AX, BX, DX, R10, R11)
-	VMOVQ        AX, X8
-	VPMOVZXBW    X8, X8 // the scales as words
-	VMOVQ        BX, X9
-	VPMOVZXBW    X9, X9 // the mins
-	VMOVDQU64    q4kPerm<>+256(SB), Y10
-	VPERMW       Y9, Y10, Y9 // each min twice: against the 16-sums
-	VMOVDQU64    q4kPerm<>+0(SB), Z10
-	VPERMW       Z8, Z10, Z24
-	VMOVDQU64    q4kPerm<>+64(SB), Z10
-	VPERMW       Z8, Z10, Z25
-	VMOVDQU64    q4kPerm<>+128(SB), Z10
-	VPERMW       Z8, Z10, Z26
-	VMOVDQU64    q4kPerm<>+192(SB), Z10
-	VPERMW       Z8, Z10, Z27
-	MOVL         (SI), AX
-	VMOVD        AX, X14
-	VCVTPH2PS    X14, X14
-	VMOVSHDUP    X14, X15
-	VBROADCASTSS X15, Z15 // dmin
-	VBROADCASTSS X14, Z14 // d
-	VPXORD       Z4, Z4, Z4
-	VPXORD       Z5, Z5, Z5
-	VPXORD       Z6, Z6, Z6
-	VPXORD       Z7, Z7, Z7
+	KVHEAD
 	K4VGROUP(16, 4, Z24)
 	K4VGROUP(48, 68, Z25)
 	K4VGROUP(80, 132, Z26)
 	K4VGROUP(112, 196, Z27)
-	K4VFIN((DI), Z4, Y28, Z28, Z0)
-	K4VFIN((DI)(R13*1), Z5, Y29, Z29, Z1)
-	K4VFIN((DI)(R13*2), Z6, Y30, Z30, Z2)
-	K4VFIN((R9), Z7, Y31, Z31, Z3)
-	KNEXT4(144)
+	KVTAIL(144)
 	JMP k4vblock
 
 k4vsum:
@@ -1784,6 +1807,43 @@ k4vsum:
 	JMP  k4vrow
 
 k4vdone:
+	VZEROUPPER
+	RET
+
+// func dotQ5Kx4VNNI(w *byte, rows int, x *byte, xstride int, nb int, out *float32)
+// dotQ4Kx4VNNI for Q5_K: the fifth bits (qh, 32 bytes at 16) ORed into
+// each group's nibbles, as dotQ5Kx4AVX does.
+TEXT ·dotQ5Kx4VNNI(SB), NOSPLIT, $0-48
+	ARGS4
+	MOVL         $0x0f0f0f0f, AX
+	VPBROADCASTD AX, Z13 // low nibbles
+	MOVL         $0x10101010, AX
+	VPBROADCASTD AX, Z20 // the fifth bit
+
+k5vrow:
+	TESTQ R8, R8
+	JZ    k5vdone
+	V4ROW
+
+k5vblock:
+	TESTQ CX, CX
+	JZ    k5vsum
+	PF3
+	KVHEAD
+	VMOVDQU64 16(SI), Y18
+	K5VGROUP(48, VPSLLW, 4, VPSLLW, 3, 4, Z24)
+	K5VGROUP(80, VPSLLW, 2, VPSLLW, 1, 68, Z25)
+	K5VGROUP(112, VPSRLW, 0, VPSRLW, 1, 132, Z26)
+	K5VGROUP(144, VPSRLW, 2, VPSRLW, 3, 196, Z27)
+	KVTAIL(176)
+	JMP k5vblock
+
+k5vsum:
+	HSUM4
+	DECQ R8
+	JMP  k5vrow
+
+k5vdone:
 	VZEROUPPER
 	RET
 
