@@ -657,10 +657,7 @@ func (b *Backend) attendBlocked(a *attnCall, s *backend.SeqInfo, t0 int) {
 			sc = grow(&sc, rpad*nkpad)
 			for rg := 0; rg < rpad; rg += gemmRows {
 				for kb := 0; kb < nkpad/gemmCols; kb++ {
-					gemm6x16(qa[rg*hd:], hd, kpk[kh*per+kb*hd*gemmCols:], hd, &c)
-					for i := range gemmRows {
-						copy(sc[(rg+i)*nkpad+kb*gemmCols:], c[i*gemmCols:(i+1)*gemmCols])
-					}
+					gemm6x16(qa[rg*hd:], hd, kpk[kh*per+kb*hd*gemmCols:], hd, sc[rg*nkpad+kb*gemmCols:], nkpad)
 				}
 			}
 			// Unnormalised probabilities; the outputs are divided by their sums.
@@ -677,7 +674,7 @@ func (b *Backend) attendBlocked(a *attnCall, s *backend.SeqInfo, t0 int) {
 			}
 			for db := 0; db < hd/gemmCols; db++ {
 				for rg := 0; rg < rpad; rg += gemmRows {
-					gemm6x16(sc[rg*nkpad:], nkpad, vpk[kh*per+db*npad*gemmCols:], nkpad, &c)
+					gemm6x16(sc[rg*nkpad:], nkpad, vpk[kh*per+db*npad*gemmCols:], nkpad, c[:], gemmCols)
 					for i := range min(gemmRows, rows-rg) {
 						r := rg + i
 						t := t0 + i0 + r/G

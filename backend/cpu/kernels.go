@@ -220,14 +220,14 @@ func axpyBF16Go(y []float32, a float32, x []uint16) {
 	}
 }
 
-// gemm6x16Go sets c[i*16+j] = sum_{p<k} a[i*lda+p] * b[p*16+j] for i < 6
+// gemm6x16Go sets c[i*ldc+j] = sum_{p<k} a[i*lda+p] * b[p*16+j] for i < 6
 // and j < 16: six input rows against a block of 16 weight rows packed
 // k-major.
-func gemm6x16Go(a []float32, lda int, b []float32, k int, c *[96]float32) {
-	*c = [96]float32{}
+func gemm6x16Go(a []float32, lda int, b []float32, k int, c []float32, ldc int) {
 	for i := range 6 {
 		ai := a[i*lda : i*lda+k]
-		ci := c[i*16 : i*16+16]
+		ci := c[i*ldc : i*ldc+16]
+		clear(ci)
 		for p, av := range ai {
 			bp := b[p*16 : p*16+16]
 			for j := range ci {

@@ -15,10 +15,10 @@ func xgetbv0() (eax, edx uint32)
 func dot4xbf16AVX(w *uint16, x *float32, stride uintptr, n int, out *[4]float32)
 
 //go:noescape
-func gemm6x16AVX(a *float32, lda int, b *float32, k int, c *[96]float32)
+func gemm6x16AVX(a *float32, lda int, b *float32, k int, c *float32, ldc int)
 
 //go:noescape
-func gemm6x16AVX512(a *float32, lda int, b *float32, k int, c *[96]float32)
+func gemm6x16AVX512(a *float32, lda int, b *float32, k int, c *float32, ldc int)
 
 //go:noescape
 func dotAVX(x, y *float32, n int) float32
@@ -285,15 +285,18 @@ func axpyBF16AVX(y []float32, a float32, x []uint16) {
 }
 
 // gemm6x16Asm wraps a 6x16 assembly kernel with the bounds checks.
-func gemm6x16Asm(kern func(a *float32, lda int, b *float32, k int, c *[96]float32)) func(a []float32, lda int, b []float32, k int, c *[96]float32) {
-	return func(a []float32, lda int, b []float32, k int, c *[96]float32) {
+func gemm6x16Asm(kern func(a *float32, lda int, b *float32, k int, c *float32, ldc int)) func(a []float32, lda int, b []float32, k int, c []float32, ldc int) {
+	return func(a []float32, lda int, b []float32, k int, c []float32, ldc int) {
+		_ = c[5*ldc+15]
 		if k == 0 {
-			*c = [96]float32{}
+			for i := range 6 {
+				clear(c[i*ldc : i*ldc+16])
+			}
 			return
 		}
 		_ = a[5*lda+k-1]
 		_ = b[16*k-1]
-		kern(unsafe.SliceData(a), lda, unsafe.SliceData(b), k, c)
+		kern(unsafe.SliceData(a), lda, unsafe.SliceData(b), k, unsafe.SliceData(c), ldc)
 	}
 }
 

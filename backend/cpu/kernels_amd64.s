@@ -2,7 +2,8 @@
 #include "zmm_amd64.h"
 
 // GEMM6ARGS loads the 6x16 kernels' arguments: a's six rows at SI and
-// R9-R13 (lda in bytes in R8), b at DI, k in CX, c at DX.
+// R9-R13 (lda in bytes in R8), b at DI, k in CX, c at DX (ldc in bytes in
+// BX).
 #define GEMM6ARGS \
 	MOVQ a+0(FP), SI; \
 	MOVQ lda+8(FP), R8; \
@@ -10,6 +11,8 @@
 	MOVQ b+16(FP), DI; \
 	MOVQ k+24(FP), CX; \
 	MOVQ c+32(FP), DX; \
+	MOVQ ldc+40(FP), BX; \
+	SHLQ $2, BX; \
 	LEAQ (SI)(R8*1), R9; \
 	LEAQ (R9)(R8*1), R10; \
 	LEAQ (R10)(R8*1), R11; \
@@ -435,9 +438,9 @@ xdone:
 	VZEROUPPER
 	RET
 
-// func gemm6x16AVX(a *float32, lda int, b *float32, k int, c *[96]float32)
-// c[i*16+j] = sum_{p<k} a[i*lda+p] * b[p*16+j] for i < 6, j < 16.
-TEXT ·gemm6x16AVX(SB), NOSPLIT, $0-40
+// func gemm6x16AVX(a *float32, lda int, b *float32, k int, c *float32, ldc int)
+// c[i*ldc+j] = sum_{p<k} a[i*lda+p] * b[p*16+j] for i < 6, j < 16.
+TEXT ·gemm6x16AVX(SB), NOSPLIT, $0-48
 	GEMM6ARGS
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
@@ -483,16 +486,21 @@ gloop:
 gdone:
 	VMOVUPS Y0, (DX)
 	VMOVUPS Y1, 32(DX)
-	VMOVUPS Y2, 64(DX)
-	VMOVUPS Y3, 96(DX)
-	VMOVUPS Y4, 128(DX)
-	VMOVUPS Y5, 160(DX)
-	VMOVUPS Y6, 192(DX)
-	VMOVUPS Y7, 224(DX)
-	VMOVUPS Y8, 256(DX)
-	VMOVUPS Y9, 288(DX)
-	VMOVUPS Y10, 320(DX)
-	VMOVUPS Y11, 352(DX)
+	ADDQ    BX, DX
+	VMOVUPS Y2, (DX)
+	VMOVUPS Y3, 32(DX)
+	ADDQ    BX, DX
+	VMOVUPS Y4, (DX)
+	VMOVUPS Y5, 32(DX)
+	ADDQ    BX, DX
+	VMOVUPS Y6, (DX)
+	VMOVUPS Y7, 32(DX)
+	ADDQ    BX, DX
+	VMOVUPS Y8, (DX)
+	VMOVUPS Y9, 32(DX)
+	ADDQ    BX, DX
+	VMOVUPS Y10, (DX)
+	VMOVUPS Y11, 32(DX)
 	VZEROUPPER
 	RET
 
@@ -508,22 +516,22 @@ gdone:
 	VFMADD231PS.BCST col(R12)(AX*4), Z12, c4; \
 	VFMADD231PS.BCST col(R13)(AX*4), Z12, c5
 
-// func gemm6x16AVX512(a *float32, lda int, b *float32, k int, c *[96]float32)
+// func gemm6x16AVX512(a *float32, lda int, b *float32, k int, c *float32, ldc int)
 // gemm6x16AVX with a zmm a row of c: six multiply-adds a step of k where
 // the AVX2 kernel takes twelve; even and odd steps go to two sets of
 // accumulators, added at the end, so that the multiply-adds' latency
 // does not bound them.
-TEXT ·gemm6x16AVX512(SB), NOSPLIT, $0-40
+TEXT ·gemm6x16AVX512(SB), NOSPLIT, $0-48
 	GEMM6ARGS
 	ZERO4(Z0, Z1, Z2, Z3)
 	ZERO4(Z4, Z5, Z6, Z7)
 	ZERO4(Z8, Z9, Z10, Z11)
 	XORQ AX, AX
-	MOVQ CX, BX
-	ANDQ $-2, BX
+	MOVQ CX, R14
+	ANDQ $-2, R14
 
 g5pair:
-	CMPQ AX, BX
+	CMPQ AX, R14
 	JGE  g5tail
 	GSTEP512(0, 0, Z0, Z1, Z2, Z3, Z4, Z5)
 	GSTEP512(64, 4, Z6, Z7, Z8, Z9, Z10, Z11)
@@ -544,11 +552,13 @@ g5done:
 	VADDPS  Z10, Z4, Z4
 	VADDPS  Z11, Z5, Z5
 	VMOVUPS Z0, (DX)
-	VMOVUPS Z1, 64(DX)
-	VMOVUPS Z2, 128(DX)
-	VMOVUPS Z3, 192(DX)
-	VMOVUPS Z4, 256(DX)
-	VMOVUPS Z5, 320(DX)
+	VMOVUPS Z1, (DX)(BX*1)
+	VMOVUPS Z2, (DX)(BX*2)
+	LEAQ    (DX)(BX*2), DX
+	VMOVUPS Z3, (DX)(BX*1)
+	VMOVUPS Z4, (DX)(BX*2)
+	LEAQ    (DX)(BX*2), DX
+	VMOVUPS Z5, (DX)(BX*1)
 	VZEROUPPER
 	RET
 

@@ -125,18 +125,26 @@ func TestKernels(t *testing.T) {
 			siluMulRow(got, g, u)
 			compare(t, fmt.Sprintf("%s siluMulRow n=%d", name, n), got, wantSilu, 1e-6)
 
+			// c's rows 19 apart: the kernel writes 16 of each and leaves
+			// the 3 between as they were (12345).
 			a, b := randVec(r, 6*(n+3), 1), randVec(r, 16*n, 1)
-			var c [96]float32
-			gemm6x16(toF32(a), n+3, toF32(b), n, &c)
-			wantC := make([]float64, 96)
+			c := make([]float32, 6*19)
+			for i := range c {
+				c[i] = 12345
+			}
+			gemm6x16(toF32(a), n+3, toF32(b), n, c, 19)
+			wantC := make([]float64, 6*19)
 			for i := range 6 {
 				for j := range 16 {
 					for p := range n {
-						wantC[i*16+j] += float64(float32(a[i*(n+3)+p])) * float64(float32(b[p*16+j]))
+						wantC[i*19+j] += float64(float32(a[i*(n+3)+p])) * float64(float32(b[p*16+j]))
 					}
 				}
+				for j := 16; j < 19; j++ {
+					wantC[i*19+j] = 12345
+				}
 			}
-			compare(t, fmt.Sprintf("%s gemm6x16 k=%d", name, n), c[:], wantC, tol)
+			compare(t, fmt.Sprintf("%s gemm6x16 k=%d", name, n), c, wantC, tol)
 		}
 		for _, hd := range []int{8, 16, 32, 64, 128} {
 			for _, rows := range []int{1, 2, 4, 5, 9, 16} {

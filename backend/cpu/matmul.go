@@ -185,7 +185,11 @@ func (p *pool) matmul(out, x []float32, n int, w weights, accumulate bool) {
 						clear(pad[ng*k:])
 						a = pad
 					}
-					gemm6x16(a, k, packed, k, &c)
+					if ng == gemmRows && nc == gemmCols && !accumulate {
+						gemm6x16(a, k, packed, k, out[g*o+r0:], o) // straight into out
+						continue
+					}
+					gemm6x16(a, k, packed, k, c[:], gemmCols)
 					for i := range ng {
 						dst := out[(g+i)*o+r0 : (g+i)*o+r0+nc]
 						src := c[i*gemmCols : i*gemmCols+nc]
