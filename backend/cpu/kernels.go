@@ -50,6 +50,10 @@ var (
 	dotQ6Kx4    = dotQx4Go(dotQ6KGo)
 	dotMXFP4x4  = dotQx4Go(dotMXFP4Go)
 	dotFP8x4    = dotFP8x4Go
+
+	// packHalf packs 16 bf16 (or f16) weight rows of k columns into a
+	// panel (weights.pack); nil where only the portable loop does.
+	packHalf func(bf16 bool, w []uint16, k int, dst []float32)
 )
 
 // dotRowsGo sets out[r] = q . k[r*stride:r*stride+len(q)] for r < len(out):

@@ -133,7 +133,7 @@ func hasAVX2FMA() bool {
 
 var useAVX = hasAVX2FMA()
 
-// useAVX512: the prompts' kernels (f32 panels, Q8_0, Q4_K, Q5_K and Q6_K) take
+// useAVX512: the prompts' kernels (f32 panels and their packing, Q8_0, Q4_K, Q5_K and Q6_K) take
 // AVX-512 with VNNI where the CPU has it (tests turn it off to check the
 // AVX2 kernels too).
 var useAVX512 = hasVNNI512()
@@ -320,7 +320,7 @@ func asmKernels() (func(), bool) {
 		dotMXFP4, dotMXFP4x4 = quantKernel(dotMXFP4AVX, backend.MXFP4), quantKernel4(dotMXFP4x4AVX, backend.MXFP4)
 		dotFP8, dotFP8x4 = dotFP8Asm, dotFP8x4Asm
 		if useAVX512 {
-			gemm6x16 = gemm6x16Asm(gemm6x16AVX512)
+			gemm6x16, packHalf = gemm6x16Asm(gemm6x16AVX512), packHalfAsm
 			dotQ8_0x4Pairs = dotQ8_0x4VNNIAsm
 			dotQ4Kx4 = quantKernel4(dotQ4Kx4VNNI, backend.Q4_K)
 			dotQ5Kx4 = quantKernel4(dotQ5Kx4VNNI, backend.Q5_K)
@@ -493,6 +493,12 @@ func dotFP8x4Asm(w []byte, rb int, x []float32, xstride int, out []float32) {
 }
 
 //go:noescape
+func packBF16AVX512(w *uint16, k int, n int, dst *float32)
+
+//go:noescape
+func packF16AVX512(w *uint16, k int, n int, dst *float32)
+
+//go:noescape
 func dotQ8_0x4VNNI(w *byte, rows int, x *byte, xstride int, np int, out *float32)
 
 //go:noescape
@@ -517,6 +523,22 @@ func hasVNNI512() bool {
 	}
 	xcr0, _ := xgetbv0() // the OS saves the opmask and all 32 zmm registers
 	return xcr0&0xe6 == 0xe6
+}
+
+// packHalfAsm packs the 16 rows of k columns in w (k a multiple of 16)
+// into the panel dst: 16 columns of each a step, transposed in registers.
+func packHalfAsm(bf16 bool, w []uint16, k int, dst []float32) {
+	if k%16 != 0 || len(w) < 16*k || len(dst) < 16*k {
+		panic("cpu: pack sizes")
+	}
+	if k == 0 {
+		return
+	}
+	if bf16 {
+		packBF16AVX512(unsafe.SliceData(w), k, k, unsafe.SliceData(dst))
+	} else {
+		packF16AVX512(unsafe.SliceData(w), k, k, unsafe.SliceData(dst))
+	}
 }
 
 // dotQ8_0x4VNNIAsm is dotQ8_0x4's form for input rows in the pair layout

@@ -562,6 +562,226 @@ g5done:
 	VZEROUPPER
 	RET
 
+// The panel packing of 16 weight rows of bf16 or f16 (matmul.go's pack):
+// 16 columns of each row widened to float32 into Z0-Z15, transposed in
+// registers (32-bit, then 64-bit unpacks within 128-bit lanes, then two
+// rounds of lane shuffles) and stored as 16 rows of the panel.
+
+// PACKBF16 loads 16 bf16 of each of the 16 rows from DX on (R8 bytes
+// apart) as float32 into Z0-Z15.
+#define PACKBF16 \
+	VPMOVZXWD (DX), Z0; \
+	VPSLLD $16, Z0, Z0; \
+	ADDQ R8, DX; \
+	VPMOVZXWD (DX), Z1; \
+	VPSLLD $16, Z1, Z1; \
+	ADDQ R8, DX; \
+	VPMOVZXWD (DX), Z2; \
+	VPSLLD $16, Z2, Z2; \
+	ADDQ R8, DX; \
+	VPMOVZXWD (DX), Z3; \
+	VPSLLD $16, Z3, Z3; \
+	ADDQ R8, DX; \
+	VPMOVZXWD (DX), Z4; \
+	VPSLLD $16, Z4, Z4; \
+	ADDQ R8, DX; \
+	VPMOVZXWD (DX), Z5; \
+	VPSLLD $16, Z5, Z5; \
+	ADDQ R8, DX; \
+	VPMOVZXWD (DX), Z6; \
+	VPSLLD $16, Z6, Z6; \
+	ADDQ R8, DX; \
+	VPMOVZXWD (DX), Z7; \
+	VPSLLD $16, Z7, Z7; \
+	ADDQ R8, DX; \
+	VPMOVZXWD (DX), Z8; \
+	VPSLLD $16, Z8, Z8; \
+	ADDQ R8, DX; \
+	VPMOVZXWD (DX), Z9; \
+	VPSLLD $16, Z9, Z9; \
+	ADDQ R8, DX; \
+	VPMOVZXWD (DX), Z10; \
+	VPSLLD $16, Z10, Z10; \
+	ADDQ R8, DX; \
+	VPMOVZXWD (DX), Z11; \
+	VPSLLD $16, Z11, Z11; \
+	ADDQ R8, DX; \
+	VPMOVZXWD (DX), Z12; \
+	VPSLLD $16, Z12, Z12; \
+	ADDQ R8, DX; \
+	VPMOVZXWD (DX), Z13; \
+	VPSLLD $16, Z13, Z13; \
+	ADDQ R8, DX; \
+	VPMOVZXWD (DX), Z14; \
+	VPSLLD $16, Z14, Z14; \
+	ADDQ R8, DX; \
+	VPMOVZXWD (DX), Z15; \
+	VPSLLD $16, Z15, Z15
+// PACKF16 is PACKBF16 for f16.
+#define PACKF16 \
+	VCVTPH2PS (DX), Z0; \
+	ADDQ R8, DX; \
+	VCVTPH2PS (DX), Z1; \
+	ADDQ R8, DX; \
+	VCVTPH2PS (DX), Z2; \
+	ADDQ R8, DX; \
+	VCVTPH2PS (DX), Z3; \
+	ADDQ R8, DX; \
+	VCVTPH2PS (DX), Z4; \
+	ADDQ R8, DX; \
+	VCVTPH2PS (DX), Z5; \
+	ADDQ R8, DX; \
+	VCVTPH2PS (DX), Z6; \
+	ADDQ R8, DX; \
+	VCVTPH2PS (DX), Z7; \
+	ADDQ R8, DX; \
+	VCVTPH2PS (DX), Z8; \
+	ADDQ R8, DX; \
+	VCVTPH2PS (DX), Z9; \
+	ADDQ R8, DX; \
+	VCVTPH2PS (DX), Z10; \
+	ADDQ R8, DX; \
+	VCVTPH2PS (DX), Z11; \
+	ADDQ R8, DX; \
+	VCVTPH2PS (DX), Z12; \
+	ADDQ R8, DX; \
+	VCVTPH2PS (DX), Z13; \
+	ADDQ R8, DX; \
+	VCVTPH2PS (DX), Z14; \
+	ADDQ R8, DX; \
+	VCVTPH2PS (DX), Z15
+// PACKT16 transposes Z0-Z15 and stores them at DI as the panel's 16 rows
+// of 16 (Z16-Z31 scratch).
+#define PACKT16 \
+	VUNPCKLPS Z1, Z0, Z16; \
+	VUNPCKHPS Z1, Z0, Z17; \
+	VUNPCKLPS Z3, Z2, Z18; \
+	VUNPCKHPS Z3, Z2, Z19; \
+	VUNPCKLPS Z5, Z4, Z20; \
+	VUNPCKHPS Z5, Z4, Z21; \
+	VUNPCKLPS Z7, Z6, Z22; \
+	VUNPCKHPS Z7, Z6, Z23; \
+	VUNPCKLPS Z9, Z8, Z24; \
+	VUNPCKHPS Z9, Z8, Z25; \
+	VUNPCKLPS Z11, Z10, Z26; \
+	VUNPCKHPS Z11, Z10, Z27; \
+	VUNPCKLPS Z13, Z12, Z28; \
+	VUNPCKHPS Z13, Z12, Z29; \
+	VUNPCKLPS Z15, Z14, Z30; \
+	VUNPCKHPS Z15, Z14, Z31; \
+	VUNPCKLPD Z18, Z16, Z0; \
+	VUNPCKHPD Z18, Z16, Z1; \
+	VUNPCKLPD Z19, Z17, Z2; \
+	VUNPCKHPD Z19, Z17, Z3; \
+	VUNPCKLPD Z22, Z20, Z4; \
+	VUNPCKHPD Z22, Z20, Z5; \
+	VUNPCKLPD Z23, Z21, Z6; \
+	VUNPCKHPD Z23, Z21, Z7; \
+	VUNPCKLPD Z26, Z24, Z8; \
+	VUNPCKHPD Z26, Z24, Z9; \
+	VUNPCKLPD Z27, Z25, Z10; \
+	VUNPCKHPD Z27, Z25, Z11; \
+	VUNPCKLPD Z30, Z28, Z12; \
+	VUNPCKHPD Z30, Z28, Z13; \
+	VUNPCKLPD Z31, Z29, Z14; \
+	VUNPCKHPD Z31, Z29, Z15; \
+	VSHUFF32X4 $0x44, Z4, Z0, Z16; \
+	VSHUFF32X4 $0xee, Z4, Z0, Z20; \
+	VSHUFF32X4 $0x44, Z12, Z8, Z24; \
+	VSHUFF32X4 $0xee, Z12, Z8, Z28; \
+	VSHUFF32X4 $0x44, Z5, Z1, Z17; \
+	VSHUFF32X4 $0xee, Z5, Z1, Z21; \
+	VSHUFF32X4 $0x44, Z13, Z9, Z25; \
+	VSHUFF32X4 $0xee, Z13, Z9, Z29; \
+	VSHUFF32X4 $0x44, Z6, Z2, Z18; \
+	VSHUFF32X4 $0xee, Z6, Z2, Z22; \
+	VSHUFF32X4 $0x44, Z14, Z10, Z26; \
+	VSHUFF32X4 $0xee, Z14, Z10, Z30; \
+	VSHUFF32X4 $0x44, Z7, Z3, Z19; \
+	VSHUFF32X4 $0xee, Z7, Z3, Z23; \
+	VSHUFF32X4 $0x44, Z15, Z11, Z27; \
+	VSHUFF32X4 $0xee, Z15, Z11, Z31; \
+	VSHUFF32X4 $0x88, Z24, Z16, Z0; \
+	VSHUFF32X4 $0xdd, Z24, Z16, Z4; \
+	VSHUFF32X4 $0x88, Z28, Z20, Z8; \
+	VSHUFF32X4 $0xdd, Z28, Z20, Z12; \
+	VSHUFF32X4 $0x88, Z25, Z17, Z1; \
+	VSHUFF32X4 $0xdd, Z25, Z17, Z5; \
+	VSHUFF32X4 $0x88, Z29, Z21, Z9; \
+	VSHUFF32X4 $0xdd, Z29, Z21, Z13; \
+	VSHUFF32X4 $0x88, Z26, Z18, Z2; \
+	VSHUFF32X4 $0xdd, Z26, Z18, Z6; \
+	VSHUFF32X4 $0x88, Z30, Z22, Z10; \
+	VSHUFF32X4 $0xdd, Z30, Z22, Z14; \
+	VSHUFF32X4 $0x88, Z27, Z19, Z3; \
+	VSHUFF32X4 $0xdd, Z27, Z19, Z7; \
+	VSHUFF32X4 $0x88, Z31, Z23, Z11; \
+	VSHUFF32X4 $0xdd, Z31, Z23, Z15; \
+	VMOVUPS Z0, 0(DI); \
+	VMOVUPS Z1, 64(DI); \
+	VMOVUPS Z2, 128(DI); \
+	VMOVUPS Z3, 192(DI); \
+	VMOVUPS Z4, 256(DI); \
+	VMOVUPS Z5, 320(DI); \
+	VMOVUPS Z6, 384(DI); \
+	VMOVUPS Z7, 448(DI); \
+	VMOVUPS Z8, 512(DI); \
+	VMOVUPS Z9, 576(DI); \
+	VMOVUPS Z10, 640(DI); \
+	VMOVUPS Z11, 704(DI); \
+	VMOVUPS Z12, 768(DI); \
+	VMOVUPS Z13, 832(DI); \
+	VMOVUPS Z14, 896(DI); \
+	VMOVUPS Z15, 960(DI)
+
+// func packBF16AVX512(w *uint16, k int, n int, dst *float32)
+// dst[p*16+j] = w[j*k+p] as float32 for j < 16, p < n (n a multiple of 16).
+TEXT ·packBF16AVX512(SB), NOSPLIT, $0-32
+	MOVQ w+0(FP), SI
+	MOVQ k+8(FP), R8
+	SHLQ $1, R8
+	MOVQ n+16(FP), CX
+	MOVQ dst+24(FP), DI
+
+pbloop:
+	TESTQ CX, CX
+	JZ    pbdone
+	MOVQ  SI, DX
+	PACKBF16
+	PACKT16
+	ADDQ  $32, SI
+	ADDQ  $1024, DI
+	SUBQ  $16, CX
+	JMP   pbloop
+
+pbdone:
+	VZEROUPPER
+	RET
+
+// func packF16AVX512(w *uint16, k int, n int, dst *float32)
+// packBF16AVX512 for f16 weights.
+TEXT ·packF16AVX512(SB), NOSPLIT, $0-32
+	MOVQ w+0(FP), SI
+	MOVQ k+8(FP), R8
+	SHLQ $1, R8
+	MOVQ n+16(FP), CX
+	MOVQ dst+24(FP), DI
+
+phloop:
+	TESTQ CX, CX
+	JZ    phdone
+	MOVQ  SI, DX
+	PACKF16
+	PACKT16
+	ADDQ  $32, SI
+	ADDQ  $1024, DI
+	SUBQ  $16, CX
+	JMP   phloop
+
+phdone:
+	VZEROUPPER
+	RET
+
 // func dotAVX(x, y *float32, n int) float32
 // sum_{i<n} x[i]*y[i]; n is a multiple of 8.
 TEXT ·dotAVX(SB), NOSPLIT, $0-28

@@ -19,7 +19,7 @@ func kernelSets() map[string]func() {
 		quantizeRow, dotQ8_0, dotQ4K, dotQ6K, dotFP8 = quantizeRowGo, dotQ8_0Go, dotQ4KGo, dotQ6KGo, dotFP8Go
 		dotQ8_0x4, dotQ4Kx4, dotQ6Kx4, dotFP8x4 = dotQx4Go(dotQ8_0Go), dotQx4Go(dotQ4KGo), dotQx4Go(dotQ6KGo), dotFP8x4Go
 		dotQ5K, dotQ5Kx4, dotMXFP4, dotMXFP4x4 = dotQ5KGo, dotQx4Go(dotQ5KGo), dotMXFP4Go, dotQx4Go(dotMXFP4Go)
-		intDotKernels, dotQ8_0x4Pairs = false, nil
+		intDotKernels, dotQ8_0x4Pairs, packHalf = false, nil, nil
 	}}
 	if asm, ok := asmKernels(); ok {
 		sets["asm"] = asm
@@ -224,9 +224,9 @@ func saveKernels() func() {
 	z1, z2, z3, z4 := dotQ5K, dotQ5Kx4, dotMXFP4, dotMXFP4x4
 	z5, z6, z7, z12 := sumSquares, scaleMul, siluMulRow, maxF32
 	z8, z9, z10, z11 := dot2RowsF32, dot2RowsBF16, axpy2RowsF32, axpy2RowsBF16
-	z13 := dotQ8_0x4Pairs
+	z13, z14 := dotQ8_0x4Pairs, packHalf
 	return func() {
-		dotQ8_0x4Pairs = z13
+		dotQ8_0x4Pairs, packHalf = z13, z14
 		sumSquares, scaleMul, siluMulRow, maxF32 = z5, z6, z7, z12
 		dot2RowsF32, dot2RowsBF16, axpy2RowsF32, axpy2RowsBF16 = z8, z9, z10, z11
 		dotF32, dotBF16, dot4xBF16, axpy, axpyBF16, gemm6x16 = a, b, c, d, e, f
@@ -254,5 +254,48 @@ func TestExpf(t *testing.T) {
 	}
 	if !math.IsInf(float64(expf(float32(math.Inf(1)))), 1) || expf(float32(math.Inf(-1))) != 0 || !math.IsNaN(float64(expf(float32(math.NaN())))) {
 		t.Error("expf special values")
+	}
+}
+
+// TestPackHalf checks the assembly packing of bf16 and f16 weight rows
+// into a panel against the conversion element by element: every finite
+// bit pattern (NaNs left out: the conversion may quiet them), subnormal
+// f16 included.
+func TestPackHalf(t *testing.T) {
+	asm, ok := asmKernels()
+	if !ok {
+		t.Skip("no assembly kernels on this machine")
+	}
+	restore := saveKernels()
+	defer restore()
+	asm()
+	if packHalf == nil {
+		t.Skip("no AVX-512 here: the portable loop packs")
+	}
+	r := newRand(70)
+	for _, bf16 := range []bool{true, false} {
+		for _, k := range []int{16, 48, 1024} {
+			w := make([]uint16, 16*k)
+			for i := range w {
+				v := uint16(r.Uint32())
+				if bf16 && v&0x7f80 == 0x7f80 || !bf16 && v&0x7c00 == 0x7c00 {
+					v &^= 0x4000 // not Inf or NaN
+				}
+				w[i] = v
+			}
+			got := make([]float32, 16*k)
+			packHalf(bf16, w, k, got)
+			for p := range k {
+				for j := range 16 {
+					want := backend.F16ToF32(w[j*k+p])
+					if bf16 {
+						want = backend.BF16ToF32(w[j*k+p])
+					}
+					if g := got[p*16+j]; math.Float32bits(g) != math.Float32bits(want) {
+						t.Fatalf("bf16 %v k %d: panel[%d][%d] = %g, want %g (bits %#04x)", bf16, k, p, j, g, want, w[j*k+p])
+					}
+				}
+			}
+		}
 	}
 }

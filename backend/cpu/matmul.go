@@ -231,6 +231,10 @@ func (w weights) pack(r0, nc int, packed []float32) {
 		return
 	}
 	all := bytesAs[uint16](w.buf)
+	if packHalf != nil && nc == gemmCols && k%gemmCols == 0 {
+		packHalf(w.dt == backend.BF16, all[r0*k:(r0+gemmCols)*k], k, packed)
+		return
+	}
 	var rows [gemmCols][]uint16
 	for j := range nc {
 		rows[j] = all[(r0+j)*k : (r0+j+1)*k]
