@@ -216,6 +216,17 @@ func TestKernels(t *testing.T) {
 	}
 }
 
+// withAsm installs the assembly kernels for the rest of the test, which
+// it skips where there are none.
+func withAsm(t *testing.T) {
+	asm, ok := asmKernels()
+	if !ok {
+		t.Skip("no assembly kernels on this machine")
+	}
+	t.Cleanup(saveKernels())
+	asm()
+}
+
 func saveKernels() func() {
 	a, b, c, d, e, f := dotF32, dotBF16, dot4xBF16, axpy, axpyBF16, gemm6x16
 	g, h, i, j, k, l := dotRowsF32, dotRowsBF16, axpyRowsF32, axpyRowsBF16, scaleAxpy, expShift
@@ -262,13 +273,7 @@ func TestExpf(t *testing.T) {
 // bit pattern (NaNs left out: the conversion may quiet them), subnormal
 // f16 included.
 func TestPackHalf(t *testing.T) {
-	asm, ok := asmKernels()
-	if !ok {
-		t.Skip("no assembly kernels on this machine")
-	}
-	restore := saveKernels()
-	defer restore()
-	asm()
+	withAsm(t)
 	if packHalf == nil {
 		t.Skip("no AVX-512 here: the portable loop packs")
 	}

@@ -350,13 +350,7 @@ func TestQuantTensors(t *testing.T) {
 // and whole rows, weight row counts with and without a remainder, FP8 rows
 // with a partial last block.
 func TestQuantKernels(t *testing.T) {
-	asm, ok := asmKernels()
-	if !ok {
-		t.Skip("no assembly kernels on this machine")
-	}
-	restore := saveKernels()
-	defer restore()
-	asm()
+	withAsm(t)
 	r := newRand(64)
 	randBytes := func(n int) []byte {
 		b := make([]byte, n)
@@ -490,13 +484,7 @@ func TestQuantKernels(t *testing.T) {
 // TestQuantizeRows checks the assembly quantizer of input rows against the
 // portable one bit for bit, zero and NaN blocks included.
 func TestQuantizeRows(t *testing.T) {
-	asm, ok := asmKernels()
-	if !ok {
-		t.Skip("no assembly kernels on this machine")
-	}
-	restore := saveKernels()
-	defer restore()
-	asm()
+	withAsm(t)
 	r := newRand(65)
 	for _, blk := range []int{32, 256} {
 		for _, nb := range []int{1, 2, 3, 12} {
