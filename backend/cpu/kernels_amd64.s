@@ -151,6 +151,18 @@ done: \
 	VZEROUPPER; \
 	RET
 
+// AXPY4 adds the row at base (32 dims, loaded by LD into the scratch t0
+// and t1 in turn) times the broadcast b to the accumulators a0-a3.
+#define AXPY4(LD, base, b, a0, a1, a2, a3, t0, t1) \
+	LD(0, base, t0); \
+	VFMADD231PS t0, b, a0; \
+	LD(1, base, t1); \
+	VFMADD231PS t1, b, a1; \
+	LD(2, base, t0); \
+	VFMADD231PS t0, b, a2; \
+	LD(3, base, t1); \
+	VFMADD231PS t1, b, a3
+
 // AXPYROWS adds sum_r p[r] * v_r to acc[0:hd] (hd a multiple of 32), v_r
 // the row at v + r*stride bytes: 32 dims at a time, two rows per step into
 // separate accumulators so that the FMAs do not wait on each other.
@@ -180,22 +192,8 @@ pair: \
 	VBROADCASTSS (SI)(BX*4), Y8; \
 	VBROADCASTSS 4(SI)(BX*4), Y9; \
 	LEAQ (R10)(DX*1), R12; \
-	LD(0, R10, Y10); \
-	VFMADD231PS Y10, Y8, Y0; \
-	LD(1, R10, Y11); \
-	VFMADD231PS Y11, Y8, Y1; \
-	LD(2, R10, Y10); \
-	VFMADD231PS Y10, Y8, Y2; \
-	LD(3, R10, Y11); \
-	VFMADD231PS Y11, Y8, Y3; \
-	LD(0, R12, Y12); \
-	VFMADD231PS Y12, Y9, Y4; \
-	LD(1, R12, Y13); \
-	VFMADD231PS Y13, Y9, Y5; \
-	LD(2, R12, Y12); \
-	VFMADD231PS Y12, Y9, Y6; \
-	LD(3, R12, Y13); \
-	VFMADD231PS Y13, Y9, Y7; \
+	AXPY4(LD, R10, Y8, Y0, Y1, Y2, Y3, Y10, Y11); \
+	AXPY4(LD, R12, Y9, Y4, Y5, Y6, Y7, Y12, Y13); \
 	LEAQ (R12)(DX*1), R10; \
 	ADDQ $2, BX; \
 	JMP pair; \
@@ -203,14 +201,7 @@ single: \
 	CMPQ BX, R8; \
 	JGE store; \
 	VBROADCASTSS (SI)(BX*4), Y8; \
-	LD(0, R10, Y10); \
-	VFMADD231PS Y10, Y8, Y0; \
-	LD(1, R10, Y11); \
-	VFMADD231PS Y11, Y8, Y1; \
-	LD(2, R10, Y10); \
-	VFMADD231PS Y10, Y8, Y2; \
-	LD(3, R10, Y11); \
-	VFMADD231PS Y11, Y8, Y3; \
+	AXPY4(LD, R10, Y8, Y0, Y1, Y2, Y3, Y10, Y11); \
 store: \
 	VADDPS Y4, Y0, Y0; \
 	VADDPS Y5, Y1, Y1; \
