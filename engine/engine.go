@@ -71,9 +71,12 @@ import (
 
 // Options configure an Engine. Zero fields take the defaults named.
 type Options struct {
-	BlockSize int   // tokens per KV block; 16
-	KVBlocks  int   // KV blocks; 0: as many as KVMemory holds
-	KVMemory  int64 // bytes for the KV cache when KVBlocks is 0; 1 GiB
+	BlockSize int // tokens per KV block; 16
+	KVBlocks  int // KV blocks; 0: as many as KVMemory holds
+	// KVMemory is the device memory for the KV cache and hybrid models'
+	// state slots (running sequences', snapshots' and captures'), when
+	// KVBlocks is 0; 1 GiB.
+	KVMemory int64
 	// Context bounds one sequence, prompt and answer; 0: the model's
 	// context length. Either way the engine's context (Engine.Context) is
 	// at most what the KV cache holds for one sequence, so that a request
@@ -176,6 +179,7 @@ type Engine struct {
 	// snapshots', a pass may leave states in (captureSlots; none where the
 	// model cannot capture states).
 	captures int
+	slots    int // every state slot: the sequences', the snapshots' and the captures'
 
 	mu       sync.Mutex
 	closed   bool
@@ -196,6 +200,35 @@ type Engine struct {
 	sched *scheduler
 }
 
+// stateSlots sets opts.SnapshotSlots to none where m keeps no snapshots,
+// and returns the capture slots m takes.
+func stateSlots(m *model.Model, opts *Options) (captures int) {
+	if !m.Hybrid() || opts.NoCache {
+		opts.SnapshotSlots = 0
+	}
+	if m.CapturesStates() && !opts.NoCache {
+		captures = captureSlots
+	}
+	return captures
+}
+
+// MemoryFor is the KVMemory with which New gives opts.Context (the model's
+// context length when 0) to one sequence: its KV blocks, the spare block
+// and every state slot New would take (snapshot slots counted as the
+// option asks, before New bounds them by the memory).
+func MemoryFor(m *model.Model, opts Options) (int64, error) {
+	if err := opts.setDefaults(); err != nil {
+		return 0, err
+	}
+	ctx := opts.Context
+	if ctx == 0 {
+		ctx = m.Config().ContextLength
+	}
+	captures := stateSlots(m, &opts)
+	blocks := int64((ctx+opts.BlockSize-1)/opts.BlockSize + 1)
+	return blocks*int64(opts.BlockSize)*m.KVBytesPerToken() + int64(opts.MaxRunning+opts.SnapshotSlots+captures)*int64(m.SlotBytes()), nil
+}
+
 // New starts an engine on m. tok detokenizes the streams; without it
 // (nil) they carry tokens without text, and stop strings are refused. New
 // allocates the model's KV cache (and state slots for hybrid models).
@@ -211,15 +244,11 @@ func New(m *model.Model, tok *tokenizer.Tokenizer, opts Options) (*Engine, error
 		}
 		ctx, limit = opts.Context, LimitOption
 	}
-	captures := 0
-	if m.CapturesStates() && !opts.NoCache {
-		captures = captureSlots
-	}
-	if !m.Hybrid() || opts.NoCache {
-		opts.SnapshotSlots = 0
-	} else if sb := int64(m.SlotBytes()); sb > 0 {
+	captures := stateSlots(m, &opts)
+	if sb := int64(m.SlotBytes()); sb > 0 {
 		opts.SnapshotSlots = int(min(int64(opts.SnapshotSlots), opts.KVMemory/4/sb))
 	}
+	slots := opts.MaxRunning + opts.SnapshotSlots + captures
 	if opts.KVBlocks == 0 {
 		per := m.KVBytesPerToken() * int64(opts.BlockSize)
 		if per <= 0 {
@@ -228,9 +257,15 @@ func New(m *model.Model, tok *tokenizer.Tokenizer, opts Options) (*Engine, error
 		// More than every running sequence at full context (twice over,
 		// for the caches) would never be used.
 		ctxBlocks := (ctx + opts.BlockSize - 1) / opts.BlockSize
-		kvMem := opts.KVMemory - int64(opts.SnapshotSlots+captures)*int64(m.SlotBytes())
-		opts.KVBlocks = int(min(kvMem/per, int64(2*opts.MaxRunning*ctxBlocks)))
+		// The state slots come out of the same memory: a hybrid model's
+		// running sequences hold theirs at any context (Qwen3-Next's is
+		// ~75 MB), as the KV blocks are held by tokens.
+		state := int64(slots) * int64(m.SlotBytes())
+		opts.KVBlocks = int(min((opts.KVMemory-state)/per, int64(2*opts.MaxRunning*ctxBlocks)))
 		if opts.KVBlocks < 1 {
+			if state > 0 {
+				return nil, fmt.Errorf("engine: KVMemory %d bytes holds %d sequences' recurrent state (%d bytes each) and no KV block of %d bytes besides", opts.KVMemory, slots, m.SlotBytes(), per)
+			}
 			return nil, fmt.Errorf("engine: KVMemory %d bytes holds no block of %d bytes", opts.KVMemory, per)
 		}
 	}
@@ -245,11 +280,11 @@ func New(m *model.Model, tok *tokenizer.Tokenizer, opts Options) (*Engine, error
 	if ctx < 2 {
 		return nil, fmt.Errorf("engine: a KV cache of %d blocks of %d tokens leaves no context", opts.KVBlocks, opts.BlockSize)
 	}
-	if err := m.AllocCache(model.CacheSpec{Blocks: opts.KVBlocks, BlockSize: opts.BlockSize, Slots: opts.MaxRunning + opts.SnapshotSlots + captures}); err != nil {
+	if err := m.AllocCache(model.CacheSpec{Blocks: opts.KVBlocks, BlockSize: opts.BlockSize, Slots: slots}); err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
 	e := &Engine{
-		m: m, tok: tok, opts: opts, cfg: cfg, log: opts.Logger, ctx: ctx, ctxLimit: limit, captures: captures,
+		m: m, tok: tok, opts: opts, cfg: cfg, log: opts.Logger, ctx: ctx, ctxLimit: limit, captures: captures, slots: slots,
 		wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}), inspect: make(chan func()),
 	}
 	if opts.StateCache.enabled() && !opts.NoCache {
@@ -346,6 +381,10 @@ const turnWarmUpStep, turnWarmUpMax = 32, 256
 
 // Options returns the options in effect (defaults filled in).
 func (e *Engine) Options() Options { return e.opts }
+
+// StateBytes is the memory of the state slots New allocated beside the KV
+// cache (hybrid models; 0 for others).
+func (e *Engine) StateBytes() int64 { return int64(e.slots) * int64(e.m.SlotBytes()) }
 
 // Context returns the most tokens one sequence may hold, prompt and
 // answer, and what bounds it: the model's context length, Options.Context

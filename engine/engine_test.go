@@ -602,6 +602,54 @@ func TestContextFromTheCache(t *testing.T) {
 	}
 }
 
+// TestMemoryPlan: a hybrid model's state slots (running sequences',
+// snapshots', captures') come out of KVMemory before the KV blocks do, a
+// memory that holds the state but no block is refused by saying so, and
+// MemoryFor is the memory that gives a Context to one sequence.
+func TestMemoryPlan(t *testing.T) {
+	const running = 4
+	probe := loadFixture(t, "qwen3next")
+	sb, per := int64(probe.Model.SlotBytes()), probe.Model.KVBytesPerToken()*16
+	if sb <= 0 || per <= 0 {
+		t.Fatalf("qwen3next: %d state bytes a slot, %d KV bytes a block", sb, per)
+	}
+	// Room for 40 blocks beside the slots: fewer than the 2 * running
+	// sequences' full contexts that bound the pool.
+	mem := 40*per + (2*running+captureSlots)*sb
+	e := newEngine(t, loadFixture(t, "qwen3next"), Options{MaxRunning: running, KVMemory: mem})
+	o := e.Options()
+	state := e.StateBytes()
+	if want := int64(running+o.SnapshotSlots+captureSlots) * sb; state != want || o.SnapshotSlots != running {
+		t.Errorf("state %d bytes with %d snapshot slots, want %d (%d slots of %d)", state, o.SnapshotSlots, want, running+running+captureSlots, sb)
+	}
+	if got := int64(o.KVBlocks); got != (mem-state)/per {
+		t.Errorf("%d KV blocks in %d bytes beside %d of state, want %d", got, mem, state, (mem-state)/per)
+	}
+	// A dense model has no state: all of it is KV.
+	d := newEngine(t, loadFixture(t, "qwen3"), Options{MaxRunning: running, KVMemory: mem})
+	if dp := d.m.KVBytesPerToken() * 16; d.StateBytes() != 0 || int64(d.Options().KVBlocks) != min(mem/dp, int64(2*running*4096/16)) {
+		t.Errorf("dense: %d state bytes, %d blocks of %d in %d bytes", d.StateBytes(), d.Options().KVBlocks, dp, mem)
+	}
+	_, err := New(loadFixture(t, "qwen3next").Model, nil, Options{MaxRunning: running, SnapshotSlots: -1, NoCache: true, KVMemory: running*sb + per - 1, Logger: testmodel.Logger()})
+	if err == nil || !strings.Contains(err.Error(), "recurrent state") {
+		t.Errorf("a memory of the running slots' state and less than a block: %v", err)
+	}
+	opts := Options{MaxRunning: running, Context: 1000, Logger: testmodel.Logger()}
+	need, err := MemoryFor(probe.Model, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.KVMemory = need
+	c := newEngine(t, loadFixture(t, "qwen3next"), opts)
+	if ctx, limit := c.Context(); ctx != 1000 || limit != LimitOption {
+		t.Errorf("KVMemory = MemoryFor: context %d (%s), want 1000 (the option)", ctx, limit)
+	}
+	opts.KVMemory = need - per - 2*sb
+	if _, err := New(loadFixture(t, "qwen3next").Model, nil, opts); err == nil {
+		t.Errorf("KVMemory below MemoryFor by a block and two slots: no error")
+	}
+}
+
 // TestOutgrowTheCache: with a context beyond the cache (tests only), a
 // prompt that cannot fit alone fails with ErrKVFull, and an answer that
 // outgrows the cache ends with FinishLength and every token it generated,

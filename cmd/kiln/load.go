@@ -171,20 +171,23 @@ func (f *modelFlags) load() (*loaded, error) {
 	gpu, onGPU := b.(interface{ FreeMemory() int64 })
 	switch {
 	case onGPU && f.kvMiB == 0:
-		// On a GPU the KV pool takes the memory the weights left, less
-		// room for the step's workspace.
+		// On a GPU the KV cache and the state slots take the memory the
+		// weights left, less room for the step's workspace.
 		opts.KVMemory = max(gpu.FreeMemory()*9/10-2<<30, 256<<20)
 	case f.kvMiB == 0:
 		// On the CPU, half of what the weights left (the rest for the
-		// system, the step's workspace and hybrid models' state
-		// snapshots), and at least what --context needs.
+		// system and the step's workspace), and at least what --context
+		// needs.
 		if avail := availableMemory(); avail > 0 {
 			opts.KVMemory = max(avail/2, 256<<20)
 		}
 		if f.context > 0 {
-			// All blocks but one go to a sequence (engine.Options.Context).
-			blocks := int64((f.context+15)/16 + 1) // of the engine's 16 tokens
-			opts.KVMemory = max(opts.KVMemory, blocks*16*m.KVBytesPerToken())
+			need, err := engine.MemoryFor(m, opts)
+			if err != nil {
+				m.Close()
+				return nil, err
+			}
+			opts.KVMemory = max(opts.KVMemory, need)
 		}
 	}
 	if onGPU && opts.MaxBatchTokens == 0 {
@@ -232,7 +235,7 @@ func (f *modelFlags) load() (*loaded, error) {
 	kv, _ := kvDType(f.kv) // as openModel resolved it
 	slog.Info("model loaded", "model", name, "backend", b.Name(), "gpus", m.Ranks(), "weights", humanBytes(m.WeightBytes()), "kv", kv,
 		"kv_memory", humanBytes(int64(eo.KVBlocks*eo.BlockSize)*m.KVBytesPerToken()), "kv_tokens", eo.KVBlocks*eo.BlockSize,
-		"state_per_sequence", humanBytes(int64(m.SlotBytes())),
+		"state_per_sequence", humanBytes(int64(m.SlotBytes())), "state_memory", humanBytes(eng.StateBytes()),
 		"context", ctx, "context_limited_by", ctxLimit, "model_context", cfg.ContextLength, "took", time.Since(start).Round(time.Millisecond))
 	if sc := opts.StateCache; sc.Dir != "" {
 		slog.Info("state cache", "dir", sc.Dir, "size", humanBytes(sc.DiskBytes), "ram", humanBytes(sc.RAMBytes))
