@@ -716,7 +716,7 @@ func (s *scheduler) receive(ps *pass, running bool) {
 			continue // ended by a stop string while this pass ran
 		}
 		for _, c := range p.caps {
-			s.snapshotOf(q, q.pos+c.Offset, c.Slot, kvcache.Point)
+			s.snapshotOf(q, q.pos+c.Offset, c.Slot, q.pointKind(q.pos+c.Offset))
 		}
 		q.pos += p.n
 		if s.e.opts.NoCache {
@@ -724,8 +724,8 @@ func (s *scheduler) receive(ps *pass, running bool) {
 		}
 		if !s.hybrid {
 			s.prefix.Insert(&q.chain, q.tokens[:q.pos], q.table.Blocks())
-		} else if s.atPoint(q) {
-			s.snapshot(q, kvcache.Point)
+		} else if at, kind := s.atPoint(q); at {
+			s.snapshot(q, kind)
 		}
 	}
 	for i, q := range rows {
@@ -1030,15 +1030,24 @@ func (s *scheduler) chunk(q *seq, n int, free *[]int) (int, []backend.Capture) {
 }
 
 // atPoint reports whether q's state is to be saved after its computed
-// tokens (and moves past the point).
-func (s *scheduler) atPoint(q *seq) bool {
-	at := false
+// tokens, and as what kind of snapshot (and moves past the point).
+func (s *scheduler) atPoint(q *seq) (bool, kvcache.SnapshotKind) {
+	kind := q.pointKind(q.pos)
 	for len(q.points) > 0 && q.points[0] <= q.pos {
-		at = at || q.points[0] == q.pos
 		q.points = q.points[1:]
 	}
 	iv := s.e.opts.SnapshotInterval
-	return at || (iv > 0 && q.pos%iv == 0)
+	return kind == kvcache.Point || (iv > 0 && q.pos%iv == 0), kind
+}
+
+// pointKind is the kind of snapshot q's state after pos tokens is: a
+// Point at one of its points (a message start, the last block boundary
+// before the prompt's end), else an Interval.
+func (q *seq) pointKind(pos int) kvcache.SnapshotKind {
+	if _, found := slices.BinarySearch(q.points, pos); found {
+		return kvcache.Point
+	}
+	return kvcache.Interval
 }
 
 // snapshot saves a hybrid sequence's state after its computed tokens.

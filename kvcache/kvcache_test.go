@@ -439,6 +439,74 @@ func TestSnapshotsDeviceSlots(t *testing.T) {
 	}
 }
 
+// TestSnapshotsIntervals: a snapshot saved with every slot taken takes the
+// slot of the least recently used Interval snapshot (before a less
+// recently used point's), which is dropped without a wait for the device
+// or a copy to a slower tier; with no Interval snapshot on the device the
+// least recently used one moves to host memory as before; an Interval
+// snapshot dropped for host memory's budget goes to no slower tier either.
+func TestSnapshotsIntervals(t *testing.T) {
+	a := NewAllocator(16)
+	dev := newSlotDevice(3, 8) // slot 0 runs the sequence, 1-2 are spare
+	var evicted []uint64
+	s := NewSnapshots(a, 4, dev, []int{1, 2}, 8)
+	s.Evicted = func(sn *Snapshot) { evicted = append(evicted, sn.ID) }
+	tab := NewTable(4)
+	if _, err := tab.Reserve(a, 0, 16); err != nil {
+		t.Fatal(err)
+	}
+	toks := []int32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}
+	save := func(n int, kind SnapshotKind) *Snapshot {
+		t.Helper()
+		dev.slots[0][0] = byte(n)
+		sn, err := s.Save(toks[:n], 0, tab.Blocks(), 1, 0, kind)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sn
+	}
+	check := func(what string, saves, host int, on ...*Snapshot) {
+		t.Helper()
+		for _, sn := range on {
+			if !sn.OnDevice() {
+				t.Fatalf("%s: the snapshot of %d tokens is not on the device", what, len(sn.Tokens))
+			}
+		}
+		if s.Len() != len(on)+host || dev.saves != saves {
+			t.Fatalf("%s: %d snapshots, %d waits; want %d, %d", what, s.Len(), dev.saves, len(on)+host, saves)
+		}
+	}
+	p := save(1, Point)
+	i1 := save(4, Interval)
+	i2 := save(8, Interval)
+	check("a point and two intervals in two slots", 0, 0, p, i2)
+	tip := save(10, Tip)
+	check("then a tip", 0, 0, p, tip)
+	i3 := save(12, Interval)
+	check("then an interval with none on the device", 1, 1, tip, i3)
+	if p.Bytes() != 8 || i1.OnDevice() || i2.OnDevice() || len(evicted) != 0 {
+		t.Fatalf("the point's host bytes %d, intervals dropped on device %v %v, evicted %v", p.Bytes(), i1.OnDevice(), i2.OnDevice(), evicted)
+	}
+	if sn := s.Find(toks, 11); sn != tip {
+		t.Fatalf("the longest snapshot within 11 tokens: %v, want the tip", sn)
+	}
+	s.Restore(p, 0)
+	if dev.slots[0][0] != 1 {
+		t.Fatalf("the point restored %d", dev.slots[0][0])
+	}
+	// Host memory holds one state: the point and the tip leave it for
+	// room through the slower tier, the interval without.
+	s.Offload(2)
+	p2 := save(2, Point)
+	s.Offload(2)
+	if want := []uint64{p.ID, tip.ID}; !slices.Equal(evicted, want) || s.Len() != 1 || p2.Bytes() != 8 {
+		t.Fatalf("evicted %v, want %v (point, tip); %d snapshots left", evicted, want, s.Len())
+	}
+	s.Clear()
+	tab.Release(a)
+	checkRefs(t, a)
+}
+
 // BenchmarkPrefixMatch: the lookup of a follow-up's 100K-token prompt whose
 // history is cached.
 func BenchmarkPrefixMatch(b *testing.B) {

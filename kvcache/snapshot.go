@@ -17,6 +17,16 @@ const (
 	// Tip is where a request ended (its answer's end): what its next turn
 	// resumes from.
 	Tip
+	// Interval is a multiple of the engine's snapshot interval inside a
+	// long prompt: kept while a spare device slot holds it, for a request
+	// that shares a long prefix and diverges past it. A new snapshot
+	// takes the slot of the least recently used one rather than wait for
+	// a copy of an older snapshot to host memory, and one dropped for
+	// room goes to no slower tier (Evicted): a 256K-token prompt saves
+	// 256 of them, each as large as the model's state (~75 MB for
+	// Qwen3-Next), and copying those off the device while the prompt's
+	// passes wait cost more than recomputing 1024 tokens.
+	Interval
 )
 
 // Snapshot is the state of a hybrid model's sequence after exactly Tokens:
@@ -148,8 +158,9 @@ func (s *Snapshots) Restore(sn *Snapshot, slot int) {
 // Save stores a snapshot of the state in device slot from after tokens,
 // adding a reference to the blocks covering len(tokens) tokens, for group
 // (which resumed from parent; 0: none). A snapshot of the same tokens is
-// replaced. The state goes to a spare device slot, or to host memory when
-// there is none; older snapshots make room, least recently used first.
+// replaced. The state goes to a spare device slot (the least recently used
+// Interval snapshot's, when none is free), or to host memory when there is
+// none; older snapshots make room, least recently used first.
 // ErrOverBudget when the state cannot be kept at all.
 func (s *Snapshots) Save(tokens []int32, from int, blocks []int32, group, parent uint64, kind SnapshotKind) (*Snapshot, error) {
 	for el := s.lru.Front(); el != nil; el = el.Next() {
@@ -160,7 +171,7 @@ func (s *Snapshots) Save(tokens []int32, from int, blocks []int32, group, parent
 	}
 	sn := &Snapshot{Kind: kind, slot: -1, Used: time.Now()}
 	if s.slots > 0 {
-		if len(s.free) == 0 {
+		if len(s.free) == 0 && !s.recycle() {
 			s.offload(s.lru.Back())
 		}
 		if len(s.free) > 0 {
@@ -260,6 +271,18 @@ func (s *Snapshots) offload(el *list.Element) {
 	}
 }
 
+// recycle drops the least recently used Interval snapshot in a device
+// slot, freeing the slot, and reports whether there was one.
+func (s *Snapshots) recycle() bool {
+	for el := s.lru.Back(); el != nil; el = el.Prev() {
+		if sn := el.Value.(*Snapshot); sn.Kind == Interval && sn.slot >= 0 {
+			s.drop(sn)
+			return true
+		}
+	}
+	return false
+}
+
 // Offload moves least recently used snapshots from device slots to host
 // memory until at least n spare slots are free: the scheduler calls it when
 // idle, so that the snapshots of the next request's prefill are device
@@ -339,7 +362,7 @@ func (s *Snapshots) Reclaim() bool {
 
 // evict drops a snapshot for room, offering it to Evicted first.
 func (s *Snapshots) evict(sn *Snapshot) {
-	if s.Evicted != nil {
+	if s.Evicted != nil && sn.Kind != Interval {
 		s.Evicted(sn)
 	}
 	s.drop(sn)
