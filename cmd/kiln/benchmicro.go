@@ -61,7 +61,7 @@ func benchMicro(args []string) error {
 	backendName := fs.String("backend", "auto", "compute backend: auto, cpu or cuda")
 	synth := fs.String("synthetic", "", "benchmark a synthetic model with random weights instead of --model (e.g. qwen3-8b)")
 	layers := fs.Int("layers", 0, "synthetic model: keep only the first N layers (0: all)")
-	dtype := fs.String("dtype", "bf16", "synthetic model: weight dtype (bf16, f16, f32; or fp8, q8_0, q4_k, q5_k, q6_k, mxfp4 for the linear layers)")
+	dtype := fs.String("dtype", "bf16", "synthetic model: "+dtypeFlagHelp)
 	kvType := fs.String("kv", "", kvFlagHelp)
 	quantize := fs.String("quantize", "", quantizeFlagHelp)
 	gpus := fs.String("gpus", "", gpusFlagHelp+"; the floors are then each GPU's share over one GPU's bandwidth and peak")
@@ -347,6 +347,9 @@ func mixList(s string) ([]mixCfg, error) {
 	}
 	return out, nil
 }
+
+// dtypeFlagHelp is --dtype's help, for a synthetic model's weights.
+const dtypeFlagHelp = "weight dtype (bf16, f16, f32; or fp8, q8_0, q4_k, q5_k, q6_k, mxfp4 for the linear layers)"
 
 func parseDType(s string) (backend.DType, error) {
 	switch s {

@@ -35,10 +35,11 @@ type modelFlags struct {
 	quantize   string
 	gpus       string
 	// synthetic: random weights at a published shape instead of --model
-	// (bench serve's --synthetic, --layers), served with a synthetic
-	// vocabulary (model.SyntheticVocab).
+	// (bench serve's --synthetic, --layers, --dtype), served with a
+	// synthetic vocabulary (model.SyntheticVocab).
 	synthetic string
 	layers    int
+	dtype     string
 	// conversations: the command serves multi-turn chats, so the session
 	// prepares each chat's next turn (session.Options.PrepareNextTurn); not
 	// for a one-shot kiln run, which would wait for it before exiting.
@@ -69,6 +70,7 @@ func (f *modelFlags) register(fs *flag.FlagSet) {
 func (f *modelFlags) registerSynthetic(fs *flag.FlagSet) {
 	fs.StringVar(&f.synthetic, "synthetic", "", "serve a synthetic model (random weights at a published shape, a synthetic vocabulary of its size) instead of --model: "+strings.Join(model.SyntheticNames(), ", "))
 	fs.IntVar(&f.layers, "layers", 0, "with --synthetic: keep only the first N layers (0: all)")
+	fs.StringVar(&f.dtype, "dtype", "bf16", "with --synthetic: "+dtypeFlagHelp)
 }
 
 // loaded is a model ready to serve.
@@ -137,9 +139,16 @@ func (f *modelFlags) load() (*loaded, error) {
 			return nil, err
 		}
 	}
+	wdt := backend.BF16
+	if f.synthetic != "" {
+		var err error
+		if wdt, err = parseDType(f.dtype); err != nil {
+			return nil, fmt.Errorf("--dtype: %w", err)
+		}
+	}
 	bar := newProgressBar(os.Stderr, "loading")
 	start := time.Now()
-	m, b, err := openModel(f.backend, modelSource{dir: f.dir, synthetic: f.synthetic, layers: f.layers, dtype: backend.BF16,
+	m, b, err := openModel(f.backend, modelSource{dir: f.dir, synthetic: f.synthetic, layers: f.layers, dtype: wdt,
 		kv: f.kv, quantize: f.quantize, gpus: f.gpus, progress: bar.update})
 	bar.finish()
 	if err != nil {
