@@ -57,7 +57,7 @@ PY
 		# 3. kiln against transformers on the same input.
 		(cd backend/cuda && KILN_REQUIRE_GPU=1 KILN_HF_REF="$MODEL" "../../$BIN/cuda.test" -test.v -test.count=1 -test.run TestHFReference) >"$OUT/hf-compare.log" 2>&1
 		st=$?
-		row "kiln vs transformers logits" "$( (grep -oE 'relative L2 [0-9.e+-]+ \(prefill\), [0-9.e+-]+ \(decode\)' "$OUT/hf-compare.log" || echo '?') | head -1) $([ $st -eq 0 ] && echo PASS || echo FAIL)"
+		row "kiln vs transformers fp32 logits" "$( (grep -oE 'relative L2 [0-9.e+-]+ \(prefill\), [0-9.e+-]+ \(decode\)' "$OUT/hf-compare.log" || echo '?') | head -1) $([ $st -eq 0 ] && echo PASS || echo FAIL)"
 		# 4. kiln bench on the same model.
 		"$BIN/kiln" bench --model "$MODEL" --backend cuda ${SUITE_BENCH_ARGS:-} --json >"$OUT/bench.json" 2>"$OUT/bench.log"
 		st=$?
