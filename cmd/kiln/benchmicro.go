@@ -57,7 +57,7 @@ type benchReport struct {
 
 func benchMicro(args []string) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	dir := fs.String("model", "", "model directory (config.json, *.safetensors)")
+	dir := fs.String("model", "", modelFlagHelp(weightFiles, "; or --synthetic"))
 	backendName := fs.String("backend", "auto", "compute backend: auto, cpu or cuda")
 	synth := fs.String("synthetic", "", "benchmark a synthetic model with random weights instead of --model (e.g. qwen3-8b)")
 	layers := fs.Int("layers", 0, "synthetic model: keep only the first N layers (0: all)")

@@ -38,7 +38,7 @@ type generateResult struct {
 
 func runGenerate(args []string) error {
 	fs := flag.NewFlagSet("generate", flag.ContinueOnError)
-	dir := fs.String("model", "", "model directory (config.json, *.safetensors)")
+	dir := fs.String("model", "", modelFlagHelp(weightFiles, "; or --synthetic"))
 	synth := fs.String("synthetic", "", "a synthetic model with random weights instead: "+strings.Join(model.SyntheticNames(), ", "))
 	layers := fs.Int("layers", 0, "with --synthetic: keep only this many layers (0: all)")
 	backendName := fs.String("backend", "auto", "compute backend: auto, cpu or cuda")

@@ -54,8 +54,21 @@ type modelFlags struct {
 	resolved        *catalog.Model
 }
 
+// modelFlagHelp is the help of a command's --model: the forms
+// resolveModel and model.GGUFFile take. files are what the command reads of
+// a Hugging Face directory; tail ends the text (the default, or the
+// alternative).
+func modelFlagHelp(files, tail string) string {
+	return "model: a Hugging Face directory (" + files + "), a GGUF file or a directory holding one, " +
+		"or a name of the Hugging Face cache (Qwen/Qwen3-8B, ORG/NAME-GGUF:Q4_K_M; see kiln ls, kiln pull) or of Ollama's store (qwen3:8b)" + tail
+}
+
+// weightFiles are what a command that loads the weights reads of a Hugging
+// Face directory, for modelFlagHelp.
+const weightFiles = "config.json, *.safetensors of bf16, f16, f32 or Qwen's FP8 weights"
+
 func (f *modelFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&f.dir, "model", "", "model: a name of the Hugging Face cache (Qwen/Qwen3-8B, ORG/NAME-GGUF:Q4_K_M; see kiln ls, kiln pull) or of Ollama's store (qwen3:8b), a Hugging Face directory (config.json, *.safetensors, tokenizer.json; bf16 or Qwen's FP8) or a GGUF file; default: the embedded demo model")
+	fs.StringVar(&f.dir, "model", "", modelFlagHelp("tokenizer.json, "+weightFiles, "; default: the embedded demo model"))
 	fs.StringVar(&f.backend, "backend", "auto", "compute backend: auto, cpu or cuda")
 	fs.IntVar(&f.maxRunning, "max-running", 0, "most sequences decoded together (default: the engine's, 16)")
 	fs.IntVar(&f.maxTokens, "max-batch-tokens", 0, "most tokens in one forward step, prompt chunks and decoding sequences together (default: 256 on the CPU, 2048 on a GPU)")

@@ -27,15 +27,15 @@ type renderRequest struct {
 	ChatTemplateKwargs  map[string]json.RawMessage `json:"chat_template_kwargs"`  // raw: nested keys keep their order
 }
 
-// render is "kiln render --model DIR": it reads one JSON object
+// render is "kiln render --model M": it reads one JSON object
 // {"messages", "tools", "add_generation_prompt", "chat_template_kwargs"}
 // from stdin and prints exactly the rendered prompt. The directory needs only
 // the tokenizer files (chat_template.jinja or tokenizer_config.json).
 func render(args []string) error {
 	fs := flag.NewFlagSet("kiln render", flag.ContinueOnError)
-	dir := fs.String("model", "", "model directory holding chat_template.jinja or tokenizer_config.json; default: the embedded demo model")
+	dir := fs.String("model", "", modelFlagHelp("chat_template.jinja or tokenizer_config.json", "; default: the embedded demo model"))
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: kiln render [--model DIR] < request.json\n\n"+
+		fmt.Fprintf(fs.Output(), "usage: kiln render [--model M] < request.json\n\n"+
 			"Prints the prompt the model's chat template makes of the request: a JSON object with\n"+
 			"\"messages\", \"tools\", \"add_generation_prompt\" (default true) and \"chat_template_kwargs\".\n\n")
 		fs.PrintDefaults()

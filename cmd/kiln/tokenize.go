@@ -23,7 +23,7 @@ func init() {
 // and writes the ids to out.
 func tokenize(args []string, in io.Reader, out io.Writer) error {
 	fs := flag.NewFlagSet("tokenize", flag.ContinueOnError)
-	model := fs.String("model", "", "model: a name, a directory (tokenizer.json) or a GGUF file; default: the embedded demo model")
+	model := fs.String("model", "", modelFlagHelp("tokenizer.json", "; default: the embedded demo model"))
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: kiln tokenize [--model M] [\"text\"]   (without text, stdin)\n")
 		fs.PrintDefaults()
