@@ -63,6 +63,18 @@ var ggufArchNames = map[string]string{
 	"Qwen3NextForCausalLM": "qwen3next",
 }
 
+// SyntheticGGUFNames lists the synthetic models WriteSyntheticGGUF can
+// write: those of SyntheticNames whose architecture is in ggufArchNames.
+func SyntheticGGUFNames() []string {
+	var names []string
+	for _, n := range SyntheticNames() {
+		if cfg, err := syntheticConfig(n, 0); err == nil && ggufArchNames[cfg.Arch] != "" {
+			names = append(names, n)
+		}
+	}
+	return names
+}
+
 // GGUF's token types (gguf-py's TokenType).
 const (
 	tokNormal  = 1

@@ -3,6 +3,7 @@ package model
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"os/exec"
@@ -442,4 +443,26 @@ func TestSyntheticGGUFLlamaCpp(t *testing.T) {
 			t.Errorf("Q4_K_M (Q4_K weights: %v): kiln %.2e, llama.cpp %.2e from the dequantized file", hasQ4K, dk, dl)
 		}
 	})
+}
+
+// TestSyntheticGGUFNames: the names kiln synth lists are the ones
+// WriteSyntheticGGUF writes (the tiny shapes written, the rest refused).
+func TestSyntheticGGUFNames(t *testing.T) {
+	ok := SyntheticGGUFNames()
+	for _, n := range SyntheticNames() {
+		if !slices.Contains(ok, n) {
+			if err := WriteSyntheticGGUF(io.Discard, n, SyntheticGGUFOptions{DType: backend.F16}); err == nil {
+				t.Errorf("%s: written, but not in SyntheticGGUFNames", n)
+			}
+		} else if strings.HasPrefix(n, "tiny-") {
+			if err := WriteSyntheticGGUF(io.Discard, n, SyntheticGGUFOptions{DType: backend.F16}); err != nil {
+				t.Errorf("%s: %v", n, err)
+			}
+		}
+	}
+	for _, n := range []string{"tiny-qwen3", "tiny-qwen3moe", "tiny-qwen3next", "qwen3-8b"} {
+		if !slices.Contains(ok, n) {
+			t.Errorf("SyntheticGGUFNames %v lacks %s", ok, n)
+		}
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -28,8 +29,10 @@ const synthUsage = `usage: kiln synth --synthetic NAME [--layers N] [--dtype bf1
 Writes the synthetic model NAME (random weights at a published shape, as
 'kiln bench --synthetic NAME' builds it) as a GGUF v3 file in llama.cpp's
 layout: the tensor names, shapes, types, stored transforms and metadata
-keys llama.cpp's convert_hf_to_gguf.py writes for the model's checkpoint
-(qwen3, qwen3moe and qwen3next). With the same --layers, --dtype and --seed
+keys llama.cpp's convert_hf_to_gguf.py writes for the model's checkpoint.
+It writes the qwen3, qwen3moe and qwen3next architectures only: the
+Qwen3.5 shapes (qwen35, qwen35moe) that 'kiln bench --synthetic' also
+builds have no GGUF writer. With the same --layers, --dtype and --seed
 (bench uses seed 1, the default here), 'kiln bench --model FILE.gguf' runs
 the same weights as 'kiln bench --synthetic NAME'; llama.cpp runs the file
 as is (llama-bench, llama-cli) and llama-quantize makes Q8_0, Q4_K_M, ...
@@ -47,16 +50,29 @@ vocab_size becomes its token count: the embeddings and the LM head are
 then vocab x hidden (the first rows of the synthetic model's), not
 151936 x hidden, which changes what a decode step reads.
 
-Names: qwen3-0.6b, qwen3-8b, qwen3-30b-a3b, qwen3-next-80b-a3b and the test
-shapes tiny-qwen3, tiny-qwen3moe, tiny-qwen3next.
+Names: %s.
+Not written (bench --synthetic only): %s.
 
 flags:
 `
 
+// unwritableSynthetic lists the synthetic models bench builds that synth
+// cannot write (model.SyntheticGGUFNames).
+func unwritableSynthetic() []string {
+	ok := model.SyntheticGGUFNames()
+	var out []string
+	for _, n := range model.SyntheticNames() {
+		if !slices.Contains(ok, n) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
 func synthCmd(args []string) error {
 	fs := flag.NewFlagSet("synth", flag.ContinueOnError)
 	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), synthUsage)
+		fmt.Fprintf(fs.Output(), synthUsage, strings.Join(model.SyntheticGGUFNames(), ", "), strings.Join(unwritableSynthetic(), ", "))
 		fs.PrintDefaults()
 	}
 	name := fs.String("synthetic", "", "the synthetic model (e.g. qwen3-8b)")
@@ -72,7 +88,7 @@ func synthCmd(args []string) error {
 	case fs.NArg() > 0:
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	case *name == "":
-		return fmt.Errorf("--synthetic is required (one of %s)", strings.Join(model.SyntheticNames(), ", "))
+		return fmt.Errorf("--synthetic is required (one of %s)", strings.Join(model.SyntheticGGUFNames(), ", "))
 	case *out == "":
 		return fmt.Errorf("--out is required")
 	case *layers < 0:
