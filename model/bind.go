@@ -148,11 +148,15 @@ type binder struct {
 	// fp8Block is the FP8 checkpoint's weight_block_size (rows, columns).
 	fp8Block [2]int
 	// quantize, when set, is the type linear weights stored as floats are
-	// quantized to at load (--quantize).
+	// quantized to at load (--quantize), or where their rows are not whole
+	// blocks of it, the one quantizeTo falls back to.
 	quantize backend.DType
 	// dequantize widens quantized weights to f32 exactly (the reference a
-	// quantized model is checked against).
+	// quantized model is checked against), after quantize.
 	dequantize bool
+	// fallbacks count the linear weights that quantize (or a synthetic
+	// quantized dtype) left in another type.
+	fallbacks []QuantFallback
 	// copied lists the checkpoint bytes that were copied rather than used
 	// in place (fused, permuted, converted weights), so that a mapping kept
 	// for the rest can drop their pages (release).
@@ -224,7 +228,8 @@ func (bd *binder) bindAll(params []param) error {
 // sizeOf returns the bytes p will take, for progress reports.
 func (bd *binder) sizeOf(p *param) int64 {
 	if bd.src == nil {
-		return int64(bd.synthType(p).Bytes(p.shape...))
+		dt, _ := bd.synthType(p)
+		return int64(dt.Bytes(p.shape...))
 	}
 	if l := bd.layout(p); l != nil {
 		var n int64
@@ -310,6 +315,12 @@ func (bd *binder) load(p *param) error {
 		}
 		layout = whole
 	}
+	// A fused weight's parts have one row width, so they take one type.
+	_, cols := matrixOf(layout[0].shape)
+	q, block := backend.F32, 0 // F32: not quantized here
+	if p.lin && bd.quantize.Quantized() {
+		q, block = quantizeTo(bd.quantize, func(dt backend.DType) bool { return bd.rowsFit(p, dt, cols) })
+	}
 	parts := make([]stored, len(layout))
 	srcs := make([][]byte, 0, len(layout))
 	mixed := false
@@ -325,28 +336,25 @@ func (bd *binder) load(p *param) error {
 		if err != nil {
 			return err
 		}
-		if bd.dequantize && st.dt.Quantized() {
-			st = stored{backend.F32, f32Bytes(floatsOf(st.dt, st.data, pt.shape))}
-		}
-		if p.lin && bd.quantize.Quantized() && !st.dt.Quantized() {
+		if q.Quantized() && !st.dt.Quantized() {
 			// Part by part, as quantized checkpoints store them: FP8's
 			// tiles never span q and k.
-			q, err := quantizeParallel(bd.quantize, st.dt, st.data, pt.shape)
+			data, err := quantizeParallel(q, st.dt, st.data, pt.shape)
 			if err != nil {
 				return fmt.Errorf("model: quantizing %q: %w", pt.name, err)
 			}
-			st = stored{bd.quantize, q}
+			st = stored{q, data}
 		}
-		if sharded && p.tp == tpCols && st.dt.Quantized() {
-			// A rank's columns of a block-quantized row are whole blocks of it.
-			_, cols := matrixOf(pt.shape)
+		if block > 0 && i == 0 {
+			bd.fellBack(st.dt, block)
+		}
+		if bd.dequantize && st.dt.Quantized() {
+			st = stored{backend.F32, f32Bytes(floatsOf(st.dt, st.data, pt.shape))}
+		}
+		if st.dt.Quantized() && !bd.rowsFit(p, st.dt, cols) {
 			e, _ := st.dt.Block()
-			for _, w := range bd.colSections(p, cols) {
-				if w%e != 0 || cols%e != 0 {
-					return fmt.Errorf("model: tensor %q in %s is %v: a rank's %d of its %d columns are not whole blocks of %d, so it does not split in %d ranks",
-						pt.name, t.File, st.dt, w, cols, e, bd.ranks)
-				}
-			}
+			return fmt.Errorf("model: tensor %q in %s is %v: a rank's %v of its %d columns are not whole blocks of %d, so it does not split in %d ranks",
+				pt.name, t.File, st.dt, bd.colSections(p, cols), cols, e, bd.ranks)
 		}
 		parts[i] = st
 		srcs = append(srcs, t.Data)
@@ -386,6 +394,58 @@ func (bd *binder) load(p *param) error {
 	}
 	*p.dst = t
 	return nil
+}
+
+// rowsFit reports whether blocks of dt tile the rows of p, cols wide, as
+// a rank holds them: FP8 pads a row's last block, but a rank's share of a
+// row split by columns is a byte range of it, so whole blocks.
+func (bd *binder) rowsFit(p *param, dt backend.DType, cols int) bool {
+	if bd.ranks <= 1 || p.tp != tpCols {
+		return dt.CheckCols(cols) == nil
+	}
+	e, _ := dt.Block()
+	for _, w := range bd.colSections(p, cols) {
+		if w%e != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// quantizeTo returns the type a linear weight is quantized to when q is
+// asked (--quantize) and fits says which types' blocks tile its rows: q,
+// else, as llama.cpp's quantizer falls back tensor by tensor, Q8_0, else
+// F32 for none (the weight keeps its float type); and, where that is not
+// q, the elements of the blocks its rows are not whole blocks of.
+func quantizeTo(q backend.DType, fits func(backend.DType) bool) (dt backend.DType, block int) {
+	for _, dt := range []backend.DType{q, backend.Q8_0} {
+		if fits(dt) {
+			return dt, block
+		}
+		block, _ = dt.Block()
+	}
+	return backend.F32, block
+}
+
+// QuantFallback counts the linear weights that Options.Quantize (or a
+// synthetic model's quantized type) held in another type, DType, because
+// their rows are not whole blocks of Block elements (quantizeTo).
+type QuantFallback struct {
+	DType   backend.DType
+	Weights int
+	Block   int
+}
+
+// fellBack counts a linear weight held in dt for want of whole blocks of
+// block elements.
+func (bd *binder) fellBack(dt backend.DType, block int) {
+	for i := range bd.fallbacks {
+		if bd.fallbacks[i].DType == dt {
+			bd.fallbacks[i].Weights++
+			return
+		}
+	}
+	bd.fallbacks = append(bd.fallbacks, QuantFallback{DType: dt, Weights: 1, Block: block})
 }
 
 // whole returns part i, pt, of p as the checkpoint holds it: for a weight
@@ -722,26 +782,33 @@ func permuteRows(data []byte, rows []int) []byte {
 }
 
 // synthType is the type a synthetic model stores p in: the binder's, but
-// only linear weights are quantized (the rest bf16).
-func (bd *binder) synthType(p *param) backend.DType {
-	if bd.dtype.Quantized() && !p.lin {
-		return backend.BF16
+// only linear weights are quantized (the rest bf16), and those whose rows
+// the type does not fit fall back as --quantize's do (quantizeTo: block
+// is then the elements of the blocks that did not fit).
+func (bd *binder) synthType(p *param) (dt backend.DType, block int) {
+	if !bd.dtype.Quantized() {
+		return bd.dtype, 0
 	}
-	return bd.dtype
+	if !p.lin {
+		return backend.BF16, 0
+	}
+	_, cols := matrixOf(p.shape)
+	if dt, block = quantizeTo(bd.dtype, func(dt backend.DType) bool { return dt.CheckCols(cols) == nil }); !dt.Quantized() {
+		dt = backend.BF16
+	}
+	return dt, block
 }
 
 // synthesize fills p with deterministic pseudo-random values of its
 // synthetic type, in parallel chunks each seeded from (seed, param, chunk).
 func (bd *binder) synthesize(p *param, index uint64) error {
-	dt := bd.synthType(p)
+	dt, block := bd.synthType(p)
+	if block > 0 {
+		bd.fellBack(dt, block)
+	}
 	data := make([]byte, dt.Bytes(p.shape...))
 	rows, cols := matrixOf(p.shape)
 	rowsPer := synthChunkRows(dt, cols)
-	if dt.Quantized() {
-		if err := dt.CheckCols(cols); err != nil {
-			return fmt.Errorf("model: synthetic %v weight %v: %w", dt, p.shape, err)
-		}
-	}
 	chunks := (rows + rowsPer - 1) / rowsPer
 	workers := min(runtime.GOMAXPROCS(0), max(chunks, 1))
 	rb := dt.RowBytes(cols)

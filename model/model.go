@@ -32,10 +32,13 @@ type Options struct {
 	// BF16.
 	KVDType backend.DType
 	// Quantize, when a quantized type (FP8, Q8_0 or Q4_K), is what the
-	// linear layers' float weights are quantized to as they load.
+	// linear layers' float weights are quantized to as they load; a
+	// weight whose rows are not whole blocks of it takes Q8_0, or stays
+	// in its float type (Model.QuantFallbacks).
 	Quantize backend.DType
-	// Dequantize widens quantized weights to float32 exactly as they load:
-	// the reference a quantized model is checked against.
+	// Dequantize widens quantized weights to float32 exactly as they load
+	// (those Quantize makes too): the reference a quantized model is
+	// checked against.
 	Dequantize bool
 	// Ranks > 0 loads rank Rank's share of a model split across Ranks
 	// backends (tensor parallel: its share of the query and KV heads and of
@@ -73,6 +76,7 @@ type Model struct {
 	dnSpec               backend.DeltaNetSpec
 	attnLayers, dnLayers int
 	tensors              []backend.Tensor // every loaded weight, to free
+	fallbacks            []QuantFallback
 	// denseBytes are the weight bytes every step reads (the LM head, not
 	// the embedding table, which is only indexed); expertBytes those of
 	// all experts of all MoE layers, of which a step reads its choices.
@@ -231,6 +235,7 @@ func build(cfg *Config, b backend.Backend, bd *binder, kv backend.DType) (m *Mod
 		}
 	}
 	err = bd.bindAll(params)
+	m.fallbacks = bd.fallbacks
 	for _, p := range params {
 		owned := []backend.Tensor{*p.dst}
 		if p.runs != nil {
@@ -307,6 +312,13 @@ func (m *Model) DecodeBytes(B int) int64 {
 	E := int64(m.cfg.MoE.Experts)
 	return m.denseBytes + m.expertBytes*min(E, int64(B*m.cfg.MoE.TopK))/E
 }
+
+// QuantFallbacks returns, by type, the linear weights that Options.Quantize
+// (or a synthetic model's quantized type) could not store in that type:
+// those whose rows are not whole blocks of it take Q8_0 where its 32
+// elements fit, else keep their float type, as llama.cpp's quantizer
+// does. A split model's ranks decide alike; these are one rank's.
+func (m *Model) QuantFallbacks() []QuantFallback { return m.fallbacks }
 
 // WeightBytes is the device memory the weights take (on all ranks).
 func (m *Model) WeightBytes() int64 {

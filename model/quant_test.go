@@ -126,6 +126,146 @@ func TestQuantizeFP8(t *testing.T) {
 	}
 }
 
+// quantWidths is a Qwen3-MoE shape whose linear weights' rows are 256
+// wide (q|k|v; gate|up, dense and experts; the dense down), 64 (o_proj)
+// and 80 (the experts' down): Q4_K's blocks fit the first, Q8_0's the
+// first two, neither the third. Layer 0 is dense, layer 1 MoE.
+const quantWidths = `{"architectures":["Qwen3MoeForCausalLM"],"vocab_size":512,"hidden_size":256,"intermediate_size":256,
+	"moe_intermediate_size":80,"num_experts":4,"num_experts_per_tok":2,"mlp_only_layers":[0],"num_hidden_layers":2,
+	"num_attention_heads":4,"num_key_value_heads":2,"head_dim":16,"max_position_embeddings":4096,"eos_token_id":511}`
+
+// quantWidthsGGUF makes quantWidths a synthetic model for the test, writes
+// its weights as a bf16 GGUF file (the converter's layout) and returns its
+// path.
+func quantWidthsGGUF(t *testing.T) string {
+	t.Helper()
+	syntheticConfigs["test-quant-widths"] = quantWidths
+	t.Cleanup(func() { delete(syntheticConfigs, "test-quant-widths") })
+	path, _ := writeSynthGGUF(t, t.TempDir(), "test-quant-widths", SyntheticGGUFOptions{Seed: 3, DType: backend.BF16})
+	return path
+}
+
+// linearTypes returns the types of the quantWidths model's linear
+// weights: layer 0's q|k|v, o_proj, gate|up and down, layer 1's experts'
+// gate|up and down.
+func linearTypes(m *Model) []backend.DType {
+	a, d, e := m.layers[0].mixer.(*attention), m.layers[0].mlp.(*mlp), m.layers[1].mlp.(*sparseMLP).experts
+	var types []backend.DType
+	for _, w := range []backend.Tensor{a.qkv, a.o, d.gateUp, d.down, e.GateUp, e.Down} {
+		types = append(types, w.DType())
+	}
+	return types
+}
+
+// quantizedLogits loads path with opts and returns the logits of a prompt's
+// last position, both from the prompt (products of several rows) and
+// decoded after the rest of it (one row), and the linear weights' types
+// and fallbacks.
+func quantizedLogits(t *testing.T, path string, opts Options) (logits [2][]float32, types []backend.DType, fallbacks []QuantFallback) {
+	t.Helper()
+	m, err := Load(path, cpu.New(cpu.Options{}), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	logits[0] = lastLogits(t, m, synthPrompt)
+	n := len(synthPrompt) - 1
+	blocks := blocksFor(0, len(synthPrompt), testBlockSize)
+	if _, err := m.Forward([]Seq{{Tokens: synthPrompt[:n], Blocks: blocks, Logits: LastLogits}}); err != nil {
+		t.Fatal(err)
+	}
+	l, err := m.Forward([]Seq{{Tokens: synthPrompt[n:], Pos: n, Blocks: blocks, Logits: LastLogits}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	logits[1] = readRows(t, m.Backend(), l)[0]
+	return logits, linearTypes(m), m.QuantFallbacks()
+}
+
+// TestQuantizeBlocks quantizes a bf16 model at load to Q8_0 and Q4_K
+// (--quantize q8_0, q4_k). As llama.cpp's quantizer does, a weight whose
+// rows are not whole blocks of the type takes Q8_0 where they are whole
+// blocks of 32, else stays bf16; the model runs with its weights of mixed
+// types (dense and expert products, a prompt and a decoded token). Its
+// logits are held to those of the same weights dequantized exactly to
+// float32: they differ only by the products' rounding of their input rows
+// to int8 blocks (1.0e-2 to 1.3e-2 here, relative L2; on the GGUF files
+// of TestGGUFQuantized 1.9e-2 to 4.8e-2, as llama.cpp's). The dequantized
+// weights must be near the bf16 model's too, within a few times the
+// weights' own rounding (relative RMS on normal weights: Q8_0 0.5%, Q4_K
+// 7.8%; the logits moved 1.2e-2 and 1.6e-1): a quantizer that misplaced
+// blocks would be far, one that did nothing exact.
+func TestQuantizeBlocks(t *testing.T) {
+	path := quantWidthsGGUF(t)
+	float, types, fallbacks := quantizedLogits(t, path, Options{})
+	if !slices.Equal(types, []backend.DType{backend.BF16, backend.BF16, backend.BF16, backend.BF16, backend.BF16, backend.BF16}) || fallbacks != nil {
+		t.Fatalf("unquantized: types %v, fallbacks %v", types, fallbacks)
+	}
+	bf16 := backend.BF16
+	for _, c := range []struct {
+		q         backend.DType
+		types     []backend.DType
+		fallbacks []QuantFallback
+		weightL2  float64 // the most the dequantized weights may move the logits
+	}{
+		{backend.Q8_0, []backend.DType{backend.Q8_0, backend.Q8_0, backend.Q8_0, backend.Q8_0, backend.Q8_0, bf16},
+			[]QuantFallback{{bf16, 1, 32}}, 2e-2},
+		{backend.Q4_K, []backend.DType{backend.Q4_K, backend.Q8_0, backend.Q4_K, backend.Q4_K, backend.Q4_K, bf16},
+			[]QuantFallback{{backend.Q8_0, 2, 256}, {bf16, 1, 32}}, 2.5e-1},
+	} {
+		t.Run(c.q.String(), func(t *testing.T) {
+			got, types, fallbacks := quantizedLogits(t, path, Options{Quantize: c.q})
+			if !slices.Equal(types, c.types) || !slices.Equal(fallbacks, c.fallbacks) {
+				t.Errorf("linear weights %v (fallbacks %v), want %v (%v)", types, fallbacks, c.types, c.fallbacks)
+			}
+			exact, types, _ := quantizedLogits(t, path, Options{Quantize: c.q, Dequantize: true})
+			if slices.ContainsFunc(types, backend.DType.Quantized) {
+				t.Errorf("dequantized: linear weights %v", types)
+			}
+			for i, pass := range []string{"prompt", "decode"} {
+				e, w := relL2(got[i], exact[i]), relL2(exact[i], float[i])
+				t.Logf("%s: relative L2 to the exactly dequantized weights %.2e; theirs to the bf16 model %.2e", pass, e, w)
+				if e > 3e-2 {
+					t.Errorf("%s: relative L2 %.2e to the exactly dequantized weights, want <= 3e-2", pass, e)
+				}
+				if w == 0 || w > c.weightL2 {
+					t.Errorf("%s: the dequantized weights' logits are %.2e from the bf16 model's, want in (0, %g]", pass, w, c.weightL2)
+				}
+			}
+		})
+	}
+	// A synthetic model's random weights in Q4_K fall back alike.
+	m, err := Synthetic("test-quant-widths", cpu.New(cpu.Options{}), SyntheticOptions{DType: backend.Q4_K})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	want := []backend.DType{backend.Q4_K, backend.Q8_0, backend.Q4_K, backend.Q4_K, backend.Q4_K, bf16}
+	if types := linearTypes(m); !slices.Equal(types, want) || !slices.Equal(m.QuantFallbacks(), []QuantFallback{{backend.Q8_0, 2, 256}, {bf16, 1, 32}}) {
+		t.Errorf("synthetic q4_k: linear weights %v (fallbacks %v), want %v", types, m.QuantFallbacks(), want)
+	}
+	// Split in two ranks by columns, the dense down's 256 columns are two
+	// halves of a Q4_K block: a rank holds them in Q8_0.
+	g := cpu.NewGroup(2, cpu.Options{Threads: 1})
+	r, err := Load(path, g[1], Options{Quantize: backend.Q4_K, Rank: 1, Ranks: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	want[3] = backend.Q8_0
+	if types := linearTypes(r); !slices.Equal(types, want) || !slices.Equal(r.QuantFallbacks(), []QuantFallback{{backend.Q8_0, 3, 256}, {bf16, 1, 32}}) {
+		t.Errorf("rank 1 of 2: linear weights %v (fallbacks %v), want %v", types, r.QuantFallbacks(), want)
+	}
+	// The fixtures' rows are 64 and 128 wide: Q4_K falls back to Q8_0
+	// throughout, the model --quantize q8_0 makes.
+	ref := readReference(t, fixtureDir("qwen3"))
+	q4 := loadLogits(t, fixtureDir("qwen3"), Options{Quantize: backend.Q4_K}, ref, backend.Q8_0)
+	q8 := loadLogits(t, fixtureDir("qwen3"), Options{Quantize: backend.Q8_0}, ref, backend.Q8_0)
+	if e := worstL2(q4, q8); e != 0 {
+		t.Errorf("--quantize q4_k of the 64-wide fixture: relative L2 %.2e to q8_0's, want 0", e)
+	}
+}
+
 // TestGGUFF32 loads fixtures as llama.cpp's converter wrote them (F32
 // GGUF): the same models, so transformers' logits. The Qwen3.5 files hold
 // their value heads in llama.cpp's tiled order (two per key head).
