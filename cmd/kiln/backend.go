@@ -216,12 +216,22 @@ func loadModel(b backend.Backend, src modelSource, rank, ranks int, progress fun
 	if err != nil {
 		return nil, err
 	}
+	var m *model.Model
 	if src.synthetic != "" {
 		dt := src.dtype
 		if q.Quantized() { // random weights drawn in the quantized type
 			dt = q
 		}
-		return model.Synthetic(src.synthetic, b, model.SyntheticOptions{Layers: src.layers, Seed: 1, DType: dt, KVDType: kv, Rank: rank, Ranks: ranks})
+		m, err = model.Synthetic(src.synthetic, b, model.SyntheticOptions{Layers: src.layers, Seed: 1, DType: dt, KVDType: kv, Rank: rank, Ranks: ranks})
+	} else {
+		m, err = modelPath(src.dir).weights(b, model.Options{KVDType: kv, Quantize: q, Progress: progress, Rank: rank, Ranks: ranks})
 	}
-	return modelPath(src.dir).weights(b, model.Options{KVDType: kv, Quantize: q, Progress: progress, Rank: rank, Ranks: ranks})
+	// A warning, as llama.cpp's quantizer gives: the weights take more
+	// memory than --quantize said. The ranks of a split model decide alike.
+	if err == nil && rank == 0 {
+		for _, f := range m.QuantFallbacks() {
+			slog.Warn(fmt.Sprintf("quantize: %d tensors kept %v (rows not a multiple of %d)", f.Weights, f.DType, f.Block))
+		}
+	}
+	return m, err
 }

@@ -1,11 +1,14 @@
 package main
 
 import (
+	"bytes"
+	"os/exec"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/kiln-llm/kiln/backend"
+	"github.com/kiln-llm/kiln/internal/testmodel"
 )
 
 // --kv defaults to bf16, on the CPU too.
@@ -42,6 +45,28 @@ func TestParseGPUs(t *testing.T) {
 	}
 	if _, _, err := openModel("cpu", modelSource{gpus: "2"}); err == nil || !strings.Contains(err.Error(), "cuda backend") {
 		t.Errorf("--gpus on the CPU backend: %v", err)
+	}
+}
+
+// kiln run --quantize q4_k on the qwen3 fixture, whose rows are 64 and 128
+// wide, holds its linear weights in Q8_0 (Q4_K's blocks are 256), says so
+// and answers.
+func TestQuantizeFlag(t *testing.T) {
+	bin := kilnBinary(t)
+	env, _ := cliEnv(t)
+	kiln := func(args ...string) (string, string, error) {
+		cmd := exec.Command(bin, append([]string{"run", "--no-daemon", "--max-tokens", "8", "--temperature", "0"}, args...)...)
+		var out, errb bytes.Buffer
+		cmd.Env, cmd.Stdout, cmd.Stderr = env, &out, &errb
+		err := cmd.Run()
+		return out.String(), errb.String(), err
+	}
+	out, errOut, err := kiln("--backend", "cpu", "--model", testmodel.Dir("qwen3"), "--quantize", "q4_k", "hello")
+	if err != nil || strings.TrimSpace(out) == "" {
+		t.Fatalf("--quantize q4_k: %v\n%q\n%s", err, out, errOut)
+	}
+	if want := "quantize: 12 tensors kept q8_0 (rows not a multiple of 256)"; !strings.Contains(errOut, want) {
+		t.Errorf("--quantize q4_k: stderr %q, want %q", errOut, want)
 	}
 }
 
