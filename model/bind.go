@@ -336,7 +336,13 @@ func (bd *binder) load(p *param) error {
 		if err != nil {
 			return err
 		}
-		if q.Quantized() && !st.dt.Quantized() {
+		if p.lin && bd.quantize.Quantized() && st.dt.Quantized() {
+			// Config.CheckQuantize refuses such a checkpoint before
+			// this, unless its config does not say so (FP8 weights
+			// without a quantization_config).
+			return fmt.Errorf("model: tensor %q in %s is %v already; kiln quantizes BF16, F16 and F32 checkpoints at load", pt.name, t.File, st.dt)
+		}
+		if q.Quantized() {
 			// Part by part, as quantized checkpoints store them: FP8's
 			// tiles never span q and k.
 			data, err := quantizeParallel(q, st.dt, st.data, pt.shape)

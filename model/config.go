@@ -14,6 +14,7 @@ import (
 
 	"github.com/kiln-llm/kiln/backend"
 	"github.com/kiln-llm/kiln/internal/mapfile"
+	"github.com/kiln-llm/kiln/quant"
 )
 
 // LayerKind is the token mixer of a decoder layer.
@@ -68,6 +69,9 @@ type Config struct {
 	// FP8Block is the tile of a fine-grained FP8 checkpoint's weight
 	// scales (weight_block_size, rows then columns); zero otherwise.
 	FP8Block [2]int
+	// Quantized names how the checkpoint's weights are quantized already
+	// ("FP8", "GGUF Q4_K_M"); "" for a float checkpoint.
+	Quantized string
 	// Embedding is set for an embedding model (a sentence-transformers
 	// directory): Forward gives final normed hidden states, not logits.
 	Embedding *EmbeddingConfig
@@ -341,6 +345,23 @@ func ParseConfig(configJSON, generationJSON []byte) (*Config, error) {
 	return c, nil
 }
 
+// CheckQuantize reports why the model cannot be quantized to q as it
+// loads (Options.Quantize; F32 is none): kiln does not quantize to q, or
+// the checkpoint is quantized already. Quantizing its blocks again would
+// only lose precision, and loading it as it is would serve another type
+// than the one asked for without a word.
+func (c *Config) CheckQuantize(q backend.DType) error {
+	switch {
+	case q == backend.F32:
+		return nil
+	case !slices.Contains(quant.Quantizable, q):
+		return fmt.Errorf("model %s: kiln cannot quantize to %v (it can: fp8, q8_0, q4_k)", c.Name, q)
+	case c.Quantized != "":
+		return fmt.Errorf("model %s is already quantized (%s); kiln quantizes BF16, F16 and F32 checkpoints at load", c.Name, c.Quantized)
+	}
+	return nil
+}
+
 // fillQuantization accepts Qwen's fine-grained FP8 (e4m3 weights, one
 // scale per tile); other methods are named in the error.
 func (c *Config) fillQuantization(q *rawQuantization) error {
@@ -354,6 +375,7 @@ func (c *Config) fillQuantization(q *rawQuantization) error {
 		return fmt.Errorf("quantization_config: fp8 format %q is not supported (e4m3 is)", q.Fmt)
 	}
 	c.FP8Block = [2]int{128, 128}
+	c.Quantized = "FP8"
 	if b := q.WeightBlockSize; b != nil {
 		if len(b) != 2 || b[0] <= 0 || b[0] > maxDim || b[1] != 128 {
 			return fmt.Errorf("quantization_config: weight_block_size %v is not supported (want [N, 128])", b)

@@ -1,6 +1,7 @@
 package model
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -117,6 +118,9 @@ func loadGGUF(f *gguf.File, b backend.Backend, opts Options) (*Model, error) {
 		return nil, fmt.Errorf("model %s: %w", name, err)
 	}
 	cfg.Name = name
+	if err := cfg.CheckQuantize(opts.Quantize); err != nil {
+		return nil, err
+	}
 	src := &ggufSource{f: f, cfg: cfg, made: map[string]*safetensors.Tensor{}, errs: map[string]error{}}
 	bd := &binder{b: b, src: src, where: f.Name, progress: opts.Progress, quantize: opts.Quantize, dequantize: opts.Dequantize}
 	if bd.rank, bd.ranks, err = opts.tensorParallel(b); err != nil {
@@ -255,6 +259,12 @@ func GGUFConfig(f *gguf.File) (*Config, error) {
 	// value head h reads key head h % HK; the DeltaNet takes them so.
 	c.DeltaNet.TiledHeads = c.arch.hybrid && !c.arch.fusedQKVZ && c.DeltaNet.KeyHeads != c.DeltaNet.ValueHeads
 	c.qkvzApart = c.arch.fusedQKVZ
+	for _, t := range f.Tensors {
+		if e, _ := t.Type.Block(); e > 1 {
+			c.Quantized = "GGUF " + cmp.Or(f.FileType(), t.Type.String())
+			break
+		}
+	}
 	return c, nil
 }
 

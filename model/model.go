@@ -15,11 +15,9 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
-	"slices"
 	"sync/atomic"
 
 	"github.com/kiln-llm/kiln/backend"
-	"github.com/kiln-llm/kiln/quant"
 	"github.com/kiln-llm/kiln/safetensors"
 )
 
@@ -34,7 +32,8 @@ type Options struct {
 	// Quantize, when a quantized type (FP8, Q8_0 or Q4_K), is what the
 	// linear layers' float weights are quantized to as they load; a
 	// weight whose rows are not whole blocks of it takes Q8_0, or stays
-	// in its float type (Model.QuantFallbacks).
+	// in its float type (Model.QuantFallbacks). A checkpoint quantized
+	// already is refused (Config.CheckQuantize).
 	Quantize backend.DType
 	// Dequantize widens quantized weights to float32 exactly as they load
 	// (those Quantize makes too): the reference a quantized model is
@@ -163,9 +162,9 @@ func load(fsys fs.FS, name, where string, mapped bool, open func() (*safetensors
 	if err != nil {
 		return nil, fmt.Errorf("model %s: %w", name, err)
 	}
-	if opts.Quantize != backend.F32 && !slices.Contains(quant.Quantizable, opts.Quantize) {
+	if err := cfg.CheckQuantize(opts.Quantize); err != nil {
 		set.Close()
-		return nil, fmt.Errorf("model %s: kiln cannot quantize to %v (it can: fp8, q8_0, q4_k)", name, opts.Quantize)
+		return nil, err
 	}
 	bd := &binder{b: b, src: set, where: where, progress: opts.Progress, fp8Block: cfg.FP8Block, quantize: opts.Quantize, dequantize: opts.Dequantize}
 	if bd.rank, bd.ranks, err = opts.tensorParallel(b); err != nil {

@@ -266,6 +266,52 @@ func TestQuantizeBlocks(t *testing.T) {
 	}
 }
 
+// TestQuantizeQuantized: a checkpoint quantized already is refused by
+// --quantize, not loaded in its own types as if the flag were not there; a
+// GGUF file of float tensors is quantized as a safetensors checkpoint is.
+func TestQuantizeQuantized(t *testing.T) {
+	b := cpu.New(cpu.Options{})
+	for _, c := range []struct{ path, want string }{
+		{quantDir("qwen3-w256-Q4_K_M.gguf"), "qwen3-w256-Q4_K_M is already quantized (GGUF Q4_K_M)"},
+		{quantDir("fp8-qwen3"), "fp8-qwen3 is already quantized (FP8)"},
+	} {
+		cfg, err := ReadPathConfig(c.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cfg.CheckQuantize(backend.Q4_K); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: CheckQuantize(q4_k): %v, want %q", c.path, err, c.want)
+		}
+		if _, err := Load(c.path, b, Options{Quantize: backend.Q4_K}); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: Load with q4_k: %v, want %q", c.path, err, c.want)
+		}
+	}
+	// FP8 weights without the quantization_config that says so are found
+	// as they load.
+	dir, tensors := copyFixture(t, "../quant/fp8-qwen3")
+	writeSafetensors(t, filepath.Join(dir, "model.safetensors"), tensors)
+	raw, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var config map[string]any
+	if err := json.Unmarshal(raw, &config); err != nil {
+		t.Fatal(err)
+	}
+	delete(config, "quantization_config")
+	if raw, err = json.Marshal(config); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(dir, b, Options{Quantize: backend.Q8_0}); err == nil || !strings.Contains(err.Error(), "is fp8 already") {
+		t.Errorf("FP8 weights without a quantization_config, with q8_0: %v", err)
+	}
+	ref := readReference(t, fixtureDir("qwen3"))
+	loadLogits(t, quantDir("qwen3-f32.gguf"), Options{Quantize: backend.Q8_0}, ref, backend.Q8_0)
+}
+
 // TestGGUFF32 loads fixtures as llama.cpp's converter wrote them (F32
 // GGUF): the same models, so transformers' logits. The Qwen3.5 files hold
 // their value heads in llama.cpp's tiled order (two per key head).

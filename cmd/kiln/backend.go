@@ -129,14 +129,23 @@ func openModel(backendName string, src modelSource) (*model.Model, backend.Backe
 	if src.dir, err = resolveModelPath(src.dir); err != nil {
 		return nil, nil, err
 	}
-	// The config first: a bad model path fails before a GPU starts.
+	// The config first: a bad model path, or one --quantize does not
+	// apply to, fails before a GPU starts.
+	var cfg *model.Config
 	if src.synthetic != "" {
-		_, err = model.SyntheticConfig(src.synthetic)
+		cfg, err = model.SyntheticConfig(src.synthetic)
 	} else {
-		_, err = modelPath(src.dir).config()
+		cfg, err = modelPath(src.dir).config()
 	}
 	if err != nil {
 		return nil, nil, err
+	}
+	q, err := quantizeType(src.quantize)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := cfg.CheckQuantize(q); err != nil {
+		return nil, nil, fmt.Errorf("--quantize %s: %w", src.quantize, err)
 	}
 	devs, err := parseGPUs(src.gpus)
 	if err != nil {

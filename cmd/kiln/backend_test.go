@@ -50,7 +50,8 @@ func TestParseGPUs(t *testing.T) {
 
 // kiln run --quantize q4_k on the qwen3 fixture, whose rows are 64 and 128
 // wide, holds its linear weights in Q8_0 (Q4_K's blocks are 256), says so
-// and answers.
+// and answers; on a GGUF file quantized already it stops with the reason
+// before it opens the backend (here CUDA, which this test never reaches).
 func TestQuantizeFlag(t *testing.T) {
 	bin := kilnBinary(t)
 	env, _ := cliEnv(t)
@@ -67,6 +68,10 @@ func TestQuantizeFlag(t *testing.T) {
 	}
 	if want := "quantize: 12 tensors kept q8_0 (rows not a multiple of 256)"; !strings.Contains(errOut, want) {
 		t.Errorf("--quantize q4_k: stderr %q, want %q", errOut, want)
+	}
+	_, errOut, err = kiln("--backend", "cuda", "--model", "../../testdata/quant/qwen3-w256-Q4_K_M.gguf", "--quantize", "q4_k", "hello")
+	if want := "--quantize q4_k: model qwen3-w256-Q4_K_M is already quantized (GGUF Q4_K_M)"; err == nil || !strings.Contains(errOut, want) {
+		t.Errorf("--quantize q4_k of a Q4_K_M file: %v %q, want %q", err, errOut, want)
 	}
 }
 
