@@ -90,7 +90,7 @@ func parseGPUs(flag string) ([]int, error) {
 }
 
 // quantizeFlagHelp is the help of every command's --quantize flag.
-const quantizeFlagHelp = "quantize the linear layers' bf16/f16/f32 weights as they load, for a GPU they would not fit: fp8 (Qwen's 128x128-tile FP8), q8_0 or q4_k"
+const quantizeFlagHelp = "quantize the linear layers' bf16/f16/f32 weights as they load, for a GPU they would not fit: fp8 (Qwen's 128x128-tile FP8), q8_0 or q4_k (a weight whose rows are not whole blocks of it takes q8_0, or stays as it is)"
 
 // quantizeType resolves a --quantize flag ("" is none).
 func quantizeType(flag string) (backend.DType, error) {
