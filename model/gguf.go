@@ -111,6 +111,8 @@ func LoadGGUF(path string, b backend.Backend, opts Options) (*Model, error) {
 	return m, nil
 }
 
+// loadGGUF builds the model of f on b. The model keeps f open when it
+// reads its weights in place; on an error the caller closes f.
 func loadGGUF(f *gguf.File, b backend.Backend, opts Options) (*Model, error) {
 	name := strings.TrimSuffix(filepath.Base(f.Name), filepath.Ext(f.Name))
 	cfg, err := GGUFConfig(f)
@@ -124,7 +126,6 @@ func loadGGUF(f *gguf.File, b backend.Backend, opts Options) (*Model, error) {
 	src := &ggufSource{f: f, cfg: cfg, made: map[string]*safetensors.Tensor{}, errs: map[string]error{}}
 	bd := &binder{b: b, src: src, where: f.Name, progress: opts.Progress, quantize: opts.Quantize, dequantize: opts.Dequantize}
 	if bd.rank, bd.ranks, err = opts.tensorParallel(b); err != nil {
-		f.Close()
 		return nil, err
 	}
 	m, err := build(cfg, b, bd, opts.KVDType)
