@@ -102,3 +102,28 @@ func FuzzParseGPUs(f *testing.F) {
 		}
 	})
 }
+
+// TestDiffers: kiln run uses a daemon only when every load flag it was
+// given matches how the daemon loaded its model (its status's Info).
+func TestDiffers(t *testing.T) {
+	daemon := (&modelFlags{quantize: "q4_k", gpus: "0,1"}).loadInfo()
+	daemon["backend"] = "2 x cuda"
+	for _, c := range []struct {
+		f    modelFlags
+		want string
+	}{
+		{modelFlags{backend: "auto"}, ""},
+		{modelFlags{backend: "cuda", quantize: "q4_k", kv: "bf16", gpus: "0,1"}, ""},
+		{modelFlags{quantize: "q8_0"}, "--quantize q8_0"},
+		{modelFlags{kv: "f32"}, "--kv f32"},
+		{modelFlags{gpus: "0"}, "--gpus 0"},
+		{modelFlags{backend: "cpu"}, "--backend cpu"},
+	} {
+		if got := c.f.differs(daemon); got != c.want {
+			t.Errorf("%+v against %v: %q, want %q", c.f, daemon, got, c.want)
+		}
+	}
+	if got := (&modelFlags{quantize: "fp8"}).differs(map[string]string{"backend": "cuda"}); got != "--quantize fp8" {
+		t.Errorf("--quantize fp8 against a daemon that says nothing of it: %q", got)
+	}
+}

@@ -90,6 +90,14 @@ func TestCLI(t *testing.T) {
 		if err != nil || !strings.Contains(out, "running") || !strings.Contains(out, "kiln-demo") || !regexp.MustCompile(`\b1 completed`).MatchString(out) {
 			t.Errorf("status: %v\n%s", err, out)
 		}
+		// A load flag the daemon's model was not loaded with is refused,
+		// one it was loaded with is not.
+		if _, errOut, err := kiln("", "run", "--kv", "f32", "hi"); err == nil || !strings.Contains(errOut, "--kv f32") || !strings.Contains(errOut, "--no-daemon") {
+			t.Errorf("run --kv f32 beside a bf16 daemon: %v\n%s", err, errOut)
+		}
+		if out, errOut, err := kiln("", "run", "--kv", "bf16", "--backend", "cpu", "--max-tokens", "4", "hi"); err != nil || strings.TrimSpace(out) == "" {
+			t.Errorf("run --kv bf16 --backend cpu through the daemon: %v\n%q\n%s", err, out, errOut)
+		}
 		out, errOut, err = kiln("", "stop")
 		if err != nil || !strings.Contains(out, "stopped") {
 			t.Errorf("stop: %v %s %s", err, out, errOut)

@@ -79,6 +79,38 @@ func (f *modelFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.gpus, "gpus", "", gpusFlagHelp)
 }
 
+// loadInfo is how f loads its model, as a server's status says it (beside
+// its backend), so that kiln run can tell whether a daemon serves the
+// model the way its own flags ask (differs).
+func (f *modelFlags) loadInfo() map[string]string {
+	info := map[string]string{"gpus": f.gpus}
+	if kv, err := kvDType(f.kv); err == nil {
+		info["kv"] = kv.String()
+	}
+	if q, err := quantizeType(f.quantize); err == nil && q != backend.F32 {
+		info["quantize"] = q.String()
+	}
+	return info
+}
+
+// differs names the first of f's load flags that was given and that info
+// (a daemon's status, loadInfo and its backend) does not match; "" when
+// none.
+func (f *modelFlags) differs(info map[string]string) string {
+	mine := f.loadInfo()
+	switch {
+	case f.quantize != "" && mine["quantize"] != info["quantize"]:
+		return "--quantize " + f.quantize
+	case f.kv != "" && mine["kv"] != info["kv"]:
+		return "--kv " + f.kv
+	case f.gpus != "" && f.gpus != info["gpus"]:
+		return "--gpus " + f.gpus
+	case f.backend != "" && f.backend != "auto" && !strings.HasSuffix(info["backend"], f.backend):
+		return "--backend " + f.backend
+	}
+	return ""
+}
+
 // registerSynthetic adds the flags of a synthetic model (benchmarks).
 func (f *modelFlags) registerSynthetic(fs *flag.FlagSet) {
 	fs.StringVar(&f.synthetic, "synthetic", "", "serve a synthetic model (random weights at a published shape, a synthetic vocabulary of its size) instead of --model: "+strings.Join(model.SyntheticNames(), ", "))

@@ -160,6 +160,11 @@ func (c *clientFlags) connect() (answerer, error) {
 					want, _ = filepath.Abs(c.model.dir)
 				}
 				if want == "" || want == st.Info["model_dir"] {
+					// Loading a second copy beside the daemon's would double
+					// the model's memory: the user decides.
+					if d := c.model.differs(st.Info); d != "" {
+						return nil, fmt.Errorf("the daemon on %s serves %s loaded otherwise than %s asks: restart it with that (kiln stop, kiln start %s), or load the model here with --no-daemon", sock, st.Model, d, d)
+					}
 					slog.Debug("using the daemon", "socket", sock, "model", st.Model)
 					return &daemonAnswerer{c: c, http: socketClient(sock)}, nil
 				}

@@ -188,7 +188,8 @@ func (c *serveConfig) serve() error {
 		return err
 	}
 	defer lm.sess.Close()
-	info := map[string]string{"backend": lm.backend, "model_dir": lm.dir}
+	info := c.model.loadInfo()
+	info["backend"], info["model_dir"] = lm.backend, lm.dir
 	if len(listeners) > 0 && listeners[0].Addr().Network() == "tcp" {
 		info["tcp"] = listeners[0].Addr().String()
 	}
