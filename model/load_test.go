@@ -330,6 +330,15 @@ func TestSynthetic(t *testing.T) {
 			t.Errorf("%s cut to %d layers: %v", name, first, err)
 		}
 	}
+	// More layers than the model has are refused, as many are its own.
+	for name, n := range map[string]int{"qwen3-0.6b": 28, "tiny-qwen35moe": 3} {
+		if _, err := syntheticConfig(name, n+1); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("has %d layers", n)) {
+			t.Errorf("%s with %d layers: %v", name, n+1, err)
+		}
+		if c, err := syntheticConfig(name, n); err != nil || c.Layers != n {
+			t.Errorf("%s with its %d layers: %v", name, n, err)
+		}
+	}
 	m, err := Synthetic("qwen3-0.6b", cpu.New(cpu.Options{}), SyntheticOptions{Layers: 2, DType: backend.BF16})
 	if err != nil {
 		t.Fatal(err)

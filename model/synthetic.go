@@ -136,6 +136,9 @@ func syntheticConfig(name string, layers int) (*Config, error) {
 		if layers < first {
 			return nil, fmt.Errorf("model %s: its first attention layer is layer %d (Gated DeltaNet before it): give at least %d layers", name, first, first)
 		}
+		if n, _ := m["num_hidden_layers"].(float64); layers > int(n) {
+			return nil, fmt.Errorf("model %s has %d layers: %d would keep more than it has", name, int(n), layers)
+		}
 		if types, ok := m["layer_types"].([]any); ok && len(types) > layers {
 			m["layer_types"] = types[:layers]
 		}
