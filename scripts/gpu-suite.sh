@@ -19,6 +19,8 @@
 #      HF eager decode/prefill timings;
 #   3. the kiln-vs-transformers logits comparison on that model;
 #   4. kiln bench on that model directory;
+#   5. the logits comparison again on a Qwen3-Next-shaped model (4 layers),
+#      three prompts, the CPU backend beside the GPU;
 # and prints one table at the end. Logs go to $OUT (or /tmp/kiln-suite).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -72,6 +74,18 @@ PY
 		else
 			row "kiln bench (see bench.log)" "FAIL (exit $st)"
 		fi
+	fi
+	# 5. kiln against transformers on Qwen3-Next's shape (four layers: three
+	# Gated DeltaNet, one gated attention), prompts of 48, 300 and 1500
+	# tokens, the CPU backend beside the GPU.
+	NEXT=${SUITE_NEXT_MODEL:-/tmp/qwen3next-4l-synth}
+	if [ ! -f "$NEXT/hf_reference.json" ]; then
+		python3 scripts/hf_reference.py --arch qwen3next --layers 4 --prompts 48,300,1500 --out "$NEXT" >"$OUT/hf-next.log" 2>&1 || row "hf_reference.py --arch qwen3next (see hf-next.log)" "FAIL"
+	fi
+	if [ -f "$NEXT/hf_reference.json" ]; then
+		(cd backend/cuda && KILN_REQUIRE_GPU=1 KILN_HF_REF="$NEXT" KILN_HF_REF_CPU=1 "../../$BIN/cuda.test" -test.v -test.count=1 -test.run TestHFReference) >"$OUT/hf-next-compare.log" 2>&1
+		st=$?
+		row "kiln vs transformers fp32, Qwen3-Next shape" "$(grep -cE 'cuda, bf16 KV.*relative L2' "$OUT/hf-next-compare.log") prompts $([ $st -eq 0 ] && echo PASS || echo FAIL)"
 	fi
 fi
 
