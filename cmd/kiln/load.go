@@ -287,10 +287,13 @@ func (f *modelFlags) load() (*loaded, error) {
 	eo := eng.Options()
 	ctx, ctxLimit := eng.Context()
 	kv, _ := kvDType(f.kv) // as openModel resolved it
-	slog.Info("model loaded", "model", name, "backend", b.Name(), "gpus", m.Ranks(), "weights", humanBytes(m.WeightBytes()), "kv", kv,
-		"kv_memory", humanBytes(int64(eo.KVBlocks*eo.BlockSize)*m.KVBytesPerToken()), "kv_tokens", eo.KVBlocks*eo.BlockSize,
-		"state_per_sequence", humanBytes(int64(m.SlotBytes())), "state_memory", humanBytes(eng.StateBytes()),
-		"context", ctx, "context_limited_by", ctxLimit, "model_context", cfg.ContextLength, "took", time.Since(start).Round(time.Millisecond))
+	attrs := []any{"model", name, "backend", b.Name(), "gpus", m.Ranks(), "weights", humanBytes(m.WeightBytes()), "kv", kv,
+		"kv_memory", humanBytes(int64(eo.KVBlocks*eo.BlockSize)*m.KVBytesPerToken()), "kv_tokens", eo.KVBlocks*eo.BlockSize}
+	if m.Hybrid() {
+		attrs = append(attrs, "state_per_sequence", humanBytes(int64(m.SlotBytes())), "state_memory", humanBytes(eng.StateBytes()))
+	}
+	slog.Info("model loaded", append(attrs, "context", ctx, "context_limited_by", ctxLimit, "model_context", cfg.ContextLength,
+		"took", time.Since(start).Round(time.Millisecond))...)
 	if sc := opts.StateCache; sc.Dir != "" {
 		slog.Info("state cache", "dir", sc.Dir, "size", humanBytes(sc.DiskBytes), "ram", humanBytes(sc.RAMBytes))
 	}
