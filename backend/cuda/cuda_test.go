@@ -385,7 +385,17 @@ func (c attnCase) spec() *backend.AttnSpec {
 // keys and values of the activation type act.
 func attnSteps(p *pair, c attnCase, act backend.DType, steps [][]int, plain bool, step func(key string, f func())) {
 	spec := c.spec()
-	const bs, blocks = 16, 512
+	// Each sequence's blocks, 512 in all at least, shuffled.
+	const bs = 16
+	longest := 0
+	for s := range steps[0] {
+		n := 0
+		for _, ns := range steps {
+			n += ns[s]
+		}
+		longest = max(longest, n)
+	}
+	blocks := max(512, len(steps[0])*((longest+bs-1)/bs))
 	kvs := backend.KVSpec{Layers: 2, Blocks: blocks, BlockSize: bs, KVHeads: c.KH, HeadDim: c.hd, DType: c.kv}
 	ckv, err := p.c.NewKVCache(kvs)
 	if err != nil {
@@ -474,6 +484,27 @@ func attnSteps(p *pair, c attnCase, act backend.DType, steps [][]int, plain bool
 		for s, n := range ns {
 			pos[s] += n
 		}
+	}
+}
+
+// TestAttentionDeep: a prompt's chunks of 2048 tokens (flash_wg where the
+// GPU has it) up to 32K keys of depth, then a chunk of 1100, against the
+// CPU: a chunk at depth attends every key before it. Qwen3-Next's head dim
+// (256, gated, a quarter of it rotated), four query heads of one kv head
+// to keep the CPU's side short.
+func TestAttentionDeep(t *testing.T) {
+	p := newPair(t, 11)
+	steps := make([][]int, 16, 17)
+	for i := range steps {
+		steps[i] = []int{2048}
+	}
+	steps = append(steps, []int{1100})
+	ran := map[string]bool{}
+	p.g.trace = func(name string) { ran[name] = true }
+	defer func() { p.g.trace = nil }()
+	attnSteps(p, attnCase{4, 1, 256, 64, true, false, backend.BF16}, backend.BF16, steps, false, func(_ string, f func()) { f() })
+	if p.g.flashWG && !ran["flash_wg_256"] {
+		t.Errorf("flash_wg_256 did not run (ran %v)", ran)
 	}
 }
 
