@@ -288,7 +288,7 @@ func (f *modelFlags) load() (*loaded, error) {
 	ctx, ctxLimit := eng.Context()
 	kv, _ := kvDType(f.kv) // as openModel resolved it
 	attrs := []any{"model", name, "backend", b.Name(), "gpus", m.Ranks(), "weights", humanBytes(m.WeightBytes()), "kv", kv,
-		"kv_memory", humanBytes(int64(eo.KVBlocks*eo.BlockSize)*m.KVBytesPerToken()), "kv_tokens", eo.KVBlocks*eo.BlockSize}
+		"kv_memory", humanBytes(int64(eo.KVBlocks*eo.BlockSize) * m.KVBytesPerToken()), "kv_tokens", eo.KVBlocks * eo.BlockSize}
 	if m.Hybrid() {
 		attrs = append(attrs, "state_per_sequence", humanBytes(int64(m.SlotBytes())), "state_memory", humanBytes(eng.StateBytes()))
 	}
