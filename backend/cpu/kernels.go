@@ -51,6 +51,10 @@ var (
 	dotMXFP4x4  = dotQx4Go(dotMXFP4Go)
 	dotFP8x4    = dotFP8x4Go
 
+	// dotQ4Kx8 is dotQ4Kx4 for eight input rows (out[r*8+j]); nil where
+	// only the four-row kernel does.
+	dotQ4Kx8 func(w []byte, rb int, x []byte, xstride int, out []float32)
+
 	// packHalf packs 16 bf16 (or f16) weight rows of k columns into a
 	// panel (weights.pack); nil where only the portable loop does.
 	packHalf func(bf16 bool, w []uint16, k int, dst []float32)

@@ -313,18 +313,22 @@ func asmKernels() (func(), bool) {
 		scaleAxpy, expShift = scaleAxpyF32AVX, expShiftF32AVX
 		sumSquares, scaleMul, siluMulRow, maxF32 = sumSquaresF32AVX, scaleMulF32AVX, siluMulF32AVX, maxF32AVX
 		quantizeRow, intDotKernels = quantizeRowAsm, true
-		dotQ8_0, dotQ8_0x4 = quantKernel(dotQ8_0AVX, backend.Q8_0), quantKernel4(dotQ8_0x4AVX, backend.Q8_0)
-		dotQ4K, dotQ4Kx4 = quantKernel(dotQ4KAVX, backend.Q4_K), quantKernel4(dotQ4Kx4AVX, backend.Q4_K)
-		dotQ5K, dotQ5Kx4 = quantKernel(dotQ5KAVX, backend.Q5_K), quantKernel4(dotQ5Kx4AVX, backend.Q5_K)
-		dotQ6K, dotQ6Kx4 = quantKernel(dotQ6KAVX, backend.Q6_K), quantKernel4(dotQ6Kx4AVX, backend.Q6_K)
-		dotMXFP4, dotMXFP4x4 = quantKernel(dotMXFP4AVX, backend.MXFP4), quantKernel4(dotMXFP4x4AVX, backend.MXFP4)
+		dotQ8_0, dotQ8_0x4 = quantKernel(dotQ8_0AVX, backend.Q8_0), quantKernel4(dotQ8_0x4AVX, backend.Q8_0, 4)
+		dotQ4K, dotQ4Kx4 = quantKernel(dotQ4KAVX, backend.Q4_K), quantKernel4(dotQ4Kx4AVX, backend.Q4_K, 4)
+		dotQ5K, dotQ5Kx4 = quantKernel(dotQ5KAVX, backend.Q5_K), quantKernel4(dotQ5Kx4AVX, backend.Q5_K, 4)
+		dotQ6K, dotQ6Kx4 = quantKernel(dotQ6KAVX, backend.Q6_K), quantKernel4(dotQ6Kx4AVX, backend.Q6_K, 4)
+		dotMXFP4, dotMXFP4x4 = quantKernel(dotMXFP4AVX, backend.MXFP4), quantKernel4(dotMXFP4x4AVX, backend.MXFP4, 4)
 		dotFP8, dotFP8x4 = dotFP8Asm, dotFP8x4Asm
+		// The AVX-512 kernels, or none (the tests install the AVX2 ones
+		// over them too).
+		packHalf, dotQ8_0x4Pairs, dotQ4Kx8 = nil, nil, nil
 		if useAVX512 {
 			gemm6x16, packHalf = gemm6x16Asm(gemm6x16AVX512), packHalfAsm
 			dotQ8_0x4Pairs = dotQ8_0x4VNNIAsm
-			dotQ4Kx4 = quantKernel4(dotQ4Kx4VNNI, backend.Q4_K)
-			dotQ5Kx4 = quantKernel4(dotQ5Kx4VNNI, backend.Q5_K)
-			dotQ6Kx4 = quantKernel4(dotQ6Kx4VNNI, backend.Q6_K)
+			dotQ4Kx4 = quantKernel4(dotQ4Kx4VNNI, backend.Q4_K, 4)
+			dotQ4Kx8 = quantKernel4(dotQ4Kx8VNNI, backend.Q4_K, 8)
+			dotQ5Kx4 = quantKernel4(dotQ5Kx4VNNI, backend.Q5_K, 4)
+			dotQ6Kx4 = quantKernel4(dotQ6Kx4VNNI, backend.Q6_K, 4)
 		}
 	}, useAVX
 }
@@ -429,16 +433,16 @@ func quantKernel(kern func(w *byte, rows int, x *byte, nb int, out *float32), dt
 	}
 }
 
-// quantKernel4 wraps a four-input-row integer kernel for dt.
-func quantKernel4(kern func(w *byte, rows int, x *byte, xstride int, nb int, out *float32), dt backend.DType) func(w []byte, rb int, x []byte, xstride int, out []float32) {
+// quantKernel4 wraps an integer kernel of n input rows (4 or 8) for dt.
+func quantKernel4(kern func(w *byte, rows int, x *byte, xstride int, nb int, out *float32), dt backend.DType, n int) func(w []byte, rb int, x []byte, xstride int, out []float32) {
 	_, bs := dt.Block()
 	blk, _ := intDot(dt)
 	return func(w []byte, rb int, x []byte, xstride int, out []float32) {
-		rows, nb := len(out)/4, rb/bs
+		rows, nb := len(out)/n, rb/bs
 		if rows == 0 {
 			return
 		}
-		if rb != nb*bs || len(w) < rows*rb || xstride < nb*q8Bytes(blk) || len(x) < 3*xstride+nb*q8Bytes(blk) {
+		if rb != nb*bs || len(w) < rows*rb || xstride < nb*q8Bytes(blk) || len(x) < (n-1)*xstride+nb*q8Bytes(blk) {
 			panic(fmt.Sprintf("cpu: %v kernel sizes", dt))
 		}
 		if nb == 0 {
@@ -503,6 +507,9 @@ func dotQ8_0x4VNNI(w *byte, rows int, x *byte, xstride int, np int, out *float32
 
 //go:noescape
 func dotQ4Kx4VNNI(w *byte, rows int, x *byte, xstride int, nb int, out *float32)
+
+//go:noescape
+func dotQ4Kx8VNNI(w *byte, rows int, x *byte, xstride int, nb int, out *float32)
 
 //go:noescape
 func dotQ5Kx4VNNI(w *byte, rows int, x *byte, xstride int, nb int, out *float32)

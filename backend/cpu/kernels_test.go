@@ -235,9 +235,9 @@ func saveKernels() func() {
 	z1, z2, z3, z4 := dotQ5K, dotQ5Kx4, dotMXFP4, dotMXFP4x4
 	z5, z6, z7, z12 := sumSquares, scaleMul, siluMulRow, maxF32
 	z8, z9, z10, z11 := dot2RowsF32, dot2RowsBF16, axpy2RowsF32, axpy2RowsBF16
-	z13, z14 := dotQ8_0x4Pairs, packHalf
+	z13, z14, z15 := dotQ8_0x4Pairs, packHalf, dotQ4Kx8
 	return func() {
-		dotQ8_0x4Pairs, packHalf = z13, z14
+		dotQ8_0x4Pairs, packHalf, dotQ4Kx8 = z13, z14, z15
 		sumSquares, scaleMul, siluMulRow, maxF32 = z5, z6, z7, z12
 		dot2RowsF32, dot2RowsBF16, axpy2RowsF32, axpy2RowsBF16 = z8, z9, z10, z11
 		dotF32, dotBF16, dot4xBF16, axpy, axpyBF16, gemm6x16 = a, b, c, d, e, f

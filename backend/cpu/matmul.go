@@ -402,12 +402,12 @@ func (j *quantJob) rows(lo, hi int) {
 		xstride = qx.stride
 	}
 	var kern func(w []byte, rb int, x []byte, out []float32)
-	var kern4 func(w []byte, rb int, x []byte, xstride int, out []float32)
+	var kern4, kern8 func(w []byte, rb int, x []byte, xstride int, out []float32)
 	switch w.dt {
 	case backend.Q8_0:
 		kern, kern4 = dotQ8_0, dotQ8_0x4
 	case backend.Q4_K:
-		kern, kern4 = dotQ4K, dotQ4Kx4
+		kern, kern4, kern8 = dotQ4K, dotQ4Kx4, dotQ4Kx8
 	case backend.Q5_K:
 		kern, kern4 = dotQ5K, dotQ5Kx4
 	case backend.Q6_K:
@@ -420,7 +420,7 @@ func (j *quantJob) rows(lo, hi int) {
 		chunk &^= 3 // the pair kernel takes weight rows four at a time
 	}
 	tile := max(4, (64<<10)/xstride&^3)
-	var res [4 * quantChunk]float32
+	var res [8 * quantChunk]float32
 	// put stores (or adds) v[j*stride] for j < nr at out[t, r0+j].
 	put := func(t, r0, nr int, v []float32, stride int) {
 		dst := out[t*o+r0 : t*o+r0+nr]
@@ -434,15 +434,14 @@ func (j *quantJob) rows(lo, hi int) {
 			}
 		}
 	}
-	// put4 is put of the four-row kernels' results for rows t to t+3 in
-	// one pass over res (row by row with a stride of four it was ~7% of a
-	// prompt's time).
-	put4 := func(t, r0, nr int) {
+	// put4 is put of four rows' results, t to t+3, that a kernel of n
+	// input rows left in v (v[r*n+j] for input row t+j), in one pass over
+	// v (row by row with a stride of four it was ~7% of a prompt's time).
+	put4 := func(t, r0, nr int, v []float32, n int) {
 		d0 := out[t*o+r0:][:nr]
 		d1, d2, d3 := out[(t+1)*o+r0:][:nr], out[(t+2)*o+r0:][:nr], out[(t+3)*o+r0:][:nr]
-		v := res[:4*nr]
 		for r := range d0 {
-			q := (*[4]float32)(v[4*r:])
+			q := (*[4]float32)(v[n*r:])
 			if accumulate {
 				d0[r] += q[0]
 				d1[r] += q[1]
@@ -463,7 +462,7 @@ func (j *quantJob) rows(lo, hi int) {
 				for t := t0; t < t1; t += 4 {
 					dotQ8_0x4Pairs(rows, rb, qx.buf[t*qx.stride:], qx.stride, res[:4*nr])
 					if t+4 <= t1 {
-						put4(t, r0, nr)
+						put4(t, r0, nr, res[:], 4)
 						continue
 					}
 					for j := range t1 - t {
@@ -472,9 +471,14 @@ func (j *quantJob) rows(lo, hi int) {
 				}
 			case qx != nil:
 				t := t0
+				for ; kern8 != nil && t+8 <= t1; t += 8 {
+					kern8(rows, rb, qx.buf[t*qx.stride:], qx.stride, res[:8*nr])
+					put4(t, r0, nr, res[:], 8)
+					put4(t+4, r0, nr, res[4:], 8)
+				}
 				for ; t+4 <= t1; t += 4 {
 					kern4(rows, rb, qx.buf[t*qx.stride:], qx.stride, res[:4*nr])
-					put4(t, r0, nr)
+					put4(t, r0, nr, res[:], 4)
 				}
 				for ; t < t1; t++ {
 					kern(rows, rb, qx.row(t), res[:nr])

@@ -1679,29 +1679,36 @@ vdone:
 	VZEROUPPER
 	RET
 
+// K4UNPACK spreads the group of nibbles at qo(SI) (two sub-blocks of 32:
+// low nibbles, then high) over the 64 bytes of Z16 (Z17 scratch).
+#define K4UNPACK(qo) \
+	VMOVDQU64    qo(SI), Y16; \
+	VPSRLW       $4, Y16, Y17; \
+	VINSERTI64X4 $1, Y17, Z16, Z16; \
+	VPANDD       Z13, Z16, Z16
+
 // K4VGROUP dots the group of nibbles at qo(SI) (two sub-blocks) with the
 // four input rows' quants at xo, times the sub-blocks' scales S (words),
 // into their int32 sums Z4-Z7 (Z16, Z17 and Z11, Z12 scratch).
 #define K4VGROUP(qo, xo, S) \
-	VMOVDQU64    qo(SI), Y16; \
-	VPSRLW       $4, Y16, Y17; \
-	VINSERTI64X4 $1, Y17, Z16, Z16; \
-	VPANDD       Z13, Z16, Z16; \
+	K4UNPACK(qo); \
 	VROWS4(Z16, xo, S)
 
-// VROWS4 adds to the four input rows' int32 sums Z4-Z7 the products of the
-// 64 unsigned quants in Q with their quants at xo, times the scales (words)
-// in S: VPMADDUBSW's int16 pairs, multiplied and added by VPDPWSSD (Z11,
-// Z12 scratch).
+// VROW adds to one input row's int32 sums acc the products of the 64
+// unsigned quants in Q with the row's quants at xo from in, times the
+// scales (words) in S: VPMADDUBSW's int16 pairs, multiplied and added by
+// VPDPWSSD (T scratch).
+#define VROW(Q, xo, in, S, T, acc) \
+	VPMADDUBSW xo in, Q, T; \
+	VPDPWSSD   S, T, acc
+
+// VROWS4 is VROW for the four input rows at DI, DI + R13, DI + 2 R13 and
+// R9, into Z4-Z7 (Z11, Z12 scratch).
 #define VROWS4(Q, xo, S) \
-	VPMADDUBSW xo(DI), Q, Z11; \
-	VPDPWSSD   S, Z11, Z4; \
-	VPMADDUBSW xo(DI)(R13*1), Q, Z12; \
-	VPDPWSSD   S, Z12, Z5; \
-	VPMADDUBSW xo(DI)(R13*2), Q, Z11; \
-	VPDPWSSD   S, Z11, Z6; \
-	VPMADDUBSW xo(R9), Q, Z12; \
-	VPDPWSSD   S, Z12, Z7
+	VROW(Q, xo, (DI), S, Z11, Z4); \
+	VROW(Q, xo, (DI)(R13*1), S, Z12, Z5); \
+	VROW(Q, xo, (DI)(R13*2), S, Z11, Z6); \
+	VROW(Q, xo, (R9), S, Z12, Z7)
 
 // K4VFIN adds one input row's block to acc: (d * isum - dmin * the mins
 // against its 16-sums) * d_x (x its block; M, MZ scratch).
@@ -1754,10 +1761,7 @@ vdone:
 // shifts opl $nl (low nibbles) and oph $nh (high), picked by the 0x10
 // bytes in Z20 and ORed in (Z17, Z19 scratch).
 #define K5VGROUP(qo, opl, nl, oph, nh, xo, S) \
-	VMOVDQU64    qo(SI), Y16; \
-	VPSRLW       $4, Y16, Y17; \
-	VINSERTI64X4 $1, Y17, Z16, Z16; \
-	VPANDD       Z13, Z16, Z16; \
+	K4UNPACK(qo); \
 	opl          $nl, Y18, Y17; \
 	oph          $nh, Y18, Y19; \
 	VINSERTI64X4 $1, Y19, Z17, Z17; \
@@ -1807,6 +1811,94 @@ k4vsum:
 	JMP  k4vrow
 
 k4vdone:
+	VZEROUPPER
+	RET
+
+// The eight-row Q4_K kernel's input rows are DI, DI + R13, DI + 2 R13,
+// DI + R14 (R14 = 3 R13) and the same from R9 = DI + 4 R13; their int32
+// sums Z4-Z7, Z22, Z23, Z28, Z29 and float sums Z0-Z3, Z18-Z21.
+
+// VROWS8 is VROW for the eight input rows (Z11, Z12 scratch).
+#define VROWS8(Q, xo, S) \
+	VROW(Q, xo, (DI), S, Z11, Z4); \
+	VROW(Q, xo, (DI)(R13*1), S, Z12, Z5); \
+	VROW(Q, xo, (DI)(R13*2), S, Z11, Z6); \
+	VROW(Q, xo, (DI)(R14*1), S, Z12, Z7); \
+	VROW(Q, xo, (R9), S, Z11, Z22); \
+	VROW(Q, xo, (R9)(R13*1), S, Z12, Z23); \
+	VROW(Q, xo, (R9)(R13*2), S, Z11, Z28); \
+	VROW(Q, xo, (R9)(R14*1), S, Z12, Z29)
+
+// K8VGROUP is K4VGROUP for the eight input rows.
+#define K8VGROUP(qo, xo, S) \
+	K4UNPACK(qo); \
+	VROWS8(Z16, xo, S)
+
+// KV8TAIL is KVTAIL for the eight input rows (Z30, Z31 scratch).
+#define KV8TAIL(bs) \
+	K4VFIN((DI), Z4, Y30, Z30, Z0); \
+	K4VFIN((DI)(R13*1), Z5, Y31, Z31, Z1); \
+	K4VFIN((DI)(R13*2), Z6, Y30, Z30, Z2); \
+	K4VFIN((DI)(R14*1), Z7, Y31, Z31, Z3); \
+	K4VFIN((R9), Z22, Y30, Z30, Z18); \
+	K4VFIN((R9)(R13*1), Z23, Y31, Z31, Z19); \
+	K4VFIN((R9)(R13*2), Z28, Y30, Z30, Z20); \
+	K4VFIN((R9)(R14*1), Z29, Y31, Z31, Z21); \
+	KNEXT4(bs)
+
+// HSUM8 stores the sums of Z0-Z3 and Z18-Z21 at 0-28(R12) and moves R12
+// past them (Z8, Y24 scratch: VHADDPS has no encoding for X16 and up).
+#define HSUM8 \
+	HSUM4; \
+	VMOVAPS Z18, Z8; \
+	HSUM16(Z8, Y8, X8, Y24, X24, 0(R12)); \
+	VMOVAPS Z19, Z8; \
+	HSUM16(Z8, Y8, X8, Y24, X24, 4(R12)); \
+	VMOVAPS Z20, Z8; \
+	HSUM16(Z8, Y8, X8, Y24, X24, 8(R12)); \
+	VMOVAPS Z21, Z8; \
+	HSUM16(Z8, Y8, X8, Y24, X24, 12(R12)); \
+	ADDQ    $16, R12
+
+// func dotQ4Kx8VNNI(w *byte, rows int, x *byte, xstride int, nb int, out *float32)
+// dotQ4Kx4VNNI for eight input rows (out[r*8+j]): each block's scales and
+// each group's nibbles are unpacked once for twice the rows, which is most
+// of what the four-row kernel does beside its products. The weights come
+// from L1 (the caller's chunks of rows), so R14 holds three input rows'
+// stride here rather than a prefetch distance.
+TEXT ·dotQ4Kx8VNNI(SB), NOSPLIT, $0-48
+	ARGS4
+	LEAQ         (R13)(R13*2), R14
+	MOVL         $0x0f0f0f0f, AX
+	VPBROADCASTD AX, Z13 // low nibbles
+
+k8vrow:
+	TESTQ R8, R8
+	JZ    k8vdone
+	MOVQ  x+16(FP), DI
+	MOVQ  nb+32(FP), CX
+	LEAQ  (DI)(R13*4), R9
+	ZERO4(Z0, Z1, Z2, Z3)
+	ZERO4(Z18, Z19, Z20, Z21)
+
+k8vblock:
+	TESTQ CX, CX
+	JZ    k8vsum
+	KVHEAD
+	ZERO4(Z22, Z23, Z28, Z29)
+	K8VGROUP(16, 4, Z24)
+	K8VGROUP(48, 68, Z25)
+	K8VGROUP(80, 132, Z26)
+	K8VGROUP(112, 196, Z27)
+	KV8TAIL(144)
+	JMP k8vblock
+
+k8vsum:
+	HSUM8
+	DECQ R8
+	JMP  k8vrow
+
+k8vdone:
 	VZEROUPPER
 	RET
 
