@@ -1710,6 +1710,14 @@ vdone:
 	VROW(Q, xo, (DI)(R13*2), S, Z11, Z6); \
 	VROW(Q, xo, (R9), S, Z12, Z7)
 
+// Q4KGROUPS runs GROUP (K4VGROUP or K8VGROUP) over a Q4_K block's four
+// groups of nibbles, each with its input quants and its scales.
+#define Q4KGROUPS(GROUP) \
+	GROUP(16, 4, Z24); \
+	GROUP(48, 68, Z25); \
+	GROUP(80, 132, Z26); \
+	GROUP(112, 196, Z27)
+
 // K4VFIN adds one input row's block to acc: (d * isum - dmin * the mins
 // against its 16-sums) * d_x (x its block; M, MZ scratch).
 #define K4VFIN(x, isum, M, MZ, acc) \
@@ -1798,10 +1806,7 @@ k4vblock:
 	JZ    k4vsum
 	PF3
 	KVHEAD
-	K4VGROUP(16, 4, Z24)
-	K4VGROUP(48, 68, Z25)
-	K4VGROUP(80, 132, Z26)
-	K4VGROUP(112, 196, Z27)
+	Q4KGROUPS(K4VGROUP)
 	KVTAIL(144)
 	JMP k4vblock
 
@@ -1886,10 +1891,7 @@ k8vblock:
 	JZ    k8vsum
 	KVHEAD
 	ZERO4(Z22, Z23, Z28, Z29)
-	K8VGROUP(16, 4, Z24)
-	K8VGROUP(48, 68, Z25)
-	K8VGROUP(80, 132, Z26)
-	K8VGROUP(112, 196, Z27)
+	Q4KGROUPS(K8VGROUP)
 	KV8TAIL(144)
 	JMP k8vblock
 
