@@ -313,11 +313,11 @@ func asmKernels() (func(), bool) {
 		scaleAxpy, expShift = scaleAxpyF32AVX, expShiftF32AVX
 		sumSquares, scaleMul, siluMulRow, maxF32 = sumSquaresF32AVX, scaleMulF32AVX, siluMulF32AVX, maxF32AVX
 		quantizeRow, intDotKernels = quantizeRowAsm, true
-		dotQ8_0, dotQ8_0x4 = quantKernel(dotQ8_0AVX, backend.Q8_0), quantKernel4(dotQ8_0x4AVX, backend.Q8_0, 4)
-		dotQ4K, dotQ4Kx4 = quantKernel(dotQ4KAVX, backend.Q4_K), quantKernel4(dotQ4Kx4AVX, backend.Q4_K, 4)
-		dotQ5K, dotQ5Kx4 = quantKernel(dotQ5KAVX, backend.Q5_K), quantKernel4(dotQ5Kx4AVX, backend.Q5_K, 4)
-		dotQ6K, dotQ6Kx4 = quantKernel(dotQ6KAVX, backend.Q6_K), quantKernel4(dotQ6Kx4AVX, backend.Q6_K, 4)
-		dotMXFP4, dotMXFP4x4 = quantKernel(dotMXFP4AVX, backend.MXFP4), quantKernel4(dotMXFP4x4AVX, backend.MXFP4, 4)
+		dotQ8_0, dotQ8_0x4 = quantKernel(dotQ8_0AVX, backend.Q8_0), quantKernelN(dotQ8_0x4AVX, backend.Q8_0, 4)
+		dotQ4K, dotQ4Kx4 = quantKernel(dotQ4KAVX, backend.Q4_K), quantKernelN(dotQ4Kx4AVX, backend.Q4_K, 4)
+		dotQ5K, dotQ5Kx4 = quantKernel(dotQ5KAVX, backend.Q5_K), quantKernelN(dotQ5Kx4AVX, backend.Q5_K, 4)
+		dotQ6K, dotQ6Kx4 = quantKernel(dotQ6KAVX, backend.Q6_K), quantKernelN(dotQ6Kx4AVX, backend.Q6_K, 4)
+		dotMXFP4, dotMXFP4x4 = quantKernel(dotMXFP4AVX, backend.MXFP4), quantKernelN(dotMXFP4x4AVX, backend.MXFP4, 4)
 		dotFP8, dotFP8x4 = dotFP8Asm, dotFP8x4Asm
 		// The AVX-512 kernels, or none (the tests install the AVX2 ones
 		// over them too).
@@ -325,10 +325,10 @@ func asmKernels() (func(), bool) {
 		if useAVX512 {
 			gemm6x16, packHalf = gemm6x16Asm(gemm6x16AVX512), packHalfAsm
 			dotQ8_0x4Pairs = dotQ8_0x4VNNIAsm
-			dotQ4Kx4 = quantKernel4(dotQ4Kx4VNNI, backend.Q4_K, 4)
-			dotQ4Kx8 = quantKernel4(dotQ4Kx8VNNI, backend.Q4_K, 8)
-			dotQ5Kx4 = quantKernel4(dotQ5Kx4VNNI, backend.Q5_K, 4)
-			dotQ6Kx4 = quantKernel4(dotQ6Kx4VNNI, backend.Q6_K, 4)
+			dotQ4Kx4 = quantKernelN(dotQ4Kx4VNNI, backend.Q4_K, 4)
+			dotQ4Kx8 = quantKernelN(dotQ4Kx8VNNI, backend.Q4_K, 8)
+			dotQ5Kx4 = quantKernelN(dotQ5Kx4VNNI, backend.Q5_K, 4)
+			dotQ6Kx4 = quantKernelN(dotQ6Kx4VNNI, backend.Q6_K, 4)
 		}
 	}, useAVX
 }
@@ -433,8 +433,8 @@ func quantKernel(kern func(w *byte, rows int, x *byte, nb int, out *float32), dt
 	}
 }
 
-// quantKernel4 wraps an integer kernel of n input rows (4 or 8) for dt.
-func quantKernel4(kern func(w *byte, rows int, x *byte, xstride int, nb int, out *float32), dt backend.DType, n int) func(w []byte, rb int, x []byte, xstride int, out []float32) {
+// quantKernelN wraps an integer kernel of n input rows (4 or 8) for dt.
+func quantKernelN(kern func(w *byte, rows int, x *byte, xstride int, nb int, out *float32), dt backend.DType, n int) func(w []byte, rb int, x []byte, xstride int, out []float32) {
 	_, bs := dt.Block()
 	blk, _ := intDot(dt)
 	return func(w []byte, rb int, x []byte, xstride int, out []float32) {
